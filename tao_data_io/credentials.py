@@ -1,0 +1,209 @@
+"""Environment → credentials, and a redactor that keeps their values out of every output.
+
+Why this module exists: credentials must come from the environment only, and must never be
+written to disk, argv, logs, manifests or the Prefect database. Everything that needs an S3
+client or a child process environment goes through here, so there is exactly one place that
+reads the variables and one place that knows which values must be masked.
+
+Precedence: the official AWS names (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_SESSION_TOKEN``, ``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``) win. When a session only
+has the legacy TAO names (``ACCESS_KEY``, ``SECRET_KEY``, ``S3_ENDPOINT_URL``,
+``CLOUD_REGION``) they are mapped *in memory* into the client's arguments or the child's
+environment — ``os.environ`` is never modified.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import CredentialError
+
+#: (official AWS name, legacy TAO name) for each S3 setting.
+AWS_TO_LEGACY: dict[str, str] = {
+    "AWS_ACCESS_KEY_ID": "ACCESS_KEY",
+    "AWS_SECRET_ACCESS_KEY": "SECRET_KEY",
+    "AWS_ENDPOINT_URL": "S3_ENDPOINT_URL",
+    "AWS_DEFAULT_REGION": "CLOUD_REGION",
+}
+
+#: Names whose values are secrets wherever they appear. Anything matching
+#: :data:`_SECRET_NAME_PATTERN` is treated as secret too.
+SECRET_NAMES: frozenset[str] = frozenset(
+    {
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "ACCESS_KEY",
+        "SECRET_KEY",
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "NGC_KEY",
+        "NGC_API_KEY",
+    }
+)
+_SECRET_NAME_PATTERN = re.compile(r"(SECRET|TOKEN|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
+#: Values shorter than this are not masked: masking "1" or "yes" would shred every message
+#: while protecting nothing.
+_MIN_SECRET_LENGTH = 6
+
+DEFAULT_REGION = "us-east-1"
+
+
+@dataclass(frozen=True)
+class S3Credentials:
+    """What an S3 client needs, resolved once from the environment.
+
+    The secret fields are excluded from ``repr`` so an accidental log of this object shows
+    no value. Instances are never persisted: blocks and models hold variable *names*.
+    """
+
+    access_key_id: str = field(repr=False)
+    secret_access_key: str = field(repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    endpoint_url: str | None = None
+    region: str = DEFAULT_REGION
+    #: "aws" or "legacy": which family of variable names supplied the keys.
+    source: str = "aws"
+
+    def boto3_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``boto3.client("s3", **kwargs)``."""
+        kwargs: dict[str, Any] = {
+            "aws_access_key_id": self.access_key_id,
+            "aws_secret_access_key": self.secret_access_key,
+            "region_name": self.region,
+        }
+        if self.session_token:
+            kwargs["aws_session_token"] = self.session_token
+        if self.endpoint_url:
+            kwargs["endpoint_url"] = self.endpoint_url
+        return kwargs
+
+    def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """An environment for a child process (s5cmd) carrying these credentials.
+
+        Credentials travel to children through the environment only — never argv. ``base``
+        defaults to a minimal environment (PATH, HOME, locale, proxies) so that unrelated
+        secrets of the parent are not handed to the child.
+        """
+        source = os.environ if base is None else base
+        keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
+                "http_proxy", "https_proxy", "no_proxy", "AWS_CA_BUNDLE", "SSL_CERT_FILE")
+        env = {name: source[name] for name in keep if name in source}
+        env["AWS_ACCESS_KEY_ID"] = self.access_key_id
+        env["AWS_SECRET_ACCESS_KEY"] = self.secret_access_key
+        env["AWS_REGION"] = self.region
+        env["AWS_DEFAULT_REGION"] = self.region
+        if self.session_token:
+            env["AWS_SESSION_TOKEN"] = self.session_token
+        if self.endpoint_url:
+            env["AWS_ENDPOINT_URL"] = self.endpoint_url
+        return env
+
+
+def _lookup(environ: Mapping[str, str], aws_name: str) -> tuple[str | None, str | None]:
+    """Return (value, the variable it came from), AWS name first, then the legacy name."""
+    value = environ.get(aws_name)
+    if value:
+        return value, aws_name
+    legacy = AWS_TO_LEGACY.get(aws_name)
+    if legacy and environ.get(legacy):
+        return environ[legacy], legacy
+    return None, None
+
+
+def s3_credentials_from_env(environ: Mapping[str, str] | None = None) -> S3Credentials:
+    """Resolve S3 credentials from ``environ`` (default ``os.environ``) without modifying it.
+
+    Raises :class:`CredentialError` naming exactly the variable(s) to set.
+    """
+    env = os.environ if environ is None else environ
+    key_id, key_from = _lookup(env, "AWS_ACCESS_KEY_ID")
+    secret, secret_from = _lookup(env, "AWS_SECRET_ACCESS_KEY")
+    if key_id is None and secret is None:
+        raise CredentialError(
+            "S3 credentials are missing: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the "
+            "environment (or the legacy TAO names ACCESS_KEY and SECRET_KEY). "
+            "Export them or `set -a; source .env; set +a`; never pass them as arguments."
+        )
+    if key_id is None:
+        raise CredentialError(
+            f"S3 credentials are incomplete: {secret_from} is set but AWS_ACCESS_KEY_ID "
+            "(or the legacy ACCESS_KEY) is not; set it in the environment."
+        )
+    if secret is None:
+        raise CredentialError(
+            f"S3 credentials are incomplete: {key_from} is set but AWS_SECRET_ACCESS_KEY "
+            "(or the legacy SECRET_KEY) is not; set it in the environment."
+        )
+    endpoint, _ = _lookup(env, "AWS_ENDPOINT_URL")
+    region, _ = _lookup(env, "AWS_DEFAULT_REGION")
+    return S3Credentials(
+        access_key_id=key_id,
+        secret_access_key=secret,
+        session_token=env.get("AWS_SESSION_TOKEN") or None,
+        endpoint_url=endpoint or env.get("AWS_ENDPOINT_URL_S3") or None,
+        region=region or env.get("AWS_REGION") or DEFAULT_REGION,
+        source="legacy" if key_from == "ACCESS_KEY" else "aws",
+    )
+
+
+def require_env(name: str, purpose: str, environ: Mapping[str, str] | None = None) -> str:
+    """Return the value of a single credential variable, or say which variable to set and why."""
+    env = os.environ if environ is None else environ
+    value = env.get(name)
+    if not value:
+        raise CredentialError(f"{name} is not set: it is needed to {purpose}. Export {name} in the environment.")
+    return value
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable name denotes a credential."""
+    return name in SECRET_NAMES or bool(_SECRET_NAME_PATTERN.search(name))
+
+
+class Redactor:
+    """Masks every credential value found in the environment.
+
+    Built from a snapshot of the environment (plus any extra values), it replaces each
+    secret value with ``***NAME***`` so a masked message still says *which* credential was
+    involved. Longer values are replaced first so a secret that contains another is masked
+    whole.
+    """
+
+    def __init__(self, environ: Mapping[str, str] | None = None, extra: Mapping[str, str] | None = None) -> None:
+        env = os.environ if environ is None else environ
+        secrets: dict[str, str] = {}
+        for name, value in {**env, **(extra or {})}.items():
+            if value and len(value) >= _MIN_SECRET_LENGTH and is_secret_name(name):
+                secrets.setdefault(value, name)
+        ordered = sorted(secrets, key=len, reverse=True)
+        self._names = secrets
+        self._pattern = re.compile("|".join(re.escape(v) for v in ordered)) if ordered else None
+
+    def redact(self, text: str) -> str:
+        """Return ``text`` with every known secret value masked."""
+        if self._pattern is None or not text:
+            return text
+        return self._pattern.sub(lambda m: f"***{self._names[m.group(0)]}***", text)
+
+    def __call__(self, text: str) -> str:
+        return self.redact(text)
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that masks secrets in every record passing through a handler."""
+
+    def __init__(self, redactor: Redactor | None = None) -> None:
+        super().__init__()
+        self._redactor = redactor or Redactor()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        record.msg = self._redactor.redact(message)
+        record.args = None
+        return True

@@ -1,0 +1,150 @@
+"""Exact "is this local file the same bytes as that object?" answers, cheaply on reruns.
+
+S3 ``LastModified`` has one-second resolution and local mtimes are coarse too, so a size +
+time comparison is a guess. We compare content: a single-part ETag is the MD5 of the object,
+a multipart ETag is the MD5 of the parts' MD5s plus ``-N`` (computable locally once the part
+size is known). Hashing every file on every rerun would be slow, so a :class:`DigestStore`
+remembers, per relative path, the file's stat identity and what its content is known to be:
+
+* ``md5`` — the MD5 of the content, when it was hashed;
+* ``etag`` — the ETag of the object this content was transferred from or to (recorded by the
+  engine after a successful transfer; exact even for ETags that are not MD5s, e.g. SSE-KMS);
+* ``multipart`` — multipart ETags computed for given part sizes.
+
+A remembered entry is trusted only while the file's (size, mtime, ctime, inode) are
+unchanged *and* the entry is not "racy": if the file changed within :data:`RACY_WINDOW_NS`
+of when the entry was recorded, a same-size rewrite in the same timestamp tick would be
+invisible, so the file is hashed again (the approach git uses for its index). ``ctime``
+cannot be set by ``touch``, so restoring an mtime does not hide a change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .listing import LocalFile
+
+RACY_WINDOW_NS = 2_000_000_000
+_CHUNK = 1 << 20
+_SCHEMA = 1
+
+
+@dataclass
+class DigestEntry:
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    ino: int
+    recorded_ns: int
+    md5: str | None = None
+    etag: str | None = None
+    multipart: dict[str, str] = field(default_factory=dict)
+
+    def matches(self, local: LocalFile) -> bool:
+        same = (self.size, self.mtime_ns, self.ctime_ns, self.ino) == (local.size, local.mtime_ns, local.ctime_ns, local.ino)
+        racy = self.recorded_ns - max(local.mtime_ns, local.ctime_ns) < RACY_WINDOW_NS
+        return same and not racy
+
+
+def file_md5(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def multipart_etag(path: Path, part_size: int) -> str:
+    """The ETag S3 gives an object uploaded from ``path`` in parts of ``part_size`` bytes."""
+    part_digests = []
+    with open(path, "rb") as handle:
+        while True:
+            part = hashlib.md5(usedforsecurity=False)
+            remaining = part_size
+            while remaining and (chunk := handle.read(min(_CHUNK, remaining))):
+                part.update(chunk)
+                remaining -= len(chunk)
+            if remaining == part_size:
+                break
+            part_digests.append(part.digest())
+    return hashlib.md5(b"".join(part_digests), usedforsecurity=False).hexdigest() + f"-{len(part_digests)}"
+
+
+def multipart_count(etag: str) -> int | None:
+    """N for a multipart ETag ``<hex>-N``; None for a plain or opaque ETag."""
+    head, sep, tail = etag.rpartition("-")
+    if sep and tail.isdigit() and len(head) == 32:
+        return int(tail)
+    return None
+
+
+def is_md5_etag(etag: str) -> bool:
+    return len(etag) == 32 and all(c in "0123456789abcdef" for c in etag.lower())
+
+
+class DigestStore:
+    """A JSON file of :class:`DigestEntry` by relative path; thread-safe; saved atomically.
+
+    Losing the file only costs a rehash, never a wrong answer, so concurrent writers simply
+    race for the last write.
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._entries: dict[str, DigestEntry] = {}
+        self._dirty = False
+        if path is not None:
+            self._entries = _load(path)
+
+    def trusted(self, local: LocalFile) -> DigestEntry | None:
+        with self._lock:
+            entry = self._entries.get(local.relative)
+        return entry if entry is not None and entry.matches(local) else None
+
+    def record(self, local: LocalFile, *, md5: str | None = None, etag: str | None = None,
+               multipart: dict[str, str] | None = None, keep: DigestEntry | None = None) -> DigestEntry:
+        """Remember what ``local``'s content is known to be (merging a still-valid ``keep``)."""
+        entry = DigestEntry(local.size, local.mtime_ns, local.ctime_ns, local.ino, time.time_ns(),
+                            md5=md5 or (keep.md5 if keep else None),
+                            etag=etag or (keep.etag if keep else None),
+                            multipart={**(keep.multipart if keep else {}), **(multipart or {})})
+        with self._lock:
+            self._entries[local.relative] = entry
+            self._dirty = True
+        return entry
+
+    def forget(self, relative: str) -> None:
+        with self._lock:
+            self._dirty |= self._entries.pop(relative, None) is not None
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        with self._lock:
+            if not self._dirty:
+                return
+            payload = {"schema_version": _SCHEMA, "entries": {k: asdict(v) for k, v in self._entries.items()}}
+            self._dirty = False
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temp = self.path.with_name(f"{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        with open(temp, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, separators=(",", ":"))
+        os.replace(temp, self.path)
+
+
+def _load(path: Path) -> dict[str, DigestEntry]:
+    try:
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("schema_version") != _SCHEMA:
+            return {}
+        return {rel: DigestEntry(**fields) for rel, fields in data["entries"].items()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return {}  # a missing or damaged cache only costs a rehash

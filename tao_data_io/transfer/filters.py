@@ -1,0 +1,46 @@
+"""``--exclude`` / ``--include`` with ``aws s3 sync`` semantics.
+
+Each pattern is an ``fnmatch`` pattern matched against the path *relative to the source root*
+(POSIX separators; ``*`` also matches ``/``, so ``.tao/*`` excludes everything below
+``.tao``). Rules apply in the order given and the last rule that matches decides; a path no
+rule matches is included. So ``--exclude '*' --include '*.json'`` keeps only JSON files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Literal
+
+Action = Literal["exclude", "include"]
+
+
+@dataclass(frozen=True)
+class FilterRule:
+    action: Action
+    pattern: str
+
+
+@dataclass(frozen=True)
+class PathFilter:
+    """An ordered list of include/exclude rules."""
+
+    rules: tuple[FilterRule, ...] = ()
+
+    @classmethod
+    def from_patterns(cls, excludes: Iterable[str] = (), includes: Iterable[str] = ()) -> PathFilter:
+        """Excludes first, then includes — the order to use when the interleaving is unknown
+        (an include can then re-admit what an exclude removed, which is what people mean)."""
+        return cls(tuple(FilterRule("exclude", p) for p in excludes) + tuple(FilterRule("include", p) for p in includes))
+
+    def plus(self, *rules: FilterRule) -> PathFilter:
+        return PathFilter(self.rules + rules)
+
+    def __call__(self, relative: str) -> bool:
+        """True if ``relative`` is to be transferred."""
+        included = True
+        for rule in self.rules:
+            if fnmatchcase(relative, rule.pattern):
+                included = rule.action == "include"
+        return included

@@ -1,0 +1,131 @@
+"""What is on each side: a paginated S3 listing and a policy-aware local scan.
+
+Remote: ListObjectsV2 through boto3's paginator (so > 1,000 keys just works). Keys ending in
+``/`` are folder markers written by consoles and some tools; they hold no data and are not
+files, so they are reported, never downloaded.
+
+Local: a scan of the tree that applies the symlink policy once, for every caller:
+
+* a symlink to a regular file whose real path is inside the root is treated as that file;
+* a symlink that leaves the root, dangles, or points at a directory is skipped and reported
+  (never followed, so a tree cannot smuggle ``/etc`` into an upload or loop forever);
+* sockets, FIFOs and devices are skipped and reported (reading a FIFO would hang);
+* ``.tao-data-io/`` at the root (our state) is never part of a transfer, and in-flight temp
+  files left by an interrupted download are collected so the caller can remove them.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .paths import STATE_DIR_NAME, is_temp_name
+from .summary import Skipped
+from .urls import S3Url
+
+
+@dataclass(frozen=True)
+class RemoteObject:
+    key: str
+    #: The key relative to the listed prefix (the local relative path it maps to).
+    relative: str
+    size: int
+    #: The ETag without its quotes.
+    etag: str
+
+
+def clean_etag(etag: str | None) -> str:
+    return (etag or "").strip('"')
+
+
+@dataclass
+class RemoteListing:
+    objects: list[RemoteObject] = field(default_factory=list)
+    folder_markers: list[str] = field(default_factory=list)
+
+
+def list_remote(client: Any, prefix: S3Url) -> RemoteListing:
+    """Every object under ``prefix`` (which must be in folder form), paginated."""
+    listing = RemoteListing()
+    base = prefix.key
+    paginator = client.get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=prefix.bucket, Prefix=base):
+        for item in page.get("Contents", ()):
+            key = item["Key"]
+            if key.endswith("/"):
+                listing.folder_markers.append(key)
+                continue
+            listing.objects.append(RemoteObject(key, key[len(base):], int(item["Size"]), clean_etag(item.get("ETag"))))
+    return listing
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    relative: str
+    path: Path
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    ino: int
+
+
+def local_file(relative: str, path: Path, st: os.stat_result) -> LocalFile:
+    return LocalFile(relative, path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+@dataclass
+class LocalScan:
+    files: dict[str, LocalFile] = field(default_factory=dict)
+    skipped: list[Skipped] = field(default_factory=list)
+    temp_leftovers: list[Path] = field(default_factory=list)
+
+
+def scan_local(root: Path) -> LocalScan:
+    """Scan ``root`` recursively, applying the symlink and special-file policy."""
+    scan = LocalScan()
+    if not root.exists():
+        return scan
+    real_root = os.path.realpath(root)
+    for relative, path, entry in _walk(root, ""):
+        if is_temp_name(entry.name):
+            scan.temp_leftovers.append(path)
+            continue
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode):
+            scan.files[relative] = local_file(relative, path, st)
+        elif stat.S_ISLNK(st.st_mode):
+            target = os.path.realpath(path)
+            inside = target.startswith(real_root + os.sep)
+            try:
+                target_st = os.stat(path)
+            except OSError:
+                scan.skipped.append(Skipped(relative, "symlink is dangling; not followed"))
+                continue
+            if not inside:
+                scan.skipped.append(Skipped(relative, f"symlink points outside the tree ({target}); not followed"))
+            elif not stat.S_ISREG(target_st.st_mode):
+                scan.skipped.append(Skipped(relative, "symlink to a directory or special file; not followed"))
+            else:
+                scan.files[relative] = local_file(relative, path, target_st)
+        else:
+            scan.skipped.append(Skipped(relative, "special file (socket, FIFO or device); refused"))
+    return scan
+
+
+def _walk(directory: Path, prefix: str) -> Iterator[tuple[str, Path, os.DirEntry[str]]]:
+    """Yield (relative, path, entry) for every non-directory below ``directory``; real
+    directories are descended, symlinked directories are yielded (and then refused)."""
+    with os.scandir(directory) as entries:
+        children = sorted(entries, key=lambda e: e.name)
+    for entry in children:
+        relative = prefix + entry.name
+        if prefix == "" and entry.name == STATE_DIR_NAME:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            yield from _walk(Path(entry.path), relative + "/")
+        else:
+            yield relative, Path(entry.path), entry

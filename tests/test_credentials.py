@@ -1,0 +1,89 @@
+"""Credentials come from the environment only; legacy names are mapped in memory; values never leak."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from tao_data_io.credentials import RedactingFilter, Redactor, s3_credentials_from_env
+from tao_data_io.errors import CredentialError
+
+
+def test_aws_names_win_over_legacy() -> None:
+    env = {"AWS_ACCESS_KEY_ID": "AKIAOFFICIAL", "AWS_SECRET_ACCESS_KEY": "official-secret",
+           "ACCESS_KEY": "legacy-id", "SECRET_KEY": "legacy-secret", "AWS_ENDPOINT_URL": "http://x:1"}
+    creds = s3_credentials_from_env(env)
+    assert (creds.access_key_id, creds.secret_access_key, creds.source) == ("AKIAOFFICIAL", "official-secret", "aws")
+    assert creds.endpoint_url == "http://x:1"
+
+
+def test_legacy_names_are_mapped_in_memory_and_environ_is_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("ACCESS_KEY", "legacy-key-id")
+    monkeypatch.setenv("SECRET_KEY", "legacy-secret-value")
+    monkeypatch.setenv("S3_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("CLOUD_REGION", "eu-west-3")
+    before = dict(os.environ)
+
+    creds = s3_credentials_from_env()
+
+    assert dict(os.environ) == before
+    assert creds.source == "legacy"
+    kwargs = creds.boto3_kwargs()
+    assert kwargs["aws_access_key_id"] == "legacy-key-id"
+    assert kwargs["aws_secret_access_key"] == "legacy-secret-value"
+    assert kwargs["endpoint_url"] == "http://127.0.0.1:9"
+    assert kwargs["region_name"] == "eu-west-3"
+    child = creds.child_env({"PATH": "/bin", "UNRELATED_TOKEN": "do-not-forward"})
+    assert child["AWS_SECRET_ACCESS_KEY"] == "legacy-secret-value"
+    assert "UNRELATED_TOKEN" not in child
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({}, ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "ACCESS_KEY", "SECRET_KEY"]),
+        ({"AWS_ACCESS_KEY_ID": "id-only-value"}, ["AWS_SECRET_ACCESS_KEY", "SECRET_KEY"]),
+        ({"SECRET_KEY": "secret-only-value"}, ["AWS_ACCESS_KEY_ID", "ACCESS_KEY"]),
+    ],
+)
+def test_missing_credential_message_names_the_variable(env: dict[str, str], named: list[str]) -> None:
+    with pytest.raises(CredentialError) as info:
+        s3_credentials_from_env(env)
+    for name in named:
+        assert name in str(info.value)
+    for value in env.values():
+        assert value not in str(info.value)
+
+
+def test_repr_never_shows_secret_values() -> None:
+    creds = s3_credentials_from_env({"AWS_ACCESS_KEY_ID": "AKIAREPRTEST", "AWS_SECRET_ACCESS_KEY": "s3cr3t-value"})
+    assert "s3cr3t-value" not in repr(creds) and "AKIAREPRTEST" not in repr(creds)
+
+
+def test_redactor_masks_every_credential_value_and_names_it() -> None:
+    env = {"AWS_SECRET_ACCESS_KEY": "abcdef123456", "HF_TOKEN": "hf_abcdefgh", "MY_DB_PASSWORD": "hunter2hunter",
+           "PATH": "/usr/bin:/bin", "SHORT_TOKEN": "x1"}
+    redact = Redactor(env)
+    text = "key=abcdef123456 hf=hf_abcdefgh db=hunter2hunter path=/usr/bin:/bin x1"
+    out = redact(text)
+    assert "abcdef123456" not in out and "hf_abcdefgh" not in out and "hunter2hunter" not in out
+    assert "***AWS_SECRET_ACCESS_KEY***" in out and "***HF_TOKEN***" in out
+    assert "/usr/bin:/bin" in out and out.endswith("x1")
+
+
+def test_redacting_log_filter(caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger("tao_data_io.test_redact")
+    handler_filter = RedactingFilter(Redactor({"NGC_KEY": "nvapi-supersecret"}))
+    logger.addFilter(handler_filter)
+    try:
+        with caplog.at_level(logging.INFO, logger=logger.name):
+            logger.info("calling registry with %s", "nvapi-supersecret")
+    finally:
+        logger.removeFilter(handler_filter)
+    assert "nvapi-supersecret" not in caplog.text
+    assert "***NGC_KEY***" in caplog.text
