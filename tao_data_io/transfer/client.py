@@ -30,3 +30,32 @@ def make_s3_client(credentials: S3Credentials, *, max_pool_connections: int = 32
     )
     session = boto3.session.Session()
     return session.client("s3", config=config, **credentials.boto3_kwargs())
+
+
+def explain(exc: Exception, *, bucket: str, endpoint_url: str | None) -> Exception:
+    """Turn a botocore failure of the control plane into an error that says what to fix.
+
+    Configuration mistakes (wrong bucket, wrong keys, unreachable endpoint) are usage errors:
+    retrying cannot help and the user needs to know which setting to change.
+    """
+    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
+    from ..errors import CredentialError, UsageError
+
+    where = endpoint_url or "AWS S3"
+    if isinstance(exc, EndpointConnectionError):
+        return UsageError(f"cannot reach the S3 endpoint {where}: check AWS_ENDPOINT_URL (or S3_ENDPOINT_URL) and the network")
+    if isinstance(exc, NoCredentialsError):
+        return CredentialError("no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+    if isinstance(exc, ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code == "NoSuchBucket":
+            return UsageError(f"bucket {bucket!r} does not exist at {where}: check the s3:// URL")
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
+            return CredentialError(
+                f"S3 rejected the credentials ({code}) at {where}: check AWS_ACCESS_KEY_ID / "
+                "AWS_SECRET_ACCESS_KEY (or ACCESS_KEY / SECRET_KEY) and AWS_SESSION_TOKEN"
+            )
+        if code in ("AccessDenied", "403", "AllAccessDisabled"):
+            return CredentialError(f"access denied to bucket {bucket!r} at {where}: the credentials lack permission")
+    return exc

@@ -10,7 +10,7 @@ Local: a scan of the tree that applies the symlink policy once, for every caller
 * a symlink that leaves the root, dangles, or points at a directory is skipped and reported
   (never followed, so a tree cannot smuggle ``/etc`` into an upload or loop forever);
 * sockets, FIFOs and devices are skipped and reported (reading a FIFO would hang);
-* ``.tao-data-io/`` at the root (our state) is never part of a transfer, and in-flight temp
+* ``.tao-data-io/`` directories (our state) is never part of a transfer, and in-flight temp
   files left by an interrupted download are collected so the caller can remove them.
 """
 
@@ -123,9 +123,9 @@ def _walk(directory: Path, prefix: str) -> Iterator[tuple[str, Path, os.DirEntry
         children = sorted(entries, key=lambda e: e.name)
     for entry in children:
         relative = prefix + entry.name
-        if prefix == "" and entry.name == STATE_DIR_NAME:
-            continue
         if entry.is_dir(follow_symlinks=False):
+            if entry.name == STATE_DIR_NAME:
+                continue
             yield from _walk(Path(entry.path), relative + "/")
         else:
             yield relative, Path(entry.path), entry

@@ -45,7 +45,7 @@ def _problem(relative: str) -> str | None:
         return "it contains a '..' component"
     if "" in parts or "." in parts:
         return "it is not in canonical form (empty or '.' component)"
-    if parts[0] == STATE_DIR_NAME:
+    if STATE_DIR_NAME in parts:
         return f"{STATE_DIR_NAME}/ is reserved for tao-data-io's own state"
     if parts[-1].startswith(TEMP_PREFIX):
         return f"names starting with {TEMP_PREFIX!r} are reserved for in-flight downloads"

@@ -1,0 +1,306 @@
+"""The transfer engine: plan → decide (strategy) → move (executor) → finalize (atomic rename,
+digest bookkeeping) → summary.
+
+Every public method returns a :class:`TransferSummary` and raises only for bad input
+(:class:`UsageError`). Partial failures are in the summary; complete files are always kept,
+and a rerun converges because the strategy recognises what is already right.
+
+The engine holds no process-global state: each instance owns its boto3 session and executor,
+so engines can run in parallel threads (e.g. several Prefect tasks in one worker).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..credentials import S3Credentials
+from ..errors import UsageError
+from .client import explain, make_s3_client
+from .digests import DigestStore, multipart_count
+from .filters import PathFilter
+from .jobs import DownloadJob, Executor, Job, UploadJob
+from .listing import LocalFile, RemoteObject, clean_etag, list_remote, local_file, scan_local
+from .paths import STATE_DIR_NAME, UnsafePathError, confined_path, remove_if_exists, temp_path_for
+from .strategy import ContentStrategy
+from .summary import Failure, ProgressCallback, ProgressTracker, Skipped, TransferSummary
+from .urls import S3Url, is_s3_url, parse_s3_url
+
+DEFAULT_CONCURRENCY = 64
+#: Download-side digests live with the data, so a rerun from another host (or a stage pod)
+#: that sees the same volume needs no rehash.
+DOWNLOAD_DIGESTS = "digests.json"
+
+
+@dataclass(frozen=True)
+class TransferOptions:
+    concurrency: int = DEFAULT_CONCURRENCY
+    filter: PathFilter = field(default_factory=PathFilter)
+    dry_run: bool = False
+    progress: ProgressCallback | None = None
+
+
+def upload_digest_path(source_root: Path) -> Path:
+    """Upload-side digests live in the user's cache (the source may be read-only, and a
+    results directory should not grow files of ours), keyed by the source's real path."""
+    import hashlib
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tao-data-io" / "upload-digests"
+    key = hashlib.sha256(os.path.realpath(source_root).encode()).hexdigest()[:32]
+    return cache / f"{key}.json"
+
+
+class TransferEngine:
+    def __init__(self, credentials: S3Credentials, *, executor: Executor | None = None,
+                 concurrency: int = DEFAULT_CONCURRENCY) -> None:
+        self.credentials = credentials
+        self.client: Any = make_s3_client(credentials, max_pool_connections=min(max(concurrency, 10), 64))
+        if executor is None:
+            from .s5cmd_executor import S5cmdExecutor
+
+            executor = S5cmdExecutor(credentials, concurrency=concurrency)
+        self.executor = executor
+
+    # ----------------------------------------------------------------- entry points
+    def sync(self, source: str, destination: str, options: TransferOptions | None = None) -> TransferSummary:
+        """``aws s3 sync`` in either direction: exactly one side must be ``s3://``."""
+        options = options or TransferOptions()
+        if is_s3_url(source) == is_s3_url(destination):
+            raise UsageError(
+                f"sync needs exactly one s3:// side, got {source!r} → {destination!r}; "
+                "write `sync s3://BUCKET/PREFIX/ DIR` or `sync DIR s3://BUCKET/PREFIX/`"
+            )
+        if is_s3_url(source):
+            return self.download_prefix(parse_s3_url(source, field="SRC"), Path(destination), options)
+        return self.upload_directory(Path(source), parse_s3_url(destination, field="DST"), options)
+
+    def copy(self, source: str, destination: str, options: TransferOptions | None = None) -> TransferSummary:
+        """Copy one object to a file, or one file to an object (``aws s3 cp`` semantics)."""
+        options = options or TransferOptions()
+        if is_s3_url(source) == is_s3_url(destination):
+            raise UsageError(f"cp needs exactly one s3:// side, got {source!r} → {destination!r}")
+        if is_s3_url(source):
+            url = parse_s3_url(source, field="SRC")
+            if url.is_prefix:
+                raise UsageError(f"SRC {source!r} names a prefix, not an object; cp copies one object — use `sync` for a prefix")
+            target = Path(destination)
+            if destination.endswith(("/", os.sep)) or target.is_dir():
+                target = target / url.key.rsplit("/", 1)[-1]
+            return self.download_object(url, target, options)
+        path = Path(source)
+        if not path.is_file():
+            raise UsageError(f"SRC {source!r} is not a regular file; cp uploads one file — use `sync` for a directory")
+        url = parse_s3_url(destination, field="DST")
+        if url.is_prefix:
+            url = S3Url(url.bucket, url.key + path.name)
+        return self.upload_file(path, url, options)
+
+    # ----------------------------------------------------------------- download
+    def download_prefix(self, prefix: S3Url, dest: Path, options: TransferOptions) -> TransferSummary:
+        prefix = prefix.as_prefix()
+        summary = TransferSummary(str(prefix), str(dest), dry_run=options.dry_run)
+        started = time.monotonic()
+        if dest.exists() and not dest.is_dir():
+            raise UsageError(f"DST {str(dest)!r} exists and is not a directory; give a directory path")
+        with self._control_plane(prefix.bucket):
+            listing = list_remote(self.client, prefix)
+        summary.skipped += [Skipped(k, "folder marker (zero-byte key ending in '/'); nothing to download")
+                            for k in listing.folder_markers]
+        local = scan_local(dest)
+        if not options.dry_run:
+            for leftover in local.temp_leftovers:
+                remove_if_exists(leftover)
+        selected = []
+        for obj in listing.objects:
+            if options.filter(obj.relative):
+                selected.append(obj)
+            else:
+                summary.excluded_files += 1
+        self._download(prefix.bucket, selected, dest, local.files, summary, options)
+        summary.seconds = time.monotonic() - started
+        return summary
+
+    def download_object(self, url: S3Url, target: Path, options: TransferOptions) -> TransferSummary:
+        summary = TransferSummary(str(url), str(target), dry_run=options.dry_run)
+        started = time.monotonic()
+        head = self._head(url)
+        if head is None:
+            summary.failed.append(Failure(str(url), "no such object (404); check the bucket and key"))
+            return summary
+        obj = RemoteObject(url.key, target.name, int(head["ContentLength"]), clean_etag(head.get("ETag")))
+        existing: dict[str, LocalFile] = {}
+        try:
+            existing[target.name] = local_file(target.name, target, os.stat(target))
+        except FileNotFoundError:
+            pass
+        self._download(url.bucket, [obj], target.parent, existing, summary, options)
+        summary.seconds = time.monotonic() - started
+        return summary
+
+    def _download(self, bucket: str, objects: list[RemoteObject], root: Path, local: dict[str, LocalFile],
+                  summary: TransferSummary, options: TransferOptions) -> None:
+        """Plan and run downloads of ``objects`` into ``root`` (keys mapped by ``relative``)."""
+        store = DigestStore(None if options.dry_run else root / STATE_DIR_NAME / DOWNLOAD_DIGESTS)
+        strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key))
+        jobs: list[Job] = []
+        etags: dict[str, str] = {}
+        for obj in objects:
+            try:
+                final = confined_path(root, obj.relative, what="key")
+            except UnsafePathError as exc:
+                summary.failed.append(Failure(obj.key, str(exc)))
+                continue
+            if strategy.unchanged(local.get(obj.relative), obj.key, obj.size, obj.etag):
+                summary.unchanged_files += 1
+                summary.unchanged_bytes += obj.size
+                continue
+            etags[obj.key] = obj.etag
+            jobs.append(DownloadJob(bucket, obj.key, obj.size, temp_path_for(final), final, obj.relative))
+        self._execute(jobs, summary, options, store, lambda job: self._finalize_download(job, etags[job.key], store))
+
+    def _finalize_download(self, job: Job, etag: str, store: DigestStore) -> str | None:
+        assert isinstance(job, DownloadJob)
+        size = os.stat(job.temp).st_size
+        if size != job.size:
+            return f"size mismatch after download: expected {job.size} bytes, got {size}; the object changed or the read was cut short"
+        try:
+            os.replace(job.temp, job.final)
+        except OSError as exc:
+            return f"could not move the downloaded file into place: {exc}"
+        store.record(local_file(job.relative, job.final, os.stat(job.final)), etag=etag)
+        return None
+
+    # ----------------------------------------------------------------- upload
+    def upload_directory(self, source: Path, prefix: S3Url, options: TransferOptions) -> TransferSummary:
+        prefix = prefix.as_prefix()
+        summary = TransferSummary(str(source), str(prefix), dry_run=options.dry_run)
+        started = time.monotonic()
+        if not source.is_dir():
+            raise UsageError(f"SRC {str(source)!r} is not a directory; sync uploads a directory — use `cp` for one file")
+        scan = scan_local(source)
+        summary.skipped += scan.skipped
+        with self._control_plane(prefix.bucket):
+            remote = {obj.key: obj for obj in list_remote(self.client, prefix).objects}
+        items = []
+        for local in scan.files.values():
+            if options.filter(local.relative):
+                items.append((local, prefix.key + local.relative))
+            else:
+                summary.excluded_files += 1
+        self._upload(prefix.bucket, items, remote, upload_digest_path(source), summary, options)
+        summary.seconds = time.monotonic() - started
+        return summary
+
+    def upload_file(self, source: Path, url: S3Url, options: TransferOptions) -> TransferSummary:
+        summary = TransferSummary(str(source), str(url), dry_run=options.dry_run)
+        started = time.monotonic()
+        local = local_file(source.name, source, os.stat(source))
+        head = self._head(url)
+        remote = {}
+        if head is not None:
+            remote[url.key] = RemoteObject(url.key, source.name, int(head["ContentLength"]), clean_etag(head.get("ETag")))
+        self._upload(url.bucket, [(local, url.key)], remote, upload_digest_path(source.parent), summary, options)
+        summary.seconds = time.monotonic() - started
+        return summary
+
+    def _upload(self, bucket: str, items: list[tuple[LocalFile, str]], remote: dict[str, RemoteObject],
+                digests: Path, summary: TransferSummary, options: TransferOptions) -> None:
+        """Plan and run uploads of ``(local file, key)`` pairs, skipping what is already right."""
+        store = DigestStore(None if options.dry_run else digests)
+        strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key))
+        jobs: list[Job] = []
+        before: dict[str, LocalFile] = {}
+        for local, key in items:
+            existing = remote.get(key)
+            if existing is not None and strategy.unchanged(local, key, existing.size, existing.etag):
+                summary.unchanged_files += 1
+                summary.unchanged_bytes += local.size
+                continue
+            before[key] = local
+            jobs.append(UploadJob(local.path, bucket, key, local.size, local.relative))
+        self._execute(jobs, summary, options, store, lambda job: self._finalize_upload(before[job.key], store))
+
+    @staticmethod
+    def _finalize_upload(before: LocalFile, store: DigestStore) -> str | None:
+        """Forget what we knew of a file that changed while it was uploading, so the next run
+        compares it afresh instead of trusting a stale digest."""
+        try:
+            st = os.stat(before.path)
+        except FileNotFoundError:
+            store.forget(before.relative)
+            return None
+        if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != (before.size, before.mtime_ns, before.ctime_ns):
+            store.forget(before.relative)
+        return None
+
+    # ----------------------------------------------------------------- execution
+    def _execute(self, jobs: list[Job], summary: TransferSummary, options: TransferOptions, store: DigestStore,
+                 finalize: Callable[[Job], str | None]) -> None:
+        summary.transferred += [job.relative for job in jobs]
+        if options.dry_run:
+            summary.transferred_files += len(jobs)
+            summary.transferred_bytes += sum(job.size for job in jobs)
+            return
+        for job in jobs:
+            if isinstance(job, DownloadJob):
+                job.final.parent.mkdir(parents=True, exist_ok=True)
+        tracker = ProgressTracker(len(jobs), sum(job.size for job in jobs), options.progress)
+        tracker.start()
+        done_ok: list[Job] = []
+
+        def on_done(job: Job, error: str | None) -> None:
+            if error is None:
+                error = finalize(job)
+            if error is None:
+                done_ok.append(job)
+                tracker.advance(job.size)
+            else:
+                if isinstance(job, DownloadJob):
+                    remove_if_exists(job.temp)
+                summary.failed.append(Failure(job.key, error))
+                tracker.advance(job.size, failed=True)
+
+        try:
+            if jobs:
+                self.executor.run(jobs, on_done)
+        finally:
+            store.save()
+        failed = {f.name for f in summary.failed}
+        summary.transferred = [j.relative for j in jobs if j.key not in failed]
+        summary.transferred_files += len(done_ok)
+        summary.transferred_bytes += sum(job.size for job in done_ok)
+
+    # ----------------------------------------------------------------- control plane
+    @contextmanager
+    def _control_plane(self, bucket: str) -> Iterator[None]:
+        """Re-raise configuration failures (bucket, keys, endpoint) as errors naming the fix."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            yield
+        except (BotoCoreError, ClientError) as exc:
+            explained = explain(exc, bucket=bucket, endpoint_url=self.credentials.endpoint_url)
+            if explained is exc:
+                raise
+            raise explained from exc
+
+    def _head(self, url: S3Url) -> dict[str, Any] | None:
+        with self._control_plane(url.bucket):
+            try:
+                return dict(self.client.head_object(Bucket=url.bucket, Key=url.key))
+            except self.client.exceptions.ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                    return None
+                raise
+
+    def _part_size(self, bucket: str, key: str) -> int | None:
+        try:
+            head = self.client.head_object(Bucket=bucket, Key=key, PartNumber=1)
+        except self.client.exceptions.ClientError:
+            return None
+        return int(head["ContentLength"]) if multipart_count(clean_etag(head.get("ETag"))) else None

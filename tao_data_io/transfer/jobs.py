@@ -1,0 +1,44 @@
+"""The unit of work handed to an executor, and the executor contract.
+
+Planning (what to move) and strategy (is it already right) happen in Python; an executor only
+moves bytes. Keeping the contract this small is what lets the bulk data path be swapped (s5cmd,
+obstore, boto3) after measuring, without touching planning, confinement or bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class DownloadJob:
+    bucket: str
+    key: str
+    size: int
+    #: Where the executor writes. The engine renames it to ``final`` once complete.
+    temp: Path
+    final: Path
+    relative: str
+
+
+@dataclass(frozen=True)
+class UploadJob:
+    source: Path
+    bucket: str
+    key: str
+    size: int
+    relative: str
+
+
+Job = DownloadJob | UploadJob
+#: Called once per job, from any thread, with None on success or the failure reason.
+JobDone = Callable[[Job, "str | None"], None]
+
+
+class Executor(Protocol):
+    """Moves bytes for a batch of jobs with bounded concurrency, reporting each outcome."""
+
+    def run(self, jobs: Sequence[Job], on_done: JobDone) -> None: ...
