@@ -1,0 +1,1 @@
+"""Prefect layer: blocks (see ../shared/design.md). Thin wrappers over tao_data_io."""

@@ -1,0 +1,1 @@
+"""Prefect layer: flows (see ../shared/design.md). Thin wrappers over tao_data_io."""
