@@ -67,7 +67,7 @@ def test_secret_never_appears_in_output(s3_server: EmbeddedS3, bucket: str, tmp_
     write_tree(tmp_path / "src", {"a.txt": b"a"})
     runs = [
         run_cli("sync", str(tmp_path / "src"), f"s3://{bucket}/s/", "--json", env=s3_server.env()),
-        run_cli("sync", f"s3://{bucket}/s/", str(tmp_path / "d"), "--progress", "always", env=s3_server.env()),
+        run_cli("--progress", "always", "sync", f"s3://{bucket}/s/", str(tmp_path / "d"), env=s3_server.env()),
         run_cli("sync", "s3://no-such-bucket-here/p/", str(tmp_path / "d"), env=s3_server.env()),
         # Wrong secret: the server rejects the signature; the message must not echo either value.
         run_cli("sync", f"s3://{bucket}/s/", str(tmp_path / "e"),

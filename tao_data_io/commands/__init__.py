@@ -1,0 +1,8 @@
+"""CLI verb modules. Each exposes ``register(verbs)`` adding its subcommands; a subcommand sets
+``run(args, console) -> exit code``. Raising :class:`~tao_data_io.errors.UsageError` exits 2."""
+
+from __future__ import annotations
+
+from . import transfer
+
+MODULES = (transfer,)

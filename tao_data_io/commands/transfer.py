@@ -1,0 +1,84 @@
+"""``sync`` and ``cp``: the transfer engine on the command line."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..console import Console
+from ..credentials import s3_credentials_from_env
+from ..transfer.engine import DEFAULT_CONCURRENCY, TransferEngine, TransferOptions
+from ..transfer.filters import FilterRule, PathFilter
+from ..transfer.summary import TransferSummary
+
+
+class OrderedFilter(argparse.Action):
+    """Collect --exclude/--include into one list in command-line order (order decides)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        rules = list(getattr(namespace, "filter_rules", None) or [])
+        rules.append(FilterRule("exclude" if option_string == "--exclude" else "include", str(values)))
+        namespace.filter_rules = rules
+
+
+def concurrency(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 1024:
+        raise argparse.ArgumentTypeError(f"--concurrency {text!r} must be a whole number from 1 to 1024")
+    return value
+
+
+def add_transfer_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--concurrency", type=concurrency, default=DEFAULT_CONCURRENCY, metavar="N",
+                     help=f"objects in flight at once (default {DEFAULT_CONCURRENCY})")
+    sub.add_argument("--dry-run", action="store_true", help="show what would be transferred; move nothing")
+    sub.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def register(verbs: Any) -> None:
+    sync = verbs.add_parser("sync", help="sync a prefix to a directory or a directory to a prefix")
+    sync.add_argument("source", metavar="SRC")
+    sync.add_argument("destination", metavar="DST")
+    sync.add_argument("--exclude", action=OrderedFilter, metavar="PATTERN", help="skip paths matching PATTERN (repeatable)")
+    sync.add_argument("--include", action=OrderedFilter, metavar="PATTERN", help="re-admit paths matching PATTERN (repeatable)")
+    add_transfer_options(sync)
+    sync.set_defaults(run=lambda args, console: _run(args, console, "sync"))
+
+    cp = verbs.add_parser("cp", help="copy one object to a file, or one file to an object")
+    cp.add_argument("source", metavar="SRC")
+    cp.add_argument("destination", metavar="DST")
+    add_transfer_options(cp)
+    cp.set_defaults(run=lambda args, console: _run(args, console, "cp"))
+
+
+def _run(args: argparse.Namespace, console: Console, verb: str) -> int:
+    engine = TransferEngine(s3_credentials_from_env(), concurrency=args.concurrency)
+    with console.progress(verb) as progress:
+        options = TransferOptions(concurrency=args.concurrency, filter=PathFilter(tuple(getattr(args, "filter_rules", None) or ())),
+                                  dry_run=args.dry_run, progress=progress)
+        method = engine.sync if verb == "sync" else engine.copy
+        summary = method(args.source, args.destination, options)
+    return report(summary, console, as_json=args.json)
+
+
+def report(summary: TransferSummary, console: Console, *, as_json: bool) -> int:
+    """Print a summary and return the exit code (1 if anything failed)."""
+    if as_json:
+        console.json(summary.to_dict())
+    else:
+        console.out(f"{summary.source} → {summary.destination}: {summary.describe()}")
+        if summary.dry_run:
+            for name in summary.transferred:
+                console.out(f"  would transfer: {name}")
+        for skipped in summary.skipped:
+            console.out(f"  skipped: {skipped.name}: {skipped.reason}")
+        for failure in summary.failed:
+            console.out(f"  FAILED: {failure.name}: {failure.reason}")
+    if not summary.ok:
+        console.err(f"error: {len(summary.failed)} object(s) failed; complete files were kept — rerun to retry")
+        return 1
+    return 0
