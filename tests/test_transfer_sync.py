@@ -181,3 +181,20 @@ def test_copy_single_objects_both_ways(engine: TransferEngine, bucket: str, tmp_
     assert (again.transferred_files, again.unchanged_files) == (0, 1)
     missing = engine.copy(f"s3://{bucket}/models/nope.onnx", str(out_dir))
     assert not missing.ok and "no such object" in missing.failed[0].reason
+
+
+def test_download_keys_without_listing(engine: TransferEngine, s3_client, bucket: str, tmp_path: Path) -> None:
+    for i in range(5):
+        s3_client.put_object(Bucket=bucket, Key=f"clips/c{i}.mp4", Body=f"clip{i}".encode())
+    dest = tmp_path / "stage"
+    items = [("clips/c1.mp4", "c1.mp4"), ("clips/c3.mp4", "sub/c3.mp4"), ("clips/nope.mp4", "nope.mp4")]
+    summary = engine.download_keys(bucket, items, dest, TransferOptions())
+    assert sorted(summary.transferred) == ["c1.mp4", "sub/c3.mp4"]
+    assert [(f.name, f.missing) for f in summary.failed] == [("clips/nope.mp4", True)]
+    assert (dest / "sub" / "c3.mp4").read_bytes() == b"clip3"
+    assert not (dest / "nope.mp4").exists()
+
+    s3_client.put_object(Bucket=bucket, Key="clips/c1.mp4", Body=b"CLIP1")  # changed remotely
+    again = engine.download_keys(bucket, items[:2], dest, TransferOptions())
+    assert again.transferred == ["c1.mp4"] and again.unchanged_files == 1
+    assert (dest / "c1.mp4").read_bytes() == b"CLIP1"

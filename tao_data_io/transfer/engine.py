@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,8 @@ from .summary import Failure, ProgressCallback, ProgressTracker, Skipped, Transf
 from .urls import S3Url, is_s3_url, parse_s3_url
 
 DEFAULT_CONCURRENCY = 64
+#: Size of an object planned without a HEAD (``download_keys``); checked against nothing.
+UNKNOWN_SIZE = -1
 #: Download-side digests live with the data, so a rerun from another host (or a stage pod)
 #: that sees the same volume needs no rehash.
 DOWNLOAD_DIGESTS = "digests.json"
@@ -130,7 +133,7 @@ class TransferEngine:
         started = time.monotonic()
         head = self._head(url)
         if head is None:
-            summary.failed.append(Failure(str(url), "no such object (404); check the bucket and key"))
+            summary.failed.append(Failure(str(url), "no such object (404); check the bucket and key", missing=True))
             return summary
         obj = RemoteObject(url.key, target.name, int(head["ContentLength"]), clean_etag(head.get("ETag")))
         existing: dict[str, LocalFile] = {}
@@ -139,6 +142,38 @@ class TransferEngine:
         except FileNotFoundError:
             pass
         self._download(url.bucket, [obj], target.parent, existing, summary, options)
+        summary.seconds = time.monotonic() - started
+        return summary
+
+    def download_keys(self, bucket: str, items: Sequence[tuple[str, str]], dest: Path,
+                      options: TransferOptions) -> TransferSummary:
+        """Download explicit ``(key, relative path)`` pairs into ``dest`` without listing.
+
+        For annotation-selective staging: the cost grows with the number of references, not the
+        size of the bucket. A key whose local file does not exist yet goes straight to GET; only
+        keys with a local candidate are HEADed (concurrently) to decide whether it is unchanged.
+        A key that does not exist is a failure with ``missing=True``.
+        """
+        summary = TransferSummary(f"s3://{bucket}/ ({len(items)} keys)", str(dest), dry_run=options.dry_run)
+        started = time.monotonic()
+        local: dict[str, LocalFile] = {}
+        for _key, relative in items:
+            try:
+                path = confined_path(dest, relative, what="reference")
+                local[relative] = local_file(relative, path, os.stat(path))
+            except (UnsafePathError, FileNotFoundError, NotADirectoryError):
+                pass  # unsafe names are reported by _download; absent files need no HEAD
+        to_head = [(key, relative) for key, relative in items if relative in local]
+        with ThreadPoolExecutor(max_workers=min(32, max(1, len(to_head)))) as pool:
+            heads = dict(zip(to_head, pool.map(lambda pair: self._head(S3Url(bucket, pair[0])), to_head), strict=True))
+        objects = []
+        for key, relative in items:
+            head = heads.get((key, relative))
+            if head is None:
+                objects.append(RemoteObject(key, relative, UNKNOWN_SIZE, ""))
+            else:
+                objects.append(RemoteObject(key, relative, int(head["ContentLength"]), clean_etag(head.get("ETag"))))
+        self._download(bucket, objects, dest, local, summary, options)
         summary.seconds = time.monotonic() - started
         return summary
 
@@ -166,7 +201,7 @@ class TransferEngine:
     def _finalize_download(self, job: Job, etag: str, store: DigestStore) -> str | None:
         assert isinstance(job, DownloadJob)
         size = os.stat(job.temp).st_size
-        if size != job.size:
+        if job.size != UNKNOWN_SIZE and size != job.size:
             return f"size mismatch after download: expected {job.size} bytes, got {size}; the object changed or the read was cut short"
         try:
             os.replace(job.temp, job.final)
@@ -249,7 +284,7 @@ class TransferEngine:
         for job in jobs:
             if isinstance(job, DownloadJob):
                 job.final.parent.mkdir(parents=True, exist_ok=True)
-        tracker = ProgressTracker(len(jobs), sum(job.size for job in jobs), options.progress)
+        tracker = ProgressTracker(len(jobs), sum(max(job.size, 0) for job in jobs), options.progress)
         tracker.start()
         done_ok: list[Job] = []
 
@@ -258,11 +293,11 @@ class TransferEngine:
                 error = finalize(job)
             if error is None:
                 done_ok.append(job)
-                tracker.advance(job.size)
+                tracker.advance(job.size if job.size != UNKNOWN_SIZE else _size_of(job))
             else:
                 if isinstance(job, DownloadJob):
                     remove_if_exists(job.temp)
-                summary.failed.append(Failure(job.key, error))
+                summary.failed.append(Failure(job.key, error, missing=_is_missing(error)))
                 tracker.advance(job.size, failed=True)
 
         try:
@@ -273,7 +308,7 @@ class TransferEngine:
         failed = {f.name for f in summary.failed}
         summary.transferred = [j.relative for j in jobs if j.key not in failed]
         summary.transferred_files += len(done_ok)
-        summary.transferred_bytes += sum(job.size for job in done_ok)
+        summary.transferred_bytes += sum(job.size if job.size != UNKNOWN_SIZE else _size_of(job) for job in done_ok)
 
     # ----------------------------------------------------------------- control plane
     @contextmanager
@@ -304,3 +339,15 @@ class TransferEngine:
         except self.client.exceptions.ClientError:
             return None
         return int(head["ContentLength"]) if multipart_count(clean_etag(head.get("ETag"))) else None
+
+
+def _is_missing(reason: str) -> bool:
+    return "NoSuchKey" in reason or "status code: 404" in reason or reason.startswith("no such object")
+
+
+def _size_of(job: Job) -> int:
+    path = job.final if isinstance(job, DownloadJob) else job.source
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0

@@ -18,6 +18,9 @@ class Failure:
 
     name: str
     reason: str
+    #: True when the object does not exist (404): callers such as selective staging treat a
+    #: missing reference differently from a failed transfer.
+    missing: bool = False
 
 
 @dataclass(frozen=True)
