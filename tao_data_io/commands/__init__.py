@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from . import transfer
+from . import record, transfer
 
-MODULES = (transfer,)
+MODULES = (transfer, record)

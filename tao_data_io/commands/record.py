@@ -1,0 +1,130 @@
+"""``record open|mark|show|list``: the durable job record on the command line.
+
+Why a CLI for it: shell steps (a submit script, the in-pod agent) report job states without
+Python, and an operator can read a job's history after Kubernetes has deleted the Job.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ..console import Console
+from ..record import STATES, STORAGE_TIERS, JobRecord, RecordStore
+
+
+def register(verbs: Any) -> None:
+    record = verbs.add_parser("record", help="the durable job record: open, mark, show, list")
+    actions = record.add_subparsers(dest="record_verb", metavar="open|mark|show|list", required=True)
+
+    open_ = actions.add_parser("open", help="create a PENDING record; prints only the job id")
+    for option in ("--platform", "--image", "--network-arch", "--action", "--results-dir"):
+        open_.add_argument(option, required=True)
+    open_.add_argument("--storage-tier", required=True, choices=STORAGE_TIERS)
+    open_.add_argument("--storage-reason", help="why this tier was chosen")
+    open_.add_argument("--job-id", metavar="ID", help="use this id instead of minting one (a DNS label, at most 52)")
+    open_.add_argument("--source", default="cli", help="who reports it (default: cli)")
+    _add_root(open_)
+    open_.set_defaults(run=_open)
+
+    mark = actions.add_parser("mark", help="record a state report for a job")
+    mark.add_argument("job_id", metavar="ID")
+    mark.add_argument("--state", required=True, choices=STATES)
+    mark.add_argument("--backend-ref", metavar="NAMESPACE/NAME", help="the Kubernetes Job running it")
+    mark.add_argument("--message")
+    mark.add_argument("--source", default="cli", help="who reports it: cli, agent, flow… (default: cli)")
+    _add_root(mark)
+    mark.set_defaults(run=_mark)
+
+    show = actions.add_parser("show", help="one job's record, history included")
+    show.add_argument("job_id", metavar="ID")
+    show.add_argument("--json", action="store_true", help="print the record document")
+    _add_root(show)
+    show.set_defaults(run=_show)
+
+    list_ = actions.add_parser("list", help="one line per job, oldest first")
+    list_.add_argument("--json", action="store_true", help="print the record documents")
+    _add_root(list_)
+    list_.set_defaults(run=_list)
+
+
+def _add_root(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--root", type=Path, metavar="DIR",
+                     help="where records live (default: $TAO_DATA_IO_JOBS_DIR or ~/.tao-data-io/jobs)")
+
+
+def _open(args: argparse.Namespace, console: Console) -> int:
+    record = RecordStore(args.root).open(
+        platform=args.platform, image=args.image, network_arch=args.network_arch, action=args.action,
+        storage_tier=args.storage_tier, storage_reason=args.storage_reason, results_dir=args.results_dir,
+        job_id=args.job_id, source=args.source)
+    console.out(record.job_id)
+    return 0
+
+
+def _mark(args: argparse.Namespace, console: Console) -> int:
+    record = RecordStore(args.root).mark(args.job_id, args.state, source=args.source,
+                                         backend_ref=args.backend_ref, message=args.message)
+    console.out(f"{record.job_id} {record.state}")
+    return 0
+
+
+def _show(args: argparse.Namespace, console: Console) -> int:
+    record = RecordStore(args.root).get(args.job_id)
+    if args.json:
+        console.json(record.model_dump(mode="json"))
+        return 0
+    lines = [
+        ("job", record.job_id),
+        ("state", record.state + (f" — {record.message}" if record.message else "")),
+        ("platform", record.platform),
+        ("image", record.image),
+        ("network", f"{record.network_arch} {record.action}"),
+        ("storage", f"tier {record.storage_tier}" + (f" — {record.storage_reason}" if record.storage_reason else "")),
+        ("results", record.results_dir),
+        ("backend", record.backend_ref or "-"),
+        ("output", _route(record)),
+        ("uploads", str(len(record.uploads))),
+        ("created", _time(record.created_at)),
+        ("updated", _time(record.updated_at)),
+    ]
+    for label, value in lines:
+        console.out(f"{label:<9} {value}")
+    console.out("history:")
+    for step in record.history:
+        console.out(f"  {_time(step.at)}  {step.state:<8}  {step.source}" + (f"  {step.message}" if step.message else ""))
+    return 0
+
+
+def _list(args: argparse.Namespace, console: Console) -> int:
+    damaged: list[str] = []
+
+    def report(path: Path, reason: str) -> None:
+        damaged.append(str(path))
+        console.err(f"warning: skipping damaged record: {reason}")
+
+    records = RecordStore(args.root).list_records(on_damaged=report)
+    if args.json:
+        console.json([record.model_dump(mode="json") for record in records])
+    else:
+        width = max((len(record.job_id) for record in records), default=0)
+        for record in records:
+            console.out(f"{record.job_id:<{width}}  {record.state:<8}  {record.storage_tier}  "
+                        f"{_time(record.updated_at)}  {record.action}")
+    if damaged:
+        console.err(f"error: {len(damaged)} record file(s) could not be read; the others are listed above")
+        return 1
+    return 0
+
+
+def _route(record: JobRecord) -> str:
+    route = record.output_route
+    if route is None:
+        return "-"
+    return f"{route.route} → {route.destination}" + (f" — {route.reason}" if route.reason else "")
+
+
+def _time(value: datetime) -> str:
+    return value.isoformat(timespec="seconds").replace("+00:00", "Z")
