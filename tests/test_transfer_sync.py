@@ -198,3 +198,18 @@ def test_download_keys_without_listing(engine: TransferEngine, s3_client, bucket
     again = engine.download_keys(bucket, items[:2], dest, TransferOptions())
     assert again.transferred == ["c1.mp4"] and again.unchanged_files == 1
     assert (dest / "c1.mp4").read_bytes() == b"CLIP1"
+
+
+def test_settle_time_leaves_fresh_files_for_a_later_run(engine: TransferEngine, bucket: str, tmp_path: Path) -> None:
+    source = tmp_path / "results"
+    write_tree(source, {"old.pth": b"old", "growing.log": b"partial"})
+    old = time.time() - 120
+    os.utime(source / "old.pth", (old, old))
+    # ctime cannot be set back, so age both by the settle window itself: a long window skips
+    # everything just written, a zero window skips nothing.
+    fresh = engine.sync(str(source), f"s3://{bucket}/r/", TransferOptions(settle_seconds=3600))
+    assert fresh.transferred == [] and {s.name for s in fresh.skipped} == {"old.pth", "growing.log"}
+    time.sleep(1.2)
+    (source / "growing.log").write_bytes(b"partial and more")
+    later = engine.sync(str(source), f"s3://{bucket}/r/", TransferOptions(settle_seconds=1))
+    assert later.transferred == ["old.pth"] and [s.name for s in later.skipped] == ["growing.log"]

@@ -46,6 +46,9 @@ class TransferOptions:
     filter: PathFilter = field(default_factory=PathFilter)
     dry_run: bool = False
     progress: ProgressCallback | None = None
+    #: Uploads only: leave files modified less than this many seconds ago for a later run, so
+    #: a file a running job is still writing is never uploaded half-done (scheduled resyncs).
+    settle_seconds: float = 0.0
 
 
 def upload_digest_path(source_root: Path) -> Path:
@@ -222,11 +225,15 @@ class TransferEngine:
         with self._control_plane(prefix.bucket):
             remote = {obj.key: obj for obj in list_remote(self.client, prefix).objects}
         items = []
+        settled_before = time.time_ns() - int(options.settle_seconds * 1e9)
         for local in scan.files.values():
-            if options.filter(local.relative):
-                items.append((local, prefix.key + local.relative))
-            else:
+            if not options.filter(local.relative):
                 summary.excluded_files += 1
+            elif options.settle_seconds and max(local.mtime_ns, local.ctime_ns) > settled_before:
+                summary.skipped.append(Skipped(local.relative, f"modified in the last {options.settle_seconds:g}s "
+                                               "(still being written?); left for a later run"))
+            else:
+                items.append((local, prefix.key + local.relative))
         self._upload(prefix.bucket, items, remote, upload_digest_path(source), summary, options)
         summary.seconds = time.monotonic() - started
         return summary
