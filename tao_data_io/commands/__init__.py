@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from . import record, transfer
+from . import archive, record, transfer
 
-MODULES = (transfer, record)
+MODULES = (transfer, record, archive)

@@ -124,8 +124,8 @@ def _walk(directory: Path, prefix: str) -> Iterator[tuple[str, Path, os.DirEntry
     for entry in children:
         relative = prefix + entry.name
         if entry.is_dir(follow_symlinks=False):
-            if entry.name == STATE_DIR_NAME:
-                continue
+            if entry.name == STATE_DIR_NAME or is_temp_name(entry.name):
+                continue  # our state, or another operation's in-flight directory (archive extraction)
             yield from _walk(Path(entry.path), relative + "/")
         else:
             yield relative, Path(entry.path), entry

@@ -1,0 +1,41 @@
+"""``extract``: safe, atomic, idempotent archive extraction on the command line."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..archive import SUPPORTED_FORMATS, extract_archive
+from ..console import Console
+
+
+def strip_components(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--strip-components {text!r} must be a whole number, 0 or more")
+    return value
+
+
+def register(verbs: Any) -> None:
+    extract = verbs.add_parser("extract", help=f"extract an archive ({SUPPORTED_FORMATS}), local or s3://, "
+                                               "into a directory: safely, atomically, once")
+    extract.add_argument("--archive", required=True, metavar="PATH_OR_S3_URI", help="a local file or s3://BUCKET/KEY")
+    extract.add_argument("--dest", required=True, metavar="DIR",
+                         help="the directory to create or replace; it holds exactly the archive plus .extracted")
+    extract.add_argument("--strip-components", type=strip_components, default=0, metavar="N",
+                         help="drop N leading path components from every member (shorter members are skipped)")
+    extract.add_argument("--json", action="store_true", help="print the result as JSON")
+    extract.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    result = extract_archive(args.archive, Path(args.dest), strip_components=args.strip_components)
+    if args.json:
+        console.json(result.to_dict())
+    else:
+        console.out(result.describe())
+    return 0
