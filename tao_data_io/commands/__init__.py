@@ -3,6 +3,4 @@
 
 from __future__ import annotations
 
-from . import archive, record, transfer
 
-MODULES = (transfer, record, archive)

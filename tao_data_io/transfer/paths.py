@@ -14,6 +14,7 @@ directories are also checked: a symlink inside the destination is never followed
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import stat
 from pathlib import Path
@@ -26,6 +27,7 @@ STATE_DIR_NAME = ".tao-data-io"
 #: into place when complete, so an interrupted run never leaves a truncated file under a
 #: final name. A rerun removes leftovers with this prefix.
 TEMP_PREFIX = ".tao-data-io-partial."
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _problem(relative: str) -> str | None:
@@ -34,7 +36,7 @@ def _problem(relative: str) -> str | None:
         return "it is empty"
     if "\x00" in relative:
         return "it contains a NUL character"
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in relative):
+    if _CONTROL.search(relative):
         return "it contains a control character"
     if "\\" in relative:
         return "it contains a backslash"
