@@ -3,4 +3,6 @@
 
 from __future__ import annotations
 
+from . import archive, ptm, record, selective, transfer
 
+MODULES = (transfer, record, selective, archive, ptm)
