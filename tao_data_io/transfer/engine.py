@@ -67,9 +67,11 @@ class TransferEngine:
         self.credentials = credentials
         self.client: Any = make_s3_client(credentials, max_pool_connections=min(max(concurrency, 10), 64))
         if executor is None:
+            from .obstore_executor import ObstoreExecutor
             from .s5cmd_executor import S5cmdExecutor
 
-            executor = S5cmdExecutor(credentials, concurrency=concurrency)
+            executor = ObstoreExecutor(credentials, concurrency=concurrency,
+                                       large=S5cmdExecutor(credentials, concurrency=min(concurrency, 16)))
         self.executor = executor
 
     # ----------------------------------------------------------------- entry points

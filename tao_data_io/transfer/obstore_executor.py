@@ -1,0 +1,139 @@
+"""The bulk data path for small and medium objects: obstore (Rust ``object_store``) in-process.
+
+Why (measured, ``bench/README.md``): for 2,000 × 16 KiB on 2 cores, obstore moved the files in
+about half the wall time and half the CPU of s5cmd driven with explicit per-object commands —
+s5cmd sends a HEAD before every GET of a named key — and ~2× faster than s5cmd for uploads,
+with no per-object HEAD, typed errors and ETags on every result. For objects of
+``LARGE_OBJECT_BYTES`` and more, s5cmd's parallel ranged parts won (≈ 2× obstore's ranged
+reader), so those jobs are delegated to the ``large`` executor.
+
+The executor owns one long-lived event loop in a daemon thread: callers may be plain threads or
+already inside an event loop (a Prefect task), and a long-lived loop avoids tearing obstore's
+runtime down after every batch. Downloads are written to the job's temp path; the engine
+renames them into place. Credentials are handed to the store as arguments, never via argv or
+the process environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import obstore
+from obstore.store import S3Store
+
+from ..credentials import S3Credentials
+from .jobs import DownloadJob, Executor, Job, JobDone, UploadJob
+
+#: Objects at least this large go to the ``large`` executor (parallel ranged parts).
+LARGE_OBJECT_BYTES = 32 * 1024 * 1024
+_CHUNK = 4 * 1024 * 1024
+#: Multipart part size for medium uploads; S3 refuses parts under 5 MiB (except the last).
+_UPLOAD_PART = 8 * 1024 * 1024
+#: Retries inside object_store for 5xx, throttling and connection resets, exponential backoff.
+_RETRY = {
+    "max_retries": 10,
+    "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=15), "base": 2},
+    "retry_timeout": timedelta(minutes=5),
+}
+
+
+class _LoopThread:
+    """One asyncio loop running forever in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="tao-data-io-obstore", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+
+class ObstoreExecutor:
+    def __init__(self, credentials: S3Credentials, *, concurrency: int = 64, large: Executor | None = None) -> None:
+        self.credentials = credentials
+        self.concurrency = concurrency
+        self.large = large
+        self._stores: dict[str, S3Store] = {}
+        self._loop: _LoopThread | None = None
+        self._lock = threading.Lock()
+
+    def _store(self, bucket: str) -> S3Store:
+        with self._lock:
+            store = self._stores.get(bucket)
+            if store is None:
+                creds = self.credentials
+                config: dict[str, Any] = {
+                    "access_key_id": creds.access_key_id,
+                    "secret_access_key": creds.secret_access_key,
+                    "region": creds.region,
+                }
+                if creds.session_token:
+                    config["session_token"] = creds.session_token
+                if creds.endpoint_url:
+                    config["endpoint"] = creds.endpoint_url
+                    config["virtual_hosted_style_request"] = False
+                client_options = {"timeout": "600s", "connect_timeout": "10s",
+                                  "allow_http": bool(creds.endpoint_url and creds.endpoint_url.startswith("http://")),
+                                  "pool_max_idle_per_host": str(max(self.concurrency, 16))}
+                store = S3Store(bucket, config=config, client_options=client_options, retry_config=_RETRY)
+                self._stores[bucket] = store
+            return store
+
+    def run(self, jobs: Sequence[Job], on_done: JobDone) -> None:
+        large = [job for job in jobs if self.large is not None and job.size >= LARGE_OBJECT_BYTES]
+        small = [job for job in jobs if not (self.large is not None and job.size >= LARGE_OBJECT_BYTES)]
+        if small:
+            with self._lock:
+                if self._loop is None:
+                    self._loop = _LoopThread()
+            self._loop.run(self._run_all(small, on_done))
+        if large and self.large is not None:
+            self.large.run(large, on_done)
+
+    async def _run_all(self, jobs: Sequence[Job], on_done: JobDone) -> None:
+        limit = asyncio.Semaphore(self.concurrency)
+
+        async def one(job: Job) -> None:
+            async with limit:
+                try:
+                    if isinstance(job, DownloadJob):
+                        await self._download(job)
+                    else:
+                        await self._upload(job)
+                    error = None
+                except FileNotFoundError as exc:  # obstore's NotFoundError subclasses it
+                    error = f"NoSuchKey: no such object (404): {_first_line(exc)}"
+                except Exception as exc:  # noqa: BLE001 - every failure is reported per object
+                    error = f"{type(exc).__name__}: {_first_line(exc)}"
+            on_done(job, error)
+
+        await asyncio.gather(*(one(job) for job in jobs))
+
+    async def _download(self, job: DownloadJob) -> None:
+        result = await obstore.get_async(self._store(job.bucket), job.key)
+        fd = os.open(job.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            async for chunk in result.stream(min_chunk_size=_CHUNK):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+
+    async def _upload(self, job: UploadJob) -> None:
+        with open(job.source, "rb") as handle:
+            if job.size <= _UPLOAD_PART:  # one PUT
+                await obstore.put_async(self._store(job.bucket), job.key, handle.read())
+            else:  # multipart, streamed from the file so memory stays bounded
+                await obstore.put_async(self._store(job.bucket), job.key, handle, chunk_size=_UPLOAD_PART)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
