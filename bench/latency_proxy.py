@@ -105,7 +105,11 @@ class LatencyProxy:
 
     def start(self) -> LatencyProxy:
         """Bind the listening socket and serve from a background thread."""
-        self._loop.run_until_complete(self._start())
+        try:
+            self._loop.run_until_complete(self._start())
+        except BaseException:
+            self._loop.close()
+            raise
         self._thread = threading.Thread(target=self._loop.run_forever, name="latency-proxy", daemon=True)
         self._thread.start()
         return self

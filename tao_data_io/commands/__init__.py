@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from . import archive, ptm, record, selective, transfer
+from . import archive, outputs, ptm, record, selective, transfer
 
-MODULES = (transfer, record, selective, archive, ptm)
+MODULES = (transfer, selective, archive, ptm, record, outputs)

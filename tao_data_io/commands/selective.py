@@ -50,7 +50,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     keys = split_keys(args.key)
     engine = TransferEngine(s3_credentials_from_env(), concurrency=args.concurrency)
     with console.progress("selective-download") as progress:
-        options = TransferOptions(concurrency=args.concurrency, progress=progress)
+        options = TransferOptions(progress=progress)
         try:
             result = selective_download(engine, args.annotation, keys, args.bucket, args.src_prefix, Path(args.dest),
                                         fmt=args.format, missing=args.missing, options=options)

@@ -58,7 +58,7 @@ def register(verbs: Any) -> None:
 def _run(args: argparse.Namespace, console: Console, verb: str) -> int:
     engine = TransferEngine(s3_credentials_from_env(), concurrency=args.concurrency)
     with console.progress(verb) as progress:
-        options = TransferOptions(concurrency=args.concurrency, filter=PathFilter(tuple(getattr(args, "filter_rules", None) or ())),
+        options = TransferOptions(filter=PathFilter(tuple(getattr(args, "filter_rules", None) or ())),
                                   dry_run=args.dry_run, progress=progress)
         method = engine.sync if verb == "sync" else engine.copy
         summary = method(args.source, args.destination, options)

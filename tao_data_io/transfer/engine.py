@@ -32,7 +32,7 @@ from .strategy import ContentStrategy
 from .summary import Failure, ProgressCallback, ProgressTracker, Skipped, TransferSummary
 from .urls import S3Url, is_s3_url, parse_s3_url
 
-DEFAULT_CONCURRENCY = 64
+DEFAULT_CONCURRENCY = 128
 #: Size of an object planned without a HEAD (``download_keys``); checked against nothing.
 UNKNOWN_SIZE = -1
 #: Download-side digests live with the data, so a rerun from another host (or a stage pod)
@@ -42,7 +42,8 @@ DOWNLOAD_DIGESTS = "digests.json"
 
 @dataclass(frozen=True)
 class TransferOptions:
-    concurrency: int = DEFAULT_CONCURRENCY
+    """Per-call choices. Concurrency belongs to the engine (it sizes the executor's pools)."""
+
     filter: PathFilter = field(default_factory=PathFilter)
     dry_run: bool = False
     progress: ProgressCallback | None = None
@@ -332,6 +333,16 @@ class TransferEngine:
             if explained is exc:
                 raise
             raise explained from exc
+
+    def exists(self, url: S3Url) -> bool:
+        """Whether the object ``url`` exists (one HEAD)."""
+        return self._head(url) is not None
+
+    def has_prefix(self, prefix: S3Url) -> bool:
+        """Whether anything lives under ``prefix`` (one LIST of at most one key)."""
+        with self._control_plane(prefix.bucket):
+            page = self.client.list_objects_v2(Bucket=prefix.bucket, Prefix=prefix.as_prefix().key, MaxKeys=1)
+        return int(page.get("KeyCount", 0)) > 0
 
     def _head(self, url: S3Url) -> dict[str, Any] | None:
         with self._control_plane(url.bucket):

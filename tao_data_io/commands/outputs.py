@@ -1,0 +1,107 @@
+"""``route-outputs``, ``upload-results`` and ``resync``: where a job's results go, and getting them there.
+
+Why verbs: submit records the route with one shell line, collect uploads with another, and a
+scheduler (cron, a SLURM epilogue, a Prefect schedule) runs ``resync`` while the job writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from ..console import Console
+from ..errors import UsageError
+from ..outputs import ALWAYS_EXCLUDED, DEFAULT_SETTLE_SECONDS, Kind, upload_results
+from ..record import RecordStore
+from ..routing import decide_route, loud_ephemeral_warning, record_route
+from .record import _add_root as add_root_argument
+from .transfer import OrderedFilter, report
+
+#: Set by SLURM inside an allocation; the only SLURM-specific thing we look at.
+SLURM_JOB_VARIABLE = "SLURM_JOB_ID"
+
+
+def register(verbs: Any) -> None:
+    route = verbs.add_parser("route-outputs", help="decide where a job's results go: mount, s3 or ephemeral (JSON)")
+    route.add_argument("--job-id", required=True, metavar="ID")
+    route.add_argument("--record", action="store_true",
+                       help="store the decision in the job record (what submit calls); idempotent")
+    route.add_argument("--force", action="store_true", help="with --record: replace a different recorded route")
+    add_root_argument(route)
+    route.set_defaults(run=_route)
+
+    upload = verbs.add_parser("upload-results", help="upload a job's results to its routed destination, "
+                                                     "also after a failed job; records a summary")
+    _add_upload_arguments(upload, settle_help="leave files modified in the last N seconds for a later run "
+                                              "(default 0: this runs after the job, so everything goes now)")
+    upload.add_argument("--no-upload-in-allocation", action="store_true",
+                        help=f"refuse to upload inside a SLURM allocation (${SLURM_JOB_VARIABLE} set): uploads "
+                             "belong on the login node after the allocation ends")
+    upload.set_defaults(run=lambda args, console: _upload(args, console, "upload"))
+
+    resync = verbs.add_parser("resync", help="upload what is new while a job runs (the unit a schedule calls); "
+                                             "safe beside the writer and beside another resync")
+    _add_upload_arguments(resync, settle_help="leave files modified in the last N seconds for a later run "
+                                              f"(default {DEFAULT_SETTLE_SECONDS:g})")
+    resync.set_defaults(run=lambda args, console: _upload(args, console, "resync"))
+
+
+def _add_upload_arguments(sub: argparse.ArgumentParser, *, settle_help: str) -> None:
+    sub.add_argument("--job-id", required=True, metavar="ID")
+    sub.add_argument("--results-dir", required=True, metavar="DIR", type=Path,
+                     help="the directory the job writes its results to")
+    sub.add_argument("--exclude", action=OrderedFilter, metavar="PATTERN",
+                     help=f"skip paths matching PATTERN (repeatable); {ALWAYS_EXCLUDED} is always excluded")
+    sub.add_argument("--include", action=OrderedFilter, metavar="PATTERN",
+                     help=f"re-admit paths matching PATTERN (repeatable); never re-admits {ALWAYS_EXCLUDED}")
+    sub.add_argument("--settle-seconds", type=_settle_seconds, metavar="N", help=settle_help)
+    add_root_argument(sub)
+    sub.set_defaults(filter_rules=())
+
+
+def _settle_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"--settle-seconds {text!r} must be a number of seconds from 0 to 86400")
+    return value
+
+
+def _route(args: argparse.Namespace, console: Console) -> int:
+    if args.force and not args.record:
+        raise UsageError("--force only replaces a recorded route: add --record, or drop --force")
+    route = decide_route(args.job_id, os.environ)
+    if args.record:
+        recorded = record_route(RecordStore(args.root), args.job_id, route, force=args.force).output_route
+        assert recorded is not None  # record_route always leaves one
+        route = recorded
+    console.json(route.model_dump())
+    if route.route == "ephemeral":
+        console.err(loud_ephemeral_warning(args.job_id))
+    return 0
+
+
+def _upload(args: argparse.Namespace, console: Console, kind: Kind) -> int:
+    slurm_job = os.environ.get(SLURM_JOB_VARIABLE)
+    if kind == "upload" and args.no_upload_in_allocation and slurm_job:
+        raise UsageError(f"{SLURM_JOB_VARIABLE} is {slurm_job!r}, so this runs inside a SLURM allocation, and "
+                         "--no-upload-in-allocation keeps uploads out of it: run `tao-data-io upload-results "
+                         f"--job-id {args.job_id} --results-dir {args.results_dir.absolute()}` on the login node "
+                         "after the allocation ends")
+    with console.progress(kind) as progress:
+        outcome = upload_results(RecordStore(args.root), args.job_id, args.results_dir, kind=kind,
+                                 rules=args.filter_rules, settle_seconds=args.settle_seconds,
+                                 progress=progress, on_wait=console.err)
+    if outcome.status == "ephemeral":
+        console.err(loud_ephemeral_warning(args.job_id))
+        return 0
+    if outcome.summary is None:
+        console.out(outcome.message)
+        return 0
+    code = report(outcome.summary, console, as_json=False)
+    console.out(outcome.message)
+    return code

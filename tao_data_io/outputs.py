@@ -1,0 +1,216 @@
+"""Getting a job's results to where its route says, and remembering that we did.
+
+One function, :func:`upload_results`, serves both the final upload after a job ends and the
+scheduled resync while it runs, because they must agree on everything that matters:
+
+* **what** is uploaded: ``.tao/*`` (TAO's own bookkeeping, not results) never is.
+  It is appended *last* to the rules, so with aws semantics (last match wins) no ``--include``
+  can re-admit it. The job's declared excludes and the caller's rules go before it.
+* **when**: also after a failed or cancelled job — its checkpoints and logs are exactly what the
+  user needs to debug it.
+* **how**: through the transfer engine, which already uploads only new or changed files, never
+  follows a symlink out of the tree and refuses special files; nothing here re-checks that.
+* **half-written files**: files modified in the last ``settle_seconds`` wait for a later run.
+  A resync, which overlaps the writer, defaults to :data:`DEFAULT_SETTLE_SECONDS`; the explicit
+  upload defaults to 0 (it runs after the job, when every byte must go now).
+* **one at a time per job**: a per-job ``flock`` under the record store's root. A scheduled
+  resync that finds it held leaves (the holder is doing the same work); a final upload waits
+  for it, so an older resync can never finish after — and overwrite — the final upload.
+
+Every upload that did something is appended to the record's ``uploads`` (names, counts and
+bytes only — never a credential). An entry with ``final: true`` says the job was already
+terminal when it started, it waited for nothing and nothing failed; once that exists for the
+job's destination, a resync has nothing left to do and says so.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+from .credentials import Redactor, s3_credentials_from_env
+from .errors import UsageError
+from .record import TERMINAL_STATES, JobRecord, OutputRoute, RecordStore, check_job_id
+from .routing import decide_route, ephemeral_warning
+from .transfer.engine import TransferEngine, TransferOptions
+from .transfer.filters import FilterRule, PathFilter
+from .transfer.summary import ProgressCallback, TransferSummary
+from .transfer.urls import parse_s3_url
+
+#: TAO's own state directory inside a results directory; never uploaded.
+ALWAYS_EXCLUDED = ".tao/*"
+#: How long a file must be left alone before a run that overlaps the job uploads it.
+DEFAULT_SETTLE_SECONDS = 30.0
+#: Failed names kept in one uploads entry; the count is always exact. A broken bucket can fail
+#: every file of a large tree, and the record must stay a small, readable document.
+MAX_FAILED_NAMES = 50
+
+Kind = Literal["upload", "resync"]
+Status = Literal["uploaded", "mount", "ephemeral", "busy", "done"]
+
+
+@dataclass(frozen=True)
+class UploadOutcome:
+    """What :func:`upload_results` did. ``summary`` and ``entry`` are set when it uploaded."""
+
+    status: Status
+    #: A human line saying what happened and why (the ephemeral warning for that route).
+    message: str
+    route: OutputRoute | None = None
+    summary: TransferSummary | None = None
+    #: The entry appended to the record's ``uploads`` (None when nothing was recorded).
+    entry: dict[str, object] | None = None
+
+
+def results_filter(rules: Sequence[FilterRule] = (), upload_excludes: Sequence[str] = ()) -> PathFilter:
+    """The job's declared excludes, then the caller's rules in order, then ``.tao/*`` last so it wins."""
+    return PathFilter.from_patterns(upload_excludes).plus(*rules, FilterRule("exclude", ALWAYS_EXCLUDED))
+
+
+def resolve_route(record: JobRecord, environ: Mapping[str, str]) -> OutputRoute:
+    """The route recorded at submit, or — for a job submitted without one — the decision now."""
+    return record.output_route or decide_route(record.job_id, environ)
+
+
+def final_upload(record: JobRecord, destination: str) -> dict[str, object] | None:
+    """The entry of a successful final upload to ``destination``, if the job is terminal and has one."""
+    if record.state not in TERMINAL_STATES:
+        return None
+    return next((entry for entry in reversed(record.uploads)
+                 if entry.get("final") is True and entry.get("destination") == destination), None)
+
+
+@contextmanager
+def upload_lock(store: RecordStore, job_id: str, *, wait: bool,
+                on_wait: Callable[[str], None] | None = None) -> Iterator[bool]:
+    """Hold the job's upload lock; yields False (without waiting) when it is taken and not ``wait``.
+
+    A separate file from the record's own lock: an upload holds this one for minutes, and the
+    record must stay writable meanwhile (the job reports states, the upload appends its entry).
+    The kernel drops the lock when its holder dies, so a killed resync never wedges the job.
+    """
+    path = store.root / f".{check_job_id(job_id)}.upload.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                yield False
+                return
+            if on_wait is not None:
+                on_wait(f"another upload of job {job_id} holds {path}; waiting for it to finish")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield True
+    finally:
+        os.close(fd)
+
+
+def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: Kind = "upload",
+                   rules: Sequence[FilterRule] = (), upload_excludes: Sequence[str] = (),
+                   settle_seconds: float | None = None, environ: Mapping[str, str] | None = None,
+                   progress: ProgressCallback | None = None,
+                   on_wait: Callable[[str], None] | None = None) -> UploadOutcome:
+    """Upload ``results_dir`` to the job's routed destination and record what happened.
+
+    ``kind="upload"`` is the explicit (final) upload: it waits for a running resync and, unless
+    told otherwise, uploads everything now (settle 0) — it runs when the writer is gone, and a
+    record nobody marked terminal (a SLURM run) must not make it hold back the last files.
+    ``kind="resync"`` is the scheduled unit: it leaves when another upload holds the lock, does
+    nothing once a final upload succeeded, records an entry only when it moved or failed
+    something, and waits :data:`DEFAULT_SETTLE_SECONDS` for files to settle unless told otherwise.
+
+    Raises :class:`UsageError` for bad input (no record, a results dir that is not a directory
+    or, on the mount route, not under the mount). Failed files are in the summary, not raised.
+    """
+    env = os.environ if environ is None else environ
+    record = store.get(job_id)
+    route = resolve_route(record, env)
+    if route.route == "mount":
+        return _on_mount(route, results_dir)
+    if route.route == "ephemeral":
+        return UploadOutcome("ephemeral", ephemeral_warning(job_id), route)
+    if route.route != "s3":
+        raise UsageError(f"job {job_id!r} has output route {route.route!r} in its record, which this version "
+                         "does not know (mount, s3 or ephemeral): re-record it with `route-outputs --record --force`")
+    if not results_dir.is_dir():
+        raise UsageError(f"--results-dir {str(results_dir)!r} is not a directory: give the directory the job "
+                         "writes its results to")
+    credentials = s3_credentials_from_env(env)  # before waiting: a missing credential fails at once
+    with upload_lock(store, job_id, wait=kind == "upload", on_wait=on_wait) as held:
+        if not held:
+            return UploadOutcome("busy", f"another resync or upload of job {job_id} holds the lock; this run "
+                                         "leaves the work to it", route)
+        record = store.get(job_id)  # the state may have changed while we waited
+        done = final_upload(record, route.destination) if kind == "resync" else None
+        if done is not None:
+            return UploadOutcome("done", f"job {job_id} is {record.state} and its final upload to "
+                                         f"{route.destination} succeeded at {done.get('at')}: nothing left to resync",
+                                 route)
+        if settle_seconds is None:
+            settle_seconds = DEFAULT_SETTLE_SECONDS if kind == "resync" else 0.0
+        started = _now()
+        options = TransferOptions(filter=results_filter(rules, upload_excludes), settle_seconds=settle_seconds,
+                                  progress=progress)
+        prefix = parse_s3_url(route.destination, field="output_route.destination")
+        summary = TransferEngine(credentials).upload_directory(results_dir, prefix, options)
+        entry = _entry(kind, route, results_dir, record, settle_seconds, started, summary, Redactor(env))
+        final = bool(entry["final"])
+        recorded = kind == "upload" or final or bool(summary.transferred_files or summary.failed)
+        if recorded:
+            store.update(job_id, lambda current: current.model_copy(update={"uploads": [*current.uploads, entry]}))
+    what = "final upload" if final else "upload"
+    note = f"{what} recorded in job {job_id}'s uploads" if recorded else "nothing moved or failed; not recorded"
+    return UploadOutcome("uploaded", note, route, summary, entry if recorded else None)
+
+
+def _on_mount(route: OutputRoute, results_dir: Path) -> UploadOutcome:
+    # Copying would hide the real problem (the job wrote somewhere else) and double the bytes.
+    if not _is_within(results_dir, route.destination):
+        raise UsageError(f"--results-dir {str(results_dir)!r} is not under the job's mount destination "
+                         f"{route.destination!r} ({route.reason}); nothing is uploaded on this route and nothing "
+                         f"was copied: make the job write its results under {route.destination}")
+    return UploadOutcome("mount", f"nothing to upload: results are already on the mount at {route.destination}",
+                         route)
+
+
+def _is_within(path: Path, root: str) -> bool:
+    """Whether ``path`` is ``root`` or below it, symlinks resolved on both sides."""
+    real, real_root = os.path.realpath(path), os.path.realpath(root)
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def _entry(kind: Kind, route: OutputRoute, results_dir: Path, record: JobRecord, settle_seconds: float,
+           started: datetime, summary: TransferSummary, redact: Redactor) -> dict[str, object]:
+    """The uploads entry: what moved, what was left and why, in counts and names only. Every
+    string is redacted, so even a file named after a secret cannot put its value in the record."""
+    failed = [redact(failure.name) for failure in summary.failed]
+    return {
+        "at": _now().isoformat(),
+        "started_at": started.isoformat(),
+        "by": kind,
+        "route": route.route,
+        "destination": redact(route.destination),
+        "results_dir": redact(str(results_dir.absolute())),
+        "job_state": record.state,
+        "final": record.state in TERMINAL_STATES and settle_seconds == 0 and summary.ok,
+        "settle_seconds": settle_seconds,
+        "ok": summary.ok,
+        "uploaded_files": summary.transferred_files,
+        "uploaded_bytes": summary.transferred_bytes,
+        "unchanged_files": summary.unchanged_files,
+        "excluded_files": summary.excluded_files,
+        "skipped_files": len(summary.skipped),
+        "failed_files": len(failed),
+        "failed": failed[:MAX_FAILED_NAMES],
+    }
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)

@@ -1,0 +1,323 @@
+"""Output routing, results uploads and scheduled resyncs, through the CLI against a real S3 server.
+
+What must hold: the three routes and their precedence; bad variables refused by name; ``.tao/*``
+never uploaded whatever the user includes; no symlink followed out of the tree; uploads after a
+failed job; a file still being written never uploaded half-done; one resync at a time; a resync
+that stops once the final upload is in; a summary in the record without any credential value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tao_data_io.embedded_s3 import EmbeddedS3
+from tao_data_io.errors import UsageError
+from tao_data_io.outputs import upload_lock
+from tao_data_io.record import RecordStore
+from tao_data_io.routing import decide_route, ephemeral_warning
+
+from .helpers import run_cli, write_tree
+
+JOB_ID = "job-1"
+JOB = dict(platform="k8s", image="nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt", network_arch="dino",
+           action="train", storage_tier="B", results_dir="/results/dino")
+RESULTS = {"model.pth": b"weights" * 100, "logs/train.log": b"epoch 1\n", "status.json": b'{"ok": 1}'}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> RecordStore:
+    store = RecordStore(tmp_path / "jobs")
+    store.open(job_id=JOB_ID, **JOB)
+    return store
+
+
+@pytest.fixture
+def env(s3_server: EmbeddedS3, bucket: str, tmp_path: Path) -> dict[str, str]:
+    return {**s3_server.env(), "S3_BUCKET_NAME": bucket, "TAO_DATA_IO_JOBS_DIR": str(tmp_path / "jobs"),
+            "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    root = tmp_path / "results"
+    write_tree(root, RESULTS)
+    return root
+
+
+def remote(s3_client: Any, bucket: str, job_id: str = JOB_ID) -> dict[str, bytes]:
+    """relative key → body of every object under the job's results prefix."""
+    prefix = f"results/{job_id}/"
+    listed = s3_client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    return {item["Key"][len(prefix):]: s3_client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+            for item in listed}
+
+
+def upload(results: Path, env: dict[str, str], *extra: str,
+           verb: str = "upload-results") -> subprocess.CompletedProcess[str]:
+    return run_cli(verb, "--job-id", JOB_ID, "--results-dir", str(results), *extra, env=env)
+
+
+def unboxed(text: str) -> str:
+    """The words of a boxed warning, border and wrapping removed."""
+    return " ".join(text.replace("!", " ").split())
+
+
+# --------------------------------------------------------------------------- routing
+def test_s3_route_is_recorded_once_and_a_different_route_needs_force(store: RecordStore, env: dict[str, str],
+                                                                      bucket: str, tmp_path: Path) -> None:
+    slashed = {**env, "S3_BUCKET_NAME": f"/{bucket}/"}
+    first = run_cli("route-outputs", "--job-id", JOB_ID, "--record", env=slashed)
+    assert first.returncode == 0, first.stderr
+    decision = json.loads(first.stdout)
+    assert decision["route"] == "s3" and decision["destination"] == f"s3://{bucket}/results/{JOB_ID}/"
+    assert "S3_BUCKET_NAME" in decision["reason"] and first.stderr == ""
+    again = run_cli("route-outputs", "--job-id", JOB_ID, "--record", env=slashed)
+    assert again.returncode == 0 and json.loads(again.stdout) == decision
+    assert store.get(JOB_ID).output_route.model_dump() == decision  # type: ignore[union-attr]
+
+    moved = {**env, "TAO_RESULTS_ROOT": str(tmp_path / "mount")}
+    refused = run_cli("route-outputs", "--job-id", JOB_ID, "--record", env=moved)
+    assert refused.returncode == 2 and refused.stderr.startswith("error:")
+    assert "route is 's3' in the record, 'mount' now" in refused.stderr and "--force" in refused.stderr
+    assert store.get(JOB_ID).output_route.route == "s3"  # type: ignore[union-attr]
+    forced = run_cli("route-outputs", "--job-id", JOB_ID, "--record", "--force", env=moved)
+    assert forced.returncode == 0, forced.stderr
+    assert store.get(JOB_ID).output_route.destination == str(tmp_path / "mount" / JOB_ID)  # type: ignore[union-attr]
+
+
+def test_mount_route_wins_over_the_bucket_and_uploads_nothing(store: RecordStore, env: dict[str, str], bucket: str,
+                                                              s3_client: Any, results: Path, tmp_path: Path) -> None:
+    mount = tmp_path / "mount"
+    both = {**env, "TAO_RESULTS_ROOT": f"{mount}/"}
+    decided = run_cli("route-outputs", "--job-id", JOB_ID, env=both)
+    assert decided.returncode == 0, decided.stderr
+    decision = json.loads(decided.stdout)
+    assert decision["route"] == "mount" and decision["destination"] == f"{mount}/{JOB_ID}"
+    assert "TAO_RESULTS_ROOT" in decision["reason"] and "precedence over S3_BUCKET_NAME" in decision["reason"]
+    assert store.get(JOB_ID).output_route is None  # without --record nothing is stored
+
+    on_mount = mount / JOB_ID / "run"
+    write_tree(on_mount, RESULTS)
+    done = upload(on_mount, both)
+    assert done.returncode == 0, done.stderr
+    assert "nothing to upload" in done.stdout and str(mount / JOB_ID) in done.stdout
+
+    elsewhere = upload(results, both)
+    assert elsewhere.returncode == 2 and elsewhere.stderr.startswith("error:")
+    assert str(results) in elsewhere.stderr and str(mount / JOB_ID) in elsewhere.stderr
+    assert "nothing was copied" in elsewhere.stderr
+    assert remote(s3_client, bucket) == {} and sorted(p.name for p in (mount / JOB_ID).iterdir()) == ["run"]
+    assert store.get(JOB_ID).uploads == []
+
+
+def test_ephemeral_route_warns_loudly_on_stderr_and_uploads_nothing(store: RecordStore, env: dict[str, str],
+                                                                    bucket: str, s3_client: Any, results: Path) -> None:
+    bare = {name: value for name, value in env.items() if name != "S3_BUCKET_NAME"}
+    decided = run_cli("route-outputs", "--job-id", JOB_ID, env=bare)
+    assert decided.returncode == 0, decided.stderr
+    assert json.loads(decided.stdout)["route"] == "ephemeral"
+    for result in (decided, upload(results, bare)):
+        assert result.returncode == 0, result.stderr
+        assert "WARNING: RESULTS ARE EPHEMERAL" in result.stderr
+        assert ephemeral_warning(JOB_ID) in unboxed(result.stderr)  # the same words as submit prints
+    assert remote(s3_client, bucket) == {} and store.get(JOB_ID).uploads == []
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("TAO_RESULTS_ROOT", "results/here"),
+    ("TAO_RESULTS_ROOT", "/mnt/../etc"),
+    ("S3_BUCKET_NAME", "My_Bucket"),
+    ("S3_BUCKET_NAME", "s3://my-bucket"),
+    ("S3_BUCKET_NAME", "my-bucket/results"),
+    ("S3_BUCKET_NAME", "ab"),
+])
+def test_bad_route_variables_are_refused_by_name(variable: str, value: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        decide_route(JOB_ID, {variable: value})
+    message = str(caught.value)
+    assert message.startswith(f"{variable} {value!r}") and "set " in message
+
+
+def test_bad_route_variables_exit_2_on_the_command_line(tmp_path: Path) -> None:
+    for variable, value in (("TAO_RESULTS_ROOT", "relative/root"), ("S3_BUCKET_NAME", "Bad_Bucket")):
+        result = run_cli("route-outputs", "--job-id", JOB_ID, env={variable: value})
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.startswith(f"error: {variable} {value!r}")
+
+
+# --------------------------------------------------------------------------- upload-results
+def test_tao_state_is_never_uploaded_even_with_include_all(store: RecordStore, env: dict[str, str], bucket: str,
+                                                           s3_client: Any, results: Path) -> None:
+    write_tree(results, {".tao/status.json": b"{}", ".tao/deep/token": b"secret-ish"})
+    done = upload(results, env, "--include", "*", "--include", ".tao/*")
+    assert done.returncode == 0, done.stderr
+    assert remote(s3_client, bucket) == RESULTS
+    assert store.get(JOB_ID).uploads[-1]["excluded_files"] == 2
+
+
+def test_excludes_add_to_the_tao_exclude(store: RecordStore, env: dict[str, str], bucket: str, s3_client: Any,
+                                         results: Path) -> None:
+    write_tree(results, {".tao/status.json": b"{}", "scratch/a.bin": b"a", "x.tmp": b"t", "keep.tmp.txt": b"k"})
+    done = upload(results, env, "--exclude", "*.tmp", "--exclude", "scratch/*")
+    assert done.returncode == 0, done.stderr
+    assert remote(s3_client, bucket) == {**RESULTS, "keep.tmp.txt": b"k"}
+    assert "3 excluded" in done.stdout
+
+
+def test_symlinks_out_of_the_tree_and_special_files_are_not_uploaded(store: RecordStore, env: dict[str, str],
+                                                                     bucket: str, s3_client: Any, results: Path,
+                                                                     tmp_path: Path) -> None:
+    outside = Path("/etc/hostname")
+    if not outside.is_file():
+        outside = tmp_path / "outside.txt"
+        outside.write_text("not yours")
+    (results / "hostname").symlink_to(outside)
+    (results / "logs" / "latest.log").symlink_to(results / "logs" / "train.log")  # inside: uploaded as a file
+    os.mkfifo(results / "pipe")
+    done = upload(results, env)
+    assert done.returncode == 0, done.stderr
+    assert remote(s3_client, bucket) == {**RESULTS, "logs/latest.log": RESULTS["logs/train.log"]}
+    assert "skipped: hostname: symlink points outside the tree" in done.stdout
+    assert "skipped: pipe: special file" in done.stdout
+    assert store.get(JOB_ID).uploads[-1]["skipped_files"] == 2
+
+
+def test_upload_after_a_failed_job_is_recorded_and_reruns_are_incremental(store: RecordStore, env: dict[str, str],
+                                                                          bucket: str, s3_client: Any,
+                                                                          results: Path) -> None:
+    store.mark(JOB_ID, "RUNNING", source="agent")
+    store.mark(JOB_ID, "ERROR", source="agent", message="OOMKilled")
+    write_tree(results, {".tao/status.json": b"{}"})
+    first = upload(results, env)
+    assert first.returncode == 0, first.stderr
+    assert remote(s3_client, bucket) == RESULTS
+    assert "transferred 3 files" in first.stdout and "final upload recorded" in first.stdout
+
+    write_tree(results, {"model.pth": b"better weights", "ckpt/epoch_2.pth": b"epoch 2"})
+    second = upload(results, env)
+    assert second.returncode == 0, second.stderr
+    assert remote(s3_client, bucket) == {**RESULTS, "model.pth": b"better weights", "ckpt/epoch_2.pth": b"epoch 2"}
+
+    uploads = store.get(JOB_ID).uploads
+    assert len(uploads) == 2
+    entry = uploads[-1]
+    assert entry["by"] == "upload" and entry["route"] == "s3" and entry["job_state"] == "ERROR"
+    assert entry["destination"] == f"s3://{bucket}/results/{JOB_ID}/" and entry["results_dir"] == str(results)
+    assert entry["final"] is True and entry["ok"] is True and entry["settle_seconds"] == 0
+    assert (entry["uploaded_files"], entry["uploaded_bytes"]) == (2, len(b"better weights") + len(b"epoch 2"))
+    assert (entry["unchanged_files"], entry["excluded_files"], entry["skipped_files"]) == (2, 1, 0)
+    assert (entry["failed_files"], entry["failed"]) == (0, [])
+    assert entry["started_at"] <= entry["at"]
+
+
+def test_no_upload_inside_a_slurm_allocation_when_asked(store: RecordStore, env: dict[str, str], bucket: str,
+                                                        s3_client: Any, results: Path) -> None:
+    inside = upload(results, {**env, "SLURM_JOB_ID": "4242"}, "--no-upload-in-allocation")
+    assert inside.returncode == 2 and inside.stderr.startswith("error: SLURM_JOB_ID is '4242'")
+    assert "login node after the allocation ends" in inside.stderr
+    assert remote(s3_client, bucket) == {}
+    login = upload(results, env, "--no-upload-in-allocation")
+    assert login.returncode == 0, login.stderr
+    assert remote(s3_client, bucket) == RESULTS
+
+
+def test_no_credential_value_in_the_record_or_the_output(s3_server: EmbeddedS3, store: RecordStore,
+                                                         env: dict[str, str], results: Path, tmp_path: Path) -> None:
+    secret = s3_server.secret_access_key
+    (results / f"{secret}.log").symlink_to(tmp_path / "nowhere")  # a name that is the secret, printed as skipped
+    outputs = [run_cli("route-outputs", "--job-id", JOB_ID, "--record", env=env), upload(results, env),
+               upload(results, env, "--settle-seconds", "0", verb="resync")]
+    assert [result.returncode for result in outputs] == [0, 0, 0], [result.stderr for result in outputs]
+    assert "***AWS_SECRET_ACCESS_KEY***.log" in outputs[1].stdout  # printed, masked
+    record_text = (tmp_path / "jobs" / f"{JOB_ID}.json").read_text()
+    assert store.get(JOB_ID).uploads  # the summary is there…
+    for text in [record_text, *(result.stdout + result.stderr for result in outputs)]:
+        assert secret not in text and s3_server.access_key_id not in text  # …and no credential value
+
+
+# --------------------------------------------------------------------------- resync
+def test_resync_leaves_a_file_being_written_and_uploads_it_whole_later(store: RecordStore, env: dict[str, str],
+                                                                       bucket: str, s3_client: Any,
+                                                                       results: Path) -> None:
+    store.mark(JOB_ID, "RUNNING", source="agent")
+    time.sleep(1.2)  # RESULTS are now older than the 1 s settle window
+    growing = results / "logs" / "growing.log"
+    started, stop = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with growing.open("ab", buffering=0) as handle:
+            index = 0
+            while not stop.is_set():
+                handle.write(f"step {index:06d} loss 0.{index % 997:03d}\n".encode())
+                index += 1
+                started.set()
+                time.sleep(0.002)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        started.wait(5)
+        during = upload(results, env, "--settle-seconds", "1", verb="resync")
+    finally:
+        stop.set()
+        thread.join()
+    assert during.returncode == 0, during.stderr
+    final = growing.read_bytes()
+    seen = remote(s3_client, bucket)
+    # Absent, or the complete final state — never a prefix of it (a truncated upload).
+    assert seen.get("logs/growing.log", final) == final
+    assert {name: seen[name] for name in RESULTS} == RESULTS
+    assert "skipped: logs/growing.log: modified in the last 1s" in during.stdout
+
+    time.sleep(1.2)  # the writer has stopped: let the file settle
+    after = upload(results, env, "--settle-seconds", "1", verb="resync")
+    assert after.returncode == 0, after.stderr
+    assert remote(s3_client, bucket) == {**RESULTS, "logs/growing.log": final}
+    entries = store.get(JOB_ID).uploads
+    assert [entry["by"] for entry in entries] == ["resync", "resync"]
+    assert [entry["final"] for entry in entries] == [False, False]  # the job is still RUNNING
+
+
+def test_a_second_resync_leaves_while_another_holds_the_lock(store: RecordStore, env: dict[str, str], bucket: str,
+                                                             s3_client: Any, results: Path) -> None:
+    with upload_lock(store, JOB_ID, wait=False) as held:  # what a running resync holds
+        assert held
+        second = upload(results, env, "--settle-seconds", "0", verb="resync")
+        assert second.returncode == 0, second.stderr
+        assert "holds the lock" in second.stdout
+        assert remote(s3_client, bucket) == {} and store.get(JOB_ID).uploads == []
+        # A final upload waits for the holder instead of racing it.
+        final = subprocess.Popen([sys.executable, "-m", "tao_data_io.cli", "upload-results", "--job-id", JOB_ID,
+                                  "--results-dir", str(results)],
+                                 env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **env},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert final.stderr is not None
+        waiting = final.stderr.readline()
+        assert "waiting for it to finish" in waiting and final.poll() is None
+        assert remote(s3_client, bucket) == {}
+    out, err = final.communicate(timeout=120)
+    assert final.returncode == 0, err
+    assert remote(s3_client, bucket) == RESULTS and "transferred 3 files" in out
+
+
+def test_resync_does_nothing_once_the_job_is_terminal_and_the_final_upload_succeeded(
+        store: RecordStore, env: dict[str, str], bucket: str, s3_client: Any, results: Path) -> None:
+    store.mark(JOB_ID, "COMPLETE", source="agent")
+    final = upload(results, env)
+    assert final.returncode == 0, final.stderr
+    assert store.get(JOB_ID).uploads[-1]["final"] is True
+
+    write_tree(results, {"late.txt": b"written after the final upload"})
+    resync = upload(results, env, "--settle-seconds", "0", verb="resync")
+    assert resync.returncode == 0, resync.stderr
+    assert "is COMPLETE and its final upload" in resync.stdout and "nothing left to resync" in resync.stdout
+    assert remote(s3_client, bucket) == RESULTS and len(store.get(JOB_ID).uploads) == 1
