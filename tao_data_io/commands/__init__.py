@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from . import archive, outputs, ptm, record, selective, transfer
+from . import archive, outputs, ptm, record, selective, staging, transfer
 
-MODULES = (transfer, selective, archive, ptm, record, outputs)
+MODULES = (transfer, staging, selective, archive, ptm, record, outputs)

@@ -1,0 +1,42 @@
+"""``stage`` and ``materialize-config``: a job request's inputs and config, host-side."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..console import Console
+from ..models import load_request
+from ..spec import materialize_config
+from ..staging import STAGING_MAP_NAME, stage
+
+
+def register(verbs: Any) -> None:
+    sub = verbs.add_parser("stage", help="stage every input of a job request and write the staging map")
+    sub.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON)")
+    sub.add_argument("--workdir", required=True, metavar="W", help="staging root (the job's volume in tier B)")
+    sub.add_argument("--json", action="store_true", help="print the staging map as JSON")
+    sub.set_defaults(run=_run_stage)
+
+    sub = verbs.add_parser("materialize-config", help="write the request's spec as a content-addressed config file")
+    sub.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON), mode 'config'")
+    sub.add_argument("--output-dir", required=True, metavar="D")
+    sub.set_defaults(run=_run_materialize)
+
+
+def _run_stage(args: argparse.Namespace, console: Console) -> int:
+    staging_map = stage(load_request(args.request), Path(args.workdir))
+    if args.json:
+        console.json(staging_map.model_dump())
+        return 0
+    for entry in staging_map.sources:
+        console.out(f"{entry.source} → {entry.container_path}: {entry.files} files, {entry.bytes:,} bytes ({entry.how})")
+    console.out(f"staging map: {Path(staging_map.workdir) / STAGING_MAP_NAME}")
+    return 0
+
+
+def _run_materialize(args: argparse.Namespace, console: Console) -> int:
+    config = materialize_config(load_request(args.request), Path(args.output_dir))
+    console.out(str(config.path))
+    return 0

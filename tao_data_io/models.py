@@ -1,0 +1,250 @@
+"""The job request: everything the data mover needs to know about one TAO job, versioned.
+
+Why pydantic: the request arrives from users (YAML/JSON files, a Prefect parameter, an agent)
+and is the contract every later step reads, so it is validated once, at the edge, with errors
+that name the field path, the bad value and the fix. It holds names and paths only: credentials
+are listed by *name* in ``forward_env`` and never appear as values.
+
+The shape follows the TAO renderer contract (see ``reference/tao-run-on-kubernetes.md``): a
+``mode`` of ``args`` (native argv) or ``config`` (a **nested** spec serialised to a file whose
+path replaces ``{config_path}`` in the command).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .credentials import is_secret_name
+from .errors import UsageError
+
+SCHEMA_VERSION = "1"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$")
+#: Schemes of inputs that have to be fetched (everything else is a local path: tier A).
+REMOTE_SCHEMES = ("s3://", "hf://", "ngc://")
+
+
+def is_remote_uri(value: str) -> bool:
+    return value.startswith(REMOTE_SCHEMES)
+
+
+def check_container_path(value: str, *, what: str) -> str:
+    """An absolute, normalised POSIX path that is not ``/`` (mount targets, results dirs)."""
+    problem = None
+    if not value.startswith("/"):
+        problem = "it is not absolute"
+    elif value == "/":
+        problem = "it is the root directory"
+    elif posixpath.normpath(value) != value or "//" in value:
+        problem = "it is not normalised (no '..', '.', '//' or trailing '/')"
+    elif any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        problem = "it contains a control character"
+    if problem:
+        raise ValueError(f"{what} {value!r} is not usable: {problem}; write an absolute path such as /data/coco")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ComputeShape(_Strict):
+    gpus: int = Field(default=1, ge=0, le=64)
+    nodes: int = Field(default=1, ge=1, le=512)
+
+
+class InputSpec(_Strict):
+    """One input to stage. ``source`` is ``s3://``, ``hf://``, ``ngc://`` or a local absolute path
+    (already readable from the compute frame: tier A). ``target`` is where the job sees it; when
+    omitted it is derived from the source under the inputs root."""
+
+    source: str
+    kind: Literal["auto", "folder", "file", "selective", "archive", "model"] = "auto"
+    target: str | None = None
+    # annotation-selective
+    annotation: str | None = None
+    keys: list[str] = Field(default_factory=list)
+    annotation_format: Literal["parquet", "jsonl", "json", "csv"] | None = None
+    missing: Literal["error", "skip"] = "error"
+    # archive
+    strip_components: int = Field(default=0, ge=0, le=32)
+    # folder
+    excludes: list[str] = Field(default_factory=list)
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        if not is_remote_uri(value) and not value.startswith("/"):
+            raise ValueError(f"source {value!r} is neither s3://, hf://, ngc:// nor an absolute local path")
+        return value
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, value: str | None) -> str | None:
+        return None if value is None else check_container_path(value, what="target")
+
+    @model_validator(mode="after")
+    def _kind_options(self) -> InputSpec:
+        if self.kind == "selective":
+            if not self.annotation or not self.keys:
+                raise ValueError("kind 'selective' needs 'annotation' (path or s3:// URI) and 'keys' (column names)")
+            if not self.source.startswith("s3://"):
+                raise ValueError(f"kind 'selective' needs an s3:// source prefix, got {self.source!r}")
+        elif self.annotation or self.keys:
+            raise ValueError("'annotation' and 'keys' only apply to kind 'selective'")
+        if self.strip_components and self.kind != "archive":
+            raise ValueError("'strip_components' only applies to kind 'archive'")
+        if self.kind == "model" and not self.source.startswith(("hf://", "ngc://")):
+            raise ValueError(f"kind 'model' needs an hf:// or ngc:// source, got {self.source!r}")
+        return self
+
+
+class OutputSpec(_Strict):
+    results_dir: str = "/results"
+    upload_excludes: list[str] = Field(default_factory=list)
+
+    @field_validator("results_dir")
+    @classmethod
+    def _results_dir(cls, value: str) -> str:
+        return check_container_path(value, what="results_dir")
+
+
+class MountSpec(_Strict):
+    """A pre-positioned source (tier A): a host/PVC path mounted at ``target``."""
+
+    source: str
+    target: str
+    read_only: bool = True
+
+    @field_validator("source", "target")
+    @classmethod
+    def _paths(cls, value: str) -> str:
+        return check_container_path(value, what="mount path")
+
+
+class StoragePrefs(_Strict):
+    tier: Literal["A", "B", "C"] | None = None
+    pvc_claim: str | None = None
+    air_gapped: bool = False
+
+
+class JobRequest(_Strict):
+    schema_version: Literal["1"]
+    job_id: str | None = None
+    image: str = Field(min_length=1)
+    command: str | list[str]
+    mode: Literal["args", "config"]
+    args: list[str] | None = None
+    spec: dict[str, Any] | None = None
+    config_format: Literal["json", "yaml", "toml"] | None = None
+    compute_shape: ComputeShape = Field(default_factory=ComputeShape)
+    inputs: list[InputSpec] = Field(default_factory=list)
+    outputs: OutputSpec = Field(default_factory=OutputSpec)
+    mounts: list[MountSpec] = Field(default_factory=list)
+    environment: dict[str, str] = Field(default_factory=dict)
+    forward_env: list[str] = Field(default_factory=list)
+    storage: StoragePrefs = Field(default_factory=StoragePrefs)
+
+    @field_validator("job_id")
+    @classmethod
+    def _job_id(cls, value: str | None) -> str | None:
+        if value is not None and not _DNS_LABEL.match(value):
+            raise ValueError(f"job_id {value!r} must be a DNS label of at most 52 characters "
+                             "(lowercase letters, digits, '-'; starting and ending alphanumeric)")
+        return value
+
+    @field_validator("spec")
+    @classmethod
+    def _spec(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            check_nested_spec(value)
+        return value
+
+    @field_validator("environment")
+    @classmethod
+    def _environment(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"environment name {name!r} is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            if is_secret_name(name):
+                raise ValueError(f"environment {name!r} looks like a credential: list its name in forward_env "
+                                 "instead; values of credentials never go into a request")
+        return value
+
+    @field_validator("forward_env")
+    @classmethod
+    def _forward_env(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"forward_env name {name!r} is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        return value
+
+    @model_validator(mode="after")
+    def _mode(self) -> JobRequest:
+        if self.mode == "args":
+            if self.args is None:
+                raise ValueError("mode 'args' needs 'args' (a list of strings)")
+            if self.spec is not None or self.config_format is not None:
+                raise ValueError("mode 'args' takes no 'spec' or 'config_format'; use mode 'config' for a spec")
+        else:
+            if self.spec is None or self.config_format is None:
+                raise ValueError("mode 'config' needs a nested 'spec' and 'config_format' (json, yaml or toml)")
+            if self.args is not None:
+                raise ValueError("mode 'config' takes no 'args'; put the arguments in 'command'")
+            command = self.command if isinstance(self.command, str) else " ".join(self.command)
+            if "{config_path}" not in command:
+                raise ValueError(f"mode 'config' needs '{{config_path}}' in command, got {command!r}")
+        overlap = sorted(set(self.environment) & set(self.forward_env))
+        if overlap:
+            raise ValueError(f"{overlap} appear in both environment and forward_env; a credential is forwarded by name only")
+        return self
+
+
+def check_nested_spec(spec: dict[str, Any]) -> None:
+    """Refuse flat dotted keys (``"train.lr": 1``): TAO specs are nested mappings."""
+    dotted = sorted(key for key in spec if isinstance(key, str) and "." in key)
+    if dotted:
+        example = dotted[0]
+        head, _, tail = example.partition(".")
+        raise ValueError(
+            f"spec must be nested, not flat dotted keys: {dotted[:5]}; write {{{head!r}: {{{tail!r}: ...}}}} "
+            f"instead of {{{example!r}: ...}}"
+        )
+
+
+def describe_validation_error(exc: ValidationError, source: str) -> str:
+    """One line per problem: ``field.path: message (got value)``."""
+    lines = []
+    for error in exc.errors():
+        path = ".".join(str(part) for part in error["loc"]) or "(request)"
+        message = str(error["msg"]).removeprefix("Value error, ")
+        got = error.get("input")
+        shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+        lines.append(f"{path}: {message}{shown}")
+    return f"invalid job request {source}:\n  " + "\n  ".join(lines)
+
+
+def load_request(path: str | Path) -> JobRequest:
+    """Load a request from YAML or JSON; any problem is a UsageError naming field, value and fix."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--request {str(path)!r} cannot be read: {exc.strerror}") from exc
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise UsageError(f"--request {str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"--request {str(path)!r} must hold a mapping with schema_version: \"1\"")
+    try:
+        return JobRequest.model_validate(data)
+    except ValidationError as exc:
+        raise UsageError(describe_validation_error(exc, repr(str(path)))) from exc

@@ -1,0 +1,197 @@
+"""`stage`: every input kind from the embedded S3 server (and a fake Hub), the staging map, reruns
+that move nothing, and air-gapped requests that never open a socket."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tao_data_io.credentials import S3Credentials
+from tao_data_io.embedded_s3 import EmbeddedS3
+from tao_data_io.errors import UsageError
+from tao_data_io.models import JobRequest
+from tao_data_io.staging import STAGING_MAP_NAME, read_staging_map, stage
+from tao_data_io.transfer.engine import TransferEngine
+
+from .fake_registries import FakeRegistries
+from .helpers import run_cli
+
+
+def _tar_gz(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def populated(s3_client, bucket: str) -> str:  # type: ignore[no-untyped-def]
+    for i in range(5):
+        s3_client.put_object(Bucket=bucket, Key=f"coco/images/img{i}.jpg", Body=f"image{i}".encode())
+    s3_client.put_object(Bucket=bucket, Key="coco/annotations.json", Body=b'{"images": []}')
+    for name in ("a.mp4", "b.mp4", "unused.mp4"):
+        s3_client.put_object(Bucket=bucket, Key=f"clips/{name}", Body=name.encode())
+    s3_client.put_object(Bucket=bucket, Key="clips/train.jsonl", Body=b'{"video": "a.mp4"}\n{"video": "./b.mp4"}\n')
+    s3_client.put_object(Bucket=bucket, Key="archives/calib.tar.gz",
+                         Body=_tar_gz({"calib/table.bin": b"table", "calib/info.txt": b"info"}))
+    return bucket
+
+
+def _request(bucket: str, **extra: Any) -> JobRequest:
+    data: dict[str, Any] = {
+        "schema_version": "1", "job_id": "job-stage-1", "image": "tao:6", "mode": "config", "config_format": "yaml",
+        "command": "dino train -e {config_path}",
+        "spec": {"dataset": {"images": f"s3://{bucket}/coco/images/", "ann": f"s3://{bucket}/coco/annotations.json",
+                             "again": [[f"s3://{bucket}/coco/images/"]]}},
+        "inputs": [
+            {"source": f"s3://{bucket}/clips/", "kind": "selective", "annotation": f"s3://{bucket}/clips/train.jsonl",
+             "keys": ["video"], "target": "/data/clips"},
+            {"source": f"s3://{bucket}/archives/calib.tar.gz", "kind": "archive", "strip_components": 1,
+             "target": "/data/calib"},
+        ],
+    }
+    data.update(extra)
+    return JobRequest.model_validate(data)
+
+
+def test_stage_every_s3_kind_writes_the_map_and_the_config(s3_credentials: S3Credentials, populated: str,
+                                                           tmp_path: Path) -> None:
+    engine = TransferEngine(s3_credentials)
+    staging_map = stage(_request(populated), tmp_path / "w", engine_factory=lambda: engine)
+
+    by_source = {entry.source: entry for entry in staging_map.sources}
+    images = by_source[f"s3://{populated}/coco/images/"]
+    assert (images.kind, images.files, images.container_path) == (
+        "folder", 5, f"/tao-inputs/s3/{populated}/coco/images")
+    assert (tmp_path / "w" / images.sub_path / "img3.jpg").read_bytes() == b"image3"
+    assert by_source[f"s3://{populated}/coco/annotations.json"].kind == "file"
+    clips = by_source[f"s3://{populated}/clips/"]
+    assert (clips.kind, clips.files, clips.container_path) == ("selective", 2, "/data/clips")
+    assert sorted(p.name for p in (tmp_path / "w" / clips.sub_path).glob("*.mp4")) == ["a.mp4", "b.mp4"]
+    calib = by_source[f"s3://{populated}/archives/calib.tar.gz"]
+    assert calib.kind == "archive" and (tmp_path / "w" / calib.sub_path / "table.bin").read_bytes() == b"table"
+    config = next(entry for entry in staging_map.sources if entry.kind == "config")
+    text = Path(config.local_path).read_text()
+    assert f"/tao-inputs/s3/{populated}/coco/images" in text and "s3://" not in text
+    assert len(staging_map.sources) == 5  # the image folder appears twice in the spec, once here
+
+    on_disk = read_staging_map(tmp_path / "w" / STAGING_MAP_NAME)
+    assert on_disk == staging_map and on_disk.schema_version == "1"
+
+
+def test_rerun_moves_nothing(s3_credentials: S3Credentials, populated: str, tmp_path: Path) -> None:
+    engine = TransferEngine(s3_credentials)
+    stage(_request(populated), tmp_path / "w", engine_factory=lambda: engine)
+    again = stage(_request(populated), tmp_path / "w", engine_factory=lambda: engine)
+    hows = {entry.kind: entry.how for entry in again.sources}
+    assert "0 transferred" in hows["folder"] and hows["file"] == "s3 copy: unchanged"
+    assert "0 transferred" in hows["selective"] and hows["archive"] == "archive: up to date"
+    assert hows["config"] == "already materialized"
+
+
+def test_missing_input_is_a_clear_error(s3_credentials: S3Credentials, populated: str, tmp_path: Path) -> None:
+    req = _request(populated, spec={"x": f"s3://{populated}/nothing/here"}, inputs=[])
+    with pytest.raises(UsageError, match="does not exist"):
+        stage(req, tmp_path / "w", engine_factory=lambda: TransferEngine(s3_credentials))
+
+
+def test_hf_model_in_spec_is_pulled_and_rewritten(fake_hub: tuple[FakeRegistries, dict[str, str]],
+                                                  tmp_path: Path) -> None:
+    fake, env = fake_hub
+    fake.add_hub_repo("nvidia/tiny", {"main": {"weights/model.pth": b"w" * 100, "README.md": b"hi"}})
+    req = JobRequest.model_validate({
+        "schema_version": "1", "image": "tao:6", "mode": "config", "config_format": "json",
+        "command": "x -e {config_path}", "spec": {"model": {"pretrained": "hf://nvidia/tiny/weights/model.pth"}}})
+    staging_map = stage(req, tmp_path / "w", environ=env)
+    model = next(entry for entry in staging_map.sources if entry.kind == "model")
+    assert model.container_path == "/tao-inputs/hf/nvidia/tiny/main"
+    assert (Path(model.local_path) / "weights" / "model.pth").read_bytes() == b"w" * 100
+    config = next(entry for entry in staging_map.sources if entry.kind == "config")
+    spec = json.loads(Path(config.local_path).read_text())
+    assert spec["model"]["pretrained"] == "/tao-inputs/hf/nvidia/tiny/main/weights/model.pth"
+
+
+@pytest.fixture
+def fake_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FakeRegistries, dict[str, str]]]:
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-home" / "hub"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with FakeRegistries() as fake:
+        yield fake, {"HF_ENDPOINT": fake.url, "HF_HOME": str(tmp_path / "hf-home")}
+
+
+# ----------------------------------------------------------------------------- air gap
+_connections: list[Any] = []
+_watching = False
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if _watching and event in ("socket.connect", "socket.getaddrinfo", "socket.bind"):
+        _connections.append((event, args))
+
+
+sys.addaudithook(_audit)
+
+
+def test_air_gapped_request_with_remote_uris_fails_fast_listing_all_without_a_socket(tmp_path: Path) -> None:
+    global _watching
+    req = JobRequest.model_validate({
+        "schema_version": "1", "image": "tao:6", "mode": "config", "config_format": "json",
+        "command": "x -e {config_path}", "storage": {"air_gapped": True},
+        "spec": {"a": "s3://data-bucket/train/", "b": "hf://nvidia/tiny", "c": "/lustre/here"},
+        "inputs": [{"source": "ngc://nvidia/tao/resnet:18"}]})
+    _connections.clear()
+    _watching = True
+    try:
+        with pytest.raises(UsageError) as info:
+            stage(req, tmp_path / "w", environ={})
+    finally:
+        _watching = False
+    message = str(info.value)
+    for uri in ("s3://data-bucket/train/", "hf://nvidia/tiny", "ngc://nvidia/tao/resnet:18"):
+        assert uri in message
+    assert _connections == []
+    assert not (tmp_path / "w").exists()
+
+
+def test_air_gapped_with_local_inputs_stages_without_network(tmp_path: Path) -> None:
+    global _watching
+    data = tmp_path / "lustre" / "datasets"
+    data.mkdir(parents=True)
+    (data / "a.jpg").write_bytes(b"x" * 10)
+    req = JobRequest.model_validate({
+        "schema_version": "1", "image": "tao:6", "mode": "config", "config_format": "json",
+        "command": "x -e {config_path}", "storage": {"air_gapped": True, "tier": "A"},
+        "spec": {"train": str(data)}, "inputs": [{"source": str(data)}]})
+    _connections.clear()
+    _watching = True
+    try:
+        staging_map = stage(req, tmp_path / "w", environ={})
+    finally:
+        _watching = False
+    assert _connections == []
+    kinds = {entry.kind: entry for entry in staging_map.sources}
+    assert kinds["pre-positioned"].files == 1 and kinds["pre-positioned"].sub_path is None
+    assert "config" in kinds
+
+
+def test_stage_cli(s3_server: EmbeddedS3, populated: str, tmp_path: Path) -> None:
+    path = tmp_path / "req.yaml"
+    path.write_text(yaml.safe_dump(_request(populated).model_dump(exclude_none=True)))
+    result = run_cli("stage", "--request", str(path), "--workdir", str(tmp_path / "w"), env=s3_server.env())
+    assert result.returncode == 0, result.stderr
+    assert "staging map:" in result.stdout and (tmp_path / "w" / STAGING_MAP_NAME).exists()
+    bad = run_cli("stage", "--request", str(tmp_path / "nope.yaml"), "--workdir", str(tmp_path / "w"), env={})
+    assert bad.returncode == 2 and "nope.yaml" in bad.stderr
