@@ -25,7 +25,7 @@ import json
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +131,7 @@ class DigestStore:
         with self._lock:
             if not self._dirty:
                 return
-            payload = {"schema_version": _SCHEMA, "entries": {k: asdict(v) for k, v in self._entries.items()}}
+            payload = {"schema_version": _SCHEMA, "entries": {k: vars(v) for k, v in self._entries.items()}}
             self._dirty = False
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temp = self.path.with_name(f"{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")

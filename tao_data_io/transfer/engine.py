@@ -291,9 +291,8 @@ class TransferEngine:
             summary.transferred_files += len(jobs)
             summary.transferred_bytes += sum(job.size for job in jobs)
             return
-        for job in jobs:
-            if isinstance(job, DownloadJob):
-                job.final.parent.mkdir(parents=True, exist_ok=True)
+        for parent in {job.final.parent for job in jobs if isinstance(job, DownloadJob)}:
+            parent.mkdir(parents=True, exist_ok=True)
         tracker = ProgressTracker(len(jobs), sum(max(job.size, 0) for job in jobs), options.progress)
         tracker.start()
         done_ok: list[Job] = []

@@ -119,10 +119,11 @@ class ObstoreExecutor:
         result = await obstore.get_async(self._store(job.bucket), job.key)
         fd = os.open(job.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
-            async for chunk in result.stream(min_chunk_size=_CHUNK):
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view):]
+            if 0 <= job.size <= _CHUNK:  # small: one buffer, one write (the common case)
+                _write_all(fd, await result.bytes_async())
+            else:
+                async for chunk in result.stream(min_chunk_size=_CHUNK):
+                    _write_all(fd, chunk)
         finally:
             os.close(fd)
 
@@ -132,6 +133,12 @@ class ObstoreExecutor:
                 await obstore.put_async(self._store(job.bucket), job.key, handle.read())
             else:  # multipart, streamed from the file so memory stays bounded
                 await obstore.put_async(self._store(job.bucket), job.key, handle, chunk_size=_UPLOAD_PART)
+
+
+def _write_all(fd: int, data: Any) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _first_line(exc: BaseException) -> str:
