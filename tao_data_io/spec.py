@@ -97,17 +97,36 @@ class Placement:
 
 
 def placements(request: JobRequest, inputs_root: str = DEFAULT_INPUTS_ROOT) -> dict[str, Placement]:
-    """Every distinct remote source of the request (declared inputs first, then spec URIs)."""
+    """Every distinct remote source of the request (declared inputs first, then spec URIs).
+
+    Archives and selective inputs are placed under ``archive/`` and ``selective/`` so their
+    trees never nest inside a plain copy of the same prefix (``s3://b/p/`` as a folder and
+    ``s3://b/p/a.tar`` extracted would otherwise collide). ``s3://b/p`` and ``s3://b/p/`` are
+    one source. Two different sources that would still share a sub-path are refused: the
+    renderer mounts one sub-path per source.
+    """
     result: dict[str, Placement] = {}
+    owners: dict[str, str] = {}
+
+    def add(source: str, sub_path: str, target: str | None) -> None:
+        alias = source[:-1] if source.endswith("/") else source + "/"
+        if source in result:
+            return
+        if alias in result and source.startswith("s3://"):
+            result[source] = result[alias]  # the same prefix written two ways
+            return
+        if sub_path in owners:
+            raise UsageError(f"inputs {owners[sub_path]!r} and {source!r} would be staged at the same place "
+                             f"({sub_path}); declare only one of them")
+        owners[sub_path] = source
+        result[source] = Placement(source, sub_path, target or f"{inputs_root}/{sub_path}")
+
     for item in request.inputs:
-        if not is_remote_uri(item.source) or item.source in result:
-            continue
-        sub_path = relative_location(item.source)
-        result[item.source] = Placement(item.source, sub_path, item.target or f"{inputs_root}/{sub_path}")
+        if is_remote_uri(item.source):
+            prefix = f"{item.kind}/" if item.kind in ("archive", "selective") else ""
+            add(item.source, prefix + relative_location(item.source), item.target)
     for uri in remote_uris(request.spec or {}):
-        if uri not in result:
-            sub_path = relative_location(uri)
-            result[uri] = Placement(uri, sub_path, f"{inputs_root}/{sub_path}")
+        add(uri, relative_location(uri), None)
     return result
 
 

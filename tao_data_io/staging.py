@@ -113,7 +113,7 @@ def stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPU
         return engine
 
     sources: list[StagedSource] = []
-    for placement in placements(request, inputs_root).values():
+    for placement in dict.fromkeys(placements(request, inputs_root).values()):  # aliases stage once
         sources.append(_stage_one(_Input(placement, declared.get(placement.source)), workdir, get_engine, env))
     for item in request.inputs:
         if not is_remote_uri(item.source):
@@ -175,17 +175,17 @@ def _stage_one(item: _Input, workdir: Path, get_engine: Callable[[], TransferEng
 
 
 def _stage_model(item: _Input, workdir: Path, env: Mapping[str, str]) -> StagedSource:
-    """Models are pulled whole-repo (or subpath) into the repository root, so the spec's
-    ``hf://org/repo/sub`` path points at ``<root>/sub`` inside it."""
+    """A model is pulled into its repository root; an ``hf://org/repo/sub`` source is the ``sub``
+    inside it, so its entry's sub-path and container path point there (one sub-path per source,
+    as the renderer requires)."""
     parsed = parse_model_uri(item.placement.source)
+    root = item.placement.sub_path
     if isinstance(parsed, HFModelURI) and parsed.subpath:
         root = relative_location(f"hf://{parsed.repo_id}@{parsed.revision or 'main'}")
-        container_root = item.placement.container_path.removesuffix("/" + parsed.subpath)
-    else:
-        root, container_root = item.placement.sub_path, item.placement.container_path
     result = pull_model(item.placement.source, workdir / root, environ=env)
-    return StagedSource(source=item.placement.source, kind="model", sub_path=root, container_path=container_root,
-                        local_path=str(workdir / root), files=len(result.files), bytes=result.bytes,
+    return StagedSource(source=item.placement.source, kind="model", sub_path=item.placement.sub_path,
+                        container_path=item.placement.container_path,
+                        local_path=str(workdir / item.placement.sub_path), files=len(result.files), bytes=result.bytes,
                         how=f"model pull at {result.revision}: " + (f"{len(result.fetched)} fetched"
                                                                    if result.downloaded else "already complete"))
 

@@ -78,6 +78,7 @@ def test_stage_every_s3_kind_writes_the_map_and_the_config(s3_credentials: S3Cre
     assert by_source[f"s3://{populated}/coco/annotations.json"].kind == "file"
     clips = by_source[f"s3://{populated}/clips/"]
     assert (clips.kind, clips.files, clips.container_path) == ("selective", 2, "/data/clips")
+    assert clips.sub_path == f"selective/s3/{populated}/clips"
     assert sorted(p.name for p in (tmp_path / "w" / clips.sub_path).glob("*.mp4")) == ["a.mp4", "b.mp4"]
     calib = by_source[f"s3://{populated}/archives/calib.tar.gz"]
     assert calib.kind == "archive" and (tmp_path / "w" / calib.sub_path / "table.bin").read_bytes() == b"table"
@@ -100,6 +101,22 @@ def test_rerun_moves_nothing(s3_credentials: S3Credentials, populated: str, tmp_
     assert hows["config"] == "already materialized"
 
 
+def test_a_prefix_written_two_ways_is_one_source_and_collisions_are_refused(s3_credentials: S3Credentials,
+                                                                            populated: str, tmp_path: Path) -> None:
+    req = _request(populated, spec={"a": f"s3://{populated}/coco/images/", "b": f"s3://{populated}/coco/images"},
+                   inputs=[])
+    staging_map = stage(req, tmp_path / "w", engine_factory=lambda: TransferEngine(s3_credentials))
+    assert [entry.kind for entry in staging_map.sources] == ["folder", "config"]
+    config = next(entry for entry in staging_map.sources if entry.kind == "config")
+    assert Path(config.local_path).read_text().count(f"/tao-inputs/s3/{populated}/coco/images") == 2
+    # An archive beside a plain copy of the same prefix is staged apart, not nested into it.
+    both = _request(populated, spec={"a": f"s3://{populated}/archives/"},
+                    inputs=[{"source": f"s3://{populated}/archives/calib.tar.gz", "kind": "archive"}])
+    staged = stage(both, tmp_path / "w2", engine_factory=lambda: TransferEngine(s3_credentials))
+    assert sorted(entry.sub_path or "" for entry in staged.sources if entry.kind != "config") == [
+        f"archive/s3/{populated}/archives/calib.tar.gz", f"s3/{populated}/archives"]
+
+
 def test_missing_input_is_a_clear_error(s3_credentials: S3Credentials, populated: str, tmp_path: Path) -> None:
     req = _request(populated, spec={"x": f"s3://{populated}/nothing/here"}, inputs=[])
     with pytest.raises(UsageError, match="does not exist"):
@@ -115,8 +132,9 @@ def test_hf_model_in_spec_is_pulled_and_rewritten(fake_hub: tuple[FakeRegistries
         "command": "x -e {config_path}", "spec": {"model": {"pretrained": "hf://nvidia/tiny/weights/model.pth"}}})
     staging_map = stage(req, tmp_path / "w", environ=env)
     model = next(entry for entry in staging_map.sources if entry.kind == "model")
-    assert model.container_path == "/tao-inputs/hf/nvidia/tiny/main"
-    assert (Path(model.local_path) / "weights" / "model.pth").read_bytes() == b"w" * 100
+    assert model.container_path == "/tao-inputs/hf/nvidia/tiny/main/weights/model.pth"
+    assert model.sub_path == "hf/nvidia/tiny/main/weights/model.pth"
+    assert Path(model.local_path).read_bytes() == b"w" * 100
     config = next(entry for entry in staging_map.sources if entry.kind == "config")
     spec = json.loads(Path(config.local_path).read_text())
     assert spec["model"]["pretrained"] == "/tao-inputs/hf/nvidia/tiny/main/weights/model.pth"

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ import pytest
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded_s3 import EmbeddedS3
 from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.jobs import Executor
 from tao_data_io.transfer.client import make_s3_client
 from tao_data_io.transfer.paths import TEMP_PREFIX
 
@@ -120,7 +121,8 @@ def test_sigkill_mid_download_then_rerun_is_byte_identical(s3_server: EmbeddedS3
                                                            bucket: str, tmp_path: Path) -> None:
     source = tmp_path / "src"
     write_tree(source, {f"shard-{i:03d}.bin": os.urandom(256 * 1024) for i in range(300)})
-    write_tree(source, {f"big-{i}.bin": os.urandom(24 * 1024 * 1024) for i in range(3)})
+    write_tree(source, {f"big-{i}.bin": os.urandom(24 * 1024 * 1024) for i in range(2)})
+    write_tree(source, {"huge.bin": os.urandom(40 * 1024 * 1024)})  # ≥ 32 MiB: the s5cmd path
     assert TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/ds/").ok
     dest = tmp_path / "dest"
 
@@ -142,3 +144,61 @@ def test_sigkill_mid_download_then_rerun_is_byte_identical(s3_server: EmbeddedS3
     assert rerun.returncode == 0, rerun.stderr
     assert tree_digest(dest) == expected
     assert temp_leftovers(dest) == []
+
+
+class _Meddling:
+    """Wraps the real executor; changes the source tree right before the bytes move, the way a
+    job still writing (or an attacker racing the scan) would."""
+
+    def __init__(self, inner: Executor, meddle: Callable[[], None]) -> None:
+        self.inner, self.meddle = inner, meddle
+
+    def run(self, jobs, on_done) -> None:  # type: ignore[no-untyped-def]
+        self.meddle()
+        self.inner.run(jobs, on_done)
+
+
+def _engine_with(credentials: S3Credentials, meddle: Callable[[], None]) -> TransferEngine:
+    engine = TransferEngine(credentials)
+    engine.executor = _Meddling(engine.executor, meddle)
+    return engine
+
+
+def test_file_changed_while_uploading_is_a_failure_not_a_success(s3_credentials: S3Credentials, s3_client,
+                                                                  bucket: str, tmp_path: Path) -> None:
+    source = tmp_path / "results"
+    write_tree(source, {"train.log": b"epoch 1\n", "model.pth": b"weights"})
+    engine = _engine_with(s3_credentials, lambda: (source / "train.log").open("ab").write(b"epoch 2\n"))
+    summary = engine.sync(str(source), f"s3://{bucket}/r/")
+    assert [f.name for f in summary.failed] == ["r/train.log"] and "changed while uploading" in summary.failed[0].reason
+    assert summary.transferred == ["model.pth"]
+    again = TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/r/")
+    assert again.ok  # the rerun converges: the object now holds exactly the file as it is
+    assert s3_client.get_object(Bucket=bucket, Key="r/train.log")["Body"].read() == b"epoch 1\nepoch 2\n"
+
+
+def test_file_swapped_for_a_symlink_after_the_scan_is_not_followed(s3_credentials: S3Credentials, s3_client,
+                                                                    bucket: str, tmp_path: Path) -> None:
+    source = tmp_path / "results"
+    write_tree(source, {"notes.txt": b"mine"})
+
+    def swap() -> None:
+        (source / "notes.txt").unlink()
+        (source / "notes.txt").symlink_to("/etc/hostname")
+
+    summary = _engine_with(s3_credentials, swap).sync(str(source), f"s3://{bucket}/r/")
+    assert [f.name for f in summary.failed] == ["r/notes.txt"]
+    listing = s3_client.list_objects_v2(Bucket=bucket, Prefix="r/")
+    assert listing.get("KeyCount", 0) == 0
+
+
+def test_symlink_to_an_excluded_file_is_excluded_too(s3_credentials: S3Credentials, bucket: str, tmp_path: Path) -> None:
+    from tao_data_io.transfer.engine import TransferOptions
+    from tao_data_io.transfer.filters import PathFilter
+
+    source = tmp_path / "results"
+    write_tree(source, {".tao/state.json": b"internal", "model.pth": b"w"})
+    (source / "state-link.json").symlink_to(source / ".tao" / "state.json")
+    summary = TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/r/",
+                                                  TransferOptions(filter=PathFilter.from_patterns([".tao/*"])))
+    assert summary.transferred == ["model.pth"] and summary.excluded_files == 2

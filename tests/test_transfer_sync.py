@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -9,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tao_data_io.credentials import S3Credentials
-from tao_data_io.transfer.engine import TransferEngine, TransferOptions
+from tao_data_io.transfer.engine import TransferEngine, TransferOptions, upload_digest_path
 from tao_data_io.transfer.filters import FilterRule, PathFilter
-from tao_data_io.transfer.listing import list_remote
+from tao_data_io.transfer.listing import list_remote, s3_time_ns
 from tao_data_io.transfer.paths import STATE_DIR_NAME
 from tao_data_io.transfer.urls import parse_s3_url
 
@@ -82,10 +83,17 @@ def test_rerun_after_racy_window_uses_the_digest_cache(engine: TransferEngine, s
     s3_client.put_object(Bucket=bucket, Key="p/a.bin", Body=b"a" * 4096)
     dest = tmp_path / "d"
     engine.sync(f"s3://{bucket}/p/", str(dest))
-    assert (dest / STATE_DIR_NAME / "digests.json").exists()
+    digests = dest / STATE_DIR_NAME / "digests.json"
+
+    def recorded() -> int:
+        return json.loads(digests.read_text())["entries"]["a.bin"]["recorded_ns"]
+
     time.sleep(2.1)
-    engine.sync(f"s3://{bucket}/p/", str(dest))  # rehashes the racy entry once
-    # Replace the content behind the cache's back, keeping size, mtime — and the cache trusts
+    engine.sync(f"s3://{bucket}/p/", str(dest))  # the object is seconds old: the entry was racy, so rehashed once
+    settled = recorded()
+    assert engine.sync(f"s3://{bucket}/p/", str(dest)).unchanged_files == 1
+    assert recorded() == settled  # trusted from the cache: no rehash, no new entry
+    # Replace the content behind the cache's back, keeping size and mtime — the cache trusts
     # stat identity only while ctime is unchanged, so this is still caught.
     st = (dest / "a.bin").stat()
     (dest / "a.bin").write_bytes(b"b" * 4096)
@@ -93,6 +101,24 @@ def test_rerun_after_racy_window_uses_the_digest_cache(engine: TransferEngine, s
     summary = engine.sync(f"s3://{bucket}/p/", str(dest))
     assert summary.transferred == ["a.bin"]
     assert (dest / "a.bin").read_bytes() == b"a" * 4096
+
+
+def test_downloads_take_the_objects_last_modified(engine: TransferEngine, s3_client, bucket: str, tmp_path: Path) -> None:
+    s3_client.put_object(Bucket=bucket, Key="p/x.txt", Body=b"x")
+    head = s3_client.head_object(Bucket=bucket, Key="p/x.txt")
+    engine.sync(f"s3://{bucket}/p/", str(tmp_path / "d"))
+    assert (tmp_path / "d" / "x.txt").stat().st_mtime_ns == s3_time_ns(head["LastModified"])
+
+
+def test_upload_records_the_servers_etag(engine: TransferEngine, s3_client, bucket: str, tmp_path: Path) -> None:
+    source = tmp_path / "r"
+    write_tree(source, {"m.pth": b"m" * 1000})
+    old = time.time() - 60
+    os.utime(source / "m.pth", (old, old))
+    engine.sync(str(source), f"s3://{bucket}/r/")
+    etag = s3_client.head_object(Bucket=bucket, Key="r/m.pth")["ETag"].strip('"')
+    entries = json.loads(upload_digest_path(source).read_text())["entries"]
+    assert entries["m.pth"]["etag"] == etag and entries["m.pth"]["md5"] is None  # known without hashing
 
 
 def test_multipart_objects_are_compared_exactly(s3_credentials: S3Credentials, s3_client, bucket: str,

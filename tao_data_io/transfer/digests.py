@@ -12,10 +12,13 @@ remembers, per relative path, the file's stat identity and what its content is k
 * ``multipart`` — multipart ETags computed for given part sizes.
 
 A remembered entry is trusted only while the file's (size, mtime, ctime, inode) are
-unchanged *and* the entry is not "racy": if the file changed within :data:`RACY_WINDOW_NS`
-of when the entry was recorded, a same-size rewrite in the same timestamp tick would be
-invisible, so the file is hashed again (the approach git uses for its index). ``ctime``
-cannot be set by ``touch``, so restoring an mtime does not hide a change.
+unchanged *and* the entry is not "racy": if the file's mtime lies within
+:data:`RACY_WINDOW_NS` of when the entry was recorded, a same-size rewrite in the same
+timestamp tick would be invisible, so the file is hashed again (the approach git uses for its
+index). Downloads set the file's mtime to the object's LastModified (as ``aws s3 sync`` does),
+so a freshly downloaded file is not racy unless the object itself is seconds old, and any later
+write moves the mtime to "now", which no entry matches. ``ctime`` cannot be set by ``touch``,
+so restoring an mtime does not hide a change either.
 """
 
 from __future__ import annotations
@@ -47,10 +50,11 @@ class DigestEntry:
     etag: str | None = None
     multipart: dict[str, str] = field(default_factory=dict)
 
+    def same_stat(self, local: LocalFile) -> bool:
+        return (self.size, self.mtime_ns, self.ctime_ns, self.ino) == (local.size, local.mtime_ns, local.ctime_ns, local.ino)
+
     def matches(self, local: LocalFile) -> bool:
-        same = (self.size, self.mtime_ns, self.ctime_ns, self.ino) == (local.size, local.mtime_ns, local.ctime_ns, local.ino)
-        racy = self.recorded_ns - max(local.mtime_ns, local.ctime_ns) < RACY_WINDOW_NS
-        return same and not racy
+        return self.same_stat(local) and self.recorded_ns - local.mtime_ns >= RACY_WINDOW_NS
 
 
 def file_md5(path: Path) -> str:
@@ -105,9 +109,14 @@ class DigestStore:
             self._entries = _load(path)
 
     def trusted(self, local: LocalFile) -> DigestEntry | None:
+        entry = self.same_stat(local)
+        return entry if entry is not None and entry.matches(local) else None
+
+    def same_stat(self, local: LocalFile) -> DigestEntry | None:
+        """The entry if the file's stat identity is unchanged, racy or not."""
         with self._lock:
             entry = self._entries.get(local.relative)
-        return entry if entry is not None and entry.matches(local) else None
+        return entry if entry is not None and entry.same_stat(local) else None
 
     def record(self, local: LocalFile, *, md5: str | None = None, etag: str | None = None,
                multipart: dict[str, str] | None = None, keep: DigestEntry | None = None) -> DigestEntry:

@@ -11,6 +11,7 @@ so engines can run in parallel threads (e.g. several Prefect tasks in one worker
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -25,8 +26,8 @@ from ..errors import UsageError
 from .client import explain, make_s3_client
 from .digests import DigestStore, multipart_count
 from .filters import PathFilter
-from .jobs import DownloadJob, Executor, Job, UploadJob
-from .listing import LocalFile, RemoteObject, clean_etag, list_remote, local_file, scan_local
+from .jobs import DownloadJob, Executor, Job, Landed, UploadJob
+from .listing import LocalFile, RemoteObject, clean_etag, list_remote, local_file, s3_time_ns, scan_local
 from .paths import STATE_DIR_NAME, UnsafePathError, confined_path, remove_if_exists, temp_path_for
 from .strategy import ContentStrategy
 from .summary import Failure, ProgressCallback, ProgressTracker, Skipped, TransferSummary
@@ -50,6 +51,20 @@ class TransferOptions:
     #: Uploads only: leave files modified less than this many seconds ago for a later run, so
     #: a file a running job is still writing is never uploaded half-done (scheduled resyncs).
     settle_seconds: float = 0.0
+
+
+@contextmanager
+def destination_lock(dest: Path, dry_run: bool = False) -> Iterator[None]:
+    """Serialise downloads into one destination (two stage pods on one volume, a retry beside a
+    straggler): each waits for the other, so neither removes the other's in-flight files."""
+    if dry_run:
+        yield
+        return
+    state = dest / STATE_DIR_NAME
+    state.mkdir(parents=True, exist_ok=True)
+    with open(state / "lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def upload_digest_path(source_root: Path) -> Path:
@@ -120,17 +135,19 @@ class TransferEngine:
             listing = list_remote(self.client, prefix)
         summary.skipped += [Skipped(k, "folder marker (zero-byte key ending in '/'); nothing to download")
                             for k in listing.folder_markers]
-        local = scan_local(dest)
-        if not options.dry_run:
-            for leftover in local.temp_leftovers:
-                remove_if_exists(leftover)
         selected = []
         for obj in listing.objects:
             if options.filter(obj.relative):
                 selected.append(obj)
             else:
                 summary.excluded_files += 1
-        self._download(prefix.bucket, selected, dest, local.files, summary, options)
+        with destination_lock(dest, options.dry_run):
+            local = scan_local(dest)
+            if not options.dry_run:
+                # Safe under the lock: no other sync into this destination is writing them.
+                for leftover in local.temp_leftovers:
+                    remove_if_exists(leftover)
+            self._download(prefix.bucket, selected, dest, local.files, summary, options)
         summary.seconds = time.monotonic() - started
         return summary
 
@@ -141,7 +158,8 @@ class TransferEngine:
         if head is None:
             summary.failed.append(Failure(str(url), "no such object (404); check the bucket and key", missing=True))
             return summary
-        obj = RemoteObject(url.key, target.name, int(head["ContentLength"]), clean_etag(head.get("ETag")))
+        obj = RemoteObject(url.key, target.name, int(head["ContentLength"]), clean_etag(head.get("ETag")),
+                           head.get("LastModified"))
         existing: dict[str, LocalFile] = {}
         try:
             existing[target.name] = local_file(target.name, target, os.stat(target))
@@ -178,8 +196,10 @@ class TransferEngine:
             if head is None:
                 objects.append(RemoteObject(key, relative, UNKNOWN_SIZE, ""))
             else:
-                objects.append(RemoteObject(key, relative, int(head["ContentLength"]), clean_etag(head.get("ETag"))))
-        self._download(bucket, objects, dest, local, summary, options)
+                objects.append(RemoteObject(key, relative, int(head["ContentLength"]), clean_etag(head.get("ETag")),
+                                            head.get("LastModified")))
+        with destination_lock(dest, options.dry_run):
+            self._download(bucket, objects, dest, local, summary, options)
         summary.seconds = time.monotonic() - started
         return summary
 
@@ -189,7 +209,7 @@ class TransferEngine:
         store = DigestStore(None if options.dry_run else root / STATE_DIR_NAME / DOWNLOAD_DIGESTS)
         strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key))
         jobs: list[Job] = []
-        etags: dict[str, str] = {}
+        planned: dict[str, RemoteObject] = {}
         for obj in objects:
             try:
                 final = confined_path(root, obj.relative, what="key")
@@ -200,20 +220,34 @@ class TransferEngine:
                 summary.unchanged_files += 1
                 summary.unchanged_bytes += obj.size
                 continue
-            etags[obj.key] = obj.etag
+            planned[obj.key] = obj
             jobs.append(DownloadJob(bucket, obj.key, obj.size, temp_path_for(final), final, obj.relative))
-        self._execute(jobs, summary, options, store, lambda job: self._finalize_download(job, etags[job.key], store))
+        self._execute(jobs, summary, options, store,
+                      lambda job, landed: self._finalize_download(job, landed, planned[job.key], store))
 
-    def _finalize_download(self, job: Job, etag: str, store: DigestStore) -> str | None:
+    def _finalize_download(self, job: Job, landed: Landed | None, remote: RemoteObject, store: DigestStore) -> str | None:
+        """Check, publish and remember one downloaded file.
+
+        The size must be the one the server reported for these bytes (or the listing's). The
+        file takes the object's LastModified as its mtime (as ``aws s3 sync`` does), which keeps
+        the digest entry from being "racy", and the entry records the ETag of the bytes that were
+        actually read when the executor knows it.
+        """
         assert isinstance(job, DownloadJob)
         size = os.stat(job.temp).st_size
-        if job.size != UNKNOWN_SIZE and size != job.size:
-            return f"size mismatch after download: expected {job.size} bytes, got {size}; the object changed or the read was cut short"
+        expected = landed.size if landed is not None and landed.size is not None else job.size
+        if expected != UNKNOWN_SIZE and size != expected:
+            return (f"size mismatch after download: expected {expected} bytes, got {size}; the object changed "
+                    "or the read was cut short")
+        modified = (landed.modified_ns if landed is not None else None) or s3_time_ns(remote.last_modified)
+        if modified is not None:
+            os.utime(job.temp, ns=(time.time_ns(), modified))
         try:
             os.replace(job.temp, job.final)
         except OSError as exc:
             return f"could not move the downloaded file into place: {exc}"
-        store.record(local_file(job.relative, job.final, os.stat(job.final)), etag=etag)
+        etag = (landed.etag if landed is not None else None) or remote.etag
+        store.record(local_file(job.relative, job.final, os.stat(job.final)), etag=etag or None)
         return None
 
     # ----------------------------------------------------------------- upload
@@ -230,8 +264,8 @@ class TransferEngine:
         items = []
         settled_before = time.time_ns() - int(options.settle_seconds * 1e9)
         for local in scan.files.values():
-            if not options.filter(local.relative):
-                summary.excluded_files += 1
+            if not options.filter(local.relative) or (local.target_relative and not options.filter(local.target_relative)):
+                summary.excluded_files += 1  # a symlink is admitted only if its target would be too
             elif options.settle_seconds and max(local.mtime_ns, local.ctime_ns) > settled_before:
                 summary.skipped.append(Skipped(local.relative, f"modified in the last {options.settle_seconds:g}s "
                                                "(still being written?); left for a later run"))
@@ -267,57 +301,68 @@ class TransferEngine:
                 summary.unchanged_bytes += local.size
                 continue
             before[key] = local
-            jobs.append(UploadJob(local.path, bucket, key, local.size, local.relative))
-        self._execute(jobs, summary, options, store, lambda job: self._finalize_upload(before[job.key], store))
+            jobs.append(UploadJob(local.path, bucket, key, local.size, local.relative, (local.dev, local.ino)))
+        self._execute(jobs, summary, options, store,
+                      lambda job, landed: self._finalize_upload(before[job.key], landed, store))
 
     @staticmethod
-    def _finalize_upload(before: LocalFile, store: DigestStore) -> str | None:
-        """Forget what we knew of a file that changed while it was uploading, so the next run
-        compares it afresh instead of trusting a stale digest."""
+    def _finalize_upload(before: LocalFile, landed: Landed | None, store: DigestStore) -> str | None:
+        """A file that changed while it was uploading may have been read half-old, half-new:
+        report it as failed (the next run uploads it again) instead of calling it uploaded.
+        Otherwise remember the ETag the server gave these bytes, so the next run needs no hash."""
         try:
             st = os.stat(before.path)
         except FileNotFoundError:
             store.forget(before.relative)
-            return None
-        if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != (before.size, before.mtime_ns, before.ctime_ns):
+            return "removed while uploading; the object may hold a partial read — the next run looks again"
+        after = local_file(before.relative, before.path, st)
+        if (after.size, after.mtime_ns, after.ctime_ns, after.ino) != (before.size, before.mtime_ns, before.ctime_ns,
+                                                                     before.ino):
             store.forget(before.relative)
+            return "changed while uploading; the next run uploads it again"
+        if landed is not None and landed.etag:
+            store.record(after, etag=landed.etag, keep=store.same_stat(after))
         return None
 
     # ----------------------------------------------------------------- execution
     def _execute(self, jobs: list[Job], summary: TransferSummary, options: TransferOptions, store: DigestStore,
-                 finalize: Callable[[Job], str | None]) -> None:
-        summary.transferred += [job.relative for job in jobs]
+                 finalize: Callable[[Job, Landed | None], str | None]) -> None:
         if options.dry_run:
+            summary.transferred += [job.relative for job in jobs]
             summary.transferred_files += len(jobs)
-            summary.transferred_bytes += sum(job.size for job in jobs)
+            summary.transferred_bytes += sum(max(job.size, 0) for job in jobs)
             return
         for parent in {job.final.parent for job in jobs if isinstance(job, DownloadJob)}:
             parent.mkdir(parents=True, exist_ok=True)
         tracker = ProgressTracker(len(jobs), sum(max(job.size, 0) for job in jobs), options.progress)
         tracker.start()
-        done_ok: list[Job] = []
+        done_ok: list[tuple[Job, int]] = []
 
-        def on_done(job: Job, error: str | None) -> None:
+        def on_done(job: Job, error: str | None, landed: Landed | None) -> None:
             if error is None:
-                error = finalize(job)
+                try:
+                    error = finalize(job, landed)
+                except Exception as exc:  # noqa: BLE001 - one file's bookkeeping never stops the rest
+                    error = f"could not finish the file: {type(exc).__name__}: {exc}"
             if error is None:
-                done_ok.append(job)
-                tracker.advance(job.size if job.size != UNKNOWN_SIZE else _size_of(job))
+                size = job.size if job.size != UNKNOWN_SIZE else _size_of(job)
+                done_ok.append((job, size))
+                tracker.advance(size)
             else:
                 if isinstance(job, DownloadJob):
                     remove_if_exists(job.temp)
                 summary.failed.append(Failure(job.key, error, missing=_is_missing(error)))
-                tracker.advance(job.size, failed=True)
+                tracker.advance(max(job.size, 0), failed=True)
 
         try:
             if jobs:
                 self.executor.run(jobs, on_done)
         finally:
             store.save()
-        failed = {f.name for f in summary.failed}
-        summary.transferred = [j.relative for j in jobs if j.key not in failed]
+        finished = {id(job) for job, _ in done_ok}
+        summary.transferred += [job.relative for job in jobs if id(job) in finished]  # in plan order
         summary.transferred_files += len(done_ok)
-        summary.transferred_bytes += sum(job.size if job.size != UNKNOWN_SIZE else _size_of(job) for job in done_ok)
+        summary.transferred_bytes += sum(size for _, size in done_ok)
 
     # ----------------------------------------------------------------- control plane
     @contextmanager

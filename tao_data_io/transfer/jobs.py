@@ -31,11 +31,25 @@ class UploadJob:
     key: str
     size: int
     relative: str
+    #: (st_dev, st_ino) seen by the scan: the executor uploads only that very file, so a file
+    #: swapped for a symlink (or anything else) after the scan is refused, not followed.
+    identity: tuple[int, int] = (0, 0)
+
+
+@dataclass(frozen=True)
+class Landed:
+    """What the server said about the bytes that moved (any field may be unknown)."""
+
+    etag: str | None = None
+    size: int | None = None
+    #: The object's LastModified, nanoseconds since the epoch.
+    modified_ns: int | None = None
 
 
 Job = DownloadJob | UploadJob
-#: Called once per job, from any thread, with None on success or the failure reason.
-JobDone = Callable[[Job, "str | None"], None]
+#: Called once per job, from any thread, with None on success or the failure reason, and what
+#: the server reported about the object when the executor knows it.
+JobDone = Callable[[Job, "str | None", "Landed | None"], None]
 
 
 class Executor(Protocol):

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 import stat
+from datetime import datetime
+from email.utils import parsedate_to_datetime
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,10 +38,25 @@ class RemoteObject:
     size: int
     #: The ETag without its quotes.
     etag: str
+    #: LastModified as the server sent it (ISO 8601 in listings, RFC 1123 in HEAD), unparsed.
+    last_modified: str | None = None
 
 
 def clean_etag(etag: str | None) -> str:
     return (etag or "").strip('"')
+
+
+def s3_time_ns(raw: object) -> int | None:
+    """Nanoseconds since the epoch for an S3 timestamp in either wire format, else None."""
+    if isinstance(raw, datetime):
+        return int(raw.timestamp() * 1e9)
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00")) if raw[:1].isdigit() else parsedate_to_datetime(raw)
+    except (ValueError, TypeError):
+        return None
+    return int(parsed.timestamp() * 1e9)
 
 
 @dataclass
@@ -59,22 +76,27 @@ def list_remote(client: Any, prefix: S3Url) -> RemoteListing:
             if key.endswith("/"):
                 listing.folder_markers.append(key)
                 continue
-            listing.objects.append(RemoteObject(key, key[len(base):], int(item["Size"]), clean_etag(item.get("ETag"))))
+            listing.objects.append(RemoteObject(key, key[len(base):], int(item["Size"]), clean_etag(item.get("ETag")),
+                                                item.get("LastModified")))
     return listing
 
 
 @dataclass(frozen=True)
 class LocalFile:
     relative: str
+    #: The regular file itself: for a symlink inside the tree, its resolved target.
     path: Path
     size: int
     mtime_ns: int
     ctime_ns: int
     ino: int
+    dev: int = 0
+    #: For a symlink, its target relative to the root (filters must admit both names).
+    target_relative: str | None = None
 
 
-def local_file(relative: str, path: Path, st: os.stat_result) -> LocalFile:
-    return LocalFile(relative, path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+def local_file(relative: str, path: Path, st: os.stat_result, target_relative: str | None = None) -> LocalFile:
+    return LocalFile(relative, path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, target_relative)
 
 
 @dataclass
@@ -110,7 +132,8 @@ def scan_local(root: Path) -> LocalScan:
             elif not stat.S_ISREG(target_st.st_mode):
                 scan.skipped.append(Skipped(relative, "symlink to a directory or special file; not followed"))
             else:
-                scan.files[relative] = local_file(relative, path, target_st)
+                target_relative = os.path.relpath(target, real_root).replace(os.sep, "/")
+                scan.files[relative] = local_file(relative, Path(target), target_st, target_relative)
         else:
             scan.skipped.append(Skipped(relative, "special file (socket, FIFO or device); refused"))
     return scan

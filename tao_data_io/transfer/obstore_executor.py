@@ -1,11 +1,14 @@
-"""The bulk data path for small and medium objects: obstore (Rust ``object_store``) in-process.
+"""The bulk data path: obstore (Rust ``object_store``) in-process, for every upload and for
+downloads under ``LARGE_OBJECT_BYTES``.
 
 Why (measured, ``bench/README.md``): for 2,000 × 16 KiB on 2 cores, obstore moved the files in
 about half the wall time and half the CPU of s5cmd driven with explicit per-object commands —
 s5cmd sends a HEAD before every GET of a named key — and ~2× faster than s5cmd for uploads,
-with no per-object HEAD, typed errors and ETags on every result. For objects of
+with no per-object HEAD, typed errors and ETags on every result. For downloads of
 ``LARGE_OBJECT_BYTES`` and more, s5cmd's parallel ranged parts won (≈ 2× obstore's ranged
-reader), so those jobs are delegated to the ``large`` executor.
+reader), so those are delegated to the ``large`` executor. Uploads stay here because they must
+read exactly the file the scan saw: it is opened with ``O_NOFOLLOW`` and its (device, inode)
+checked before a byte is sent.
 
 The executor owns one long-lived event loop in a daemon thread: callers may be plain threads or
 already inside an event loop (a Prefect task), and a long-lived loop avoids tearing obstore's
@@ -27,7 +30,7 @@ import obstore
 from obstore.store import S3Store
 
 from ..credentials import S3Credentials
-from .jobs import DownloadJob, Executor, Job, JobDone, UploadJob
+from .jobs import DownloadJob, Executor, Job, JobDone, Landed, UploadJob
 
 #: Objects at least this large go to the ``large`` executor (parallel ranged parts).
 LARGE_OBJECT_BYTES = 32 * 1024 * 1024
@@ -86,8 +89,11 @@ class ObstoreExecutor:
             return store
 
     def run(self, jobs: Sequence[Job], on_done: JobDone) -> None:
-        large = [job for job in jobs if self.large is not None and job.size >= LARGE_OBJECT_BYTES]
-        small = [job for job in jobs if not (self.large is not None and job.size >= LARGE_OBJECT_BYTES)]
+        def delegated(job: Job) -> bool:
+            return self.large is not None and isinstance(job, DownloadJob) and job.size >= LARGE_OBJECT_BYTES
+
+        large = [job for job in jobs if delegated(job)]
+        small = [job for job in jobs if not delegated(job)]
         if small:
             with self._lock:
                 if self._loop is None:
@@ -97,25 +103,25 @@ class ObstoreExecutor:
             self.large.run(large, on_done)
 
     async def _run_all(self, jobs: Sequence[Job], on_done: JobDone) -> None:
-        limit = asyncio.Semaphore(self.concurrency)
+        """``concurrency`` workers draining one iterator: memory stays O(concurrency), not
+        O(jobs) — 20,000 pending coroutines would cost more than the transfers themselves."""
+        pending = iter(jobs)
 
-        async def one(job: Job) -> None:
-            async with limit:
+        async def worker() -> None:
+            for job in pending:  # one shared iterator; the event loop makes next() atomic
+                landed: Landed | None = None
                 try:
-                    if isinstance(job, DownloadJob):
-                        await self._download(job)
-                    else:
-                        await self._upload(job)
+                    landed = await (self._download(job) if isinstance(job, DownloadJob) else self._upload(job))
                     error = None
                 except FileNotFoundError as exc:  # obstore's NotFoundError subclasses it
                     error = f"NoSuchKey: no such object (404): {_first_line(exc)}"
                 except Exception as exc:  # noqa: BLE001 - every failure is reported per object
                     error = f"{type(exc).__name__}: {_first_line(exc)}"
-            on_done(job, error)
+                on_done(job, error, landed)
 
-        await asyncio.gather(*(one(job) for job in jobs))
+        await asyncio.gather(*(worker() for _ in range(min(self.concurrency, len(jobs)))))
 
-    async def _download(self, job: DownloadJob) -> None:
+    async def _download(self, job: DownloadJob) -> Landed:
         result = await obstore.get_async(self._store(job.bucket), job.key)
         fd = os.open(job.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
@@ -126,13 +132,22 @@ class ObstoreExecutor:
                     _write_all(fd, chunk)
         finally:
             os.close(fd)
+        meta = result.meta
+        modified = meta.get("last_modified")
+        return Landed(etag=str(meta.get("e_tag") or "").strip('"') or None, size=meta.get("size"),
+                      modified_ns=int(modified.timestamp() * 1e9) if modified is not None else None)
 
-    async def _upload(self, job: UploadJob) -> None:
-        with open(job.source, "rb") as handle:
+    async def _upload(self, job: UploadJob) -> Landed:
+        fd = os.open(job.source, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as handle:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != job.identity:
+                raise OSError(f"{job.relative} was replaced since it was scanned; not uploaded (the next run looks again)")
             if job.size <= _UPLOAD_PART:  # one PUT
-                await obstore.put_async(self._store(job.bucket), job.key, handle.read())
+                result = await obstore.put_async(self._store(job.bucket), job.key, handle.read())
             else:  # multipart, streamed from the file so memory stays bounded
-                await obstore.put_async(self._store(job.bucket), job.key, handle, chunk_size=_UPLOAD_PART)
+                result = await obstore.put_async(self._store(job.bucket), job.key, handle, chunk_size=_UPLOAD_PART)
+        return Landed(etag=str(result.get("e_tag") or "").strip('"') or None)
 
 
 def _write_all(fd: int, data: Any) -> None:

@@ -32,7 +32,14 @@ class ContentStrategy:
         md5 = entry.md5 if entry is not None else None
         if md5 is None:
             md5 = file_md5(local.path)
-            entry = self._store.record(local, md5=md5, keep=entry)
+            # A racy entry with the same stat is still knowledge once the content verifies: its
+            # recorded ETag (exact even for non-MD5 ETags) carries over when the bytes are the
+            # ones it was recorded for.
+            racy = self._store.same_stat(local)
+            verified = racy is not None and md5 in (racy.md5, racy.etag)
+            entry = self._store.record(local, md5=md5, keep=racy if verified else None)
+            if entry.etag == etag:
+                return True
         if is_md5_etag(etag):
             same = md5 == etag.lower()
         elif (parts := multipart_count(etag)) is not None:
