@@ -52,7 +52,7 @@ from typing import IO, Any, Self
 from .credentials import s3_credentials_from_env
 from .errors import TransferError, UnsafePathError, UsageError
 from .transfer.client import explain, make_s3_client
-from .transfer.paths import check_relative, confined_path, remove_if_exists, temp_path_for
+from .transfer.paths import check_relative, confined_path, remove_if_exists, remove_stale_temp_dirs, temp_path_for
 from .transfer.urls import S3Url, is_s3_url, parse_s3_url
 
 #: The marker inside the destination; a member with this name at the top is refused.
@@ -127,6 +127,7 @@ def extract_archive(archive: str, destination: str | os.PathLike[str], *, strip_
         return ExtractResult(source.label, dest, False, "up to date", len(files), sum(e.get("size", 0) for e in files), marker)
 
     dest.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_dirs(dest)  # what a killed extraction left beside dest
     work = temp_path_for(dest)
     work.mkdir()
     try:

@@ -8,11 +8,13 @@ the credential redactor. The verbs live in :mod:`tao_data_io.commands`, one modu
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 
 from .commands import MODULES
 from .console import Console
+from .credentials import RedactingFilter
 from .errors import UsageError
 
 
@@ -36,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
+    handler = logging.StreamHandler()
+    handler.addFilter(RedactingFilter(console.redact))  # library warnings pass the same redactor
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s", handlers=[handler])
     try:
         args = build_parser().parse_args(argv)
         console.progress_mode = args.progress

@@ -156,7 +156,8 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
         if settle_seconds is None:
             settle_seconds = DEFAULT_SETTLE_SECONDS if kind == "resync" else 0.0
         started = _now()
-        options = TransferOptions(filter=results_filter(rules, upload_excludes), settle_seconds=settle_seconds,
+        declared = [*record.upload_excludes, *upload_excludes]
+        options = TransferOptions(filter=results_filter(rules, declared), settle_seconds=settle_seconds,
                                   progress=progress)
         prefix = parse_s3_url(route.destination, field="output_route.destination")
         summary = TransferEngine(credentials).upload_directory(results_dir, prefix, options)

@@ -51,8 +51,8 @@ from typing import Any, Protocol, TypeVar
 
 from .credentials import require_env
 from .errors import CredentialError, TransferError, UnsafePathError, UsageError
-from .transfer.paths import STATE_DIR_NAME, TEMP_PREFIX, check_relative, confined_path, temp_path_for
-from .transfer.summary import _human
+from .transfer.paths import STATE_DIR_NAME, check_relative, confined_path, remove_stale_temp_dirs, temp_path_for
+from .transfer.summary import human_size
 
 HF_SHAPE = "hf://org/repo[@revision][/subpath]"
 NGC_SHAPE = "ngc://org/[team/]model:version"
@@ -253,9 +253,9 @@ class PullResult:
 
     def describe(self) -> str:
         """One human line, e.g. for a log or a Prefect artifact title."""
-        done = (f"fetched {len(self.fetched)} files ({_human(self.fetched_bytes)})" if self.downloaded
+        done = (f"fetched {len(self.fetched)} files ({human_size(self.fetched_bytes)})" if self.downloaded
                 else "already complete, nothing fetched")
-        return f"revision {self.revision}: {len(self.files)} files ({_human(self.bytes)}), {done}"
+        return f"revision {self.revision}: {len(self.files)} files ({human_size(self.bytes)}), {done}"
 
 
 # --- pulling ------------------------------------------------------------------------------------
@@ -278,7 +278,7 @@ def pull_model(uri: str, destination: str | os.PathLike[str], *, environ: Mappin
         raise UsageError(f"destination {str(dest)!r} exists and is not a directory; give a directory path")
     registry: _Registry = _HubRegistry(parsed, env) if isinstance(parsed, HFModelURI) else _NGCRegistry(parsed, env)
     listing = _checked(registry.listing(), parsed)
-    _remove_leftovers(dest)
+    remove_stale_temp_dirs(dest)
     marker = _read_marker(dest)
     vouched = _vouched_files(marker, parsed, listing.revision)
     missing = [remote for remote in listing.files if not _is_present(dest, remote, vouched.get(remote.path) == remote)]
@@ -373,19 +373,6 @@ def file_digest(path: Path, algorithm: str) -> str:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _remove_leftovers(dest: Path) -> None:
-    """Remove staging directories a killed run left beside ``dest`` (named by :func:`temp_path_for`)."""
-    try:
-        entries = list(dest.parent.iterdir())
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    for entry in entries:
-        token, _, name = entry.name[len(TEMP_PREFIX):].partition(".")
-        if entry.name.startswith(TEMP_PREFIX) and name == dest.name and all(c in "0123456789abcdef" for c in token) \
-                and entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
 
 
 # --- the marker ---------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import os
 import re
 import secrets
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -148,6 +148,9 @@ class JobRecord(_Strict):
     storage_tier: StorageTier
     storage_reason: str | None = None
     results_dir: NonEmpty
+    #: The request's declared ``outputs.upload_excludes`` (aws-cli patterns), applied by every
+    #: upload of this job's results on top of the ``.tao/*`` that is always excluded.
+    upload_excludes: list[str] = Field(default_factory=list)
     state: State
     #: ``NAMESPACE/NAME`` of the backend object (the Kubernetes Job) once it exists.
     backend_ref: Annotated[str, AfterValidator(check_backend_ref)] | None = None
@@ -221,7 +224,7 @@ class RecordStore:
 
     def open(self, *, platform: str, image: str, network_arch: str, action: str, storage_tier: str,
              results_dir: str, storage_reason: str | None = None, job_id: str | None = None,
-             source: str = "cli") -> JobRecord:
+             source: str = "cli", upload_excludes: Sequence[str] = ()) -> JobRecord:
         """Create a PENDING record and return it; ``job_id`` is minted when not given.
 
         Idempotent for a retried submit: if the id exists with the same identity fields, the
@@ -231,7 +234,8 @@ class RecordStore:
         job_id = mint_job_id(now) if job_id is None else check_job_id(job_id, what="--job-id")
         record = _validated(dict(
             job_id=job_id, platform=platform, image=image, network_arch=network_arch, action=action,
-            storage_tier=storage_tier, storage_reason=storage_reason, results_dir=results_dir, state="PENDING",
+            storage_tier=storage_tier, storage_reason=storage_reason, results_dir=results_dir,
+            upload_excludes=list(upload_excludes), state="PENDING",
             created_at=now, updated_at=now, history=[dict(at=now, state="PENDING", source=source)]))
         with self._locked(job_id, create=True):
             if self._path(job_id).exists():

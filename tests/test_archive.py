@@ -452,3 +452,19 @@ def test_cli_bad_input_exits_2_naming_the_value(s3_server: EmbeddedS3, bucket: s
     result = run_cli("extract", "--archive", source, "--dest", str(tmp_path / "d"), *extra, env=s3_server.env())
     assert result.returncode == 2 and result.stderr.startswith("error:") and expected in result.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_a_killed_extractions_leftovers_are_removed(tmp_path: Path) -> None:
+    from tao_data_io.transfer.paths import temp_path_for
+
+    archive = tmp_path / "a.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo("f.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    dest = tmp_path / "out"
+    leftover = temp_path_for(dest)
+    (leftover / "half").mkdir(parents=True)
+    (leftover / "half" / "big.bin").write_bytes(b"partial")
+    extract_archive(str(archive), dest)
+    assert not leftover.exists() and (dest / "f.txt").read_bytes() == b"x"

@@ -173,6 +173,17 @@ def test_excludes_add_to_the_tao_exclude(store: RecordStore, env: dict[str, str]
     assert "3 excluded" in done.stdout
 
 
+def test_declared_upload_excludes_from_the_record_apply(env: dict[str, str], bucket: str, s3_client: Any,
+                                                        results: Path) -> None:
+    opened = run_cli("record", "open", *(f"--{k.replace('_', '-')}={v}" for k, v in JOB.items()),
+                     "--job-id", "job-declared", "--upload-exclude", "*.tmp", env=env)
+    assert opened.returncode == 0, opened.stderr
+    write_tree(results, {"x.tmp": b"t", ".tao/s.json": b"{}"})
+    done = run_cli("upload-results", "--job-id", "job-declared", "--results-dir", str(results), env=env)
+    assert done.returncode == 0, done.stderr
+    assert remote(s3_client, bucket, "job-declared") == RESULTS
+
+
 def test_symlinks_out_of_the_tree_and_special_files_are_not_uploaded(store: RecordStore, env: dict[str, str],
                                                                      bucket: str, s3_client: Any, results: Path,
                                                                      tmp_path: Path) -> None:

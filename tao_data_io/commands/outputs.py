@@ -16,7 +16,7 @@ from ..errors import UsageError
 from ..outputs import ALWAYS_EXCLUDED, DEFAULT_SETTLE_SECONDS, Kind, upload_results
 from ..record import RecordStore
 from ..routing import decide_route, loud_ephemeral_warning, record_route
-from .record import _add_root as add_root_argument
+from .record import add_root_option
 from .transfer import OrderedFilter, report
 
 #: Set by SLURM inside an allocation; the only SLURM-specific thing we look at.
@@ -29,7 +29,7 @@ def register(verbs: Any) -> None:
     route.add_argument("--record", action="store_true",
                        help="store the decision in the job record (what submit calls); idempotent")
     route.add_argument("--force", action="store_true", help="with --record: replace a different recorded route")
-    add_root_argument(route)
+    add_root_option(route)
     route.set_defaults(run=_route)
 
     upload = verbs.add_parser("upload-results", help="upload a job's results to its routed destination, "
@@ -57,7 +57,7 @@ def _add_upload_arguments(sub: argparse.ArgumentParser, *, settle_help: str) -> 
     sub.add_argument("--include", action=OrderedFilter, metavar="PATTERN",
                      help=f"re-admit paths matching PATTERN (repeatable); never re-admits {ALWAYS_EXCLUDED}")
     sub.add_argument("--settle-seconds", type=_settle_seconds, metavar="N", help=settle_help)
-    add_root_argument(sub)
+    add_root_option(sub)
     sub.set_defaults(filter_rules=())
 
 

@@ -24,9 +24,11 @@ def register(verbs: Any) -> None:
         open_.add_argument(option, required=True)
     open_.add_argument("--storage-tier", required=True, choices=STORAGE_TIERS)
     open_.add_argument("--storage-reason", help="why this tier was chosen")
+    open_.add_argument("--upload-exclude", action="append", default=[], metavar="PATTERN",
+                       help="the request's declared upload_excludes (repeatable); every upload applies them")
     open_.add_argument("--job-id", metavar="ID", help="use this id instead of minting one (a DNS label, at most 52)")
     open_.add_argument("--source", default="cli", help="who reports it (default: cli)")
-    _add_root(open_)
+    add_root_option(open_)
     open_.set_defaults(run=_open)
 
     mark = actions.add_parser("mark", help="record a state report for a job")
@@ -35,22 +37,22 @@ def register(verbs: Any) -> None:
     mark.add_argument("--backend-ref", metavar="NAMESPACE/NAME", help="the Kubernetes Job running it")
     mark.add_argument("--message")
     mark.add_argument("--source", default="cli", help="who reports it: cli, agent, flow… (default: cli)")
-    _add_root(mark)
+    add_root_option(mark)
     mark.set_defaults(run=_mark)
 
     show = actions.add_parser("show", help="one job's record, history included")
     show.add_argument("job_id", metavar="ID")
     show.add_argument("--json", action="store_true", help="print the record document")
-    _add_root(show)
+    add_root_option(show)
     show.set_defaults(run=_show)
 
     list_ = actions.add_parser("list", help="one line per job, oldest first")
     list_.add_argument("--json", action="store_true", help="print the record documents")
-    _add_root(list_)
+    add_root_option(list_)
     list_.set_defaults(run=_list)
 
 
-def _add_root(sub: argparse.ArgumentParser) -> None:
+def add_root_option(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--root", type=Path, metavar="DIR",
                      help="where records live (default: $TAO_DATA_IO_JOBS_DIR or ~/.tao-data-io/jobs)")
 
@@ -59,7 +61,7 @@ def _open(args: argparse.Namespace, console: Console) -> int:
     record = RecordStore(args.root).open(
         platform=args.platform, image=args.image, network_arch=args.network_arch, action=args.action,
         storage_tier=args.storage_tier, storage_reason=args.storage_reason, results_dir=args.results_dir,
-        job_id=args.job_id, source=args.source)
+        job_id=args.job_id, source=args.source, upload_excludes=args.upload_exclude)
     console.out(record.job_id)
     return 0
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 import stat
 from pathlib import Path
 
@@ -87,6 +88,20 @@ def temp_path_for(final: Path) -> Path:
 
 def is_temp_name(name: str) -> bool:
     return name.startswith(TEMP_PREFIX)
+
+
+def remove_stale_temp_dirs(dest: Path) -> None:
+    """Remove the temp directories (named by :func:`temp_path_for`) that a killed extraction or
+    model pull left beside ``dest``. Callers own ``dest``: one extraction or pull at a time."""
+    try:
+        entries = list(dest.parent.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for entry in entries:
+        token, _, name = entry.name[len(TEMP_PREFIX):].partition(".")
+        if entry.name.startswith(TEMP_PREFIX) and name == dest.name and all(c in "0123456789abcdef" for c in token) \
+                and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def remove_if_exists(path: Path) -> None:

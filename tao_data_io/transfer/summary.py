@@ -60,14 +60,15 @@ class TransferSummary:
         """One human line, e.g. for a log or a Prefect artifact title."""
         verb = "would transfer" if self.dry_run else "transferred"
         text = (
-            f"{verb} {self.transferred_files} files ({_human(self.transferred_bytes)}), "
-            f"{self.unchanged_files} unchanged ({_human(self.unchanged_bytes)}), "
+            f"{verb} {self.transferred_files} files ({human_size(self.transferred_bytes)}), "
+            f"{self.unchanged_files} unchanged ({human_size(self.unchanged_bytes)}), "
             f"{self.excluded_files} excluded, {len(self.skipped)} skipped, {len(self.failed)} failed"
         )
         return text + (f" in {self.seconds:.2f}s" if self.seconds else "")
 
 
-def _human(size: int) -> str:
+def human_size(size: int) -> str:
+    """1536 → '1.5 KiB': sizes for people."""
     value = float(size)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if value < 1024 or unit == "TiB":

@@ -39,10 +39,6 @@ class S3Url:
             return self
         return S3Url(self.bucket, self.key + "/")
 
-    def child(self, relative: str) -> S3Url:
-        """The object ``relative`` (a POSIX path) under this prefix."""
-        return S3Url(self.bucket, self.as_prefix().key + relative)
-
     def __str__(self) -> str:
         return f"s3://{self.bucket}/{self.key}"
 
