@@ -22,7 +22,11 @@ import argparse
 import asyncio
 import ipaddress
 import signal
+import socket
+import subprocess
+import sys
 import threading
+import time
 from types import TracebackType
 
 _CHUNK = 256 * 1024
@@ -130,6 +134,24 @@ class LatencyProxy:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def spawn(target_port: int, delay_ms: int) -> tuple[subprocess.Popen[bytes], str]:
+    """Run the proxy as its own process (so it never competes for a contender's GIL) in front of
+    127.0.0.1:``target_port``; return the process and the proxied endpoint URL."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    proc = subprocess.Popen([sys.executable, __file__, "--target", f"127.0.0.1:{target_port}",
+                             "--delay-ms", str(delay_ms), "--port", str(port)], stdout=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.05)
+    proc.terminate()
+    raise RuntimeError(f"latency proxy did not start on port {port}")
 
 
 def main() -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,13 +30,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from latency_proxy import spawn as spawn_proxy  # bench/ is sys.path[0] when run as a script
 from tao_data_io.embedded_s3 import EmbeddedS3
 from tao_data_io.outputs import results_filter
 from tao_data_io.record import RecordStore
 from tao_data_io.transfer.client import make_s3_client
 from tao_data_io.transfer.engine import TransferEngine, TransferOptions
 
-HERE = Path(__file__).resolve().parent
 BUCKET = "bench"
 JOB_ID = "bench-resync"
 AWS_PREFIX = "aws-sync"
@@ -49,27 +48,6 @@ def make_files(root: Path, names: list[str], size: int) -> None:
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(os.urandom(size))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_proxy(server: EmbeddedS3, delay_ms: int) -> tuple[subprocess.Popen[bytes], str]:
-    """The latency proxy as its own process (so it never competes for a contender's GIL)."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(HERE / "latency_proxy.py"), "--target", f"127.0.0.1:{server.port}",
-                             "--delay-ms", str(delay_ms), "--port", str(port)], stdout=subprocess.DEVNULL)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"http://127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.05)
-    proc.terminate()
-    raise RuntimeError(f"latency proxy did not start on port {port}")
 
 
 def ours(env: dict[str, str], results: Path, jobs: RecordStore) -> int:
@@ -130,7 +108,7 @@ def main() -> None:
             assert TransferEngine(server.credentials).sync(str(results), f"s3://{BUCKET}/{AWS_PREFIX}/", options).ok
             rep_number = 0
             for delay in (int(x) for x in args.latency.split(",")):
-                proxy, endpoint = start_proxy(server, delay) if delay else (None, server.endpoint_url)
+                proxy, endpoint = spawn_proxy(server.port, delay) if delay else (None, server.endpoint_url)
                 label = f"+{delay} ms/request" if delay else "direct"
                 env = {**base_env, **server.env(), "AWS_ENDPOINT_URL": endpoint}
                 try:

