@@ -3,8 +3,8 @@
 Why a factory: every client must use the same retry policy (botocore's ``adaptive`` mode:
 exponential backoff with jitter on throttling, 5xx and connection resets, plus client-side
 rate limiting when the server throttles), the same timeouts, and path-style addressing for
-S3-compatible endpoints. Each engine builds its own session, so there is no process-global
-state and engines in different threads never share a session.
+S3-compatible endpoints. Each engine builds its own session, so engines in different threads
+never share a session; the only thing shared is the read-only cache of parsed service models.
 """
 
 from __future__ import annotations
@@ -12,11 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 import boto3
+import botocore.session
 from botocore.config import Config
+from botocore.loaders import create_loader
 
 from ..credentials import S3Credentials
 
 MAX_ATTEMPTS = 8
+#: botocore's loader of service models (read-only JSON, cached once parsed). Sharing it is the
+#: one thing engines share: it turns each new client from ~55 ms into ~8 ms, which is a fifth of
+#: a 4 × 128 MiB download on loopback. Sessions and clients stay per engine.
+_SERVICE_MODELS = create_loader()
 
 
 def make_s3_client(credentials: S3Credentials, *, max_pool_connections: int = 32) -> Any:
@@ -28,11 +34,13 @@ def make_s3_client(credentials: S3Credentials, *, max_pool_connections: int = 32
         s3={"addressing_style": "path" if credentials.endpoint_url else "auto"},
         tcp_keepalive=True,
     )
-    session = boto3.session.Session()
+    core = botocore.session.Session()
+    core.register_component("data_loader", _SERVICE_MODELS)
+    session = boto3.session.Session(botocore_session=core)
     # We never read LastModified (change detection is by content), and parsing it with dateutil
     # is ~40% of a 1,000-key ListObjectsV2 page's CPU: keep timestamps as the raw strings.
     # This is a per-session setting of our own session, not global state.
-    session._session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
+    core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
     return session.client("s3", config=config, **credentials.boto3_kwargs())
 
 

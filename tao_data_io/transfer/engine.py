@@ -234,7 +234,7 @@ class TransferEngine:
         actually read when the executor knows it.
         """
         assert isinstance(job, DownloadJob)
-        size = os.stat(job.temp).st_size
+        size = landed.written if landed is not None and landed.written is not None else os.stat(job.temp).st_size
         expected = landed.size if landed is not None and landed.size is not None else job.size
         if expected != UNKNOWN_SIZE and size != expected:
             return (f"size mismatch after download: expected {expected} bytes, got {size}; the object changed "

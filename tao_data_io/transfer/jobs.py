@@ -44,6 +44,8 @@ class Landed:
     size: int | None = None
     #: The object's LastModified, nanoseconds since the epoch.
     modified_ns: int | None = None
+    #: Bytes the executor wrote to the temp file (downloads), when it counted them.
+    written: int | None = None
 
 
 Job = DownloadJob | UploadJob

@@ -124,18 +124,19 @@ class ObstoreExecutor:
     async def _download(self, job: DownloadJob) -> Landed:
         result = await obstore.get_async(self._store(job.bucket), job.key)
         fd = os.open(job.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        written = 0
         try:
             if 0 <= job.size <= _CHUNK:  # small: one buffer, one write (the common case)
-                _write_all(fd, await result.bytes_async())
+                written += _write_all(fd, await result.bytes_async())
             else:
                 async for chunk in result.stream(min_chunk_size=_CHUNK):
-                    _write_all(fd, chunk)
+                    written += _write_all(fd, chunk)
         finally:
             os.close(fd)
         meta = result.meta
         modified = meta.get("last_modified")
         return Landed(etag=str(meta.get("e_tag") or "").strip('"') or None, size=meta.get("size"),
-                      modified_ns=int(modified.timestamp() * 1e9) if modified is not None else None)
+                      modified_ns=int(modified.timestamp() * 1e9) if modified is not None else None, written=written)
 
     async def _upload(self, job: UploadJob) -> Landed:
         fd = os.open(job.source, os.O_RDONLY | os.O_NOFOLLOW)
@@ -150,10 +151,12 @@ class ObstoreExecutor:
         return Landed(etag=str(result.get("e_tag") or "").strip('"') or None)
 
 
-def _write_all(fd: int, data: Any) -> None:
+def _write_all(fd: int, data: Any) -> int:
     view = memoryview(data)
+    total = len(view)
     while view:
         view = view[os.write(fd, view):]
+    return total
 
 
 def _first_line(exc: BaseException) -> str:
