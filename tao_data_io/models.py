@@ -23,10 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .credentials import is_secret_name
 from .errors import UsageError
+from .record import check_job_id
 
 SCHEMA_VERSION = "1"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$")
 #: Schemes of inputs that have to be fetched (everything else is a local path: tier A).
 REMOTE_SCHEMES = ("s3://", "hf://", "ngc://")
 
@@ -155,10 +155,7 @@ class JobRequest(_Strict):
     @field_validator("job_id")
     @classmethod
     def _job_id(cls, value: str | None) -> str | None:
-        if value is not None and not _DNS_LABEL.match(value):
-            raise ValueError(f"job_id {value!r} must be a DNS label of at most 52 characters "
-                             "(lowercase letters, digits, '-'; starting and ending alphanumeric)")
-        return value
+        return None if value is None else check_job_id(value, what="job_id")
 
     @field_validator("spec")
     @classmethod

@@ -40,7 +40,7 @@ from typing import Any
 
 from .errors import TransferError, UnsafePathError, UsageError
 from .transfer.engine import TransferEngine, TransferOptions
-from .transfer.paths import STATE_DIR_NAME, check_relative, remove_if_exists
+from .transfer.paths import atomic_write, STATE_DIR_NAME, check_relative, remove_if_exists
 from .transfer.summary import TransferSummary
 from .transfer.urls import is_s3_url, parse_s3_url
 
@@ -474,7 +474,4 @@ class _Before:
 
 def _write_lines(path: Path, lines: Sequence[str]) -> None:
     """Write atomically: a reader never sees half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(path.name + ".tmp")
-    temp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    os.replace(temp, path)
+    atomic_write(path, "".join(line + "\n" for line in lines).encode("utf-8"))

@@ -33,6 +33,7 @@ from .selective import selective_download
 from .spec import DEFAULT_INPUTS_ROOT, Placement, materialize_config, placements, relative_location
 from .transfer.engine import TransferEngine, TransferOptions
 from .transfer.filters import PathFilter
+from .transfer.paths import atomic_write
 from .transfer.summary import Failure
 from .transfer.urls import parse_s3_url
 
@@ -233,13 +234,8 @@ def _raise_failed(failed: list[Failure], source: str) -> None:
 
 
 def write_staging_map(staging_map: StagingMap, path: Path) -> None:
-    """Atomic publish: temp file, fsync, rename — a reader never sees half a map."""
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temp, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(staging_map.model_dump(), indent=2) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
+    """Atomic publish — a reader never sees half a map."""
+    atomic_write(path, (json.dumps(staging_map.model_dump(), indent=2) + "\n").encode())
 
 
 def read_staging_map(path: Path) -> StagingMap:

@@ -48,7 +48,7 @@ def test_shipped_examples_load(example: Path) -> None:
         ({"command": "dino train"}, "(request)", "{config_path}"),
         ({"mode": "args"}, "(request)", "needs 'args'"),
         ({"schema_version": "2"}, "schema_version", "'1'"),
-        ({"job_id": "Bad_ID"}, "job_id", "DNS label"),
+        ({"job_id": "Bad_ID"}, "job_id", "not a valid job id"),
         ({"environment": {"AWS_SECRET_ACCESS_KEY": "x"}}, "environment", "forward_env"),
         ({"forward_env": ["1BAD"]}, "forward_env", "not a valid variable name"),
         ({"outputs": {"results_dir": "results"}}, "outputs.results_dir", "not absolute"),

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .listing import LocalFile
+from .paths import atomic_write
 
 RACY_WINDOW_NS = 2_000_000_000
 _CHUNK = 1 << 20
@@ -142,11 +142,7 @@ class DigestStore:
                 return
             payload = {"schema_version": _SCHEMA, "entries": {k: vars(v) for k, v in self._entries.items()}}
             self._dirty = False
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temp = self.path.with_name(f"{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        with open(temp, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, separators=(",", ":"))
-        os.replace(temp, self.path)
+        atomic_write(self.path, json.dumps(payload, separators=(",", ":")).encode())
 
 
 def _load(path: Path) -> dict[str, DigestEntry]:

@@ -90,6 +90,23 @@ def is_temp_name(name: str) -> bool:
     return name.startswith(TEMP_PREFIX)
 
 
+def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Publish ``data`` at ``path`` whole or not at all: a unique temp file beside it, fsync,
+    rename. Concurrent writers never share a temp file; the last rename wins."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = temp_path_for(path)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        remove_if_exists(temp)
+        raise
+
+
 def remove_stale_temp_dirs(dest: Path) -> None:
     """Remove the temp directories (named by :func:`temp_path_for`) that a killed extraction or
     model pull left beside ``dest``. Callers own ``dest``: one extraction or pull at a time."""
