@@ -52,7 +52,7 @@ DEFAULT_SETTLE_SECONDS = 30.0
 MAX_FAILED_NAMES = 50
 
 Kind = Literal["upload", "resync"]
-Status = Literal["uploaded", "mount", "ephemeral", "busy", "done"]
+Status = Literal["uploaded", "mount", "ephemeral", "busy", "done", "waiting"]
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,9 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
     if route.route != "s3":
         raise UsageError(f"job {job_id!r} has output route {route.route!r} in its record, which this version "
                          "does not know (mount, s3 or ephemeral): re-record it with `route-outputs --record --force`")
+    if kind == "resync" and not results_dir.exists():
+        # A schedule usually starts before the job has created its results directory.
+        return UploadOutcome("waiting", f"{results_dir} does not exist yet: nothing to resync for job {job_id}", route)
     if not results_dir.is_dir():
         raise UsageError(f"--results-dir {str(results_dir)!r} is not a directory: give the directory the job "
                          "writes its results to")

@@ -332,3 +332,11 @@ def test_resync_does_nothing_once_the_job_is_terminal_and_the_final_upload_succe
     assert resync.returncode == 0, resync.stderr
     assert "is COMPLETE and its final upload" in resync.stdout and "nothing left to resync" in resync.stdout
     assert remote(s3_client, bucket) == RESULTS and len(store.get(JOB_ID).uploads) == 1
+
+
+def test_resync_before_the_job_made_its_results_dir_waits_quietly(store: RecordStore, env: dict[str, str],
+                                                                 tmp_path: Path) -> None:
+    early = upload(tmp_path / "not-yet", env, verb="resync")
+    assert early.returncode == 0 and "does not exist yet" in early.stdout
+    final = upload(tmp_path / "not-yet", env)  # the explicit upload still insists on a directory
+    assert final.returncode == 2 and "is not a directory" in final.stderr
