@@ -51,7 +51,7 @@ from typing import IO, Any, Self
 
 from .credentials import s3_credentials_from_env
 from .errors import TransferError, UnsafePathError, UsageError
-from .transfer.client import explain, make_s3_client
+from .transfer.client import explained, head_or_none, make_s3_client
 from .transfer.paths import check_relative, confined_path, remove_if_exists, remove_stale_temp_dirs, temp_path_for
 from .transfer.urls import S3Url, is_s3_url, parse_s3_url
 
@@ -275,19 +275,15 @@ def _s3_source(url: S3Url, client: Any | None) -> _Source:
         raise UsageError(f"archive {str(url)!r} names a prefix, not an object; write s3://BUCKET/path/to/archive.tar.gz")
     if client is None:
         client = make_s3_client(s3_credentials_from_env())
-    with _explained(client, url.bucket):
-        try:
-            head = client.head_object(Bucket=url.bucket, Key=url.key)
-        except client.exceptions.ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                raise UsageError(f"archive {str(url)!r} does not exist (404); check the bucket and key") from None
-            raise
+    head = head_or_none(client, url.bucket, url.key)
+    if head is None:
+        raise UsageError(f"archive {str(url)!r} does not exist (404); check the bucket and key")
     identity = {"kind": "s3", "bucket": url.bucket, "key": url.key, "size": int(head["ContentLength"]),
                 "etag": str(head.get("ETag", "")).strip('"')}
 
     @contextmanager
     def open_body() -> Iterator[IO[bytes]]:
-        with _explained(client, url.bucket):
+        with explained(url.bucket, client.meta.endpoint_url):
             response = client.get_object(Bucket=url.bucket, Key=url.key)
         with closing(response["Body"]) as body:
             etag = str(response.get("ETag", "")).strip('"')
@@ -297,20 +293,6 @@ def _s3_source(url: S3Url, client: Any | None) -> _Source:
             yield body
 
     return _Source(str(url), identity, open_body)
-
-
-@contextmanager
-def _explained(client: Any, bucket: str) -> Iterator[None]:
-    """Re-raise S3 configuration failures (bucket, keys, endpoint) as errors naming the fix."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        yield
-    except (BotoCoreError, ClientError) as exc:
-        explained = explain(exc, bucket=bucket, endpoint_url=client.meta.endpoint_url)
-        if explained is exc:
-            raise
-        raise explained from exc
 
 
 # --------------------------------------------------------------------------- formats

@@ -9,6 +9,8 @@ never share a session; the only thing shared is the read-only cache of parsed se
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import boto3
@@ -71,3 +73,29 @@ def explain(exc: Exception, *, bucket: str, endpoint_url: str | None) -> Excepti
         if code in ("AccessDenied", "403", "AllAccessDisabled"):
             return CredentialError(f"access denied to bucket {bucket!r} at {where}: the credentials lack permission")
     return exc
+
+
+@contextmanager
+def explained(bucket: str, endpoint_url: str | None) -> Iterator[None]:
+    """Re-raise control-plane configuration failures (bucket, keys, endpoint) as errors naming
+    the fix; anything else passes through unchanged."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except (BotoCoreError, ClientError) as exc:
+        better = explain(exc, bucket=bucket, endpoint_url=endpoint_url)
+        if better is exc:
+            raise
+        raise better from exc
+
+
+def head_or_none(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
+    """HEAD one object: its headers, or None when it does not exist (404)."""
+    with explained(bucket, client.meta.endpoint_url):
+        try:
+            return dict(client.head_object(Bucket=bucket, Key=key))
+        except client.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise

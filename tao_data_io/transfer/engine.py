@@ -16,14 +16,14 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..credentials import S3Credentials
 from ..errors import UsageError
-from .client import explain, make_s3_client
+from .client import explained, head_or_none, make_s3_client
 from .digests import DigestStore, multipart_count
 from .filters import PathFilter
 from .jobs import DownloadJob, Executor, Job, Landed, UploadJob
@@ -365,18 +365,9 @@ class TransferEngine:
         summary.transferred_bytes += sum(size for _, size in done_ok)
 
     # ----------------------------------------------------------------- control plane
-    @contextmanager
-    def _control_plane(self, bucket: str) -> Iterator[None]:
+    def _control_plane(self, bucket: str) -> AbstractContextManager[None]:
         """Re-raise configuration failures (bucket, keys, endpoint) as errors naming the fix."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            yield
-        except (BotoCoreError, ClientError) as exc:
-            explained = explain(exc, bucket=bucket, endpoint_url=self.credentials.endpoint_url)
-            if explained is exc:
-                raise
-            raise explained from exc
+        return explained(bucket, self.credentials.endpoint_url)
 
     def exists(self, url: S3Url) -> bool:
         """Whether the object ``url`` exists (one HEAD)."""
@@ -389,13 +380,7 @@ class TransferEngine:
         return int(page.get("KeyCount", 0)) > 0
 
     def _head(self, url: S3Url) -> dict[str, Any] | None:
-        with self._control_plane(url.bucket):
-            try:
-                return dict(self.client.head_object(Bucket=url.bucket, Key=url.key))
-            except self.client.exceptions.ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                    return None
-                raise
+        return head_or_none(self.client, url.bucket, url.key)
 
     def _part_size(self, bucket: str, key: str) -> int | None:
         try:
