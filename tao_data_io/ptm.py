@@ -51,7 +51,7 @@ from typing import Any, Protocol, TypeVar
 
 from .credentials import require_env
 from .errors import CredentialError, TransferError, UnsafePathError, UsageError
-from .transfer.paths import STATE_DIR_NAME, check_relative, confined_path, remove_stale_temp_dirs, temp_path_for
+from .transfer.paths import STATE_DIR_NAME, atomic_write, check_relative, confined_path, remove_stale_temp_dirs, temp_path_for
 from .transfer.summary import human_size
 
 HF_SHAPE = "hf://org/repo[@revision][/subpath]"
@@ -406,11 +406,7 @@ def _vouched_files(marker: dict[str, Any] | None, uri: HFModelURI | NGCModelURI,
 
 
 def _write_marker(root: Path, payload: dict[str, Any]) -> None:
-    state = root / STATE_DIR_NAME
-    state.mkdir(exist_ok=True)
-    temp = temp_path_for(state / MARKER_NAME)
-    temp.write_text(json.dumps(payload, indent=1), encoding="utf-8")
-    os.replace(temp, state / MARKER_NAME)
+    atomic_write(root / STATE_DIR_NAME / MARKER_NAME, json.dumps(payload, indent=1).encode("utf-8"))
 
 
 # --- Hugging Face Hub ---------------------------------------------------------------------------

@@ -345,7 +345,8 @@ class TransferEngine:
                 except Exception as exc:  # noqa: BLE001 - one file's bookkeeping never stops the rest
                     error = f"could not finish the file: {type(exc).__name__}: {exc}"
             if error is None:
-                size = job.size if job.size != UNKNOWN_SIZE else _size_of(job)
+                # A size planned without a HEAD is what the executor wrote (obstore counts it).
+                size = job.size if job.size != UNKNOWN_SIZE or landed is None else landed.written or 0
                 done_ok.append((job, size))
                 tracker.advance(size)
             else:
@@ -392,11 +393,3 @@ class TransferEngine:
 
 def _is_missing(reason: str) -> bool:
     return "NoSuchKey" in reason or "status code: 404" in reason or reason.startswith("no such object")
-
-
-def _size_of(job: Job) -> int:
-    path = job.final if isinstance(job, DownloadJob) else job.source
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
