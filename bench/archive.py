@@ -28,8 +28,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tao_data_io.archive import extract_archive
-from tao_data_io.embedded_s3 import EmbeddedS3
+from tao_data_io.staging.archive import extract_archive
+from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.transfer.client import make_s3_client
 from tao_data_io.transfer.s5cmd_executor import s5cmd_binary
 

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from latency_proxy import spawn as spawn_proxy  # bench/ is sys.path[0] when run as a script
-from tao_data_io.embedded_s3 import EmbeddedS3
+from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.outputs import results_filter
 from tao_data_io.record import RecordStore
 from tao_data_io.transfer.client import make_s3_client

@@ -37,8 +37,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tao_data_io.embedded_s3 import EmbeddedS3
-from tao_data_io.selective import selective_download
+from tao_data_io.embedded.s3 import EmbeddedS3
+from tao_data_io.staging.selective import selective_download
 from tao_data_io.transfer.engine import TransferEngine, TransferOptions
 
 BUCKET = "bench"
@@ -47,7 +47,7 @@ RSS_LIMIT_MIB, SECONDS_LIMIT, RATIO_LIMIT = 500, 3.0, 1.2
 # The extraction child, and the wrapper that reports its peak RSS via RUSAGE_CHILDREN (the
 # wrapper has no other child, so the maximum is the extraction's own).
 EXTRACT = ("import json, sys, time\n"
-           "from tao_data_io.selective import read_references\n"
+           "from tao_data_io.staging.selective import read_references\n"
            "started, cpu = time.perf_counter(), time.process_time()\n"
            "refs = read_references(sys.argv[1], ['clip'])\n"
            "print(json.dumps({'seconds': time.perf_counter() - started, 'cpu': time.process_time() - cpu,\n"

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from tao_data_io.credentials import S3Credentials
 from latency_proxy import spawn as spawn_proxy  # bench/ is sys.path[0] when run as a script
-from tao_data_io.embedded_s3 import EmbeddedS3
+from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.transfer.client import make_s3_client
 from tao_data_io.transfer.engine import TransferEngine
 from tao_data_io.transfer.s5cmd_executor import s5cmd_binary

@@ -26,7 +26,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from tao_data_io.embedded_s3 import EmbeddedS3
+from tao_data_io.embedded.s3 import EmbeddedS3
 
 WORKDIR = Path(os.environ.get("TAO_DATA_IO_DEMO_DIR", ".demo")).resolve()
 BUCKET = "tao-demo"

@@ -41,7 +41,7 @@ from .routing import decide_route, ephemeral_warning
 from .transfer.engine import TransferEngine, TransferOptions
 from .transfer.filters import FilterRule, PathFilter
 from .transfer.summary import ProgressCallback, TransferSummary
-from .transfer.urls import parse_s3_url
+from .uris import parse_s3_url
 
 #: TAO's own state directory inside a results directory; never uploaded.
 ALWAYS_EXCLUDED = ".tao/*"

@@ -22,7 +22,7 @@ from pathlib import PurePosixPath
 
 from .errors import UsageError
 from .record import JobRecord, OutputRoute, RecordStore, check_job_id
-from .transfer.urls import parse_s3_url
+from .uris import parse_s3_url
 
 RESULTS_ROOT_VARIABLE = "TAO_RESULTS_ROOT"
 BUCKET_VARIABLE = "S3_BUCKET_NAME"

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from tao_data_io.credentials import S3Credentials
-from tao_data_io.embedded_s3 import EmbeddedS3
+from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.transfer.client import make_s3_client
 
 _bucket_numbers = itertools.count()

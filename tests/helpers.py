@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from tao_data_io.transfer.paths import STATE_DIR_NAME, TEMP_PREFIX
+from tao_data_io.fs import STATE_DIR_NAME, TEMP_PREFIX
 
 
 def write_tree(root: Path, files: Mapping[str, bytes]) -> None:

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from tao_data_io.archive import MARKER_NAME, ExtractResult, extract_archive
+from tao_data_io.staging.archive import MARKER_NAME, ExtractResult, extract_archive
 from tao_data_io.credentials import S3Credentials
-from tao_data_io.embedded_s3 import EmbeddedS3
+from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.errors import UsageError
 from tao_data_io.transfer.client import make_s3_client
 
@@ -455,7 +455,7 @@ def test_cli_bad_input_exits_2_naming_the_value(s3_server: EmbeddedS3, bucket: s
 
 
 def test_a_killed_extractions_leftovers_are_removed(tmp_path: Path) -> None:
-    from tao_data_io.transfer.paths import temp_path_for
+    from tao_data_io.fs import temp_path_for
 
     archive = tmp_path / "a.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:

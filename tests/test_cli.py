@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tao_data_io.embedded_s3 import EmbeddedS3
+from tao_data_io.embedded.s3 import EmbeddedS3
 
 from .helpers import run_cli, tree_digest, write_tree
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tao_data_io.embedded_s3 import EmbeddedS3
+from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.errors import UsageError
 from tao_data_io.outputs import upload_lock
 from tao_data_io.record import RecordStore

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from tao_data_io.errors import UsageError
-from tao_data_io.models import JobRequest, load_request
-from tao_data_io.spec import materialize_config, placements, remote_uris, rewrite
+from tao_data_io.request import JobRequest, load_request
+from tao_data_io.staging.spec import materialize_config, placements, remote_uris, rewrite
 
 from .helpers import run_cli
 

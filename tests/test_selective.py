@@ -14,12 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from tao_data_io.credentials import S3Credentials
-from tao_data_io.embedded_s3 import EmbeddedS3
+from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.errors import UsageError
-from tao_data_io.selective import MISSING_REPORT, MissingReferencesError, read_references, selective_download
+from tao_data_io.staging.selective import MISSING_REPORT, MissingReferencesError, read_references, selective_download
 from tao_data_io.transfer.client import make_s3_client
 from tao_data_io.transfer.engine import TransferEngine
-from tao_data_io.transfer.paths import STATE_DIR_NAME
+from tao_data_io.fs import STATE_DIR_NAME
 
 from .helpers import run_cli, tree_digest
 

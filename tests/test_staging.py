@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from tao_data_io.credentials import S3Credentials
-from tao_data_io.embedded_s3 import EmbeddedS3
+from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.errors import UsageError
-from tao_data_io.models import JobRequest
-from tao_data_io.staging import STAGING_MAP_NAME, read_staging_map, stage
+from tao_data_io.request import JobRequest
+from tao_data_io.staging.stage import STAGING_MAP_NAME, read_staging_map, stage
 from tao_data_io.transfer.engine import TransferEngine
 
 from .fake_registries import FakeRegistries

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from tao_data_io.credentials import S3Credentials
-from tao_data_io.embedded_s3 import EmbeddedS3
+from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.transfer.engine import TransferEngine
-from tao_data_io.transfer.jobs import Executor
+from tao_data_io.transfer.work import Executor
 from tao_data_io.transfer.client import make_s3_client
-from tao_data_io.transfer.paths import TEMP_PREFIX
+from tao_data_io.fs import TEMP_PREFIX
 
 from .helpers import run_cli, temp_leftovers, tree_digest, write_tree
 

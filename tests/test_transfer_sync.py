@@ -13,8 +13,8 @@ from tao_data_io.credentials import S3Credentials
 from tao_data_io.transfer.engine import TransferEngine, TransferOptions, upload_digest_path
 from tao_data_io.transfer.filters import FilterRule, PathFilter
 from tao_data_io.transfer.listing import list_remote, s3_time_ns
-from tao_data_io.transfer.paths import STATE_DIR_NAME
-from tao_data_io.transfer.urls import parse_s3_url
+from tao_data_io.fs import STATE_DIR_NAME
+from tao_data_io.uris import parse_s3_url
 
 from .helpers import temp_leftovers, tree_digest, write_tree
 

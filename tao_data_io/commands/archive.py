@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..archive import SUPPORTED_FORMATS, extract_archive
+from ..staging.archive import SUPPORTED_FORMATS, extract_archive
 from ..console import Console
 
 

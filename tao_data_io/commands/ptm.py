@@ -7,7 +7,7 @@ from typing import Any
 
 from ..console import Console
 from ..errors import TransferError
-from ..ptm import HF_SHAPE, NGC_SHAPE, pull_model
+from ..staging.pretrained import HF_SHAPE, NGC_SHAPE, pull_model
 
 _ENVIRONMENT = """\
 environment:

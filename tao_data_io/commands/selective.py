@@ -14,7 +14,7 @@ from typing import Any
 from ..console import Console
 from ..credentials import s3_credentials_from_env
 from ..errors import UsageError
-from ..selective import FORMATS, MISSING_MODES, MissingReferencesError, selective_download
+from ..staging.selective import FORMATS, MISSING_MODES, MissingReferencesError, selective_download
 from ..transfer.engine import DEFAULT_CONCURRENCY, TransferEngine, TransferOptions
 from .transfer import concurrency, report
 

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from ..console import Console
-from ..models import load_request
-from ..spec import materialize_config
-from ..staging import STAGING_MAP_NAME, stage
+from ..request import load_request
+from ..staging.spec import materialize_config
+from ..staging.stage import STAGING_MAP_NAME, stage
 
 
 def register(verbs: Any) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .listing import LocalFile
-from .paths import atomic_write
+from ..fs import atomic_write
 
 RACY_WINDOW_NS = 2_000_000_000
 _CHUNK = 1 << 20

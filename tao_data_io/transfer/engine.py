@@ -26,12 +26,12 @@ from ..errors import UsageError
 from .client import explained, head_or_none, make_s3_client
 from .digests import DigestStore, multipart_count
 from .filters import PathFilter
-from .jobs import DownloadJob, Executor, Job, Landed, UploadJob
+from .work import DownloadJob, Executor, Job, Landed, UploadJob
 from .listing import LocalFile, RemoteObject, clean_etag, list_remote, local_file, s3_time_ns, scan_local
-from .paths import STATE_DIR_NAME, UnsafePathError, confined_path, remove_if_exists, temp_path_for
+from ..fs import STATE_DIR_NAME, UnsafePathError, confined_path, remove_if_exists, temp_path_for
 from .strategy import ContentStrategy
 from .summary import Failure, ProgressCallback, ProgressTracker, Skipped, TransferSummary
-from .urls import S3Url, is_s3_url, parse_s3_url
+from ..uris import S3Url, is_s3_url, parse_s3_url
 
 DEFAULT_CONCURRENCY = 128
 #: Size of an object planned without a HEAD (``download_keys``); checked against nothing.

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .paths import STATE_DIR_NAME, is_temp_name
+from ..fs import STATE_DIR_NAME, is_temp_name
 from .summary import Skipped
-from .urls import S3Url
+from ..uris import S3Url
 
 
 @dataclass(frozen=True)

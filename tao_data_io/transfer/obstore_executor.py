@@ -30,7 +30,7 @@ import obstore
 from obstore.store import S3Store
 
 from ..credentials import S3Credentials
-from .jobs import DownloadJob, Executor, Job, JobDone, Landed, UploadJob
+from .work import DownloadJob, Executor, Job, JobDone, Landed, UploadJob
 
 #: Objects at least this large go to the ``large`` executor (parallel ranged parts).
 LARGE_OBJECT_BYTES = 32 * 1024 * 1024

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..credentials import Redactor, S3Credentials
 from ..errors import TaoDataIOError
-from .jobs import DownloadJob, Job, JobDone, Landed
+from .work import DownloadJob, Job, JobDone, Landed
 
 #: Retries inside s5cmd for throttling, 5xx and connection resets (exponential backoff).
 RETRY_COUNT = 10

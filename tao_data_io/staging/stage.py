@@ -25,17 +25,17 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from .archive import extract_archive
-from .credentials import s3_credentials_from_env
-from .errors import TransferError, UsageError
-from .models import InputSpec, JobRequest, is_remote_uri
-from .ptm import HFModelURI, parse_model_uri, pull_model
+from ..credentials import s3_credentials_from_env
+from ..errors import TransferError, UsageError
+from ..request import InputSpec, JobRequest, is_remote_uri
+from .pretrained import HFModelURI, parse_model_uri, pull_model
 from .selective import selective_download
 from .spec import DEFAULT_INPUTS_ROOT, Placement, materialize_config, placements, relative_location
-from .transfer.engine import TransferEngine, TransferOptions
-from .transfer.filters import PathFilter
-from .transfer.paths import atomic_write
-from .transfer.summary import Failure
-from .transfer.urls import parse_s3_url
+from ..transfer.engine import TransferEngine, TransferOptions
+from ..transfer.filters import PathFilter
+from ..fs import atomic_write
+from ..transfer.summary import Failure
+from ..uris import parse_s3_url
 
 STAGING_MAP_NAME = "staging-map.json"
 CONFIG_DIR = "config"

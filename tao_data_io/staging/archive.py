@@ -49,11 +49,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import IO, Any, Self
 
-from .credentials import s3_credentials_from_env
-from .errors import TransferError, UnsafePathError, UsageError
-from .transfer.client import explained, head_or_none, make_s3_client
-from .transfer.paths import check_relative, confined_path, remove_if_exists, remove_stale_temp_dirs, temp_path_for
-from .transfer.urls import S3Url, is_s3_url, parse_s3_url
+from ..credentials import s3_credentials_from_env
+from ..errors import TransferError, UnsafePathError, UsageError
+from ..transfer.client import explained, head_or_none, make_s3_client
+from ..fs import check_relative, confined_path, remove_if_exists, remove_stale_temp_dirs, temp_path_for
+from ..uris import S3Url, is_s3_url, parse_s3_url
 
 #: The marker inside the destination; a member with this name at the top is refused.
 MARKER_NAME = ".extracted"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import UsageError
+from .errors import UsageError
 
 # Bucket names per the S3 rules (3–63 chars, lowercase, digits, dots, hyphens).
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")

@@ -20,7 +20,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from ..errors import UnsafePathError
+from .errors import UnsafePathError
 
 #: Per-destination state (digest cache, markers) lives here; it is never a transfer target.
 STATE_DIR_NAME = ".tao-data-io"

@@ -49,10 +49,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from .credentials import require_env
-from .errors import CredentialError, TransferError, UnsafePathError, UsageError
-from .transfer.paths import STATE_DIR_NAME, atomic_write, check_relative, confined_path, remove_stale_temp_dirs, temp_path_for
-from .transfer.summary import human_size
+from ..credentials import require_env
+from ..errors import CredentialError, TransferError, UnsafePathError, UsageError
+from ..fs import STATE_DIR_NAME, atomic_write, check_relative, confined_path, remove_stale_temp_dirs, temp_path_for
+from ..transfer.summary import human_size
 
 HF_SHAPE = "hf://org/repo[@revision][/subpath]"
 NGC_SHAPE = "ngc://org/[team/]model:version"

@@ -23,9 +23,9 @@ from typing import Any
 import tomli_w
 import yaml
 
-from .errors import UsageError
-from .models import JobRequest, is_remote_uri
-from .transfer.paths import UnsafePathError, check_relative
+from ..errors import UsageError
+from ..request import JobRequest, is_remote_uri
+from ..fs import UnsafePathError, check_relative
 
 #: Where inputs appear inside the compute frame unless a request input names a target.
 DEFAULT_INPUTS_ROOT = "/tao-inputs"

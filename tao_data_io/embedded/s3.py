@@ -26,8 +26,8 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from .credentials import S3Credentials
-from .errors import TaoDataIOError
+from ..credentials import S3Credentials
+from ..errors import TaoDataIOError
 
 _PORT_FLAGS = (
     "s3.port",

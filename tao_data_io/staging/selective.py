@@ -38,11 +38,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import TransferError, UnsafePathError, UsageError
-from .transfer.engine import TransferEngine, TransferOptions
-from .transfer.paths import atomic_write, STATE_DIR_NAME, check_relative, remove_if_exists
-from .transfer.summary import TransferSummary
-from .transfer.urls import is_s3_url, parse_s3_url
+from ..errors import TransferError, UnsafePathError, UsageError
+from ..transfer.engine import TransferEngine, TransferOptions
+from ..fs import atomic_write, STATE_DIR_NAME, check_relative, remove_if_exists
+from ..transfer.summary import TransferSummary
+from ..uris import is_s3_url, parse_s3_url
 
 FORMATS = ("parquet", "jsonl", "json", "csv")
 MISSING_MODES = ("error", "skip")
