@@ -1,36 +1,50 @@
-"""Confinement: turning untrusted names (S3 keys, archive members, annotation references) into
-paths that can only land inside their destination.
+"""Filesystem primitives the whole package shares: confinement, atomic publish, file locks,
+file digests and "is this path inside that one".
 
-Why one module: "nothing is ever written outside the destination" is a property of the whole
-package, so there is exactly one check, used by the transfer engine, the archive extractor and
-the selective downloader alike.
+Why one module: each of these is a property of the whole package ("nothing is ever written
+outside the destination", "a reader never sees half a file", "two writers never interleave"),
+and a second copy of any of them is a bug waiting to drift. Everything that writes, locks,
+hashes or checks containment comes here.
 
-A relative name is accepted only in canonical form — no empty, ``.`` or ``..`` components, no
-leading ``/``, no backslash, NUL or control character — because anything else either escapes
-the destination or lets two different keys map to one file. The destination's existing
-directories are also checked: a symlink inside the destination is never followed.
+**Confinement.** A relative name (an S3 key, an archive member, an annotation reference) is
+accepted only in canonical form — no empty, ``.`` or ``..`` components, no leading ``/``, no
+backslash, NUL or control character — because anything else either escapes the destination or
+lets two different names map to one file. Existing directories on the way are checked too: a
+symlink inside the destination is never followed.
+
+**Temp names.** In-flight files and directories are named ``.tao-data-io-partial.<12 hex>.<name>``
+beside their final path (same directory, so same filesystem, so the final ``rename`` is
+atomic). The random token means two writers — threads or processes, even with the same PID in
+two containers — never share one; names are cut by *bytes* so a 255-byte name still fits.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import re
 import secrets
 import shutil
 import stat
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import UnsafePathError
 
 #: Per-destination state (digest cache, markers) lives here; it is never a transfer target.
 STATE_DIR_NAME = ".tao-data-io"
-#: In-flight downloads are written under this prefix in the final file's directory and renamed
-#: into place when complete, so an interrupted run never leaves a truncated file under a
-#: final name. A rerun removes leftovers with this prefix.
+#: In-flight files and directories carry this prefix until they are renamed into place.
 TEMP_PREFIX = ".tao-data-io-partial."
+_TOKEN_HEX = 12
+#: The longest file name most filesystems accept, in bytes.
+NAME_MAX_BYTES = 255
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CHUNK = 1 << 20
 
 
+# --------------------------------------------------------------------------- confinement
 def _problem(relative: str) -> str | None:
     """Say why ``relative`` is not a safe canonical relative POSIX path, or None if it is."""
     if relative == "":
@@ -81,44 +95,50 @@ def confined_path(root: Path, relative: str, *, what: str) -> Path:
     return root / relative
 
 
+def is_within(path: str | os.PathLike[str], root: str | os.PathLike[str], *, resolve: bool = True) -> bool:
+    """Whether ``path`` is ``root`` or lies below it. With ``resolve`` (the default) symlinks are
+    resolved on both sides first, so a link cannot make an outside path look inside."""
+    real = os.path.realpath(path) if resolve else os.fspath(path)
+    real_root = os.path.realpath(root) if resolve else os.fspath(root)
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+# --------------------------------------------------------------------------- temp names
+def _temp_name(token: str, name: str) -> str:
+    head = f"{TEMP_PREFIX}{token}."
+    room = NAME_MAX_BYTES - len(head.encode())
+    return head + name.encode("utf-8", "surrogateescape")[:room].decode("utf-8", "ignore")
+
+
 def temp_path_for(final: Path) -> Path:
     """A fresh, unpredictable temp name beside ``final`` (same directory → same filesystem)."""
-    return final.with_name(f"{TEMP_PREFIX}{secrets.token_hex(6)}.{final.name}"[:255])
+    return final.with_name(_temp_name(secrets.token_hex(_TOKEN_HEX // 2), final.name))
 
 
 def is_temp_name(name: str) -> bool:
     return name.startswith(TEMP_PREFIX)
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Publish ``data`` at ``path`` whole or not at all: a unique temp file beside it, fsync,
-    rename. Concurrent writers never share a temp file; the last rename wins."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = temp_path_for(path)
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        remove_if_exists(temp)
-        raise
+def remove_stale_temps(final: Path) -> None:
+    """Remove the temp files and directories that killed writers of ``final`` left beside it.
 
-
-def remove_stale_temp_dirs(dest: Path) -> None:
-    """Remove the temp directories (named by :func:`temp_path_for`) that a killed extraction or
-    model pull left beside ``dest``. Callers own ``dest``: one extraction or pull at a time."""
+    Only call this while holding the lock that every writer of ``final`` holds: a temp name
+    of a live writer looks exactly like a stale one.
+    """
     try:
-        entries = list(dest.parent.iterdir())
+        entries = list(os.scandir(final.parent))
     except (FileNotFoundError, NotADirectoryError):
         return
     for entry in entries:
-        token, _, name = entry.name[len(TEMP_PREFIX):].partition(".")
-        if entry.name.startswith(TEMP_PREFIX) and name == dest.name and all(c in "0123456789abcdef" for c in token) \
-                and entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
+        if not entry.name.startswith(TEMP_PREFIX):
+            continue
+        token = entry.name[len(TEMP_PREFIX):len(TEMP_PREFIX) + _TOKEN_HEX]
+        if not all(c in "0123456789abcdef" for c in token) or entry.name != _temp_name(token, final.name):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            remove_if_exists(Path(entry.path))
 
 
 def remove_if_exists(path: Path) -> None:
@@ -126,3 +146,102 @@ def remove_if_exists(path: Path) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+# --------------------------------------------------------------------------- atomic publish
+def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, replace: bool = True, durable: bool = False) -> bool:
+    """Publish ``data`` at ``path`` whole or not at all; return whether this call created it.
+
+    A unique temp file beside ``path``, written and fsynced, then:
+
+    * ``replace=True``: renamed over ``path`` (the last writer wins);
+    * ``replace=False``: hard-linked to ``path``, which never replaces an existing file — the
+      call returns False and leaves the existing file alone (content-addressed files: the
+      caller checks the existing bytes).
+
+    ``durable`` also fsyncs the directory, so the new name survives a power loss (job records).
+    The temp file is removed on every path out, so an interrupted call leaves nothing behind
+    but, at worst, one temp file that :func:`remove_stale_temps` recognises.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = temp_path_for(path)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp, mode)  # the umask may have narrowed it
+        if replace:
+            os.replace(temp, path)
+            created = True
+        else:
+            try:
+                os.link(temp, path)
+                created = True
+            except FileExistsError:
+                created = False
+            remove_if_exists(temp)
+    except BaseException:
+        remove_if_exists(temp)
+        raise
+    if durable:
+        fsync_directory(path.parent)
+    return created
+
+
+def fsync_directory(directory: Path) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+# --------------------------------------------------------------------------- locks
+@contextmanager
+def file_lock(path: Path, *, wait: bool = True, on_wait: Callable[[str], None] | None = None) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on ``path`` (created 0600 if absent); yield True once held.
+
+    With ``wait=False`` it yields False at once when another holder has it. ``on_wait`` is told
+    (once) that this call is about to wait. The kernel drops the lock when its holder dies, so
+    a killed process never wedges anyone. Lock files are never deleted: deleting one while
+    another process waits on it would let two holders in at once.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                yield False
+                return
+            if on_wait is not None:
+                on_wait(f"{path} is held by another process; waiting for it")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield True
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- digests
+#: The algorithms :func:`file_digest` knows. ``git-blob-sha1`` is the Hub's id of a file kept in
+#: git: sha1 over ``b"blob <size>\\0"`` followed by the content.
+DIGEST_ALGORITHMS = ("md5", "sha256", "git-blob-sha1")
+
+
+def file_digest(path: str | os.PathLike[str], algorithm: str) -> str:
+    """The hex digest of the file at ``path``, read in 1 MiB chunks (memory stays flat)."""
+    with open(path, "rb") as handle:
+        if algorithm == "md5":
+            digest = hashlib.md5(usedforsecurity=False)
+        elif algorithm == "sha256":
+            digest = hashlib.sha256()
+        elif algorithm == "git-blob-sha1":
+            digest = hashlib.sha1(b"blob %d\0" % os.fstat(handle.fileno()).st_size, usedforsecurity=False)
+        else:
+            raise ValueError(f"unknown digest algorithm {algorithm!r}; use one of {DIGEST_ALGORITHMS}")
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -25,10 +25,9 @@ job's destination, a resync has nothing left to do and says so.
 
 from __future__ import annotations
 
-import fcntl
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Literal
 
 from .credentials import Redactor, s3_credentials_from_env
 from .errors import UsageError
+from .fs import file_lock, is_within
 from .record import TERMINAL_STATES, JobRecord, OutputRoute, RecordStore, check_job_id
 from .routing import decide_route, ephemeral_warning
 from .transfer.engine import TransferEngine, TransferOptions
@@ -86,30 +86,16 @@ def final_upload(record: JobRecord, destination: str) -> dict[str, object] | Non
                  if entry.get("final") is True and entry.get("destination") == destination), None)
 
 
-@contextmanager
 def upload_lock(store: RecordStore, job_id: str, *, wait: bool,
-                on_wait: Callable[[str], None] | None = None) -> Iterator[bool]:
+                on_wait: Callable[[str], None] | None = None) -> AbstractContextManager[bool]:
     """Hold the job's upload lock; yields False (without waiting) when it is taken and not ``wait``.
 
     A separate file from the record's own lock: an upload holds this one for minutes, and the
     record must stay writable meanwhile (the job reports states, the upload appends its entry).
-    The kernel drops the lock when its holder dies, so a killed resync never wedges the job.
     """
     path = store.root / f".{check_job_id(job_id)}.upload.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not wait:
-                yield False
-                return
-            if on_wait is not None:
-                on_wait(f"another upload of job {job_id} holds {path}; waiting for it to finish")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield True
-    finally:
-        os.close(fd)
+    said = f"another upload of job {job_id} holds {path}; waiting for it to finish"
+    return file_lock(path, wait=wait, on_wait=None if on_wait is None else lambda _: on_wait(said))
 
 
 def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: Kind = "upload",
@@ -176,18 +162,12 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
 
 def _on_mount(route: OutputRoute, results_dir: Path) -> UploadOutcome:
     # Copying would hide the real problem (the job wrote somewhere else) and double the bytes.
-    if not _is_within(results_dir, route.destination):
+    if not is_within(results_dir, route.destination):
         raise UsageError(f"--results-dir {str(results_dir)!r} is not under the job's mount destination "
                          f"{route.destination!r} ({route.reason}); nothing is uploaded on this route and nothing "
                          f"was copied: make the job write its results under {route.destination}")
     return UploadOutcome("mount", f"nothing to upload: results are already on the mount at {route.destination}",
                          route)
-
-
-def _is_within(path: Path, root: str) -> bool:
-    """Whether ``path`` is ``root`` or below it, symlinks resolved on both sides."""
-    real, real_root = os.path.realpath(path), os.path.realpath(root)
-    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
 
 
 def _entry(kind: Kind, route: OutputRoute, results_dir: Path, record: JobRecord, settle_seconds: float,

@@ -21,12 +21,10 @@ Job names; they also become file names, so that same check is the store's confin
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import re
 import secrets
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -38,6 +36,7 @@ from pydantic import (AfterValidator, AwareDatetime, BaseModel, ConfigDict, Fiel
 
 from .credentials import Redactor
 from .errors import TaoDataIOError, UsageError
+from .fs import atomic_write, file_lock, remove_stale_temps
 
 SCHEMA_VERSION = "1"
 JOBS_DIR_VARIABLE = "TAO_DATA_IO_JOBS_DIR"
@@ -65,7 +64,6 @@ _GUARDED_FIELDS = frozenset({*IDENTITY_FIELDS, "schema_version", "created_at", "
                              "backend_ref", "message"})
 
 _RECORD_SUFFIX = ".json"
-_TEMP_SUFFIX = ".tmp"
 
 log = logging.getLogger(__name__)
 
@@ -351,39 +349,18 @@ class RecordStore:
 
     @contextmanager
     def _locked(self, job_id: str, *, create: bool = False) -> Iterator[None]:
-        # A separate lock file, because os.replace swaps the record's inode and a lock on the
-        # old inode would protect nothing. Lock files are never deleted: deleting one while
-        # another process waits on it would let two writers in at once.
+        # A separate lock file, because a replace swaps the record's inode and a lock on the
+        # old inode would protect nothing.
         if create:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         elif not self.root.is_dir():
             raise self._missing(job_id)  # and do not create a directory just to say so
-        lock_path = self.root / f".{check_job_id(job_id)}.lock"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with file_lock(self.root / f".{check_job_id(job_id)}.lock"):
             yield
-        finally:
-            os.close(fd)
 
     def _write(self, record: JobRecord) -> None:
-        """Replace the record's file atomically. Called with the job's lock held, so any temp
-        file of this job still present was left by a killed writer and is removed first."""
+        """Replace the record's file atomically and durably. Called with the job's lock held, so
+        any temp file of this job still present was left by a killed writer and is removed."""
         final = self._path(record.job_id)
-        for stale in self.root.glob(f".{record.job_id}{_RECORD_SUFFIX}.*{_TEMP_SUFFIX}"):
-            stale.unlink(missing_ok=True)
-        fd, temp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=_TEMP_SUFFIX, dir=self.root)  # mode 0600
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(record.model_dump_json(indent=2).encode() + b"\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, final)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        remove_stale_temps(final)
+        atomic_write(final, record.model_dump_json(indent=2).encode() + b"\n", mode=0o600, durable=True)

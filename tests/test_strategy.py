@@ -6,7 +6,8 @@ import os
 import time
 from pathlib import Path
 
-from tao_data_io.transfer.digests import DigestStore, file_md5
+from tao_data_io.fs import file_digest
+from tao_data_io.transfer.digests import DigestStore
 from tao_data_io.transfer.listing import local_file
 from tao_data_io.transfer.strategy import ContentStrategy
 
@@ -35,15 +36,15 @@ def test_plain_etag_is_compared_with_the_content_not_the_size(tmp_path: Path) ->
     path = tmp_path / "y.bin"
     _aged(path, b"abc")
     strategy = ContentStrategy(DigestStore(None), lambda key: None)
-    assert strategy.unchanged(local_file("y.bin", path, path.stat()), "k", 3, file_md5(path))
+    assert strategy.unchanged(local_file("y.bin", path, path.stat()), "k", 3, file_digest(path, "md5"))
     assert not strategy.unchanged(local_file("y.bin", path, path.stat()), "k", 3, "0" * 32)
-    assert not strategy.unchanged(local_file("y.bin", path, path.stat()), "k", 4, file_md5(path))
+    assert not strategy.unchanged(local_file("y.bin", path, path.stat()), "k", 4, file_digest(path, "md5"))
 
 
 def test_racy_entry_keeps_its_etag_only_when_the_content_verifies(tmp_path: Path) -> None:
     path = tmp_path / "z.bin"
     path.write_bytes(b"fresh")  # mtime now: any entry recorded now is racy
     store = DigestStore(None)
-    store.record(local_file("z.bin", path, path.stat()), md5=file_md5(path), etag="kms-etag")
+    store.record(local_file("z.bin", path, path.stat()), md5=file_digest(path, "md5"), etag="kms-etag")
     strategy = ContentStrategy(store, lambda key: None)
     assert strategy.unchanged(local_file("z.bin", path, path.stat()), "k", 5, "kms-etag")

@@ -31,7 +31,6 @@ from __future__ import annotations
 import bz2
 import errno
 import gzip
-import hashlib
 import io
 import json
 import lzma
@@ -52,7 +51,8 @@ from typing import IO, Any, Self
 from ..credentials import s3_credentials_from_env
 from ..errors import TransferError, UnsafePathError, UsageError
 from ..transfer.client import explained, head_or_none, make_s3_client
-from ..fs import check_relative, confined_path, remove_if_exists, remove_stale_temp_dirs, temp_path_for
+from ..fs import (check_relative, confined_path, file_digest, is_within, remove_if_exists, remove_stale_temps,
+                  temp_path_for)
 from ..uris import S3Url, is_s3_url, parse_s3_url
 
 #: The marker inside the destination; a member with this name at the top is refused.
@@ -127,7 +127,7 @@ def extract_archive(archive: str, destination: str | os.PathLike[str], *, strip_
         return ExtractResult(source.label, dest, False, "up to date", len(files), sum(e.get("size", 0) for e in files), marker)
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temp_dirs(dest)  # what a killed extraction left beside dest
+    remove_stale_temps(dest)  # what a killed extraction left beside dest
     work = temp_path_for(dest)
     work.mkdir()
     try:
@@ -259,15 +259,11 @@ def _local_source(path: Path, dest: Path) -> _Source:
         raise UsageError(f"archive {label!r} does not exist; check the path") from None
     if not stat.S_ISREG(mode):
         raise UsageError(f"archive {label!r} is not a regular file; give the path of a tar or zip file")
-    if os.path.realpath(path).startswith(os.path.realpath(dest) + os.sep):
+    if is_within(path, dest):
         raise UsageError(f"archive {label!r} is inside the destination {str(dest)!r}, which extraction replaces; "
                          "move the archive or choose another destination")
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return _Source(label, {"kind": "file", "size": size, "sha256": digest.hexdigest()}, lambda: open(path, "rb"))
+    identity = {"kind": "file", "size": os.stat(path).st_size, "sha256": file_digest(path, "sha256")}
+    return _Source(label, identity, lambda: open(path, "rb"))
 
 
 def _s3_source(url: S3Url, client: Any | None) -> _Source:
@@ -613,10 +609,8 @@ class _Extractor:
                 raise self.refuse(name, "it is a symlink where another member made a file or directory", unsafe=True)
             os.symlink(link, path)
             self.entries[target] = {"path": target, "link": link}
-        root = os.path.realpath(self.root)
         for target, (name, link) in self.symlinks.items():
-            resolved = os.path.realpath(self.root / target)
-            if resolved != root and not resolved.startswith(root + os.sep):
+            if not is_within(self.root / target, self.root):
                 raise self.refuse(name, f"its target {link!r} leads outside the destination through other symlinks",
                                   unsafe=True)
         return [self.entries[path] for path in sorted(self.entries)]

@@ -32,7 +32,6 @@ runs left beside the destination.
 from __future__ import annotations
 
 import base64
-import hashlib
 import http.client
 import json
 import os
@@ -51,7 +50,8 @@ from typing import Any, Protocol, TypeVar
 
 from ..credentials import require_env
 from ..errors import CredentialError, TransferError, UnsafePathError, UsageError
-from ..fs import STATE_DIR_NAME, atomic_write, check_relative, confined_path, remove_stale_temp_dirs, temp_path_for
+from ..fs import (STATE_DIR_NAME, atomic_write, check_relative, confined_path, file_digest, remove_stale_temps,
+                  temp_path_for)
 from ..transfer.summary import human_size
 
 HF_SHAPE = "hf://org/repo[@revision][/subpath]"
@@ -278,7 +278,7 @@ def pull_model(uri: str, destination: str | os.PathLike[str], *, environ: Mappin
         raise UsageError(f"destination {str(dest)!r} exists and is not a directory; give a directory path")
     registry: _Registry = _HubRegistry(parsed, env) if isinstance(parsed, HFModelURI) else _NGCRegistry(parsed, env)
     listing = _checked(registry.listing(), parsed)
-    remove_stale_temp_dirs(dest)
+    remove_stale_temps(dest)
     marker = _read_marker(dest)
     vouched = _vouched_files(marker, parsed, listing.revision)
     missing = [remote for remote in listing.files if not _is_present(dest, remote, vouched.get(remote.path) == remote)]
@@ -361,18 +361,6 @@ def _verify(staging: Path, files: Sequence[RemoteFile], dest: Path) -> None:
     if problems:
         raise TransferError(f"{len(problems)} file(s) failed verification, so nothing was published at {dest} "
                             f"(rerun to retry): " + "; ".join(problems))
-
-
-def file_digest(path: Path, algorithm: str) -> str:
-    """The ``algorithm`` digest (``sha256`` or ``git-blob-sha1``) of the file at ``path``."""
-    if algorithm == SHA256:
-        digest = hashlib.sha256()
-    else:
-        digest = hashlib.sha1(b"blob %d\0" % path.stat().st_size, usedforsecurity=False)
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # --- the marker ---------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ import yaml
 
 from ..errors import UsageError
 from ..request import JobRequest, is_remote_uri
-from ..fs import UnsafePathError, check_relative
+from ..fs import UnsafePathError, atomic_write, check_relative
 
 #: Where inputs appear inside the compute frame unless a request input names a target.
 DEFAULT_INPUTS_ROOT = "/tao-inputs"
@@ -175,7 +174,9 @@ def materialize_config(request: JobRequest, output_dir: Path, inputs_root: str =
     The name is ``tao-action-config-<sha256>.<ext>``. The file is written to a temp name,
     fsynced, then hard-linked into place — a link never replaces an existing file, so a
     concurrent writer or an earlier run cannot be overwritten; an existing file with the same
-    name must have the same bytes (else it is an error: someone edited it). Mode 0600.
+    name must have the same bytes (else it is an error: someone edited it). Mode 0600. The temp
+    name is random, so a rerun after a kill (the same PID again, in a container) or two threads
+    at once never collide.
     """
     if request.mode != "config" or request.spec is None or request.config_format is None:
         raise UsageError("materialize-config needs a request with mode 'config', a nested 'spec' and 'config_format'")
@@ -186,24 +187,9 @@ def materialize_config(request: JobRequest, output_dir: Path, inputs_root: str =
     output_dir.mkdir(parents=True, exist_ok=True)
     final = output_dir / name
     container_path = f"{CONFIG_MOUNT_DIR}/spec-{digest}.{_EXTENSIONS[request.config_format]}"
-    if final.exists():
+    created = atomic_write(final, data, mode=0o600, replace=False)
+    if not created:
         _check_same(final, data)
-        return MaterializedConfig(final, digest, container_path, created=False)
-    temp = output_dir / f".{name}.{os.getpid()}.tmp"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
-            os.link(temp, final)
-            created = True
-        except FileExistsError:
-            _check_same(final, data)
-            created = False
-    finally:
-        temp.unlink(missing_ok=True)
     return MaterializedConfig(final, digest, container_path, created=created)
 
 

@@ -57,14 +57,6 @@ class DigestEntry:
         return self.same_stat(local) and self.recorded_ns - local.mtime_ns >= RACY_WINDOW_NS
 
 
-def file_md5(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def multipart_etag(path: Path, part_size: int) -> str:
     """The ETag S3 gives an object uploaded from ``path`` in parts of ``part_size`` bytes."""
     part_digests = []

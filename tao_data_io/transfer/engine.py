@@ -11,7 +11,6 @@ so engines can run in parallel threads (e.g. several Prefect tasks in one worker
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -28,7 +27,7 @@ from .digests import DigestStore, multipart_count
 from .filters import PathFilter
 from .work import DownloadJob, Executor, Job, Landed, UploadJob
 from .listing import LocalFile, RemoteObject, clean_etag, list_remote, local_file, s3_time_ns, scan_local
-from ..fs import STATE_DIR_NAME, UnsafePathError, confined_path, remove_if_exists, temp_path_for
+from ..fs import STATE_DIR_NAME, UnsafePathError, confined_path, file_lock, remove_if_exists, temp_path_for
 from .strategy import ContentStrategy
 from .summary import Failure, ProgressCallback, ProgressTracker, Skipped, TransferSummary
 from ..uris import S3Url, is_s3_url, parse_s3_url
@@ -60,10 +59,7 @@ def destination_lock(dest: Path, dry_run: bool = False) -> Iterator[None]:
     if dry_run:
         yield
         return
-    state = dest / STATE_DIR_NAME
-    state.mkdir(parents=True, exist_ok=True)
-    with open(state / "lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    with file_lock(dest / STATE_DIR_NAME / "lock"):
         yield
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..fs import STATE_DIR_NAME, is_temp_name
+from ..fs import STATE_DIR_NAME, is_temp_name, is_within
 from .summary import Skipped
 from ..uris import S3Url
 
@@ -121,7 +121,7 @@ def scan_local(root: Path) -> LocalScan:
             scan.files[relative] = local_file(relative, path, st)
         elif stat.S_ISLNK(st.st_mode):
             target = os.path.realpath(path)
-            inside = target.startswith(real_root + os.sep)
+            inside = target != real_root and is_within(target, real_root, resolve=False)
             try:
                 target_st = os.stat(path)
             except OSError:

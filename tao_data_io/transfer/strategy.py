@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .digests import DigestStore, file_md5, is_md5_etag, multipart_count, multipart_etag
+from ..fs import file_digest
+from .digests import DigestStore, is_md5_etag, multipart_count, multipart_etag
 from .listing import LocalFile
 
 #: Given a key and its multipart ETag, return the part size the object was uploaded with
@@ -31,7 +32,7 @@ class ContentStrategy:
             return True
         md5 = entry.md5 if entry is not None else None
         if md5 is None:
-            md5 = file_md5(local.path)
+            md5 = file_digest(local.path, "md5")
             # A racy entry with the same stat is still knowledge once the content verifies: its
             # recorded ETag (exact even for non-MD5 ETags) carries over when the bytes are the
             # ones it was recorded for.

@@ -1,0 +1,101 @@
+"""The filesystem primitives every writer shares: atomic publish, locks, temp names, digests."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tao_data_io.fs import (NAME_MAX_BYTES, atomic_write, file_digest, file_lock, is_within, remove_stale_temps,
+                            temp_path_for)
+from tao_data_io.request import JobRequest
+from tao_data_io.staging.spec import materialize_config
+
+REQUEST = {"schema_version": "1", "image": "img", "mode": "config", "command": "train -e {config_path}",
+           "config_format": "yaml", "spec": {"train": {"epochs": 3}}}
+
+
+def test_materialize_config_converges_after_a_killed_run_left_its_temp_file(tmp_path: Path) -> None:
+    """A killed run in a container (same PID next time) used to leave a temp name that made every
+    rerun fail with FileExistsError."""
+    request = JobRequest.model_validate(REQUEST)
+    first = materialize_config(request, tmp_path)
+    published = first.path.read_bytes()
+    first.path.unlink()
+    temp_path_for(first.path).write_bytes(b"half")
+    (tmp_path / f".{first.path.name}.{os.getpid()}.tmp").write_bytes(b"half")  # the old naming, as a kill left it
+    again = materialize_config(request, tmp_path)
+    assert again.created and again.path == first.path and again.path.read_bytes() == published
+    assert again.path.stat().st_mode & 0o777 == 0o600
+
+
+def test_materialize_config_from_many_threads_publishes_one_file(tmp_path: Path) -> None:
+    request = JobRequest.model_validate(REQUEST)
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: materialize_config(request, tmp_path), range(32)))
+    assert sum(result.created for result in results) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [results[0].path.name]
+
+
+def test_atomic_write_without_replace_keeps_the_existing_file(tmp_path: Path) -> None:
+    target = tmp_path / "a"
+    assert atomic_write(target, b"one", replace=False)
+    assert not atomic_write(target, b"two", replace=False)
+    assert target.read_bytes() == b"one"
+    assert atomic_write(target, b"three")
+    assert target.read_bytes() == b"three" and os.listdir(tmp_path) == ["a"]
+
+
+def test_temp_names_fit_a_name_of_255_utf8_bytes(tmp_path: Path) -> None:
+    name = "é" * 127  # 254 bytes, 127 characters
+    temp = temp_path_for(tmp_path / name)
+    assert len(temp.name.encode()) <= NAME_MAX_BYTES
+    temp.write_bytes(b"x")  # the filesystem accepts it
+    remove_stale_temps(tmp_path / name)
+    assert not temp.exists()
+
+
+def test_remove_stale_temps_spares_other_names(tmp_path: Path) -> None:
+    mine, theirs = temp_path_for(tmp_path / "a.bin"), temp_path_for(tmp_path / "b.bin")
+    mine.write_bytes(b"1")
+    theirs.write_bytes(b"2")
+    (tmp_path / "a.bin.keep").write_bytes(b"3")
+    remove_stale_temps(tmp_path / "a.bin")
+    assert not mine.exists() and theirs.exists() and (tmp_path / "a.bin.keep").exists()
+
+
+def test_file_lock_excludes_a_second_holder(tmp_path: Path) -> None:
+    lock = tmp_path / "l"
+    with file_lock(lock) as held:
+        assert held
+        seen: list[bool] = []
+        thread = threading.Thread(target=lambda: seen.append(file_lock(lock, wait=False).__enter__()))
+        thread.start()
+        thread.join()
+        assert seen == [False]
+    with file_lock(lock, wait=False) as again:
+        assert again
+
+
+@pytest.mark.parametrize("algorithm,expected", [
+    ("md5", hashlib.md5(b"hello").hexdigest()),
+    ("sha256", hashlib.sha256(b"hello").hexdigest()),
+    ("git-blob-sha1", hashlib.sha1(b"blob 5\0hello").hexdigest()),
+])
+def test_file_digest(tmp_path: Path, algorithm: str, expected: str) -> None:
+    (tmp_path / "f").write_bytes(b"hello")
+    assert file_digest(tmp_path / "f", algorithm) == expected
+
+
+def test_is_within_resolves_symlinks(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "root" / "link").symlink_to(tmp_path / "outside")
+    assert is_within(tmp_path / "root" / "a", tmp_path / "root")
+    assert is_within(tmp_path / "root", tmp_path / "root")
+    assert not is_within(tmp_path / "root" / "link" / "x", tmp_path / "root")
+    assert not is_within(tmp_path / "rootx", tmp_path / "root")
