@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from collections.abc import Sequence
 
@@ -33,7 +34,28 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     for module in MODULES:
         module.register(verbs)
+    _attach_flag_names(parser)
     return parser
+
+
+def _attach_flag_names(parser: argparse.ArgumentParser) -> None:
+    """Give every (sub)command the map parameter → flag of its own options, so a core message
+    that names a parameter (``job_id 'x'``) reaches the terminal naming the flag (``--job-id 'x'``)."""
+    flags = {action.dest: action.option_strings[-1] for action in parser._actions
+             if action.option_strings and action.option_strings[-1].startswith("--")}
+    parser.set_defaults(flag_names=flags)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                _attach_flag_names(sub)
+
+
+def in_cli_terms(message: str, flags: dict[str, str]) -> str:
+    """``message`` with each parameter name the verb has a flag for replaced by that flag, where
+    the message quotes the parameter's value (``job_id 'x'`` → ``--job-id 'x'``)."""
+    for dest, flag in flags.items():
+        message = re.sub(rf"(?<![\w.\-\[]){re.escape(dest)}(?= ['\"])", flag, message)
+    return message
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,12 +63,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = logging.StreamHandler()
     handler.addFilter(RedactingFilter(console.redact))  # library warnings pass the same redactor
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s", handlers=[handler])
+    flags: dict[str, str] = {}
     try:
         args = build_parser().parse_args(argv)
+        flags = args.flag_names
         console.progress_mode = args.progress
         return int(args.run(args, console))
     except UsageError as exc:
-        console.err(f"error: {exc}")
+        console.err(f"error: {in_cli_terms(str(exc), flags)}")
         return 2
     except Exception as exc:  # noqa: BLE001 - the last line of defence: redact, then report
         console.err(f"error: {type(exc).__name__}: {exc}")

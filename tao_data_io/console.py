@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from .credentials import Redactor
-from .transfer.summary import Progress
+from .reporting import Progress
 
 
 class Console:

@@ -36,11 +36,13 @@ from typing import Literal
 from .credentials import Redactor, s3_credentials_from_env
 from .errors import UsageError
 from .fs import file_lock, is_within
-from .record import TERMINAL_STATES, JobRecord, OutputRoute, RecordStore, check_job_id
+from .names import check_job_id
+from .record import TERMINAL_STATES, JobRecord, OutputRoute, RecordStore
 from .routing import decide_route, ephemeral_warning
 from .transfer.engine import TransferEngine, TransferOptions
 from .transfer.filters import FilterRule, PathFilter
-from .transfer.summary import ProgressCallback, TransferSummary
+from .reporting import ProgressCallback
+from .transfer.summary import TransferSummary
 from .uris import parse_s3_url
 
 #: TAO's own state directory inside a results directory; never uploaded.

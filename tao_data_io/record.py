@@ -23,20 +23,19 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import secrets
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import (AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError,
-                      model_validator)
+from pydantic import AfterValidator, AwareDatetime, Field, JsonValue, ValidationError, model_validator
 
 from .credentials import Redactor
 from .errors import TaoDataIOError, UsageError
 from .fs import atomic_write, file_lock, remove_stale_temps
+from .names import check_backend_ref, check_job_id, is_job_id, mint_job_id
+from .schema import Strict, describe_validation_error
 
 SCHEMA_VERSION = "1"
 JOBS_DIR_VARIABLE = "TAO_DATA_IO_JOBS_DIR"
@@ -48,13 +47,6 @@ STATES: tuple[str, ...] = get_args(State)
 TERMINAL_STATES = frozenset({"COMPLETE", "ERROR", "CANCELED"})
 StorageTier = Literal["A", "B", "C"]
 STORAGE_TIERS: tuple[str, ...] = get_args(StorageTier)
-
-_JOB_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?")
-JOB_ID_RULE = ("use 1-52 lowercase letters, digits or '-', starting and ending with a letter or digit "
-               "(it becomes the Kubernetes Job name and the record's file name)")
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_DNS_SUBDOMAIN_MAX = 253
 
 #: Fields that say *which* job this is. A retried ``open`` with the same values is the same
 #: job (the existing record is returned); any difference means a different job.
@@ -72,33 +64,10 @@ class DamagedRecordError(TaoDataIOError):
     """A record file exists but does not parse as a record; it is reported, never overwritten."""
 
 
-def check_job_id(value: str, *, what: str = "job id") -> str:
-    """Return ``value`` if it is a valid job id; else raise naming ``what``, the value and the rule."""
-    if not _JOB_ID.fullmatch(value):
-        raise UsageError(f"{what} {value!r} is not a valid job id: {JOB_ID_RULE}")
-    return value
-
-
 def check_state(value: str) -> str:
     if value not in STATES:
-        raise UsageError(f"--state {value!r} is not a TAO job state: use one of {', '.join(STATES)}")
+        raise UsageError(f"state {value!r} is not a TAO job state: use one of {', '.join(STATES)}")
     return value
-
-
-def check_backend_ref(value: str) -> str:
-    """Return ``value`` if it is ``NAMESPACE/NAME`` as Kubernetes spells them; else raise."""
-    namespace, slash, name = value.partition("/")
-    if not (slash and _DNS_LABEL.fullmatch(namespace) and _DNS_SUBDOMAIN.fullmatch(name)
-            and len(name) <= _DNS_SUBDOMAIN_MAX):
-        raise UsageError(f"--backend-ref {value!r} must be NAMESPACE/NAME: a namespace of at most 63 lowercase "
-                         "letters, digits or '-' and a name of lowercase letters, digits, '-' or '.' (at most "
-                         "253), each starting and ending with a letter or digit")
-    return value
-
-
-def mint_job_id(now: datetime | None = None) -> str:
-    """A fresh id, ``tao-YYYYMMDD-<10 hex>``: sortable by day, 40 random bits within a day."""
-    return f"tao-{(now or _now()):%Y%m%d}-{secrets.token_hex(5)}"
 
 
 def _now() -> datetime:
@@ -113,12 +82,7 @@ UtcDatetime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
 NonEmpty = Annotated[str, Field(min_length=1)]
 
 
-class _Strict(BaseModel):
-    # hide_input_in_errors: a validation error must never echo a value, which could be a secret.
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
-
-
-class Transition(_Strict):
+class Transition(Strict):
     """One entry of a record's history: who reported which state, when, and why."""
 
     at: UtcDatetime
@@ -128,7 +92,7 @@ class Transition(_Strict):
     message: str | None = None
 
 
-class OutputRoute(_Strict):
+class OutputRoute(Strict):
     """Where a job's results go and why (set at submit by the routing step)."""
 
     route: NonEmpty
@@ -136,7 +100,7 @@ class OutputRoute(_Strict):
     reason: str | None = None
 
 
-class JobRecord(_Strict):
+class JobRecord(Strict):
     schema_version: Literal["1"] = SCHEMA_VERSION
     job_id: Annotated[str, AfterValidator(check_job_id)]
     platform: NonEmpty
@@ -191,22 +155,11 @@ def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
             yield from _strings(item, f"{where}[{index}]")
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """``field: problem; …`` without input values (which could hold secrets)."""
-    parts = []
-    for error in exc.errors(include_url=False, include_input=False):
-        cause = (error.get("ctx") or {}).get("error")
-        problem = str(cause) if isinstance(cause, Exception) else error["msg"]
-        where = ".".join(str(part) for part in error["loc"])
-        parts.append(f"{where}: {problem}" if where else problem)
-    return "; ".join(parts)
-
-
 def _validated(data: dict[str, Any]) -> JobRecord:
     try:
         return JobRecord.model_validate(data)
     except ValidationError as exc:
-        raise UsageError(f"refusing to store job {data.get('job_id')!r}: {describe_validation_error(exc)}") from None
+        raise UsageError(describe_validation_error(exc, f"refusing to store job {data.get('job_id')!r}")) from None
 
 
 class RecordStore:
@@ -229,7 +182,7 @@ class RecordStore:
         existing record is returned unchanged. A different job under that id is refused.
         """
         now = _now()
-        job_id = mint_job_id(now) if job_id is None else check_job_id(job_id, what="--job-id")
+        job_id = mint_job_id(now) if job_id is None else check_job_id(job_id, what="job_id")
         record = _validated(dict(
             job_id=job_id, platform=platform, image=image, network_arch=network_arch, action=action,
             storage_tier=storage_tier, storage_reason=storage_reason, results_dir=results_dir,
@@ -307,7 +260,7 @@ class RecordStore:
         paths = sorted(self.root.glob(f"*{_RECORD_SUFFIX}")) if self.root.is_dir() else []
         for path in paths:
             job_id = path.name[: -len(_RECORD_SUFFIX)]
-            if not _JOB_ID.fullmatch(job_id):
+            if not is_job_id(job_id):
                 continue  # not ours: a record's file name is always a valid job id
             try:
                 records.append(self._read(job_id))
@@ -326,7 +279,7 @@ class RecordStore:
         try:
             record = JobRecord.model_validate_json(data)
         except ValidationError as exc:
-            raise DamagedRecordError(f"{path} is not a valid job record: {describe_validation_error(exc)}") from None
+            raise DamagedRecordError(describe_validation_error(exc, f"{path} is not a valid job record")) from None
         if record.job_id != job_id:
             raise DamagedRecordError(f"{path} holds job {record.job_id!r}, not {job_id!r}")
         return record

@@ -14,25 +14,19 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .credentials import is_secret_name
 from .errors import UsageError
-from .record import check_job_id
+from .names import ENV_NAME_RULE, check_job_id, is_env_name
+from .schema import Strict, describe_validation_error
+from .uris import is_remote_uri, parse_s3_url, parse_uri, staging_location
 
 SCHEMA_VERSION = "1"
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-#: Schemes of inputs that have to be fetched (everything else is a local path: tier A).
-REMOTE_SCHEMES = ("s3://", "hf://", "ngc://")
-
-
-def is_remote_uri(value: str) -> bool:
-    return value.startswith(REMOTE_SCHEMES)
 
 
 def check_container_path(value: str, *, what: str) -> str:
@@ -51,16 +45,12 @@ def check_container_path(value: str, *, what: str) -> str:
     return value
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ComputeShape(_Strict):
+class ComputeShape(Strict):
     gpus: int = Field(default=1, ge=0, le=64)
     nodes: int = Field(default=1, ge=1, le=512)
 
 
-class InputSpec(_Strict):
+class InputSpec(Strict):
     """One input to stage. ``source`` is ``s3://``, ``hf://``, ``ngc://`` or a local absolute path
     (already readable from the compute frame: tier A). ``target`` is where the job sees it; when
     omitted it is derived from the source under the inputs root."""
@@ -81,8 +71,21 @@ class InputSpec(_Strict):
     @field_validator("source")
     @classmethod
     def _source(cls, value: str) -> str:
-        if not is_remote_uri(value) and not value.startswith("/"):
+        if is_remote_uri(value):
+            staging_location(parse_uri(value, field="source"))  # the one parser: what loads here also stages
+        elif not value.startswith("/"):
             raise ValueError(f"source {value!r} is neither s3://, hf://, ngc:// nor an absolute local path")
+        else:
+            check_container_path(value, what="source")
+        return value
+
+    @field_validator("annotation")
+    @classmethod
+    def _annotation(cls, value: str | None) -> str | None:
+        if value is not None and is_remote_uri(value):
+            url = parse_s3_url(value, field="annotation")
+            if url.is_prefix:
+                raise ValueError(f"annotation {value!r} names a prefix; give one object, e.g. s3://BUCKET/ann/train.parquet")
         return value
 
     @field_validator("target")
@@ -103,10 +106,15 @@ class InputSpec(_Strict):
             raise ValueError("'strip_components' only applies to kind 'archive'")
         if self.kind == "model" and not self.source.startswith(("hf://", "ngc://")):
             raise ValueError(f"kind 'model' needs an hf:// or ngc:// source, got {self.source!r}")
+        if self.kind in ("folder", "file", "archive") and self.source.startswith(("hf://", "ngc://")):
+            raise ValueError(f"kind {self.kind!r} needs an s3:// source; {self.source!r} is a model: use kind 'model'")
+        if self.kind in ("selective", "archive", "model") and not is_remote_uri(self.source):
+            raise ValueError(f"kind {self.kind!r} needs a remote source; a local source {self.source!r} is "
+                             "pre-positioned and mounted as it is (kind 'auto')")
         return self
 
 
-class OutputSpec(_Strict):
+class OutputSpec(Strict):
     results_dir: str = "/results"
     upload_excludes: list[str] = Field(default_factory=list)
 
@@ -116,7 +124,7 @@ class OutputSpec(_Strict):
         return check_container_path(value, what="results_dir")
 
 
-class MountSpec(_Strict):
+class MountSpec(Strict):
     """A pre-positioned source (tier A): a host/PVC path mounted at ``target``."""
 
     source: str
@@ -129,13 +137,13 @@ class MountSpec(_Strict):
         return check_container_path(value, what="mount path")
 
 
-class StoragePrefs(_Strict):
+class StoragePrefs(Strict):
     tier: Literal["A", "B", "C"] | None = None
     pvc_claim: str | None = None
     air_gapped: bool = False
 
 
-class JobRequest(_Strict):
+class JobRequest(Strict):
     schema_version: Literal["1"]
     job_id: str | None = None
     image: str = Field(min_length=1)
@@ -162,14 +170,19 @@ class JobRequest(_Strict):
     def _spec(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value is not None:
             check_nested_spec(value)
+            from .staging.spec import iter_strings
+
+            for where, text in iter_strings(value):
+                if is_remote_uri(text):
+                    staging_location(parse_uri(text, field=where), field=where)
         return value
 
     @field_validator("environment")
     @classmethod
     def _environment(cls, value: dict[str, str]) -> dict[str, str]:
         for name in value:
-            if not _ENV_NAME.match(name):
-                raise ValueError(f"environment name {name!r} is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            if not is_env_name(name):
+                raise ValueError(f"environment name {name!r} is not a valid variable name: {ENV_NAME_RULE}")
             if is_secret_name(name):
                 raise ValueError(f"environment {name!r} looks like a credential: list its name in forward_env "
                                  "instead; values of credentials never go into a request")
@@ -179,8 +192,8 @@ class JobRequest(_Strict):
     @classmethod
     def _forward_env(cls, value: list[str]) -> list[str]:
         for name in value:
-            if not _ENV_NAME.match(name):
-                raise ValueError(f"forward_env name {name!r} is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            if not is_env_name(name):
+                raise ValueError(f"forward_env name {name!r} is not a valid variable name: {ENV_NAME_RULE}")
         return value
 
     @model_validator(mode="after")
@@ -201,6 +214,9 @@ class JobRequest(_Strict):
         overlap = sorted(set(self.environment) & set(self.forward_env))
         if overlap:
             raise ValueError(f"{overlap} appear in both environment and forward_env; a credential is forwarded by name only")
+        from .staging.layout import placements
+
+        placements(self)  # two sources that would land in one place are refused at load time
         return self
 
 
@@ -216,32 +232,20 @@ def check_nested_spec(spec: dict[str, Any]) -> None:
         )
 
 
-def describe_validation_error(exc: ValidationError, source: str) -> str:
-    """One line per problem: ``field.path: message (got value)``."""
-    lines = []
-    for error in exc.errors():
-        path = ".".join(str(part) for part in error["loc"]) or "(request)"
-        message = str(error["msg"]).removeprefix("Value error, ")
-        got = error.get("input")
-        shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
-        lines.append(f"{path}: {message}{shown}")
-    return f"invalid job request {source}:\n  " + "\n  ".join(lines)
-
-
 def load_request(path: str | Path) -> JobRequest:
     """Load a request from YAML or JSON; any problem is a UsageError naming field, value and fix."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise UsageError(f"--request {str(path)!r} cannot be read: {exc.strerror}") from exc
+        raise UsageError(f"request {str(path)!r} cannot be read: {exc.strerror}") from exc
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
-        raise UsageError(f"--request {str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
+        raise UsageError(f"request {str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
     if not isinstance(data, dict):
-        raise UsageError(f"--request {str(path)!r} must hold a mapping with schema_version: \"1\"")
+        raise UsageError(f"request {str(path)!r} must hold a mapping with schema_version: \"1\"")
     try:
         return JobRequest.model_validate(data)
     except ValidationError as exc:
-        raise UsageError(describe_validation_error(exc, repr(str(path)))) from exc
+        raise UsageError(describe_validation_error(exc, f"invalid job request {str(path)!r}")) from None

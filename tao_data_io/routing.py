@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 
 from .errors import UsageError
-from .record import JobRecord, OutputRoute, RecordStore, check_job_id
+from .names import check_job_id
+from .record import JobRecord, OutputRoute, RecordStore
 from .uris import parse_s3_url
 
 RESULTS_ROOT_VARIABLE = "TAO_RESULTS_ROOT"

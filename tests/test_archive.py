@@ -24,7 +24,7 @@ from tao_data_io.staging.archive import MARKER_NAME, ExtractResult, extract_arch
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.errors import UsageError
-from tao_data_io.transfer.client import make_s3_client
+from tao_data_io.transfer.engine import TransferEngine
 
 from .helpers import run_cli, temp_leftovers
 
@@ -127,12 +127,13 @@ def everything(root: Path) -> set[str]:
     return {p.relative_to(root).as_posix() for p in root.rglob("*")}
 
 
-def counting_client(credentials: S3Credentials) -> tuple[Any, list[str]]:
-    """A real client whose every HTTP request is recorded (method) through botocore's event hook."""
-    client = make_s3_client(credentials)
+def counting_engine(credentials: S3Credentials) -> tuple[TransferEngine, list[str]]:
+    """A real engine whose every control-plane HTTP request is recorded (method) through botocore's
+    event hook."""
+    engine = TransferEngine(credentials)
     methods: list[str] = []
-    client.meta.events.register("before-send.s3", lambda request, **_: methods.append(request.method))
-    return client, methods
+    engine.client.meta.events.register("before-send.s3", lambda request, **_: methods.append(request.method))
+    return engine, methods
 
 
 TREE = [
@@ -392,10 +393,10 @@ def test_destination_not_made_by_extract_is_never_replaced(tmp_path: Path) -> No
 def test_s3_tar_gz_is_streamed_once_and_a_rerun_is_one_head(s3_credentials: S3Credentials, s3_client: Any,
                                                             bucket: str, tmp_path: Path) -> None:
     s3_client.put_object(Bucket=bucket, Key="ds/data.tar.gz", Body=tar_bytes(TREE, "w:gz"))
-    client, methods = counting_client(s3_credentials)
+    engine, methods = counting_engine(s3_credentials)
     dest = tmp_path / "d"
 
-    first = extract_archive(f"s3://{bucket}/ds/data.tar.gz", dest, client=client)
+    first = extract_archive(f"s3://{bucket}/ds/data.tar.gz", dest, engine=engine)
     assert methods == ["HEAD", "GET"] and first.extracted and listing(dest) == EXPECTED
     head = s3_client.head_object(Bucket=bucket, Key="ds/data.tar.gz")
     assert json.loads((dest / MARKER_NAME).read_text())["archive"] == {
@@ -404,12 +405,12 @@ def test_s3_tar_gz_is_streamed_once_and_a_rerun_is_one_head(s3_credentials: S3Cr
     before = snapshot(dest)
 
     methods.clear()
-    again = extract_archive(f"s3://{bucket}/ds/data.tar.gz", dest, client=client)
+    again = extract_archive(f"s3://{bucket}/ds/data.tar.gz", dest, engine=engine)
     assert methods == ["HEAD"] and not again.extracted and snapshot(dest) == before
 
     s3_client.put_object(Bucket=bucket, Key="ds/data.tar.gz", Body=tar_bytes([file("v2.txt", b"2")], "w:gz"))
     methods.clear()
-    changed = extract_archive(f"s3://{bucket}/ds/data.tar.gz", dest, client=client)
+    changed = extract_archive(f"s3://{bucket}/ds/data.tar.gz", dest, engine=engine)
     assert methods == ["HEAD", "GET"] and changed.reason == "archive changed" and listing(dest) == {"v2.txt": b"2"}
     assert temp_leftovers(tmp_path) == []
 
@@ -417,9 +418,9 @@ def test_s3_tar_gz_is_streamed_once_and_a_rerun_is_one_head(s3_credentials: S3Cr
 def test_s3_zip_is_read_with_one_get_and_its_temp_copy_removed(s3_credentials: S3Credentials, s3_client: Any,
                                                                 bucket: str, tmp_path: Path) -> None:
     s3_client.put_object(Bucket=bucket, Key="data.zip", Body=zip_bytes(TREE))
-    client, methods = counting_client(s3_credentials)
+    engine, methods = counting_engine(s3_credentials)
 
-    extract_archive(f"s3://{bucket}/data.zip", tmp_path / "d", client=client)
+    extract_archive(f"s3://{bucket}/data.zip", tmp_path / "d", engine=engine)
 
     assert methods == ["HEAD", "GET"] and listing(tmp_path / "d") == EXPECTED
     assert everything(tmp_path) == {"d"} | {f"d/{p}" for p in EXPECTED} | {f"d/{MARKER_NAME}"}

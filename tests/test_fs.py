@@ -13,7 +13,7 @@ import pytest
 from tao_data_io.fs import (NAME_MAX_BYTES, atomic_write, file_digest, file_lock, is_within, remove_stale_temps,
                             temp_path_for)
 from tao_data_io.request import JobRequest
-from tao_data_io.staging.spec import materialize_config
+from tao_data_io.staging.config import materialize_config
 
 REQUEST = {"schema_version": "1", "image": "img", "mode": "config", "command": "train -e {config_path}",
            "config_format": "yaml", "spec": {"train": {"epochs": 3}}}

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tao_data_io.errors import TransferError, UnsafePathError, UsageError
-from tao_data_io.staging.pretrained import HF_SHAPE, NGC_SHAPE, HFModelURI, NGCModelURI, parse_model_uri, pull_model
+from tao_data_io.staging.pretrained import pull_model
+from tao_data_io.uris import HF_SHAPE, NGC_SHAPE, HFModelURI, NGCModelURI, parse_model_uri
 
 from .fake_registries import FakeRegistries
 from .helpers import run_cli, temp_leftovers, tree_digest

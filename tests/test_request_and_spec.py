@@ -13,7 +13,9 @@ import yaml
 
 from tao_data_io.errors import UsageError
 from tao_data_io.request import JobRequest, load_request
-from tao_data_io.staging.spec import materialize_config, placements, remote_uris, rewrite
+from tao_data_io.staging.config import materialize_config
+from tao_data_io.staging.layout import placements
+from tao_data_io.staging.spec import remote_uris, rewrite
 
 from .helpers import run_cli
 
@@ -45,16 +47,16 @@ def test_shipped_examples_load(example: Path) -> None:
     ("overrides", "field", "needle"),
     [
         ({"spec": {"train.lr": 1, "train": {}}}, "spec", "must be nested"),
-        ({"command": "dino train"}, "(request)", "{config_path}"),
-        ({"mode": "args"}, "(request)", "needs 'args'"),
+        ({"command": "dino train"}, "request", "{config_path}"),
+        ({"mode": "args"}, "request", "needs 'args'"),
         ({"schema_version": "2"}, "schema_version", "'1'"),
         ({"job_id": "Bad_ID"}, "job_id", "not a valid job id"),
         ({"environment": {"AWS_SECRET_ACCESS_KEY": "x"}}, "environment", "forward_env"),
         ({"forward_env": ["1BAD"]}, "forward_env", "not a valid variable name"),
         ({"outputs": {"results_dir": "results"}}, "outputs.results_dir", "not absolute"),
         ({"outputs": {"results_dir": "/a/../b"}}, "outputs.results_dir", "not normalised"),
-        ({"inputs": [{"source": "relative/path"}]}, "inputs.0.source", "absolute local path"),
-        ({"inputs": [{"source": "s3://b-b/x/", "kind": "selective"}]}, "inputs.0", "annotation"),
+        ({"inputs": [{"source": "relative/path"}]}, "inputs[0].source", "absolute local path"),
+        ({"inputs": [{"source": "s3://b-b/x/", "kind": "selective"}]}, "inputs[0]", "annotation"),
         ({"compute_shape": {"gpus": -1}}, "compute_shape.gpus", "greater than or equal to 0"),
         ({"surprise": 1}, "surprise", "Extra inputs are not permitted"),
     ],
@@ -71,7 +73,8 @@ def test_invalid_requests_name_the_field_and_the_fix(tmp_path: Path, overrides: 
 def test_spec_walk_finds_uris_at_any_depth_once() -> None:
     spec = {"a": {"b": [["s3://bkt-1/x/y.json", "hf://org/repo"], {"c": "s3://bkt-1/x/y.json"}]},
             "d": "ngc://nvidia/tao/resnet:18", "e": "/local/path", "f": 3, "g": None}
-    assert remote_uris(spec) == ["s3://bkt-1/x/y.json", "hf://org/repo", "ngc://nvidia/tao/resnet:18"]
+    assert remote_uris(spec) == [("spec.a.b[0][0]", "s3://bkt-1/x/y.json"), ("spec.a.b[0][1]", "hf://org/repo"),
+                                 ("spec.d", "ngc://nvidia/tao/resnet:18")]
     mapping = {"s3://bkt-1/x/y.json": "/in/y.json"}
     assert rewrite(spec, mapping)["a"]["b"][1]["c"] == "/in/y.json"
     assert rewrite(spec, mapping)["e"] == "/local/path"
@@ -91,10 +94,9 @@ def test_placements_are_deterministic_and_targets_override() -> None:
     }
 
 
-def test_uri_that_would_escape_the_staging_root_is_refused() -> None:
-    req = JobRequest.model_validate(request(spec={"x": "s3://data-bucket/a/../../etc"}))
-    with pytest.raises(UsageError, match="'..'"):
-        placements(req)
+def test_uri_that_would_escape_the_staging_root_is_refused_at_load_time(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"spec\.x: .*'\.\.'"):
+        load_request(write(tmp_path, request(spec={"x": "s3://data-bucket/a/../../etc"})))
 
 
 @pytest.mark.parametrize("fmt", ["json", "yaml", "toml"])

@@ -18,7 +18,8 @@ from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.errors import UsageError
 from tao_data_io.request import JobRequest
-from tao_data_io.staging.stage import STAGING_MAP_NAME, read_staging_map, stage
+from tao_data_io.staging.stage import stage
+from tao_data_io.staging.stage_map import STAGING_MAP_NAME, read_staging_map
 from tao_data_io.transfer.engine import TransferEngine
 
 from .fake_registries import FakeRegistries
@@ -68,7 +69,7 @@ def _request(bucket: str, **extra: Any) -> JobRequest:
 def test_stage_every_s3_kind_writes_the_map_and_the_config(s3_credentials: S3Credentials, populated: str,
                                                            tmp_path: Path) -> None:
     engine = TransferEngine(s3_credentials)
-    staging_map = stage(_request(populated), tmp_path / "w", engine_factory=lambda: engine)
+    staging_map = stage(_request(populated), tmp_path / "w", engine=engine)
 
     by_source = {entry.source: entry for entry in staging_map.sources}
     images = by_source[f"s3://{populated}/coco/images/"]
@@ -93,26 +94,25 @@ def test_stage_every_s3_kind_writes_the_map_and_the_config(s3_credentials: S3Cre
 
 def test_rerun_moves_nothing(s3_credentials: S3Credentials, populated: str, tmp_path: Path) -> None:
     engine = TransferEngine(s3_credentials)
-    stage(_request(populated), tmp_path / "w", engine_factory=lambda: engine)
-    again = stage(_request(populated), tmp_path / "w", engine_factory=lambda: engine)
-    hows = {entry.kind: entry.how for entry in again.sources}
-    assert "0 transferred" in hows["folder"] and hows["file"] == "s3 copy: unchanged"
-    assert "0 transferred" in hows["selective"] and hows["archive"] == "archive: up to date"
-    assert hows["config"] == "already materialized"
+    stage(_request(populated), tmp_path / "w", engine=engine)
+    again = stage(_request(populated), tmp_path / "w", engine=engine)
+    moved = {entry.kind: (entry.transferred_files, entry.unchanged_files) for entry in again.sources}
+    assert moved == {"folder": (0, 5), "file": (0, 1), "selective": (0, 2), "archive": (0, 2), "config": (0, 1)}
+    assert {entry.kind: entry.note for entry in again.sources}["archive"] == "up to date"
 
 
 def test_a_prefix_written_two_ways_is_one_source_and_collisions_are_refused(s3_credentials: S3Credentials,
                                                                             populated: str, tmp_path: Path) -> None:
     req = _request(populated, spec={"a": f"s3://{populated}/coco/images/", "b": f"s3://{populated}/coco/images"},
                    inputs=[])
-    staging_map = stage(req, tmp_path / "w", engine_factory=lambda: TransferEngine(s3_credentials))
+    staging_map = stage(req, tmp_path / "w", engine=TransferEngine(s3_credentials))
     assert [entry.kind for entry in staging_map.sources] == ["folder", "config"]
     config = next(entry for entry in staging_map.sources if entry.kind == "config")
     assert Path(config.local_path).read_text().count(f"/tao-inputs/s3/{populated}/coco/images") == 2
     # An archive beside a plain copy of the same prefix is staged apart, not nested into it.
     both = _request(populated, spec={"a": f"s3://{populated}/archives/"},
                     inputs=[{"source": f"s3://{populated}/archives/calib.tar.gz", "kind": "archive"}])
-    staged = stage(both, tmp_path / "w2", engine_factory=lambda: TransferEngine(s3_credentials))
+    staged = stage(both, tmp_path / "w2", engine=TransferEngine(s3_credentials))
     assert sorted(entry.sub_path or "" for entry in staged.sources if entry.kind != "config") == [
         f"archive/s3/{populated}/archives/calib.tar.gz", f"s3/{populated}/archives"]
 
@@ -120,7 +120,7 @@ def test_a_prefix_written_two_ways_is_one_source_and_collisions_are_refused(s3_c
 def test_missing_input_is_a_clear_error(s3_credentials: S3Credentials, populated: str, tmp_path: Path) -> None:
     req = _request(populated, spec={"x": f"s3://{populated}/nothing/here"}, inputs=[])
     with pytest.raises(UsageError, match="does not exist"):
-        stage(req, tmp_path / "w", engine_factory=lambda: TransferEngine(s3_credentials))
+        stage(req, tmp_path / "w", engine=TransferEngine(s3_credentials))
 
 
 def test_hf_model_in_spec_is_pulled_and_rewritten(fake_hub: tuple[FakeRegistries, dict[str, str]],
@@ -201,7 +201,7 @@ def test_air_gapped_with_local_inputs_stages_without_network(tmp_path: Path) -> 
         _watching = False
     assert _connections == []
     kinds = {entry.kind: entry for entry in staging_map.sources}
-    assert kinds["pre-positioned"].files == 1 and kinds["pre-positioned"].sub_path is None
+    assert kinds["pre-positioned"].files is None and kinds["pre-positioned"].sub_path is None
     assert "config" in kinds
 
 
@@ -213,3 +213,31 @@ def test_stage_cli(s3_server: EmbeddedS3, populated: str, tmp_path: Path) -> Non
     assert "staging map:" in result.stdout and (tmp_path / "w" / STAGING_MAP_NAME).exists()
     bad = run_cli("stage", "--request", str(tmp_path / "nope.yaml"), "--workdir", str(tmp_path / "w"), env={})
     assert bad.returncode == 2 and "nope.yaml" in bad.stderr
+
+
+def test_hf_revision_with_a_slash_is_pulled_where_the_config_points(fake_hub: tuple[FakeRegistries, dict[str, str]],
+                                                                    tmp_path: Path) -> None:
+    fake, env = fake_hub
+    fake.add_hub_repo("org/repo", {"refs/pr/3": {"onnx/model.onnx": b"o" * 10, "README.md": b"r"}})
+    uri = "hf://org/repo@refs%2Fpr%2F3/onnx"
+    req = JobRequest.model_validate({
+        "schema_version": "1", "image": "tao:6", "mode": "config", "config_format": "json",
+        "command": "x -e {config_path}", "spec": {"model": uri}})
+    staging_map = stage(req, tmp_path / "w", environ=env)
+    model = next(entry for entry in staging_map.sources if entry.kind == "model")
+    assert model.sub_path == "hf/org/repo/refs/pr/3/onnx"
+    assert (tmp_path / "w" / model.sub_path / "model.onnx").read_bytes() == b"o" * 10
+    config = next(entry for entry in staging_map.sources if entry.kind == "config")
+    assert json.loads(Path(str(config.local_path)).read_text())["model"] == f"/tao-inputs/{model.sub_path}"
+
+
+def test_pre_positioned_inputs_are_recorded_without_being_touched(tmp_path: Path) -> None:
+    """On a worker that submits to a cluster, a PVC path does not exist; staging must not look."""
+    req = JobRequest.model_validate({
+        "schema_version": "1", "image": "tao:6", "mode": "args", "command": "train", "args": [],
+        "inputs": [{"source": "/pvc/datasets/coco-that-is-not-here", "target": "/data/coco"}],
+        "mounts": [{"source": "/pvc/also-not-here", "target": "/data/extra"}]})
+    staging_map = stage(req, tmp_path / "w", environ={})
+    (entry,) = staging_map.sources
+    assert (entry.kind, entry.container_path, entry.local_path, entry.files) == (
+        "pre-positioned", "/data/coco", None, None)

@@ -16,7 +16,7 @@ from tao_data_io.transfer.listing import list_remote, s3_time_ns
 from tao_data_io.fs import STATE_DIR_NAME
 from tao_data_io.uris import parse_s3_url
 
-from .helpers import temp_leftovers, tree_digest, write_tree
+from .helpers import tree_digest, write_tree
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ from typing import Any
 
 from ..console import Console
 from ..errors import TransferError
-from ..staging.pretrained import HF_SHAPE, NGC_SHAPE, pull_model
+from ..staging.pretrained import pull_model
+from ..uris import HF_SHAPE, NGC_SHAPE
 
 _ENVIRONMENT = """\
 environment:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..console import Console
 from ..request import load_request
-from ..staging.spec import materialize_config
+from ..staging.config import materialize_config
 from ..staging.stage import STAGING_MAP_NAME, stage
 
 
@@ -31,7 +31,7 @@ def _run_stage(args: argparse.Namespace, console: Console) -> int:
         console.json(staging_map.model_dump())
         return 0
     for entry in staging_map.sources:
-        console.out(f"{entry.source} → {entry.container_path}: {entry.files} files, {entry.bytes:,} bytes ({entry.how})")
+        console.out(entry.describe())
     console.out(f"staging map: {Path(staging_map.workdir) / STAGING_MAP_NAME}")
     return 0
 

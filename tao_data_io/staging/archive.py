@@ -41,7 +41,7 @@ import stat
 import tarfile
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass
 from importlib import metadata
@@ -50,7 +50,9 @@ from typing import IO, Any, Self
 
 from ..credentials import s3_credentials_from_env
 from ..errors import TransferError, UnsafePathError, UsageError
-from ..transfer.client import explained, head_or_none, make_s3_client
+from ..reporting import Progress, ProgressCallback
+from ..transfer.client import explained, head_or_none
+from ..transfer.engine import TransferEngine
 from ..fs import (check_relative, confined_path, file_digest, is_within, remove_if_exists, remove_stale_temps,
                   temp_path_for)
 from ..uris import S3Url, is_s3_url, parse_s3_url
@@ -101,22 +103,29 @@ class ExtractResult:
 
 
 def extract_archive(archive: str, destination: str | os.PathLike[str], *, strip_components: int = 0,
-                    client: Any | None = None) -> ExtractResult:
+                    engine: TransferEngine | None = None, environ: Mapping[str, str] | None = None,
+                    progress: ProgressCallback | None = None) -> ExtractResult:
     """Extract ``archive`` (a local path or ``s3://bucket/key``) so that ``destination`` holds
     exactly its members, or leave ``destination`` as it was.
 
-    ``client`` is the boto3 S3 client to use for an ``s3://`` archive; by default one is made
-    from the environment's credentials. Raises :class:`UsageError` (or its subclass
-    :class:`UnsafePathError`) for a bad, hostile, corrupt or unsupported archive, naming it
-    and the offending member.
+    An ``s3://`` archive is read through ``engine`` (the caller's), or an engine built from
+    ``environ``'s credentials and closed afterwards. ``progress`` sees files and bytes as they
+    are written (the totals are unknown until the end: an archive is a stream). Raises
+    :class:`UsageError` (or its subclass :class:`UnsafePathError`) for a bad, hostile, corrupt or
+    unsupported archive, naming it and the offending member.
     """
+    if is_s3_url(archive) and engine is None:
+        with TransferEngine(s3_credentials_from_env(environ)) as own:
+            return extract_archive(archive, destination, strip_components=strip_components, engine=own,
+                                   progress=progress)
     if strip_components < 0:
         raise UsageError(f"strip-components {strip_components} must be 0 or more: it is how many leading path "
                          "components to drop from every member")
     dest = Path(os.path.abspath(destination))
     previous = _read_destination(dest)
     if is_s3_url(archive):
-        source = _s3_source(parse_s3_url(archive, field="archive"), client)
+        assert engine is not None
+        source = _s3_source(parse_s3_url(archive, field="archive"), engine.client)
     else:
         source = _local_source(Path(archive), dest)
     reason = _reason_to_extract(previous, source.identity, strip_components, dest)
@@ -131,7 +140,7 @@ def extract_archive(archive: str, destination: str | os.PathLike[str], *, strip_
     work = temp_path_for(dest)
     work.mkdir()
     try:
-        entries = _extract_into(source, work, dest, strip_components)
+        entries = _extract_into(source, work, dest, strip_components, progress)
         total = sum(entry.get("size", 0) for entry in entries)
         record = {"format": MARKER_FORMAT, "tool": f"tao-data-io {_tool_version()}", "source": source.label,
                   "archive": source.identity, "strip_components": strip_components, "files": entries, "bytes": total}
@@ -266,11 +275,9 @@ def _local_source(path: Path, dest: Path) -> _Source:
     return _Source(label, identity, lambda: open(path, "rb"))
 
 
-def _s3_source(url: S3Url, client: Any | None) -> _Source:
+def _s3_source(url: S3Url, client: Any) -> _Source:
     if url.is_prefix:
         raise UsageError(f"archive {str(url)!r} names a prefix, not an object; write s3://BUCKET/path/to/archive.tar.gz")
-    if client is None:
-        client = make_s3_client(s3_credentials_from_env())
     head = head_or_none(client, url.bucket, url.key)
     if head is None:
         raise UsageError(f"archive {str(url)!r} does not exist (404); check the bucket and key")
@@ -315,8 +322,9 @@ def _detect(head: bytes, label: str) -> str:
                      f"{SUPPORTED_FORMATS}; convert it to one of those (a corrupt file is reported the same way)")
 
 
-def _extract_into(source: _Source, work: Path, dest: Path, strip_components: int) -> list[dict[str, Any]]:
-    extractor = _Extractor(work, source.label, dest, strip_components)
+def _extract_into(source: _Source, work: Path, dest: Path, strip_components: int,
+                  progress: ProgressCallback | None) -> list[dict[str, Any]]:
+    extractor = _Extractor(work, source.label, dest, strip_components, progress)
     with source.open() as raw:
         with _reading(source.label):
             head = _read_up_to(raw, _PEEK)
@@ -333,7 +341,11 @@ def _extract_into(source: _Source, work: Path, dest: Path, strip_components: int
         else:
             with _decompressed(kind, stream) as tar_bytes:
                 _extract_tar(tar_bytes, extractor)
-    return extractor.finish()
+    entries = extractor.finish()
+    if extractor.progress is not None:
+        extractor.progress(Progress(extractor.files_written, extractor.bytes_written, extractor.files_written,
+                                    extractor.bytes_written, 0, final=True))
+    return entries
 
 
 def _decompressed(kind: str, stream: io.BufferedIOBase) -> io.BufferedIOBase:
@@ -520,8 +532,11 @@ class _Extractor:
     every file: so no member is ever written through one, whatever the archive's order.
     """
 
-    def __init__(self, root: Path, label: str, dest: Path, strip_components: int) -> None:
+    def __init__(self, root: Path, label: str, dest: Path, strip_components: int,
+                 progress: ProgressCallback | None = None) -> None:
         self.root, self.label, self.dest, self.strip = root, label, dest, strip_components
+        self.progress = progress
+        self.files_written = self.bytes_written = 0
         #: relative path → marker entry, for files and hard links as they are written.
         self.entries: dict[str, dict[str, Any]] = {}
         #: relative path → (member name, target), created by finish().
@@ -587,6 +602,10 @@ class _Extractor:
                              f"its {member.size} bytes; re-create or re-upload it")
         os.chmod(path, (member.mode & 0o755) | 0o600)
         self.entries[target] = {"path": target, "size": written}
+        self.files_written += 1
+        self.bytes_written += written
+        if self.progress is not None:
+            self.progress(Progress(0, 0, self.files_written, self.bytes_written, 0))
 
     def _hard_link(self, member: _Member, target: str, path: Path) -> None:
         linked = _logical_name(member.link)

@@ -1,242 +1,211 @@
-"""Stage every input of a job request host-side and write the staging map.
+"""Stage a job request's inputs: :func:`plan_inputs` says what, :func:`stage_input` stages one,
+:func:`stage` composes them, materializes the config and writes the staging map.
 
-The staging map (``schema_version: "1"``) is the contract with the steps that follow — the
-renderer mounts each source's ``sub_path`` of the job's volume at its ``container_path``; the
-verify probe reads every ``container_path`` from the compute frame — so it lists one entry per
-*distinct* source with where it went, how much it holds and how it was staged.
+Why per input: an orchestrator runs one task per input, so each shows its own progress and a
+failed input retries alone; the CLI runs the same functions in a loop. Every input kind calls the
+one module that owns it (engine sync or copy, selective download, archive extraction, model
+pull), each idempotent, so a rerun moves nothing already staged and a retry is always safe.
 
-Each input kind calls the one core module that owns it (engine sync/copy, selective download,
-archive extraction, model pull); every one of them is idempotent, so a rerun of ``stage``
-moves nothing already staged and a Prefect retry is always safe.
+Credentials reach a step one way: ``environ`` (default ``os.environ``) — S3 through an engine
+built from it (or the ``engine`` passed in, which a caller owns and closes), the Hub and NGC
+through their variables. Nothing here stores a value.
 
-Air-gapped requests never touch the network: every remote URI is refused up front in one
-message listing everything that must be pre-positioned, and no client is even created.
+Pre-positioned (tier A) inputs are recorded, never touched: on a worker that submits to a
+cluster those paths do not exist, and their readability is proved inside the compute frame by
+the verify probe. Air-gapped requests never touch the network: every remote URI is refused up
+front in one message, and no client is created.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
-from .archive import extract_archive
 from ..credentials import s3_credentials_from_env
 from ..errors import TransferError, UsageError
-from ..request import InputSpec, JobRequest, is_remote_uri
-from .pretrained import HFModelURI, parse_model_uri, pull_model
-from .selective import selective_download
-from .spec import DEFAULT_INPUTS_ROOT, Placement, materialize_config, placements, relative_location
+from ..reporting import ProgressCallback
+from ..request import JobRequest
 from ..transfer.engine import TransferEngine, TransferOptions
 from ..transfer.filters import PathFilter
-from ..fs import atomic_write
-from ..transfer.summary import Failure
-from ..uris import parse_s3_url
+from ..transfer.summary import Failure, TransferSummary
+from ..uris import HFModelURI, NGCModelURI, S3Url, is_remote_uri, model_root, parse_s3_url, parse_uri, staging_location
+from .archive import extract_archive
+from .config import materialize_config
+from .layout import CONFIG_DIR, DEFAULT_INPUTS_ROOT, PlannedInput, placements, plan_inputs
+from .pretrained import pull_model
+from .selective import selective_download
+from .stage_map import STAGING_MAP_NAME, Kind, StagedSource, StagingMap, write_staging_map
 
-STAGING_MAP_NAME = "staging-map.json"
-CONFIG_DIR = "config"
-Kind = Literal["folder", "file", "selective", "archive", "model", "pre-positioned", "config"]
-
-
-class StagedSource(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    source: str
-    kind: Kind
-    #: Relative to the staging root (the workdir, or the job's PVC in tier B). None for tier A.
-    sub_path: str | None
-    container_path: str
-    local_path: str
-    files: int
-    bytes: int
-    #: How it was staged, in words (e.g. "s3 sync: 20 transferred, 180 unchanged").
-    how: str
+__all__ = ["STAGING_MAP_NAME", "check_air_gap", "plan_inputs", "stage", "stage_config", "stage_input"]
 
 
-class StagingMap(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    schema_version: Literal["1"] = "1"
-    job_id: str | None
-    workdir: str
-    inputs_root: str
-    sources: list[StagedSource]
-
-
-@dataclass(frozen=True)
-class _Input:
-    """A distinct source to stage, with the request's options for it (if declared)."""
-
-    placement: Placement
-    spec: InputSpec | None
-
-
-def air_gap_violations(request: JobRequest) -> list[str]:
-    """Everything an air-gapped request references that would need the network, or is not
-    already readable locally."""
-    problems = [f"{uri} (remote: pre-position it and reference its mount path)"
-                for uri in placements(request)]
-    for item in request.inputs:
-        if not is_remote_uri(item.source) and not os.access(item.source, os.R_OK):
-            problems.append(f"{item.source} (local input not readable here)")
+def check_air_gap(request: JobRequest) -> None:
+    """Refuse an air-gapped request that references anything remote, listing every such URI."""
+    if not request.storage.air_gapped:
+        return
+    problems = [f"{uri} ({planned.field})" for uri, planned in placements(request).items()]
+    for index, item in enumerate(request.inputs):
         if item.annotation and is_remote_uri(item.annotation):
-            problems.append(f"{item.annotation} (remote annotation)")
-    for mount in request.mounts:
-        if not os.access(mount.source, os.R_OK):
-            problems.append(f"{mount.source} (mount source not readable here)")
-    return problems
+            problems.append(f"{item.annotation} (inputs[{index}].annotation)")
+    if problems:
+        raise UsageError("storage.air_gapped is true, so nothing may be fetched: pre-position these and reference "
+                         "their mount paths instead:\n  " + "\n  ".join(problems))
 
 
 def stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPUTS_ROOT,
-          environ: Mapping[str, str] | None = None,
-          engine_factory: Callable[[], TransferEngine] | None = None) -> StagingMap:
-    """Stage every input of ``request`` under ``workdir`` and write ``workdir/staging-map.json``."""
-    env = os.environ if environ is None else environ
-    if request.storage.air_gapped:
-        problems = air_gap_violations(request)
-        if problems:
-            raise UsageError("air_gapped is true, so nothing may be fetched and every input must already be "
-                             "readable; pre-position these and reference their local/mount paths:\n  "
-                             + "\n  ".join(problems))
+          environ: Mapping[str, str] | None = None, engine: TransferEngine | None = None,
+          progress: Callable[[PlannedInput], ProgressCallback | None] | None = None) -> StagingMap:
+    """Stage every input of ``request`` under ``workdir`` and write ``workdir/staging-map.json``.
+
+    ``progress(planned)`` may return a callback for that input's progress.
+    """
+    check_air_gap(request)
     workdir = Path(os.path.abspath(workdir))
     workdir.mkdir(parents=True, exist_ok=True)
-    declared = {item.source: item for item in request.inputs}
-    engine: TransferEngine | None = None
-
-    def get_engine() -> TransferEngine:
-        nonlocal engine
-        if engine is None:
-            engine = engine_factory() if engine_factory else TransferEngine(s3_credentials_from_env(env))
-        return engine
-
-    sources: list[StagedSource] = []
-    for placement in dict.fromkeys(placements(request, inputs_root).values()):  # aliases stage once
-        sources.append(_stage_one(_Input(placement, declared.get(placement.source)), workdir, get_engine, env))
-    for item in request.inputs:
-        if not is_remote_uri(item.source):
-            sources.append(_pre_positioned(item))
+    with _engines(engine, environ) as get_engine:
+        sources = [stage_input(planned, workdir, engine=get_engine, environ=environ,
+                               progress=progress(planned) if progress else None)
+                   for planned in plan_inputs(request, inputs_root)]
     if request.mode == "config":
-        config = materialize_config(request, workdir / CONFIG_DIR, inputs_root)
-        sub_path = f"{CONFIG_DIR}/{config.path.name}"
-        sources.append(StagedSource(source=f"config:sha256:{config.sha256}", kind="config", sub_path=sub_path,
-                                    container_path=config.container_path, local_path=str(config.path), files=1,
-                                    bytes=config.path.stat().st_size,
-                                    how="materialized" if config.created else "already materialized"))
+        sources.append(stage_config(request, workdir, inputs_root=inputs_root))
     staging_map = StagingMap(job_id=request.job_id, workdir=str(workdir), inputs_root=inputs_root, sources=sources)
     write_staging_map(staging_map, workdir / STAGING_MAP_NAME)
     return staging_map
 
 
-def _stage_one(item: _Input, workdir: Path, get_engine: Callable[[], TransferEngine],
-               env: Mapping[str, str]) -> StagedSource:
-    source, spec = item.placement.source, item.spec
-    kind = spec.kind if spec is not None and spec.kind != "auto" else None
-    if source.startswith(("hf://", "ngc://")):
-        return _stage_model(item, workdir, env)
-    engine = get_engine()
-    kind = kind or _resolve_s3_kind(engine, source)
-    local = workdir / item.placement.sub_path
+def stage_config(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPUTS_ROOT) -> StagedSource:
+    """Materialize the config under ``workdir/config`` and describe it as a staged source."""
+    started = time.monotonic()
+    config = materialize_config(request, Path(workdir) / CONFIG_DIR, inputs_root)
+    size = config.path.stat().st_size
+    return StagedSource(source=f"config:sha256:{config.sha256}", kind="config", sub_path=config.sub_path,
+                        container_path=config.container_path, local_path=str(config.path), files=1, bytes=size,
+                        transferred_files=int(config.created), transferred_bytes=size if config.created else 0,
+                        unchanged_files=int(not config.created), seconds=time.monotonic() - started)
 
-    def entry(files: int, size: int, how: str) -> StagedSource:
-        return StagedSource(source=source, kind=kind, sub_path=item.placement.sub_path,  # type: ignore[arg-type]
-                            container_path=item.placement.container_path, local_path=str(local), files=files,
-                            bytes=size, how=how)
+
+def stage_input(planned: PlannedInput, workdir: Path, *,
+                engine: TransferEngine | Callable[[], TransferEngine] | None = None,
+                environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None) -> StagedSource:
+    """Stage one planned input under ``workdir`` (idempotent) and say what happened.
+
+    ``engine`` is an engine the caller owns, or a factory for one; without it, an engine is
+    built from ``environ`` when the input needs S3 and closed before returning.
+    """
+    if not planned.remote:
+        return StagedSource(source=planned.source, kind="pre-positioned", sub_path=None,
+                            container_path=planned.container_path, local_path=None, files=None, bytes=None)
+    assert planned.sub_path is not None
+    started = time.monotonic()
+    local = Path(os.path.abspath(workdir)) / planned.sub_path
+    parsed = parse_uri(planned.source, field=planned.field)
+    if isinstance(parsed, HFModelURI | NGCModelURI):
+        return _stage_model(planned, parsed, Path(os.path.abspath(workdir)), environ, progress, started)
+    with _engines(engine, environ) as get_engine:
+        return _stage_s3(planned, parsed, local, get_engine(), progress, started)
+
+
+def _stage_s3(planned: PlannedInput, url: S3Url, local: Path, engine: TransferEngine,
+              progress: ProgressCallback | None, started: float) -> StagedSource:
+    declared = planned.declared
+    kind: Kind = declared.kind if declared is not None and declared.kind != "auto" else _resolve_s3_kind(engine, planned)
+
+    def staged(summary: TransferSummary, files: int, note: str | None = None) -> StagedSource:
+        _raise_failed(summary.failed, planned)
+        return StagedSource(source=planned.source, kind=kind, sub_path=planned.sub_path,
+                            container_path=planned.container_path, local_path=str(local), files=files,
+                            bytes=summary.transferred_bytes + summary.unchanged_bytes,
+                            transferred_files=summary.transferred_files, transferred_bytes=summary.transferred_bytes,
+                            unchanged_files=summary.unchanged_files, seconds=time.monotonic() - started, note=note)
 
     if kind == "folder":
-        rules = PathFilter.from_patterns(spec.excludes if spec else ())
-        summary = engine.sync(source, str(local), TransferOptions(filter=rules))
-        _raise_failed(summary.failed, source)
-        return entry(summary.transferred_files + summary.unchanged_files,
-                     summary.transferred_bytes + summary.unchanged_bytes,
-                     f"s3 sync: {summary.transferred_files} transferred, {summary.unchanged_files} unchanged")
+        rules = PathFilter.from_patterns(declared.excludes if declared else ())
+        summary = engine.download_prefix(url, local, TransferOptions(filter=rules, progress=progress))
+        return staged(summary, summary.transferred_files + summary.unchanged_files)
     if kind == "file":
-        summary = engine.copy(source, str(local))
-        _raise_failed(summary.failed, source)
-        return entry(1, summary.transferred_bytes + summary.unchanged_bytes,
-                     "s3 copy" if summary.transferred_files else "s3 copy: unchanged")
+        summary = engine.download_object(url, local, TransferOptions(progress=progress))
+        if summary.failed and summary.failed[0].missing:
+            raise UsageError(f"{planned.field}: {planned.source!r} does not exist (404); check the bucket and key")
+        return staged(summary, 1)
     if kind == "selective":
-        assert spec is not None and spec.annotation is not None
-        url = parse_s3_url(source, field="inputs[].source")
-        result = selective_download(engine, spec.annotation, spec.keys, url.bucket, url.key, local,
-                                    fmt=spec.annotation_format, missing=spec.missing)
-        _raise_failed(result.summary.failed, source)
-        summary = result.summary
-        return entry(result.references - len(result.missing), summary.transferred_bytes + summary.unchanged_bytes,
-                     f"selective: {result.references} references, {summary.transferred_files} transferred, "
-                     f"{summary.unchanged_files} unchanged, {len(result.missing)} missing")
+        assert declared is not None and declared.annotation is not None
+        result = selective_download(engine, declared.annotation, declared.keys, url.bucket, url.key, local,
+                                    fmt=declared.annotation_format, missing=declared.missing,
+                                    options=TransferOptions(progress=progress))
+        note = f"{len(result.missing)} referenced objects missing (skipped)" if result.missing else None
+        return staged(result.summary, result.references - len(result.missing), note)
     if kind == "archive":
-        extracted = extract_archive(source, local, strip_components=spec.strip_components if spec else 0,
-                                    client=engine.client)
-        return entry(extracted.files, extracted.bytes, f"archive: {extracted.reason}")
-    raise UsageError(f"inputs: kind {kind!r} does not apply to {source!r}")
+        extracted = extract_archive(planned.source, local, strip_components=declared.strip_components if declared else 0,
+                                    engine=engine, progress=progress)
+        return StagedSource(source=planned.source, kind=kind, sub_path=planned.sub_path,
+                            container_path=planned.container_path, local_path=str(local), files=extracted.files,
+                            bytes=extracted.bytes, transferred_files=extracted.files if extracted.extracted else 0,
+                            transferred_bytes=extracted.bytes if extracted.extracted else 0,
+                            unchanged_files=0 if extracted.extracted else extracted.files,
+                            seconds=time.monotonic() - started, note=extracted.reason)
+    raise UsageError(f"{planned.field}: kind {kind!r} does not apply to {planned.source!r}")
 
 
-def _stage_model(item: _Input, workdir: Path, env: Mapping[str, str]) -> StagedSource:
+def _stage_model(planned: PlannedInput, parsed: HFModelURI | NGCModelURI, workdir: Path,
+                 environ: Mapping[str, str] | None, progress: ProgressCallback | None, started: float) -> StagedSource:
     """A model is pulled into its repository root; an ``hf://org/repo/sub`` source is the ``sub``
     inside it, so its entry's sub-path and container path point there (one sub-path per source,
-    as the renderer requires)."""
-    parsed = parse_model_uri(item.placement.source)
-    root = item.placement.sub_path
-    if isinstance(parsed, HFModelURI) and parsed.subpath:
-        root = relative_location(f"hf://{parsed.repo_id}@{parsed.revision or 'main'}")
-    result = pull_model(item.placement.source, workdir / root, environ=env)
-    return StagedSource(source=item.placement.source, kind="model", sub_path=item.placement.sub_path,
-                        container_path=item.placement.container_path,
-                        local_path=str(workdir / item.placement.sub_path), files=len(result.files), bytes=result.bytes,
-                        how=f"model pull at {result.revision}: " + (f"{len(result.fetched)} fetched"
-                                                                   if result.downloaded else "already complete"))
+    as the renderer requires). Both locations come from the one parser in :mod:`tao_data_io.uris`."""
+    assert planned.sub_path is not None
+    root = workdir / staging_location(model_root(parsed))
+    result = pull_model(planned.source, root, environ=environ, progress=progress)
+    return StagedSource(source=planned.source, kind="model", sub_path=planned.sub_path,
+                        container_path=planned.container_path, local_path=str(workdir / planned.sub_path),
+                        files=len(result.files), bytes=result.bytes, transferred_files=len(result.fetched),
+                        transferred_bytes=result.fetched_bytes, unchanged_files=len(result.files) - len(result.fetched),
+                        seconds=time.monotonic() - started, note=f"revision {result.revision}")
 
 
-def _pre_positioned(item: InputSpec) -> StagedSource:
-    """Tier A: the data is already where the job reads it. Nothing moves; we only look."""
-    path = Path(item.source)
-    if not os.access(path, os.R_OK):
-        raise UsageError(f"inputs: local source {item.source!r} is not readable here; pre-position it or fix the path")
-    files, size = (1, path.stat().st_size) if path.is_file() else _count(path)
-    return StagedSource(source=item.source, kind="pre-positioned", sub_path=None, container_path=item.target or item.source,
-                        local_path=item.source, files=files, bytes=size, how="pre-positioned (tier A): no bytes moved")
-
-
-def _count(root: Path) -> tuple[int, int]:
-    files = size = 0
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            try:
-                size += os.stat(os.path.join(dirpath, name)).st_size
-                files += 1
-            except OSError:
-                continue
-    return files, size
-
-
-def _resolve_s3_kind(engine: TransferEngine, uri: str) -> Kind:
+def _resolve_s3_kind(engine: TransferEngine, planned: PlannedInput) -> Kind:
     """``s3://b/p/`` is a folder; ``s3://b/k`` is a file if that object exists, else a folder
     if anything lives under ``k/``; else the input does not exist."""
-    url = parse_s3_url(uri, field="inputs[].source")
+    url = parse_s3_url(planned.source, field=planned.field)
     if url.is_prefix:
         return "folder"
     if engine.exists(url):
         return "file"
     if engine.has_prefix(url.as_prefix()):
         return "folder"
-    raise UsageError(f"input {uri!r} does not exist: no object with that key and nothing under {url.as_prefix()}")
+    raise UsageError(f"{planned.field}: {planned.source!r} does not exist: no object with that key and nothing "
+                     f"under {url.as_prefix()}")
 
 
-def _raise_failed(failed: list[Failure], source: str) -> None:
+def _raise_failed(failed: list[Failure], planned: PlannedInput) -> None:
     if failed:
         shown = "; ".join(f"{f.name}: {f.reason}" for f in failed[:5])
-        raise TransferError(f"staging {source} failed for {len(failed)} object(s): {shown}; complete files were "
-                            "kept — rerun to retry")
+        raise TransferError(f"staging {planned.source} ({planned.field}) failed for {len(failed)} object(s): {shown}; "
+                            "complete files were kept — a rerun retries the rest")
 
 
-def write_staging_map(staging_map: StagingMap, path: Path) -> None:
-    """Atomic publish — a reader never sees half a map."""
-    atomic_write(path, (json.dumps(staging_map.model_dump(), indent=2) + "\n").encode())
+@contextmanager
+def _engines(engine: TransferEngine | Callable[[], TransferEngine] | None,
+             environ: Mapping[str, str] | None) -> Iterator[Callable[[], TransferEngine]]:
+    """A lazy engine: the caller's (never closed here), or one built on first use from
+    ``environ`` and closed on the way out."""
+    if isinstance(engine, TransferEngine):
+        given = engine
+        yield lambda: given
+        return
+    if engine is not None:
+        yield engine
+        return
+    built: list[TransferEngine] = []
 
+    def get() -> TransferEngine:
+        if not built:
+            built.append(TransferEngine(s3_credentials_from_env(environ)))
+        return built[0]
 
-def read_staging_map(path: Path) -> StagingMap:
-    return StagingMap.model_validate_json(path.read_text(encoding="utf-8"))
+    try:
+        yield get
+    finally:
+        for item in built:
+            item.close()

@@ -6,7 +6,8 @@ Every public method returns a :class:`TransferSummary` and raises only for bad i
 and a rerun converges because the strategy recognises what is already right.
 
 The engine holds no process-global state: each instance owns its boto3 session and executor,
-so engines can run in parallel threads (e.g. several Prefect tasks in one worker).
+so engines can run in parallel threads (e.g. several Prefect tasks in one worker), and
+:meth:`TransferEngine.close` releases both.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from .work import DownloadJob, Executor, Job, Landed, UploadJob
 from .listing import LocalFile, RemoteObject, clean_etag, list_remote, local_file, s3_time_ns, scan_local
 from ..fs import STATE_DIR_NAME, UnsafePathError, confined_path, file_lock, remove_if_exists, temp_path_for
 from .strategy import ContentStrategy
-from .summary import Failure, ProgressCallback, ProgressTracker, Skipped, TransferSummary
+from ..reporting import ProgressCallback, ProgressTracker
+from .summary import Failure, Skipped, TransferSummary
 from ..uris import S3Url, is_s3_url, parse_s3_url
 
 DEFAULT_CONCURRENCY = 128
@@ -85,6 +87,20 @@ class TransferEngine:
             executor = ObstoreExecutor(credentials, concurrency=concurrency,
                                        large=S5cmdExecutor(credentials, concurrency=min(concurrency, 16)))
         self.executor = executor
+
+    # ----------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        """Stop the executor's event loop and close the control-plane client. Whoever builds an
+        engine closes it (or uses it as a context manager): a worker that runs resyncs for
+        weeks must not grow a thread per run."""
+        self.executor.close()
+        self.client.close()
+
+    def __enter__(self) -> TransferEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ----------------------------------------------------------------- entry points
     def sync(self, source: str, destination: str, options: TransferOptions | None = None) -> TransferSummary:

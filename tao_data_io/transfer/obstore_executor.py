@@ -56,6 +56,13 @@ class _LoopThread:
     def run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
+    def stop(self) -> None:
+        """Stop the loop and join its thread, so a long-lived worker that builds engines for
+        weeks does not accumulate threads."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
 
 class ObstoreExecutor:
     def __init__(self, credentials: S3Credentials, *, concurrency: int = 64, large: Executor | None = None) -> None:
@@ -87,6 +94,16 @@ class ObstoreExecutor:
                 store = S3Store(bucket, config=config, client_options=client_options, retry_config=_RETRY)
                 self._stores[bucket] = store
             return store
+
+    def close(self) -> None:
+        """Stop the event loop thread and drop the stores; the executor is unusable afterwards."""
+        with self._lock:
+            loop, self._loop = self._loop, None
+            self._stores.clear()
+        if loop is not None:
+            loop.stop()
+        if self.large is not None:
+            self.large.close()
 
     def run(self, jobs: Sequence[Job], on_done: JobDone) -> None:
         def delegated(job: Job) -> bool:

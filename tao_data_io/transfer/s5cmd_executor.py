@@ -63,6 +63,9 @@ class S5cmdExecutor:
         self.concurrency = concurrency
         self._binary = s5cmd_binary()
 
+    def close(self) -> None:
+        """Nothing outlives a run: each batch is one child process, waited for."""
+
     def argv(self) -> list[str]:
         argv = [self._binary, "--json", "--retry-count", str(RETRY_COUNT),
                 "--numworkers", str(self.concurrency)]

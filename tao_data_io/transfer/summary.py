@@ -7,9 +7,9 @@ partial failure is visible here (``ok`` is False) and every complete file is kep
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+
+from ..reporting import MAX_EXAMPLES, human_size
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,18 @@ class TransferSummary:
         return not self.failed
 
     def to_dict(self) -> dict[str, object]:
-        data = asdict(self)
-        data["ok"] = self.ok
-        return data
+        """Counts and at most :data:`MAX_EXAMPLES` examples of each list, never every name: the
+        result of a 20,000-file transfer stays a few hundred bytes wherever it is stored."""
+        return {
+            "source": self.source, "destination": self.destination, "dry_run": self.dry_run, "ok": self.ok,
+            "transferred_files": self.transferred_files, "transferred_bytes": self.transferred_bytes,
+            "unchanged_files": self.unchanged_files, "unchanged_bytes": self.unchanged_bytes,
+            "excluded_files": self.excluded_files, "skipped_files": len(self.skipped),
+            "failed_files": len(self.failed), "seconds": round(self.seconds, 3),
+            "failed": [{"name": f.name, "reason": f.reason} for f in self.failed[:MAX_EXAMPLES]],
+            "skipped": [{"name": s.name, "reason": s.reason} for s in self.skipped[:MAX_EXAMPLES]],
+            "transferred": self.transferred[:MAX_EXAMPLES],
+        }
 
     def describe(self) -> str:
         """One human line, e.g. for a log or a Prefect artifact title."""
@@ -65,62 +74,3 @@ class TransferSummary:
             f"{self.excluded_files} excluded, {len(self.skipped)} skipped, {len(self.failed)} failed"
         )
         return text + (f" in {self.seconds:.2f}s" if self.seconds else "")
-
-
-def human_size(size: int) -> str:
-    """1536 → '1.5 KiB': sizes for people."""
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} B"
-
-
-@dataclass(frozen=True)
-class Progress:
-    """A snapshot passed to the progress callback: totals planned and done so far."""
-
-    files_total: int
-    bytes_total: int
-    files_done: int
-    bytes_done: int
-    files_failed: int
-
-
-ProgressCallback = Callable[[Progress], None]
-
-
-class ProgressTracker:
-    """Thread-safe counter that calls the user's callback on every change.
-
-    Why a class: the executor reports completions from worker threads (or a reader thread of
-    a child process); the callback must see consistent totals and never run concurrently
-    with itself.
-    """
-
-    def __init__(self, files_total: int, bytes_total: int, callback: ProgressCallback | None) -> None:
-        self._lock = threading.Lock()
-        self._callback = callback
-        self.files_total, self.bytes_total = files_total, bytes_total
-        self.files_done = self.bytes_done = self.files_failed = 0
-
-    def start(self) -> None:
-        self._emit()
-
-    def advance(self, nbytes: int, *, failed: bool = False) -> None:
-        with self._lock:
-            if failed:
-                self.files_failed += 1
-            else:
-                self.files_done += 1
-                self.bytes_done += nbytes
-            self._emit_locked()
-
-    def _emit(self) -> None:
-        with self._lock:
-            self._emit_locked()
-
-    def _emit_locked(self) -> None:
-        if self._callback is not None:
-            self._callback(Progress(self.files_total, self.bytes_total, self.files_done, self.bytes_done, self.files_failed))

@@ -58,3 +58,6 @@ class Executor(Protocol):
     """Moves bytes for a batch of jobs with bounded concurrency, reporting each outcome."""
 
     def run(self, jobs: Sequence[Job], on_done: JobDone) -> None: ...
+
+    def close(self) -> None:
+        """Release threads, loops and connections; called once by the engine's owner."""

@@ -1,0 +1,44 @@
+"""The strict pydantic base every contract model uses, and the one way to turn a validation
+error into a message.
+
+Why one base: the request, the staging map, the launch plan and the job record are contracts
+between steps and between machines; an unknown field is a typo or a version skew, never
+something to ignore, and a contract object must not change after it is made. Why one
+formatter: validation errors reach terminals, logs and the Prefect UI, and a value that failed
+validation can be a secret someone pasted into the wrong field — so pydantic's copy of the input
+is never echoed. Our own validators name the offending value themselves where it is safe to (a
+path, a name), and every message is masked by the credential redactor before it is shown.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+class Strict(BaseModel):
+    """Unknown fields refused, instances frozen, inputs never echoed in errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+
+def describe_validation_error(exc: ValidationError, what: str) -> str:
+    """``<what>:`` then one ``field.path: problem`` line per error (``request:`` for a rule about the
+    whole document); never the input value."""
+    lines = []
+    for error in exc.errors(include_url=False, include_input=False):
+        cause = (error.get("ctx") or {}).get("error")
+        problem = str(cause) if isinstance(cause, Exception) else str(error["msg"]).removeprefix("Value error, ")
+        where = field_path(error["loc"])
+        lines.append(f"{where or 'request'}: {problem}")
+    return f"{what}:\n  " + "\n  ".join(lines)
+
+
+def field_path(location: tuple[int | str, ...]) -> str:
+    """pydantic's ``("inputs", 1, "target")`` as people write it: ``inputs[1].target``."""
+    text = ""
+    for part in location:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
+    return text

@@ -1,0 +1,105 @@
+"""The materialized config: the request's spec, remote URIs rewritten to the paths the compute
+frame sees, serialised deterministically and published under its own SHA-256.
+
+Why content-addressed: a rerun produces the same bytes and so the same name, a renderer can
+refuse a staged file whose bytes differ from its name, and an existing file is never replaced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+import yaml
+
+from ..errors import UsageError
+from ..fs import atomic_write
+from ..request import JobRequest
+from .layout import DEFAULT_INPUTS_ROOT, config_location, placements
+from .spec import rewrite
+
+_EXTENSIONS = {"json": "json", "yaml": "yaml", "toml": "toml"}
+
+
+def serialise(spec: Mapping[str, Any], config_format: str) -> bytes:
+    """Deterministic bytes for a spec: sorted keys, fixed formatting, trailing newline."""
+    if config_format == "json":
+        return (json.dumps(spec, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode()
+    if config_format == "yaml":
+        return yaml.safe_dump(dict(spec), sort_keys=True, default_flow_style=False, allow_unicode=True).encode()
+    if config_format == "toml":
+        _check_toml(spec, "spec")
+        return tomli_w.dumps(_sorted(spec)).encode()
+    raise UsageError(f"config_format {config_format!r} is not one of json, yaml, toml")
+
+
+def _sorted(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _sorted(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(item) for item in value]
+    return value
+
+
+def _check_toml(value: Any, path: str) -> None:
+    if value is None:
+        raise UsageError(f"{path} is null, which TOML cannot represent; remove it or use config_format json/yaml")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_toml(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_toml(item, f"{path}[{index}]")
+
+
+@dataclass(frozen=True)
+class MaterializedConfig:
+    """Where the config was written, its digest, and where it sits on the staging root and in
+    the frame."""
+
+    path: Path
+    sha256: str
+    sub_path: str
+    container_path: str
+    created: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "sha256": self.sha256, "sub_path": self.sub_path,
+                "container_path": self.container_path, "created": self.created}
+
+    def describe(self) -> str:
+        return f"{self.path} ({'written' if self.created else 'already there'}), mounted at {self.container_path}"
+
+
+def materialize_config(request: JobRequest, output_dir: Path, inputs_root: str = DEFAULT_INPUTS_ROOT) -> MaterializedConfig:
+    """Write the request's spec, remote URIs rewritten, as a content-addressed file.
+
+    The name is ``tao-action-config-<sha256>.<ext>``. The file is written to a temp name,
+    fsynced, then hard-linked into place — a link never replaces an existing file, so a
+    concurrent writer or an earlier run cannot be overwritten; an existing file with the same
+    name must have the same bytes (else it is an error: someone edited it). Mode 0600. The temp
+    name is random, so a rerun after a kill (the same PID again, in a container) or two threads
+    at once never collide.
+    """
+    if request.mode != "config" or request.spec is None or request.config_format is None:
+        raise UsageError("materialize-config needs a request with mode 'config', a nested 'spec' and 'config_format'")
+    mapping = {source: place.container_path for source, place in placements(request, inputs_root).items()}
+    data = serialise(rewrite(request.spec, mapping), request.config_format)
+    digest = hashlib.sha256(data).hexdigest()
+    sub_path, container_path = config_location(digest, _EXTENSIONS[request.config_format])
+    final = output_dir / Path(sub_path).name
+    created = atomic_write(final, data, mode=0o600, replace=False)
+    if not created:
+        _check_same(final, data)
+    return MaterializedConfig(final, digest, sub_path, container_path, created=created)
+
+
+def _check_same(path: Path, data: bytes) -> None:
+    if path.read_bytes() != data:
+        raise UsageError(f"{path} exists with different content than the spec it is named after; "
+                         "it was modified — remove it and materialize again")
