@@ -1,0 +1,48 @@
+"""tao-data-io: get data to and from the compute container of NVIDIA TAO jobs.
+
+The Prefect-free core. This module exports the step API (what the CLI, the Prefect tasks and the
+backends call), the contract models passed between steps, and the errors. Names resolve lazily
+(PEP 562): ``import tao_data_io`` costs nothing, so a CLI verb pays only for what it uses.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: public name → the module that owns it.
+_EXPORTS: dict[str, str] = {
+    # errors
+    "TaoDataIOError": "errors", "UsageError": "errors", "CredentialError": "errors", "UnsafePathError": "errors",
+    "TransferError": "errors", "VerificationError": "errors", "BackendError": "errors", "is_retryable": "errors",
+    # contract models
+    "JobRequest": "request", "load_request": "request",
+    "PlannedInput": "staging.layout", "StagedSource": "staging.stage_map", "StagingMap": "staging.stage_map",
+    "read_staging_map": "staging.stage_map",
+    "JobRecord": "record", "RecordStore": "record", "OutputRoute": "record",
+    "TransferSummary": "transfer.summary", "Progress": "reporting", "Report": "reporting",
+    # steps
+    "plan_inputs": "staging.layout", "stage_input": "staging.stage", "stage_config": "staging.stage",
+    "stage": "staging.stage", "check_air_gap": "staging.stage", "materialize_config": "staging.config",
+    "selective_download": "staging.selective", "extract_archive": "staging.archive", "pull_model": "staging.pretrained",
+    "decide_route": "routing", "record_route": "routing", "upload_results": "outputs",
+    "TransferEngine": "transfer.engine", "TransferOptions": "transfer.engine",
+    # helpers a step's caller needs
+    "s3_credentials_from_env": "credentials", "forwarded_values": "credentials", "Redactor": "credentials",
+    "throttled": "reporting",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tao_data_io' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

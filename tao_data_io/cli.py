@@ -52,9 +52,10 @@ def _attach_flag_names(parser: argparse.ArgumentParser) -> None:
 
 def in_cli_terms(message: str, flags: dict[str, str]) -> str:
     """``message`` with each parameter name the verb has a flag for replaced by that flag, where
-    the message quotes the parameter's value (``job_id 'x'`` → ``--job-id 'x'``)."""
+    the message quotes the parameter's value (``job_id 'x'`` → ``--job-id 'x'``) or names a
+    switch in parentheses (``(force)`` → ``(--force)``)."""
     for dest, flag in flags.items():
-        message = re.sub(rf"(?<![\w.\-\[]){re.escape(dest)}(?= ['\"])", flag, message)
+        message = re.sub(rf"(?<![\w.\-\[]){re.escape(dest)}(?= ['\"]|\))", flag, message)
     return message
 
 

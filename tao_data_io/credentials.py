@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,6 +150,32 @@ def s3_credentials_from_env(environ: Mapping[str, str] | None = None) -> S3Crede
         region=region or env.get("AWS_REGION") or DEFAULT_REGION,
         source="legacy" if key_from == "ACCESS_KEY" else "aws",
     )
+
+
+def forwarded_values(names: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The values to hand a job for the credential variables it forwards, read from ``environ``.
+
+    Each name gets its own value, or — for the S3 settings — the other family's (a job that
+    forwards ``AWS_ACCESS_KEY_ID`` from a session that only has ``ACCESS_KEY`` gets that value
+    under the name it asked for, and the other way round), mapped in memory as everywhere else.
+    For the per-job Kubernetes Secret and the local sandbox's environment; the result is never
+    logged or stored. A name with no value anywhere is a :class:`CredentialError` naming it.
+    """
+    env = os.environ if environ is None else environ
+    legacy_to_aws = {legacy: aws for aws, legacy in AWS_TO_LEGACY.items()}
+    values: dict[str, str] = {}
+    missing = []
+    for name in dict.fromkeys(names):
+        other = AWS_TO_LEGACY.get(name) or legacy_to_aws.get(name)
+        value = env.get(name) or (env.get(other) if other else None)
+        if value:
+            values[name] = value
+        else:
+            missing.append(name + (f" (or {other})" if other else ""))
+    if missing:
+        raise CredentialError(f"forward_env names variables that are not set here: {', '.join(missing)}; export "
+                              "them in the environment that submits the job, or remove them from forward_env")
+    return values
 
 
 def require_env(name: str, purpose: str, environ: Mapping[str, str] | None = None) -> str:

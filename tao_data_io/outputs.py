@@ -103,7 +103,7 @@ def upload_lock(store: RecordStore, job_id: str, *, wait: bool,
 def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: Kind = "upload",
                    rules: Sequence[FilterRule] = (), upload_excludes: Sequence[str] = (),
                    settle_seconds: float | None = None, environ: Mapping[str, str] | None = None,
-                   progress: ProgressCallback | None = None,
+                   engine: TransferEngine | None = None, progress: ProgressCallback | None = None,
                    on_wait: Callable[[str], None] | None = None) -> UploadOutcome:
     """Upload ``results_dir`` to the job's routed destination and record what happened.
 
@@ -126,14 +126,14 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
         return UploadOutcome("ephemeral", ephemeral_warning(job_id), route)
     if route.route != "s3":
         raise UsageError(f"job {job_id!r} has output route {route.route!r} in its record, which this version "
-                         "does not know (mount, s3 or ephemeral): re-record it with `route-outputs --record --force`")
+                         "does not know (mount, s3 or ephemeral): record the route again, replacing it (force)")
     if kind == "resync" and not results_dir.exists():
         # A schedule usually starts before the job has created its results directory.
         return UploadOutcome("waiting", f"{results_dir} does not exist yet: nothing to resync for job {job_id}", route)
     if not results_dir.is_dir():
-        raise UsageError(f"--results-dir {str(results_dir)!r} is not a directory: give the directory the job "
+        raise UsageError(f"results_dir {str(results_dir)!r} is not a directory: give the directory the job "
                          "writes its results to")
-    credentials = s3_credentials_from_env(env)  # before waiting: a missing credential fails at once
+    credentials = None if engine is not None else s3_credentials_from_env(env)  # fail before waiting
     with upload_lock(store, job_id, wait=kind == "upload", on_wait=on_wait) as held:
         if not held:
             return UploadOutcome("busy", f"another resync or upload of job {job_id} holds the lock; this run "
@@ -151,7 +151,12 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
         options = TransferOptions(filter=results_filter(rules, declared), settle_seconds=settle_seconds,
                                   progress=progress)
         prefix = parse_s3_url(route.destination, field="output_route.destination")
-        summary = TransferEngine(credentials).upload_directory(results_dir, prefix, options)
+        if engine is not None:
+            summary = engine.upload_directory(results_dir, prefix, options)
+        else:
+            assert credentials is not None
+            with TransferEngine(credentials) as own:
+                summary = own.upload_directory(results_dir, prefix, options)
         entry = _entry(kind, route, results_dir, record, settle_seconds, started, summary, Redactor(env))
         final = bool(entry["final"])
         recorded = kind == "upload" or final or bool(summary.transferred_files or summary.failed)
@@ -165,7 +170,7 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
 def _on_mount(route: OutputRoute, results_dir: Path) -> UploadOutcome:
     # Copying would hide the real problem (the job wrote somewhere else) and double the bytes.
     if not is_within(results_dir, route.destination):
-        raise UsageError(f"--results-dir {str(results_dir)!r} is not under the job's mount destination "
+        raise UsageError(f"results_dir {str(results_dir)!r} is not under the job's mount destination "
                          f"{route.destination!r} ({route.reason}); nothing is uploaded on this route and nothing "
                          f"was copied: make the job write its results under {route.destination}")
     return UploadOutcome("mount", f"nothing to upload: results are already on the mount at {route.destination}",

@@ -195,8 +195,8 @@ class RecordStore:
                     return existing
                 different = [f"{name} is {getattr(existing, name)!r} there, {getattr(record, name)!r} here"
                              for name in IDENTITY_FIELDS if getattr(existing, name) != getattr(record, name)]
-                raise UsageError(f"--job-id {job_id!r} already names a different job ({'; '.join(different)}) "
-                                 f"in {self.root}: pick another --job-id, or omit it to mint one")
+                raise UsageError(f"job_id {job_id!r} already names a different job ({'; '.join(different)}) "
+                                 f"in {self.root}: pick another job_id, or omit it to mint one")
             self._write(record)
         return record
 
@@ -220,7 +220,7 @@ class RecordStore:
                 raise UsageError(f"job {job_id!r} is already {record.state}, a final state; refusing to mark it "
                                  f"{state}. Open a new job to run it again")
             if record.backend_ref and backend_ref and backend_ref != record.backend_ref:
-                raise UsageError(f"job {job_id!r} already runs as {record.backend_ref!r}; refusing --backend-ref "
+                raise UsageError(f"job {job_id!r} already runs as {record.backend_ref!r}; refusing backend_ref "
                                  f"{backend_ref!r}: one record tracks one backend object")
             if state == record.state and message in (None, record.message) and backend_ref in (None, record.backend_ref):
                 return None
@@ -297,7 +297,7 @@ class RecordStore:
             return record
 
     def _missing(self, job_id: str) -> UsageError:
-        return UsageError(f"no job record {job_id!r}: looked for {self._path(job_id)} (set --root or "
+        return UsageError(f"no job record {job_id!r}: looked for {self._path(job_id)} (set root or "
                           f"${JOBS_DIR_VARIABLE} if the records live elsewhere)")
 
     @contextmanager

@@ -120,7 +120,7 @@ def record_route(store: RecordStore, job_id: str, route: OutputRoute, *, force: 
                        for name in ("route", "destination") if getattr(existing, name) != getattr(route, name)]
             raise UsageError(f"job {job_id!r} already has an output route and this decision differs: "
                              f"{'; '.join(differs)}. The environment ({RESULTS_ROOT_VARIABLE}, {BUCKET_VARIABLE}) "
-                             "changed since it was recorded; restore it, or pass --force to replace the route")
+                             "changed since it was recorded; restore it, or replace the recorded route deliberately (force)")
         return record.model_copy(update={"output_route": route})
 
     return store.update(job_id, change)

@@ -133,7 +133,7 @@ def test_history_is_in_report_order_and_repeated_reports_do_not_flood_it(tmp_pat
 
     store.open(**JOB, job_id="other")
     store.mark("other", "RUNNING", source="agent", backend_ref="tao/other")
-    with pytest.raises(UsageError, match="already runs as 'tao/other'; refusing --backend-ref 'tao/other-2'"):
+    with pytest.raises(UsageError, match="already runs as 'tao/other'; refusing backend_ref 'tao/other-2'"):
         store.mark("other", "RUNNING", source="agent", backend_ref="tao/other-2")
 
 

@@ -151,7 +151,7 @@ def test_missing_objects_fail_and_leave_nothing_new(engine: TransferEngine, data
     assert message.startswith("26 of 29 referenced objects do not exist") and "removed the 2 file(s)" in message
     listed = [f"ds/gone/g{i:02d}.mp4" for i in range(25)] + ["ds/new/dir/c2.mp4"]
     assert all(key in message for key in sorted(listed)[:20]) and sorted(listed)[20] not in message
-    assert "(6 more)" in message and "--missing skip" in message
+    assert "(6 more)" in message and "missing 'skip'" in message
     assert info.value.missing == sorted(listed)
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*")) == before
     assert (dest / "clips" / "c0.mp4").read_bytes() == CLIPS["clips/c0.mp4"]
@@ -218,7 +218,7 @@ def test_unknown_extension_needs_format(tmp_path: Path) -> None:
     annotation = write_jsonl(tmp_path / "ann.txt", [{"v": "a.mp4"}])
     with pytest.raises(UsageError) as info:
         read_references(annotation, ["v"])
-    assert "'ann.txt'" in str(info.value) and "--format" in str(info.value)
+    assert "'ann.txt'" in str(info.value) and "set format to one of parquet" in str(info.value)
     assert read_references(annotation, ["v"], "jsonl") == ["a.mp4"]
 
 

@@ -31,7 +31,7 @@ def register(verbs: Any) -> None:
     sub = verbs.add_parser("selective-download", help="download only the objects an annotation file references")
     sub.add_argument("--annotation", required=True, metavar="PATH_OR_S3_URI",
                      help="annotation file (parquet, jsonl, json, csv), local or s3://BUCKET/KEY")
-    sub.add_argument("--key", required=True, action="append", metavar="COL",
+    sub.add_argument("--key", dest="keys", required=True, action="append", metavar="COL",
                      help="column holding file paths (repeatable, or comma-separated)")
     sub.add_argument("--bucket", required=True, metavar="B", help="bucket holding the referenced objects")
     sub.add_argument("--src-prefix", required=True, metavar="P", help="key prefix the references are relative to")
@@ -47,7 +47,7 @@ def register(verbs: Any) -> None:
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
-    keys = split_keys(args.key)
+    keys = split_keys(args.keys)
     engine = TransferEngine(s3_credentials_from_env(), concurrency=args.concurrency)
     with console.progress("selective-download") as progress:
         options = TransferOptions(progress=progress)

@@ -59,7 +59,10 @@ _BATCH_ROWS = 131_072
 
 
 class MissingReferencesError(TransferError):
-    """Referenced objects do not exist and ``missing="error"``: this run's new files were removed."""
+    """Referenced objects do not exist and ``missing="error"``: this run's new files were removed.
+    A rerun finds the same objects missing, so it is not retried automatically."""
+
+    retryable = False
 
     def __init__(self, message: str, missing: list[str], summary: TransferSummary) -> None:
         super().__init__(message)
@@ -98,8 +101,8 @@ def infer_format(name: str) -> str:
         if base.endswith(extension) and not (fmt == "parquet" and base != lowered):
             return fmt
     raise UsageError(
-        f"--annotation {name!r}: cannot tell its format from the extension (known: .parquet, .jsonl, .ndjson, "
-        f".json, .csv, and .gz of the text ones); rename it or pass --format {{{','.join(FORMATS)}}}"
+        f"annotation {name!r}: cannot tell its format from the extension (known: .parquet, .jsonl, .ndjson, "
+        f".json, .csv, and .gz of the text ones); rename it or set format to one of {', '.join(FORMATS)}"
     )
 
 
@@ -114,7 +117,7 @@ def read_references(path: str | os.PathLike[str], keys: Sequence[str], fmt: str 
     label = label or str(path)
     keys = check_keys(keys)
     if not os.path.isfile(path):
-        raise UsageError(f"--annotation {label!r} is not a file; give a local path or an s3://BUCKET/KEY object")
+        raise UsageError(f"annotation {label!r} is not a file; give a local path or an s3://BUCKET/KEY object")
     fmt = fmt or infer_format(os.path.basename(label))
     if fmt not in FORMATS:
         raise UsageError(f"format {fmt!r} for {label} is not supported; use one of {', '.join(FORMATS)}")
@@ -130,7 +133,7 @@ def check_keys(keys: Sequence[str]) -> tuple[str, ...]:
         keys = [keys]
     unique = tuple(dict.fromkeys(keys))
     if not unique or any(not key for key in unique):
-        raise UsageError(f"--key {list(keys)!r}: give at least one non-empty column name, e.g. --key video_path")
+        raise UsageError(f"keys {list(keys)!r}: give at least one non-empty column name, e.g. video_path")
     return unique
 
 
@@ -165,16 +168,16 @@ def _add_cell(value: Any, references: set[str], label: str, where: str, key: str
         if not isinstance(item, str):
             shown = "null" if item is None else f"a {type(item).__name__} ({item!r:.40})"
             raise UsageError(f"{label}, {where}, column {key!r}: {shown} where a file path was expected; "
-                             "every --key cell must be a path or a list of paths")
+                             "every key column cell must be a path or a list of paths")
         if not item:
-            raise UsageError(f"{label}, {where}, column {key!r}: empty value; every --key cell must name a file")
+            raise UsageError(f"{label}, {where}, column {key!r}: empty value; every key column cell must name a file")
         _add(references, item, label, locate, key)
 
 
 def _missing_column(key: str, label: str, columns: Iterable[str]) -> UsageError:
     names = list(dict.fromkeys(columns))
     shown = ", ".join(repr(name) for name in names[:30]) + (f" … ({len(names)} in all)" if len(names) > 30 else "")
-    return UsageError(f"{label}: no column {key!r}; its columns are {shown or '(none)'}; pass one of them with --key")
+    return UsageError(f"{label}: no column {key!r}; its columns are {shown or '(none)'}; name one of them in keys")
 
 
 def _is_gzip(path: Path) -> bool:
@@ -199,7 +202,7 @@ def _read_parquet(path: Path, keys: tuple[str, ...], label: str, references: set
     try:
         parquet = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as exc:
-        raise UsageError(f"{label}: not a readable parquet file ({exc}); check the file or pass the right --format") from exc
+        raise UsageError(f"{label}: not a readable parquet file ({exc}); check the file or set the right format") from exc
     schema = parquet.schema_arrow
     for key in keys:
         if key not in schema.names:
@@ -207,7 +210,7 @@ def _read_parquet(path: Path, keys: tuple[str, ...], label: str, references: set
         kind = schema.field(key).type
         element = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else kind
         if not (pa.types.is_string(element) or pa.types.is_large_string(element)):
-            raise UsageError(f"{label}: column {key!r} has type {kind}; a --key column must hold paths "
+            raise UsageError(f"{label}: column {key!r} has type {kind}; a key column must hold paths "
                              "(string or list of strings)")
     offset = 0
     for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=list(keys)):
@@ -234,7 +237,7 @@ def _raise_at(bad: Any, parents: Any, problem: str, label: str, offset: int, key
         return
     row = offset + (parents[index].as_py() if parents is not None else index) + 1
     raise UsageError(f"{label}, row {row}, column {key!r}: {problem} where a file path was expected; "
-                     "every --key cell must name a file")
+                     "every key column cell must name a file")
 
 
 def _parquet_row(column: Any, parents: Any, offset: int, value: str) -> str:
@@ -276,7 +279,7 @@ def _read_jsonl(path: Path, keys: tuple[str, ...], label: str, references: set[s
             raise _missing_column(key, label, columns)
         if key in first_without:
             raise UsageError(f"{label}, line {first_without[key]}: no {key!r} (other lines have it); "
-                             "every row must reference a file in each --key column")
+                             "every row must reference a file in each key column")
 
 
 def _read_json(path: Path, keys: tuple[str, ...], label: str, references: set[str]) -> None:
@@ -287,7 +290,7 @@ def _read_json(path: Path, keys: tuple[str, ...], label: str, references: set[st
         with _open_text(path) as handle:
             data = json.load(handle)
     except (ValueError, EOFError, OSError) as exc:
-        raise UsageError(f"{label}: not valid JSON ({exc}); pass the right --format") from exc
+        raise UsageError(f"{label}: not valid JSON ({exc}); set the right format") from exc
     found: set[str] = set()
     lists = list(_record_lists(data, "$"))
     if not lists:
@@ -305,7 +308,7 @@ def _read_json(path: Path, keys: tuple[str, ...], label: str, references: set[st
             for key in present:
                 if key not in record:
                     raise UsageError(f"{label}, {row}: no {key!r} (other records in {where} have it); "
-                                     "every record must reference a file in each --key field")
+                                     "every record must reference a file in each key field")
                 _add_cell(record[key], references, label, row, key)
     for key in keys:
         if key not in found:
@@ -347,7 +350,7 @@ def _read_csv(path: Path, keys: tuple[str, ...], label: str, references: set[str
                 empty = (column == "").to_numpy().nonzero()[0]
                 if len(empty):
                     raise UsageError(f"{label}, line {line + int(empty[0])}, column {key!r}: empty value; "
-                                     "every --key cell must name a file")
+                                     "every key column cell must name a file")
                 locate = functools.partial(_csv_line, column, line)
                 for value in column.unique():
                     _add(references, value, label, locate, key)
@@ -355,7 +358,7 @@ def _read_csv(path: Path, keys: tuple[str, ...], label: str, references: set[str
     except UsageError:
         raise
     except (ValueError, EOFError, OSError) as exc:  # pandas' ParserError and UnicodeDecodeError are ValueErrors
-        raise UsageError(f"{label}: cannot be read as CSV ({exc}); check the file or pass the right --format") from exc
+        raise UsageError(f"{label}: cannot be read as CSV ({exc}); check the file or set the right format") from exc
 
 
 # --------------------------------------------------------------------------- downloading
@@ -374,16 +377,16 @@ def selective_download(engine: TransferEngine, annotation: str, keys: Sequence[s
     options = options or TransferOptions()
     keys = check_keys(keys)
     if missing not in MISSING_MODES:
-        raise UsageError(f"--missing {missing!r} is not known; use one of {', '.join(MISSING_MODES)}")
+        raise UsageError(f"missing {missing!r} is not known; use one of {', '.join(MISSING_MODES)}")
     if bucket.startswith("s3://"):
-        raise UsageError(f"--bucket {bucket!r} takes a bucket name, not a URL: write --bucket NAME --src-prefix PREFIX")
-    parse_s3_url(f"s3://{bucket}/", field="--bucket")
+        raise UsageError(f"bucket {bucket!r} takes a bucket name, not a URL: give the bucket name and src_prefix apart")
+    parse_s3_url(f"s3://{bucket}/", field="bucket")
     if is_s3_url(src_prefix):
-        raise UsageError(f"--src-prefix {src_prefix!r} is a key prefix inside --bucket, not a URL: "
-                         "write --bucket NAME --src-prefix PREFIX")
+        raise UsageError(f"src_prefix {src_prefix!r} is a key prefix inside the bucket, not a URL: "
+                         "give the bucket name and src_prefix apart")
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
-        raise UsageError(f"--dest {str(dest)!r} exists and is not a directory; give a directory path")
+        raise UsageError(f"dest {str(dest)!r} exists and is not a directory; give a directory path")
     references = _fetch_and_read(engine, annotation, keys, fmt, options)
     prefix = src_prefix.rstrip("/") + "/" if src_prefix.strip("/") else ""
     items = [(prefix + reference, reference) for reference in references]
@@ -399,7 +402,7 @@ def selective_download(engine: TransferEngine, annotation: str, keys: Sequence[s
         raise MissingReferencesError(
             f"{len(absent)} of {len(references)} referenced objects do not exist in s3://{bucket}/{prefix}: {shown}; "
             f"removed the {removed} file(s) this run had added to {dest} (files that were there before are kept); "
-            "fix the annotation, or stage the rest with --missing skip", absent, summary)
+            "fix the annotation, or stage the rest with missing 'skip'", absent, summary)
     if absent and not options.dry_run:
         before.prune(dest)
         _write_lines(report_path, absent)
@@ -415,9 +418,9 @@ def _fetch_and_read(engine: TransferEngine, annotation: str, keys: Sequence[str]
     (so its extension still tells the format) and read that."""
     if not is_s3_url(annotation):
         return read_references(annotation, keys, fmt)
-    url = parse_s3_url(annotation, field="--annotation")
+    url = parse_s3_url(annotation, field="annotation")
     if url.is_prefix:
-        raise UsageError(f"--annotation {annotation!r} names a prefix; give one object, e.g. s3://BUCKET/ann/train.parquet")
+        raise UsageError(f"annotation {annotation!r} names a prefix; give one object, e.g. s3://BUCKET/ann/train.parquet")
     name = url.key.rsplit("/", 1)[-1]
     fmt = fmt or infer_format(name)
     with tempfile.TemporaryDirectory(prefix="tao-data-io-annotation-") as scratch:
@@ -426,8 +429,8 @@ def _fetch_and_read(engine: TransferEngine, annotation: str, keys: Sequence[str]
         if not fetched.ok:
             failure = fetched.failed[0]
             if failure.missing:
-                raise UsageError(f"--annotation {annotation!r} does not exist (404); check the bucket and key")
-            raise TransferError(f"--annotation {annotation!r} could not be fetched: {failure.reason}")
+                raise UsageError(f"annotation {annotation!r} does not exist (404); check the bucket and key")
+            raise TransferError(f"annotation {annotation!r} could not be fetched: {failure.reason}")
         return read_references(target, keys, fmt, label=annotation)
 
 

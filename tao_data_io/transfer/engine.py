@@ -26,7 +26,7 @@ from ..errors import UsageError
 from .client import explained, head_or_none, make_s3_client
 from .digests import DigestStore, multipart_count
 from .filters import PathFilter
-from .work import DownloadJob, Executor, Job, Landed, UploadJob
+from .work import DownloadJob, Executor, Job, JobFailed, Landed, UploadJob
 from .listing import LocalFile, RemoteObject, clean_etag, list_remote, local_file, s3_time_ns, scan_local
 from ..fs import STATE_DIR_NAME, UnsafePathError, confined_path, file_lock, remove_if_exists, temp_path_for
 from .strategy import ContentStrategy
@@ -350,13 +350,14 @@ class TransferEngine:
         tracker.start()
         done_ok: list[tuple[Job, int]] = []
 
-        def on_done(job: Job, error: str | None, landed: Landed | None) -> None:
-            if error is None:
+        def on_done(job: Job, failed: JobFailed | None, landed: Landed | None) -> None:
+            if failed is None:
                 try:
-                    error = finalize(job, landed)
+                    problem = finalize(job, landed)
                 except Exception as exc:  # noqa: BLE001 - one file's bookkeeping never stops the rest
-                    error = f"could not finish the file: {type(exc).__name__}: {exc}"
-            if error is None:
+                    problem = f"could not finish the file: {type(exc).__name__}: {exc}"
+                failed = None if problem is None else JobFailed(problem)
+            if failed is None:
                 # A size planned without a HEAD is what the executor wrote (obstore counts it).
                 size = job.size if job.size != UNKNOWN_SIZE or landed is None else landed.written or 0
                 done_ok.append((job, size))
@@ -364,7 +365,7 @@ class TransferEngine:
             else:
                 if isinstance(job, DownloadJob):
                     remove_if_exists(job.temp)
-                summary.failed.append(Failure(job.key, error, missing=_is_missing(error)))
+                summary.failed.append(Failure(job.key, failed.reason, missing=failed.missing))
                 tracker.advance(max(job.size, 0), failed=True)
 
         try:
@@ -401,7 +402,3 @@ class TransferEngine:
         except self.client.exceptions.ClientError:
             return None
         return int(head["ContentLength"]) if multipart_count(clean_etag(head.get("ETag"))) else None
-
-
-def _is_missing(reason: str) -> bool:
-    return "NoSuchKey" in reason or "status code: 404" in reason or reason.startswith("no such object")

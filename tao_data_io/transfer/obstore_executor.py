@@ -30,7 +30,7 @@ import obstore
 from obstore.store import S3Store
 
 from ..credentials import S3Credentials
-from .work import DownloadJob, Executor, Job, JobDone, Landed, UploadJob
+from .work import DownloadJob, Executor, Job, JobDone, JobFailed, Landed, UploadJob
 
 #: Objects at least this large go to the ``large`` executor (parallel ranged parts).
 LARGE_OBJECT_BYTES = 32 * 1024 * 1024
@@ -131,9 +131,9 @@ class ObstoreExecutor:
                     landed = await (self._download(job) if isinstance(job, DownloadJob) else self._upload(job))
                     error = None
                 except FileNotFoundError as exc:  # obstore's NotFoundError subclasses it
-                    error = f"NoSuchKey: no such object (404): {_first_line(exc)}"
+                    error = JobFailed(f"no such object (404): {_first_line(exc)}", missing=True)
                 except Exception as exc:  # noqa: BLE001 - every failure is reported per object
-                    error = f"{type(exc).__name__}: {_first_line(exc)}"
+                    error = JobFailed(f"{type(exc).__name__}: {_first_line(exc)}")
                 on_done(job, error, landed)
 
         await asyncio.gather(*(worker() for _ in range(min(self.concurrency, len(jobs)))))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..credentials import Redactor, S3Credentials
 from ..errors import TaoDataIOError
-from .work import DownloadJob, Job, JobDone, Landed
+from .work import DownloadJob, Job, JobDone, JobFailed, Landed
 
 #: Retries inside s5cmd for throttling, 5xx and connection resets (exponential backoff).
 RETRY_COUNT = 10
@@ -84,7 +84,7 @@ class S5cmdExecutor:
         pending = dict(by_destination)
         lock = threading.Lock()
 
-        def report(job: Job | None, error: str | None, landed: Landed | None = None) -> None:
+        def report(job: Job | None, error: JobFailed | None, landed: Landed | None = None) -> None:
             if job is None:
                 return
             with lock:
@@ -115,7 +115,7 @@ class S5cmdExecutor:
                 if message is None or "command" not in message:
                     stderr_lines.append(raw.rstrip())
                     continue
-                report(_match_command(str(message["command"]), by_destination), str(message.get("error", "failed")))
+                report(_match_command(str(message["command"]), by_destination), _failure(str(message.get("error", "failed"))))
 
         threads = [threading.Thread(target=feed, daemon=True), threading.Thread(target=read_errors, daemon=True)]
         for thread in threads:
@@ -140,7 +140,13 @@ class S5cmdExecutor:
             detail = Redactor(self.credentials.child_env()).redact(" / ".join(stderr_lines[-3:]))
             reason = f"s5cmd exited with {process.returncode} without transferring it" + (f": {detail}" if detail else "")
             for job in leftover:
-                report(job, reason)
+                report(job, JobFailed(reason))
+
+
+def _failure(error: str) -> JobFailed:
+    """s5cmd reports a failure only as text; this is the one place that reads it, so the rest of
+    the package sees a typed ``missing`` flag."""
+    return JobFailed(error, missing="NoSuchKey" in error or "status code: 404" in error)
 
 
 def _destination_of(job: Job) -> str:

@@ -48,10 +48,20 @@ class Landed:
     written: int | None = None
 
 
+@dataclass(frozen=True)
+class JobFailed:
+    """Why one job did not complete. ``missing`` is set by the executor when the object does not
+    exist (404): selective staging treats a missing reference differently from a failed transfer,
+    and that must not depend on how a message happens to be worded."""
+
+    reason: str
+    missing: bool = False
+
+
 Job = DownloadJob | UploadJob
-#: Called once per job, from any thread, with None on success or the failure reason, and what
-#: the server reported about the object when the executor knows it.
-JobDone = Callable[[Job, "str | None", "Landed | None"], None]
+#: Called once per job, from any thread, with None on success or why it failed, and what the
+#: server reported about the object when the executor knows it.
+JobDone = Callable[[Job, "JobFailed | None", "Landed | None"], None]
 
 
 class Executor(Protocol):

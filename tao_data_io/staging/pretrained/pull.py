@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import TransferError, UsageError
+from ...errors import TransferError, UsageError, VerificationError
 from ...fs import (STATE_DIR_NAME, atomic_write, check_relative, confined_path, file_digest, remove_stale_temps,
                    temp_path_for)
 from ...reporting import ProgressCallback, ProgressTracker, human_size
@@ -186,7 +186,7 @@ def _verify(staging: Path, files: Sequence[RemoteFile], dest: Path) -> None:
         elif remote.digest is not None and (got := file_digest(path, remote.digest.algorithm)) != remote.digest.value:
             problems.append(f"{remote.path}: {remote.digest.algorithm} is {got}, the registry lists {remote.digest.value}")
     if problems:
-        raise TransferError(f"{len(problems)} file(s) failed verification, so nothing was published at {dest} "
+        raise VerificationError(f"{len(problems)} file(s) failed verification, so nothing was published at {dest} "
                             f"(rerun to retry): " + "; ".join(problems))
 
 
