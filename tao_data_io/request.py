@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,9 +46,29 @@ def check_container_path(value: str, *, what: str) -> str:
     return value
 
 
+#: A Kubernetes binary quantity such as ``16Gi`` (what ``/dev/shm`` sizes are written in).
+_BINARY_QUANTITY = re.compile(r"[1-9][0-9]{0,5}(Ki|Mi|Gi|Ti)")
+_QUANTITY_FACTORS = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4}
+
+
+def quantity_bytes(quantity: str) -> int:
+    """``16Gi`` → 17179869184 (the quantity was validated by :class:`ComputeShape`)."""
+    return int(quantity[:-2]) * _QUANTITY_FACTORS[quantity[-2:]]
+
+
 class ComputeShape(Strict):
     gpus: int = Field(default=1, ge=0, le=64)
     nodes: int = Field(default=1, ge=1, le=512)
+    #: Size of ``/dev/shm`` in the frame: data loaders and NCCL hang silently when it is small.
+    shm_size: str = "16Gi"
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm_size(cls, value: str) -> str:
+        if not _BINARY_QUANTITY.fullmatch(value):
+            raise ValueError(f"shm_size {value!r} is not a binary quantity: write a whole number with Ki, Mi, Gi "
+                             "or Ti, such as 16Gi")
+        return value
 
 
 class InputSpec(Strict):
@@ -159,6 +180,9 @@ class JobRequest(Strict):
     environment: dict[str, str] = Field(default_factory=dict)
     forward_env: list[str] = Field(default_factory=list)
     storage: StoragePrefs = Field(default_factory=StoragePrefs)
+    #: Whether the job may use the network. The local frame runs without one unless this is
+    #: true; a Kubernetes pod always has the cluster network.
+    network: bool = False
 
     @field_validator("job_id")
     @classmethod

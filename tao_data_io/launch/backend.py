@@ -1,0 +1,132 @@
+"""The seam between the data mover and whatever runs the job: one protocol, a few small results.
+
+Why a protocol: the local sandbox, Kubernetes and the flow tests' fake must be interchangeable
+under the same steps (submit → verify → status → logs → cancel), so the CLI and the Prefect
+flows compose the same calls whatever runs the job. Results are small JSON-able models with
+``to_dict()``/``describe()``, in the TAO vocabulary users know (PENDING, RUNNING, COMPLETE,
+ERROR, CANCELED; UNKNOWN when the backend has forgotten the job and the record must decide).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from ..errors import UsageError
+from ..schema import Strict
+from ..tier import ClusterFacts
+from .plan import LaunchPlan
+from .probe import Verdict
+
+BackendState = Literal["PENDING", "RUNNING", "COMPLETE", "ERROR", "CANCELED", "UNKNOWN"]
+TERMINAL = frozenset({"COMPLETE", "ERROR", "CANCELED"})
+#: TAO's error classes: the program failed, or the infrastructure did (OOM, a lost node, a pull).
+ErrClass = Literal["ERR_PROGRAM", "ERR_INFRA"]
+DEFAULT_VERIFY_TIMEOUT_S = 600.0
+
+
+class JobStatus(Strict):
+    state: BackendState
+    message: str = ""
+    exit_code: int | None = None
+    err_class: ErrClass | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def describe(self) -> str:
+        return self.state + (f": {self.message}" if self.message else "")
+
+
+class FailureAnalysis(Strict):
+    """What TAO users expect after an ERROR: the class, the reason, a fix."""
+
+    err_class: ErrClass
+    reason: str
+    suggestion: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def describe(self) -> str:
+        return f"{self.err_class}: {self.reason} — {self.suggestion}"
+
+
+class Submission(Strict):
+    """What ``submit`` made: the backend's handle on the job, recorded as ``backend_ref``."""
+
+    backend_ref: str
+    #: False when a retried submit found the job already running and started nothing.
+    started: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def describe(self) -> str:
+        return f"{'started' if self.started else 'already running'} as {self.backend_ref}"
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What runs jobs. Each call raises :class:`~tao_data_io.errors.UsageError` for a request the
+    backend cannot run (naming what and why) and :class:`~tao_data_io.errors.BackendError` when
+    the backend itself fails (saying whether a retry can help)."""
+
+    name: str
+
+    def facts(self) -> ClusterFacts:
+        """What the backend offers, for the tier decision."""
+        ...
+
+    def preflight(self, plan: LaunchPlan) -> None:
+        """Every check that can run before anything is created; raise on the first failure."""
+        ...
+
+    def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None) -> Submission:
+        """Start the job (idempotent: a retry for the same job id starts nothing new). The verify
+        probe runs first, inside the frame; the command starts only if it passes. Credential
+        values for ``plan.forward_env`` are read from ``environ`` here and go only to the frame."""
+        ...
+
+    def verify(self, ref: str, plan: LaunchPlan, *, timeout: float = DEFAULT_VERIFY_TIMEOUT_S) -> Verdict:
+        """Wait for the probe's verdict (bounded by ``timeout``); a failed verdict means the job's
+        command never started and the backend has released what it held."""
+        ...
+
+    def status(self, ref: str) -> JobStatus: ...
+
+    def logs(self, ref: str, tail: int | None = None) -> str: ...
+
+    def cancel(self, ref: str) -> bool:
+        """Stop the job and everything it started; True if something was running."""
+        ...
+
+    def failure_analysis(self, ref: str) -> FailureAnalysis | None: ...
+
+    def results_path(self, ref: str) -> str | None:
+        """Where this machine can read the job's results directory, or None when the backend
+        moves the results itself (a tier C upload sidecar) or they live only in the cluster."""
+        ...
+
+
+def backend_for(platform: str, config: Mapping[str, Any] | None = None) -> Backend:
+    """The backend for ``platform`` (``local``, ``kubernetes`` or ``fake``), configured by ``config``
+    (the target's settings: a workdir root, a namespace…)."""
+    settings = dict(config or {})
+    if platform == "local":
+        from ..local.backend import LocalBackend
+
+        return LocalBackend(**settings)
+    if platform == "kubernetes":
+        from ..kubernetes.backend import KubernetesBackend  # type: ignore[import-not-found]
+
+        return KubernetesBackend(**settings)  # type: ignore[no-any-return]
+    if platform == "fake":
+        from .fake import FakeBackend
+
+        return FakeBackend(**settings)
+    raise UsageError(f"platform {platform!r} is not a backend: use local, kubernetes or fake")

@@ -1,0 +1,112 @@
+"""A backend that runs nothing: for flow and pipeline tests that must not need a sandbox.
+
+Why it is honest: it goes through the same protocol as the real backends, keeps per-job state,
+is idempotent on submit, writes the files a job would write into a real results directory on
+this machine (so collect uploads real bytes), and can be told to fail verification or the job.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+from ..errors import BackendError
+from ..tier import ClusterFacts
+from .backend import FailureAnalysis, JobStatus, Submission
+from .plan import LaunchPlan
+from .probe import CheckResult, Verdict, checklist
+
+
+class FakeBackend:
+    name = "fake"
+
+    def __init__(self, results_root: str | Path, *, verify_ok: bool = True, outcome: str = "COMPLETE",
+                 exit_code: int = 0, polls_until_done: int = 1, results: Mapping[str, bytes] | None = None,
+                 fail_submits: int = 0) -> None:
+        self.results_root = Path(results_root)
+        self.verify_ok, self.outcome, self.exit_code = verify_ok, outcome, exit_code
+        self.polls_until_done = polls_until_done
+        self.results = dict(results or {"checkpoint_epoch_1.pth": b"weights", "status.json": b"{}",
+                                        ".tao/state.json": b"{}"})
+        #: How many submits fail with a retryable BackendError first (a flaky API server).
+        self.fail_submits = fail_submits
+        self.started: list[str] = []
+        self._polls: dict[str, int] = {}
+        self._canceled: set[str] = set()
+        self._lock = threading.Lock()
+
+    def facts(self) -> ClusterFacts:
+        return ClusterFacts(backend="fake")
+
+    def preflight(self, plan: LaunchPlan) -> None:
+        return None
+
+    def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None) -> Submission:
+        ref = f"fake/{plan.job_id}"
+        with self._lock:
+            if self.fail_submits > 0:
+                self.fail_submits -= 1
+                raise BackendError("fake API server answered 503", retryable=True)
+            if ref in self._polls:
+                return Submission(backend_ref=ref, started=False)
+            self._polls[ref] = 0
+            self.started.append(ref)
+        return Submission(backend_ref=ref)
+
+    def verify(self, ref: str, plan: LaunchPlan, *, timeout: float = 600.0) -> Verdict:
+        checks, _ = checklist(plan)
+        if self.verify_ok:
+            results = [CheckResult(kind=c.kind, path=c.path, ok=True, detail="fake: assumed", subject=c.subject)
+                       for c in checks]
+            return Verdict(ok=True, checks=results)
+        first, *rest = checks
+        results = [CheckResult(kind=first.kind, path=first.path, ok=False, detail="does not exist",
+                               subject=first.subject)]
+        results += [CheckResult(kind=c.kind, path=c.path, ok=True, detail="fake: assumed", subject=c.subject)
+                    for c in rest]
+        with self._lock:
+            self._canceled.add(ref)  # a failed verify releases the job; the command never ran
+        return Verdict(ok=False, checks=results)
+
+    def status(self, ref: str) -> JobStatus:
+        with self._lock:
+            if ref not in self._polls:
+                return JobStatus(state="UNKNOWN", message=f"{ref} is not known to the fake backend")
+            if ref in self._canceled:
+                return JobStatus(state="CANCELED", message="canceled")
+            self._polls[ref] += 1
+            done = self._polls[ref] >= self.polls_until_done
+        if not done:
+            return JobStatus(state="RUNNING", message="fake job running")
+        self._write_results(ref)
+        if self.outcome == "COMPLETE":
+            return JobStatus(state="COMPLETE", message="exit code 0", exit_code=0)
+        return JobStatus(state="ERROR", message=f"exit code {self.exit_code}", exit_code=self.exit_code,
+                         err_class="ERR_PROGRAM")
+
+    def logs(self, ref: str, tail: int | None = None) -> str:
+        lines = [f"fake log line {i}" for i in range(1, 6)]
+        return "\n".join(lines[-tail:] if tail else lines) + "\n"
+
+    def cancel(self, ref: str) -> bool:
+        with self._lock:
+            running = ref in self._polls and ref not in self._canceled
+            self._canceled.add(ref)
+        return running
+
+    def failure_analysis(self, ref: str) -> FailureAnalysis | None:
+        if self.outcome == "COMPLETE":
+            return None
+        return FailureAnalysis(err_class="ERR_PROGRAM", reason=f"the command exited {self.exit_code}",
+                               suggestion="read the last lines of the log")
+
+    def results_path(self, ref: str) -> str | None:
+        return str(self.results_root / ref.split("/", 1)[1])
+
+    def _write_results(self, ref: str) -> None:
+        root = Path(str(self.results_path(ref)))
+        for relative, data in self.results.items():
+            path = root / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)

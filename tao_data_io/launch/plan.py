@@ -1,0 +1,177 @@
+"""The launch plan: everything a backend needs to start one job, built by a pure function.
+
+Why one model for every backend: the local sandbox and the Kubernetes renderer must run the
+same argv, with the same environment, seeing the same paths; and the verify probe builds its
+checklist from the same mounts. The plan holds names and paths only — credential variables are
+listed by name (``forward_env``) and a backend projects their values itself (into the sandbox's
+environment, into a per-job Secret), never into the plan.
+
+The command: in ``args`` mode the request's command and args are native argv, whatever they
+contain (shell metacharacters stay literal). In ``config`` mode ``{config_path}`` is replaced by
+the config's path in the frame; a command written as one string that uses shell syntax runs
+verbatim under ``/bin/sh -c`` (the producer chose a shell); anything else is split into argv.
+Shell text is never built from values: the only thing substituted is our own config path.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import Field
+
+from ..credentials import Redactor
+from ..errors import UsageError
+from ..record import JobRecord, OutputRoute
+from ..request import JobRequest
+from ..schema import Strict
+from ..staging.stage_map import StagingMap
+from ..tier import Tier, TierDecision
+
+SCHEMA_VERSION = "1"
+#: Characters that mean "this string is shell text", not a command line to split.
+_SHELL_SYNTAX = re.compile(r"[|&;<>()$`\\\n*?\[\]#~{}]|(^|\s)(if|for|while|case|export)\s")
+CONFIG_PLACEHOLDER = "{config_path}"
+#: Where the probe's files are mounted read-only in the frame.
+PROBE_DIR = "/tao-data-io-verify"
+
+MountOrigin = Literal["staged", "pre-positioned", "config"]
+Expect = Literal["dir", "file", "any"]
+
+
+class PlanMount(Strict):
+    """One path the frame sees. ``source`` is relative to the staging root for ``staged`` and
+    ``config`` mounts, and the declared absolute path for ``pre-positioned`` ones (a host path for
+    the local frame; a path inside the job's PVC on Kubernetes)."""
+
+    origin: MountOrigin
+    source: str
+    target: str
+    read_only: bool = True
+    #: What the verify probe expects at ``target``: a non-empty directory, a readable file, or
+    #: anything readable (a pre-positioned path may be either).
+    expect: Expect = "any"
+    #: The input this mount comes from (request source URI or path), for messages.
+    input: str
+
+
+class LaunchPlan(Strict):
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    job_id: str
+    image: str
+    argv: list[str]
+    #: True when ``argv`` is ``["/bin/sh", "-c", <the request's own shell text>]``.
+    shell: bool = False
+    #: Plain variables (the request's ``environment`` plus the job's own), never a credential.
+    env: dict[str, str] = Field(default_factory=dict)
+    #: Names of credential variables the backend projects into the frame.
+    forward_env: list[str] = Field(default_factory=list)
+    mounts: list[PlanMount]
+    #: The staging root the ``staged`` mounts are relative to (on the submitting host, or the
+    #: job's PVC in tier B; the pod's emptyDir in tier C).
+    staging_root: str
+    results_dir: str
+    config_path: str | None = None
+    route: OutputRoute
+    tier: Tier
+    gpus: int
+    nodes: int
+    shm_size: str
+    network: bool = False
+
+    def to_dict(self) -> dict[str, object]:
+        return self.model_dump(mode="json")
+
+    def describe(self) -> str:
+        command = " ".join(shlex.quote(part) for part in self.argv)
+        return (f"job {self.job_id}: {command} in {self.image} — tier {self.tier}, {len(self.mounts)} mounts, "
+                f"{self.gpus} GPU(s) × {self.nodes} node(s), results {self.results_dir} → {self.route.route}")
+
+
+def command_argv(request: JobRequest, config_path: str | None) -> tuple[list[str], bool]:
+    """(argv, shell) for the request's command (see the module docstring)."""
+    command = request.command
+    if request.mode == "args":
+        base = list(command) if isinstance(command, list) else _split(command, "command")
+        return base + list(request.args or []), False
+    assert config_path is not None
+    if isinstance(command, list):
+        return [part.replace(CONFIG_PLACEHOLDER, config_path) for part in command], False
+    if _SHELL_SYNTAX.search(command.replace(CONFIG_PLACEHOLDER, "")):
+        return ["/bin/sh", "-c", command.replace(CONFIG_PLACEHOLDER, config_path)], True
+    return [part.replace(CONFIG_PLACEHOLDER, config_path) for part in _split(command, "command")], False
+
+
+def _split(text: str, field: str) -> list[str]:
+    try:
+        parts = shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(f"{field} {text!r} cannot be split into arguments ({exc}); write it as a list of "
+                         "strings") from None
+    if not parts:
+        raise UsageError(f"{field} is empty; give the program to run")
+    return parts
+
+
+def build_plan(request: JobRequest, staging_map: StagingMap, decision: TierDecision, record: JobRecord,
+               route: OutputRoute, *, environ: Mapping[str, str] | None = None) -> LaunchPlan:
+    """The plan for ``record``'s job. Pure but for one check: a plain ``environment`` value that
+    equals a credential in ``environ`` is refused (a secret smuggled under an innocent name)."""
+    _refuse_smuggled_secrets(request, environ)
+    config = staging_map.config()
+    config_path = config.container_path if config is not None else None
+    if request.mode == "config" and config is None:
+        raise UsageError("the request is in config mode but the staging map has no materialized config; "
+                         "stage the request again")
+    argv, shell = command_argv(request, config_path)
+    mounts = [_mount_for(source) for source in staging_map.sources]
+    for mount in request.mounts:
+        mounts.append(PlanMount(origin="pre-positioned", source=mount.source, target=mount.target,
+                                read_only=mount.read_only, expect="any", input=mount.source))
+    _check_targets(mounts, request.outputs.results_dir)
+    env = {**request.environment, "TAO_JOB_ID": record.job_id, "TAO_RESULTS_DIR": request.outputs.results_dir}
+    return LaunchPlan(job_id=record.job_id, image=request.image, argv=argv, shell=shell, env=env,
+                      forward_env=list(request.forward_env), mounts=mounts, staging_root=staging_map.workdir,
+                      results_dir=request.outputs.results_dir, config_path=config_path, route=route,
+                      tier=decision.tier, gpus=request.compute_shape.gpus, nodes=request.compute_shape.nodes,
+                      shm_size=request.compute_shape.shm_size, network=request.network)
+
+
+def _mount_for(source: object) -> PlanMount:
+    from ..staging.stage_map import StagedSource
+
+    assert isinstance(source, StagedSource)
+    if source.kind == "pre-positioned":
+        return PlanMount(origin="pre-positioned", source=source.source, target=source.container_path,
+                         expect="any", input=source.source)
+    assert source.sub_path is not None
+    expect: Expect = "file" if source.kind in ("file", "config") else "dir"
+    if source.kind == "model" and source.files == 1 and not source.container_path.endswith("/"):
+        expect = "any"  # an hf:// subpath may name one file of the repository
+    return PlanMount(origin="config" if source.kind == "config" else "staged", source=source.sub_path,
+                     target=source.container_path, expect=expect, input=source.source)
+
+
+def _check_targets(mounts: list[PlanMount], results_dir: str) -> None:
+    """Several targets may alias one source, but one target cannot take two sources, and the
+    results directory must not be (or be inside) a read-only input."""
+    seen: dict[str, PlanMount] = {}
+    for mount in mounts:
+        other = seen.get(mount.target)
+        if other is not None and (other.origin, other.source) != (mount.origin, mount.source):
+            raise UsageError(f"two inputs appear at {mount.target}: {other.input!r} and {mount.input!r}; give one of "
+                             "them another target")
+        seen[mount.target] = mount
+        if mount.read_only and (results_dir == mount.target or results_dir.startswith(mount.target + "/")):
+            raise UsageError(f"outputs.results_dir {results_dir!r} lies in the read-only input {mount.target!r} "
+                             f"({mount.input}); write results somewhere else")
+
+
+def _refuse_smuggled_secrets(request: JobRequest, environ: Mapping[str, str] | None) -> None:
+    redact = Redactor(environ)
+    for name, value in request.environment.items():
+        if redact(value) != value:
+            raise UsageError(f"environment {name!r} holds the value of a credential variable of this environment; "
+                             "credentials are forwarded by name only: list the variable in forward_env instead")

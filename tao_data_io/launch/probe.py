@@ -1,0 +1,202 @@
+"""The verify probe: proof, from inside the compute frame, that every input is readable and the
+results directory is writable and persists — before the training command starts.
+
+Why inside the frame: a green check on the launcher proves nothing about the pod (managed
+backends inject different credentials; a PVC path on a worker is not the PVC in the pod). So
+both backends run the same static POSIX ``sh`` script *inside the frame*, with the same mounts
+as the training command:
+
+* the checklist is a file (one ``check<TAB>path<TAB>argument`` line per check), mounted
+  read-only beside the script — no value is ever spliced into shell text or argv;
+* the script prints one ``TAO-VERIFY<TAB>ok|fail<TAB>check<TAB>path<TAB>detail`` line per check
+  and exits non-zero if any failed, so the training command never starts;
+* persistence is proved by the script writing a token file into the results directory and the
+  backend seeing it *from outside* the frame (then removing it): a directory that vanishes with
+  the container would pass a plain writability test.
+
+:func:`parse_probe_output` turns the lines into a :class:`Verdict` (per path: pass/fail and the
+error text), which the launch stores in the job record.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Literal
+
+from pydantic import Field
+
+from ..schema import Strict
+from .plan import LaunchPlan
+
+CheckKind = Literal["dir-nonempty", "file", "readable", "results-writable", "persistent"]
+#: Name of the token file the probe writes into the results directory.
+TOKEN_FILE = ".tao-data-io-verify"
+LINE_PREFIX = "TAO-VERIFY"
+#: Kubernetes keeps at most 4 KiB of a container's termination message.
+TERMINATION_MESSAGE_LIMIT = 4096
+
+PROBE_SCRIPT = r"""#!/bin/sh
+# tao-data-io verify probe: runs inside the compute frame before the job's command.
+# Usage: sh probe.sh CHECKLIST   (one "check<TAB>path<TAB>argument" line per check)
+# Prints one "TAO-VERIFY<TAB>ok|fail<TAB>check<TAB>path<TAB>detail" line per check.
+tab=$(printf '\t')
+failed=0
+report() { printf 'TAO-VERIFY\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4"; [ "$1" = ok ] || failed=1; }
+nonempty() {
+  for entry in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+    if [ -e "$entry" ] || [ -L "$entry" ]; then return 0; fi
+  done
+  return 1
+}
+while IFS="$tab" read -r check path argument; do
+  case "$check" in
+    dir-nonempty)
+      if [ ! -e "$path" ]; then report fail "$check" "$path" "does not exist"
+      elif [ ! -d "$path" ]; then report fail "$check" "$path" "is not a directory"
+      elif [ ! -r "$path" ] || [ ! -x "$path" ]; then report fail "$check" "$path" "is not readable"
+      elif ! nonempty "$path"; then report fail "$check" "$path" "is empty"
+      else report ok "$check" "$path" "readable, not empty"; fi ;;
+    file)
+      if [ ! -e "$path" ]; then report fail "$check" "$path" "does not exist"
+      elif [ ! -f "$path" ]; then report fail "$check" "$path" "is not a regular file"
+      elif ! dd if="$path" of=/dev/null bs=1 count=1 2>/dev/null; then report fail "$check" "$path" "is not readable"
+      else report ok "$check" "$path" "readable"; fi ;;
+    readable)
+      if [ ! -e "$path" ]; then report fail "$check" "$path" "does not exist"
+      elif [ -d "$path" ]; then
+        if [ -r "$path" ] && [ -x "$path" ]; then report ok "$check" "$path" "readable directory"
+        else report fail "$check" "$path" "is not readable"; fi
+      elif dd if="$path" of=/dev/null bs=1 count=1 2>/dev/null; then report ok "$check" "$path" "readable"
+      else report fail "$check" "$path" "is not readable"; fi ;;
+    results-writable)
+      if ! mkdir -p "$path" 2>/dev/null; then report fail "$check" "$path" "cannot be created"
+      elif ! printf '%s' "$argument" > "$path/.tao-data-io-verify" 2>/dev/null; then
+        report fail "$check" "$path" "is not writable"
+      else report ok "$check" "$path" "writable (token written)"; fi ;;
+    '') ;;
+    *) report fail "$check" "$path" "unknown check" ;;
+  esac
+done < "$1"
+exit "$failed"
+"""
+
+
+class Check(Strict):
+    kind: CheckKind
+    path: str
+    #: What the check is about, for people: the input URI or "results".
+    subject: str
+    argument: str = ""
+
+
+class CheckResult(Strict):
+    kind: CheckKind
+    path: str
+    ok: bool
+    detail: str
+    subject: str = ""
+
+
+class Verdict(Strict):
+    """Per path: pass or fail, and why. ``ok`` only when every check passed and none is missing."""
+
+    ok: bool
+    checks: list[CheckResult] = Field(default_factory=list)
+    #: Set when the probe could not run at all (it died, timed out, printed nothing).
+    error: str | None = None
+
+    @property
+    def failures(self) -> list[CheckResult]:
+        return [check for check in self.checks if not check.ok]
+
+    def to_dict(self) -> dict[str, object]:
+        return self.model_dump(mode="json")
+
+    def describe(self) -> str:
+        if self.error:
+            return f"verify could not run: {self.error}"
+        if self.ok:
+            return f"verified inside the frame: {len(self.checks)} checks passed"
+        shown = "; ".join(f"{c.path}: {c.detail}" for c in self.failures[:5])
+        return f"verify failed inside the frame: {len(self.failures)} of {len(self.checks)} checks failed — {shown}"
+
+    def termination_message(self, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
+        """The verdict as probe lines, failures first, cut to ``limit`` bytes with a count of what
+        was left out (Kubernetes keeps 4 KiB of a termination message)."""
+        ordered = self.failures + [check for check in self.checks if check.ok]
+        lines: list[str] = []
+        size = 0
+        for index, check in enumerate(ordered):
+            line = _line(check)
+            rest = ordered[index:]
+            tail = f"{LINE_PREFIX}\tmore\t{len(rest)} not shown, {sum(c.ok for c in rest)} of them passed\n"
+            if size + len(line.encode()) + len(tail.encode()) > limit:
+                lines.append(tail)
+                break
+            lines.append(line)
+            size += len(line.encode())
+        return "".join(lines)
+
+
+def checklist(plan: LaunchPlan, token: str | None = None) -> tuple[list[Check], str]:
+    """The checks for ``plan`` and the persistence token the results check writes."""
+    token = token or secrets.token_hex(16)
+    checks: list[Check] = []
+    seen: set[str] = set()
+    for mount in plan.mounts:
+        if mount.target in seen:
+            continue
+        seen.add(mount.target)
+        kind: CheckKind = {"dir": "dir-nonempty", "file": "file", "any": "readable"}[mount.expect]
+        checks.append(Check(kind=kind, path=mount.target, subject=mount.input))
+    checks.append(Check(kind="results-writable", path=plan.results_dir, subject="results", argument=token))
+    return checks, token
+
+
+def checklist_text(checks: list[Check]) -> str:
+    """The checklist file the script reads (paths were validated: no tab, newline or control character)."""
+    return "".join(f"{check.kind}\t{check.path}\t{check.argument}\n" for check in checks)
+
+
+def parse_probe_output(output: str, checks: list[Check], exit_code: int | None = None) -> Verdict:
+    """Turn the probe's lines into a verdict. A check the probe never reported is a failure (the
+    probe died mid-way), so a truncated run can never pass — unless the message says every line
+    it left out passed (a termination message cut at 4 KiB lists failures first)."""
+    subjects = {(c.kind, c.path): c.subject for c in checks}
+    results: dict[tuple[str, str], CheckResult] = {}
+    elided = False
+    for line in output.splitlines():
+        parts = line.split("\t")
+        if len(parts) == 3 and parts[:2] == [LINE_PREFIX, "more"]:
+            counts = re.fullmatch(r"(\d+) not shown, (\d+) of them passed", parts[2])
+            elided = counts is not None and counts[1] == counts[2]  # failures come first: the rest passed
+            continue
+        if len(parts) != 5 or parts[0] != LINE_PREFIX or parts[1] not in ("ok", "fail"):
+            continue
+        _, status, kind, path, detail = parts
+        if (kind, path) in subjects:
+            results[(kind, path)] = CheckResult(kind=kind, path=path, ok=status == "ok", detail=detail,  # type: ignore[arg-type]
+                                                subject=subjects[(kind, path)])
+    if not results and checks:
+        return Verdict(ok=False, error="the probe printed no verdict lines (did the frame start a POSIX sh?)")
+    passed_unshown = elided
+    missing_detail = ("passed (not shown: the message was cut at its size limit)" if passed_unshown
+                      else "not reported: the probe stopped before it")
+    ordered = [results.get((c.kind, c.path)) or CheckResult(kind=c.kind, path=c.path, ok=passed_unshown,
+                                                              detail=missing_detail, subject=c.subject) for c in checks]
+    lines_ok = all(r.ok for r in ordered)
+    if exit_code not in (None, 0) and lines_ok:
+        return Verdict(ok=False, checks=ordered,
+                       error=f"the probe exited {exit_code} though every check it reported passed")
+    return Verdict(ok=lines_ok, checks=ordered)
+
+
+def with_persistence(verdict: Verdict, results_dir: str, seen_outside: bool, detail: str) -> Verdict:
+    """Add the persistence check the backend made from outside the frame."""
+    check = CheckResult(kind="persistent", path=results_dir, ok=seen_outside, detail=detail, subject="results")
+    return Verdict(ok=verdict.ok and seen_outside, checks=[*verdict.checks, check], error=verdict.error)
+
+
+def _line(check: CheckResult) -> str:
+    return f"{LINE_PREFIX}\t{'ok' if check.ok else 'fail'}\t{check.kind}\t{check.path}\t{check.detail}\n"

@@ -1,0 +1,164 @@
+"""The storage tier decision: pure, from what the compute side offers and what the request asks.
+
+* **A** — pre-positioned: every input is already on storage the frame mounts (a PVC, a host
+  path); no bytes move. The only tier when air-gapped.
+* **B** — a durable volume filled by a stage step (a stage Job on the cluster, or the submitting
+  host's workdir for the local frame) before the job starts, so no GPU idles while bytes move,
+  and a second job on the same inputs moves nothing.
+* **C** — ephemeral: the pod fetches its inputs into an ``emptyDir`` and uploads its results
+  before it ends. Needs no volume, but holds the GPU idle while it downloads.
+
+Why pure: the decision and its reason go into the job record before launch, the CLI's ``plan``
+prints it, and a table of facts → decision is the test. Facts come from a backend's ``facts()``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .errors import UsageError
+from .reporting import human_size
+from .request import JobRequest
+from .schema import Strict
+from .uris import is_remote_uri
+
+Tier = Literal["A", "B", "C"]
+#: Above this many input bytes, tier C gets the idle-GPU warning (see README: tier section).
+DEFAULT_TIER_C_WARN_BYTES = 2 * 1024**3
+#: Throughput assumed for an in-pod fetch when the tier C warning converts bytes into idle GPU
+#: time (bench/mount.py measures staging and FUSE reads; README "Storage tiers" quotes them).
+TIER_C_BYTES_PER_SECOND = 100 * 1024**2
+
+
+class VolumeFacts(Strict):
+    """A PersistentVolumeClaim (or, locally, the staging directory) the job could use."""
+
+    name: str
+    phase: str = "Bound"
+    access_modes: list[str] = Field(default_factory=lambda: ["ReadWriteOnce"])
+    capacity_bytes: int | None = None
+    #: Whether its stage cache already holds every input of this request (a stage marker per source).
+    holds_inputs: bool = False
+
+
+class ClusterFacts(Strict):
+    """What the compute side offers, as the tier decision needs it."""
+
+    backend: Literal["local", "kubernetes", "fake"]
+    volumes: list[VolumeFacts] = Field(default_factory=list)
+    #: StorageClasses that can provision a new volume (dynamic provisioning).
+    storage_classes: list[str] = Field(default_factory=list)
+    #: Whether the backend can fetch inside the compute frame (tier C): needs network in the frame
+    #: and, on Kubernetes, native sidecars (1.29+).
+    supports_in_frame_fetch: bool = True
+    air_gapped: bool = False
+    #: Total bytes of the request's inputs, when known (None: unknown).
+    input_bytes: int | None = None
+
+
+class TierDecision(Strict):
+    tier: Tier
+    reason: str
+    warnings: list[str] = Field(default_factory=list)
+    #: The volume tier B stages into (or tier A reads from), when one is used.
+    volume: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return self.model_dump(mode="json")
+
+    def describe(self) -> str:
+        return f"tier {self.tier}: {self.reason}" + "".join(f" (warning: {w})" for w in self.warnings)
+
+
+def remote_sources(request: JobRequest) -> list[str]:
+    """Every remote URI the request references (inputs, annotations and the spec)."""
+    from .staging.layout import placements
+
+    found = list(placements(request))
+    found += [item.annotation for item in request.inputs if item.annotation and is_remote_uri(item.annotation)]
+    return found
+
+
+def choose_tier(request: JobRequest, facts: ClusterFacts, *,
+                tier_c_warn_bytes: int = DEFAULT_TIER_C_WARN_BYTES) -> TierDecision:
+    """Decide the tier (see the module docstring). An explicit ``storage.tier`` is honoured unless
+    impossible, which is an error saying why."""
+    remote = remote_sources(request)
+    wanted = request.storage.tier
+    air_gapped = request.storage.air_gapped or facts.air_gapped
+    if air_gapped:
+        if remote:
+            raise UsageError("the job is air-gapped (storage.air_gapped or the backend), so only tier A is possible "
+                             "and nothing may be fetched; pre-position these and reference their mount paths: "
+                             + ", ".join(remote))
+        if wanted not in (None, "A"):
+            raise UsageError(f"storage.tier {wanted!r} is impossible air-gapped: only tier A (pre-positioned) is")
+        return TierDecision(tier="A", reason="air-gapped: tier A is the only tier; every input is pre-positioned")
+    if not remote:
+        if wanted not in (None, "A"):
+            return TierDecision(tier="A", reason=f"storage.tier {wanted!r} was asked, but every input is "
+                                                 "pre-positioned, so nothing moves: tier A")
+        return TierDecision(tier="A", reason="every input is pre-positioned: no bytes move")
+    volume = _usable_volume(request, facts)
+    if wanted == "A":
+        raise UsageError(f"storage.tier 'A' (pre-positioned) is impossible: {len(remote)} input(s) are remote "
+                         f"({', '.join(remote[:3])}{', …' if len(remote) > 3 else ''}); pre-position them, or let "
+                         "the tier be chosen")
+    if wanted == "B":
+        if facts.backend == "kubernetes" and volume is None:
+            raise UsageError("storage.tier 'B' needs a Bound PersistentVolumeClaim to stage into: "
+                             + _no_volume_reason(request, facts))
+        return TierDecision(tier="B", reason="storage.tier 'B' was asked: a stage step fills a durable volume "
+                                             "before the job starts", volume=volume)
+    if wanted == "C":
+        if not facts.supports_in_frame_fetch:
+            raise UsageError("storage.tier 'C' is impossible here: the compute frame cannot fetch its own inputs "
+                             "(no network in the frame, or Kubernetes older than 1.29 for the upload sidecar)")
+        return TierDecision(tier="C", reason="storage.tier 'C' was asked: the pod fetches its inputs and uploads "
+                                             "its results", warnings=_tier_c_warnings(facts, tier_c_warn_bytes))
+    # Nothing asked: prefer a volume (no idle GPU, reusable), else in-frame fetch.
+    if facts.backend != "kubernetes":
+        return TierDecision(tier="B", reason="the local frame stages into the workdir on this host before the "
+                                             "job starts; the job reads it through read-only mounts")
+    if volume is not None:
+        held = next(v for v in facts.volumes if v.name == volume).holds_inputs
+        reason = (f"PVC {volume!r} already holds every input (stage cache): nothing moves" if held else
+                  f"PVC {volume!r} is Bound: a stage Job fills it before the GPU is requested")
+        return TierDecision(tier="B", reason=reason, volume=volume)
+    if facts.supports_in_frame_fetch:
+        return TierDecision(tier="C", reason="no usable PVC (" + _no_volume_reason(request, facts) + "): the pod "
+                                             "fetches its inputs into an emptyDir",
+                            warnings=_tier_c_warnings(facts, tier_c_warn_bytes))
+    raise UsageError("no tier is possible: inputs are remote, there is no usable PVC ("
+                     + _no_volume_reason(request, facts) + ") and the pod cannot fetch them itself; name a Bound "
+                     "claim in storage.pvc_claim, or pre-position the inputs")
+
+
+def _usable_volume(request: JobRequest, facts: ClusterFacts) -> str | None:
+    candidates = [v for v in facts.volumes if v.phase == "Bound"]
+    if request.storage.pvc_claim is not None:
+        candidates = [v for v in candidates if v.name == request.storage.pvc_claim]
+    elif facts.backend == "kubernetes":
+        return None  # never pick someone else's claim on a guess
+    return candidates[0].name if candidates else None
+
+
+def _no_volume_reason(request: JobRequest, facts: ClusterFacts) -> str:
+    claim = request.storage.pvc_claim
+    if claim is None:
+        return "storage.pvc_claim names none"
+    found = next((v for v in facts.volumes if v.name == claim), None)
+    if found is None:
+        return f"PVC {claim!r} does not exist in the namespace"
+    return f"PVC {claim!r} is {found.phase}, not Bound"
+
+
+def _tier_c_warnings(facts: ClusterFacts, threshold: int) -> list[str]:
+    if facts.input_bytes is None or facts.input_bytes < threshold:
+        return []
+    idle = facts.input_bytes / TIER_C_BYTES_PER_SECOND
+    return [f"tier C downloads {human_size(facts.input_bytes)} inside the pod while it holds its GPUs: about "
+            f"{idle / 60:.0f} min of idle GPU time at {human_size(TIER_C_BYTES_PER_SECOND)}/s; prefer tier B "
+            "(a PVC) for inputs this large"]
