@@ -178,6 +178,30 @@ def forwarded_values(names: Iterable[str], environ: Mapping[str, str] | None = N
     return values
 
 
+def credential_value_fields(value: Any, environ: Mapping[str, str] | None = None, *, where: str = "") -> list[str]:
+    """The field paths (``spec.train.note``, ``environment.LR``) of every string in a JSON-shaped
+    ``value`` — dict keys included — that holds the value of a credential variable of ``environ``.
+    The one check behind "names and paths only" for requests, plans and job records; the paths
+    are masked too (a dict key can be the secret itself), and no value is ever returned."""
+    redact = Redactor(environ)
+    found: list[str] = []
+    stack: list[tuple[str, Any]] = [(where, value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if redact(item) != item:
+                found.append(redact(path) or "(value)")
+        elif isinstance(item, Mapping):
+            for key, child in item.items():
+                child_path = f"{path}.{key}" if path else str(key)
+                stack.append((child_path, child))
+                if isinstance(key, str) and redact(key) != key:
+                    found.append(redact(child_path))
+        elif isinstance(item, list | tuple):
+            stack.extend((f"{path}[{index}]", child) for index, child in enumerate(item))
+    return sorted(set(found))
+
+
 def require_env(name: str, purpose: str, environ: Mapping[str, str] | None = None) -> str:
     """Return the value of a single credential variable, or say which variable to set and why."""
     env = os.environ if environ is None else environ

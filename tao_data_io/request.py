@@ -12,22 +12,40 @@ path replaces ``{config_path}`` in the command).
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .credentials import is_secret_name
+from .credentials import credential_value_fields, is_secret_name
+from .documents import load_document
 from .errors import UsageError
 from .names import ENV_NAME_RULE, check_job_id, is_env_name
 from .schema import Strict, describe_validation_error
 from .uris import is_remote_uri, parse_s3_url, parse_uri, staging_location
 
 SCHEMA_VERSION = "1"
+#: Where the materialized config is mounted read-only inside the compute frame.
+CONFIG_MOUNT_DIR = "/tao-action-config"
+#: Where the verify probe's script and checklist are mounted read-only inside the frame.
+PROBE_DIR = "/tao-data-io-verify"
+#: The frame's own directories: an input or results directory there would hide the system the
+#: command runs on (or our own mounts), so a target inside any of them is refused.
+SHADOWED_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys",
+                 "/usr", CONFIG_MOUNT_DIR, PROBE_DIR)
+
+
+def check_frame_target(value: str, *, what: str) -> str:
+    """A path the frame sees an input or results at: usable, and not over the frame's own."""
+    check_container_path(value, what=what)
+    shadowed = next((d for d in SHADOWED_DIRS if value == d or value.startswith(d + "/")), None)
+    if shadowed is not None:
+        raise ValueError(f"{what} {value!r} shadows {shadowed}, which the frame needs for itself; put it under a "
+                         "directory of its own such as /data")
+    return value
 
 
 def check_container_path(value: str, *, what: str) -> str:
@@ -88,6 +106,9 @@ class InputSpec(Strict):
     strip_components: int = Field(default=0, ge=0, le=32)
     # folder
     excludes: list[str] = Field(default_factory=list)
+    #: A folder whose prefix holds no object is an error (a typo in the prefix, usually) unless
+    #: this says an empty folder is expected.
+    allow_empty: bool = False
 
     @field_validator("source")
     @classmethod
@@ -112,7 +133,7 @@ class InputSpec(Strict):
     @field_validator("target")
     @classmethod
     def _target(cls, value: str | None) -> str | None:
-        return None if value is None else check_container_path(value, what="target")
+        return None if value is None else check_frame_target(value, what="target")
 
     @model_validator(mode="after")
     def _kind_options(self) -> InputSpec:
@@ -142,7 +163,7 @@ class OutputSpec(Strict):
     @field_validator("results_dir")
     @classmethod
     def _results_dir(cls, value: str) -> str:
-        return check_container_path(value, what="results_dir")
+        return check_frame_target(value, what="results_dir")
 
 
 class MountSpec(Strict):
@@ -152,10 +173,15 @@ class MountSpec(Strict):
     target: str
     read_only: bool = True
 
-    @field_validator("source", "target")
+    @field_validator("source")
     @classmethod
-    def _paths(cls, value: str) -> str:
-        return check_container_path(value, what="mount path")
+    def _source(cls, value: str) -> str:
+        return check_container_path(value, what="source")
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, value: str) -> str:
+        return check_frame_target(value, what="target")
 
 
 class StoragePrefs(Strict):
@@ -238,10 +264,37 @@ class JobRequest(Strict):
         overlap = sorted(set(self.environment) & set(self.forward_env))
         if overlap:
             raise ValueError(f"{overlap} appear in both environment and forward_env; a credential is forwarded by name only")
+        self._check_declarations()
         from .staging.layout import placements
 
         placements(self)  # two sources that would land in one place are refused at load time
         return self
+
+    def _check_declarations(self) -> None:
+        """One declaration per source; one input per target; no target inside another (the outer
+        mount would hide or be hidden by the inner one); results not inside an input."""
+        sources: dict[str, str] = {}
+        for index, item in enumerate(self.inputs):
+            spelled = item.source.rstrip("/") if item.source.startswith("s3://") else item.source
+            if spelled in sources:
+                raise ValueError(f"inputs[{index}].source {item.source!r} is declared twice (also {sources[spelled]}); "
+                                 "declare each source once")
+            sources[spelled] = f"inputs[{index}]"
+        targets = [(f"inputs[{i}].target", item.target) for i, item in enumerate(self.inputs) if item.target]
+        targets += [(f"mounts[{i}].target", mount.target) for i, mount in enumerate(self.mounts)]
+        for position, (field, target) in enumerate(targets):
+            for other_field, other in targets[:position]:
+                if target == other:
+                    raise ValueError(f"{field} {target!r} is also {other_field}: one path shows one input; pick "
+                                     "another target")
+                inner, outer = (target, other) if target.startswith(other + "/") else (other, target)
+                if inner.startswith(outer + "/"):
+                    raise ValueError(f"{field} {target!r} and {other_field} {other!r}: {inner!r} lies inside "
+                                     f"{outer!r}, so one mount would hide the other; give them separate directories")
+            results = self.outputs.results_dir
+            if results == target or results.startswith(target + "/"):
+                raise ValueError(f"outputs.results_dir {results!r} lies inside the input at {field} {target!r}; "
+                                 "write results to a directory of their own")
 
 
 def check_nested_spec(spec: dict[str, Any]) -> None:
@@ -256,20 +309,33 @@ def check_nested_spec(spec: dict[str, Any]) -> None:
         )
 
 
-def load_request(path: str | Path) -> JobRequest:
-    """Load a request from YAML or JSON; any problem is a UsageError naming field, value and fix."""
+def load_request(path: str | Path, *, environ: Mapping[str, str] | None = None) -> JobRequest:
+    """Load a request from a YAML or JSON file (see :func:`parse_request`); any problem is a
+    :class:`UsageError` naming the file, the field and the fix."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"request {str(path)!r} cannot be read: {exc.strerror}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
+        raise UsageError(f"request {str(path)!r} cannot be read: {reason}") from None
+    fmt = "json" if path.suffix == ".json" else "yaml"
+    data = load_document(text, fmt, what=f"request {str(path)!r}", environ=environ)
+    return parse_request(data, source=f"request {str(path)!r}", environ=environ)
+
+
+def parse_request(data: Any, *, source: str = "request", environ: Mapping[str, str] | None = None) -> JobRequest:
+    """Validate a request given as a mapping (a parsed file, a Prefect parameter, an agent's
+    call). Beyond the model's own rules, no literal value anywhere in it may equal a credential
+    in ``environ`` (default ``os.environ``): the error names the field, never the value."""
+    if not isinstance(data, Mapping):
+        raise UsageError(f"{source} must hold a mapping with schema_version: \"1\"")
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise UsageError(f"request {str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise UsageError(f"request {str(path)!r} must hold a mapping with schema_version: \"1\"")
-    try:
-        return JobRequest.model_validate(data)
+        request = JobRequest.model_validate(data)
     except ValidationError as exc:
-        raise UsageError(describe_validation_error(exc, f"invalid job request {str(path)!r}")) from None
+        raise UsageError(describe_validation_error(exc, f"invalid job {source}")) from None
+    leaked = credential_value_fields(request.model_dump(mode="json", include={"spec", "environment", "args",
+                                                                             "command"}), environ)
+    if leaked:
+        raise UsageError(f"invalid job {source}: {', '.join(leaked)} holds the value of a credential variable of this "
+                         "environment; a request names credentials in forward_env and never holds their values")
+    return request

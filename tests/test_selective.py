@@ -287,3 +287,10 @@ def test_cli(s3_server: EmbeddedS3, dataset: str, tmp_path: Path) -> None:
     skipped = run_cli(*common[:2], str(missing), *common[3:], "--key", "v", "--dest", str(tmp_path / "c"),
                       "--missing", "skip", env=s3_server.env())
     assert skipped.returncode == 0 and MISSING_REPORT in skipped.stdout
+
+
+def test_a_blank_row_in_a_one_column_csv_is_malformed(tmp_path: Path) -> None:
+    """pandas skips blank lines by default, which silently dropped a row the module calls malformed."""
+    annotation = write_csv(tmp_path / "ann.csv", "video", ["a.mp4", "", "b.mp4"])
+    with pytest.raises(UsageError, match="line 3"):
+        read_references(annotation, ["video"])

@@ -241,3 +241,14 @@ def test_pre_positioned_inputs_are_recorded_without_being_touched(tmp_path: Path
     (entry,) = staging_map.sources
     assert (entry.kind, entry.container_path, entry.local_path, entry.files) == (
         "pre-positioned", "/data/coco", None, None)
+
+
+def test_an_empty_s3_folder_is_an_error_unless_allowed(s3_credentials: S3Credentials, populated: str,
+                                                       tmp_path: Path) -> None:
+    empty = {"source": f"s3://{populated}/nothing-here/", "target": "/data/empty"}
+    request = _request(populated, spec={}, inputs=[empty])
+    with pytest.raises(UsageError, match="inputs\\[0\\].*holds no object.*allow_empty"):
+        stage(request, tmp_path / "w", engine=TransferEngine(s3_credentials))
+    allowed = _request(populated, spec={}, inputs=[{**empty, "allow_empty": True}])
+    staged = stage(allowed, tmp_path / "w", engine=TransferEngine(s3_credentials))
+    assert [(s.kind, s.files) for s in staged.sources if s.kind != "config"] == [("folder", 0)]

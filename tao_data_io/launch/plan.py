@@ -25,6 +25,7 @@ from pydantic import Field
 from ..credentials import Redactor
 from ..errors import UsageError
 from ..record import JobRecord, OutputRoute
+from ..request import PROBE_DIR as PROBE_DIR  # where backends mount the probe's files
 from ..request import JobRequest
 from ..schema import Strict
 from ..staging.stage_map import StagingMap
@@ -34,8 +35,6 @@ SCHEMA_VERSION = "1"
 #: Characters that mean "this string is shell text", not a command line to split.
 _SHELL_SYNTAX = re.compile(r"[|&;<>()$`\\\n*?\[\]#~{}]|(^|\s)(if|for|while|case|export)\s")
 CONFIG_PLACEHOLDER = "{config_path}"
-#: Where the probe's files are mounted read-only in the frame.
-PROBE_DIR = "/tao-data-io-verify"
 
 MountOrigin = Literal["staged", "pre-positioned", "config"]
 Expect = Literal["dir", "file", "any"]

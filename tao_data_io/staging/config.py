@@ -7,8 +7,10 @@ refuse a staged file whose bytes differ from its name, and an existing file is n
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,15 +29,16 @@ _EXTENSIONS = {"json": "json", "yaml": "yaml", "toml": "toml"}
 
 
 def serialise(spec: Mapping[str, Any], config_format: str) -> bytes:
-    """Deterministic bytes for a spec: sorted keys, fixed formatting, trailing newline."""
+    """Deterministic bytes for a spec: sorted keys, fixed formatting, trailing newline. A value the
+    format cannot represent faithfully is refused naming its field, never coerced."""
+    if config_format not in _EXTENSIONS:
+        raise UsageError(f"config_format {config_format!r} is not one of json, yaml, toml")
+    _check_representable(spec, config_format)
     if config_format == "json":
-        return (json.dumps(spec, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode()
+        return (json.dumps(spec, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode()
     if config_format == "yaml":
         return yaml.safe_dump(dict(spec), sort_keys=True, default_flow_style=False, allow_unicode=True).encode()
-    if config_format == "toml":
-        _check_toml(spec, "spec")
-        return tomli_w.dumps(_sorted(spec)).encode()
-    raise UsageError(f"config_format {config_format!r} is not one of json, yaml, toml")
+    return tomli_w.dumps(_sorted(spec)).encode()
 
 
 def _sorted(value: Any) -> Any:
@@ -46,15 +49,32 @@ def _sorted(value: Any) -> Any:
     return value
 
 
-def _check_toml(value: Any, path: str) -> None:
-    if value is None:
-        raise UsageError(f"{path} is null, which TOML cannot represent; remove it or use config_format json/yaml")
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            _check_toml(item, f"{path}.{key}")
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _check_toml(item, f"{path}[{index}]")
+def _check_representable(spec: Mapping[str, Any], fmt: str) -> None:
+    """Walk the spec (without recursion) and refuse what ``fmt`` cannot hold: null in TOML, dates
+    and binary in JSON and TOML, inf/nan in JSON, and keys that are not strings anywhere (they
+    would be turned into strings, or not sort)."""
+    fix = "quote it in the request, or choose another config_format"
+    stack: list[tuple[str, Any]] = [("spec", spec)]
+    while stack:
+        path, value = stack.pop()
+        problem = None
+        if value is None and fmt == "toml":
+            problem = "null, which TOML cannot represent"
+        elif isinstance(value, datetime.date | datetime.time) and fmt in ("json", "toml"):
+            problem = f"a {type(value).__name__} (YAML reads unquoted dates as dates), which {fmt.upper()} would not keep"
+        elif isinstance(value, bytes | bytearray) and fmt in ("json", "toml"):
+            problem = f"binary data, which {fmt.upper()} cannot represent"
+        elif isinstance(value, float) and not math.isfinite(value) and fmt == "json":
+            problem = f"{value}, which JSON cannot represent"
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise UsageError(f"{path} has the key {key!r} ({type(key).__name__}), not a string; {fix}")
+                stack.append((f"{path}.{key}", item))
+        elif isinstance(value, list | tuple):
+            stack.extend((f"{path}[{index}]", item) for index, item in enumerate(value))
+        if problem:
+            raise UsageError(f"{path} is {problem}; {fix}")
 
 
 @dataclass(frozen=True)

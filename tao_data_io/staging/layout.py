@@ -26,14 +26,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import UsageError
-from ..request import InputSpec, JobRequest
+from ..request import CONFIG_MOUNT_DIR, InputSpec, JobRequest
 from ..uris import is_remote_uri, parse_uri, staging_location
 from .spec import remote_uris
 
 #: Where inputs appear inside the compute frame unless a request input names a target.
 DEFAULT_INPUTS_ROOT = "/tao-inputs"
-#: Where the materialized config is mounted read-only inside the compute frame.
-CONFIG_MOUNT_DIR = "/tao-action-config"
 #: Where the materialized config is written, relative to the staging root.
 CONFIG_DIR = "config"
 

@@ -343,7 +343,7 @@ def _read_csv(path: Path, keys: tuple[str, ...], label: str, references: set[str
             if key not in columns:
                 raise _missing_column(key, label, columns)
         line = 2
-        for chunk in pd.read_csv(path, usecols=list(keys), dtype=str, na_filter=False, chunksize=_BATCH_ROWS,
+        for chunk in pd.read_csv(path, usecols=list(keys), dtype=str, na_filter=False, skip_blank_lines=False, chunksize=_BATCH_ROWS,
                                  compression=compression):
             for key in keys:
                 column = chunk[key]

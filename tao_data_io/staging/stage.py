@@ -124,7 +124,12 @@ def _stage_s3(planned: PlannedInput, url: S3Url, local: Path, engine: TransferEn
     if kind == "folder":
         rules = PathFilter.from_patterns(declared.excludes if declared else ())
         summary = engine.download_prefix(url, local, TransferOptions(filter=rules, progress=progress))
-        return staged(summary, summary.transferred_files + summary.unchanged_files)
+        files = summary.transferred_files + summary.unchanged_files
+        if files == 0 and not summary.failed and not (declared is not None and declared.allow_empty):
+            excluded = f" ({summary.excluded_files} excluded by its excludes)" if summary.excluded_files else ""
+            raise UsageError(f"{planned.field}: {planned.source!r} holds no object{excluded}; check the prefix, or "
+                             "declare the input with allow_empty: true if an empty folder is expected")
+        return staged(summary, files)
     if kind == "file":
         summary = engine.download_object(url, local, TransferOptions(progress=progress))
         if summary.failed and summary.failed[0].missing:

@@ -1,0 +1,166 @@
+"""Loading a YAML or JSON document someone else wrote (a job request), within limits.
+
+Why a module of its own: a request is untrusted input, and the standard loaders are generous in
+ways that hurt — a 423-byte YAML "billion laughs" expands aliases into an exponential tree that
+pins a core, a few thousand nested brackets end in a ``RecursionError``, and a duplicate key
+silently keeps the last value. Every limit below is checked *before* anything is built, in one
+streaming pass, and each has a safe default, an environment override, and an error that names
+both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from .errors import UsageError
+
+MAX_BYTES_VARIABLE = "TAO_DATA_IO_MAX_REQUEST_BYTES"
+MAX_DEPTH_VARIABLE = "TAO_DATA_IO_MAX_REQUEST_DEPTH"
+MAX_NODES_VARIABLE = "TAO_DATA_IO_MAX_REQUEST_NODES"
+DEFAULT_MAX_BYTES = 1024 * 1024
+DEFAULT_MAX_DEPTH = 64
+#: Nodes after expanding YAML aliases: generous for any real spec, tiny next to a laugh bomb.
+DEFAULT_MAX_NODES = 100_000
+
+
+def _limit(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise UsageError(f"{name} {raw!r} must be a positive whole number")
+    return value
+
+
+def load_document(text: str, fmt: str, *, what: str, environ: Mapping[str, str] | None = None) -> Any:
+    """Parse ``text`` as ``fmt`` (``yaml`` or ``json``) after checking its size, nesting depth
+    and (YAML) expanded size; refuse duplicate keys. ``what`` names the document in errors."""
+    env = os.environ if environ is None else environ
+    max_bytes = _limit(env, MAX_BYTES_VARIABLE, DEFAULT_MAX_BYTES)
+    max_depth = _limit(env, MAX_DEPTH_VARIABLE, DEFAULT_MAX_DEPTH)
+    max_nodes = _limit(env, MAX_NODES_VARIABLE, DEFAULT_MAX_NODES)
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise UsageError(f"{what} is {size:,} bytes, over the limit of {max_bytes:,} ({MAX_BYTES_VARIABLE} raises "
+                         "it); a job request is a small document")
+    if fmt == "json":
+        _check_json_depth(text, max_depth, what)
+        try:
+            return json.loads(text, object_pairs_hook=lambda pairs: _unique(pairs, what))
+        except ValueError as exc:
+            if isinstance(exc, UsageError):
+                raise
+            raise UsageError(f"{what} is not valid JSON: {exc}") from None
+    try:
+        _check_yaml_events(text, max_depth, max_nodes, what)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{what} is not valid YAML: {exc}") from None
+    except _DuplicateKey as exc:
+        raise UsageError(f"{what}, {exc}") from None
+
+
+def _depth_error(what: str, limit: int) -> UsageError:
+    return UsageError(f"{what} is nested deeper than {limit} levels ({MAX_DEPTH_VARIABLE} raises the limit); "
+                      "flatten the document")
+
+
+def _check_json_depth(text: str, limit: int, what: str) -> None:
+    """Bracket depth outside strings, without recursion (the parser itself would recurse)."""
+    depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                raise _depth_error(what, limit)
+        elif char in "]}":
+            depth -= 1
+
+
+def _check_yaml_events(text: str, max_depth: int, max_nodes: int, what: str) -> None:
+    """One pass over the parser's events (no tree is built): depth, and the node count with every
+    alias counted as the size of what it expands to."""
+    open_sizes: list[list[Any]] = []  # per open collection: [anchor, nodes in it so far]
+    anchored: dict[str, int] = {}     # finished anchored node → its expanded size
+    total = 0
+
+    def count(nodes: int) -> None:
+        nonlocal total
+        total += nodes
+        if total > max_nodes:
+            raise UsageError(f"{what} expands to more than {max_nodes:,} nodes (YAML aliases multiply what they "
+                             f"repeat; {MAX_NODES_VARIABLE} raises the limit); write the values out instead of "
+                             "aliasing them")
+
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+            count(1)
+            open_sizes.append([event.anchor, 1])
+            if len(open_sizes) > max_depth:
+                raise _depth_error(what, max_depth)
+            continue
+        if isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
+            anchor, size = open_sizes.pop()
+        elif isinstance(event, yaml.ScalarEvent):
+            anchor, size = event.anchor, 1
+            count(1)
+        elif isinstance(event, yaml.AliasEvent):
+            anchor, size = None, anchored.get(event.anchor or "", 1)
+            count(size)
+        else:
+            continue
+        if anchor:
+            anchored[anchor] = size
+        if open_sizes:
+            open_sizes[-1][1] += size
+
+
+def _unique(pairs: list[tuple[Any, Any]], what: str) -> dict[Any, Any]:
+    result: dict[Any, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise UsageError(f"{what} has the duplicate key {key!r}; a key may appear once per mapping (which "
+                             "value was meant?)")
+        result[key] = value
+    return result
+
+
+class _DuplicateKey(Exception):
+    """Raised inside the loader, which does not know the document's name."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a key repeated in one mapping instead of keeping the last."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            try:
+                duplicate = key in seen
+            except TypeError:
+                continue  # an unhashable key: the base constructor reports it
+            if duplicate:
+                raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: duplicate key {key!r}; a key may appear "
+                                    "once per mapping (which value was meant?)")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
