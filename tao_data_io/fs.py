@@ -33,7 +33,8 @@ from pathlib import Path
 
 from .errors import UnsafePathError
 
-#: Per-destination state (digest cache, markers) lives here; it is never a transfer target.
+#: Per-destination state (digest cache, lock, markers) lives in a directory of this name beside
+#: the destination (:func:`state_dir_for`); the name is reserved, never a transfer target.
 STATE_DIR_NAME = ".tao-data-io"
 #: In-flight files and directories carry this prefix until they are renamed into place.
 TEMP_PREFIX = ".tao-data-io-partial."
@@ -93,6 +94,23 @@ def confined_path(root: Path, relative: str, *, what: str) -> Path:
         if not stat.S_ISDIR(mode):
             raise UnsafePathError(f"refusing {what} {relative!r}: {current} exists and is not a directory")
     return root / relative
+
+
+def state_dir_for(dest: Path) -> Path:
+    """Where tao-data-io keeps what it knows about ``dest`` (digest cache, lock, markers, reports):
+    ``<parent>/.tao-data-io/<name>/``, beside the tree and never inside it — a dataset loader that
+    treats each sub-directory as a class must see exactly the data. Beside it (not in a cache
+    directory) so a stage pod and a training pod that share the volume share it too. When the
+    parent cannot hold it (a read-only parent of a mount point), a directory in the user's cache
+    keyed by the destination's real path is used instead.
+    """
+    dest = Path(os.path.abspath(dest))
+    beside = dest.parent / STATE_DIR_NAME / dest.name
+    parent = dest.parent
+    if beside.is_dir() or not parent.exists() or os.access(parent, os.W_OK):
+        return beside  # writers create it (atomic_write and file_lock make their parents)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tao-data-io" / "state"
+    return cache / hashlib.sha256(os.path.realpath(dest).encode()).hexdigest()[:32]
 
 
 def is_within(path: str | os.PathLike[str], root: str | os.PathLike[str], *, resolve: bool = True) -> bool:

@@ -11,16 +11,19 @@ import io
 import json
 import os
 import stat
+import subprocess
 import tarfile
 import zipfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tao_data_io.staging.archive import MARKER_NAME, ExtractResult, extract_archive
+from tao_data_io.fs import STATE_DIR_NAME, temp_path_for
+from tao_data_io.staging.archive import ArchiveLimits, ExtractResult, extract_archive, marker_path
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.errors import UsageError
@@ -96,14 +99,13 @@ def build(path: Path, entries: list[Entry], fmt: str | None = None) -> Path:
 
 # --------------------------------------------------------------------------- looking at trees
 def listing(root: Path) -> dict[str, Any]:
-    """relative path → bytes (file), "-> target" (symlink) or "/" (directory); the marker excluded."""
+    """relative path → bytes (file), "-> target" (symlink) or "/" (directory): all of it (the marker
+    lives beside the tree, never inside)."""
     result: dict[str, Any] = {}
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             path = Path(dirpath) / name
             relative = path.relative_to(root).as_posix()
-            if relative == MARKER_NAME:
-                continue
             if path.is_symlink():
                 result[relative] = "-> " + os.readlink(path)
             elif path.is_dir():
@@ -124,7 +126,8 @@ def snapshot(root: Path) -> dict[str, tuple[int, int]]:
 
 
 def everything(root: Path) -> set[str]:
-    return {p.relative_to(root).as_posix() for p in root.rglob("*")}
+    """Every path below ``root`` but our state directories (lock, marker), which live beside trees."""
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if STATE_DIR_NAME not in p.relative_to(root).parts}
 
 
 def counting_engine(credentials: S3Credentials) -> tuple[TransferEngine, list[str]]:
@@ -166,7 +169,7 @@ def test_every_format_round_trips_with_a_marker(tmp_path: Path, fmt: str) -> Non
     assert os.access(dest / "run.sh", os.X_OK) and not os.access(dest / "a.txt", os.X_OK)
     if fmt != "zip":
         assert (dest / "hard.txt").stat().st_ino == (dest / "a.txt").stat().st_ino
-    marker = json.loads((dest / MARKER_NAME).read_text())
+    marker = json.loads((marker_path(dest)).read_text())
     assert marker["archive"] == {"kind": "file", "size": archive.stat().st_size,
                                  "sha256": hashlib.sha256(archive.read_bytes()).hexdigest()}
     assert marker["strip_components"] == 0 and marker["tool"].startswith("tao-data-io ")
@@ -175,7 +178,7 @@ def test_every_format_round_trips_with_a_marker(tmp_path: Path, fmt: str) -> Non
     assert files["sub/link"] == {"path": "sub/link", "link": "b.bin"}
     assert set(files) == {k for k, v in expected.items() if v != "/"}
     assert result == ExtractResult(str(archive), dest, True, "first extraction", len(files), 6 + 18 + 256 * 50
-                                   + (6 if fmt != "zip" else 0), dest / MARKER_NAME)
+                                   + (6 if fmt != "zip" else 0), marker_path(dest))
     assert temp_leftovers(tmp_path) == []
 
 
@@ -204,7 +207,7 @@ def test_strip_components_drops_leading_components_and_skips_short_members(tmp_p
 
     expected = {"a.txt": b"a", "sub": "/", "sub/b.txt": b"b", "l": "-> a.txt"}
     assert listing(tmp_path / "d") == {**expected, **({"h": b"a"} if fmt != "zip" else {})}
-    assert json.loads((tmp_path / "d" / MARKER_NAME).read_text())["strip_components"] == 1
+    assert json.loads((marker_path(tmp_path / "d")).read_text())["strip_components"] == 1
     # A different strip is a different extraction.
     again = extract_archive(str(archive), tmp_path / "d", strip_components=2)
     assert again.extracted and again.reason == "strip-components changed" and result.extracted
@@ -238,7 +241,7 @@ def test_changed_archive_is_swapped_in_whole(tmp_path: Path) -> None:
 
     assert result.extracted and result.reason == "archive changed"
     assert listing(dest) == {"keep.txt": b"version 2", "new-only.txt": b"new"}
-    assert everything(tmp_path) == {"data.zip", "d", "d/keep.txt", "d/new-only.txt", f"d/{MARKER_NAME}"}
+    assert everything(tmp_path) == {"data.zip", "d", "d/keep.txt", "d/new-only.txt"}
 
 
 @pytest.mark.parametrize("damage", ["file removed", "file resized", "symlink removed", "marker garbled"])
@@ -254,12 +257,12 @@ def test_damaged_tree_is_detected_and_repaired(tmp_path: Path, damage: str) -> N
     elif damage == "symlink removed":
         (dest / "up").unlink()
     else:
-        (dest / MARKER_NAME).write_text("{not json")
+        (marker_path(dest)).write_text("{not json")
 
     result = extract_archive(str(archive), dest)
 
     assert result.extracted
-    assert result.reason.startswith("the .extracted marker is unreadable" if damage == "marker garbled" else "tree damaged")
+    assert result.reason.startswith("the extracted.json marker is unreadable" if damage == "marker garbled" else "tree damaged")
     assert listing(dest) == EXPECTED
     assert not extract_archive(str(archive), dest).extracted
 
@@ -289,7 +292,6 @@ HOSTILE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "tar setuid file": (lambda t: build(t / "h.tar", [file("su", b"x", mode=0o4755)]), "'su': it has the setuid"),
     "tar backslash": (lambda t: build(t / "h.tar", [file("..\\evil.txt", b"x")]), "backslash"),
     "tar control character": (lambda t: build(t / "h.tar", [file("bad\x1bname", b"x")]), "control character"),
-    "tar marker name": (lambda t: build(t / "h.tar", [file(MARKER_NAME, b"{}")]), f"'{MARKER_NAME}'"),
     "zip slip": (lambda t: build(t / "h.zip", [file("ok.txt", b"ok"), file("../../evil.txt", b"x")]), "'../../evil.txt'"),
     "zip symlink to /etc/passwd": (lambda t: build(t / "h.zip", [symlink("link", "/etc/passwd")]), "'link'"),
     "zip symlink out, file written through it": (
@@ -317,14 +319,14 @@ def test_hostile_update_leaves_the_earlier_tree_untouched(tmp_path: Path) -> Non
     archive = build(tmp_path / "data.zip", [file("good.txt", b"good")])
     dest = tmp_path / "d"
     extract_archive(str(archive), dest)
-    before, marker = snapshot(dest), (dest / MARKER_NAME).read_bytes()
+    before, marker = snapshot(dest), (marker_path(dest)).read_bytes()
 
     build(archive, [file("new.txt", b"new"), file("../../evil.txt", b"x")])
     with pytest.raises(UsageError, match="evil.txt"):
         extract_archive(str(archive), dest)
 
-    assert snapshot(dest) == before and (dest / MARKER_NAME).read_bytes() == marker
-    assert everything(tmp_path) == {"data.zip", "d", "d/good.txt", f"d/{MARKER_NAME}"}
+    assert snapshot(dest) == before and (marker_path(dest)).read_bytes() == marker
+    assert everything(tmp_path) == {"data.zip", "d", "d/good.txt"}
 
 
 # --------------------------------------------------------------------------- corrupt and unsupported
@@ -381,7 +383,7 @@ def test_destination_not_made_by_extract_is_never_replaced(tmp_path: Path) -> No
     archive = build(tmp_path / "data.tar", [file("a.txt", b"a")])
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "precious.txt").write_bytes(b"mine")
-    with pytest.raises(UsageError, match="no .extracted marker"):
+    with pytest.raises(UsageError, match="no extracted.json marker"):
         extract_archive(str(archive), tmp_path / "home")
     assert listing(tmp_path / "home") == {"precious.txt": b"mine"}
     # An existing *empty* directory is fine: it is replaced by the finished tree.
@@ -399,7 +401,7 @@ def test_s3_tar_gz_is_streamed_once_and_a_rerun_is_one_head(s3_credentials: S3Cr
     first = extract_archive(f"s3://{bucket}/ds/data.tar.gz", dest, engine=engine)
     assert methods == ["HEAD", "GET"] and first.extracted and listing(dest) == EXPECTED
     head = s3_client.head_object(Bucket=bucket, Key="ds/data.tar.gz")
-    assert json.loads((dest / MARKER_NAME).read_text())["archive"] == {
+    assert json.loads((marker_path(dest)).read_text())["archive"] == {
         "kind": "s3", "bucket": bucket, "key": "ds/data.tar.gz", "size": head["ContentLength"],
         "etag": head["ETag"].strip('"')}
     before = snapshot(dest)
@@ -423,7 +425,7 @@ def test_s3_zip_is_read_with_one_get_and_its_temp_copy_removed(s3_credentials: S
     extract_archive(f"s3://{bucket}/data.zip", tmp_path / "d", engine=engine)
 
     assert methods == ["HEAD", "GET"] and listing(tmp_path / "d") == EXPECTED
-    assert everything(tmp_path) == {"d"} | {f"d/{p}" for p in EXPECTED} | {f"d/{MARKER_NAME}"}
+    assert everything(tmp_path) == {"d"} | {f"d/{p}" for p in EXPECTED}
 
 
 def test_cli_extracts_an_s3_tar_gz_and_reruns_as_a_no_op(s3_server: EmbeddedS3, s3_client: Any, bucket: str,
@@ -434,7 +436,7 @@ def test_cli_extracts_an_s3_tar_gz_and_reruns_as_a_no_op(s3_server: EmbeddedS3, 
     first = run_cli(*args, "--json", env=s3_server.env())
     assert first.returncode == 0, first.stderr
     summary = json.loads(first.stdout)
-    assert summary["extracted"] and summary["files"] == len(TREE) - 1 and summary["marker"] == str(tmp_path / "d" / MARKER_NAME)
+    assert summary["extracted"] and summary["files"] == len(TREE) - 1 and summary["marker"] == str(marker_path(tmp_path / "d"))
     assert listing(tmp_path / "d") == EXPECTED
 
     again = run_cli(*args, env=s3_server.env())
@@ -456,8 +458,6 @@ def test_cli_bad_input_exits_2_naming_the_value(s3_server: EmbeddedS3, bucket: s
 
 
 def test_a_killed_extractions_leftovers_are_removed(tmp_path: Path) -> None:
-    from tao_data_io.fs import temp_path_for
-
     archive = tmp_path / "a.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         info = tarfile.TarInfo("f.txt")
@@ -469,3 +469,69 @@ def test_a_killed_extractions_leftovers_are_removed(tmp_path: Path) -> None:
     (leftover / "half" / "big.bin").write_bytes(b"partial")
     extract_archive(str(archive), dest)
     assert not leftover.exists() and (dest / "f.txt").read_bytes() == b"x"
+
+
+# --------------------------------------------------------------------------- resource limits and races
+def test_a_compression_bomb_stops_at_the_ratio_and_leaves_nothing(tmp_path: Path) -> None:
+    archive = build(tmp_path / "bomb.tar.gz", [file("zeros.bin", bytes(64 * 1024 * 1024))])
+    assert archive.stat().st_size < 200_000  # 64 MiB of zeros, gzip ~1000x
+    limits = ArchiveLimits(max_ratio=100, ratio_floor=1024 * 1024)
+    with pytest.raises(UsageError, match=r"expands beyond 100×.*TAO_DATA_IO_ARCHIVE_MAX_RATIO"):
+        extract_archive(str(archive), tmp_path / "d", limits=limits)
+    assert everything(tmp_path) == {"bomb.tar.gz"}
+
+
+def test_the_byte_limit_and_its_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = build(tmp_path / "data.tar", [file("a.bin", b"a" * 5000), file("b.bin", b"b" * 5000)])
+    monkeypatch.setenv("TAO_DATA_IO_ARCHIVE_MAX_BYTES", "6000")
+    with pytest.raises(UsageError, match="TAO_DATA_IO_ARCHIVE_MAX_BYTES"):
+        extract_archive(str(archive), tmp_path / "d")
+    monkeypatch.setenv("TAO_DATA_IO_ARCHIVE_MAX_BYTES", "20000")
+    assert extract_archive(str(archive), tmp_path / "d").files == 2
+
+
+def test_too_many_members_is_refused_naming_the_override(tmp_path: Path) -> None:
+    archive = build(tmp_path / "many.tar.gz", [file(f"f{i}", b"") for i in range(300)])
+    with pytest.raises(UsageError, match="more than 100 members.*TAO_DATA_IO_ARCHIVE_MAX_MEMBERS"):
+        extract_archive(str(archive), tmp_path / "d", limits=ArchiveLimits(max_members=100))
+    assert everything(tmp_path) == {"many.tar.gz"}
+
+
+def test_a_sparse_member_is_refused_not_written_dense(tmp_path: Path) -> None:
+    """A 10 KB sparse tar used to write 900 MiB of zeros."""
+    sparse = tmp_path / "sparse.bin"
+    with open(sparse, "wb") as handle:
+        handle.seek(100 * 1024 * 1024)
+        handle.write(b"end")
+    archive = tmp_path / "sparse.tar"
+    done = subprocess.run(["tar", "--sparse", "-cf", str(archive), "-C", str(tmp_path), "sparse.bin"],
+                          capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"GNU tar cannot make sparse archives here: {done.stderr!r}")
+    assert archive.stat().st_size < 1024 * 1024
+    with pytest.raises(UsageError, match="sparse"):
+        extract_archive(str(archive), tmp_path / "d")
+    assert not (tmp_path / "d").exists()
+
+
+def test_two_extractions_into_one_destination_wait_for_each_other(tmp_path: Path) -> None:
+    first = build(tmp_path / "one.tar", [file(f"one/{i}.txt", b"1" * 1000) for i in range(300)])
+    second = build(tmp_path / "two.tar", [file(f"two/{i}.txt", b"2" * 1000) for i in range(300)])
+    dest = tmp_path / "d"
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda a: extract_archive(str(a), dest), [first, second, first, second]))
+    assert all(r.files == 300 for r in results)
+    final = listing(dest)
+    assert set(final) in ({"one", *(f"one/{i}.txt" for i in range(300))}, {"two", *(f"two/{i}.txt" for i in range(300))})
+    assert [p for p in tmp_path.iterdir() if p.name.startswith(".tao-data-io-partial")] == []
+
+
+def test_a_killed_s3_zip_extraction_leaves_no_spool_behind(s3_credentials: S3Credentials, s3_client: Any, bucket: str,
+                                                           tmp_path: Path) -> None:
+    s3_client.put_object(Bucket=bucket, Key="data.zip", Body=zip_bytes(TREE))
+    dest = tmp_path / "d"
+    spool = temp_path_for(dest)  # what a SIGKILL during the copy leaves
+    spool.write_bytes(b"partial zip")
+    engine, _ = counting_engine(s3_credentials)
+    extract_archive(f"s3://{bucket}/data.zip", dest, engine=engine)
+    assert not spool.exists() and listing(dest) == EXPECTED

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tao_data_io.errors import TransferError, UnsafePathError, UsageError
+from tao_data_io.fs import state_dir_for
 from tao_data_io.staging.pretrained import pull_model
 from tao_data_io.uris import HF_SHAPE, NGC_SHAPE, HFModelURI, NGCModelURI, parse_model_uri
 
@@ -49,7 +50,7 @@ def digests(files: dict[str, bytes]) -> dict[str, str]:
 
 
 def marker(dest: Path) -> dict:  # type: ignore[type-arg]
-    return json.loads((dest / ".tao-data-io" / "model.json").read_text())
+    return json.loads((state_dir_for(dest) / "model.json").read_text())
 
 
 @pytest.fixture
@@ -102,7 +103,7 @@ def test_hub_pull_verifies_every_file_and_publishes_with_a_marker(fake: FakeRegi
     assert recorded["model.safetensors"]["digest"] == "sha256:" + hashlib.sha256(MAIN["model.safetensors"]).hexdigest()
     assert recorded["config.json"]["digest"].startswith("git-blob-sha1:")
     assert all(fake.downloads[f"hf:{REPO}/{path}"] == 1 for path in MAIN)
-    assert os.listdir(dest.parent) == ["tiny"] and temp_leftovers(tmp_path / "models") == []
+    assert sorted(os.listdir(dest.parent)) == [".tao-data-io", "tiny"] and temp_leftovers(tmp_path / "models") == []
     assert fake.unexpected == []
 
 
@@ -149,7 +150,7 @@ def test_hub_files_the_marker_does_not_vouch_for_are_hashed(fake: FakeRegistries
                                                             refs: dict[str, str], tmp_path: Path) -> None:
     dest = tmp_path / "d"
     pull_model(f"hf://{REPO}", dest, environ=hub_env)
-    (dest / ".tao-data-io" / "model.json").unlink()
+    (state_dir_for(dest) / "model.json").unlink()
     (dest / "config.json").write_bytes(b'{"arch": "resnet99"}')  # same size, other bytes
     again = pull_model(f"hf://{REPO}", dest, environ=hub_env)
     assert again.fetched == ("config.json",) and tree_digest(dest) == digests(MAIN)
@@ -223,7 +224,7 @@ def test_ngc_pull_lists_every_page_and_verifies_every_file(fake: FakeRegistries,
     assert fake.token_scopes == [["group/ngc:nvidia", "group/ngc:nvidia/tao"]]
     assert {entry["path"]: entry["digest"] for entry in marker(dest)["files"]}["resnet18.hdf5"] == \
         "sha256:" + hashlib.sha256(NGC_FILES["resnet18.hdf5"]).hexdigest()
-    assert os.listdir(dest.parent) == ["resnet18"] and fake.unexpected == []
+    assert sorted(os.listdir(dest.parent)) == [".tao-data-io", "resnet18"] and fake.unexpected == []
 
 
 def test_ngc_rerun_without_team_moves_nothing(fake: FakeRegistries, ngc_env: dict[str, str], tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from tao_data_io.errors import UsageError
 from tao_data_io.staging.selective import MISSING_REPORT, MissingReferencesError, read_references, selective_download
 from tao_data_io.transfer.client import make_s3_client
 from tao_data_io.transfer.engine import TransferEngine
-from tao_data_io.fs import STATE_DIR_NAME
+from tao_data_io.fs import STATE_DIR_NAME, state_dir_for
 
 from .helpers import run_cli, tree_digest
 
@@ -170,7 +170,7 @@ def test_missing_skip_stages_the_rest_and_writes_a_report(engine: TransferEngine
     annotation = write_jsonl(tmp_path / "ann.jsonl", [{"v": r} for r in ["clips/c0.mp4", "x/nope.mp4", "a.mp4"]])
     result = selective_download(engine, str(annotation), ["v"], dataset, "ds", dest, missing="skip")
     assert result.ok and result.summary.transferred == ["clips/c0.mp4"] and result.missing == ["ds/a.mp4", "ds/x/nope.mp4"]
-    report = dest / STATE_DIR_NAME / MISSING_REPORT
+    report = state_dir_for(dest) / MISSING_REPORT
     assert result.missing_report == report and report.read_text() == "ds/a.mp4\nds/x/nope.mp4\n"
     assert not (dest / "x").exists()
 

@@ -13,7 +13,7 @@ from tao_data_io.credentials import S3Credentials
 from tao_data_io.transfer.engine import TransferEngine, TransferOptions, upload_digest_path
 from tao_data_io.transfer.filters import FilterRule, PathFilter
 from tao_data_io.transfer.listing import list_remote, s3_time_ns
-from tao_data_io.fs import STATE_DIR_NAME
+from tao_data_io.fs import state_dir_for
 from tao_data_io.uris import parse_s3_url
 
 from .helpers import tree_digest, write_tree
@@ -83,7 +83,7 @@ def test_rerun_after_racy_window_uses_the_digest_cache(engine: TransferEngine, s
     s3_client.put_object(Bucket=bucket, Key="p/a.bin", Body=b"a" * 4096)
     dest = tmp_path / "d"
     engine.sync(f"s3://{bucket}/p/", str(dest))
-    digests = dest / STATE_DIR_NAME / "digests.json"
+    digests = state_dir_for(dest) / "digests.json"
 
     def recorded() -> int:
         return json.loads(digests.read_text())["entries"]["a.bin"]["recorded_ns"]
@@ -139,7 +139,7 @@ def test_multipart_objects_are_compared_exactly(s3_credentials: S3Credentials, s
     assert (dest / "big.bin").read_bytes() == data
     # Without the digest cache the local file must be recognised by computing the multipart
     # ETag (part size from HEAD ?partNumber=1) — not by guessing from size or time.
-    (dest / STATE_DIR_NAME / "digests.json").unlink()
+    (state_dir_for(dest) / "digests.json").unlink()
     again = engine.sync(f"s3://{bucket}/m/", str(dest))
     assert (again.transferred_files, again.unchanged_files) == (0, 1)
 

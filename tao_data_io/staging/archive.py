@@ -53,14 +53,14 @@ from ..errors import TransferError, UnsafePathError, UsageError
 from ..reporting import Progress, ProgressCallback
 from ..transfer.client import explained, head_or_none
 from ..transfer.engine import TransferEngine
-from ..fs import (check_relative, confined_path, file_digest, is_within, remove_if_exists, remove_stale_temps,
-                  temp_path_for)
+from ..fs import (atomic_write, check_relative, confined_path, file_digest, file_lock, is_within, remove_if_exists,
+                  remove_stale_temps, state_dir_for, temp_path_for)
 from ..uris import S3Url, is_s3_url, parse_s3_url
 
-#: The marker inside the destination; a member with this name at the top is refused.
-MARKER_NAME = ".extracted"
+#: The marker beside the destination (``fs.state_dir_for``), which says what was extracted there.
+MARKER_NAME = "extracted.json"
 #: Bumped when the marker's meaning changes, so old markers cause one re-extraction.
-MARKER_FORMAT = 1
+MARKER_FORMAT = 2
 SUPPORTED_FORMATS = "tar, tar.gz/tgz, tar.bz2, tar.xz and zip"
 
 _CHUNK = 1 << 20
@@ -104,7 +104,7 @@ class ExtractResult:
 
 def extract_archive(archive: str, destination: str | os.PathLike[str], *, strip_components: int = 0,
                     engine: TransferEngine | None = None, environ: Mapping[str, str] | None = None,
-                    progress: ProgressCallback | None = None) -> ExtractResult:
+                    progress: ProgressCallback | None = None, limits: ArchiveLimits | None = None) -> ExtractResult:
     """Extract ``archive`` (a local path or ``s3://bucket/key``) so that ``destination`` holds
     exactly its members, or leave ``destination`` as it was.
 
@@ -117,44 +117,127 @@ def extract_archive(archive: str, destination: str | os.PathLike[str], *, strip_
     if is_s3_url(archive) and engine is None:
         with TransferEngine(s3_credentials_from_env(environ)) as own:
             return extract_archive(archive, destination, strip_components=strip_components, engine=own,
-                                   progress=progress)
+                                   progress=progress, limits=limits)
     if strip_components < 0:
-        raise UsageError(f"strip-components {strip_components} must be 0 or more: it is how many leading path "
+        raise UsageError(f"strip_components {strip_components} must be 0 or more: it is how many leading path "
                          "components to drop from every member")
     dest = Path(os.path.abspath(destination))
-    previous = _read_destination(dest)
+    # Every writer of a destination holds its lock (the engine's syncs too): two extractions into
+    # one place wait for each other, and the sweep below only ever meets abandoned temp names.
+    with file_lock(state_dir_for(dest) / "lock"):
+        return _extract_locked(archive, dest, strip_components, engine, progress, limits or ArchiveLimits.from_env())
+
+
+def marker_path(dest: Path) -> Path:
+    """Where the marker of the extraction at ``dest`` lives: beside the tree, never inside it."""
+    return state_dir_for(Path(os.path.abspath(dest))) / MARKER_NAME
+
+
+def _extract_locked(archive: str, dest: Path, strip_components: int, engine: TransferEngine | None,
+                    progress: ProgressCallback | None, limits: ArchiveLimits) -> ExtractResult:
+    marker = marker_path(dest)
+    remove_stale_temps(dest)  # what a killed extraction (or zip spool) left beside dest
+    previous = _read_destination(dest, marker)
     if is_s3_url(archive):
         assert engine is not None
         source = _s3_source(parse_s3_url(archive, field="archive"), engine.client)
     else:
         source = _local_source(Path(archive), dest)
     reason = _reason_to_extract(previous, source.identity, strip_components, dest)
-    marker = dest / MARKER_NAME
     if reason is None:
         assert previous is not None  # an up-to-date tree has a marker
         files = previous["files"]
         return ExtractResult(source.label, dest, False, "up to date", len(files), sum(e.get("size", 0) for e in files), marker)
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(dest)  # what a killed extraction left beside dest
     work = temp_path_for(dest)
     work.mkdir()
     try:
-        entries = _extract_into(source, work, dest, strip_components, progress)
+        entries = _extract_into(source, work, dest, strip_components, progress,
+                                limits.budget(int(source.identity["size"]), source.label))
         total = sum(entry.get("size", 0) for entry in entries)
         record = {"format": MARKER_FORMAT, "tool": f"tao-data-io {_tool_version()}", "source": source.label,
                   "archive": source.identity, "strip_components": strip_components, "files": entries, "bytes": total}
-        with open(work / MARKER_NAME, "x", encoding="utf-8") as out:
-            json.dump(record, out, indent=1)
+        # "installing" first: a kill between the swap and the final marker is seen as interrupted
+        # (re-extract), never mistaken for a finished tree of the same shape.
+        atomic_write(marker, json.dumps({**record, "status": "installing"}, indent=1).encode())
         _install(work, dest)
+        atomic_write(marker, json.dumps({**record, "status": "complete"}, indent=1).encode())
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     return ExtractResult(source.label, dest, True, reason, len(entries), total, marker)
 
 
+# --------------------------------------------------------------------------- limits
+MAX_BYTES_VARIABLE = "TAO_DATA_IO_ARCHIVE_MAX_BYTES"
+MAX_RATIO_VARIABLE = "TAO_DATA_IO_ARCHIVE_MAX_RATIO"
+MAX_MEMBERS_VARIABLE = "TAO_DATA_IO_ARCHIVE_MAX_MEMBERS"
+
+
+@dataclass(frozen=True)
+class ArchiveLimits:
+    """What one archive may expand to, checked *while* extracting (a bomb is stopped at the first
+    byte over, and the half-written tree is removed). Defaults are generous for real datasets —
+    images and checkpoints barely compress — and fatal to a 700 KB file that inflates to 700 MiB.
+    Each can be raised through its environment variable."""
+
+    max_bytes: int = 256 * 1024**3
+    #: Expanded bytes per archive byte; archives smaller than ``ratio_floor`` may always expand
+    #: to that floor (a tiny archive of a few text files compresses well).
+    max_ratio: int = 200
+    ratio_floor: int = 64 * 1024**2
+    max_members: int = 200_000
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ArchiveLimits:
+        env = os.environ if environ is None else environ
+        defaults = cls()
+        values = {}
+        for name, variable in (("max_bytes", MAX_BYTES_VARIABLE), ("max_ratio", MAX_RATIO_VARIABLE),
+                               ("max_members", MAX_MEMBERS_VARIABLE)):
+            raw = env.get(variable)
+            if raw:
+                if not raw.isdigit() or int(raw) <= 0:
+                    raise UsageError(f"{variable} {raw!r} must be a positive whole number")
+                values[name] = int(raw)
+        return cls(**{**{n: getattr(defaults, n) for n in ("max_bytes", "max_ratio", "ratio_floor", "max_members")},
+                      **values})
+
+    def budget(self, archive_size: int, label: str) -> _Budget:
+        by_ratio = max(self.max_ratio * archive_size, self.ratio_floor)
+        if by_ratio < self.max_bytes:
+            limit, why = by_ratio, (f"{self.max_ratio}× its {archive_size:,} bytes ({MAX_RATIO_VARIABLE} raises the "
+                                     "ratio)")
+        else:
+            limit, why = self.max_bytes, f"the limit of {self.max_bytes:,} bytes ({MAX_BYTES_VARIABLE} raises it)"
+        return _Budget(label, limit, why, self.max_members)
+
+
+@dataclass
+class _Budget:
+    label: str
+    max_bytes: int
+    why: str
+    max_members: int
+    bytes: int = 0
+    members: int = 0
+
+    def member(self) -> None:
+        self.members += 1
+        if self.members > self.max_members:
+            raise UsageError(f"archive {self.label!r} has more than {self.max_members:,} members "
+                             f"({MAX_MEMBERS_VARIABLE} raises the limit); extraction stopped and nothing was kept")
+
+    def spend(self, count: int) -> None:
+        self.bytes += count
+        if self.bytes > self.max_bytes:
+            raise UsageError(f"archive {self.label!r} expands beyond {self.why}; extraction stopped at "
+                             f"{self.bytes:,} bytes and nothing was kept")
+
+
 # --------------------------------------------------------------------------- destination state
-def _read_destination(dest: Path) -> dict[str, Any] | None:
+def _read_destination(dest: Path, marker: Path) -> dict[str, Any] | None:
     """The marker of an earlier extraction at ``dest`` (``{}`` if unreadable), or None when
     ``dest`` is absent or empty. Refuses a destination extraction must not replace."""
     try:
@@ -170,7 +253,7 @@ def _read_destination(dest: Path) -> dict[str, Any] | None:
         raise UsageError(f"destination {str(dest)!r} is a mount point, which a finished tree cannot be renamed "
                          f"over; extract into a subdirectory such as {str(dest / 'data')!r}")
     try:
-        text = (dest / MARKER_NAME).read_text(encoding="utf-8")
+        text = marker.read_text(encoding="utf-8")
     except FileNotFoundError:
         with os.scandir(dest) as entries:
             if next(entries, None) is not None:
@@ -191,6 +274,8 @@ def _reason_to_extract(previous: dict[str, Any] | None, identity: dict[str, Any]
         return "first extraction"
     if previous.get("format") != MARKER_FORMAT or not isinstance(previous.get("files"), list):
         return f"the {MARKER_NAME} marker is unreadable or from another version"
+    if previous.get("status") != "complete":
+        return "an earlier extraction was interrupted while installing"
     if previous.get("archive") != identity:
         return "archive changed"
     if previous.get("strip_components") != strip_components:
@@ -323,8 +408,8 @@ def _detect(head: bytes, label: str) -> str:
 
 
 def _extract_into(source: _Source, work: Path, dest: Path, strip_components: int,
-                  progress: ProgressCallback | None) -> list[dict[str, Any]]:
-    extractor = _Extractor(work, source.label, dest, strip_components, progress)
+                  progress: ProgressCallback | None, budget: _Budget) -> list[dict[str, Any]]:
+    extractor = _Extractor(work, source.label, dest, strip_components, budget, progress)
     with source.open() as raw:
         with _reading(source.label):
             head = _read_up_to(raw, _PEEK)
@@ -480,6 +565,9 @@ def _extract_tar(stream: io.BufferedIOBase, extractor: _Extractor) -> None:
 
 
 def _tar_member(tar: tarfile.TarFile, info: tarfile.TarInfo) -> _Member:
+    if info.issparse() or any(key.startswith("GNU.sparse.") for key in info.pax_headers):
+        # tarfile fills a sparse member's holes with zeros: 10 KB of archive became 900 MiB on disk.
+        return _Member(info.name, SPECIAL, info.mode, 0, what="a sparse file (its holes would be written out in full)")
     if info.isreg():  # its data must be read before the next member: the archive is a stream
         return _Member(info.name, FILE, info.mode, info.size, open=lambda: tar.extractfile(info))  # type: ignore[arg-type,return-value]
     if info.isdir():
@@ -532,9 +620,10 @@ class _Extractor:
     every file: so no member is ever written through one, whatever the archive's order.
     """
 
-    def __init__(self, root: Path, label: str, dest: Path, strip_components: int,
+    def __init__(self, root: Path, label: str, dest: Path, strip_components: int, budget: _Budget,
                  progress: ProgressCallback | None = None) -> None:
         self.root, self.label, self.dest, self.strip = root, label, dest, strip_components
+        self.budget = budget
         self.progress = progress
         self.files_written = self.bytes_written = 0
         #: relative path → marker entry, for files and hard links as they are written.
@@ -548,6 +637,7 @@ class _Extractor:
                      f"{str(self.dest)!r} — rebuild the archive without it")
 
     def add(self, member: _Member) -> None:
+        self.budget.member()
         name = _logical_name(member.name)
         if name == "" and member.kind == DIRECTORY:
             return  # the archive's root entry ("." or "./"): the destination itself
@@ -559,8 +649,6 @@ class _Extractor:
         target = self._strip(name)
         if target is None:
             return  # fewer components than --strip-components, like GNU tar
-        if target == MARKER_NAME:
-            raise self.refuse(member.name, f"{MARKER_NAME} is reserved for extract's own marker", unsafe=True)
         if member.kind == SYMLINK:
             self._check(posixpath.normpath(posixpath.join(posixpath.dirname(target), member.link)),
                         what=f"symlink {member.name!r} → {member.link!r}, which resolves to")
@@ -595,6 +683,7 @@ class _Extractor:
                     chunk = source.read(_CHUNK)
                 if not chunk:
                     break
+                self.budget.spend(len(chunk))  # before writing: a bomb never lands a byte past the limit
                 out.write(chunk)
                 written += len(chunk)
         if written != member.size:

@@ -40,13 +40,13 @@ from typing import Any
 
 from ..errors import TransferError, UnsafePathError, UsageError
 from ..transfer.engine import TransferEngine, TransferOptions
-from ..fs import atomic_write, STATE_DIR_NAME, check_relative, remove_if_exists
+from ..fs import atomic_write, check_relative, remove_if_exists, state_dir_for
 from ..transfer.summary import TransferSummary
 from ..uris import is_s3_url, parse_s3_url
 
 FORMATS = ("parquet", "jsonl", "json", "csv")
 MISSING_MODES = ("error", "skip")
-#: Written under ``DEST/.tao-data-io/`` by ``missing="skip"``: one missing key per line.
+#: Written beside the destination (``fs.state_dir_for``) by ``missing="skip"``: one missing key per line.
 MISSING_REPORT = "missing-references.txt"
 #: How many missing keys an error message lists before giving only the total.
 MISSING_SHOWN = 20
@@ -394,7 +394,7 @@ def selective_download(engine: TransferEngine, annotation: str, keys: Sequence[s
     summary = engine.download_keys(bucket, items, dest, options)
     absent = sorted(failure.name for failure in summary.failed if failure.missing)
     summary = replace(summary, failed=[failure for failure in summary.failed if not failure.missing])
-    report_path = dest / STATE_DIR_NAME / MISSING_REPORT
+    report_path = state_dir_for(dest) / MISSING_REPORT
     if absent and missing == "error":
         removed = before.undo(dest, summary.transferred)
         more = len(absent) - MISSING_SHOWN
@@ -451,7 +451,7 @@ class _Before:
         existed = dest.exists()
         if existed:
             parents = {d for d in parents if not os.path.lexists(dest / d)}
-        return cls(existed, existed and os.path.lexists(dest / STATE_DIR_NAME),
+        return cls(existed, existed and os.path.lexists(state_dir_for(dest)),
                    frozenset(r for r in references if existed and os.path.lexists(dest / r)),
                    tuple(sorted(parents, key=lambda d: -d.count("/"))))
 
@@ -462,7 +462,7 @@ class _Before:
         for relative in created:
             remove_if_exists(dest / relative)
         if not self.state_existed:
-            shutil.rmtree(dest / STATE_DIR_NAME, ignore_errors=True)
+            shutil.rmtree(state_dir_for(dest), ignore_errors=True)
         self.prune(dest, including_dest=not self.dest_existed)
         return len(created)
 

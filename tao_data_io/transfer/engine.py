@@ -28,7 +28,7 @@ from .digests import DigestStore, multipart_count
 from .filters import PathFilter
 from .work import DownloadJob, Executor, Job, JobFailed, Landed, UploadJob
 from .listing import LocalFile, RemoteObject, clean_etag, list_remote, local_file, s3_time_ns, scan_local
-from ..fs import STATE_DIR_NAME, UnsafePathError, confined_path, file_lock, remove_if_exists, temp_path_for
+from ..fs import UnsafePathError, confined_path, file_lock, remove_if_exists, state_dir_for, temp_path_for
 from .strategy import ContentStrategy
 from ..reporting import ProgressCallback, ProgressTracker
 from .summary import Failure, Skipped, TransferSummary
@@ -37,8 +37,8 @@ from ..uris import S3Url, is_s3_url, parse_s3_url
 DEFAULT_CONCURRENCY = 128
 #: Size of an object planned without a HEAD (``download_keys``); checked against nothing.
 UNKNOWN_SIZE = -1
-#: Download-side digests live with the data, so a rerun from another host (or a stage pod)
-#: that sees the same volume needs no rehash.
+#: Download-side digests live beside the data (never inside it), so a rerun from another host (or
+#: a stage pod) that sees the same volume needs no rehash.
 DOWNLOAD_DIGESTS = "digests.json"
 
 
@@ -61,7 +61,7 @@ def destination_lock(dest: Path, dry_run: bool = False) -> Iterator[None]:
     if dry_run:
         yield
         return
-    with file_lock(dest / STATE_DIR_NAME / "lock"):
+    with file_lock(state_dir_for(dest) / "lock"):
         yield
 
 
@@ -218,7 +218,7 @@ class TransferEngine:
     def _download(self, bucket: str, objects: list[RemoteObject], root: Path, local: dict[str, LocalFile],
                   summary: TransferSummary, options: TransferOptions) -> None:
         """Plan and run downloads of ``objects`` into ``root`` (keys mapped by ``relative``)."""
-        store = DigestStore(None if options.dry_run else root / STATE_DIR_NAME / DOWNLOAD_DIGESTS)
+        store = DigestStore(None if options.dry_run else state_dir_for(root) / DOWNLOAD_DIGESTS)
         strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key))
         jobs: list[Job] = []
         planned: dict[str, RemoteObject] = {}

@@ -21,7 +21,7 @@ URIs (parsed by :func:`tao_data_io.uris.parse_model_uri`; registries in :mod:`.h
 
 Publishing: missing or wrong files are fetched into a temp directory beside the destination (same
 filesystem). A destination that does not exist yet appears whole, by one rename. Into an existing
-one each verified file is renamed into place and the marker ``D/.tao-data-io/model.json`` (URI,
+one each verified file is renamed into place and the marker ``model.json`` beside it (``fs.state_dir_for``) (URI,
 resolved revision, every file with size and digest) is written last. A rerun trusts a file the
 marker lists for the same revision while its size is unchanged, hashes files the marker does not
 vouch for, and fetches only what is missing or wrong. Files the model does not list are left
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import TransferError, UsageError, VerificationError
-from ...fs import (STATE_DIR_NAME, atomic_write, check_relative, confined_path, file_digest, remove_stale_temps,
+from ...fs import (atomic_write, state_dir_for, check_relative, confined_path, file_digest, remove_stale_temps,
                    temp_path_for)
 from ...reporting import ProgressCallback, ProgressTracker, human_size
 from ...uris import HFModelURI, NGCModelURI, parse_model_uri
@@ -160,15 +160,15 @@ def _fetch_and_publish(registry: Registry, files: Sequence[RemoteFile], revision
         try:
             if dest.is_dir():
                 # A marker for an older state must not vouch for files while they are replaced.
-                (dest / STATE_DIR_NAME / MARKER_NAME).unlink(missing_ok=True)
+                (state_dir_for(dest) / MARKER_NAME).unlink(missing_ok=True)
                 for remote in files:
                     final = confined_path(dest, remote.path, what="model file")
                     final.parent.mkdir(parents=True, exist_ok=True)
                     os.replace(staging / remote.path, final)
                 _write_marker(dest, payload)
             else:
-                _write_marker(staging, payload)
                 os.rename(staging, dest)
+                _write_marker(dest, payload)  # a kill before this costs a rehash, never a wrong answer
         except OSError as exc:
             raise TransferError(f"could not publish the verified files into {dest}: {exc}; rerun to retry") from exc
     finally:
@@ -198,7 +198,7 @@ def _marker_payload(uri: HFModelURI | NGCModelURI, listing: Listing) -> dict[str
 
 def _read_marker(dest: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads((dest / STATE_DIR_NAME / MARKER_NAME).read_text(encoding="utf-8"))
+        data = json.loads((state_dir_for(dest) / MARKER_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None  # a missing or damaged marker only costs a rehash
     return data if isinstance(data, dict) else None
@@ -218,4 +218,4 @@ def _vouched_files(marker: dict[str, Any] | None, uri: HFModelURI | NGCModelURI,
 
 
 def _write_marker(root: Path, payload: dict[str, Any]) -> None:
-    atomic_write(root / STATE_DIR_NAME / MARKER_NAME, json.dumps(payload, indent=1).encode("utf-8"))
+    atomic_write(state_dir_for(root) / MARKER_NAME, json.dumps(payload, indent=1).encode("utf-8"))
