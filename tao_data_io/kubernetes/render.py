@@ -143,7 +143,9 @@ class _Job:
         self.plan, self.settings, self.request, self.record, self.config = plan, settings, request, record, config
         self.name = k8s_name_for(plan.job_id)
         self.files = k8s_name_for(plan.job_id, "files")
-        self.labels = {**MANAGED_BY, JOB_ID_LABEL: plan.job_id}
+        #: A label value holds at most 63 characters: the job's name stands for its id there; the
+        #: id itself is an annotation.
+        self.labels = {**MANAGED_BY, JOB_ID_LABEL: self.name}
         self.multi = plan.nodes > 1
         #: Results persist on the claim when there is one; else only through an upload.
         self.results_on_claim = settings.pvc_claim is not None
@@ -227,7 +229,8 @@ class _Job:
         return RenderedJob(objects, self.secret, warnings)
 
     def _meta(self, name: str, step: str) -> dict[str, Any]:
-        return {"name": name, "namespace": self.settings.namespace, "labels": {**self.labels, STEP_LABEL: step}}
+        return {"name": name, "namespace": self.settings.namespace, "labels": {**self.labels, STEP_LABEL: step},
+                "annotations": {JOB_ID_LABEL: self.plan.job_id}}
 
     def _configmap(self) -> dict[str, Any]:
         data = {"probe.sh": PROBE_SCRIPT, "verify.sh": VERIFY_SCRIPT, "checklist": checklist_text(self.checks)}
@@ -267,7 +270,7 @@ class _Job:
         command = ["tao-data-io", "stage", "--request", f"{FILES_DIR}/request.json", "--workdir",
                    f"{VOLUME_ROOT}/{CACHE_DIR}", "--cache", "--map"]
         env = [*self._secret_env(), {"name": "XDG_CACHE_HOME", "value": "/tmp/tao-data-io-cache"}]
-        map_path = f"{VOLUME_ROOT}/jobs/{self.plan.job_id}/staging-map"
+        map_path = f"{VOLUME_ROOT}/jobs/{self.name}/staging-map"
         if shards > 1:
             env.append({"name": "TAO_SHARD_INDEX", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}})
             command += [f"{map_path}.shard-$(TAO_SHARD_INDEX).json", "--shard", f"$(TAO_SHARD_INDEX)/{shards}"]
@@ -291,7 +294,7 @@ class _Job:
         mounts, volumes = self._mounts_and_volumes()
         env = self._env()
         gpus = {"limits": {"nvidia.com/gpu": str(plan.gpus)}} if plan.gpus else {}
-        train = {"name": "train", "image": plan.image, "command": list(plan.argv), "env": env,
+        train = {"name": "train", "image": plan.image, "command": [literal(arg) for arg in plan.argv], "env": env,
                  "volumeMounts": mounts, **({"resources": gpus} if gpus else {})}
         verify = {"name": "verify", "image": plan.image,
                   "command": ["/bin/sh", f"{PROBE_DIR}/verify.sh", f"{PROBE_DIR}/probe.sh", f"{PROBE_DIR}/checklist",
@@ -359,7 +362,7 @@ class _Job:
 
     def _env(self) -> list[dict[str, Any]]:
         plan = self.plan
-        env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(plan.env.items())]
+        env: list[dict[str, Any]] = [{"name": k, "value": literal(v)} for k, v in sorted(plan.env.items())]
         if self.multi:
             env += [{"name": "WORLD_SIZE", "value": str(plan.nodes)}, {"name": "NUM_GPU_PER_NODE", "value": str(plan.gpus)},
                     {"name": "NNODES", "value": str(plan.nodes)}, {"name": "NPROC_PER_NODE", "value": str(plan.gpus)},
@@ -371,7 +374,7 @@ class _Job:
     def _results_mount(self, *, read_only: bool = False) -> dict[str, Any]:
         mount: dict[str, Any] = {"name": "data" if self.results_on_claim else "results", "mountPath": self.plan.results_dir}
         if self.results_on_claim:
-            mount["subPath"] = f"results/{self.plan.job_id}"
+            mount["subPath"] = f"results/{self.name}"
         if read_only:
             mount["readOnly"] = True
         return mount
@@ -388,7 +391,7 @@ class _Job:
             seen.add(mount.target)
             volume, sub_path = self._source_of(mount)
             other = owners.setdefault((volume, sub_path), mount)
-            if (other.origin, other.source) != (mount.origin, mount.source):
+            if other.input != mount.input:
                 raise UsageError(f"subPath {sub_path!r} would serve two sources, {other.input!r} and {mount.input!r}; "
                                  "each source needs its own sub_path in the staging map: stage the request again")
             mounts.append({"name": volume, "mountPath": mount.target, "subPath": sub_path, "readOnly": mount.read_only})
@@ -419,6 +422,13 @@ class _Job:
         if self.plan.tier == "B":
             return "data", f"{CACHE_DIR}/{relative}"
         return "staging", relative
+
+
+def literal(text: str) -> str:
+    """``text`` as Kubernetes must pass it on: the kubelet expands ``$(VAR)`` in a container's
+    command, args and env values (``$(AWS_SECRET_ACCESS_KEY)`` in an argument would become the
+    secret), and ``$$`` is its escape for ``$`` — so every ``$`` of the request is doubled."""
+    return text.replace("$", "$$")
 
 
 def _check_plan(plan: LaunchPlan, settings: RenderSettings) -> None:
