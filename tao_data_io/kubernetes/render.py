@@ -1,7 +1,8 @@
 """Every manifest a job needs, from its launch plan: pure, deterministic, ``kubectl apply``-ready.
 
 What comes out (:func:`render_job`), all labelled ``app.kubernetes.io/managed-by: tao-data-io``
-and ``tao-data-io/job-id: <id>``, all named from the job id (:func:`tao_data_io.names.k8s_name_for`):
+and ``tao-data-io/job-id: <job name>`` (a label holds 63 characters; the full id is the
+annotation of the same key), all named from the job id (:func:`tao_data_io.names.k8s_name_for`):
 
 * a **ConfigMap** ``<job>-files``: the materialized config (mounted read-only at its path), the
   verify probe, its checklist and wrapper, and — when the pod stages or uploads — the request,
