@@ -133,6 +133,17 @@ def temp_path_for(final: Path) -> Path:
     return final.with_name(_temp_name(secrets.token_hex(_TOKEN_HEX // 2), final.name))
 
 
+def final_name(temp_name: str) -> str | None:
+    """The final name a temp name stands for, or None when it is not one of ours or was cut to
+    fit :data:`NAME_MAX_BYTES` (then the final name cannot be known)."""
+    token = temp_name[len(TEMP_PREFIX):len(TEMP_PREFIX) + _TOKEN_HEX]
+    rest = temp_name[len(TEMP_PREFIX) + _TOKEN_HEX + 1:]
+    if (not temp_name.startswith(TEMP_PREFIX) or not rest or _temp_name(token, rest) != temp_name
+            or len(temp_name.encode("utf-8", "surrogateescape")) >= NAME_MAX_BYTES):
+        return None
+    return rest
+
+
 def is_temp_name(name: str) -> bool:
     return name.startswith(TEMP_PREFIX)
 

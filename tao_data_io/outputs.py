@@ -39,6 +39,7 @@ from .fs import file_lock, is_within
 from .names import check_job_id
 from .record import TERMINAL_STATES, JobRecord, OutputRoute, RecordStore
 from .routing import decide_route, ephemeral_warning
+from .transfer.client import explained
 from .transfer.engine import TransferEngine, TransferOptions
 from .transfer.filters import FilterRule, PathFilter
 from .reporting import ProgressCallback
@@ -165,6 +166,50 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
     what = "final upload" if final else "upload"
     note = f"{what} recorded in job {job_id}'s uploads" if recorded else "nothing moved or failed; not recorded"
     return UploadOutcome("uploaded", note, route, summary, entry if recorded else None)
+
+
+#: The object an upload check puts (and deletes) under a job's results prefix.
+UPLOAD_CHECK_NAME = ".tao-data-io-upload-check"
+
+
+@dataclass(frozen=True)
+class UploadCheck:
+    ok: bool
+    detail: str
+
+
+def check_upload(store: RecordStore, job_id: str, *, environ: Mapping[str, str] | None = None,
+                 engine: TransferEngine | None = None) -> UploadCheck:
+    """Prove, with *this* frame's credentials, that the job's results can reach their route: put
+    a small object under the results prefix, then delete it.
+
+    Why: where results persist only through an upload (a Kubernetes tier C pod), a token written
+    into the results directory proves nothing — the directory dies with the pod. Run inside the
+    frame before the job starts, this is the persistence check of the verify verdict. A mount
+    route has nothing to prove here (the probe's token write on the volume is the check); an
+    ephemeral route fails: nothing will persist.
+    """
+    env = os.environ if environ is None else environ
+    route = resolve_route(store.get(job_id), env)
+    if route.route == "mount":
+        return UploadCheck(True, f"results persist on the mount {route.destination}; nothing to upload")
+    if route.route != "s3":
+        return UploadCheck(False, f"results are {route.route}: nothing persists once the frame ends")
+    prefix = parse_s3_url(route.destination, field="output_route.destination").as_prefix()
+    key = f"{prefix.key}{UPLOAD_CHECK_NAME}"
+    redact = Redactor(env)
+    try:
+        own = engine or TransferEngine(s3_credentials_from_env(env))
+        try:
+            with explained(prefix.bucket, own.credentials.endpoint_url):
+                own.client.put_object(Bucket=prefix.bucket, Key=key, Body=b"tao-data-io upload check\n")
+                own.client.delete_object(Bucket=prefix.bucket, Key=key)
+        finally:
+            if engine is None:
+                own.close()
+    except Exception as exc:  # noqa: BLE001 - any failure is the verdict, said without a secret
+        return UploadCheck(False, redact(f"cannot put and delete s3://{prefix.bucket}/{key}: {exc}"))
+    return UploadCheck(True, f"put and deleted s3://{prefix.bucket}/{key} with this frame's credentials")
 
 
 def _on_mount(route: OutputRoute, results_dir: Path) -> UploadOutcome:

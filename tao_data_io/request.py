@@ -69,6 +69,10 @@ _BINARY_QUANTITY = re.compile(r"[1-9][0-9]{0,5}(Ki|Mi|Gi|Ti)")
 _QUANTITY_FACTORS = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4}
 
 
+def is_binary_quantity(value: str) -> bool:
+    return bool(_BINARY_QUANTITY.fullmatch(value))
+
+
 def quantity_bytes(quantity: str) -> int:
     """``16Gi`` → 17179869184 (the quantity was validated by :class:`ComputeShape`)."""
     return int(quantity[:-2]) * _QUANTITY_FACTORS[quantity[-2:]]
@@ -83,7 +87,7 @@ class ComputeShape(Strict):
     @field_validator("shm_size")
     @classmethod
     def _shm_size(cls, value: str) -> str:
-        if not _BINARY_QUANTITY.fullmatch(value):
+        if not is_binary_quantity(value):
             raise ValueError(f"shm_size {value!r} is not a binary quantity: write a whole number with Ki, Mi, Gi "
                              "or Ti, such as 16Gi")
         return value

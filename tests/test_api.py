@@ -83,7 +83,9 @@ def test_the_core_names_parameters_never_cli_flags() -> None:
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE).as_posix()
-        if relative == "cli.py" or relative.startswith("commands/"):
+        # kubernetes/ writes the command lines its pods run (the stage Job's argv, the pod
+        # scripts): flags there are argv, not messages.
+        if relative == "cli.py" or relative.startswith(("commands/", "kubernetes/")):
             continue
         for line, text in _string_constants_outside_docstrings(ast.parse(path.read_text())):
             if flag.search(text) and "s5cmd" not in relative:

@@ -13,7 +13,8 @@ from typing import Any
 
 from ..console import Console
 from ..errors import UsageError
-from ..outputs import ALWAYS_EXCLUDED, DEFAULT_SETTLE_SECONDS, Kind, upload_results
+from ..fs import atomic_write
+from ..outputs import ALWAYS_EXCLUDED, DEFAULT_SETTLE_SECONDS, Kind, check_upload, upload_results
 from ..record import RecordStore
 from ..routing import decide_route, loud_ephemeral_warning, record_route
 from .record import add_root_option
@@ -47,6 +48,14 @@ def register(verbs: Any) -> None:
                                               f"(default {DEFAULT_SETTLE_SECONDS:g})")
     resync.set_defaults(run=lambda args, console: _upload(args, console, "resync"))
 
+    check = verbs.add_parser("check-upload", help="prove results can reach the job's S3 route from here: put and "
+                                                  "delete one object under its results prefix")
+    check.add_argument("--job-id", required=True, metavar="ID")
+    check.add_argument("--verdict", type=Path, metavar="FILE",
+                       help="also write 'ok|fail<TAB>detail' here (what the verify probe's persistent check reads)")
+    add_root_option(check)
+    check.set_defaults(run=_check_upload)
+
 
 def _add_upload_arguments(sub: argparse.ArgumentParser, *, settle_help: str) -> None:
     sub.add_argument("--job-id", required=True, metavar="ID")
@@ -69,6 +78,14 @@ def _settle_seconds(text: str) -> float:
     if not 0 <= value <= 86400:
         raise argparse.ArgumentTypeError(f"--settle-seconds {text!r} must be a number of seconds from 0 to 86400")
     return value
+
+
+def _check_upload(args: argparse.Namespace, console: Console) -> int:
+    outcome = check_upload(RecordStore(args.root), args.job_id)
+    if args.verdict is not None:
+        atomic_write(args.verdict, f"{'ok' if outcome.ok else 'fail'}\t{outcome.detail}\n".encode())
+    (console.out if outcome.ok else console.err)(("" if outcome.ok else "error: ") + outcome.detail)
+    return 0 if outcome.ok else 1
 
 
 def _route(args: argparse.Namespace, console: Console) -> int:

@@ -12,7 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from ..console import Console
+from pydantic import ValidationError
+
+from ..errors import UsageError
 from ..record import STATES, STORAGE_TIERS, JobRecord, RecordStore
+from ..routing import record_route
+from ..schema import describe_validation_error
 
 
 def register(verbs: Any) -> None:
@@ -30,6 +35,13 @@ def register(verbs: Any) -> None:
     open_.add_argument("--source", default="cli", help="who reports it (default: cli)")
     add_root_option(open_)
     open_.set_defaults(run=_open)
+
+    import_ = actions.add_parser("import", help="adopt a record document (a job's ConfigMap copy) into this store; "
+                                                "idempotent, refuses a different job under the same id")
+    import_.add_argument("path", metavar="FILE", type=Path)
+    import_.add_argument("--source", default="pod", help="who reports it (default: pod)")
+    add_root_option(import_)
+    import_.set_defaults(run=_import)
 
     mark = actions.add_parser("mark", help="record a state report for a job")
     mark.add_argument("job_id", metavar="ID")
@@ -63,6 +75,25 @@ def _open(args: argparse.Namespace, console: Console) -> int:
         storage_tier=args.storage_tier, storage_reason=args.storage_reason, results_dir=args.results_dir,
         job_id=args.job_id, source=args.source, upload_excludes=args.upload_exclude)
     console.out(record.job_id)
+    return 0
+
+
+def _import(args: argparse.Namespace, console: Console) -> int:
+    """Open the same job here (identity, excludes, reason) and pin its recorded output route, so
+    a pod's resync and upload follow the route decided at submit."""
+    try:
+        given = JobRecord.model_validate_json(args.path.read_bytes())
+    except OSError as exc:
+        raise UsageError(f"path {str(args.path)!r} cannot be read: {exc.strerror}") from None
+    except ValidationError as exc:
+        raise UsageError(describe_validation_error(exc, f"path {str(args.path)!r} is not a job record")) from None
+    store = RecordStore(args.root)
+    store.open(platform=given.platform, image=given.image, network_arch=given.network_arch, action=given.action,
+               storage_tier=given.storage_tier, storage_reason=given.storage_reason, results_dir=given.results_dir,
+               job_id=given.job_id, source=args.source, upload_excludes=given.upload_excludes)
+    if given.output_route is not None:
+        record_route(store, given.job_id, given.output_route)
+    console.out(given.job_id)
     return 0
 
 

@@ -9,7 +9,9 @@ from typing import Any
 from ..console import Console
 from ..request import load_request
 from ..staging.config import materialize_config
-from ..staging.stage import STAGING_MAP_NAME, stage
+from ..errors import UsageError
+from ..staging.stage import STAGING_MAP_NAME, plan_stage, stage
+from .transfer import shard
 
 
 def register(verbs: Any) -> None:
@@ -17,6 +19,16 @@ def register(verbs: Any) -> None:
     sub.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON)")
     sub.add_argument("--workdir", required=True, metavar="W", help="staging root (the job's volume in tier B)")
     sub.add_argument("--json", action="store_true", help="print the staging map as JSON")
+    sub.add_argument("--plan-only", action="store_true",
+                     help="write the staging map the cluster's stage step will produce, and the config; move "
+                          "nothing (for render-job in tiers B and C)")
+    sub.add_argument("--cache", action="store_true",
+                     help="WORKDIR is a shared stage cache (a tier B volume's cache/): stage each entry under its "
+                          "lock, skip it when its marker shows the source unchanged")
+    sub.add_argument("--shard", type=shard, metavar="I/N",
+                     help="stage only shard I of N (folder keys by a stable hash; other inputs whole)")
+    sub.add_argument("--map", type=Path, metavar="PATH", help="write the staging map here (default WORKDIR/"
+                                                              f"{STAGING_MAP_NAME})")
     sub.set_defaults(run=_run_stage)
 
     sub = verbs.add_parser("materialize-config", help="write the request's spec as a content-addressed config file")
@@ -26,13 +38,19 @@ def register(verbs: Any) -> None:
 
 
 def _run_stage(args: argparse.Namespace, console: Console) -> int:
-    staging_map = stage(load_request(args.request), Path(args.workdir))
+    request = load_request(args.request)
+    if args.plan_only:
+        if args.cache or args.shard:
+            raise UsageError("--plan-only stages nothing, so --cache and --shard do not apply to it")
+        staging_map = plan_stage(request, Path(args.workdir), map_path=args.map)
+    else:
+        staging_map = stage(request, Path(args.workdir), cache=args.cache, shard=args.shard, map_path=args.map)
     if args.json:
         console.json(staging_map.model_dump())
         return 0
     for entry in staging_map.sources:
         console.out(entry.describe())
-    console.out(f"staging map: {Path(staging_map.workdir) / STAGING_MAP_NAME}")
+    console.out(f"staging map: {args.map or Path(staging_map.workdir) / STAGING_MAP_NAME}")
     return 0
 
 

@@ -8,7 +8,9 @@ from typing import Any
 from ..console import Console
 from ..credentials import s3_credentials_from_env
 from ..transfer.engine import DEFAULT_CONCURRENCY, TransferEngine, TransferOptions
+from ..errors import UsageError
 from ..transfer.filters import FilterRule, PathFilter
+from ..transfer.shard import Shard, parse_shard
 from ..transfer.summary import TransferSummary
 
 
@@ -32,6 +34,13 @@ def concurrency(text: str) -> int:
     return value
 
 
+def shard(text: str) -> Shard:
+    try:
+        return parse_shard(text, what="--shard")
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_transfer_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--concurrency", type=concurrency, default=DEFAULT_CONCURRENCY, metavar="N",
                      help=f"objects in flight at once (default {DEFAULT_CONCURRENCY})")
@@ -45,6 +54,9 @@ def register(verbs: Any) -> None:
     sync.add_argument("destination", metavar="DST")
     sync.add_argument("--exclude", action=OrderedFilter, metavar="PATTERN", help="skip paths matching PATTERN (repeatable)")
     sync.add_argument("--include", action=OrderedFilter, metavar="PATTERN", help="re-admit paths matching PATTERN (repeatable)")
+    sync.add_argument("--shard", type=shard, metavar="I/N",
+                      help="download only the keys of shard I of N (a stable hash of each key); N runs, one per "
+                           "shard, fill DST exactly as one run would")
     add_transfer_options(sync)
     sync.set_defaults(run=lambda args, console: _run(args, console, "sync"))
 
@@ -59,7 +71,7 @@ def _run(args: argparse.Namespace, console: Console, verb: str) -> int:
     engine = TransferEngine(s3_credentials_from_env(), concurrency=args.concurrency)
     with console.progress(verb) as progress:
         options = TransferOptions(filter=PathFilter(tuple(getattr(args, "filter_rules", None) or ())),
-                                  dry_run=args.dry_run, progress=progress)
+                                  dry_run=args.dry_run, progress=progress, shard=getattr(args, "shard", None))
         method = engine.sync if verb == "sync" else engine.copy
         summary = method(args.source, args.destination, options)
     return report(summary, console, as_json=args.json)

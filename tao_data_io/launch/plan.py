@@ -118,7 +118,7 @@ def build_plan(request: JobRequest, staging_map: StagingMap, decision: TierDecis
                route: OutputRoute, *, environ: Mapping[str, str] | None = None) -> LaunchPlan:
     """The plan for ``record``'s job. Pure but for one check: a plain ``environment`` value that
     equals a credential in ``environ`` is refused (a secret smuggled under an innocent name)."""
-    _refuse_smuggled_secrets(request, environ)
+    refuse_smuggled_secrets(request.environment, environ)
     config = staging_map.config()
     config_path = config.container_path if config is not None else None
     if request.mode == "config" and config is None:
@@ -168,9 +168,11 @@ def _check_targets(mounts: list[PlanMount], results_dir: str) -> None:
                              f"({mount.input}); write results somewhere else")
 
 
-def _refuse_smuggled_secrets(request: JobRequest, environ: Mapping[str, str] | None) -> None:
+def refuse_smuggled_secrets(environment: Mapping[str, str], environ: Mapping[str, str] | None) -> None:
+    """Refuse a plain variable whose value is (or holds) a credential of ``environ`` (default
+    ``os.environ``): a secret smuggled under an innocent name. The message never echoes it."""
     redact = Redactor(environ)
-    for name, value in request.environment.items():
+    for name, value in environment.items():
         if redact(value) != value:
             raise UsageError(f"environment {name!r} holds the value of a credential variable of this environment; "
                              "credentials are forwarded by name only: list the variable in forward_env instead")

@@ -12,7 +12,10 @@ as the training command:
   and exits non-zero if any failed, so the training command never starts;
 * persistence is proved by the script writing a token file into the results directory and the
   backend seeing it *from outside* the frame (then removing it): a directory that vanishes with
-  the container would pass a plain writability test.
+  the container would pass a plain writability test. Where results persist only through an
+  upload (Kubernetes tier C), a ``persistent`` check reads the verdict another step of the frame
+  wrote (the stager put and deleted an object under the results prefix with the frame's own
+  credentials), so it joins this verdict.
 
 :func:`parse_probe_output` turns the lines into a :class:`Verdict` (per path: pass/fail and the
 error text), which the launch stores in the job record.
@@ -74,6 +77,14 @@ while IFS="$tab" read -r check path argument; do
       elif ! printf '%s' "$argument" > "$path/.tao-data-io-verify" 2>/dev/null; then
         report fail "$check" "$path" "is not writable"
       else report ok "$check" "$path" "writable (token written)"; fi ;;
+    persistent)
+      # Another step of the frame (the stager) proved results persist and left "ok|fail<TAB>detail".
+      if [ ! -r "$argument" ]; then report fail "$check" "$path" "no upload check ran (no verdict at $argument)"
+      else
+        IFS="$tab" read -r status detail < "$argument"
+        if [ "$status" = ok ]; then report ok "$check" "$path" "$detail"
+        else report fail "$check" "$path" "${detail:-the upload check failed}"; fi
+      fi ;;
     '') ;;
     *) report fail "$check" "$path" "unknown check" ;;
   esac

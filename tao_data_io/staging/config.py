@@ -96,6 +96,18 @@ class MaterializedConfig:
         return f"{self.path} ({'written' if self.created else 'already there'}), mounted at {self.container_path}"
 
 
+def config_content(request: JobRequest, inputs_root: str = DEFAULT_INPUTS_ROOT) -> tuple[bytes, str, str, str]:
+    """(bytes, sha256, sub-path, path in the frame) of the request's config — pure, so a plan
+    can name the config's path without writing it."""
+    if request.mode != "config" or request.spec is None or request.config_format is None:
+        raise UsageError("materialize-config needs a request with mode 'config', a nested 'spec' and 'config_format'")
+    mapping = {source: place.container_path for source, place in placements(request, inputs_root).items()}
+    data = serialise(rewrite(request.spec, mapping), request.config_format)
+    digest = hashlib.sha256(data).hexdigest()
+    sub_path, container_path = config_location(digest, _EXTENSIONS[request.config_format])
+    return data, digest, sub_path, container_path
+
+
 def materialize_config(request: JobRequest, output_dir: Path, inputs_root: str = DEFAULT_INPUTS_ROOT) -> MaterializedConfig:
     """Write the request's spec, remote URIs rewritten, as a content-addressed file.
 
@@ -106,12 +118,7 @@ def materialize_config(request: JobRequest, output_dir: Path, inputs_root: str =
     name is random, so a rerun after a kill (the same PID again, in a container) or two threads
     at once never collide.
     """
-    if request.mode != "config" or request.spec is None or request.config_format is None:
-        raise UsageError("materialize-config needs a request with mode 'config', a nested 'spec' and 'config_format'")
-    mapping = {source: place.container_path for source, place in placements(request, inputs_root).items()}
-    data = serialise(rewrite(request.spec, mapping), request.config_format)
-    digest = hashlib.sha256(data).hexdigest()
-    sub_path, container_path = config_location(digest, _EXTENSIONS[request.config_format])
+    data, digest, sub_path, container_path = config_content(request, inputs_root)
     final = output_dir / Path(sub_path).name
     created = atomic_write(final, data, mode=0o600, replace=False)
     if not created:

@@ -30,6 +30,7 @@ from ..reporting import ProgressCallback
 from ..request import JobRequest
 from ..transfer.engine import TransferEngine, TransferOptions
 from ..transfer.filters import PathFilter
+from ..transfer.shard import Shard, shard_of
 from ..transfer.summary import Failure, TransferSummary
 from ..uris import HFModelURI, NGCModelURI, S3Url, is_remote_uri, model_root, parse_s3_url, parse_uri, staging_location
 from .archive import extract_archive
@@ -39,7 +40,7 @@ from .pretrained import pull_model
 from .selective import selective_download
 from .stage_map import STAGING_MAP_NAME, Kind, StagedSource, StagingMap, write_staging_map
 
-__all__ = ["STAGING_MAP_NAME", "check_air_gap", "plan_inputs", "stage", "stage_config", "stage_input"]
+__all__ = ["STAGING_MAP_NAME", "check_air_gap", "plan_inputs", "plan_stage", "stage", "stage_config", "stage_input"]
 
 
 def check_air_gap(request: JobRequest) -> None:
@@ -57,22 +58,59 @@ def check_air_gap(request: JobRequest) -> None:
 
 def stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPUTS_ROOT,
           environ: Mapping[str, str] | None = None, engine: TransferEngine | None = None,
-          progress: Callable[[PlannedInput], ProgressCallback | None] | None = None) -> StagingMap:
-    """Stage every input of ``request`` under ``workdir`` and write ``workdir/staging-map.json``.
+          progress: Callable[[PlannedInput], ProgressCallback | None] | None = None,
+          cache: bool = False, shard: Shard | None = None, map_path: Path | None = None) -> StagingMap:
+    """Stage every input of ``request`` under ``workdir`` and write the staging map (default
+    ``workdir/staging-map.json``).
 
-    ``progress(planned)`` may return a callback for that input's progress.
+    ``progress(planned)`` may return a callback for that input's progress. ``cache``: ``workdir``
+    is a shared stage cache (a tier B volume's ``cache/``): each entry is staged under its lock
+    and skipped when its marker shows the source unchanged (:mod:`.cache`). ``shard``: stage only
+    this shard's part — the keys of a folder that hash to it, and each other input whose source
+    URI does — so N shard runs together stage what one run would.
     """
     check_air_gap(request)
     workdir = Path(os.path.abspath(workdir))
     workdir.mkdir(parents=True, exist_ok=True)
+    from .cache import stage_cached  # the cache wraps stage_input
+
+    step = stage_cached if cache else stage_input
     with _engines(engine, environ) as get_engine:
-        sources = [stage_input(planned, workdir, engine=get_engine, environ=environ,
-                               progress=progress(planned) if progress else None)
+        sources = [step(planned, workdir, engine=get_engine, environ=environ,
+                        progress=progress(planned) if progress else None, shard=shard)
                    for planned in plan_inputs(request, inputs_root)]
     if request.mode == "config":
         sources.append(stage_config(request, workdir, inputs_root=inputs_root))
     staging_map = StagingMap(job_id=request.job_id, workdir=str(workdir), inputs_root=inputs_root, sources=sources)
-    write_staging_map(staging_map, workdir / STAGING_MAP_NAME)
+    write_staging_map(staging_map, map_path or workdir / STAGING_MAP_NAME)
+    return staging_map
+
+
+def plan_stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPUTS_ROOT,
+               environ: Mapping[str, str] | None = None, engine: TransferEngine | None = None,
+               map_path: Path | None = None) -> StagingMap:
+    """The staging map a stage run *will* produce, without moving a byte, and the materialized
+    config — for tiers B and C, where the cluster stages: the renderer needs every source's kind
+    and place (the same sub-paths, by :func:`plan_inputs`) and the config's bytes for its
+    ConfigMap. Offline, except that an ``auto`` s3:// key without a trailing slash is resolved
+    with one request (file or folder decides what the verify probe expects there)."""
+    check_air_gap(request)
+    workdir = Path(os.path.abspath(workdir))
+    sources = []
+    with _engines(engine, environ) as get_engine:
+        for planned in plan_inputs(request, inputs_root):
+            if not planned.remote:
+                sources.append(stage_input(planned, workdir))
+                continue
+            parsed = parse_uri(planned.source, field=planned.field)
+            kind: Kind = "model" if isinstance(parsed, HFModelURI | NGCModelURI) else resolve_kind(planned, get_engine)
+            sources.append(StagedSource(source=planned.source, kind=kind, sub_path=planned.sub_path,
+                                        container_path=planned.container_path, local_path=None, files=None,
+                                        bytes=None, note="planned: staged on the cluster"))
+    if request.mode == "config":
+        sources.append(stage_config(request, workdir, inputs_root=inputs_root))
+    staging_map = StagingMap(job_id=request.job_id, workdir=str(workdir), inputs_root=inputs_root, sources=sources)
+    write_staging_map(staging_map, map_path or workdir / STAGING_MAP_NAME)
     return staging_map
 
 
@@ -89,11 +127,13 @@ def stage_config(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAU
 
 def stage_input(planned: PlannedInput, workdir: Path, *,
                 engine: TransferEngine | Callable[[], TransferEngine] | None = None,
-                environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None) -> StagedSource:
+                environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None,
+                shard: Shard | None = None) -> StagedSource:
     """Stage one planned input under ``workdir`` (idempotent) and say what happened.
 
     ``engine`` is an engine the caller owns, or a factory for one; without it, an engine is
-    built from ``environ`` when the input needs S3 and closed before returning.
+    built from ``environ`` when the input needs S3 and closed before returning. With ``shard``,
+    only that shard's part is staged (see :func:`stage`).
     """
     if not planned.remote:
         return StagedSource(source=planned.source, kind="pre-positioned", sub_path=None,
@@ -102,16 +142,32 @@ def stage_input(planned: PlannedInput, workdir: Path, *,
     started = time.monotonic()
     local = Path(os.path.abspath(workdir)) / planned.sub_path
     parsed = parse_uri(planned.source, field=planned.field)
-    if isinstance(parsed, HFModelURI | NGCModelURI):
-        return _stage_model(planned, parsed, Path(os.path.abspath(workdir)), environ, progress, started)
     with _engines(engine, environ) as get_engine:
-        return _stage_s3(planned, parsed, local, get_engine(), progress, started)
+        kind = None if isinstance(parsed, HFModelURI | NGCModelURI) else resolve_kind(planned, get_engine)
+        if shard is not None and kind != "folder" and not shard.owns(planned.source):
+            return StagedSource(source=planned.source, kind=kind or "model", sub_path=planned.sub_path,
+                                container_path=planned.container_path, local_path=str(local), files=None, bytes=None,
+                                note=f"staged by shard {shard_of(planned.source, shard.count)}/{shard.count}, not {shard}")
+        if isinstance(parsed, HFModelURI | NGCModelURI):
+            return _stage_model(planned, parsed, Path(os.path.abspath(workdir)), environ, progress, started)
+        assert kind is not None
+        return _stage_s3(planned, parsed, kind, local, get_engine(), progress, started, shard)
 
 
-def _stage_s3(planned: PlannedInput, url: S3Url, local: Path, engine: TransferEngine,
-              progress: ProgressCallback | None, started: float) -> StagedSource:
+def resolve_kind(planned: PlannedInput, engine: Callable[[], TransferEngine]) -> Kind:
+    """The declared kind of an s3:// input, or — for ``auto`` — what the bucket holds there
+    (``s3://b/p/`` is a folder without asking)."""
     declared = planned.declared
-    kind: Kind = declared.kind if declared is not None and declared.kind != "auto" else _resolve_s3_kind(engine, planned)
+    if declared is not None and declared.kind != "auto":
+        return declared.kind
+    if parse_s3_url(planned.source, field=planned.field).is_prefix:
+        return "folder"
+    return _resolve_s3_kind(engine(), planned)
+
+
+def _stage_s3(planned: PlannedInput, url: S3Url, kind: Kind, local: Path, engine: TransferEngine,
+              progress: ProgressCallback | None, started: float, shard: Shard | None) -> StagedSource:
+    declared = planned.declared
 
     def staged(summary: TransferSummary, files: int, note: str | None = None) -> StagedSource:
         _raise_failed(summary.failed, planned)
@@ -123,9 +179,10 @@ def _stage_s3(planned: PlannedInput, url: S3Url, local: Path, engine: TransferEn
 
     if kind == "folder":
         rules = PathFilter.from_patterns(declared.excludes if declared else ())
-        summary = engine.download_prefix(url, local, TransferOptions(filter=rules, progress=progress))
+        summary = engine.download_prefix(url, local, TransferOptions(filter=rules, progress=progress, shard=shard))
         files = summary.transferred_files + summary.unchanged_files
-        if files == 0 and not summary.failed and not (declared is not None and declared.allow_empty):
+        empty_allowed = shard is not None or (declared is not None and declared.allow_empty)  # a shard may get no key
+        if files == 0 and not summary.failed and not empty_allowed:
             excluded = f" ({summary.excluded_files} excluded by its excludes)" if summary.excluded_files else ""
             raise UsageError(f"{planned.field}: {planned.source!r} holds no object{excluded}; check the prefix, or "
                              "declare the input with allow_empty: true if an empty folder is expected")

@@ -57,6 +57,8 @@ class StagedSource(BaseModel):
         where = f"{self.source} → {self.container_path}"
         if self.kind == "pre-positioned":
             return f"{where}: pre-positioned (tier A), no bytes moved; verified inside the compute frame"
+        if self.files is None:
+            return f"{where} [{self.kind}]: " + (self.note or "not staged here")
         held = f"{self.files} files ({human_size(self.bytes or 0)})"
         moved = (f"{self.transferred_files} moved ({human_size(self.transferred_bytes)})" if self.moved
                  else "already there")

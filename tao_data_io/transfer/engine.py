@@ -26,9 +26,10 @@ from ..errors import UsageError
 from .client import explained, head_or_none, make_s3_client
 from .digests import DigestStore, multipart_count
 from .filters import PathFilter
+from .shard import Shard
 from .work import DownloadJob, Executor, Job, JobFailed, Landed, UploadJob
 from .listing import LocalFile, RemoteObject, clean_etag, list_remote, local_file, s3_time_ns, scan_local
-from ..fs import UnsafePathError, confined_path, file_lock, remove_if_exists, state_dir_for, temp_path_for
+from ..fs import UnsafePathError, confined_path, file_lock, final_name, remove_if_exists, state_dir_for, temp_path_for
 from .strategy import ContentStrategy
 from ..reporting import ProgressCallback, ProgressTracker
 from .summary import Failure, Skipped, TransferSummary
@@ -52,17 +53,31 @@ class TransferOptions:
     #: Uploads only: leave files modified less than this many seconds ago for a later run, so
     #: a file a running job is still writing is never uploaded half-done (scheduled resyncs).
     settle_seconds: float = 0.0
+    #: Prefix downloads only: take just the keys this shard owns (several stagers fill one
+    #: destination together). Its lock and digest cache are its own, so shards never wait for
+    #: or overwrite each other, and it removes only its own killed downloads' temp files.
+    shard: Shard | None = None
 
 
 @contextmanager
-def destination_lock(dest: Path, dry_run: bool = False) -> Iterator[None]:
+def destination_lock(dest: Path, dry_run: bool = False, shard: Shard | None = None) -> Iterator[None]:
     """Serialise downloads into one destination (two stage pods on one volume, a retry beside a
-    straggler): each waits for the other, so neither removes the other's in-flight files."""
+    straggler): each waits for the other, so neither removes the other's in-flight files. A
+    shard locks only against runs of the same shard (the others touch other keys)."""
     if dry_run:
         yield
         return
-    with file_lock(state_dir_for(dest) / "lock"):
+    with file_lock(state_dir_for(dest) / ("lock" if shard is None else f"lock.{shard.label}")):
         yield
+
+
+def _owned_leftover(leftover: Path, dest: Path, prefix: S3Url, shard: Shard) -> bool:
+    """Whether a killed download's temp file was for a key ``shard`` owns (a name cut to fit
+    NAME_MAX is never claimed: another shard may own it)."""
+    final = final_name(leftover.name)
+    if final is None:
+        return False
+    return shard.owns(prefix.key + (leftover.parent / final).relative_to(dest).as_posix())
 
 
 def upload_digest_path(source_root: Path) -> Path:
@@ -113,6 +128,8 @@ class TransferEngine:
             )
         if is_s3_url(source):
             return self.download_prefix(parse_s3_url(source, field="SRC"), Path(destination), options)
+        if options.shard is not None:
+            raise UsageError(f"shard {options.shard} splits downloads only; upload {source!r} in one run")
         return self.upload_directory(Path(source), parse_s3_url(destination, field="DST"), options)
 
     def copy(self, source: str, destination: str, options: TransferOptions | None = None) -> TransferSummary:
@@ -147,19 +164,22 @@ class TransferEngine:
             listing = list_remote(self.client, prefix)
         summary.skipped += [Skipped(k, "folder marker (zero-byte key ending in '/'); nothing to download")
                             for k in listing.folder_markers]
+        shard = options.shard
         selected = []
         for obj in listing.objects:
-            if options.filter(obj.relative):
+            if options.filter(obj.relative) and (shard is None or shard.owns(obj.key)):
                 selected.append(obj)
             else:
                 summary.excluded_files += 1
-        with destination_lock(dest, options.dry_run):
+        with destination_lock(dest, options.dry_run, shard):
             local = scan_local(dest)
             if not options.dry_run:
-                # Safe under the lock: no other sync into this destination is writing them.
+                # Safe under the lock: no other sync (of this shard) into this destination is writing them.
                 for leftover in local.temp_leftovers:
-                    remove_if_exists(leftover)
-            self._download(prefix.bucket, selected, dest, local.files, summary, options)
+                    if shard is None or _owned_leftover(leftover, dest, prefix, shard):
+                        remove_if_exists(leftover)
+            digests = DOWNLOAD_DIGESTS if shard is None else f"digests.{shard.label}.json"
+            self._download(prefix.bucket, selected, dest, local.files, summary, options, digests)
         summary.seconds = time.monotonic() - started
         return summary
 
@@ -216,9 +236,9 @@ class TransferEngine:
         return summary
 
     def _download(self, bucket: str, objects: list[RemoteObject], root: Path, local: dict[str, LocalFile],
-                  summary: TransferSummary, options: TransferOptions) -> None:
+                  summary: TransferSummary, options: TransferOptions, digests: str = DOWNLOAD_DIGESTS) -> None:
         """Plan and run downloads of ``objects`` into ``root`` (keys mapped by ``relative``)."""
-        store = DigestStore(None if options.dry_run else state_dir_for(root) / DOWNLOAD_DIGESTS)
+        store = DigestStore(None if options.dry_run else state_dir_for(root) / digests)
         strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key))
         jobs: list[Job] = []
         planned: dict[str, RemoteObject] = {}

@@ -1,0 +1,144 @@
+"""``plan`` and ``render-job``: the tier decision, and every manifest a job needs, offline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..console import Console
+from ..errors import UsageError
+from ..launch.plan import build_plan, command_argv
+from ..outputs import resolve_route
+from ..record import RecordStore
+from ..request import load_request
+from ..schema import describe_validation_error
+from ..staging.config import config_content
+from ..staging.layout import plan_inputs
+from ..staging.stage_map import read_staging_map
+from ..tier import ClusterFacts, TierDecision, choose_tier
+from .record import add_root_option
+
+PLAN_EXAMPLES = """examples:
+  1. the decision for a request, assuming a cluster with no claim:
+       tao-data-io plan --request examples/tier-c.yaml
+  2. with what the cluster offers (a Bound claim, input sizes):
+       echo '{"backend": "kubernetes", "volumes": [{"name": "tao-data"}]}' > facts.json
+       tao-data-io plan --request examples/tier-b.yaml --facts facts.json
+  3. machine-readable:
+       tao-data-io plan --request examples/multi-node.yaml --json
+"""
+
+RENDER_EXAMPLES = """examples:
+  1. tier C (the pod stages and uploads), applied as it comes out:
+       tao-data-io record open --job-id dino-c --platform kubernetes --image IMG --network-arch dino \\
+         --action train --results-dir /results --storage-tier C
+       tao-data-io stage --request examples/tier-c.yaml --workdir plan-c --plan-only
+       tao-data-io render-job --request examples/tier-c.yaml --staging-map plan-c/staging-map.json \\
+         --job-id dino-c --stager-image registry.example.com/tao-data-io-stager:0.1.0 | kubectl apply -f -
+  2. tier B: the stage Job (4 shards) first, then the training Job:
+       tao-data-io stage --request examples/tier-b.yaml --workdir plan-b --plan-only
+       tao-data-io render-job --request examples/tier-b.yaml --staging-map plan-b/staging-map.json \\
+         --job-id dino-b --pvc-claim tao-data --shards 4 --stager-image IMG > job.yaml
+       kubectl apply -f job.yaml -l tao-data-io/step=stage
+       kubectl wait --for=condition=complete job/dino-b-stage --timeout=2h && kubectl apply -f job.yaml
+  3. multi-node with a pre-created credentials Secret and an image pull secret:
+       tao-data-io render-job --request examples/multi-node.yaml --staging-map plan-m/staging-map.json \\
+         --job-id dino-m --namespace tao-jobs --credential-secret s3-creds --image-pull-secret ngc-pull-secret
+"""
+
+
+def register(verbs: Any) -> None:
+    plan = verbs.add_parser("plan", help="print the storage tier decision and what the job would run and mount",
+                            epilog=PLAN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    plan.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON)")
+    plan.add_argument("--facts", type=Path, metavar="F.json",
+                      help="what the cluster offers (ClusterFacts as JSON); default: Kubernetes, no claim")
+    plan.add_argument("--json", action="store_true", help="print the decision and the plan as JSON")
+    plan.set_defaults(run=_plan)
+
+    render = verbs.add_parser("render-job", help="print every manifest the job needs as multi-document YAML "
+                                                 "(stage Job, Secret reference, ConfigMap, Service, Job)",
+                              epilog=RENDER_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    render.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON)")
+    render.add_argument("--staging-map", required=True, type=Path, metavar="M",
+                        help="the staging map (`stage`, or `stage --plan-only` for tiers B and C)")
+    render.add_argument("--job-id", required=True, metavar="ID", help="the job's record (open it first)")
+    render.add_argument("--namespace", default=os.environ.get("TAO_K8S_NAMESPACE") or "default", metavar="NS",
+                        help="default $TAO_K8S_NAMESPACE or 'default'")
+    render.add_argument("--pvc-claim", metavar="C", help="the PersistentVolumeClaim (default: the request's "
+                                                         "storage.pvc_claim)")
+    render.add_argument("--credential-secret", metavar="S", help="a pre-created Secret holding the forward_env "
+                                                                 "keys (default: the per-job Secret)")
+    render.add_argument("--image-pull-secret", metavar="S", help="a pre-created image pull secret")
+    render.add_argument("--stager-image", metavar="I", help="the tao-data-io stager image (docker/stager)")
+    render.add_argument("--ttl-seconds", type=int, default=3600, metavar="N", help="ttlSecondsAfterFinished")
+    render.add_argument("--shm-size", metavar="Q", help="/dev/shm size, e.g. 32Gi (default: the request's)")
+    render.add_argument("--shards", type=int, default=1, metavar="N", help="tier B: pods of the stage Job")
+    render.add_argument("--records-url", metavar="U", help="a shared job record store (s3://…) for the pods")
+    render.add_argument("--results-budget", default="20Gi", metavar="Q",
+                        help="results the final upload must move after training (sizes the grace period)")
+    add_root_option(render)
+    render.set_defaults(run=_render)
+
+
+def _plan(args: argparse.Namespace, console: Console) -> int:
+    request = load_request(args.request)
+    facts = _facts(args.facts)
+    decision = choose_tier(request, facts)
+    config_path = config_content(request)[3] if request.mode == "config" else None
+    argv, shell = command_argv(request, config_path)
+    inputs = [{"source": p.source, "sub_path": p.sub_path, "container_path": p.container_path}
+              for p in plan_inputs(request)]
+    if args.json:
+        console.json({"decision": decision.to_dict(), "argv": argv, "shell": shell, "config_path": config_path,
+                      "inputs": inputs, "gpus": request.compute_shape.gpus, "nodes": request.compute_shape.nodes})
+        return 0
+    console.out(decision.describe())
+    console.out(f"runs: {json.dumps(argv)}" + (" (under /bin/sh -c: the request's own shell text)" if shell else ""))
+    if config_path:
+        console.out(f"config: {config_path} (read-only)")
+    for item in inputs:
+        where = f"staged at {item['sub_path']}" if item["sub_path"] else "pre-positioned"
+        console.out(f"input: {item['source']} → {item['container_path']} ({where})")
+    console.out(f"compute: {request.compute_shape.gpus} GPU(s) × {request.compute_shape.nodes} node(s)")
+    return 0
+
+
+def _facts(path: Path | None) -> ClusterFacts:
+    if path is None:
+        return ClusterFacts(backend="kubernetes")
+    try:
+        return ClusterFacts.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise UsageError(f"facts {str(path)!r} cannot be read: {exc.strerror}") from None
+    except ValidationError as exc:
+        raise UsageError(describe_validation_error(exc, f"facts {str(path)!r} are not ClusterFacts")) from None
+
+
+def _render(args: argparse.Namespace, console: Console) -> int:
+    from ..kubernetes.render import read_config, render_job
+    from ..kubernetes.settings import RenderSettings
+
+    request = load_request(args.request)
+    if request.job_id is not None and request.job_id != args.job_id:
+        raise UsageError(f"job_id {args.job_id!r} differs from the request's job_id {request.job_id!r}; render the "
+                         "job the request names")
+    staging_map = read_staging_map(args.staging_map)
+    record = RecordStore(args.root).get(args.job_id)
+    decision = TierDecision(tier=record.storage_tier, reason=record.storage_reason or "recorded at open")
+    plan = build_plan(request, staging_map, decision, record, resolve_route(record, os.environ))
+    settings = RenderSettings(
+        namespace=args.namespace, pvc_claim=args.pvc_claim or request.storage.pvc_claim,
+        credential_secret=args.credential_secret, image_pull_secret=args.image_pull_secret,
+        stager_image=args.stager_image, ttl_seconds=args.ttl_seconds, shm_size=args.shm_size, shards=args.shards,
+        records_url=args.records_url, results_budget=args.results_budget)
+    rendered = render_job(plan, settings, request=request, record=record, config=read_config(plan))
+    console.out(rendered.to_yaml().rstrip("\n"))
+    for warning in rendered.warnings:
+        console.err(f"warning: {warning}")
+    return 0

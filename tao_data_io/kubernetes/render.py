@@ -1,0 +1,492 @@
+"""Every manifest a job needs, from its launch plan: pure, deterministic, ``kubectl apply``-ready.
+
+What comes out (:func:`render_job`), all labelled ``app.kubernetes.io/managed-by: tao-data-io``
+and ``tao-data-io/job-id: <job name>`` (a label holds 63 characters; the full id is the
+annotation of the same key), all named from the job id (:func:`tao_data_io.names.k8s_name_for`):
+
+* a **ConfigMap** ``<job>-files``: the materialized config (mounted read-only at its path), the
+  verify probe, its checklist and wrapper, and — when the pod stages or uploads — the request,
+  the job record and the stager and sidecar scripts. Names and paths only;
+* tier B: a **stage Job** ``<job>-stage`` (stager image, no GPU, the claim mounted read-write)
+  that fills the claim's ``cache/`` before the training Job exists; an Indexed Job of
+  ``shards`` pods when asked;
+* multi-node: a headless **Service** named after the Job, for ``<job>-0.<job>`` rendezvous;
+* the training **Job**: one pod (or an Indexed Job of ``nodes`` pods), ``backoffLimit: 0``,
+  ``restartPolicy: Never``, ``ttlSecondsAfterFinished``. Its initContainers, in order: the
+  stager (tier C, or whenever results are uploaded), the results sidecar (a native sidecar,
+  whenever results are uploaded), and last the **verify probe** in the training image with the
+  training container's mounts and credentials; its verdict is the termination message and any
+  failure stops the pod before training starts.
+
+Credentials are ``secretKeyRef`` entries for exactly the plan's ``forward_env`` names, from the
+per-job Secret (created with values at apply time) or a pre-created one; the output never holds
+a value, and a final pass refuses it if any credential value of this environment appears in it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..credentials import AWS_TO_LEGACY, Redactor
+from ..errors import UsageError
+from ..fs import check_relative
+from ..launch.plan import PROBE_DIR, LaunchPlan, PlanMount, refuse_smuggled_secrets
+from ..launch.probe import PROBE_SCRIPT, TOKEN_FILE, Check, checklist, checklist_text
+from ..names import check_env_name, k8s_name_for
+from ..record import JobRecord
+from ..request import JobRequest, check_container_path
+from ..tier import TIER_C_BYTES_PER_SECOND
+from .scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, VERIFY_SCRIPT
+from .settings import RenderSettings
+
+MANAGED_BY = {"app.kubernetes.io/managed-by": "tao-data-io"}
+JOB_ID_LABEL = "tao-data-io/job-id"
+#: ``kubectl apply -l tao-data-io/step=stage`` applies what must run first (tier B).
+STEP_LABEL = "tao-data-io/step"
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+MASTER_PORT = 29500
+TERMINATION_LOG = "/dev/termination-log"
+#: Our own paths inside a pod; no declared target may use them.
+FILES_DIR = "/tao-data-io/files"
+STATE_DIR = "/tao-data-io/state"
+STAGE_ROOT = "/tao-data-io/staging"
+VOLUME_ROOT = "/tao-data-io/volume"
+RESERVED = ("/tao-data-io", PROBE_DIR, "/dev/shm")
+#: Tier B stages into this directory of the claim (the stage cache, :mod:`tao_data_io.staging.cache`).
+CACHE_DIR = "cache"
+#: The final upload's time: the budget at the measured rate, plus this much for start-up.
+GRACE_MARGIN_SECONDS = 60
+#: A ConfigMap holds at most 1 MiB.
+CONFIGMAP_LIMIT = 1024 * 1024
+#: Either family of S3 key names (forwarded names are projected as given: the per-job Secret's
+#: values come from ``credentials.forwarded_values``, which maps the other family in memory).
+_S3_KEYS = (("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
+            (AWS_TO_LEGACY["AWS_ACCESS_KEY_ID"], AWS_TO_LEGACY["AWS_SECRET_ACCESS_KEY"]))
+_RENDEZVOUS = ("WORLD_SIZE", "NUM_GPU_PER_NODE", "NNODES", "NPROC_PER_NODE", "NODE_RANK", "MASTER_ADDR",
+               "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """The Secret the pods read credentials from: its name and the keys they expect. Whether
+    the renderer's (``per_job``: created with values at apply time) or the user's."""
+
+    name: str
+    keys: list[str]
+    per_job: bool
+
+
+@dataclass
+class RenderedJob:
+    objects: list[dict[str, Any]]
+    secret: SecretRef | None
+    warnings: list[str] = field(default_factory=list)
+
+    def to_yaml(self) -> str:
+        """Multi-document YAML for ``kubectl apply -f -``; the Secret is named in a comment."""
+        head = ""
+        if self.secret is not None:
+            owner = ("the per-job Secret, created with values from the submitting environment at apply time"
+                     if self.secret.per_job else "pre-created; it must hold these keys")
+            head = f"# Secret {self.secret.name} ({owner}): keys {', '.join(self.secret.keys)}\n"
+        return head + yaml.dump_all(self.objects, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (scripts, the config) as ``|`` blocks, so the manifest reads as written."""
+
+
+_Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
+
+
+def read_config(plan: LaunchPlan) -> bytes | None:
+    """The materialized config's bytes, from the staging root on this host (None without one)."""
+    mount = next((m for m in plan.mounts if m.origin == "config"), None)
+    if mount is None:
+        return None
+    path = Path(plan.staging_root) / mount.source
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"config {str(path)!r} cannot be read ({exc.strerror}); stage the request again") from None
+
+
+def render_job(plan: LaunchPlan, settings: RenderSettings, *, request: JobRequest, record: JobRecord,
+               config: bytes | None, environ: Mapping[str, str] | None = None) -> RenderedJob:
+    """The objects for ``plan`` on the cluster ``settings`` describe (see the module docstring).
+
+    ``request`` is what a pod's stager stages (tiers B and C); ``record`` the job's record, of
+    which the pods get a copy with the plan's route; ``config`` the materialized config's bytes
+    (:func:`read_config`), refused unless they match the digest in its name. ``environ``
+    (default ``os.environ``) is only read to refuse any credential value found in the output.
+    """
+    refuse_smuggled_secrets(plan.env, environ)
+    job = _Job(plan, settings, request, record, config)
+    rendered = job.render()
+    _refuse_values(rendered, environ)
+    return rendered
+
+
+class _Job:
+    """One render: the checks, then the objects. A class only to share the derived names."""
+
+    def __init__(self, plan: LaunchPlan, settings: RenderSettings, request: JobRequest, record: JobRecord,
+                 config: bytes | None) -> None:
+        self.plan, self.settings, self.request, self.record, self.config = plan, settings, request, record, config
+        self.name = k8s_name_for(plan.job_id)
+        self.files = k8s_name_for(plan.job_id, "files")
+        #: A label value holds at most 63 characters: the job's name stands for its id there; the
+        #: id itself is an annotation.
+        self.labels = {**MANAGED_BY, JOB_ID_LABEL: self.name}
+        self.multi = plan.nodes > 1
+        #: Results persist on the claim when there is one; else only through an upload.
+        self.results_on_claim = settings.pvc_claim is not None
+        self.uploads = plan.route.route == "s3"
+        self.stages_in_pod = plan.tier == "C"
+        self.needs_stager = self.stages_in_pod or self.uploads
+        self.secret = self._secret()
+        _check_plan(plan, settings)
+        self.config_key = _check_config(plan, config)
+        self._check_tier()
+        self.checks = self._checks()
+
+    # ----------------------------------------------------------------- checks
+    def _secret(self) -> SecretRef | None:
+        names = list(dict.fromkeys(self.plan.forward_env))
+        if not names:
+            if self.settings.credential_secret is not None:
+                raise UsageError(f"credential_secret {self.settings.credential_secret!r} is given but the request "
+                                 "forwards no credential (forward_env is empty); list the variables in forward_env, "
+                                 "or drop credential_secret")
+            return None
+        for name in names:
+            check_env_name(name, what="forward_env name")
+        given = self.settings.credential_secret
+        return SecretRef(given or k8s_name_for(self.plan.job_id, "credentials"), names, per_job=given is None)
+
+    def _check_tier(self) -> None:
+        plan, settings = self.plan, self.settings
+        staged = [m for m in plan.mounts if m.origin == "staged"]
+        if plan.tier == "A" and staged:
+            raise UsageError(f"the plan is tier A (pre-positioned) but {len(staged)} input(s) must be staged "
+                             f"({staged[0].input}); plan it as tier B or C")
+        if plan.tier == "B" and settings.pvc_claim is None:
+            raise UsageError("tier B stages into a PersistentVolumeClaim: give pvc_claim (a Bound claim in the "
+                             "namespace), or plan the job as tier C")
+        if settings.shards > 1 and plan.tier != "B":
+            raise UsageError(f"shards {settings.shards} applies to tier B's stage Job only; this plan is tier "
+                             f"{plan.tier}")
+        prepositioned = [m for m in plan.mounts if m.origin == "pre-positioned"]
+        if prepositioned and settings.pvc_claim is None:
+            raise UsageError(f"mount {prepositioned[0].source!r} is pre-positioned, which on Kubernetes is a path "
+                             "inside the job's PVC: give pvc_claim")
+        if plan.route.route == "mount" and settings.pvc_claim is None:
+            raise UsageError(f"the output route is 'mount' ({plan.route.destination}) but results only persist on a "
+                             "mount through a PVC here: give pvc_claim, or route results to S3 (S3_BUCKET_NAME)")
+        if (plan.tier in ("B", "C") or self.uploads) and not settings.stager_image:
+            why = {"B": "tier B's stage Job", "C": "tier C's in-pod stager"}.get(plan.tier, "the results sidecar")
+            raise UsageError(f"stager_image is needed for {why}: build docker/stager/Dockerfile, push it where the "
+                             "cluster pulls from, and pass its reference")
+        uses_s3 = self.uploads or (plan.tier in ("B", "C") and any(
+            m.input.startswith("s3://") for m in staged)) or any(i.annotation for i in self.request.inputs)
+        forwarded = set(plan.forward_env)
+        if uses_s3 and not any(set(pair) <= forwarded for pair in _S3_KEYS):
+            raise UsageError("this job reads or writes s3:// inside the cluster, so forward_env must name the S3 "
+                             "credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ACCESS_KEY and SECRET_KEY), "
+                             "plus AWS_ENDPOINT_URL for a non-AWS endpoint")
+
+    def _checks(self) -> list[Check]:
+        token = hashlib.sha256(f"tao-data-io-verify:{self.plan.job_id}".encode()).hexdigest()[:32]
+        checks, _ = checklist(self.plan, token)
+        if self.uploads and not self.results_on_claim:
+            checks.append(Check(kind="persistent", path=self.plan.results_dir, subject="results",
+                                argument=f"{STATE_DIR}/upload-check"))
+        return checks
+
+    # ----------------------------------------------------------------- objects
+    def render(self) -> RenderedJob:
+        objects = [self._configmap()]
+        warnings = []
+        if self.plan.tier == "B":
+            objects.append(self._stage_job())
+        if self.multi:
+            objects.append(self._service())
+        objects.append(self._training_job())
+        if self.plan.route.route == "ephemeral":
+            warnings.append(f"results of job {self.plan.job_id} are ephemeral: nothing keeps them after the pod ends")
+        size = sum(len(v.encode()) for v in objects[0]["data"].values())
+        if size > CONFIGMAP_LIMIT:
+            raise UsageError(f"the job's files come to {size} bytes, more than a ConfigMap holds (1 MiB); shrink the "
+                             "spec (config) or the request")
+        return RenderedJob(objects, self.secret, warnings)
+
+    def _meta(self, name: str, step: str) -> dict[str, Any]:
+        return {"name": name, "namespace": self.settings.namespace, "labels": {**self.labels, STEP_LABEL: step},
+                "annotations": {JOB_ID_LABEL: self.plan.job_id}}
+
+    def _configmap(self) -> dict[str, Any]:
+        data = {"probe.sh": PROBE_SCRIPT, "verify.sh": VERIFY_SCRIPT, "checklist": checklist_text(self.checks)}
+        if self.config_key is not None:
+            assert self.config is not None
+            data[self.config_key] = self.config.decode()
+        if self.needs_stager or self.plan.tier == "B":
+            data["request.json"] = json.dumps(self.request.model_dump(mode="json", exclude_none=True), indent=2,
+                                              sort_keys=True) + "\n"
+            snapshot = self.record.model_copy(update={"output_route": self.plan.route})
+            data["job-record.json"] = snapshot.model_dump_json(indent=2) + "\n"
+            data["stager.sh"] = STAGER_SCRIPT
+            data["sidecar.sh"] = SIDECAR_SCRIPT
+        step = "stage" if self.plan.tier == "B" else "train"
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self._meta(self.files, step), "data": data}
+
+    def _service(self) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Service", "metadata": self._meta(self.name, "train"),
+                "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                         "selector": {"batch.kubernetes.io/job-name": self.name},
+                         "ports": [{"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT}]}}
+
+    def _pod_basics(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {"restartPolicy": "Never", "enableServiceLinks": False}
+        if self.settings.image_pull_secret:
+            spec["imagePullSecrets"] = [{"name": self.settings.image_pull_secret}]
+        if self.settings.node_selector:
+            spec["nodeSelector"] = dict(sorted(self.settings.node_selector.items()))
+        if self.settings.tolerations:
+            spec["tolerations"] = [dict(t) for t in self.settings.tolerations]
+        return spec
+
+    def _stage_job(self) -> dict[str, Any]:
+        """Tier B: fill the claim's cache before the training Job exists (no GPU held)."""
+        shards = self.settings.shards
+        name = k8s_name_for(self.plan.job_id, "stage")
+        command = ["tao-data-io", "stage", "--request", f"{FILES_DIR}/request.json", "--workdir",
+                   f"{VOLUME_ROOT}/{CACHE_DIR}", "--cache", "--map"]
+        env = [*self._secret_env(), {"name": "XDG_CACHE_HOME", "value": "/tmp/tao-data-io-cache"}]
+        map_path = f"{VOLUME_ROOT}/jobs/{self.name}/staging-map"
+        if shards > 1:
+            env.append({"name": "TAO_SHARD_INDEX", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}})
+            command += [f"{map_path}.shard-$(TAO_SHARD_INDEX).json", "--shard", f"$(TAO_SHARD_INDEX)/{shards}"]
+        else:
+            command.append(f"{map_path}.json")
+        container = {"name": "stage", "image": self.settings.stager_image, "command": command, "env": env,
+                     "volumeMounts": [{"name": "data", "mountPath": VOLUME_ROOT},
+                                      {"name": "files", "mountPath": FILES_DIR, "readOnly": True}],
+                     "terminationMessagePolicy": "FallbackToLogsOnError"}
+        pod = {**self._pod_basics(), "containers": [container],
+               "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": self.settings.pvc_claim}},
+                           {"name": "files", "configMap": {"name": self.files}}]}
+        spec: dict[str, Any] = {"backoffLimit": 2 * shards, "ttlSecondsAfterFinished": self.settings.ttl_seconds,
+                                "template": {"metadata": {"labels": {**self.labels, STEP_LABEL: "stage"}}, "spec": pod}}
+        if shards > 1:
+            spec.update(completionMode="Indexed", completions=shards, parallelism=shards)
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(name, "stage"), "spec": spec}
+
+    def _training_job(self) -> dict[str, Any]:
+        plan = self.plan
+        mounts, volumes = self._mounts_and_volumes()
+        env = self._env()
+        gpus = {"limits": {"nvidia.com/gpu": str(plan.gpus)}} if plan.gpus else {}
+        train = {"name": "train", "image": plan.image, "command": [literal(arg) for arg in plan.argv], "env": env,
+                 "volumeMounts": mounts, **({"resources": gpus} if gpus else {})}
+        verify = {"name": "verify", "image": plan.image,
+                  "command": ["/bin/sh", f"{PROBE_DIR}/verify.sh", f"{PROBE_DIR}/probe.sh", f"{PROBE_DIR}/checklist",
+                              TERMINATION_LOG],
+                  "env": env, "terminationMessagePath": TERMINATION_LOG, "terminationMessagePolicy": "File",
+                  "volumeMounts": [*mounts, {"name": "files", "mountPath": PROBE_DIR, "readOnly": True}]}
+        init: list[dict[str, Any]] = []
+        pod = self._pod_basics()
+        if self.needs_stager:
+            init.append(self._stager(env))
+            verify["volumeMounts"].append({"name": "state", "mountPath": STATE_DIR, "readOnly": True})
+        if self.uploads:
+            init.append(self._sidecar(env))
+            pod["terminationGracePeriodSeconds"] = self.grace_seconds()
+        init.append(verify)
+        pod.update(initContainers=init, containers=[train], volumes=volumes)
+        if self.multi:
+            pod["subdomain"] = self.name
+        spec: dict[str, Any] = {"backoffLimit": 0, "ttlSecondsAfterFinished": self.settings.ttl_seconds,
+                                "template": {"metadata": {"labels": {**self.labels, STEP_LABEL: "train"}}, "spec": pod}}
+        if self.multi:
+            spec.update(completionMode="Indexed", completions=plan.nodes, parallelism=plan.nodes)
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(self.name, "train"), "spec": spec}
+
+    def grace_seconds(self) -> int:
+        """Time for the final upload after training exits: the results budget at the measured
+        staging rate, plus a margin. Past it the kubelet kills the upload (README)."""
+        return GRACE_MARGIN_SECONDS + -(-self.settings.results_budget_bytes // TIER_C_BYTES_PER_SECOND)
+
+    def _tool_env(self, env: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The stager's and the sidecar's environment: the pod's, plus where their state lives."""
+        own = [{"name": "TAO_DATA_IO_FILES", "value": FILES_DIR}, {"name": "TAO_DATA_IO_STATE", "value": STATE_DIR},
+               {"name": "TAO_DATA_IO_JOBS_DIR", "value": f"{STATE_DIR}/records"},
+               {"name": "XDG_CACHE_HOME", "value": f"{STATE_DIR}/cache"}]
+        if self.settings.records_url:
+            own.append({"name": "TAO_DATA_IO_RECORDS", "value": self.settings.records_url})
+        return [*env, *own]
+
+    def _stager(self, env: list[dict[str, Any]]) -> dict[str, Any]:
+        extra = []
+        if self.uploads and not self.results_on_claim:
+            extra.append({"name": "TAO_DATA_IO_UPLOAD_CHECK", "value": f"{STATE_DIR}/upload-check"})
+        mounts = [{"name": "files", "mountPath": FILES_DIR, "readOnly": True}, {"name": "state", "mountPath": STATE_DIR}]
+        if self.stages_in_pod:
+            extra.append({"name": "TAO_DATA_IO_STAGE_ROOT", "value": STAGE_ROOT})
+            mounts.append({"name": "staging", "mountPath": STAGE_ROOT})
+        return {"name": "stager", "image": self.settings.stager_image, "command": ["/bin/sh", f"{FILES_DIR}/stager.sh"],
+                "env": [*self._tool_env(env), *extra], "volumeMounts": mounts,
+                "terminationMessagePolicy": "FallbackToLogsOnError"}
+
+    def _sidecar(self, env: list[dict[str, Any]]) -> dict[str, Any]:
+        extra = [{"name": "TAO_DATA_IO_RESYNC_SECONDS", "value": str(self.settings.resync_seconds)},
+                 {"name": "TAO_DATA_IO_VERIFY_FILE", "value": TOKEN_FILE}]
+        return {"name": "results", "image": self.settings.stager_image, "restartPolicy": "Always",
+                "command": ["/bin/sh", f"{FILES_DIR}/sidecar.sh"], "env": [*self._tool_env(env), *extra],
+                "volumeMounts": [{"name": "files", "mountPath": FILES_DIR, "readOnly": True},
+                                 {"name": "state", "mountPath": STATE_DIR}, self._results_mount(read_only=True)]}
+
+    # ----------------------------------------------------------------- env and mounts
+    def _secret_env(self) -> list[dict[str, Any]]:
+        if self.secret is None:
+            return []
+        return [{"name": name, "valueFrom": {"secretKeyRef": {"name": self.secret.name, "key": name}}}
+                for name in self.secret.keys]
+
+    def _env(self) -> list[dict[str, Any]]:
+        plan = self.plan
+        env: list[dict[str, Any]] = [{"name": k, "value": literal(v)} for k, v in sorted(plan.env.items())]
+        if self.multi:
+            env += [{"name": "WORLD_SIZE", "value": str(plan.nodes)}, {"name": "NUM_GPU_PER_NODE", "value": str(plan.gpus)},
+                    {"name": "NNODES", "value": str(plan.nodes)}, {"name": "NPROC_PER_NODE", "value": str(plan.gpus)},
+                    {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}},
+                    {"name": "MASTER_ADDR", "value": f"{self.name}-0.{self.name}"},
+                    {"name": "MASTER_PORT", "value": str(MASTER_PORT)}]
+        return env + self._secret_env()
+
+    def _results_mount(self, *, read_only: bool = False) -> dict[str, Any]:
+        mount: dict[str, Any] = {"name": "data" if self.results_on_claim else "results", "mountPath": self.plan.results_dir}
+        if self.results_on_claim:
+            mount["subPath"] = f"results/{self.name}"
+        if read_only:
+            mount["readOnly"] = True
+        return mount
+
+    def _mounts_and_volumes(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """One ``subPath`` mount per declared target; one subPath per source, never shared."""
+        plan, settings = self.plan, self.settings
+        mounts: list[dict[str, Any]] = []
+        owners: dict[tuple[str, str], PlanMount] = {}
+        seen: set[str] = set()
+        for mount in plan.mounts:
+            if mount.target in seen:
+                continue
+            seen.add(mount.target)
+            volume, sub_path = self._source_of(mount)
+            other = owners.setdefault((volume, sub_path), mount)
+            if other.input != mount.input:
+                raise UsageError(f"subPath {sub_path!r} would serve two sources, {other.input!r} and {mount.input!r}; "
+                                 "each source needs its own sub_path in the staging map: stage the request again")
+            mounts.append({"name": volume, "mountPath": mount.target, "subPath": sub_path, "readOnly": mount.read_only})
+        mounts.append(self._results_mount())
+        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+        volumes: list[dict[str, Any]] = [
+            {"name": "files", "configMap": {"name": self.files}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size or plan.shm_size}}]
+        if settings.pvc_claim is not None:
+            volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": settings.pvc_claim}})
+        else:
+            volumes.append({"name": "results", "emptyDir": {}})
+        if self.stages_in_pod:
+            volumes.append({"name": "staging", "emptyDir": {}})
+        if self.needs_stager:
+            volumes.append({"name": "state", "emptyDir": {}})
+        return mounts, volumes
+
+    def _source_of(self, mount: PlanMount) -> tuple[str, str]:
+        """(volume, subPath) serving ``mount``."""
+        if mount.origin == "config":
+            assert self.config_key is not None
+            return "files", self.config_key
+        if mount.origin == "pre-positioned":
+            relative = mount.source.lstrip("/")
+            return "data", check_relative(relative, what=f"pre-positioned mount source {mount.source!r} as subPath")
+        relative = check_relative(mount.source, what=f"staging map sub_path of {mount.input!r}")
+        if self.plan.tier == "B":
+            return "data", f"{CACHE_DIR}/{relative}"
+        return "staging", relative
+
+
+def literal(text: str) -> str:
+    """``text`` as Kubernetes must pass it on: the kubelet expands ``$(VAR)`` in a container's
+    command, args and env values (``$(AWS_SECRET_ACCESS_KEY)`` in an argument would become the
+    secret), and ``$$`` is its escape for ``$`` — so every ``$`` of the request is doubled."""
+    return text.replace("$", "$$")
+
+
+def _check_plan(plan: LaunchPlan, settings: RenderSettings) -> None:
+    """Paths absolute and normalised, none of ours taken, env names valid and never doubled."""
+    for what, path in [("results_dir", plan.results_dir), *(("mount target", m.target) for m in plan.mounts)]:
+        try:
+            check_container_path(path, what=what)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        for reserved in RESERVED:
+            if path == reserved or path.startswith(reserved + "/") or reserved.startswith(path + "/"):
+                raise UsageError(f"{what} {path!r} collides with {reserved}, which the job's pod uses itself; choose "
+                                 "another path")
+    targets = {m.target for m in plan.mounts}
+    if plan.results_dir in targets:
+        raise UsageError(f"results_dir {plan.results_dir!r} is also an input's target; write results elsewhere")
+    for name in plan.env:
+        check_env_name(name, what="environment name")
+    doubled = sorted(set(plan.env) & set(plan.forward_env))
+    if doubled:
+        raise UsageError(f"forward_env names {doubled} are also in environment; a credential is forwarded by name "
+                         "only: remove them from environment")
+    ours = sorted(set(plan.env) & set(_RENDEZVOUS)) if plan.nodes > 1 else []
+    if ours:
+        raise UsageError(f"environment sets {ours}, which a multi-node job's rendezvous sets itself; remove them")
+
+
+def _check_config(plan: LaunchPlan, config: bytes | None) -> str | None:
+    """The ConfigMap key of the config, after proving its bytes are the ones its name promises."""
+    mount = next((m for m in plan.mounts if m.origin == "config"), None)
+    if mount is None:
+        if config is not None:
+            raise UsageError("a config was given but the plan mounts none")
+        return None
+    if config is None:
+        raise UsageError(f"the plan mounts the config {mount.target} but its bytes were not given; stage the request")
+    name = posixpath.basename(mount.source)
+    digest = hashlib.sha256(config).hexdigest()
+    if f"-{digest}." not in name or f"-{digest}." not in posixpath.basename(mount.target):
+        raise UsageError(f"config {mount.source!r} does not hold the bytes its name promises (their SHA-256 is "
+                         f"{digest}); it was modified after it was materialized: stage the request again")
+    try:
+        config.decode()
+    except UnicodeDecodeError:
+        raise UsageError(f"config {mount.source!r} is not UTF-8 text") from None
+    return posixpath.basename(mount.target)
+
+
+def _refuse_values(rendered: RenderedJob, environ: Mapping[str, str] | None) -> None:
+    """No credential value of this environment anywhere in the output; the message names the
+    object and the credential, never the value."""
+    redact = Redactor(environ)
+    for obj in rendered.objects:
+        text = json.dumps(obj)
+        masked = redact(text)
+        if masked != text:
+            names = sorted({part.split("***")[0] for part in masked.split("***")[1::2]})
+            raise UsageError(f"{obj['kind']} {obj['metadata']['name']} would hold the value of {', '.join(names)}; "
+                             "credentials reach the pod by name only (forward_env): remove the value from the "
+                             "request's spec or environment")

@@ -1,0 +1,90 @@
+"""The static POSIX ``sh`` scripts a job's pods run, shipped in the job's ConfigMap.
+
+Why static: every value they need (job id, paths, intervals, the shard) reaches them through the
+environment the renderer sets, so no value is ever spliced into shell text or argv — the same
+rule as the verify probe (:data:`tao_data_io.launch.probe.PROBE_SCRIPT`), which is shipped
+beside them unchanged.
+"""
+
+from __future__ import annotations
+
+from ..launch.probe import TERMINATION_MESSAGE_LIMIT
+
+#: The last initContainer of the training pod (training image): runs the probe, prints its lines,
+#: writes the verdict to the termination message (failures first, at most 4 KiB, the same cut as
+#: ``Verdict.termination_message``) and exits non-zero on any failure, so training never starts.
+#: Usage: ``sh verify.sh PROBE CHECKLIST TERMINATION_FILE``.
+VERIFY_SCRIPT = r"""#!/bin/sh
+# tao-data-io verify: the probe's verdict into the termination message, failures first.
+out=$(sh "$1" "$2")
+code=$?
+printf '%s\n' "$out"
+tab=$(printf '\t')
+printf '%s\n' "$out" | LC_ALL=C awk -F "$tab" -v limit=@LIMIT@ '
+  $1 == "TAO-VERIFY" && $2 == "fail" { fail[++nf] = $0 }
+  $1 == "TAO-VERIFY" && $2 == "ok" { pass[++np] = $0 }
+  END {
+    n = 0
+    for (i = 1; i <= nf; i++) { line[++n] = fail[i]; ok[n] = 0 }
+    for (i = 1; i <= np; i++) { line[++n] = pass[i]; ok[n] = 1 }
+    size = 0
+    for (i = 1; i <= n; i++) {
+      passed = 0
+      for (j = i; j <= n; j++) passed += ok[j]
+      tail = "TAO-VERIFY\tmore\t" (n - i + 1) " not shown, " passed " of them passed"
+      if (size + length(line[i]) + 1 + length(tail) + 1 > limit) { print tail; exit }
+      print line[i]
+      size += length(line[i]) + 1
+    }
+  }' > "$3"
+if [ "$code" = 0 ] && [ -z "$out" ]; then exit 1; fi
+exit "$code"
+""".replace("@LIMIT@", str(TERMINATION_MESSAGE_LIMIT))
+
+#: The first initContainer of a pod that stages its inputs (tier C) or uploads its results
+#: (stager image): adopts the job record from the ConfigMap, proves uploads work with the pod's
+#: own credentials (rank 0 only; the verdict file joins the probe's verdict), then stages.
+STAGER_SCRIPT = r"""#!/bin/sh
+# tao-data-io pod stager: the job record, the upload check, the inputs.
+set -u
+tao-data-io record import "$TAO_DATA_IO_FILES/job-record.json" || exit 1
+if [ -n "${TAO_DATA_IO_UPLOAD_CHECK:-}" ]; then
+  if [ "${NODE_RANK:-0}" = 0 ]; then
+    tao-data-io check-upload --job-id "$TAO_JOB_ID" --verdict "$TAO_DATA_IO_UPLOAD_CHECK" || true
+  else
+    printf 'ok\trank %s does not upload: rank 0 does\n' "$NODE_RANK" > "$TAO_DATA_IO_UPLOAD_CHECK"
+  fi
+fi
+if [ -n "${TAO_DATA_IO_STAGE_ROOT:-}" ]; then
+  exec tao-data-io stage --request "$TAO_DATA_IO_FILES/request.json" --workdir "$TAO_DATA_IO_STAGE_ROOT" \
+    --map "$TAO_DATA_IO_STATE/staging-map.json"
+fi
+"""
+
+#: The results sidecar (stager image; a native sidecar: an initContainer with restartPolicy
+#: Always, Kubernetes 1.29+). Resyncs while the job runs; Kubernetes sends it SIGTERM once the
+#: training container has exited — succeeded or failed — and it then runs the final upload. Its
+#: exit code never decides the Job's outcome. Only rank 0 uploads.
+SIDECAR_SCRIPT = r"""#!/bin/sh
+# tao-data-io results sidecar: resync every $TAO_DATA_IO_RESYNC_SECONDS, the final upload on SIGTERM.
+set -u
+if [ "${NODE_RANK:-0}" != 0 ]; then
+  trap 'exit 0' TERM INT
+  while :; do sleep 3600 & wait $!; done
+fi
+sleeper=
+final() {
+  if [ -n "$sleeper" ]; then kill "$sleeper" 2>/dev/null; fi
+  tao-data-io upload-results --job-id "$TAO_JOB_ID" --results-dir "$TAO_RESULTS_DIR" \
+    --exclude "$TAO_DATA_IO_VERIFY_FILE"
+  exit $?
+}
+trap final TERM INT
+while :; do
+  tao-data-io resync --job-id "$TAO_JOB_ID" --results-dir "$TAO_RESULTS_DIR" --exclude "$TAO_DATA_IO_VERIFY_FILE" \
+    || echo "tao-data-io: this resync failed; the next one retries" >&2
+  sleep "$TAO_DATA_IO_RESYNC_SECONDS" &
+  sleeper=$!
+  wait "$sleeper"
+done
+"""

@@ -1,0 +1,429 @@
+"""The Kubernetes renderer: every example renders and passes kubernetes-validate (strict, 1.29 and
+1.32); the pod shapes; the adversarial cases; the verify wrapper and the sidecar run for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tao_data_io.errors import UsageError
+from tao_data_io.launch.plan import LaunchPlan, build_plan
+from tao_data_io.launch.probe import PROBE_SCRIPT, Check, parse_probe_output
+from tao_data_io.kubernetes.render import RenderedJob, literal, read_config, render_job
+from tao_data_io.kubernetes.scripts import SIDECAR_SCRIPT, VERIFY_SCRIPT
+from tao_data_io.kubernetes.settings import RenderSettings
+from tao_data_io.names import MAX_K8S_JOB_NAME
+from tao_data_io.record import JobRecord, OutputRoute
+from tao_data_io.request import JobRequest, load_request
+from tao_data_io.staging.stage import plan_stage
+from tao_data_io.tier import TierDecision
+
+from .helpers import run_cli
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+S3_ROUTE = OutputRoute(route="s3", destination="s3://tao-results/results/{id}/", reason="S3_BUCKET_NAME is set")
+STAGER = "registry.example.com/tao-data-io-stager:0.1.0"
+SECRET_ENV = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEY12345", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI-very-secret",
+              "AWS_ENDPOINT_URL": "http://s3.internal:8333", "NGC_KEY": "nvapi-secret-ngc-key-987"}
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def _record(job_id: str, tier: str) -> JobRecord:
+    now = datetime.now(timezone.utc)
+    return JobRecord(job_id=job_id, platform="kubernetes", image="img", network_arch="dino", action="train",
+                     storage_tier=tier, results_dir="/results", state="PENDING", created_at=now, updated_at=now)
+
+
+def _plan(request: JobRequest, tmp_path: Path, tier: str, route: OutputRoute | None = None,
+          environ: dict[str, str] | None = None) -> tuple[LaunchPlan, JobRecord]:
+    job_id = request.job_id or "example-job"
+    record = _record(job_id, tier)
+    staging_map = plan_stage(request, tmp_path / "plan", environ=environ or {})
+    route = route or S3_ROUTE.model_copy(update={"destination": f"s3://tao-results/results/{job_id}/"})
+    plan = build_plan(request, staging_map, TierDecision(tier=tier, reason="test"), record, route,
+                      environ=environ or {})
+    return plan, record
+
+
+def render(request: JobRequest, tmp_path: Path, tier: str, *, route: OutputRoute | None = None,
+           environ: dict[str, str] | None = None, plan: LaunchPlan | None = None, **settings: Any) -> RenderedJob:
+    built, record = _plan(request, tmp_path, tier, route, environ)
+    plan = plan or built
+    return render_job(plan, RenderSettings(**{"stager_image": STAGER, **settings}), request=request, record=record,
+                      config=read_config(plan), environ=environ or {})
+
+
+def validate(rendered: RenderedJob) -> None:
+    for version in ("1.29", "1.32"):
+        for obj in rendered.objects:
+            kubernetes_validate.validate(json.loads(json.dumps(obj)), version, strict=True)
+
+
+def kinds(rendered: RenderedJob) -> list[str]:
+    return [f"{o['kind']}/{o['metadata']['name']}" for o in rendered.objects]
+
+
+def training_pod(rendered: RenderedJob) -> dict[str, Any]:
+    job = [o for o in rendered.objects if o["kind"] == "Job"][-1]
+    return job["spec"]["template"]["spec"]
+
+
+def by_name(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {item["name"]: item for item in items}
+
+
+def req(**fields: Any) -> JobRequest:
+    base: dict[str, Any] = {"schema_version": "1", "job_id": "job-1", "image": "tao:6", "mode": "args",
+                            "command": ["train"], "args": [], "inputs": [{"source": "s3://bkt-1/data/"}],
+                            "forward_env": ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]}
+    return JobRequest.model_validate({**base, **fields})
+
+
+# ----------------------------------------------------------------------------- examples
+EXAMPLE_CASES = {
+    "tier-c.yaml": ("C", {}, ["ConfigMap/dino-tier-c-files", "Job/dino-tier-c"]),
+    "tier-b.yaml": ("B", {"shards": 4},
+                    ["ConfigMap/dino-tier-b-files", "Job/dino-tier-b-stage", "Job/dino-tier-b"]),
+    "multi-node.yaml": ("C", {}, ["ConfigMap/torchrun-2x8-files", "Service/torchrun-2x8", "Job/torchrun-2x8"]),
+    "config-mode.yaml": ("C", {}, ["ConfigMap/dino-train-coco-files", "Job/dino-train-coco"]),
+    "args-mode.yaml": ("C", {}, ["ConfigMap/example-job-files", "Job/example-job"]),
+    "air-gapped.yaml": ("A", {"pvc_claim": "lustre"}, ["ConfigMap/example-job-files", "Job/example-job"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLE_CASES))
+def test_every_example_renders_and_passes_strict_validation(name: str, tmp_path: Path, s3_server, s3_client) -> None:  # type: ignore[no-untyped-def]
+    request = load_request(EXAMPLES / name)
+    s3_server.create_bucket("tao-demo")  # config-mode's spec names a key without a trailing slash: one HEAD
+    s3_client.put_object(Bucket="tao-demo", Key="datasets/coco-mini/annotations.json", Body=b"{}")
+    tier, settings, expected = EXAMPLE_CASES[name]
+    if request.storage.pvc_claim:
+        settings = {"pvc_claim": request.storage.pvc_claim, **settings}
+    route = OutputRoute(route="mount", destination="/lustre/results") if tier == "A" else None
+    rendered = render(request, tmp_path, tier, route=route, environ={**SECRET_ENV, **s3_server.env()}, **settings)
+    assert kinds(rendered) == expected
+    validate(rendered)
+    for obj in rendered.objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/managed-by"] == "tao-data-io" and DNS_LABEL.fullmatch(labels["tao-data-io/job-id"])
+        assert obj["metadata"]["annotations"]["tao-data-io/job-id"] == (request.job_id or "example-job")
+        assert len(obj["metadata"]["name"]) <= MAX_K8S_JOB_NAME
+    text = rendered.to_yaml()
+    assert [o["kind"] for o in yaml.safe_load_all(text) if o] == [o["kind"] for o in rendered.objects]
+    assert not any(value in text for value in SECRET_ENV.values() if value.startswith(("AKIA", "wJal", "nvapi")))
+    pod = training_pod(rendered)
+    assert pod["initContainers"][-1]["name"] == "verify" and pod["restartPolicy"] == "Never"
+
+
+# ----------------------------------------------------------------------------- pod shapes
+def test_single_pod_tier_c_shape(tmp_path: Path) -> None:
+    request = req(mode="config", command="dino train -e {config_path}", args=None, config_format="yaml",
+                  spec={"data": "s3://bkt-1/data/"}, compute_shape={"gpus": 2, "shm_size": "8Gi"},
+                  environment={"TAO_LOG_LEVEL": "INFO"}, inputs=[{"source": "s3://bkt-1/data/", "target": "/data/a"},
+                                                                   {"source": "s3://bkt-1/ann.json", "kind": "file"}])
+    rendered = render(request, tmp_path, "C", image_pull_secret="ngc-pull", node_selector={"gpu": "a100"},
+                      tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+    validate(rendered)
+    job = rendered.objects[-1]
+    assert (job["spec"]["backoffLimit"], job["spec"]["ttlSecondsAfterFinished"]) == (0, 3600)
+    pod = training_pod(rendered)
+    assert [c["name"] for c in pod["initContainers"]] == ["stager", "results", "verify"]
+    stager, sidecar, verify = pod["initContainers"]
+    assert sidecar["restartPolicy"] == "Always" and stager["image"] == sidecar["image"] == STAGER
+    assert verify["image"] == request.image and verify["terminationMessagePath"] == "/dev/termination-log"
+    assert verify["command"][:2] == ["/bin/sh", "/tao-data-io-verify/verify.sh"]
+    train = pod["containers"][0]
+    assert train["resources"] == {"limits": {"nvidia.com/gpu": "2"}} and train["command"][:3] == ["dino", "train", "-e"]
+    mounts = by_name_list(train["volumeMounts"])
+    config_path = train["command"][3]
+    assert mounts[config_path] == {"name": "files", "mountPath": config_path, "subPath": config_path.rsplit("/", 1)[1],
+                                   "readOnly": True}
+    assert mounts["/data/a"]["name"] == "staging" and mounts["/data/a"]["readOnly"] is True
+    assert mounts["/dev/shm"]["name"] == "shm" and mounts["/results"]["name"] == "results"
+    volumes = by_name(pod["volumes"])
+    assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+    assert pod["imagePullSecrets"] == [{"name": "ngc-pull"}] and pod["nodeSelector"] == {"gpu": "a100"}
+    assert pod["terminationGracePeriodSeconds"] > 60
+    verify_mounts = by_name_list(verify["volumeMounts"])
+    assert all(verify_mounts[m["mountPath"]] == m for m in train["volumeMounts"])  # the same mounts
+    assert verify["env"] == train["env"]  # the same projected credentials
+    checklist = rendered.objects[0]["data"]["checklist"]
+    assert "persistent\t/results\t/tao-data-io/state/upload-check" in checklist  # tier C: the upload is the check
+
+
+def by_name_list(mounts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {m["mountPath"]: m for m in mounts}
+
+
+def test_aliased_targets_share_one_source_subpath(tmp_path: Path) -> None:
+    request = req(mode="config", command="t {config_path}", args=None, config_format="json",
+                  spec={"a": "s3://bkt-1/data/", "b": "s3://bkt-1/data"},
+                  inputs=[{"source": "s3://bkt-1/data/", "target": "/data/a"}])
+    plan, _ = _plan(request, tmp_path, "C")
+    alias = plan.mounts[0].model_copy(update={"target": "/data/alias"})
+    plan = plan.model_copy(update={"mounts": [*plan.mounts, alias]})
+    rendered = render(request, tmp_path, "C", plan=plan)
+    mounts = by_name_list(training_pod(rendered)["containers"][0]["volumeMounts"])
+    assert mounts["/data/a"]["subPath"] == mounts["/data/alias"]["subPath"] == "s3/bkt-1/data"
+
+
+def test_multi_node_indexed_job_and_headless_service(tmp_path: Path) -> None:
+    rendered = render(req(compute_shape={"gpus": 8, "nodes": 4}), tmp_path, "C")
+    validate(rendered)
+    service = next(o for o in rendered.objects if o["kind"] == "Service")
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": "job-1"}
+    job = rendered.objects[-1]
+    assert (job["spec"]["completionMode"], job["spec"]["completions"], job["spec"]["parallelism"]) == ("Indexed", 4, 4)
+    pod = training_pod(rendered)
+    assert pod["subdomain"] == service["metadata"]["name"] == "job-1"
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["containers"][0]["env"]}
+    assert (env["WORLD_SIZE"], env["NNODES"], env["NUM_GPU_PER_NODE"], env["NPROC_PER_NODE"]) == ("4", "4", "8", "8")
+    assert env["NODE_RANK"] == {"fieldRef": {"fieldPath":
+                                             "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("job-1-0.job-1", "29500")
+
+
+def test_tier_b_stage_job_shards_into_the_claims_cache(tmp_path: Path) -> None:
+    rendered = render(req(inputs=[{"source": "s3://bkt-1/data/", "target": "/data"}]), tmp_path, "B",
+                      pvc_claim="tao-data", shards=3)
+    validate(rendered)
+    stage = next(o for o in rendered.objects if o["metadata"]["name"] == "job-1-stage")
+    assert (stage["spec"]["completionMode"], stage["spec"]["completions"], stage["spec"]["parallelism"]) == \
+        ("Indexed", 3, 3)
+    container = stage["spec"]["template"]["spec"]["containers"][0]
+    assert "resources" not in container and container["command"][-2:] == ["--shard", "$(TAO_SHARD_INDEX)/3"]
+    assert "--cache" in container["command"] and "/tao-data-io/volume/cache" in container["command"]
+    train = training_pod(rendered)["containers"][0]
+    mounts = by_name_list(train["volumeMounts"])
+    assert mounts["/data"] == {"name": "data", "mountPath": "/data", "subPath": "cache/s3/bkt-1/data", "readOnly": True}
+    assert mounts["/results"] == {"name": "data", "mountPath": "/results", "subPath": "results/job-1"}
+    checklist = rendered.objects[0]["data"]["checklist"]
+    assert "persistent" not in checklist and "results-writable\t/results" in checklist  # on a claim: the token
+    assert rendered.objects[0]["metadata"]["labels"]["tao-data-io/step"] == "stage"
+
+
+def test_credentials_are_references_and_no_value_reaches_the_output(tmp_path: Path) -> None:
+    environ = dict(SECRET_ENV)
+    request = req(forward_env=["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "NGC_KEY"])
+    rendered = render(request, tmp_path, "C", environ=environ)
+    text = rendered.to_yaml()
+    assert not any(value in text for value in environ.values())
+    env = training_pod(rendered)["containers"][0]["env"]
+    refs = [e for e in env if "valueFrom" in e]
+    assert [(e["name"], e["valueFrom"]["secretKeyRef"]) for e in refs] == [
+        (name, {"name": "job-1-credentials", "key": name}) for name in request.forward_env]
+    assert rendered.secret is not None and rendered.secret.per_job and rendered.secret.keys == request.forward_env
+    given = render(request, tmp_path, "C", environ=environ, credential_secret="team-s3")
+    assert given.secret is not None and given.secret.name == "team-s3" and not given.secret.per_job
+
+
+def test_a_secret_value_in_the_spec_never_reaches_a_configmap(tmp_path: Path) -> None:
+    request = req(mode="config", command="t {config_path}", args=None, config_format="yaml",
+                  spec={"token": SECRET_ENV["AWS_SECRET_ACCESS_KEY"]})
+    with pytest.raises(UsageError, match="ConfigMap job-1-files would hold the value of AWS_SECRET_ACCESS_KEY") as info:
+        render(request, tmp_path, "C", environ=dict(SECRET_ENV))
+    assert SECRET_ENV["AWS_SECRET_ACCESS_KEY"] not in str(info.value)
+
+
+def test_a_config_whose_bytes_differ_from_its_digest_is_refused(tmp_path: Path) -> None:
+    request = req(mode="config", command="t {config_path}", args=None, config_format="yaml", spec={"a": 1})
+    plan, record = _plan(request, tmp_path, "C")
+    with pytest.raises(UsageError, match="does not hold the bytes its name promises"):
+        render_job(plan, RenderSettings(stager_image=STAGER), request=request, record=record, config=b"a: 2\n")
+
+
+@pytest.mark.parametrize(("settings", "fragment"), [
+    ({"ttl_seconds": 604801}, "ttl_seconds 604801 must be 0 to 604800"),
+    ({"shm_size": "16GB"}, "shm_size '16GB' is not a binary quantity"),
+    ({"pvc_claim": "Data_Claim"}, "pvc_claim 'Data_Claim' is not a DNS subdomain"),
+    ({"credential_secret": "-bad"}, "credential_secret '-bad' is not a DNS subdomain"),
+    ({"stager_image": None}, "stager_image is needed for tier C"),
+    ({"shards": 2}, "shards 2 applies to tier B"),
+    ({"node_selector": {"gpu": "a b"}}, "node_selector 'gpu' value 'a b'"),
+], ids=["ttl", "shm", "claim", "secret", "no-stager", "shards-not-b", "selector"])
+def test_settings_refusals_name_the_parameter_and_value(settings: dict[str, Any], fragment: str, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=re.escape(fragment)):
+        render(req(), tmp_path, "C", **settings)
+
+
+def test_s3_work_in_the_pod_needs_forwarded_s3_credentials(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="forward_env must name the S3 credentials"):
+        render(req(forward_env=["HF_TOKEN"]), tmp_path, "C")
+    legacy = render(req(forward_env=["ACCESS_KEY", "SECRET_KEY"]), tmp_path, "C")  # the legacy family works too
+    assert legacy.secret is not None and legacy.secret.keys == ["ACCESS_KEY", "SECRET_KEY"]
+
+
+# ----------------------------------------------------------------------------- adversarial
+def test_adversarial_a_target_with_dotdot_is_refused(tmp_path: Path) -> None:
+    plan, _ = _plan(req(), tmp_path, "C")
+    bad = plan.model_copy(update={"mounts": [plan.mounts[0].model_copy(update={"target": "/data/../etc"})]})
+    with pytest.raises(UsageError, match=r"mount target '/data/\.\./etc' is not usable: it is not normalised"):
+        render(req(), tmp_path, "C", plan=bad)
+
+
+def test_adversarial_a_subpath_reused_by_two_sources_is_refused(tmp_path: Path) -> None:
+    request = req(inputs=[{"source": "s3://bkt-1/a/", "target": "/a"}, {"source": "s3://bkt-1/b/", "target": "/b"}])
+    plan, _ = _plan(request, tmp_path, "C")
+    first, second = plan.mounts[:2]
+    # Two different inputs claiming one sub_path (a hand-edited staging map).
+    bad = plan.model_copy(update={"mounts": [first, second.model_copy(update={"source": first.source})]})
+    with pytest.raises(UsageError, match="subPath 's3/bkt-1/a' would serve two sources"):
+        render(request, tmp_path, "C", plan=bad)
+
+
+def test_adversarial_a_forward_env_name_also_in_environment_is_refused(tmp_path: Path) -> None:
+    plan, _ = _plan(req(), tmp_path, "C")
+    bad = plan.model_copy(update={"env": {**plan.env, "AWS_ACCESS_KEY_ID": "placeholder"}})
+    with pytest.raises(UsageError, match=r"forward_env names \['AWS_ACCESS_KEY_ID'\] are also in environment"):
+        render(req(), tmp_path, "C", plan=bad)
+
+
+def test_adversarial_a_secret_smuggled_into_environment_is_refused_by_the_renderer(tmp_path: Path) -> None:
+    plan, _ = _plan(req(), tmp_path, "C")
+    bad = plan.model_copy(update={"env": {**plan.env, "LEARNING_RATE": SECRET_ENV["AWS_SECRET_ACCESS_KEY"]}})
+    with pytest.raises(UsageError, match="environment 'LEARNING_RATE' holds the value of a credential") as info:
+        render(req(), tmp_path, "C", plan=bad, environ=dict(SECRET_ENV))
+    assert SECRET_ENV["AWS_SECRET_ACCESS_KEY"] not in str(info.value)
+
+
+def test_adversarial_a_300_character_job_id_gets_valid_names(tmp_path: Path) -> None:
+    plan, _ = _plan(req(), tmp_path, "C")
+    long_id = "x" * 300
+    rendered = render(req(), tmp_path, "C", plan=plan.model_copy(update={"job_id": long_id, "nodes": 2}))
+    validate(rendered)
+    names = [o["metadata"]["name"] for o in rendered.objects]
+    assert all(len(n) <= MAX_K8S_JOB_NAME and DNS_LABEL.fullmatch(n) for n in names), names
+    assert len({(o["kind"], o["metadata"]["name"]) for o in rendered.objects}) == len(names) and rendered.secret is not None and len(rendered.secret.name) <= MAX_K8S_JOB_NAME
+    assert all(DNS_LABEL.fullmatch(o["metadata"]["labels"]["tao-data-io/job-id"]) for o in rendered.objects)
+    assert all(o["metadata"]["annotations"]["tao-data-io/job-id"] == long_id for o in rendered.objects)
+
+
+def test_adversarial_a_namespace_with_capitals_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="namespace 'TAO-Jobs' is not a DNS label"):
+        render(req(), tmp_path, "C", namespace="TAO-Jobs")
+
+
+def test_adversarial_shell_metacharacters_in_args_mode_stay_argv(tmp_path: Path) -> None:
+    args = ["--lr", "1e-3", "a;b|c", "$(rm -rf /)", "`id`", "$(AWS_SECRET_ACCESS_KEY)", "x && y"]
+    rendered = render(req(command=["python", "train.py"], args=args), tmp_path, "C")
+    train = training_pod(rendered)["containers"][0]
+    assert "args" not in train and train["command"][0] == "python"  # never /bin/sh -c
+    unescaped = [part.replace("$$", "$") for part in train["command"]]
+    assert unescaped == ["python", "train.py", *args]
+    # The kubelet expands $(VAR) in a command: every $ is doubled, so nothing is expanded.
+    assert "$$(AWS_SECRET_ACCESS_KEY)" in train["command"] and literal("$(x)") == "$$(x)"
+
+
+def test_adversarial_a_shell_looking_spec_value_lands_in_the_config_only(tmp_path: Path) -> None:
+    request = req(mode="config", command="dino train -e {config_path}", args=None, config_format="yaml",
+                  spec={"note": "$(rm -rf /)"})
+    rendered = render(request, tmp_path, "C")
+    pod = training_pod(rendered)
+    commands = [part for c in [*pod["initContainers"], *pod["containers"]] for part in c["command"]]
+    assert not any("rm -rf" in part for part in commands)
+    config = [v for k, v in rendered.objects[0]["data"].items() if k.startswith("spec-")]
+    assert config == ["note: $(rm -rf /)\n"]
+    assert pod["containers"][0]["command"][:3] == ["dino", "train", "-e"]
+
+
+# ----------------------------------------------------------------------------- the scripts, for real
+def test_verify_wrapper_writes_the_verdict_failures_first_within_4kib(tmp_path: Path) -> None:
+    (tmp_path / "probe.sh").write_text(PROBE_SCRIPT)
+    (tmp_path / "verify.sh").write_text(VERIFY_SCRIPT)
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "x").write_text("x")
+    checks = [Check(kind="dir-nonempty", path=str(good), subject="good")]
+    checks += [Check(kind="dir-nonempty", path=f"{tmp_path}/in/dataset-{i:03d}", subject=f"s{i}") for i in range(3)]
+    checks.append(Check(kind="readable", path=f"{good}/x", subject="y"))
+    for i in range(120):
+        (good / f"f{i:03d}").write_text("f")
+    checks += [Check(kind="file", path=f"{good}/f{i:03d}", subject=f"f{i}") for i in range(120)]
+    (tmp_path / "checklist").write_text("".join(f"{c.kind}\t{c.path}\t{c.argument}\n" for c in checks))
+    done = subprocess.run(["/bin/sh", str(tmp_path / "verify.sh"), str(tmp_path / "probe.sh"),
+                           str(tmp_path / "checklist"), str(tmp_path / "termination-log")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    message = (tmp_path / "termination-log").read_text()
+    verdict = parse_probe_output(done.stdout, checks, done.returncode)
+    assert message == verdict.termination_message()
+    assert len(message.encode()) <= 4096 and message.startswith("TAO-VERIFY\tfail\tdir-nonempty")
+    again = parse_probe_output(message, checks, done.returncode)
+    assert not again.ok and len(again.failures) == 3
+
+
+def test_verify_wrapper_passes_a_good_frame(tmp_path: Path) -> None:
+    (tmp_path / "probe.sh").write_text(PROBE_SCRIPT)
+    (tmp_path / "verify.sh").write_text(VERIFY_SCRIPT)
+    (tmp_path / "upload-check").write_text("ok\tput and deleted s3://b/results/j/.tao-data-io-upload-check\n")
+    (tmp_path / "checklist").write_text(f"results-writable\t{tmp_path}/results\ttok\npersistent\t{tmp_path}/results\t"
+                                        f"{tmp_path}/upload-check\n")
+    done = subprocess.run(["/bin/sh", str(tmp_path / "verify.sh"), str(tmp_path / "probe.sh"),
+                           str(tmp_path / "checklist"), str(tmp_path / "log")], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "log").read_text().splitlines()[1].startswith("TAO-VERIFY\tok\tpersistent")
+
+
+def test_sidecar_resyncs_then_uploads_once_on_sigterm(tmp_path: Path) -> None:
+    """The sidecar with a stand-in ``tao-data-io`` that logs its verbs: SIGTERM (what Kubernetes
+    sends once training has exited) ends the resync loop with exactly one final upload."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls"
+    fake = bin_dir / "tao-data-io"
+    fake.write_text(f'#!/bin/sh\necho "$1 $*" >> {log}\n')
+    fake.chmod(0o755)
+    (tmp_path / "sidecar.sh").write_text(SIDECAR_SCRIPT)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "TAO_JOB_ID": "job-1", "TAO_RESULTS_DIR": "/results",
+           "TAO_DATA_IO_RESYNC_SECONDS": "3600", "TAO_DATA_IO_VERIFY_FILE": ".tao-data-io-verify"}
+    proc = subprocess.Popen(["/bin/sh", str(tmp_path / "sidecar.sh")], env=env)
+    try:
+        for _ in range(600):  # wait (bounded) until the first resync ran and the loop sleeps
+            if log.exists() and "resync" in log.read_text():
+                break
+            subprocess.run(["sleep", "0.05"], check=True)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    calls = [line.split()[0] for line in log.read_text().splitlines()]
+    assert code == 0 and calls == ["resync", "upload-results"]
+    assert "--exclude .tao-data-io-verify" in log.read_text().splitlines()[-1]
+
+
+# ----------------------------------------------------------------------------- CLI
+def test_render_job_cli_prints_valid_yaml_and_translates_parameters_to_flags(tmp_path: Path) -> None:
+    env = {"TAO_DATA_IO_JOBS_DIR": str(tmp_path / "records"), "S3_BUCKET_NAME": "tao-results", **SECRET_ENV}
+    opened = run_cli("record", "open", "--job-id", "dino-tier-c", "--platform", "kubernetes", "--image", "i",
+                     "--network-arch", "dino", "--action", "train", "--results-dir", "/results", "--storage-tier", "C",
+                     env=env)
+    assert opened.returncode == 0, opened.stderr
+    planned = run_cli("stage", "--request", str(EXAMPLES / "tier-c.yaml"), "--workdir", str(tmp_path / "p"),
+                      "--plan-only", env=env)
+    assert planned.returncode == 0, planned.stderr
+    args = ["render-job", "--request", str(EXAMPLES / "tier-c.yaml"), "--staging-map",
+            str(tmp_path / "p" / "staging-map.json"), "--job-id", "dino-tier-c", "--stager-image", STAGER]
+    done = run_cli(*args, env=env)
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Job"]
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.32", strict=True)
+    assert not any(v in done.stdout for v in SECRET_ENV.values())
+    bad = run_cli(*args, "--namespace", "Tao", env=env)
+    assert bad.returncode == 2 and "--namespace 'Tao' is not a DNS label" in bad.stderr
+    shown = run_cli("plan", "--request", str(EXAMPLES / "tier-c.yaml"), env=env)
+    assert shown.returncode == 0 and shown.stdout.startswith("tier C: storage.tier 'C' was asked")
+    assert "examples:" in run_cli("render-job", "--help", env=env).stdout

@@ -1,0 +1,94 @@
+"""The tier B stage cache and sharded staging, over real HTTP (SeaweedFS)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tao_data_io.credentials import S3Credentials
+from tao_data_io.fs import STATE_DIR_NAME
+from tao_data_io.request import JobRequest
+from tao_data_io.staging.cache import marker_path
+from tao_data_io.staging.stage import plan_stage, stage
+from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.shard import Shard
+
+from .helpers import tree_digest
+
+
+@pytest.fixture
+def dataset(s3_client, bucket: str) -> str:  # type: ignore[no-untyped-def]
+    for i in range(40):
+        s3_client.put_object(Bucket=bucket, Key=f"coco/images/img{i:02d}.jpg", Body=f"image{i}".encode() * (i + 1))
+    s3_client.put_object(Bucket=bucket, Key="coco/annotations.json", Body=b'{"images": []}')
+    s3_client.put_object(Bucket=bucket, Key="coco/labels.txt", Body=b"cat\ndog\n")
+    return bucket
+
+
+def _request(bucket: str, **extra: Any) -> JobRequest:
+    return JobRequest.model_validate({
+        "schema_version": "1", "job_id": "job-cache-1", "image": "tao:6", "mode": "config", "config_format": "yaml",
+        "command": "dino train -e {config_path}",
+        "spec": {"dataset": {"images": f"s3://{bucket}/coco/images/"}},
+        "inputs": [{"source": f"s3://{bucket}/coco/annotations.json", "kind": "file"},
+                   {"source": f"s3://{bucket}/coco/labels.txt", "kind": "file"}], **extra})
+
+
+def _data(root: Path) -> dict[str, str]:
+    """The staged tree without the config and the map (the config is named by its content)."""
+    return {k: v for k, v in tree_digest(root).items() if k.startswith("s3/")}
+
+
+def test_a_second_job_on_the_same_dataset_moves_zero_bytes(s3_credentials: S3Credentials, dataset: str,
+                                                           tmp_path: Path) -> None:
+    cache = tmp_path / "volume" / "cache"
+    with TransferEngine(s3_credentials) as engine:
+        first = stage(_request(dataset), cache, engine=engine, cache=True, map_path=tmp_path / "m1.json")
+        images = next(s for s in first.sources if s.kind == "folder")
+        marker = json.loads(marker_path(cache, images.sub_path or "").read_text())
+        second = stage(_request(dataset, job_id="job-cache-2"), cache, engine=engine, cache=True,
+                       map_path=tmp_path / "m2.json")
+    assert sum(s.transferred_files for s in first.sources if s.kind != "config") == 42
+    assert [s.transferred_bytes for s in second.sources if s.kind != "config"] == [0, 0, 0]
+    assert all(s.note == "stage cache hit: source unchanged" for s in second.sources if s.kind != "config")
+    assert [s.sub_path for s in second.sources] == [s.sub_path for s in first.sources]  # the same subPaths
+    again = json.loads(marker_path(cache, images.sub_path or "").read_text())
+    assert again["identity"] == marker["identity"] and again["staged_at"] == marker["staged_at"]
+    assert again["last_used"] >= marker["last_used"] and again["entry"]["files"] == 40
+    assert not any(STATE_DIR_NAME in part for part in _data(cache))  # markers live beside, never inside, an entry
+
+
+def test_a_changed_source_is_staged_again(s3_credentials: S3Credentials, s3_client, dataset: str,  # type: ignore[no-untyped-def]
+                                          tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    with TransferEngine(s3_credentials) as engine:
+        stage(_request(dataset), cache, engine=engine, cache=True)
+        s3_client.put_object(Bucket=dataset, Key="coco/images/img00.jpg", Body=b"changed")
+        second = stage(_request(dataset), cache, engine=engine, cache=True)
+    images = next(s for s in second.sources if s.kind == "folder")
+    assert images.transferred_files == 1 and images.note != "stage cache hit: source unchanged"
+    assert (cache / (images.sub_path or "") / "img00.jpg").read_bytes() == b"changed"
+
+
+def test_n_shards_stage_exactly_what_one_run_stages(s3_credentials: S3Credentials, dataset: str, tmp_path: Path) -> None:
+    with TransferEngine(s3_credentials) as engine:
+        stage(_request(dataset), tmp_path / "one", engine=engine)
+        parts = [stage(_request(dataset), tmp_path / "sharded", engine=engine, cache=True, shard=Shard(i, 3),
+                       map_path=tmp_path / f"map-{i}.json") for i in range(3)]
+    assert _data(tmp_path / "sharded") == _data(tmp_path / "one") and len(_data(tmp_path / "one")) == 42
+    moved = [sum(s.transferred_files for s in part.sources if s.kind != "config") for part in parts]
+    assert sum(moved) == 42 and all(moved)
+
+
+def test_plan_stage_moves_nothing_and_matches_the_real_layout(s3_credentials: S3Credentials, dataset: str,
+                                                              tmp_path: Path) -> None:
+    planned = plan_stage(_request(dataset), tmp_path / "plan", environ={})  # no credentials: nothing is asked
+    with TransferEngine(s3_credentials) as engine:
+        real = stage(_request(dataset), tmp_path / "real", engine=engine)
+    assert [(s.source, s.kind, s.sub_path, s.container_path) for s in planned.sources] == \
+        [(s.source, s.kind, s.sub_path, s.container_path) for s in real.sources]
+    assert sorted(os.listdir(tmp_path / "plan")) == ["config", "staging-map.json"]
