@@ -24,9 +24,11 @@ import pytest
 
 from tao_data_io.errors import CredentialError, UsageError
 from tao_data_io.fs import temp_path_for
-from tao_data_io.record import DamagedRecordError, JobRecord, RecordConflictError, RecordStore, Retry
+from tao_data_io.record import (DamagedRecordError, JobRecord, RecordConflictError, RecordStore, Retry,
+                               network_and_action, open_for)
 from tao_data_io.records.directory import DirectoryBackend
 from tao_data_io.records.s3 import RECORDS, S3Backend
+from tao_data_io.request import JobRequest
 
 from .helpers import run_cli
 
@@ -594,3 +596,50 @@ def test_the_location_comes_from_the_argument_then_the_variables(tmp_path: Path,
     with pytest.raises(CredentialError, match="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
         RecordStore(f"s3://{bucket}/jobs/", environ={})
 
+
+# --------------------------------------------------------------------------- the record of a request
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        ("dino train -e /specs/train.yaml", ("dino", "train")),
+        (["classification_pyt", "dataset_convert", "-e", "{config_path}"], ("classification_pyt", "dataset_convert")),
+        ("/opt/scripts/run.sh --epochs 3", ("run.sh", "run")),
+        ("python3 /workspace/train.py", ("python3", "run")),
+        ("python3.10 -m tao.train", ("python3.10", "run")),
+        ("torchrun --nproc_per_node 8 train.py", ("torchrun", "run")),
+        ("nvidia-smi", ("nvidia-smi", "run")),
+        ("dino -e spec.yaml", ("dino", "run")),
+        ("dino specs/train.yaml", ("dino", "run")),
+    ],
+)
+def test_network_and_action_come_from_the_first_words_of_the_command(command: str | list[str],
+                                                                     expected: tuple[str, str]) -> None:
+    assert network_and_action(command) == expected
+
+
+@pytest.mark.parametrize(("command", "expected"), [("", "command '' is empty"), ([], "command [] is empty"),
+                                                   ("dino train -e 'spec", "balance its quotes")])
+def test_a_command_without_words_is_refused(command: str | list[str], expected: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(expected)):
+        network_and_action(command)
+
+
+def test_open_for_a_request_is_idempotent_on_its_job_id(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path)
+    document = {"schema_version": "1", "job_id": "tao-req", "image": "nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt",
+                "command": "dino train -e {config_path}", "mode": "config", "config_format": "yaml",
+                "spec": {"train": {"num_epochs": 3}},
+                "outputs": {"results_dir": "/results/dino", "upload_excludes": ["*.tmp", "checkpoints/*.ckpt"]}}
+    request = JobRequest.model_validate(document)
+    record = open_for(request, platform="k8s", source="flow", store=store)
+    assert (record.job_id, record.image, record.network_arch, record.action, record.results_dir) == (
+        "tao-req", request.image, "dino", "train", "/results/dino")
+    assert record.upload_excludes == ["*.tmp", "checkpoints/*.ckpt"] and record.storage_tier is None
+    assert record.platform == "k8s" and record.history[0].source == "flow"
+    assert open_for(request, platform="k8s", store=store) == record  # a retried submit: the same job
+    with pytest.raises(UsageError, match="job_id 'tao-req' already names a different job"):
+        open_for(request.model_copy(update={"image": "other:1"}), platform="k8s", store=store)
+
+    minted = open_for(JobRequest.model_validate({**document, "job_id": None}), platform="k8s", store=store)
+    assert re.fullmatch(r"tao-\d{8}-[0-9a-f]{10}", minted.job_id)
+    assert sorted(r.job_id for r in store.list_records()) == sorted(["tao-req", minted.job_id])
