@@ -48,6 +48,7 @@ RECORDS = "records/"
 BY_STATE = "by-state/"
 LOCKS = "locks/"
 
+
 class S3Backend:
     def __init__(self, url: S3Url, credentials: S3Credentials) -> None:
         self.url = url.as_prefix()
@@ -77,8 +78,7 @@ class S3Backend:
         return put_if(self.client, self.bucket, self._record_key(job_id), data, IfNoneMatch="*") is not None
 
     def replace(self, job_id: str, data: bytes, version: str | None) -> bool:
-        if version is None:
-            raise ValueError(f"replacing job {job_id!r} on S3 needs the ETag it was read at")
+        assert version is not None, "an S3 record is always read with its ETag"
         return put_if(self.client, self.bucket, self._record_key(job_id), data, IfMatch=version) is not None
 
     def job_ids(self, state: str | None = None) -> list[str]:

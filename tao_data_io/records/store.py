@@ -59,11 +59,13 @@ class Retry:
 
 
 class RecordStore:
-    """Job records in a directory (default ``$TAO_DATA_IO_RECORDS``, else the legacy
-    ``$TAO_DATA_IO_JOBS_DIR``, else ``~/.tao-data-io/jobs``) or under an ``s3://bucket/prefix/``.
+    """Job records in a directory or under an ``s3://bucket/prefix/``.
 
-    ``root`` is a path or an ``s3://`` string; ``environ`` (default ``os.environ``) supplies the
-    location when ``root`` is None and the S3 credentials.
+    ``root`` is a path or a string (a path or an ``s3://`` prefix); when None, the location is
+    ``$TAO_DATA_IO_RECORDS``, else the legacy ``$TAO_DATA_IO_JOBS_DIR``, else
+    ``~/.tao-data-io/jobs`` (see :mod:`.location`). ``environ`` (default ``os.environ``) is where
+    those variables and the S3 credentials are read. ``retry`` bounds the retries of a write
+    that lost a race.
     """
 
     def __init__(self, root: Path | str | None = None, *, environ: Mapping[str, str] | None = None,
