@@ -58,7 +58,7 @@ def place(request: pytest.FixtureRequest, tmp_path: Path) -> Place:
     if request.param == "directory":
         return Place(str(tmp_path / "jobs"), {})
     env = request.getfixturevalue("s3_env")  # also puts the credentials in this process's environment
-    return Place(f"s3://{request.getfixturevalue('bucket')}/tao/jobs/", dict(env))
+    return Place(request.getfixturevalue("s3_prefix"), dict(env))
 
 
 def append_upload(entry: dict[str, Any]) -> Callable[[JobRecord], JobRecord]:
@@ -159,8 +159,8 @@ def test_listing_a_directory_that_does_not_exist_is_an_error_naming_it(tmp_path:
 
 
 def test_a_record_opened_in_one_process_is_read_in_another_with_only_the_variable(s3_env: dict[str, str],
-                                                                                   bucket: str) -> None:
-    env = {**s3_env, "TAO_DATA_IO_RECORDS": f"s3://{bucket}/shared/jobs/"}  # what every pod of a flow gets
+                                                                                   s3_prefix: str) -> None:
+    env = {**s3_env, "TAO_DATA_IO_RECORDS": s3_prefix}  # what every pod of a flow gets
     opened = run_cli("record", "open", *OPEN_ARGS, "--job-id", "tao-pods", env=env)
     assert opened.returncode == 0, opened.stderr
     marked = run_cli("record", "mark", "tao-pods", "--state", "RUNNING", "--source", "agent", env=env)
@@ -192,14 +192,14 @@ def test_terminal_state_is_final_and_the_same_terminal_state_is_a_no_op(place: P
     assert [step.state for step in store.get(job_id).history] == ["PENDING", "RUNNING", "ERROR"]
 
 
-def test_missing_job_names_the_id_and_where_it_looked(tmp_path: Path, s3_env: dict[str, str], bucket: str) -> None:
+def test_missing_job_names_the_id_and_where_it_looked(tmp_path: Path, s3_env: dict[str, str], s3_prefix: str) -> None:
     for root in (tmp_path, tmp_path / "not-yet"):
         with pytest.raises(UsageError, match=re.escape(f"no job record 'tao-nope': looked for {root / 'tao-nope.json'}")):
             RecordStore(root).mark("tao-nope", "RUNNING", source="cli")
     assert not (tmp_path / "not-yet").exists()
-    with pytest.raises(UsageError, match=re.escape(f"looked for s3://{bucket}/p/records/tao-nope.json (records are "
-                                                   f"read from root 's3://{bucket}/p/'")):
-        RecordStore(f"s3://{bucket}/p").get("tao-nope")
+    with pytest.raises(UsageError, match=re.escape(f"looked for {s3_prefix}p/records/tao-nope.json (records are "
+                                                   f"read from root '{s3_prefix}p/'")):
+        RecordStore(f"{s3_prefix}p").get("tao-nope")
 
 
 def test_history_is_in_report_order_and_repeated_reports_do_not_flood_it(place: Place) -> None:
@@ -430,13 +430,13 @@ def test_concurrent_marks_from_ten_processes_are_all_kept(place: Place, tmp_path
 
 
 # --------------------------------------------------------------------------- S3 specifics
-def s3_store(bucket: str, **kwargs: Any) -> RecordStore:
-    return RecordStore(f"s3://{bucket}/jobs/", **kwargs)
+def s3_store(prefix: str, **kwargs: Any) -> RecordStore:
+    return RecordStore(prefix, **kwargs)
 
 
 def test_seaweedfs_honours_the_conditional_writes_the_s3_backend_relies_on(s3_env: dict[str, str],
-                                                                          bucket: str) -> None:
-    backend = s3_store(bucket).backend
+                                                                          s3_prefix: str) -> None:
+    backend = s3_store(s3_prefix).backend
     assert backend.create("tao-cond", b"{}") is True
     assert backend.create("tao-cond", b"{}") is False  # If-None-Match: * on an existing object → 412
     first = backend.read("tao-cond")
@@ -456,8 +456,8 @@ def put_statuses(store: RecordStore) -> list[int]:
     return statuses
 
 
-def test_two_writers_racing_both_updates_are_kept(s3_env: dict[str, str], bucket: str) -> None:
-    first, second = s3_store(bucket), s3_store(bucket)
+def test_two_writers_racing_both_updates_are_kept(s3_env: dict[str, str], s3_prefix: str) -> None:
+    first, second = s3_store(s3_prefix), s3_store(s3_prefix)
     first.open(**JOB, job_id="tao-race")
     statuses = put_statuses(first)
     seen: list[int] = []
@@ -474,8 +474,8 @@ def test_two_writers_racing_both_updates_are_kept(s3_env: dict[str, str], bucket
     assert [u["by"] for u in first.get("tao-race").uploads] == ["second", "first"]
 
 
-def test_a_writer_that_always_loses_gives_up_with_a_clear_error(s3_env: dict[str, str], bucket: str) -> None:
-    loser, other = s3_store(bucket, retry=Retry(attempts=3, first_pause=0.01, max_pause=0.01)), s3_store(bucket)
+def test_a_writer_that_always_loses_gives_up_with_a_clear_error(s3_env: dict[str, str], s3_prefix: str) -> None:
+    loser, other = s3_store(s3_prefix, retry=Retry(attempts=3, first_pause=0.01, max_pause=0.01)), s3_store(s3_prefix)
     loser.open(**JOB, job_id="tao-busy")
 
     def always_overtaken(record: JobRecord) -> JobRecord:
@@ -483,13 +483,13 @@ def test_a_writer_that_always_loses_gives_up_with_a_clear_error(s3_env: dict[str
         return record.model_copy(update={"uploads": [*record.uploads, {"by": "loser"}]})
 
     with pytest.raises(RecordConflictError, match=r"job 'tao-busy': 3 attempts to write its record at "
-                                                  rf"s3://{bucket}/jobs/records/tao-busy.json each found it changed"):
+                                                  rf"{s3_prefix}records/tao-busy.json each found it changed"):
         loser.update("tao-busy", always_overtaken)
     assert [u["by"] for u in other.get("tao-busy").uploads] == ["other"] * 3
 
 
-def test_a_write_whose_answer_was_lost_is_not_applied_twice(s3_env: dict[str, str], bucket: str) -> None:
-    store = s3_store(bucket)
+def test_a_write_whose_answer_was_lost_is_not_applied_twice(s3_env: dict[str, str], s3_prefix: str) -> None:
+    store = s3_store(s3_prefix)
     store.open(**JOB, job_id="tao-lost")
     resent: list[str] = []
 
@@ -517,8 +517,8 @@ def markers(store: RecordStore) -> dict[str, list[str]]:
     return found
 
 
-def test_listing_by_state_reads_only_the_records_filed_under_it(s3_env: dict[str, str], bucket: str) -> None:
-    store = s3_store(bucket)
+def test_listing_by_state_reads_only_the_records_filed_under_it(s3_env: dict[str, str], s3_prefix: str) -> None:
+    store = s3_store(s3_prefix)
     ids = [store.open(**JOB, job_id=f"tao-{n}").job_id for n in range(8)]
     for job_id in ids[:5]:
         store.mark(job_id, "RUNNING", source="agent")
@@ -536,8 +536,8 @@ def test_listing_by_state_reads_only_the_records_filed_under_it(s3_env: dict[str
     assert len(store.list_records()) == 8 and len(gets) == 1 + 8 + 1  # records, each record, the index
 
 
-def test_the_state_index_heals_after_a_crash(s3_env: dict[str, str], bucket: str) -> None:
-    store = s3_store(bucket)
+def test_the_state_index_heals_after_a_crash(s3_env: dict[str, str], s3_prefix: str) -> None:
+    store = s3_store(s3_prefix)
     backend = store.backend
     assert isinstance(backend, S3Backend)
     for job_id in ("tao-a", "tao-b", "tao-c"):
@@ -546,12 +546,12 @@ def test_the_state_index_heals_after_a_crash(s3_env: dict[str, str], bucket: str
     store.mark("tao-c", "RUNNING", source="agent")
 
     def put_marker(state: str, job_id: str) -> None:
-        backend.client.put_object(Bucket=bucket, Key=f"jobs/by-state/{state}/{job_id}", Body=b"")
+        backend.client.put_object(Bucket=backend.bucket, Key=f"{backend.url.key}by-state/{state}/{job_id}", Body=b"")
 
     # Writers killed between a record and its marker: b's RUNNING marker left behind, c's gone,
     # c's PENDING marker back; and a marker whose record was removed by hand.
     put_marker("RUNNING", "tao-b")
-    backend.client.delete_object(Bucket=bucket, Key="jobs/by-state/RUNNING/tao-c")
+    backend.client.delete_object(Bucket=backend.bucket, Key=f"{backend.url.key}by-state/RUNNING/tao-c")
     put_marker("PENDING", "tao-c")
     put_marker("RUNNING", "tao-gone")
 
@@ -564,14 +564,14 @@ def test_the_state_index_heals_after_a_crash(s3_env: dict[str, str], bucket: str
     assert markers(store) == {"COMPLETE": ["tao-b"], "PENDING": ["tao-a"], "RUNNING": ["tao-c"]}
     assert [record.job_id for record in store.list_records(state="RUNNING")] == ["tao-c"]
 
-    backend.client.delete_object(Bucket=bucket, Key="jobs/by-state/PENDING/tao-a")
+    backend.client.delete_object(Bucket=backend.bucket, Key=f"{backend.url.key}by-state/PENDING/tao-a")
     store.update("tao-a", append_upload({"n": 1}))  # and a job's next write re-files it
     assert markers(store)["PENDING"] == ["tao-a"]
 
 
 # --------------------------------------------------------------------------- where records live
 def test_the_location_comes_from_the_argument_then_the_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                 s3_env: dict[str, str], bucket: str) -> None:
+                                                                 s3_env: dict[str, str], s3_prefix: str) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("TAO_DATA_IO_RECORDS", raising=False)
     monkeypatch.delenv("TAO_DATA_IO_JOBS_DIR", raising=False)
@@ -582,19 +582,19 @@ def test_the_location_comes_from_the_argument_then_the_variables(tmp_path: Path,
     assert (tmp_path / "legacy" / f"{job_id}.json").is_file()
     monkeypatch.setenv("TAO_DATA_IO_RECORDS", str(tmp_path / "legacy"))
     assert RecordStore().get(job_id).job_id == job_id  # both naming one place is fine
-    monkeypatch.setenv("TAO_DATA_IO_RECORDS", f"s3://{bucket}/jobs")
-    with pytest.raises(UsageError, match=f"TAO_DATA_IO_RECORDS 's3://{bucket}/jobs' and the legacy "
+    monkeypatch.setenv("TAO_DATA_IO_RECORDS", s3_prefix.rstrip("/"))
+    with pytest.raises(UsageError, match=f"TAO_DATA_IO_RECORDS '{s3_prefix.rstrip('/')}' and the legacy "
                                          f"TAO_DATA_IO_JOBS_DIR '{tmp_path / 'legacy'}' name different places"):
         RecordStore()
     monkeypatch.delenv("TAO_DATA_IO_JOBS_DIR")
-    assert RecordStore().location == f"s3://{bucket}/jobs/" and isinstance(RecordStore().backend, S3Backend)
+    assert RecordStore().location == s3_prefix and isinstance(RecordStore().backend, S3Backend)
 
     assert RecordStore(tmp_path / "arg").location == str(tmp_path / "arg")  # the argument wins
     assert RecordStore(str(tmp_path / "arg")).location == str(tmp_path / "arg")
     elsewhere = RecordStore(environ={"TAO_DATA_IO_RECORDS": str(tmp_path / "given")})
     assert elsewhere.location == str(tmp_path / "given")  # environ replaces os.environ entirely
     with pytest.raises(CredentialError, match="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
-        RecordStore(f"s3://{bucket}/jobs/", environ={})
+        RecordStore(s3_prefix, environ={})
 
 
 # --------------------------------------------------------------------------- the record of a request

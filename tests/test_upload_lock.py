@@ -66,7 +66,7 @@ def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "directory":
         return str(tmp_path / "jobs")
     request.getfixturevalue("s3_env")  # the credentials, in this process and its children
-    return f"s3://{request.getfixturevalue('bucket')}/jobs/"
+    return str(request.getfixturevalue("s3_prefix"))
 
 
 def lease(store: RecordStore, job_id: str) -> dict[str, Any] | None:
@@ -96,8 +96,8 @@ def test_one_holder_at_a_time_across_processes(root: str, tmp_path: Path) -> Non
         assert lease(store, "tao-up") is None  # released by deleting it
 
 
-def test_a_live_holder_keeps_its_lease_by_renewing_it(s3_env: dict[str, str], bucket: str, tmp_path: Path) -> None:
-    root = f"s3://{bucket}/jobs/"
+def test_a_live_holder_keeps_its_lease_by_renewing_it(s3_env: dict[str, str], s3_prefix: str, tmp_path: Path) -> None:
+    root = s3_prefix
     store = RecordStore(root)
     with holder(root, "tao-renew", tmp_path):
         first = lease(store, "tao-renew")
@@ -112,8 +112,9 @@ def test_a_live_holder_keeps_its_lease_by_renewing_it(s3_env: dict[str, str], bu
             assert held is False  # …so still held after its first expiry
 
 
-def test_a_killed_holders_lease_expires_and_is_taken_over(s3_env: dict[str, str], bucket: str, tmp_path: Path) -> None:
-    root = f"s3://{bucket}/jobs/"
+def test_a_killed_holders_lease_expires_and_is_taken_over(s3_env: dict[str, str], s3_prefix: str,
+                                                          tmp_path: Path) -> None:
+    root = s3_prefix
     store = RecordStore(root)
     with holder(root, "tao-dead", tmp_path) as child:
         child.kill()  # no release, no renewal: only expiry can free the lease
@@ -131,13 +132,14 @@ def test_a_killed_holders_lease_expires_and_is_taken_over(s3_env: dict[str, str]
 
 
 def test_a_resync_in_another_process_leaves_while_the_lease_is_held(s3_server: EmbeddedS3, s3_env: dict[str, str],
-                                                                    bucket: str, tmp_path: Path) -> None:
-    root = f"s3://{bucket}/jobs/"
+                                                                    s3_prefix: str, shared_bucket: str,
+                                                                    tmp_path: Path) -> None:
+    root = s3_prefix
     store = RecordStore(root)
     store.open(**JOB, job_id="tao-sync")
     results = tmp_path / "results"
     write_tree(results, {"model.pth": b"weights"})
-    env = {**s3_server.env(), "S3_BUCKET_NAME": bucket, "TAO_DATA_IO_RECORDS": root,
+    env = {**s3_server.env(), "S3_BUCKET_NAME": shared_bucket, "TAO_DATA_IO_RECORDS": root,
            "XDG_CACHE_HOME": str(tmp_path / "cache")}
     resync = ("resync", "--job-id", "tao-sync", "--results-dir", str(results), "--settle-seconds", "0")
     with store.upload_lock("tao-sync", wait=False) as held:
