@@ -33,7 +33,7 @@ from pathlib import Path
 from latency_proxy import spawn as spawn_proxy  # bench/ is sys.path[0] when run as a script
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.outputs import results_filter
-from tao_data_io.record import RecordStore
+from tao_data_io.records import RecordStore
 from tao_data_io.transfer.client import make_s3_client
 from tao_data_io.transfer.engine import TransferEngine, TransferOptions
 
@@ -100,7 +100,7 @@ def main() -> None:
                       storage_tier="B", results_dir=str(results))
             base_env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"),
                         "XDG_CACHE_HOME": os.environ["XDG_CACHE_HOME"], "S3_BUCKET_NAME": BUCKET,
-                        "TAO_DATA_IO_JOBS_DIR": str(jobs.root)}
+                        "TAO_DATA_IO_RECORDS": jobs.location}
             # Untimed: the job's first resync (fills our prefix and digest cache) and the same
             # tree under aws's prefix, written after the files so aws sees them as current.
             assert ours({**base_env, **server.env()}, results, jobs) == args.files

@@ -11,7 +11,8 @@ types them, against the embedded S3 server, with credentials in the child's envi
    input and an archive), printing the staging map and the materialized config;
 5. `record open`, `route-outputs --record` (S3_BUCKET_NAME set → s3://…/results/<id>/),
    `record mark … ERROR` and `upload-results` — results are uploaded even for a failed job,
-   and `.tao/*` never leaves the machine.
+   and `.tao/*` never leaves the machine. The record lives in the bucket
+   (`TAO_DATA_IO_RECORDS=s3://…/tao-data-io/jobs/`), where every pod of a flow would find it.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def main() -> int:
         config = next((workdir / "config").glob("tao-action-config-*.yaml"))
         print(f"\nmaterialized config ({config.name}), remote URIs rewritten:\n{config.read_text()}")
 
-        jobs = {**env, "TAO_DATA_IO_JOBS_DIR": str(WORKDIR / "jobs"), "S3_BUCKET_NAME": BUCKET}
+        jobs = {**env, "TAO_DATA_IO_RECORDS": f"s3://{BUCKET}/tao-data-io/jobs/", "S3_BUCKET_NAME": BUCKET}
         _cli(jobs, "record", "open", "--job-id", "demo-job", "--platform", "local", "--image", "tao:6",
              "--network-arch", "dino", "--action", "train", "--storage-tier", "C", "--results-dir", "/results",
              "--upload-exclude", "*.tmp")
@@ -145,6 +146,7 @@ def main() -> int:
         _cli(jobs, "record", "mark", "demo-job", "--state", "ERROR", "--message", "demo: the job failed")
         _cli(jobs, "upload-results", "--job-id", "demo-job", "--results-dir", str(results))
         _cli(jobs, "record", "show", "demo-job")
+        _cli(jobs, "record", "list", "--state", "ERROR")
     print(f"\ndemo complete; files are under {WORKDIR}")
     return 0
 

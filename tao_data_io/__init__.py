@@ -19,7 +19,7 @@ _EXPORTS: dict[str, str] = {
     "JobRequest": "request", "load_request": "request",
     "PlannedInput": "staging.layout", "StagedSource": "staging.stage_map", "StagingMap": "staging.stage_map",
     "read_staging_map": "staging.stage_map",
-    "JobRecord": "record", "RecordStore": "record", "OutputRoute": "record",
+    "JobRecord": "records", "RecordStore": "records", "OutputRoute": "records", "open_for": "records",
     "TransferSummary": "transfer.summary", "Progress": "reporting", "Report": "reporting",
     # steps
     "plan_inputs": "staging.layout", "stage_input": "staging.stage", "stage_config": "staging.stage",

@@ -13,9 +13,11 @@ scheduled resync while it runs, because they must agree on everything that matte
 * **half-written files**: files modified in the last ``settle_seconds`` wait for a later run.
   A resync, which overlaps the writer, defaults to :data:`DEFAULT_SETTLE_SECONDS`; the explicit
   upload defaults to 0 (it runs after the job, when every byte must go now).
-* **one at a time per job**: a per-job ``flock`` under the record store's root. A scheduled
-  resync that finds it held leaves (the holder is doing the same work); a final upload waits
-  for it, so an older resync can never finish after — and overwrite — the final upload.
+* **one at a time per job**: the record store's upload lock for the job (a ``flock`` beside
+  directory records, a lease object beside S3 records, so pods on different machines see
+  it). A scheduled resync that finds it held leaves (the holder is doing the same work); a
+  final upload waits for it, so an older resync can never finish after — and overwrite — the
+  final upload.
 
 Every upload that did something is appended to the record's ``uploads`` (names, counts and
 bytes only — never a credential). An entry with ``final: true`` says the job was already
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,9 +36,8 @@ from typing import Literal
 
 from .credentials import Redactor, s3_credentials_from_env
 from .errors import UsageError
-from .fs import file_lock, is_within
-from .names import check_job_id
-from .record import TERMINAL_STATES, JobRecord, OutputRoute, RecordStore
+from .fs import is_within
+from .records import TERMINAL_STATES, JobRecord, OutputRoute, RecordStore
 from .routing import decide_route, ephemeral_warning
 from .transfer.client import explained
 from .transfer.engine import TransferEngine, TransferOptions
@@ -89,18 +89,6 @@ def final_upload(record: JobRecord, destination: str) -> dict[str, object] | Non
                  if entry.get("final") is True and entry.get("destination") == destination), None)
 
 
-def upload_lock(store: RecordStore, job_id: str, *, wait: bool,
-                on_wait: Callable[[str], None] | None = None) -> AbstractContextManager[bool]:
-    """Hold the job's upload lock; yields False (without waiting) when it is taken and not ``wait``.
-
-    A separate file from the record's own lock: an upload holds this one for minutes, and the
-    record must stay writable meanwhile (the job reports states, the upload appends its entry).
-    """
-    path = store.root / f".{check_job_id(job_id)}.upload.lock"
-    said = f"another upload of job {job_id} holds {path}; waiting for it to finish"
-    return file_lock(path, wait=wait, on_wait=None if on_wait is None else lambda _: on_wait(said))
-
-
 def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: Kind = "upload",
                    rules: Sequence[FilterRule] = (), upload_excludes: Sequence[str] = (),
                    settle_seconds: float | None = None, environ: Mapping[str, str] | None = None,
@@ -135,7 +123,7 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
         raise UsageError(f"results_dir {str(results_dir)!r} is not a directory: give the directory the job "
                          "writes its results to")
     credentials = None if engine is not None else s3_credentials_from_env(env)  # fail before waiting
-    with upload_lock(store, job_id, wait=kind == "upload", on_wait=on_wait) as held:
+    with store.upload_lock(job_id, wait=kind == "upload", on_wait=on_wait) as held:
         if not held:
             return UploadOutcome("busy", f"another resync or upload of job {job_id} holds the lock; this run "
                                          "leaves the work to it", route)

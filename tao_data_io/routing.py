@@ -22,7 +22,7 @@ from pathlib import PurePosixPath
 
 from .errors import UsageError
 from .names import check_job_id
-from .record import JobRecord, OutputRoute, RecordStore
+from .records import JobRecord, OutputRoute, RecordStore
 from .uris import parse_s3_url
 
 RESULTS_ROOT_VARIABLE = "TAO_RESULTS_ROOT"

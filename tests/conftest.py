@@ -39,6 +39,22 @@ def bucket(s3_server: EmbeddedS3, request: pytest.FixtureRequest) -> str:
     return name
 
 
+@pytest.fixture(scope="session")
+def shared_bucket(s3_server: EmbeddedS3) -> str:
+    """One bucket for the tests that only need a prefix of their own. SeaweedFS gives every
+    bucket a volume of its own and a machine has room for one volume per GiB of free disk, so a
+    bucket per test would exhaust a small disk."""
+    s3_server.create_bucket("tao-shared")
+    return "tao-shared"
+
+
+@pytest.fixture
+def s3_prefix(shared_bucket: str, request: pytest.FixtureRequest) -> str:
+    """A fresh ``s3://tao-shared/<test>/`` prefix in the shared bucket."""
+    name = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:60].strip("-")
+    return f"s3://{shared_bucket}/{next(_bucket_numbers):04d}-{name}/"
+
+
 @pytest.fixture
 def s3_env(s3_server: EmbeddedS3, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """The process environment as a user would have it: only the server's AWS_* credentials."""

@@ -23,7 +23,7 @@ from tao_data_io.kubernetes.render import RenderedJob, literal, read_config, ren
 from tao_data_io.kubernetes.scripts import SIDECAR_SCRIPT, VERIFY_SCRIPT
 from tao_data_io.kubernetes.settings import RenderSettings
 from tao_data_io.names import MAX_K8S_JOB_NAME
-from tao_data_io.record import JobRecord, OutputRoute
+from tao_data_io.records import JobRecord, OutputRoute
 from tao_data_io.request import JobRequest, load_request
 from tao_data_io.staging.stage import plan_stage
 from tao_data_io.tier import TierDecision

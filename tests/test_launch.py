@@ -13,7 +13,7 @@ from tao_data_io.errors import UsageError
 from tao_data_io.launch.plan import build_plan, command_argv
 from tao_data_io.launch.probe import (PROBE_SCRIPT, Check, Verdict, checklist, checklist_text, parse_probe_output,
                                       with_persistence)
-from tao_data_io.record import JobRecord, OutputRoute
+from tao_data_io.records import JobRecord, OutputRoute
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage_map import StagedSource, StagingMap
 from tao_data_io.tier import ClusterFacts, TierDecision, VolumeFacts, choose_tier

@@ -21,8 +21,7 @@ import pytest
 
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.errors import UsageError
-from tao_data_io.outputs import upload_lock
-from tao_data_io.record import RecordStore
+from tao_data_io.records import RecordStore
 from tao_data_io.routing import decide_route, ephemeral_warning
 
 from .helpers import run_cli, write_tree
@@ -300,7 +299,7 @@ def test_resync_leaves_a_file_being_written_and_uploads_it_whole_later(store: Re
 
 def test_a_second_resync_leaves_while_another_holds_the_lock(store: RecordStore, env: dict[str, str], bucket: str,
                                                              s3_client: Any, results: Path) -> None:
-    with upload_lock(store, JOB_ID, wait=False) as held:  # what a running resync holds
+    with store.upload_lock(JOB_ID, wait=False) as held:  # what a running resync holds
         assert held
         second = upload(results, env, "--settle-seconds", "0", verb="resync")
         assert second.returncode == 0, second.stderr

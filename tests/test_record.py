@@ -1,5 +1,6 @@
 """The durable job record: the CLI verbs as a user runs them, the state machine, and the store's
-promises under SIGKILL and concurrent writers (no lost update, no corrupt file, no secret)."""
+promises under SIGKILL and concurrent writers (no lost update, no corrupt document, no secret) —
+each over both backends: a directory and an S3 prefix on the embedded server (real HTTP)."""
 
 from __future__ import annotations
 
@@ -11,32 +12,80 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tao_data_io.errors import UsageError
+from tao_data_io.errors import CredentialError, UsageError
 from tao_data_io.fs import temp_path_for
-from tao_data_io.record import JobRecord, RecordStore
+from tao_data_io.records import (DamagedRecordError, JobRecord, RecordConflictError, RecordStore, Retry,
+                               network_and_action, open_for)
+from tao_data_io.records.directory import DirectoryBackend
+from tao_data_io.records.s3 import RECORDS, S3Backend
+from tao_data_io.request import JobRequest
 
 from .helpers import run_cli
 
 JOB = dict(platform="k8s", image="nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt", network_arch="dino",
-           action="train", storage_tier="B", results_dir="/results/dino")
+           action="train", results_dir="/results/dino")
 OPEN_ARGS = ["--platform", "k8s", "--image", "nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt", "--network-arch", "dino",
-             "--action", "train", "--storage-tier", "B", "--results-dir", "/results/dino"]
+             "--action", "train", "--results-dir", "/results/dino"]
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a test keeps its records, and what a child process needs in its environment to
+    reach them (besides the location itself)."""
+
+    root: str
+    env: dict[str, str]
+
+    def store(self) -> RecordStore:
+        return RecordStore(self.root)
+
+    def cli_env(self) -> dict[str, str]:
+        return {**self.env, "TAO_DATA_IO_RECORDS": self.root}
+
+
+@pytest.fixture(params=["directory", "s3"])
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Place:
+    if request.param == "directory":
+        return Place(str(tmp_path / "jobs"), {})
+    env = request.getfixturevalue("s3_env")  # also puts the credentials in this process's environment
+    return Place(request.getfixturevalue("s3_prefix"), dict(env))
 
 
 def append_upload(entry: dict[str, Any]) -> Callable[[JobRecord], JobRecord]:
     return lambda record: record.model_copy(update={"uploads": [*record.uploads, entry]})
 
 
-def test_open_mark_show_list_through_the_cli(tmp_path: Path) -> None:
-    env = {"TAO_DATA_IO_JOBS_DIR": str(tmp_path / "jobs")}
-    opened = run_cli("record", "open", *OPEN_ARGS, "--storage-reason", "dataset 40 GB", env=env)
+def stored_bytes(store: RecordStore, job_id: str) -> bytes:
+    document = store.backend.read(job_id)
+    assert document is not None
+    return document.data
+
+
+def put_raw(store: RecordStore, name: str, data: bytes) -> None:
+    """Write a document beside the records behind the store's back (a hand edit, a bad copy)."""
+    backend = store.backend
+    if isinstance(backend, S3Backend):
+        backend.client.put_object(Bucket=backend.bucket, Key=f"{backend.url.key}{RECORDS}{name}", Body=data)
+    else:
+        assert isinstance(backend, DirectoryBackend)
+        backend.root.mkdir(parents=True, exist_ok=True)
+        (backend.root / name).write_bytes(data)
+
+
+# --------------------------------------------------------------------------- the CLI
+def test_open_mark_show_list_through_the_cli(place: Place) -> None:
+    env = place.cli_env()
+    opened = run_cli("record", "open", *OPEN_ARGS, "--storage-tier", "B", "--storage-reason", "dataset 40 GB", env=env)
     assert opened.returncode == 0, opened.stderr
     job_id = opened.stdout.strip()
     assert opened.stdout == job_id + "\n" and re.fullmatch(r"tao-\d{8}-[0-9a-f]{10}", job_id)
@@ -55,37 +104,25 @@ def test_open_mark_show_list_through_the_cli(tmp_path: Path) -> None:
                                                              ["COMPLETE", "flow"]]
     assert "pod started" in history_lines[1]
 
-    document = json.loads(run_cli("record", "show", job_id, "--json", "--root", str(tmp_path / "jobs"), env={}).stdout)
+    document = json.loads(run_cli("record", "show", job_id, "--json", "--root", place.root, env=place.env).stdout)
     assert document["schema_version"] == "1" and document["state"] == "COMPLETE"
     assert document["backend_ref"] == f"tao-jobs/{job_id}" and document["created_at"].endswith("Z")
     assert [step["state"] for step in document["history"]] == ["PENDING", "RUNNING", "COMPLETE"]
+    assert JobRecord.model_validate_json(stored_bytes(place.store(), job_id)).model_dump(mode="json") == document
 
     listed = run_cli("record", "list", env=env)
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.split() == [job_id, "COMPLETE", "B", document["updated_at"][:19] + "Z", "train"]
+    assert run_cli("record", "list", "--state", "RUNNING", env=env).stdout == ""
+    assert run_cli("record", "list", "--state", "COMPLETE", env=env).stdout == listed.stdout
 
+
+def test_directory_records_are_private_files_readable_by_hand(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path / "jobs")
+    job_id = store.open(**JOB).job_id
     path = tmp_path / "jobs" / f"{job_id}.json"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    assert JobRecord.model_validate_json(path.read_bytes()).model_dump(mode="json") == document
-
-
-def test_terminal_state_is_final_and_the_same_terminal_state_is_a_no_op(tmp_path: Path) -> None:
-    store = RecordStore(tmp_path)
-    job_id = store.open(**JOB).job_id
-    store.mark(job_id, "RUNNING", source="agent")
-    store.mark(job_id, "ERROR", source="agent", message="OOMKilled")
-    before = (tmp_path / f"{job_id}.json").read_bytes()
-
-    refused = run_cli("record", "mark", job_id, "--state", "RUNNING", "--root", str(tmp_path), env={})
-    assert refused.returncode == 2 and refused.stderr.startswith("error:")
-    assert "already ERROR" in refused.stderr and "final" in refused.stderr
-    again = run_cli("record", "mark", job_id, "--state", "ERROR", "--source", "flow", "--root", str(tmp_path), env={})
-    assert again.returncode == 0, again.stderr
-
-    assert (tmp_path / f"{job_id}.json").read_bytes() == before
-    with pytest.raises(UsageError, match="already ERROR"):
-        store.mark(job_id, "COMPLETE", source="flow")
-    assert [step.state for step in store.get(job_id).history] == ["PENDING", "RUNNING", "ERROR"]
+    assert JobRecord.model_validate_json(path.read_bytes()) == store.get(job_id)
 
 
 @pytest.mark.parametrize(
@@ -94,29 +131,79 @@ def test_terminal_state_is_final_and_the_same_terminal_state_is_a_no_op(tmp_path
         (["open", *OPEN_ARGS, "--job-id", "Job_42"], "--job-id 'Job_42' is not a valid job id"),
         (["open", *OPEN_ARGS, "--job-id", "../../etc/passwd"], "'../../etc/passwd' is not a valid job id"),
         (["open", *OPEN_ARGS, "--job-id", "a" * 53], "1-52 lowercase"),
+        (["open", *OPEN_ARGS, "--storage-reason", "big"], "--storage-reason 'big' comes without a storage_tier"),
+        (["open", *OPEN_ARGS, "--job-id", "tao-1", "--image", "other:1"], "--job-id 'tao-1' already names a different"),
         (["mark", "tao-1", "--state", "DONE"], "invalid choice: 'DONE'"),
         (["mark", "tao-1", "--state", "RUNNING", "--backend-ref", "no-slash"], "--backend-ref 'no-slash'"),
         (["mark", "tao-1", "--state", "RUNNING", "--backend-ref", "Tao/job"], "--backend-ref 'Tao/job'"),
         (["show", "tao-missing"], "no job record 'tao-missing': looked for"),
+        (["list", "--state", "DONE"], "invalid choice: 'DONE'"),
     ],
 )
 def test_bad_input_exits_2_naming_the_value(tmp_path: Path, args: list[str], expected: str) -> None:
-    RecordStore(tmp_path).open(**JOB, job_id="tao-1")
+    store = RecordStore(tmp_path)
+    store.open(**JOB, job_id="tao-1")
     result = run_cli("record", *args, "--root", str(tmp_path), env={})
     assert result.returncode == 2
     assert result.stderr.startswith("error:") and expected in result.stderr
-    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["tao-1.json"]
+    assert [record.job_id for record in store.list_records()] == ["tao-1"]
 
 
-def test_missing_job_names_the_id_and_where_it_looked(tmp_path: Path) -> None:
+def test_listing_a_directory_that_does_not_exist_is_an_error_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "typo"
+    result = run_cli("record", "list", "--root", str(missing), env={})
+    assert result.returncode == 2 and f"--root '{missing}' does not exist" in result.stderr
+    from_env = run_cli("record", "list", env={"TAO_DATA_IO_RECORDS": str(missing)})
+    assert from_env.returncode == 2 and f"TAO_DATA_IO_RECORDS '{missing}' does not exist" in from_env.stderr
+    assert not missing.exists()
+
+
+def test_a_record_opened_in_one_process_is_read_in_another_with_only_the_variable(s3_env: dict[str, str],
+                                                                                   s3_prefix: str) -> None:
+    env = {**s3_env, "TAO_DATA_IO_RECORDS": s3_prefix}  # what every pod of a flow gets
+    opened = run_cli("record", "open", *OPEN_ARGS, "--job-id", "tao-pods", env=env)
+    assert opened.returncode == 0, opened.stderr
+    marked = run_cli("record", "mark", "tao-pods", "--state", "RUNNING", "--source", "agent", env=env)
+    assert marked.returncode == 0, marked.stderr
+    shown = run_cli("record", "show", "tao-pods", "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert [step["state"] for step in json.loads(shown.stdout)["history"]] == ["PENDING", "RUNNING"]
+    running = run_cli("record", "list", "--state", "RUNNING", env=env)
+    assert running.stdout.split()[:3] == ["tao-pods", "RUNNING", "-"]
+
+
+# --------------------------------------------------------------------------- the state machine
+def test_terminal_state_is_final_and_the_same_terminal_state_is_a_no_op(place: Place) -> None:
+    store = place.store()
+    job_id = store.open(**JOB).job_id
+    store.mark(job_id, "RUNNING", source="agent")
+    store.mark(job_id, "ERROR", source="agent", message="OOMKilled")
+    before = stored_bytes(store, job_id)
+
+    refused = run_cli("record", "mark", job_id, "--state", "RUNNING", "--root", place.root, env=place.env)
+    assert refused.returncode == 2 and refused.stderr.startswith("error:")
+    assert "already ERROR" in refused.stderr and "final" in refused.stderr
+    again = run_cli("record", "mark", job_id, "--state", "ERROR", "--source", "flow", "--root", place.root, env=place.env)
+    assert again.returncode == 0, again.stderr
+
+    assert stored_bytes(store, job_id) == before
+    with pytest.raises(UsageError, match="already ERROR"):
+        store.mark(job_id, "COMPLETE", source="flow")
+    assert [step.state for step in store.get(job_id).history] == ["PENDING", "RUNNING", "ERROR"]
+
+
+def test_missing_job_names_the_id_and_where_it_looked(tmp_path: Path, s3_env: dict[str, str], s3_prefix: str) -> None:
     for root in (tmp_path, tmp_path / "not-yet"):
         with pytest.raises(UsageError, match=re.escape(f"no job record 'tao-nope': looked for {root / 'tao-nope.json'}")):
             RecordStore(root).mark("tao-nope", "RUNNING", source="cli")
     assert not (tmp_path / "not-yet").exists()
+    with pytest.raises(UsageError, match=re.escape(f"looked for {s3_prefix}p/records/tao-nope.json (records are "
+                                                   f"read from root '{s3_prefix}p/'")):
+        RecordStore(f"{s3_prefix}p").get("tao-nope")
 
 
-def test_history_is_in_report_order_and_repeated_reports_do_not_flood_it(tmp_path: Path) -> None:
-    store = RecordStore(tmp_path)
+def test_history_is_in_report_order_and_repeated_reports_do_not_flood_it(place: Place) -> None:
+    store = place.store()
     job_id = store.open(**JOB, source="flow").job_id
     store.mark(job_id, "RUNNING", source="agent", backend_ref="tao/job-1")
     store.mark(job_id, "RUNNING", source="agent")  # a heartbeat: nothing new
@@ -137,76 +224,138 @@ def test_history_is_in_report_order_and_repeated_reports_do_not_flood_it(tmp_pat
         store.mark("other", "RUNNING", source="agent", backend_ref="tao/other-2")
 
 
-def test_open_is_idempotent_for_the_same_job_and_refuses_a_different_one(tmp_path: Path) -> None:
-    store = RecordStore(tmp_path)
+def test_open_is_idempotent_for_the_same_job_and_refuses_a_different_one(place: Place) -> None:
+    store = place.store()
     first = store.open(**JOB, job_id="tao-retry")
     store.mark("tao-retry", "RUNNING", source="agent")
     retried = store.open(**JOB, job_id="tao-retry")
     assert retried.state == "RUNNING" and retried.created_at == first.created_at and len(retried.history) == 2
-    with pytest.raises(UsageError, match=r"already names a different job \(image is"):
+    with pytest.raises(UsageError, match=r"job_id 'tao-retry' already names a different job \(image is"):
         store.open(**{**JOB, "image": "other:1"}, job_id="tao-retry")
     assert store.get("tao-retry") == retried
 
 
-def test_update_changes_route_and_uploads_but_not_state_or_identity(tmp_path: Path) -> None:
-    store = RecordStore(tmp_path)
+def test_one_id_opened_by_many_writers_at_once_is_one_job(place: Place) -> None:
+    writers = 6
+    stores = [place.store() for _ in range(writers)]
+    start = threading.Barrier(writers)
+
+    def open_same(store: RecordStore) -> JobRecord:
+        start.wait()
+        return store.open(**JOB, job_id="tao-twice", source="flow")
+
+    with ThreadPoolExecutor(writers) as pool:
+        opened = list(pool.map(open_same, stores))
+    assert all(record == opened[0] for record in opened)  # one creation; everyone else got it back
+    assert [r.job_id for r in stores[0].list_records()] == ["tao-twice"]
+
+    images = [f"image:{n}" for n in range(writers)]
+    start.reset()
+
+    def open_different(store: RecordStore, image: str) -> str:
+        start.wait()
+        try:
+            return store.open(**{**JOB, "image": image}, job_id="tao-rivals").image
+        except UsageError as exc:
+            assert "job_id 'tao-rivals' already names a different job (image is" in str(exc)
+            return "refused"
+
+    with ThreadPoolExecutor(writers) as pool:
+        outcomes = list(pool.map(open_different, stores, images))
+    winners = [outcome for outcome in outcomes if outcome != "refused"]
+    assert len(winners) == 1 and stores[0].get("tao-rivals").image == winners[0]
+
+
+def test_update_changes_route_and_uploads_but_not_state_identity_or_tier(place: Place) -> None:
+    store = place.store()
     job_id = store.open(**JOB).job_id
     routed = store.update(job_id, lambda r: r.model_copy(update={
         "output_route": {"route": "s3", "destination": "s3://results/dino/", "reason": "tier B"}}))
     assert routed.output_route is not None and routed.output_route.destination == "s3://results/dino/"
     store.update(job_id, append_upload({"files": 3, "bytes": 1024}))
-    for field, value in (("state", "COMPLETE"), ("job_id", "tao-elsewhere"), ("history", [])):
+    for field, value in (("state", "COMPLETE"), ("job_id", "tao-elsewhere"), ("history", []), ("storage_tier", "B")):
         with pytest.raises(UsageError, match=f"may not change {field}"):
             store.update(job_id, lambda r, f=field, v=value: r.model_copy(update={f: v}))
     assert store.get(job_id).uploads == [{"files": 3, "bytes": 1024}] and store.get(job_id).state == "PENDING"
 
 
-def test_a_credential_value_is_refused_while_its_name_is_fine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCY"
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
-    store = RecordStore(tmp_path)
+def test_the_tier_is_decided_once_after_open(place: Place) -> None:
+    store = place.store()
+    opened = store.open(**JOB, job_id="tao-tier")
+    assert opened.storage_tier is None and opened.storage_reason is None
+    decided = store.set_tier("tao-tier", "B", "dataset 40 GB")
+    assert (decided.storage_tier, decided.storage_reason) == ("B", "dataset 40 GB")
+    assert store.set_tier("tao-tier", "B", "asked again") == decided  # a retried step changes nothing
+    with pytest.raises(UsageError, match=r"already has storage tier 'B' \(dataset 40 GB\); refusing tier 'C'"):
+        store.set_tier("tao-tier", "C", None)
+    with pytest.raises(UsageError, match="tier 'D' is not a storage tier: use one of A, B, C"):
+        store.set_tier("tao-tier", "D", None)
+    # Open with a tier is open, then set_tier: a retry with another tier is refused alike.
+    assert store.open(**JOB, job_id="tao-tier", storage_tier="B") == decided
+    with pytest.raises(UsageError, match="refusing tier 'A'"):
+        store.open(**JOB, job_id="tao-tier", storage_tier="A")
+    assert store.get("tao-tier") == decided
+
+    store.open(**JOB, job_id="tao-done")
+    store.mark("tao-done", "COMPLETE", source="agent")
+    with pytest.raises(UsageError, match="already COMPLETE, a final state; refusing to set its storage tier to 'A'"):
+        store.set_tier("tao-done", "A", None)
+
+
+def test_a_credential_value_is_refused_while_its_name_is_fine(place: Place, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "nvapi-wJalrXUtnFEMI-K7MDENG-bPxRfiCY"
+    monkeypatch.setenv("NGC_API_KEY", secret)
+    store = place.store()
     with pytest.raises(UsageError) as caught:
         store.open(**{**JOB, "image": secret})
     assert "'image'" in str(caught.value) and secret not in str(caught.value)
 
-    job_id = store.open(**JOB, storage_reason="credentials come from AWS_SECRET_ACCESS_KEY").job_id
-    before = (tmp_path / f"{job_id}.json").read_bytes()
+    job_id = store.open(**JOB).job_id
+    with pytest.raises(UsageError, match="field 'storage_reason'"):
+        store.set_tier(job_id, "B", f"chosen with {secret}")
+    store.set_tier(job_id, "B", "credentials come from NGC_API_KEY")
+    before = stored_bytes(store, job_id)
     for change in (append_upload({"report": f"uploaded with key {secret}"}), append_upload({secret: 1})):
         with pytest.raises(UsageError, match=r"'uploads\[0\]") as caught:
             store.update(job_id, change)
         assert secret not in str(caught.value)
-    with pytest.raises(UsageError, match="field 'message'"):
+    with pytest.raises(UsageError, match="'message' holds"):
         store.mark(job_id, "ERROR", source="agent", message=secret)
-    assert (tmp_path / f"{job_id}.json").read_bytes() == before
+    assert stored_bytes(store, job_id) == before
 
-    result = run_cli("record", "open", *OPEN_ARGS[:-1], f"/results/{secret}", "--root", str(tmp_path),
-                     env={"AWS_SECRET_ACCESS_KEY": secret})
+    result = run_cli("record", "open", *OPEN_ARGS[:-1], f"/results/{secret}", "--root", place.root,
+                     env={**place.env, "NGC_API_KEY": secret})
     assert result.returncode == 2 and "'results_dir'" in result.stderr and secret not in result.stderr
-    assert len(list(tmp_path.glob("*.json"))) == 1
+    assert [record.job_id for record in store.list_records()] == [job_id]
 
 
-def test_list_skips_and_reports_damaged_files_and_ignores_what_is_not_a_record(tmp_path: Path) -> None:
-    store = RecordStore(tmp_path)
+def test_list_skips_and_reports_damaged_records_and_ignores_what_is_not_a_record(place: Place) -> None:
+    store = place.store()
     good = store.open(**JOB).job_id
-    (tmp_path / "tao-broken.json").write_text('{"schema_version": "1", "job_id": "tao-bro')
-    (tmp_path / f".{good}.json.x1y2.tmp").write_text("{")  # a killed writer's leftover
-    (tmp_path / "Not_A_Job.json").write_text("{}")
-    result = run_cli("record", "list", "--json", "--root", str(tmp_path), env={})
+    put_raw(store, "tao-broken.json", b'{"schema_version": "1", "job_id": "tao-bro')
+    put_raw(store, f".{good}.json.x1y2.tmp", b"{")  # a killed writer's leftover
+    put_raw(store, "Not_A_Job.json", b"{}")
+    result = run_cli("record", "list", "--json", "--root", place.root, env=place.env)
     assert result.returncode == 1
     assert [doc["job_id"] for doc in json.loads(result.stdout)] == [good]
     assert "tao-broken.json" in result.stderr and "Not_A_Job" not in result.stderr and ".tmp" not in result.stderr
+    damaged: list[tuple[str, str]] = []
+    assert [r.job_id for r in store.list_records(on_damaged=lambda where, why: damaged.append((where, why)))] == [good]
+    assert [where for where, _ in damaged] == [store.backend.where("tao-broken")]
+    with pytest.raises(DamagedRecordError, match="tao-broken.json is not a valid job record"):
+        store.mark("tao-broken", "RUNNING", source="agent")  # reported, never overwritten
 
 
+# --------------------------------------------------------------------------- crashes and concurrency
 _WRITER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from tao_data_io.record import RecordStore
+    from tao_data_io.records import RecordStore
 
     store = RecordStore(Path(sys.argv[1]))
     ids = [f"kill-{n}" for n in range(3)]
     for job_id in ids:
-        store.open(platform="k8s", image="i", network_arch="a", action="train", storage_tier="A",
-                   results_dir="/r", job_id=job_id)
+        store.open(platform="k8s", image="i", network_arch="a", action="train", results_dir="/r", job_id=job_id)
     print("ready", flush=True)
     n = 0
     while True:
@@ -233,7 +382,7 @@ def test_sigkill_during_writes_never_leaves_a_damaged_record(tmp_path: Path) -> 
 
     damaged: list[str] = []
     store = RecordStore(tmp_path)
-    records = store.list_records(on_damaged=lambda path, reason: damaged.append(reason))
+    records = store.list_records(on_damaged=lambda where, reason: damaged.append(reason))
     assert damaged == [] and [r.job_id for r in records] == ["kill-0", "kill-1", "kill-2"]
     for path in tmp_path.glob("*.json"):
         json.loads(path.read_text())
@@ -248,37 +397,249 @@ def test_sigkill_during_writes_never_leaves_a_damaged_record(tmp_path: Path) -> 
 _MARKER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from tao_data_io.record import RecordStore
+    from tao_data_io.records import RecordStore
 
-    root, worker = Path(sys.argv[1]), sys.argv[2]
+    root, signals, worker = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     store = RecordStore(root)
-    (root / f"ready-{worker}").touch()
-    while not (root / "go").exists():
+    (signals / f"ready-{worker}").touch()
+    while not (signals / "go").exists():
         time.sleep(0.001)
-    for n in range(50):
-        store.update("tao-shared", lambda r: r.model_copy(update={"uploads": [*r.uploads, {"w": worker, "n": n}]}))
+    for n in range(5):
+        store.mark("tao-shared", "RUNNING", source=f"worker-{worker}", message=f"{worker}/{n}")
 """)
 
 
-def test_concurrent_updates_from_two_processes_lose_nothing(tmp_path: Path) -> None:
-    store = RecordStore(tmp_path)
+def test_concurrent_marks_from_ten_processes_are_all_kept(place: Place, tmp_path: Path) -> None:
+    store = place.store()
     store.open(**JOB, job_id="tao-shared")
-    children = [subprocess.Popen([sys.executable, "-c", _MARKER, str(tmp_path), worker]) for worker in ("a", "b")]
-    while not all((tmp_path / f"ready-{worker}").exists() for worker in ("a", "b")):
-        time.sleep(0.005)
-    (tmp_path / "go").touch()
-    assert [child.wait() for child in children] == [0, 0]
-    uploads = store.get("tao-shared").uploads
-    assert len(uploads) == 100
-    assert sorted((u["w"], u["n"]) for u in uploads) == sorted((w, n) for w in "ab" for n in range(50))
-    for worker in "ab":  # each process's entries stay in its own order
-        assert [u["n"] for u in uploads if u["w"] == worker] == list(range(50))
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    workers = [str(n) for n in range(10)]
+    children = [subprocess.Popen([sys.executable, "-c", _MARKER, place.root, str(signals), worker])
+                for worker in workers]
+    while not all((signals / f"ready-{worker}").exists() for worker in workers):
+        assert all(child.poll() is None for child in children), "a marker died before starting"
+        time.sleep(0.01)
+    (signals / "go").touch()
+    assert [child.wait() for child in children] == [0] * len(workers)
+    history = store.get("tao-shared").history
+    assert [step.state for step in history] == ["PENDING"] + ["RUNNING"] * 50
+    for worker in workers:  # every report kept, each process's in its own order
+        assert [step.message for step in history if step.source == f"worker-{worker}"] == [
+            f"{worker}/{n}" for n in range(5)]
 
 
-def test_root_defaults_to_the_environment_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TAO_DATA_IO_JOBS_DIR", str(tmp_path / "from-env"))
-    job_id = RecordStore().open(**JOB).job_id
-    assert (tmp_path / "from-env" / f"{job_id}.json").is_file()
-    monkeypatch.delenv("TAO_DATA_IO_JOBS_DIR")
+# --------------------------------------------------------------------------- S3 specifics
+def s3_store(prefix: str, **kwargs: Any) -> RecordStore:
+    return RecordStore(prefix, **kwargs)
+
+
+def test_seaweedfs_honours_the_conditional_writes_the_s3_backend_relies_on(s3_env: dict[str, str],
+                                                                          s3_prefix: str) -> None:
+    backend = s3_store(s3_prefix).backend
+    assert backend.create("tao-cond", b"{}") is True
+    assert backend.create("tao-cond", b"{}") is False  # If-None-Match: * on an existing object → 412
+    first = backend.read("tao-cond")
+    assert first is not None and first.version
+    assert backend.replace("tao-cond", b'{"v": 2}', first.version) is True
+    assert backend.replace("tao-cond", b'{"v": 3}', first.version) is False  # If-Match on a stale ETag → 412
+    assert backend.replace("tao-gone", b"{}", first.version) is False
+    current = backend.read("tao-cond")
+    assert current is not None and current.data == b'{"v": 2}'
+
+
+def put_statuses(store: RecordStore) -> list[int]:
+    """The HTTP status of every PUT this store's client makes from now on (botocore's event hook)."""
+    statuses: list[int] = []
+    store.backend.client.meta.events.register(
+        "after-call.s3.PutObject", lambda http_response, **_: statuses.append(http_response.status_code))
+    return statuses
+
+
+def test_two_writers_racing_both_updates_are_kept(s3_env: dict[str, str], s3_prefix: str) -> None:
+    first, second = s3_store(s3_prefix), s3_store(s3_prefix)
+    first.open(**JOB, job_id="tao-race")
+    statuses = put_statuses(first)
+    seen: list[int] = []
+
+    def overtaken_once(record: JobRecord) -> JobRecord:
+        seen.append(len(record.uploads))
+        if len(seen) == 1:  # the second writer lands between the first's read and its write
+            second.update("tao-race", append_upload({"by": "second"}))
+        return record.model_copy(update={"uploads": [*record.uploads, {"by": "first"}]})
+
+    first.update("tao-race", overtaken_once)
+    assert seen == [0, 1]  # refused, re-read, applied again to what the second writer left
+    assert [status for status in statuses if status == 412] == [412]
+    assert [u["by"] for u in first.get("tao-race").uploads] == ["second", "first"]
+
+
+def test_a_writer_that_always_loses_gives_up_with_a_clear_error(s3_env: dict[str, str], s3_prefix: str) -> None:
+    loser, other = s3_store(s3_prefix, retry=Retry(attempts=3, first_pause=0.01, max_pause=0.01)), s3_store(s3_prefix)
+    loser.open(**JOB, job_id="tao-busy")
+
+    def always_overtaken(record: JobRecord) -> JobRecord:
+        other.update("tao-busy", append_upload({"by": "other"}))
+        return record.model_copy(update={"uploads": [*record.uploads, {"by": "loser"}]})
+
+    with pytest.raises(RecordConflictError, match=r"job 'tao-busy': 3 attempts to write its record at "
+                                                  rf"{s3_prefix}records/tao-busy.json each found it changed"):
+        loser.update("tao-busy", always_overtaken)
+    assert [u["by"] for u in other.get("tao-busy").uploads] == ["other"] * 3
+
+
+def test_a_write_whose_answer_was_lost_is_not_applied_twice(s3_env: dict[str, str], s3_prefix: str) -> None:
+    store = s3_store(s3_prefix)
+    store.open(**JOB, job_id="tao-lost")
+    resent: list[str] = []
+
+    def lose_first_answer(response: Any, request_dict: dict[str, Any], **_: Any) -> float | None:
+        # As if the connection dropped after the server applied the PUT: botocore sends it again.
+        if not resent and response is not None and response[0].status_code == 200 and "tao-lost.json" in request_dict["url"]:
+            resent.append(request_dict["url"])
+            return 0
+        return None
+
+    store.backend.client.meta.events.register("needs-retry.s3.PutObject", lose_first_answer)
+    updated = store.update("tao-lost", append_upload({"n": 1}))
+    assert resent and updated.uploads == [{"n": 1}] and store.get("tao-lost") == updated
+
+
+def markers(store: RecordStore) -> dict[str, list[str]]:
+    """state → job ids filed under it in the S3 index."""
+    backend = store.backend
+    assert isinstance(backend, S3Backend)
+    listed = backend.client.list_objects_v2(Bucket=backend.bucket, Prefix=f"{backend.url.key}by-state/")
+    found: dict[str, list[str]] = {}
+    for item in listed.get("Contents", []):
+        state, job_id = item["Key"].split("/")[-2:]
+        found.setdefault(state, []).append(job_id)
+    return found
+
+
+def test_listing_by_state_reads_only_the_records_filed_under_it(s3_env: dict[str, str], s3_prefix: str) -> None:
+    store = s3_store(s3_prefix)
+    ids = [store.open(**JOB, job_id=f"tao-{n}").job_id for n in range(8)]
+    for job_id in ids[:5]:
+        store.mark(job_id, "RUNNING", source="agent")
+    for job_id in ids[2:5]:
+        store.mark(job_id, "COMPLETE", source="agent")
+    assert markers(store) == {"COMPLETE": ids[2:5], "PENDING": ids[5:], "RUNNING": ids[:2]}
+
+    gets: list[str] = []
+    store.backend.client.meta.events.register(
+        "before-send.s3", lambda request, **_: gets.append(request.url) if request.method == "GET" else None)
+    assert [record.job_id for record in store.list_records(state="RUNNING")] == ids[:2]
+    assert len(gets) == 3 and "list-type=2" in gets[0]  # one listing of the RUNNING markers…
+    assert [url.rsplit("/", 1)[1] for url in gets[1:]] == ["tao-0.json", "tao-1.json"]  # …and those two records
+    gets.clear()
+    assert len(store.list_records()) == 8 and len(gets) == 1 + 8 + 1  # records, each record, the index
+
+
+def test_the_state_index_heals_after_a_crash(s3_env: dict[str, str], s3_prefix: str) -> None:
+    store = s3_store(s3_prefix)
+    backend = store.backend
+    assert isinstance(backend, S3Backend)
+    for job_id in ("tao-a", "tao-b", "tao-c"):
+        store.open(**JOB, job_id=job_id)
+    store.mark("tao-b", "COMPLETE", source="agent")
+    store.mark("tao-c", "RUNNING", source="agent")
+
+    def put_marker(state: str, job_id: str) -> None:
+        backend.client.put_object(Bucket=backend.bucket, Key=f"{backend.url.key}by-state/{state}/{job_id}", Body=b"")
+
+    # Writers killed between a record and its marker: b's RUNNING marker left behind, c's gone,
+    # c's PENDING marker back; and a marker whose record was removed by hand.
+    put_marker("RUNNING", "tao-b")
+    backend.client.delete_object(Bucket=backend.bucket, Key=f"{backend.url.key}by-state/RUNNING/tao-c")
+    put_marker("PENDING", "tao-c")
+    put_marker("RUNNING", "tao-gone")
+
+    assert store.list_records(state="RUNNING") == []  # c is missed until the index heals…
+    assert "RUNNING" not in markers(store)  # …b is final elsewhere and tao-gone has no record: both dropped
+    assert [record.job_id for record in store.list_records(state="PENDING")] == ["tao-a"]
+    assert markers(store)["PENDING"] == ["tao-a", "tao-c"]  # c may become PENDING again: only a full read knows
+
+    assert len(store.list_records()) == 3  # a full listing makes the index agree with the records
+    assert markers(store) == {"COMPLETE": ["tao-b"], "PENDING": ["tao-a"], "RUNNING": ["tao-c"]}
+    assert [record.job_id for record in store.list_records(state="RUNNING")] == ["tao-c"]
+
+    backend.client.delete_object(Bucket=backend.bucket, Key=f"{backend.url.key}by-state/PENDING/tao-a")
+    store.update("tao-a", append_upload({"n": 1}))  # and a job's next write re-files it
+    assert markers(store)["PENDING"] == ["tao-a"]
+
+
+# --------------------------------------------------------------------------- where records live
+def test_the_location_comes_from_the_argument_then_the_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 s3_env: dict[str, str], s3_prefix: str) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert RecordStore().root == tmp_path / "home" / ".tao-data-io" / "jobs"
+    monkeypatch.delenv("TAO_DATA_IO_RECORDS", raising=False)
+    monkeypatch.delenv("TAO_DATA_IO_JOBS_DIR", raising=False)
+    assert RecordStore().location == str(tmp_path / "home" / ".tao-data-io" / "jobs")
+
+    monkeypatch.setenv("TAO_DATA_IO_JOBS_DIR", str(tmp_path / "legacy"))  # the name from before S3
+    job_id = RecordStore().open(**JOB).job_id
+    assert (tmp_path / "legacy" / f"{job_id}.json").is_file()
+    monkeypatch.setenv("TAO_DATA_IO_RECORDS", str(tmp_path / "legacy"))
+    assert RecordStore().get(job_id).job_id == job_id  # both naming one place is fine
+    monkeypatch.setenv("TAO_DATA_IO_RECORDS", s3_prefix.rstrip("/"))
+    with pytest.raises(UsageError, match=f"TAO_DATA_IO_RECORDS '{s3_prefix.rstrip('/')}' and the legacy "
+                                         f"TAO_DATA_IO_JOBS_DIR '{tmp_path / 'legacy'}' name different places"):
+        RecordStore()
+    monkeypatch.delenv("TAO_DATA_IO_JOBS_DIR")
+    assert RecordStore().location == s3_prefix and isinstance(RecordStore().backend, S3Backend)
+
+    assert RecordStore(tmp_path / "arg").location == str(tmp_path / "arg")  # the argument wins
+    assert RecordStore(str(tmp_path / "arg")).location == str(tmp_path / "arg")
+    elsewhere = RecordStore(environ={"TAO_DATA_IO_RECORDS": str(tmp_path / "given")})
+    assert elsewhere.location == str(tmp_path / "given")  # environ replaces os.environ entirely
+    with pytest.raises(CredentialError, match="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
+        RecordStore(s3_prefix, environ={})
+
+
+# --------------------------------------------------------------------------- the record of a request
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        ("dino train -e /specs/train.yaml", ("dino", "train")),
+        (["classification_pyt", "dataset_convert", "-e", "{config_path}"], ("classification_pyt", "dataset_convert")),
+        ("/opt/scripts/run.sh --epochs 3", ("run.sh", "run")),
+        ("python3 /workspace/train.py", ("python3", "run")),
+        ("python3.10 -m tao.train", ("python3.10", "run")),
+        ("torchrun --nproc_per_node 8 train.py", ("torchrun", "run")),
+        ("nvidia-smi", ("nvidia-smi", "run")),
+        ("dino -e spec.yaml", ("dino", "run")),
+        ("dino specs/train.yaml", ("dino", "run")),
+    ],
+)
+def test_network_and_action_come_from_the_first_words_of_the_command(command: str | list[str],
+                                                                     expected: tuple[str, str]) -> None:
+    assert network_and_action(command) == expected
+
+
+@pytest.mark.parametrize(("command", "expected"), [("", "command '' is empty"), ([], "command [] is empty"),
+                                                   ("dino train -e 'spec", "balance its quotes")])
+def test_a_command_without_words_is_refused(command: str | list[str], expected: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(expected)):
+        network_and_action(command)
+
+
+def test_open_for_a_request_is_idempotent_on_its_job_id(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path)
+    document = {"schema_version": "1", "job_id": "tao-req", "image": "nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt",
+                "command": "dino train -e {config_path}", "mode": "config", "config_format": "yaml",
+                "spec": {"train": {"num_epochs": 3}},
+                "outputs": {"results_dir": "/results/dino", "upload_excludes": ["*.tmp", "checkpoints/*.ckpt"]}}
+    request = JobRequest.model_validate(document)
+    record = open_for(request, platform="k8s", source="flow", store=store)
+    assert (record.job_id, record.image, record.network_arch, record.action, record.results_dir) == (
+        "tao-req", request.image, "dino", "train", "/results/dino")
+    assert record.upload_excludes == ["*.tmp", "checkpoints/*.ckpt"] and record.storage_tier is None
+    assert record.platform == "k8s" and record.history[0].source == "flow"
+    assert open_for(request, platform="k8s", store=store) == record  # a retried submit: the same job
+    with pytest.raises(UsageError, match="job_id 'tao-req' already names a different job"):
+        open_for(request.model_copy(update={"image": "other:1"}), platform="k8s", store=store)
+
+    minted = open_for(JobRequest.model_validate({**document, "job_id": None}), platform="k8s", store=store)
+    assert re.fullmatch(r"tao-\d{8}-[0-9a-f]{10}", minted.job_id)
+    assert sorted(r.job_id for r in store.list_records()) == sorted(["tao-req", minted.job_id])

@@ -14,7 +14,7 @@ from ..console import Console
 from ..errors import UsageError
 from ..launch.plan import build_plan, command_argv
 from ..outputs import resolve_route
-from ..record import RecordStore
+from ..records import RecordStore
 from ..request import load_request
 from ..schema import describe_validation_error
 from ..staging.config import config_content

@@ -15,7 +15,7 @@ from ..console import Console
 from ..errors import UsageError
 from ..fs import atomic_write
 from ..outputs import ALWAYS_EXCLUDED, DEFAULT_SETTLE_SECONDS, Kind, check_upload, upload_results
-from ..record import RecordStore
+from ..records import RecordStore
 from ..routing import decide_route, loud_ephemeral_warning, record_route
 from .record import add_root_option
 from .transfer import OrderedFilter, report

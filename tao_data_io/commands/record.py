@@ -15,7 +15,7 @@ from ..console import Console
 from pydantic import ValidationError
 
 from ..errors import UsageError
-from ..record import STATES, STORAGE_TIERS, JobRecord, RecordStore
+from ..records import DEFAULT_ROOT, JOBS_DIR_VARIABLE, RECORDS_VARIABLE, STATES, STORAGE_TIERS, JobRecord, RecordStore
 from ..routing import record_route
 from ..schema import describe_validation_error
 
@@ -27,8 +27,9 @@ def register(verbs: Any) -> None:
     open_ = actions.add_parser("open", help="create a PENDING record; prints only the job id")
     for option in ("--platform", "--image", "--network-arch", "--action", "--results-dir"):
         open_.add_argument(option, required=True)
-    open_.add_argument("--storage-tier", required=True, choices=STORAGE_TIERS)
-    open_.add_argument("--storage-reason", help="why this tier was chosen")
+    open_.add_argument("--storage-tier", choices=STORAGE_TIERS,
+                       help="the storage tier, when already decided (usually the storage step sets it later)")
+    open_.add_argument("--storage-reason", help="why this tier was chosen (with --storage-tier)")
     open_.add_argument("--upload-exclude", action="append", default=[], metavar="PATTERN",
                        help="the request's declared upload_excludes (repeatable); every upload applies them")
     open_.add_argument("--job-id", metavar="ID", help="use this id instead of minting one (a DNS label, at most 52)")
@@ -59,14 +60,16 @@ def register(verbs: Any) -> None:
     show.set_defaults(run=_show)
 
     list_ = actions.add_parser("list", help="one line per job, oldest first")
+    list_.add_argument("--state", choices=STATES, help="only jobs in this state (on S3: reads only those records)")
     list_.add_argument("--json", action="store_true", help="print the record documents")
     add_root_option(list_)
     list_.set_defaults(run=_list)
 
 
 def add_root_option(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--root", type=Path, metavar="DIR",
-                     help="where records live (default: $TAO_DATA_IO_JOBS_DIR or ~/.tao-data-io/jobs)")
+    sub.add_argument("--root", metavar="DIR|s3://BUCKET/PREFIX/",
+                     help=f"where records live: a directory or an S3 prefix (default: ${RECORDS_VARIABLE}, "
+                          f"${JOBS_DIR_VARIABLE} or {DEFAULT_ROOT})")
 
 
 def _open(args: argparse.Namespace, console: Console) -> int:
@@ -115,7 +118,7 @@ def _show(args: argparse.Namespace, console: Console) -> int:
         ("platform", record.platform),
         ("image", record.image),
         ("network", f"{record.network_arch} {record.action}"),
-        ("storage", f"tier {record.storage_tier}" + (f" — {record.storage_reason}" if record.storage_reason else "")),
+        ("storage", _tier(record)),
         ("results", record.results_dir),
         ("backend", record.backend_ref or "-"),
         ("output", _route(record)),
@@ -134,22 +137,28 @@ def _show(args: argparse.Namespace, console: Console) -> int:
 def _list(args: argparse.Namespace, console: Console) -> int:
     damaged: list[str] = []
 
-    def report(path: Path, reason: str) -> None:
-        damaged.append(str(path))
+    def report(where: str, reason: str) -> None:
+        damaged.append(where)
         console.err(f"warning: skipping damaged record: {reason}")
 
-    records = RecordStore(args.root).list_records(on_damaged=report)
+    records = RecordStore(args.root).list_records(state=args.state, on_damaged=report)
     if args.json:
         console.json([record.model_dump(mode="json") for record in records])
     else:
         width = max((len(record.job_id) for record in records), default=0)
         for record in records:
-            console.out(f"{record.job_id:<{width}}  {record.state:<8}  {record.storage_tier}  "
+            console.out(f"{record.job_id:<{width}}  {record.state:<8}  {record.storage_tier or '-'}  "
                         f"{_time(record.updated_at)}  {record.action}")
     if damaged:
-        console.err(f"error: {len(damaged)} record file(s) could not be read; the others are listed above")
+        console.err(f"error: {len(damaged)} record(s) could not be read; the others are listed above")
         return 1
     return 0
+
+
+def _tier(record: JobRecord) -> str:
+    if record.storage_tier is None:
+        return "tier not decided yet"
+    return f"tier {record.storage_tier}" + (f" — {record.storage_reason}" if record.storage_reason else "")
 
 
 def _route(record: JobRecord) -> str:

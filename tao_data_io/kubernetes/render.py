@@ -41,7 +41,7 @@ from ..fs import check_relative
 from ..launch.plan import PROBE_DIR, LaunchPlan, PlanMount, refuse_smuggled_secrets
 from ..launch.probe import PROBE_SCRIPT, TOKEN_FILE, Check, checklist, checklist_text
 from ..names import check_env_name, k8s_name_for
-from ..record import JobRecord
+from ..records import JobRecord
 from ..request import JobRequest, check_container_path
 from ..tier import TIER_C_BYTES_PER_SECOND
 from .scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, VERIFY_SCRIPT

@@ -24,7 +24,7 @@ from pydantic import Field
 
 from ..credentials import Redactor
 from ..errors import UsageError
-from ..record import JobRecord, OutputRoute
+from ..records import JobRecord, OutputRoute
 from ..request import PROBE_DIR as PROBE_DIR  # where backends mount the probe's files
 from ..request import JobRequest
 from ..schema import Strict

@@ -92,9 +92,18 @@ def explained(bucket: str, endpoint_url: str | None) -> Iterator[None]:
 
 def head_or_none(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
     """HEAD one object: its headers, or None when it does not exist (404)."""
+    return _unless_missing(client, bucket, client.head_object, Key=key)
+
+
+def get_or_none(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
+    """GET one object: the answer (``Body`` still to read), or None when it does not exist."""
+    return _unless_missing(client, bucket, client.get_object, Key=key)
+
+
+def _unless_missing(client: Any, bucket: str, call: Any, **params: Any) -> dict[str, Any] | None:
     with explained(bucket, client.meta.endpoint_url):
         try:
-            return dict(client.head_object(Bucket=bucket, Key=key))
+            return dict(call(Bucket=bucket, **params))
         except client.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return None

@@ -1,0 +1,66 @@
+"""Opening the record of a job request: the one way submit turns a request into a record.
+
+Why a function: the request is what a user submits; the record needs a few facts derived from
+it (the job id, the image, where results go, which network and action run). Deriving them in one
+place means a retried submit of the same request derives the same facts and ``open`` — which is
+idempotent on them — returns the same job.
+
+Which network and action a command runs (:func:`network_and_action`), by its first words:
+
+* TAO style, a bare entrypoint name and then an action word: ``dino train -e spec.yaml`` →
+  (``dino``, ``train``); ``classification_pyt evaluate ...`` → (``classification_pyt``, ``evaluate``);
+* a first word that is a path (contains ``/``) or an interpreter (``python``, ``python3``,
+  ``python3.10``, ``sh``, ``bash``, ``torchrun``, ``mpirun``) → (its basename, ``run``):
+  ``/opt/run.sh`` → (``run.sh``, ``run``), ``python3 train.py`` → (``python3``, ``run``);
+* a bare name followed by nothing or by an option or a path → (the name, ``run``).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+from collections.abc import Sequence
+
+from ..errors import UsageError
+from ..request import JobRequest
+from .model import JobRecord
+from .store import RecordStore
+
+#: First words that run something else: the job is named by them, not by a TAO entrypoint.
+_INTERPRETER = re.compile(r"python(\d+(\.\d+)?)?|sh|bash|torchrun|mpirun")
+#: What a TAO action looks like: a lowercase word (``train``, ``dataset_convert``, ``export``).
+_ACTION = re.compile(r"[a-z][a-z0-9_-]*")
+
+
+def network_and_action(command: str | Sequence[str]) -> tuple[str, str]:
+    """(network_arch, action) of a job's command, by the rule in this module's docstring."""
+    try:
+        words = shlex.split(command) if isinstance(command, str) else list(command)
+    except ValueError as exc:  # an unbalanced quote
+        raise UsageError(f"command {command!r} does not split into words ({exc}): balance its quotes") from None
+    if not words or not words[0]:
+        raise UsageError(f"command {command!r} is empty: give the TAO entrypoint and action, e.g. 'dino train -e …'")
+    first = words[0]
+    if "/" in first or _INTERPRETER.fullmatch(first):
+        return posixpath.basename(first.rstrip("/")) or first, "run"
+    if len(words) > 1 and _ACTION.fullmatch(words[1]):
+        return first, words[1]
+    return first, "run"
+
+
+def open_for(request: JobRequest, *, platform: str, source: str = "cli",
+             store: RecordStore | None = None) -> JobRecord:
+    """Open — or re-open, idempotently — the record of ``request`` in ``store`` (default: the
+    store the environment names).
+
+    The job id is ``request.job_id``, or a fresh one when the request names none; a retried
+    submit is the same job exactly when it carries the same id, so a caller that may retry
+    should pin the returned ``job_id`` into the request before its first attempt. The tier
+    is left for the storage step (:meth:`RecordStore.set_tier`).
+    """
+    network_arch, action = network_and_action(request.command)
+    return (store or RecordStore()).open(
+        platform=platform, image=request.image, network_arch=network_arch, action=action,
+        results_dir=request.outputs.results_dir, upload_excludes=request.outputs.upload_excludes,
+        job_id=request.job_id, source=source)

@@ -1,0 +1,154 @@
+"""The job record document: what we know about one TAO job, and the rules every copy obeys.
+
+Why a module of its own: the document is the contract between every pod that touches a job
+(submit writes it, the in-pod agent and ``collect`` update it, a scheduled ``resync`` reads
+it), whichever backend stores it. Its rules live in the model so no backend can store a
+record that breaks them:
+
+* a versioned, strict schema (an unknown field is a version skew, never ignored);
+* the TAO state vocabulary, of which COMPLETE, ERROR and CANCELED are final;
+* names and paths only: a validator refuses any string holding the value of a credential
+  variable in the environment, naming the field but never echoing the value.
+
+Job ids are DNS labels of at most 52 characters because a renderer uses them as Kubernetes
+Job names; they also become file names and object keys, so that check is the stores'
+confinement too.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import AfterValidator, AwareDatetime, Field, JsonValue, ValidationError, model_validator
+
+from ..credentials import credential_value_fields
+from ..errors import TaoDataIOError, UsageError
+from ..names import check_backend_ref, check_job_id
+from ..schema import Strict, describe_validation_error
+
+SCHEMA_VERSION = "1"
+
+State = Literal["PENDING", "RUNNING", "COMPLETE", "ERROR", "CANCELED"]
+STATES: tuple[str, ...] = get_args(State)
+#: A job in one of these states is finished; a report of any other state is refused.
+TERMINAL_STATES = frozenset({"COMPLETE", "ERROR", "CANCELED"})
+StorageTier = Literal["A", "B", "C"]
+STORAGE_TIERS: tuple[str, ...] = get_args(StorageTier)
+
+#: Fields that say *which* job this is. A retried ``open`` with the same values is the same
+#: job (the existing record is returned); any difference means a different job. The storage
+#: tier is not one of them: it is decided after the record is opened (``set_tier``).
+IDENTITY_FIELDS = ("job_id", "platform", "image", "network_arch", "action", "results_dir")
+#: Fields ``update`` may not change: identity belongs to ``open``, state to ``mark``, the tier
+#: to ``set_tier``, so no change function can bypass their rules.
+GUARDED_FIELDS = frozenset({*IDENTITY_FIELDS, "schema_version", "created_at", "state", "history",
+                            "backend_ref", "message", "storage_tier", "storage_reason"})
+
+
+class DamagedRecordError(TaoDataIOError):
+    """A stored record does not parse as a record; it is reported, never overwritten."""
+
+
+def check_state(value: str) -> str:
+    if value not in STATES:
+        raise UsageError(f"state {value!r} is not a TAO job state: use one of {', '.join(STATES)}")
+    return value
+
+
+def check_tier(value: str, *, what: str = "storage_tier") -> str:
+    if value not in STORAGE_TIERS:
+        raise UsageError(f"{what} {value!r} is not a storage tier: use one of {', '.join(STORAGE_TIERS)}")
+    return value
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _to_utc(value: datetime) -> datetime:
+    return value.astimezone(timezone.utc)
+
+
+UtcDatetime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
+NonEmpty = Annotated[str, Field(min_length=1)]
+
+
+class Transition(Strict):
+    """One entry of a record's history: who reported which state, when, and why."""
+
+    at: UtcDatetime
+    state: State
+    #: Who reported it: ``cli``, ``agent``, ``flow``…
+    source: NonEmpty
+    message: str | None = None
+
+
+class OutputRoute(Strict):
+    """Where a job's results go and why (set at submit by the routing step)."""
+
+    route: NonEmpty
+    destination: NonEmpty
+    reason: str | None = None
+
+
+class JobRecord(Strict):
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    job_id: Annotated[str, AfterValidator(check_job_id)]
+    platform: NonEmpty
+    image: NonEmpty
+    network_arch: NonEmpty
+    action: NonEmpty
+    #: None until the storage step decides it (the record is opened before that).
+    storage_tier: StorageTier | None = None
+    storage_reason: str | None = None
+    results_dir: NonEmpty
+    #: The request's declared ``outputs.upload_excludes`` (aws-cli patterns), applied by every
+    #: upload of this job's results on top of the ``.tao/*`` that is always excluded.
+    upload_excludes: list[str] = Field(default_factory=list)
+    state: State
+    #: ``NAMESPACE/NAME`` of the backend object (the Kubernetes Job) once it exists.
+    backend_ref: Annotated[str, AfterValidator(check_backend_ref)] | None = None
+    #: The message of the latest transition.
+    message: str | None = None
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
+    history: list[Transition] = Field(default_factory=list)
+    output_route: OutputRoute | None = None
+    #: Upload summaries, appended by the steps that upload results.
+    uploads: list[dict[str, JsonValue]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _no_credential_values(self) -> JobRecord:
+        leaked = credential_value_fields(self.model_dump(mode="json"))
+        if leaked:
+            fields = ", ".join(repr(field) for field in leaked)
+            raise ValueError(f"record field {fields} holds the value of a credential variable; a job record keeps "
+                             "names and paths only — refer to the variable by its name instead")
+        return self
+
+    def identity(self) -> dict[str, Any]:
+        return self.model_dump(include=set(IDENTITY_FIELDS))
+
+    def encode(self) -> bytes:
+        """The stored form: indented JSON, readable and diffable by hand, one document per job."""
+        return self.model_dump_json(indent=2).encode() + b"\n"
+
+
+def validated(data: dict[str, Any]) -> JobRecord:
+    """A new record from ``data``, or a UsageError naming each bad field (never its value)."""
+    try:
+        return JobRecord.model_validate(data)
+    except ValidationError as exc:
+        raise UsageError(describe_validation_error(exc, f"refusing to store job {data.get('job_id')!r}")) from None
+
+
+def decoded(data: bytes, *, job_id: str, where: str) -> JobRecord:
+    """The record stored at ``where`` for ``job_id``, or DamagedRecordError saying why not."""
+    try:
+        record = JobRecord.model_validate_json(data)
+    except ValidationError as exc:
+        raise DamagedRecordError(describe_validation_error(exc, f"{where} is not a valid job record")) from None
+    if record.job_id != job_id:
+        raise DamagedRecordError(f"{where} holds job {record.job_id!r}, not {job_id!r}")
+    return record

@@ -1,0 +1,157 @@
+"""The per-job upload lock across processes: a ``flock`` beside directory records, a lease object
+beside S3 records (real HTTP against the embedded server). What must hold: one holder at a time;
+a second caller that may not wait leaves at once; a live holder keeps its lease by renewing it; a
+killed holder's lease expires and is taken over; a resync in another process sees the lease."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tao_data_io.embedded.s3 import EmbeddedS3
+from tao_data_io.errors import UsageError
+from tao_data_io.records import RecordStore
+from tao_data_io.records.s3 import S3Backend
+from tao_data_io.transfer.listing import s3_time_ns
+
+from .helpers import run_cli, write_tree
+
+JOB = dict(platform="k8s", image="nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt", network_arch="dino",
+           action="train", results_dir="/results/dino")
+#: Long enough for a renewal every second on a loaded 2-core machine; short enough to wait out.
+SHORT_LEASE = 3.0
+
+_HOLDER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from tao_data_io.records import RecordStore
+
+    root, job_id, seconds, release = sys.argv[1], sys.argv[2], float(sys.argv[3]), Path(sys.argv[4])
+    with RecordStore(root).upload_lock(job_id, wait=False, lease_seconds=seconds) as held:
+        print("held" if held else "busy", flush=True)
+        while held and not release.exists():
+            time.sleep(0.01)
+    print("released", flush=True)
+""")
+
+
+@contextmanager
+def holder(root: str, job_id: str, tmp_path: Path, seconds: float = SHORT_LEASE) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding the job's upload lock until ``tmp_path/release`` exists."""
+    child = subprocess.Popen([sys.executable, "-c", _HOLDER, root, job_id, str(seconds), str(tmp_path / "release")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stderr is not None
+    try:
+        assert child.stdout.readline() == "held\n", child.stderr.read()
+        yield child
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+        child.stdout.close()
+        child.stderr.close()
+
+
+@pytest.fixture(params=["directory", "s3"])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "directory":
+        return str(tmp_path / "jobs")
+    request.getfixturevalue("s3_env")  # the credentials, in this process and its children
+    return str(request.getfixturevalue("s3_prefix"))
+
+
+def lease(store: RecordStore, job_id: str) -> dict[str, Any] | None:
+    """The lease object as the server has it: its body, Last-Modified and the server's clock."""
+    backend = store.backend
+    assert isinstance(backend, S3Backend)
+    try:
+        answer = backend.client.get_object(Bucket=backend.bucket, Key=f"{backend.url.key}locks/{job_id}.upload")
+    except backend.client.exceptions.NoSuchKey:
+        return None
+    return {"body": json.loads(answer["Body"].read()), "written": s3_time_ns(answer["LastModified"]),
+            "now": s3_time_ns(answer["ResponseMetadata"]["HTTPHeaders"]["date"])}
+
+
+def test_one_holder_at_a_time_across_processes(root: str, tmp_path: Path) -> None:
+    store = RecordStore(root)
+    store.open(**JOB, job_id="tao-up")
+    with holder(root, "tao-up", tmp_path) as child:
+        with store.upload_lock("tao-up", wait=False) as held:
+            assert held is False
+        (tmp_path / "release").touch()
+        assert child.stdout is not None and child.stdout.readline() == "released\n"
+    told: list[str] = []
+    with store.upload_lock("tao-up", wait=False, on_wait=told.append) as held:
+        assert held is True and told == []
+    if isinstance(store.backend, S3Backend):
+        assert lease(store, "tao-up") is None  # released by deleting it
+
+
+def test_a_live_holder_keeps_its_lease_by_renewing_it(s3_env: dict[str, str], s3_prefix: str, tmp_path: Path) -> None:
+    root = s3_prefix
+    store = RecordStore(root)
+    with holder(root, "tao-renew", tmp_path):
+        first = lease(store, "tao-renew")
+        assert first is not None and first["body"]["lease_seconds"] == SHORT_LEASE
+        expiry = first["written"] + SHORT_LEASE * 1e9
+        deadline = time.monotonic() + 60
+        while (now := lease(store, "tao-renew")) is not None and now["now"] <= expiry:  # server time, not ours
+            assert time.monotonic() < deadline, "the server's clock did not pass the first expiry"
+            time.sleep(0.2)
+        assert now is not None and now["written"] > first["written"]  # renewed…
+        with store.upload_lock("tao-renew", wait=False) as held:
+            assert held is False  # …so still held after its first expiry
+
+
+def test_a_killed_holders_lease_expires_and_is_taken_over(s3_env: dict[str, str], s3_prefix: str,
+                                                          tmp_path: Path) -> None:
+    root = s3_prefix
+    store = RecordStore(root)
+    with holder(root, "tao-dead", tmp_path) as child:
+        child.kill()  # no release, no renewal: only expiry can free the lease
+        child.wait()
+    told: list[str] = []
+    with store.upload_lock("tao-dead", wait=False) as held:
+        assert held is False
+    with store.upload_lock("tao-dead", wait=True, on_wait=told.append) as held:
+        assert held is True
+        taken = lease(store, "tao-dead")
+        assert taken is not None and taken["body"]["lease_seconds"] == 120  # ours now, with the default lease
+    assert len(told) == 1 and "another upload of job tao-dead holds the lease" in told[0]
+    assert "waiting for it to finish" in told[0]
+    assert lease(store, "tao-dead") is None
+
+
+def test_a_resync_in_another_process_leaves_while_the_lease_is_held(s3_server: EmbeddedS3, s3_env: dict[str, str],
+                                                                    s3_prefix: str, shared_bucket: str,
+                                                                    tmp_path: Path) -> None:
+    root = s3_prefix
+    store = RecordStore(root)
+    store.open(**JOB, job_id="tao-sync")
+    results = tmp_path / "results"
+    write_tree(results, {"model.pth": b"weights"})
+    env = {**s3_server.env(), "S3_BUCKET_NAME": shared_bucket, "TAO_DATA_IO_RECORDS": root,
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    resync = ("resync", "--job-id", "tao-sync", "--results-dir", str(results), "--settle-seconds", "0")
+    with store.upload_lock("tao-sync", wait=False) as held:
+        assert held
+        busy = run_cli(*resync, env=env)
+        assert busy.returncode == 0, busy.stderr
+        assert "holds the lock" in busy.stdout and store.get("tao-sync").uploads == []
+    done = run_cli(*resync, env=env)
+    assert done.returncode == 0, done.stderr
+    assert [entry["uploaded_files"] for entry in store.get("tao-sync").uploads] == [1]
+
+
+def test_a_lease_must_last_some_time(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="lease_seconds 0 is not usable: give a positive number of seconds"):
+        RecordStore(tmp_path).upload_lock("tao-up", wait=False, lease_seconds=0)
