@@ -72,8 +72,11 @@ class UploadOutcome:
 
 
 def results_filter(rules: Sequence[FilterRule] = (), upload_excludes: Sequence[str] = ()) -> PathFilter:
-    """The job's declared excludes, then the caller's rules in order, then ``.tao/*`` last so it wins."""
-    return PathFilter.from_patterns(upload_excludes).plus(*rules, FilterRule("exclude", ALWAYS_EXCLUDED))
+    """The caller's rules in order, then the job's declared excludes, then TAO's state at any depth:
+    with last-match-wins, nothing a caller includes can re-admit what the job declared or ``.tao/``."""
+    final = [FilterRule("exclude", pattern) for pattern in upload_excludes]
+    final += [FilterRule("exclude", ALWAYS_EXCLUDED), FilterRule("exclude", f"*/{ALWAYS_EXCLUDED}")]
+    return PathFilter(tuple(rules)).plus(*final)
 
 
 def resolve_route(record: JobRecord, environ: Mapping[str, str]) -> OutputRoute:

@@ -339,3 +339,14 @@ def test_resync_before_the_job_made_its_results_dir_waits_quietly(store: RecordS
     assert early.returncode == 0 and "does not exist yet" in early.stdout
     final = upload(tmp_path / "not-yet", env)  # the explicit upload still insists on a directory
     assert final.returncode == 2 and "is not a directory" in final.stderr
+
+
+def test_tao_state_at_any_depth_and_declared_excludes_are_final() -> None:
+    """`sub/.tao/x` was uploaded, and `--include '*'` re-admitted a job's declared upload_excludes."""
+    from tao_data_io.outputs import results_filter
+    from tao_data_io.transfer.filters import FilterRule
+
+    admit_all = results_filter([FilterRule("include", "*")], upload_excludes=["*.tmp"])
+    assert not admit_all(".tao/state.json") and not admit_all("sub/.tao/x") and not admit_all("a/b/.tao/c/d")
+    assert not admit_all("scratch.tmp") and not admit_all("deep/scratch.tmp")
+    assert admit_all("checkpoint.pth") and admit_all("my.tao/file") and admit_all("x.taox/y")

@@ -77,6 +77,10 @@ class Backend(Protocol):
     the backend itself fails (saying whether a retry can help)."""
 
     name: str
+    #: Whether the frame reads inputs staged on this host (the local sandbox), or the cluster
+    #: stages them itself (a tier B stage Job, a tier C pod) and this host only materializes the
+    #: config.
+    stages_on_host: bool
 
     def facts(self) -> ClusterFacts:
         """What the backend offers, for the tier decision."""

@@ -20,6 +20,7 @@ from .probe import CheckResult, Verdict, checklist
 
 class FakeBackend:
     name = "fake"
+    stages_on_host = True
 
     def __init__(self, results_root: str | Path, *, verify_ok: bool = True, outcome: str = "COMPLETE",
                  exit_code: int = 0, polls_until_done: int = 1, results: Mapping[str, bytes] | None = None,

@@ -117,6 +117,9 @@ class JobRecord(Strict):
     output_route: OutputRoute | None = None
     #: Upload summaries, appended by the steps that upload results.
     uploads: list[dict[str, JsonValue]] = Field(default_factory=list)
+    #: The verify probe's verdict from inside the compute frame (per path: pass/fail and why),
+    #: stored before the job's command may start.
+    verify: dict[str, JsonValue] | None = None
 
     @model_validator(mode="after")
     def _no_credential_values(self) -> JobRecord:

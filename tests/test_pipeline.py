@@ -1,0 +1,80 @@
+"""The pipeline without an orchestrator, over the fake backend (the real frames have their own
+tests): submit → RUNNING with the verdict stored; a verify failure never starts the command;
+collect uploads with excludes, also after a failed job; cancel is final."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tao_data_io.launch.fake import FakeBackend
+from tao_data_io.pipeline import VerifyFailed, cancel, collect, submit
+from tao_data_io.records import RecordStore
+from tao_data_io.request import parse_request
+
+
+def _request(bucket: str, job_id: str) -> Any:
+    return parse_request({
+        "schema_version": "1", "job_id": job_id, "image": "tao:6", "mode": "config", "config_format": "yaml",
+        "command": "dino train -e {config_path}", "spec": {"train": {"epochs": 1}},
+        "outputs": {"results_dir": "/results", "upload_excludes": ["*.tmp"]}}, environ={})
+
+
+@pytest.fixture
+def env(s3_env: dict[str, str], bucket: str) -> dict[str, str]:
+    return {**s3_env, "S3_BUCKET_NAME": bucket}
+
+
+def test_submit_then_collect_uploads_results_without_tao_state(env: dict[str, str], bucket: str, s3_client: Any,
+                                                               tmp_path: Path) -> None:
+    store = RecordStore(tmp_path / "jobs")
+    backend = FakeBackend(tmp_path / "results", results={"checkpoint_epoch_1.pth": b"w", "scratch.tmp": b"x",
+                                                          ".tao/state.json": b"{}", "sub/.tao/x": b"y"})
+    done = submit(_request(bucket, "job-ok"), backend, store, workdir_root=tmp_path / "work", environ=env)
+    record = store.get("job-ok")
+    assert (done.backend_ref, record.state, record.backend_ref) == ("fake/job-ok", "RUNNING", "fake/job-ok")
+    assert record.storage_tier == "A" and record.verify is not None and record.verify["ok"] is True
+    assert record.output_route is not None and record.output_route.destination == f"s3://{bucket}/results/job-ok/"
+
+    again = submit(_request(bucket, "job-ok"), backend, store, workdir_root=tmp_path / "work", environ=env)
+    assert not again.started and backend.started == ["fake/job-ok"]  # a retried submit starts nothing
+
+    collected = collect("job-ok", backend, store, poll_seconds=0.01, environ=env)
+    assert collected.state == "COMPLETE" and store.get("job-ok").state == "COMPLETE"
+    keys = sorted(obj["Key"] for obj in s3_client.list_objects_v2(Bucket=bucket, Prefix="results/job-ok/")["Contents"])
+    assert keys == ["results/job-ok/checkpoint_epoch_1.pth"]
+
+
+def test_a_failed_job_still_uploads_and_reports_the_tail_and_the_analysis(env: dict[str, str], bucket: str,
+                                                                          s3_client: Any, tmp_path: Path) -> None:
+    store = RecordStore(tmp_path / "jobs")
+    backend = FakeBackend(tmp_path / "results", outcome="ERROR", exit_code=3)
+    submit(_request(bucket, "job-bad"), backend, store, workdir_root=tmp_path / "work", environ=env)
+    collected = collect("job-bad", backend, store, poll_seconds=0.01, environ=env)
+    assert collected.state == "ERROR" and collected.failure is not None and collected.logs_tail
+    assert store.get("job-bad").state == "ERROR"
+    listed = s3_client.list_objects_v2(Bucket=bucket, Prefix="results/job-bad/")
+    assert {obj["Key"] for obj in listed["Contents"]} == {"results/job-bad/checkpoint_epoch_1.pth",
+                                                          "results/job-bad/status.json"}
+
+
+def test_a_verify_failure_stops_before_the_command_and_is_recorded(env: dict[str, str], bucket: str,
+                                                                   tmp_path: Path) -> None:
+    store = RecordStore(tmp_path / "jobs")
+    backend = FakeBackend(tmp_path / "results", verify_ok=False)
+    with pytest.raises(VerifyFailed, match="verify failed inside the frame"):
+        submit(_request(bucket, "job-unverified"), backend, store, workdir_root=tmp_path / "work", environ=env)
+    record = store.get("job-unverified")
+    assert record.state == "ERROR" and record.verify is not None and record.verify["ok"] is False
+    assert not (tmp_path / "results" / "job-unverified").exists()  # the command never ran
+
+
+def test_cancel_is_final(env: dict[str, str], bucket: str, tmp_path: Path) -> None:
+    store = RecordStore(tmp_path / "jobs")
+    backend = FakeBackend(tmp_path / "results", polls_until_done=1000)
+    submit(_request(bucket, "job-cancel"), backend, store, workdir_root=tmp_path / "work", environ=env)
+    assert cancel("job-cancel", backend, store)
+    assert store.get("job-cancel").state == "CANCELED"
+    assert collect("job-cancel", backend, store, poll_seconds=0.01, environ=env).state == "CANCELED"
