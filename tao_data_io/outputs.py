@@ -37,18 +37,15 @@ from .credentials import Redactor, s3_credentials_from_env
 from .errors import UsageError
 from .fs import file_lock, is_within
 from .names import check_job_id
-from .record import TERMINAL_STATES, JobRecord, OutputRoute, RecordStore
+from .record import JobRecord, OutputRoute, RecordStore
 from .routing import decide_route, ephemeral_warning
 from .transfer.engine import TransferEngine, TransferOptions
 from .transfer.filters import FilterRule, PathFilter
 from .reporting import ProgressCallback
 from .transfer.summary import TransferSummary
 from .uris import parse_s3_url
+from .vocabulary import ALWAYS_EXCLUDED, DEFAULT_SETTLE_SECONDS, TERMINAL_STATES
 
-#: TAO's own state directory inside a results directory; never uploaded.
-ALWAYS_EXCLUDED = ".tao/*"
-#: How long a file must be left alone before a run that overlaps the job uploads it.
-DEFAULT_SETTLE_SECONDS = 30.0
 #: Failed names kept in one uploads entry; the count is always exact. A broken bucket can fail
 #: every file of a large tree, and the record must stay a small, readable document.
 MAX_FAILED_NAMES = 50
@@ -151,7 +148,8 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
         options = TransferOptions(filter=results_filter(rules, declared), settle_seconds=settle_seconds,
                                   progress=progress)
         prefix = parse_s3_url(route.destination, field="output_route.destination")
-        summary = TransferEngine(credentials).upload_directory(results_dir, prefix, options)
+        with TransferEngine(credentials) as engine:
+            summary = engine.upload_directory(results_dir, prefix, options)
         entry = _entry(kind, route, results_dir, record, settle_seconds, started, summary, Redactor(env))
         final = bool(entry["final"])
         recorded = kind == "upload" or final or bool(summary.transferred_files or summary.failed)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, Field, JsonValue, ValidationError, model_validator
 
@@ -36,17 +36,12 @@ from .errors import TaoDataIOError, UsageError
 from .fs import atomic_write, file_lock, remove_stale_temps
 from .names import check_backend_ref, check_job_id, is_job_id, mint_job_id
 from .schema import Strict, describe_validation_error
+from .vocabulary import STATES, TERMINAL_STATES, State, StorageTier
 
 SCHEMA_VERSION = "1"
 JOBS_DIR_VARIABLE = "TAO_DATA_IO_JOBS_DIR"
 DEFAULT_ROOT = Path("~/.tao-data-io/jobs")
 
-State = Literal["PENDING", "RUNNING", "COMPLETE", "ERROR", "CANCELED"]
-STATES: tuple[str, ...] = get_args(State)
-#: A job in one of these states is finished; a report of any other state is refused.
-TERMINAL_STATES = frozenset({"COMPLETE", "ERROR", "CANCELED"})
-StorageTier = Literal["A", "B", "C"]
-STORAGE_TIERS: tuple[str, ...] = get_args(StorageTier)
 
 #: Fields that say *which* job this is. A retried ``open`` with the same values is the same
 #: job (the existing record is returned); any difference means a different job.

@@ -1,9 +1,12 @@
 """Shared fixtures: one real S3-compatible server (SeaweedFS on 127.0.0.1) per test session,
-a fresh bucket per test, and an environment holding that server's credentials."""
+a fresh bucket per test, and an environment holding that server's credentials; moto's S3 server
+for keys SeaweedFS refuses to store."""
 
 from __future__ import annotations
 
 import itertools
+import logging
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -19,6 +22,24 @@ _bucket_numbers = itertools.count()
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
     with EmbeddedS3(tmp_path_factory.mktemp("seaweedfs")) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def moto_credentials() -> Iterator[S3Credentials]:
+    """moto's S3 server: still real HTTP, but it stores what AWS stores — traversal keys (``..``,
+    ``//``) and control characters, which SeaweedFS rejects."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield S3Credentials("moto-access-key", "moto-secret-key", endpoint_url=f"http://127.0.0.1:{port}")
+    finally:
+        server.stop()
 
 
 @pytest.fixture
@@ -48,3 +69,4 @@ def s3_env(s3_server: EmbeddedS3, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
     return s3_server.env()
+

@@ -56,12 +56,12 @@ from ..transfer.engine import TransferEngine
 from ..fs import (check_relative, confined_path, file_digest, is_within, remove_if_exists, remove_stale_temps,
                   temp_path_for)
 from ..uris import S3Url, is_s3_url, parse_s3_url
+from ..vocabulary import ARCHIVE_FORMATS
 
 #: The marker inside the destination; a member with this name at the top is refused.
 MARKER_NAME = ".extracted"
 #: Bumped when the marker's meaning changes, so old markers cause one re-extraction.
 MARKER_FORMAT = 1
-SUPPORTED_FORMATS = "tar, tar.gz/tgz, tar.bz2, tar.xz and zip"
 
 _CHUNK = 1 << 20
 #: Enough for tar's "ustar" magic at offset 257 and every compression magic.
@@ -319,7 +319,7 @@ def _detect(head: bytes, label: str) -> str:
     if name.endswith(".zip"):
         return "zip"
     raise UsageError(f"archive {label!r} is not a supported archive: its first bytes match none of "
-                     f"{SUPPORTED_FORMATS}; convert it to one of those (a corrupt file is reported the same way)")
+                     f"{ARCHIVE_FORMATS}; convert it to one of those (a corrupt file is reported the same way)")
 
 
 def _extract_into(source: _Source, work: Path, dest: Path, strip_components: int,
