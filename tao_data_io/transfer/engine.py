@@ -82,6 +82,11 @@ def upload_digest_path(source_root: Path) -> Path:
     return cache / f"{key}.json"
 
 
+def _upload_digests(source_root: Path, options: TransferOptions) -> DigestStore:
+    """The digest cache of uploads from ``source_root`` (none kept for a dry run)."""
+    return DigestStore(None if options.dry_run else upload_digest_path(source_root))
+
+
 class TransferEngine:
     def __init__(self, credentials: S3Credentials, *, executor: Executor | None = None,
                  concurrency: int = DEFAULT_CONCURRENCY) -> None:
@@ -289,8 +294,9 @@ class TransferEngine:
         if not source.is_dir():
             raise UsageError(f"SRC {str(source)!r} is not a directory; sync uploads a directory — use `cp` for one file")
         with ThreadPoolExecutor(max_workers=1) as pool:
-            listed = pool.submit(self._list, prefix)  # its round trips overlap the local scan
+            listed = pool.submit(self._list, prefix)  # its round trips overlap the local scan and the cache load
             scan = scan_local(source)
+            store = _upload_digests(source, options)
             remote = {obj.key: obj for obj in listed.result().objects}
         summary.skipped += scan.skipped
         items = []
@@ -303,7 +309,7 @@ class TransferEngine:
                                                "(still being written?); left for a later run"))
             else:
                 items.append((local, prefix.key + local.relative))
-        self._upload(prefix.bucket, items, remote, upload_digest_path(source), summary, options)
+        self._upload(prefix.bucket, items, remote, store, summary, options)
         summary.seconds = time.monotonic() - started
         return summary
 
@@ -315,14 +321,13 @@ class TransferEngine:
         remote = {}
         if head is not None:
             remote[url.key] = RemoteObject(url.key, source.name, int(head["ContentLength"]), clean_etag(head.get("ETag")))
-        self._upload(url.bucket, [(local, url.key)], remote, upload_digest_path(source.parent), summary, options)
+        self._upload(url.bucket, [(local, url.key)], remote, _upload_digests(source.parent, options), summary, options)
         summary.seconds = time.monotonic() - started
         return summary
 
     def _upload(self, bucket: str, items: list[tuple[LocalFile, str]], remote: dict[str, RemoteObject],
-                digests: Path, summary: TransferSummary, options: TransferOptions) -> None:
+                store: DigestStore, summary: TransferSummary, options: TransferOptions) -> None:
         """Plan and run uploads of ``(local file, key)`` pairs, skipping what is already right."""
-        store = DigestStore(None if options.dry_run else digests)
         strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key))
         jobs: list[Job] = []
         before: dict[str, LocalFile] = {}
