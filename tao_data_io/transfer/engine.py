@@ -166,24 +166,23 @@ class TransferEngine:
         started = time.monotonic()
         if dest.exists() and not dest.is_dir():
             raise UsageError(f"DST {str(dest)!r} exists and is not a directory; give a directory path")
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            listed = pool.submit(self._list, prefix)  # its round trips overlap the lock and the local scan
-            with destination_lock(dest, options.dry_run):
-                local = scan_local(dest)
-                listing = listed.result()
-                summary.skipped += [Skipped(k, "folder marker (zero-byte key ending in '/'); nothing to download")
-                                    for k in listing.folder_markers]
-                selected = []
-                for obj in listing.objects:
-                    if options.filter(obj.relative):
-                        selected.append(obj)
-                    else:
-                        summary.excluded_files += 1
-                if not options.dry_run:
-                    # Safe under the lock: no other sync into this destination is writing them.
-                    for leftover in local.temp_leftovers:
-                        remove_if_exists(leftover)
-                self._download(prefix.bucket, selected, dest, local.files, summary, options)
+        # Listed before the lock is taken, so a bad bucket or key creates nothing locally.
+        listing = self._list(prefix)
+        summary.skipped += [Skipped(k, "folder marker (zero-byte key ending in '/'); nothing to download")
+                            for k in listing.folder_markers]
+        selected = []
+        for obj in listing.objects:
+            if options.filter(obj.relative):
+                selected.append(obj)
+            else:
+                summary.excluded_files += 1
+        with destination_lock(dest, options.dry_run):
+            local = scan_local(dest)
+            if not options.dry_run:
+                # Safe under the lock: no other sync into this destination is writing them.
+                for leftover in local.temp_leftovers:
+                    remove_if_exists(leftover)
+            self._download(prefix.bucket, selected, dest, local.files, summary, options)
         summary.seconds = time.monotonic() - started
         return summary
 

@@ -57,10 +57,20 @@ def list_pages(credentials: S3Credentials, bucket: str, prefix: str, *, page_siz
     target = _target(credentials, bucket, env)
     if target is None:
         return None
+    try:
+        return _fetch(credentials, bucket, prefix, page_size, target, env)
+    except (OSError, http.client.HTTPException, ElementTree.ParseError, ValueError) as exc:
+        log.debug("signed listing failed (%s); listing through boto3", type(exc).__name__)
+        return None
+
+
+def _fetch(credentials: S3Credentials, bucket: str, prefix: str, page_size: int, target: tuple[str, str, str],
+           environ: Mapping[str, str]) -> list[Page] | None:
+    """The pages over one kept-alive connection, or None on any answer but a 200."""
     scheme, host, path = target
     connection: http.client.HTTPConnection
     if scheme == "https":
-        context = ssl.create_default_context(cafile=env.get("AWS_CA_BUNDLE") or None)
+        context = ssl.create_default_context(cafile=environ.get("AWS_CA_BUNDLE") or None)
         connection = http.client.HTTPSConnection(host, timeout=_TIMEOUT_S, context=context)
     else:
         connection = http.client.HTTPConnection(host, timeout=_TIMEOUT_S)
@@ -83,9 +93,6 @@ def list_pages(credentials: S3Credentials, bucket: str, prefix: str, *, page_siz
             pages.append(page)
             if token is None:
                 return pages
-    except (OSError, http.client.HTTPException, ElementTree.ParseError, ValueError) as exc:
-        log.debug("signed listing failed (%s); listing through boto3", type(exc).__name__)
-        return None
     finally:
         connection.close()
 
