@@ -14,9 +14,17 @@ import sys
 from collections.abc import Sequence
 
 from .commands import MODULES
+from .commands.examples import Example, examples_text
 from .console import Console
 from .credentials import RedactingFilter
 from .errors import UsageError
+
+
+_EXAMPLES: list[Example] = [
+    ("Download a dataset prefix; a rerun moves only what changed", "tao-data-io sync s3://bucket/datasets/coco/ /data/coco"),
+    ("Stage every input of a job request", "tao-data-io stage --request job.yaml --workdir /mnt/job-42"),
+    ("Upload a job's new results while it runs", "tao-data-io resync --job-id dino-train-coco --results-dir /results"),
+]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,7 +36,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="tao-data-io", description="Get data to and from the compute container of TAO jobs.")
+    parser = _Parser(prog="tao-data-io", description="Get data to and from the compute container of TAO jobs.",
+                     epilog=examples_text(_EXAMPLES) + "\nEach verb's --help has its flags and more examples.",
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
                         help="progress bar on stderr (auto: when stderr is a terminal)")
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)

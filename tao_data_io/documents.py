@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from functools import cache
 from typing import Any
-
-import yaml
 
 from .errors import UsageError
 
@@ -60,9 +59,11 @@ def load_document(text: str, fmt: str, *, what: str, environ: Mapping[str, str] 
             if isinstance(exc, UsageError):
                 raise
             raise UsageError(f"{what} is not valid JSON: {exc}") from None
+    import yaml  # only when a YAML document is read: the CLI's hot paths never need it
+
     try:
         _check_yaml_events(text, max_depth, max_nodes, what)
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise UsageError(f"{what} is not valid YAML: {exc}") from None
     except _DuplicateKey as exc:
@@ -99,6 +100,8 @@ def _check_json_depth(text: str, limit: int, what: str) -> None:
 def _check_yaml_events(text: str, max_depth: int, max_nodes: int, what: str) -> None:
     """One pass over the parser's events (no tree is built): depth, and the node count with every
     alias counted as the size of what it expands to."""
+    import yaml
+
     open_sizes: list[list[Any]] = []  # per open collection: [anchor, nodes in it so far]
     anchored: dict[str, int] = {}     # finished anchored node → its expanded size
     total = 0
@@ -148,19 +151,25 @@ class _DuplicateKey(Exception):
     """Raised inside the loader, which does not know the document's name."""
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.safe_load`` that refuses a key repeated in one mapping instead of keeping the last."""
+@cache
+def _unique_key_loader() -> type:
+    """``yaml.safe_load`` that refuses a key repeated in one mapping instead of keeping the last
+    (a class made on first use, so importing this module does not import yaml)."""
+    import yaml
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
-            try:
-                duplicate = key in seen
-            except TypeError:
-                continue  # an unhashable key: the base constructor reports it
-            if duplicate:
-                raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: duplicate key {key!r}; a key may appear "
-                                    "once per mapping (which value was meant?)")
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+                try:
+                    duplicate = key in seen
+                except TypeError:
+                    continue  # an unhashable key: the base constructor reports it
+                if duplicate:
+                    raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: duplicate key {key!r}; a key may "
+                                        "appear once per mapping (which value was meant?)")
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+
+    return UniqueKeyLoader

@@ -37,7 +37,7 @@ from typing import Literal
 from .credentials import Redactor, s3_credentials_from_env
 from .errors import UsageError
 from .fs import is_within
-from .records import TERMINAL_STATES, JobRecord, OutputRoute, RecordStore
+from .records import JobRecord, OutputRoute, RecordStore
 from .routing import decide_route, ephemeral_warning
 from .transfer.client import explained
 from .transfer.engine import TransferEngine, TransferOptions
@@ -45,11 +45,8 @@ from .transfer.filters import FilterRule, PathFilter
 from .reporting import ProgressCallback
 from .transfer.summary import TransferSummary
 from .uris import parse_s3_url
+from .vocabulary import ALWAYS_EXCLUDED, DEFAULT_SETTLE_SECONDS, TERMINAL_STATES
 
-#: TAO's own state directory inside a results directory; never uploaded.
-ALWAYS_EXCLUDED = ".tao/*"
-#: How long a file must be left alone before a run that overlaps the job uploads it.
-DEFAULT_SETTLE_SECONDS = 30.0
 #: Failed names kept in one uploads entry; the count is always exact. A broken bucket can fail
 #: every file of a large tree, and the record must stay a small, readable document.
 MAX_FAILED_NAMES = 50

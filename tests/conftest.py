@@ -1,10 +1,15 @@
 """Shared fixtures: one real S3-compatible server (SeaweedFS on 127.0.0.1) per test session,
-a fresh bucket per test, and an environment holding that server's credentials."""
+a fresh bucket per test, and an environment holding that server's credentials; moto's S3 server
+for keys SeaweedFS refuses to store."""
 
 from __future__ import annotations
 
+import inspect
 import itertools
-from collections.abc import Iterator
+import logging
+import socket
+import types
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -19,6 +24,24 @@ _bucket_numbers = itertools.count()
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
     with EmbeddedS3(tmp_path_factory.mktemp("seaweedfs")) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def moto_credentials() -> Iterator[S3Credentials]:
+    """moto's S3 server: still real HTTP, but it stores what AWS stores — traversal keys (``..``,
+    ``//``) and control characters, which SeaweedFS rejects."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield S3Credentials("moto-access-key", "moto-secret-key", endpoint_url=f"http://127.0.0.1:{port}")
+    finally:
+        server.stop()
 
 
 @pytest.fixture
@@ -64,3 +87,45 @@ def s3_env(s3_server: EmbeddedS3, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
     return s3_server.env()
+
+
+# ----------------------------------------------------------------- markers
+#: A test that names one of these — in its body, a fixture it uses, or a helper of the test package
+#: they call — talks to a server (S3, moto, the fake registries) or runs the CLI as a process.
+_HTTP_NAMES = frozenset({"EmbeddedS3", "ThreadedMotoServer", "FakeRegistries", "run_cli", "subprocess"})
+#: Tiers a test is put in by hand; such a test gets neither ``unit`` nor ``http``.
+_MANUAL_TIERS = ("kube", "flows")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test ``http`` or ``unit`` from what it uses, so ``pytest -m unit`` is the fast
+    loop without anyone remembering to mark a test (and a mark that drifts from the code cannot
+    exist): tier follows from the servers and children a test actually needs."""
+    for item in items:
+        if not isinstance(item, pytest.Function) or any(item.get_closest_marker(tier) for tier in _MANUAL_TIERS):
+            continue
+        functions = [item.function, *(defs[-1].func for defs in item._fixtureinfo.name2fixturedefs.values() if defs)]
+        item.add_marker(pytest.mark.http if _names_used(functions) & _HTTP_NAMES else pytest.mark.unit)
+
+
+def _names_used(functions: list[Callable[..., object]]) -> set[str]:
+    """Global and attribute names the code of ``functions`` refers to, following the test package's
+    own module-level functions they call (nested functions and lambdas included)."""
+    names: set[str] = set()
+    seen: set[types.CodeType] = set()
+    pending = [inspect.unwrap(fn) for fn in functions]
+    while pending:
+        fn = pending.pop()
+        code = getattr(fn, "__code__", None)
+        if code is None or code in seen:
+            continue
+        codes = [code]
+        while codes:
+            current = codes.pop()
+            seen.add(current)
+            names.update(current.co_names)
+            codes += [const for const in current.co_consts if isinstance(const, types.CodeType)]
+        module_globals = getattr(fn, "__globals__", {})
+        pending += [value for name in names if isinstance(value := module_globals.get(name), types.FunctionType)
+                    and value.__module__.split(".")[0] == __name__.split(".")[0]]
+    return names

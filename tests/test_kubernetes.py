@@ -426,4 +426,4 @@ def test_render_job_cli_prints_valid_yaml_and_translates_parameters_to_flags(tmp
     assert bad.returncode == 2 and "--namespace 'Tao' is not a DNS label" in bad.stderr
     shown = run_cli("plan", "--request", str(EXAMPLES / "tier-c.yaml"), env=env)
     assert shown.returncode == 0 and shown.stdout.startswith("tier C: storage.tier 'C' was asked")
-    assert "examples:" in run_cli("render-job", "--help", env=env).stdout
+    assert "Examples:" in run_cli("render-job", "--help", env=env).stdout

@@ -7,17 +7,13 @@ those cases run against moto's S3 server — still real HTTP, boto3 and s5cmd un
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded.s3 import EmbeddedS3
@@ -27,24 +23,6 @@ from tao_data_io.transfer.client import make_s3_client
 from tao_data_io.fs import TEMP_PREFIX
 
 from .helpers import run_cli, temp_leftovers, tree_digest, write_tree
-
-logging.getLogger("werkzeug").setLevel(logging.ERROR)
-
-
-@pytest.fixture(scope="module")
-def moto_credentials() -> Iterator[S3Credentials]:
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield S3Credentials("moto-access-key", "moto-secret-key", endpoint_url=f"http://127.0.0.1:{port}")
-    finally:
-        server.stop()
-
 
 HOSTILE_KEYS = ["p/../evil", "p/a/../../evil2", "p//abs", "p/a\\..\\b", "p/\x01ctl", "p/./dot",
                 "p/.tao-data-io/digests.json"]

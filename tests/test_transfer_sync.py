@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tao_data_io.credentials import S3Credentials
+from tao_data_io.errors import UsageError
 from tao_data_io.transfer.engine import TransferEngine, TransferOptions, upload_digest_path
 from tao_data_io.transfer.filters import FilterRule, PathFilter
 from tao_data_io.transfer.listing import list_remote, s3_time_ns
@@ -180,6 +181,12 @@ def test_dry_run_moves_nothing(engine: TransferEngine, s3_client, bucket: str, t
     s3_client.put_object(Bucket=bucket, Key="p/a", Body=b"a")
     summary = engine.sync(f"s3://{bucket}/p/", str(tmp_path / "d"), TransferOptions(dry_run=True))
     assert summary.transferred == ["a"] and summary.dry_run
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_bucket_that_does_not_exist_creates_nothing_locally(engine: TransferEngine, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="'no-such-bucket-here' does not exist"):
+        engine.sync("s3://no-such-bucket-here/p/", str(tmp_path / "d"))
     assert not (tmp_path / "d").exists()
 
 

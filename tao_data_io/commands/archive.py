@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..staging.archive import SUPPORTED_FORMATS, extract_archive
-from ..console import Console
+from ..vocabulary import ARCHIVE_FORMATS
+from .examples import add_verb
+
+if TYPE_CHECKING:
+    from ..console import Console
 
 
 def strip_components(text: str) -> int:
@@ -21,8 +24,13 @@ def strip_components(text: str) -> int:
 
 
 def register(verbs: Any) -> None:
-    extract = verbs.add_parser("extract", help=f"extract an archive ({SUPPORTED_FORMATS}), local or s3://, "
-                                               "into a directory: safely, atomically, once")
+    extract = add_verb(verbs, "extract", help=f"extract an archive ({ARCHIVE_FORMATS}), local or s3://, "
+                                              "into a directory: safely, atomically, once", examples=[
+        ("Extract an archive from S3 in one streaming read; a rerun with the same archive does nothing",
+         "tao-data-io extract --archive s3://bucket/archives/calib.tar.gz --dest /data/calib"),
+        ("Extract a local zip, dropping its top-level directory",
+         "tao-data-io extract --archive ./coco-mini.zip --dest /data/coco-mini --strip-components 1"),
+    ])
     extract.add_argument("--archive", required=True, metavar="PATH_OR_S3_URI", help="a local file or s3://BUCKET/KEY")
     extract.add_argument("--dest", required=True, metavar="DIR",
                          help="the directory to create or replace; it holds exactly the archive plus .extracted")
@@ -33,6 +41,8 @@ def register(verbs: Any) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from ..staging.archive import extract_archive
+
     result = extract_archive(args.archive, Path(args.dest), strip_components=args.strip_components)
     if args.json:
         console.json(result.to_dict())

@@ -6,64 +6,45 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from ..console import Console
 from ..errors import UsageError
-from ..launch.plan import build_plan, command_argv
-from ..outputs import resolve_route
-from ..records import RecordStore
-from ..request import load_request
-from ..schema import describe_validation_error
-from ..staging.config import config_content
-from ..staging.layout import plan_inputs
-from ..staging.stage_map import read_staging_map
-from ..tier import ClusterFacts, TierDecision, choose_tier
+from .examples import add_verb
 from .record import add_root_option
 
-PLAN_EXAMPLES = """examples:
-  1. the decision for a request, assuming a cluster with no claim:
-       tao-data-io plan --request examples/tier-c.yaml
-  2. with what the cluster offers (a Bound claim, input sizes):
-       echo '{"backend": "kubernetes", "volumes": [{"name": "tao-data"}]}' > facts.json
-       tao-data-io plan --request examples/tier-b.yaml --facts facts.json
-  3. machine-readable:
-       tao-data-io plan --request examples/multi-node.yaml --json
-"""
-
-RENDER_EXAMPLES = """examples:
-  1. tier C (the pod stages and uploads), applied as it comes out:
-       tao-data-io record open --job-id dino-c --platform kubernetes --image IMG --network-arch dino \\
-         --action train --results-dir /results --storage-tier C
-       tao-data-io stage --request examples/tier-c.yaml --workdir plan-c --plan-only
-       tao-data-io render-job --request examples/tier-c.yaml --staging-map plan-c/staging-map.json \\
-         --job-id dino-c --stager-image registry.example.com/tao-data-io-stager:0.1.0 | kubectl apply -f -
-  2. tier B: the stage Job (4 shards) first, then the training Job:
-       tao-data-io stage --request examples/tier-b.yaml --workdir plan-b --plan-only
-       tao-data-io render-job --request examples/tier-b.yaml --staging-map plan-b/staging-map.json \\
-         --job-id dino-b --pvc-claim tao-data --shards 4 --stager-image IMG > job.yaml
-       kubectl apply -f job.yaml -l tao-data-io/step=stage
-       kubectl wait --for=condition=complete job/dino-b-stage --timeout=2h && kubectl apply -f job.yaml
-  3. multi-node with a pre-created credentials Secret and an image pull secret:
-       tao-data-io render-job --request examples/multi-node.yaml --staging-map plan-m/staging-map.json \\
-         --job-id dino-m --namespace tao-jobs --credential-secret s3-creds --image-pull-secret ngc-pull-secret
-"""
-
+if TYPE_CHECKING:
+    from ..console import Console
+    from ..tier import ClusterFacts
 
 def register(verbs: Any) -> None:
-    plan = verbs.add_parser("plan", help="print the storage tier decision and what the job would run and mount",
-                            epilog=PLAN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    plan = add_verb(verbs, "plan", help="print the storage tier decision and what the job would run and mount",
+                    examples=[
+                        ("The decision for a request, assuming a cluster with no claim",
+                         "tao-data-io plan --request examples/tier-c.yaml"),
+                        ("With what the cluster offers (a Bound claim; facts.json holds "
+                         '{"backend": "kubernetes", "volumes": [{"name": "tao-data"}]})',
+                         "tao-data-io plan --request examples/tier-b.yaml --facts facts.json"),
+                        ("Machine-readable", "tao-data-io plan --request examples/multi-node.yaml --json"),
+                    ])
     plan.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON)")
     plan.add_argument("--facts", type=Path, metavar="F.json",
                       help="what the cluster offers (ClusterFacts as JSON); default: Kubernetes, no claim")
     plan.add_argument("--json", action="store_true", help="print the decision and the plan as JSON")
     plan.set_defaults(run=_plan)
 
-    render = verbs.add_parser("render-job", help="print every manifest the job needs as multi-document YAML "
-                                                 "(stage Job, Secret reference, ConfigMap, Service, Job)",
-                              epilog=RENDER_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    render = add_verb(verbs, "render-job", help="print every manifest the job needs as multi-document YAML "
+                                                "(stage Job, Secret reference, ConfigMap, Service, Job)", examples=[
+        ("Tier C (the pod stages and uploads), applied as it comes out, after `record open` and "
+         "`stage --plan-only`",
+         "tao-data-io render-job --request examples/tier-c.yaml --staging-map plan-c/staging-map.json --job-id dino-c "
+         "--stager-image registry.example.com/tao-data-io-stager:0.1.0 | kubectl apply -f -"),
+        ("Tier B with a 4-shard stage Job: apply `-l tao-data-io/step=stage` first, wait, then the rest",
+         "tao-data-io render-job --request examples/tier-b.yaml --staging-map plan-b/staging-map.json --job-id dino-b "
+         "--pvc-claim tao-data --shards 4 --stager-image IMG > job.yaml"),
+        ("Multi-node with a pre-created credentials Secret and an image pull secret",
+         "tao-data-io render-job --request examples/multi-node.yaml --staging-map plan-m/staging-map.json "
+         "--job-id dino-m --namespace tao-jobs --credential-secret s3-creds --image-pull-secret ngc-pull-secret"),
+    ])
     render.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON)")
     render.add_argument("--staging-map", required=True, type=Path, metavar="M",
                         help="the staging map (`stage`, or `stage --plan-only` for tiers B and C)")
@@ -87,6 +68,12 @@ def register(verbs: Any) -> None:
 
 
 def _plan(args: argparse.Namespace, console: Console) -> int:
+    from ..launch.plan import command_argv
+    from ..request import load_request
+    from ..staging.config import config_content
+    from ..staging.layout import plan_inputs
+    from ..tier import choose_tier
+
     request = load_request(args.request)
     facts = _facts(args.facts)
     decision = choose_tier(request, facts)
@@ -110,6 +97,11 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
 
 
 def _facts(path: Path | None) -> ClusterFacts:
+    from pydantic import ValidationError
+
+    from ..schema import describe_validation_error
+    from ..tier import ClusterFacts
+
     if path is None:
         return ClusterFacts(backend="kubernetes")
     try:
@@ -123,6 +115,12 @@ def _facts(path: Path | None) -> ClusterFacts:
 def _render(args: argparse.Namespace, console: Console) -> int:
     from ..kubernetes.render import read_config, render_job
     from ..kubernetes.settings import RenderSettings
+    from ..launch.plan import build_plan
+    from ..outputs import resolve_route
+    from ..records import RecordStore
+    from ..request import load_request
+    from ..staging.stage_map import read_staging_map
+    from ..tier import TierDecision
 
     request = load_request(args.request)
     if request.job_id is not None and request.job_id != args.job_id:

@@ -9,23 +9,33 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..console import Console
 from ..errors import UsageError
-from ..fs import atomic_write
-from ..outputs import ALWAYS_EXCLUDED, DEFAULT_SETTLE_SECONDS, Kind, check_upload, upload_results
-from ..records import RecordStore
-from ..routing import decide_route, loud_ephemeral_warning, record_route
+from ..vocabulary import ALWAYS_EXCLUDED, DEFAULT_SETTLE_SECONDS
+from .examples import add_verb
 from .record import add_root_option
 from .transfer import OrderedFilter, report
+
+if TYPE_CHECKING:
+    from ..console import Console
+    from ..outputs import Kind
 
 #: Set by SLURM inside an allocation; the only SLURM-specific thing we look at.
 SLURM_JOB_VARIABLE = "SLURM_JOB_ID"
 
 
 def register(verbs: Any) -> None:
-    route = verbs.add_parser("route-outputs", help="decide where a job's results go: mount, s3 or ephemeral (JSON)")
+    route = add_verb(verbs, "route-outputs", help="decide where a job's results go: mount, s3 or ephemeral (JSON)",
+                     examples=[
+                         ("Show where results of a job would go with this environment",
+                          "S3_BUCKET_NAME=bucket tao-data-io route-outputs --job-id dino-train-coco"),
+                         ("Pin the decision in the job record at submit time",
+                          "tao-data-io route-outputs --job-id dino-train-coco --record"),
+                         ("Move results to a shared mount from now on, replacing the recorded route",
+                          "TAO_RESULTS_ROOT=/mnt/tao-results tao-data-io route-outputs --job-id dino-train-coco "
+                          "--record --force"),
+                     ])
     route.add_argument("--job-id", required=True, metavar="ID")
     route.add_argument("--record", action="store_true",
                        help="store the decision in the job record (what submit calls); idempotent")
@@ -33,8 +43,14 @@ def register(verbs: Any) -> None:
     add_root_option(route)
     route.set_defaults(run=_route)
 
-    upload = verbs.add_parser("upload-results", help="upload a job's results to its routed destination, "
-                                                     "also after a failed job; records a summary")
+    upload = add_verb(verbs, "upload-results", help="upload a job's results to its routed destination, also after "
+                                                    "a failed job; records a summary", examples=[
+        ("Upload everything after the job ended (it waits for a running resync)",
+         "tao-data-io upload-results --job-id dino-train-coco --results-dir /results"),
+        ("Leave TensorBoard events behind, and refuse to run inside a SLURM allocation",
+         "tao-data-io upload-results --job-id dino-train-coco --results-dir /results "
+         "--exclude 'events.out.tfevents.*' --no-upload-in-allocation"),
+    ])
     _add_upload_arguments(upload, settle_help="leave files modified in the last N seconds for a later run "
                                               "(default 0: this runs after the job, so everything goes now)")
     upload.add_argument("--no-upload-in-allocation", action="store_true",
@@ -42,14 +58,24 @@ def register(verbs: Any) -> None:
                              "belong on the login node after the allocation ends")
     upload.set_defaults(run=lambda args, console: _upload(args, console, "upload"))
 
-    resync = verbs.add_parser("resync", help="upload what is new while a job runs (the unit a schedule calls); "
-                                             "safe beside the writer and beside another resync")
+    resync = add_verb(verbs, "resync", help="upload what is new while a job runs (the unit a schedule calls); "
+                                            "safe beside the writer and beside another resync", examples=[
+        (f"Upload results left alone for {DEFAULT_SETTLE_SECONDS:g} s (run it from cron every few minutes)",
+         "tao-data-io resync --job-id dino-train-coco --results-dir /results"),
+        ("Upload everything new now, without the settle window",
+         "tao-data-io resync --job-id dino-train-coco --results-dir /results --settle-seconds 0"),
+    ])
     _add_upload_arguments(resync, settle_help="leave files modified in the last N seconds for a later run "
                                               f"(default {DEFAULT_SETTLE_SECONDS:g})")
     resync.set_defaults(run=lambda args, console: _upload(args, console, "resync"))
 
-    check = verbs.add_parser("check-upload", help="prove results can reach the job's S3 route from here: put and "
-                                                  "delete one object under its results prefix")
+    check = add_verb(verbs, "check-upload", help="prove results can reach the job's S3 route from here: put and "
+                                                 "delete one object under its results prefix", examples=[
+        ("Check, from inside a pod, that its credentials can write the job's results prefix",
+         "tao-data-io check-upload --job-id dino-train-coco"),
+        ("Also leave the outcome where the verify probe reads it",
+         "tao-data-io check-upload --job-id dino-train-coco --verdict /tao-stage/upload-check"),
+    ])
     check.add_argument("--job-id", required=True, metavar="ID")
     check.add_argument("--verdict", type=Path, metavar="FILE",
                        help="also write 'ok|fail<TAB>detail' here (what the verify probe's persistent check reads)")
@@ -81,6 +107,10 @@ def _settle_seconds(text: str) -> float:
 
 
 def _check_upload(args: argparse.Namespace, console: Console) -> int:
+    from ..fs import atomic_write
+    from ..outputs import check_upload
+    from ..records import RecordStore
+
     outcome = check_upload(RecordStore(args.root), args.job_id)
     if args.verdict is not None:
         atomic_write(args.verdict, f"{'ok' if outcome.ok else 'fail'}\t{outcome.detail}\n".encode())
@@ -89,6 +119,9 @@ def _check_upload(args: argparse.Namespace, console: Console) -> int:
 
 
 def _route(args: argparse.Namespace, console: Console) -> int:
+    from ..records import RecordStore
+    from ..routing import decide_route, loud_ephemeral_warning, record_route
+
     if args.force and not args.record:
         raise UsageError("--force only replaces a recorded route: add --record, or drop --force")
     route = decide_route(args.job_id, os.environ)
@@ -103,6 +136,10 @@ def _route(args: argparse.Namespace, console: Console) -> int:
 
 
 def _upload(args: argparse.Namespace, console: Console, kind: Kind) -> int:
+    from ..outputs import upload_results
+    from ..records import RecordStore
+    from ..routing import loud_ephemeral_warning
+
     slurm_job = os.environ.get(SLURM_JOB_VARIABLE)
     if kind == "upload" and args.no_upload_in_allocation and slurm_job:
         raise UsageError(f"{SLURM_JOB_VARIABLE} is {slurm_job!r}, so this runs inside a SLURM allocation, and "

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..console import Console
-from ..errors import TransferError
-from ..staging.pretrained import pull_model
 from ..uris import HF_SHAPE, NGC_SHAPE
+from .examples import add_verb
+
+if TYPE_CHECKING:
+    from ..console import Console
 
 _ENVIRONMENT = """\
 environment:
@@ -21,9 +22,15 @@ environment:
 
 
 def register(verbs: Any) -> None:
-    pull = verbs.add_parser(
-        "pull-model", help="download a pre-trained model into a directory, verified against the registry",
-        epilog=_ENVIRONMENT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pull = add_verb(verbs, "pull-model", help="download a pre-trained model into a directory, verified against "
+                                              "the registry", epilog=_ENVIRONMENT, examples=[
+        ("Pull a model repository from the Hugging Face Hub at a pinned revision",
+         "tao-data-io pull-model hf://nvidia/dino-resnet50@main --dest /models/dino"),
+        ("Pull one file of a Hub repository",
+         "tao-data-io pull-model hf://nvidia/dino-resnet50@main/model.pth --dest /models/dino"),
+        ("Pull a model version from NGC (needs NGC_KEY)",
+         "tao-data-io pull-model ngc://nvidia/tao/pretrained_classification:resnet18 --dest /models/resnet18"),
+    ])
     pull.add_argument("uri", metavar="URI", help=f"{HF_SHAPE} or {NGC_SHAPE}")
     pull.add_argument("--dest", required=True, metavar="D",
                       help="directory to hold the model's files; a rerun fetches only what is missing or wrong")
@@ -32,6 +39,9 @@ def register(verbs: Any) -> None:
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
+    from ..errors import TransferError
+    from ..staging.pretrained import pull_model
+
     try:
         result = pull_model(args.uri, args.dest)
     except TransferError as exc:

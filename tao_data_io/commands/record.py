@@ -9,22 +9,36 @@ from __future__ import annotations
 import argparse
 from datetime import datetime
 from pathlib import Path
-from typing import Any
-
-from ..console import Console
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
-from ..records import DEFAULT_ROOT, JOBS_DIR_VARIABLE, RECORDS_VARIABLE, STATES, STORAGE_TIERS, JobRecord, RecordStore
-from ..routing import record_route
-from ..schema import describe_validation_error
+from ..vocabulary import DEFAULT_RECORDS_ROOT, JOBS_DIR_VARIABLE, RECORDS_VARIABLE, STATES, STORAGE_TIERS
+from .examples import add_verb
+
+if TYPE_CHECKING:
+    from ..console import Console
+    from ..records import JobRecord, RecordStore
 
 
 def register(verbs: Any) -> None:
-    record = verbs.add_parser("record", help="the durable job record: open, mark, show, list")
+    record = add_verb(verbs, "record", help="the durable job record: open, mark, show, list", examples=[
+        ("Open a record at submit time (prints the minted job id)",
+         "tao-data-io record open --platform slurm --image nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt "
+         "--network-arch dino --action train --results-dir /results --storage-tier B"),
+        ("Report that the job runs, naming its Kubernetes Job",
+         "tao-data-io record mark dino-train-coco --state RUNNING --backend-ref tao/dino-train-coco"),
+        ("Read a job's history after Kubernetes has forgotten it", "tao-data-io record show dino-train-coco"),
+    ])
     actions = record.add_subparsers(dest="record_verb", metavar="open|mark|show|list", required=True)
 
-    open_ = actions.add_parser("open", help="create a PENDING record; prints only the job id")
+    open_ = add_verb(actions, "open", help="create a PENDING record; prints only the job id", examples=[
+        ("Open a record and keep its id for the next steps",
+         "JOB=$(tao-data-io record open --platform k8s --image nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt "
+         "--network-arch dino --action train --results-dir /results --storage-tier C)"),
+        ("Open it under a chosen id, with excludes every upload of its results applies",
+         "tao-data-io record open --job-id dino-train-coco --platform slurm --image tao:6.0.0 --network-arch dino "
+         "--action train --results-dir /results --storage-tier B --upload-exclude '*.tmp'"),
+    ])
     for option in ("--platform", "--image", "--network-arch", "--action", "--results-dir"):
         open_.add_argument(option, required=True)
     open_.add_argument("--storage-tier", choices=STORAGE_TIERS,
@@ -37,14 +51,21 @@ def register(verbs: Any) -> None:
     add_root_option(open_)
     open_.set_defaults(run=_open)
 
-    import_ = actions.add_parser("import", help="adopt a record document (a job's ConfigMap copy) into this store; "
-                                                "idempotent, refuses a different job under the same id")
+    import_ = add_verb(actions, "import", help="adopt a record document (a job's ConfigMap copy) into this store; "
+                                               "idempotent, refuses a different job under the same id", examples=[
+        ("Adopt the record a pod was given, so its upload entries land in this store",
+         "tao-data-io record import /tao-files/record.json --root s3://bucket/tao-jobs/"),
+        ("The same, saying who reports it", "tao-data-io record import record.json --source stager"),
+    ])
     import_.add_argument("path", metavar="FILE", type=Path)
     import_.add_argument("--source", default="pod", help="who reports it (default: pod)")
     add_root_option(import_)
     import_.set_defaults(run=_import)
 
-    mark = actions.add_parser("mark", help="record a state report for a job")
+    mark = add_verb(actions, "mark", help="record a state report for a job", examples=[
+        ("The job started", "tao-data-io record mark dino-train-coco --state RUNNING --source agent"),
+        ("The job failed, with the reason", "tao-data-io record mark dino-train-coco --state ERROR --message 'OOM at epoch 3'"),
+    ])
     mark.add_argument("job_id", metavar="ID")
     mark.add_argument("--state", required=True, choices=STATES)
     mark.add_argument("--backend-ref", metavar="NAMESPACE/NAME", help="the Kubernetes Job running it")
@@ -53,13 +74,21 @@ def register(verbs: Any) -> None:
     add_root_option(mark)
     mark.set_defaults(run=_mark)
 
-    show = actions.add_parser("show", help="one job's record, history included")
+    show = add_verb(actions, "show", help="one job's record, history included", examples=[
+        ("A job's state, route, uploads and history", "tao-data-io record show dino-train-coco"),
+        ("The whole record document, from another record directory",
+         "tao-data-io record show dino-train-coco --json --root /shared/tao-jobs"),
+    ])
     show.add_argument("job_id", metavar="ID")
     show.add_argument("--json", action="store_true", help="print the record document")
     add_root_option(show)
     show.set_defaults(run=_show)
 
-    list_ = actions.add_parser("list", help="one line per job, oldest first")
+    list_ = add_verb(actions, "list", help="one line per job, oldest first", examples=[
+        ("Every job of this machine's record directory", "tao-data-io record list"),
+        ("Only running jobs of a shared S3 store, as JSON",
+         "tao-data-io record list --state RUNNING --json --root s3://bucket/tao-jobs/"),
+    ])
     list_.add_argument("--state", choices=STATES, help="only jobs in this state (on S3: reads only those records)")
     list_.add_argument("--json", action="store_true", help="print the record documents")
     add_root_option(list_)
@@ -69,11 +98,17 @@ def register(verbs: Any) -> None:
 def add_root_option(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--root", metavar="DIR|s3://BUCKET/PREFIX/",
                      help=f"where records live: a directory or an S3 prefix (default: ${RECORDS_VARIABLE}, "
-                          f"${JOBS_DIR_VARIABLE} or {DEFAULT_ROOT})")
+                          f"${JOBS_DIR_VARIABLE} or {DEFAULT_RECORDS_ROOT})")
+
+
+def _store(args: argparse.Namespace) -> RecordStore:
+    from ..records import RecordStore
+
+    return RecordStore(args.root)
 
 
 def _open(args: argparse.Namespace, console: Console) -> int:
-    record = RecordStore(args.root).open(
+    record = _store(args).open(
         platform=args.platform, image=args.image, network_arch=args.network_arch, action=args.action,
         storage_tier=args.storage_tier, storage_reason=args.storage_reason, results_dir=args.results_dir,
         job_id=args.job_id, source=args.source, upload_excludes=args.upload_exclude)
@@ -84,13 +119,19 @@ def _open(args: argparse.Namespace, console: Console) -> int:
 def _import(args: argparse.Namespace, console: Console) -> int:
     """Open the same job here (identity, excludes, reason) and pin its recorded output route, so
     a pod's resync and upload follow the route decided at submit."""
+    from pydantic import ValidationError
+
+    from ..records import JobRecord
+    from ..routing import record_route
+    from ..schema import describe_validation_error
+
     try:
         given = JobRecord.model_validate_json(args.path.read_bytes())
     except OSError as exc:
         raise UsageError(f"path {str(args.path)!r} cannot be read: {exc.strerror}") from None
     except ValidationError as exc:
         raise UsageError(describe_validation_error(exc, f"path {str(args.path)!r} is not a job record")) from None
-    store = RecordStore(args.root)
+    store = _store(args)
     store.open(platform=given.platform, image=given.image, network_arch=given.network_arch, action=given.action,
                storage_tier=given.storage_tier, storage_reason=given.storage_reason, results_dir=given.results_dir,
                job_id=given.job_id, source=args.source, upload_excludes=given.upload_excludes)
@@ -101,14 +142,14 @@ def _import(args: argparse.Namespace, console: Console) -> int:
 
 
 def _mark(args: argparse.Namespace, console: Console) -> int:
-    record = RecordStore(args.root).mark(args.job_id, args.state, source=args.source,
+    record = _store(args).mark(args.job_id, args.state, source=args.source,
                                          backend_ref=args.backend_ref, message=args.message)
     console.out(f"{record.job_id} {record.state}")
     return 0
 
 
 def _show(args: argparse.Namespace, console: Console) -> int:
-    record = RecordStore(args.root).get(args.job_id)
+    record = _store(args).get(args.job_id)
     if args.json:
         console.json(record.model_dump(mode="json"))
         return 0
@@ -141,7 +182,7 @@ def _list(args: argparse.Namespace, console: Console) -> int:
         damaged.append(where)
         console.err(f"warning: skipping damaged record: {reason}")
 
-    records = RecordStore(args.root).list_records(state=args.state, on_damaged=report)
+    records = _store(args).list_records(state=args.state, on_damaged=report)
     if args.json:
         console.json([record.model_dump(mode="json") for record in records])
     else:

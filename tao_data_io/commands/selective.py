@@ -9,14 +9,15 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..console import Console
-from ..credentials import s3_credentials_from_env
 from ..errors import UsageError
-from ..staging.selective import FORMATS, MISSING_MODES, MissingReferencesError, selective_download
-from ..transfer.engine import DEFAULT_CONCURRENCY, TransferEngine, TransferOptions
+from ..vocabulary import ANNOTATION_FORMATS, DEFAULT_CONCURRENCY, MISSING_MODES
+from .examples import add_verb
 from .transfer import concurrency, report
+
+if TYPE_CHECKING:
+    from ..console import Console
 
 
 def split_keys(values: Sequence[str]) -> list[str]:
@@ -28,7 +29,15 @@ def split_keys(values: Sequence[str]) -> list[str]:
 
 
 def register(verbs: Any) -> None:
-    sub = verbs.add_parser("selective-download", help="download only the objects an annotation file references")
+    sub = add_verb(verbs, "selective-download", help="download only the objects an annotation file references",
+                   examples=[
+                       ("Stage the clips a parquet annotation names in its 'video' column (no listing of the bucket)",
+                        "tao-data-io selective-download --annotation s3://bucket/clips/train.parquet --key video "
+                        "--bucket bucket --src-prefix clips --dest /data/clips"),
+                       ("Two columns from a local JSONL file; stage what exists and list the missing keys",
+                        "tao-data-io selective-download --annotation ann.jsonl --key image,mask --bucket bucket "
+                        "--src-prefix coco --dest /data/coco --missing skip"),
+                   ])
     sub.add_argument("--annotation", required=True, metavar="PATH_OR_S3_URI",
                      help="annotation file (parquet, jsonl, json, csv), local or s3://BUCKET/KEY")
     sub.add_argument("--key", dest="keys", required=True, action="append", metavar="COL",
@@ -36,7 +45,7 @@ def register(verbs: Any) -> None:
     sub.add_argument("--bucket", required=True, metavar="B", help="bucket holding the referenced objects")
     sub.add_argument("--src-prefix", required=True, metavar="P", help="key prefix the references are relative to")
     sub.add_argument("--dest", required=True, metavar="D", help="local directory; references keep their relative paths")
-    sub.add_argument("--format", choices=FORMATS, help="annotation format (default: from the file extension)")
+    sub.add_argument("--format", choices=ANNOTATION_FORMATS, help="annotation format (default: from the file extension)")
     sub.add_argument("--missing", choices=MISSING_MODES, default="error",
                      help="a referenced object that does not exist: fail and remove this run's new files (error, "
                           "default) or stage the rest and list them in D/.tao-data-io/missing-references.txt (skip)")
@@ -47,9 +56,13 @@ def register(verbs: Any) -> None:
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
+    from ..credentials import s3_credentials_from_env
+    from ..staging.selective import MissingReferencesError, selective_download
+    from ..transfer.engine import TransferEngine, TransferOptions
+
     keys = split_keys(args.keys)
-    engine = TransferEngine(s3_credentials_from_env(), concurrency=args.concurrency)
-    with console.progress("selective-download") as progress:
+    with TransferEngine(s3_credentials_from_env(), concurrency=args.concurrency) as engine, \
+            console.progress("selective-download") as progress:
         options = TransferOptions(progress=progress)
         try:
             result = selective_download(engine, args.annotation, keys, args.bucket, args.src_prefix, Path(args.dest),

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..console import Console
-from ..credentials import s3_credentials_from_env
-from ..transfer.engine import DEFAULT_CONCURRENCY, TransferEngine, TransferOptions
 from ..errors import UsageError
-from ..transfer.filters import FilterRule, PathFilter
+from ..transfer.filters import FilterRule
 from ..transfer.shard import Shard, parse_shard
-from ..transfer.summary import TransferSummary
+from ..vocabulary import DEFAULT_CONCURRENCY
+from .examples import add_verb
+
+if TYPE_CHECKING:
+    from ..console import Console
+    from ..transfer.summary import TransferSummary
 
 
 class OrderedFilter(argparse.Action):
@@ -49,7 +51,14 @@ def add_transfer_options(sub: argparse.ArgumentParser) -> None:
 
 
 def register(verbs: Any) -> None:
-    sync = verbs.add_parser("sync", help="sync a prefix to a directory or a directory to a prefix")
+    sync = add_verb(verbs, "sync", help="sync a prefix to a directory or a directory to a prefix", examples=[
+        ("Download a prefix into a directory; a rerun moves only new or changed objects",
+         "tao-data-io sync s3://bucket/datasets/coco/ /data/coco"),
+        ("Upload a directory to a prefix, leaving out checkpoints but keeping the last one",
+         "tao-data-io sync --exclude 'ckpt/*' --include 'ckpt/last.pth' /results s3://bucket/runs/42/"),
+        ("Show what a download would transfer, as JSON, without moving a byte",
+         "tao-data-io sync --dry-run --json s3://bucket/datasets/coco/ /data/coco"),
+    ])
     sync.add_argument("source", metavar="SRC")
     sync.add_argument("destination", metavar="DST")
     sync.add_argument("--exclude", action=OrderedFilter, metavar="PATTERN", help="skip paths matching PATTERN (repeatable)")
@@ -60,7 +69,11 @@ def register(verbs: Any) -> None:
     add_transfer_options(sync)
     sync.set_defaults(run=lambda args, console: _run(args, console, "sync"))
 
-    cp = verbs.add_parser("cp", help="copy one object to a file, or one file to an object")
+    cp = add_verb(verbs, "cp", help="copy one object to a file, or one file to an object", examples=[
+        ("Download one object into a directory (keeps the object's name)",
+         "tao-data-io cp s3://bucket/models/resnet50.pth /models/"),
+        ("Upload one file to a key", "tao-data-io cp /results/model.onnx s3://bucket/exports/model.onnx"),
+    ])
     cp.add_argument("source", metavar="SRC")
     cp.add_argument("destination", metavar="DST")
     add_transfer_options(cp)
@@ -68,8 +81,12 @@ def register(verbs: Any) -> None:
 
 
 def _run(args: argparse.Namespace, console: Console, verb: str) -> int:
-    engine = TransferEngine(s3_credentials_from_env(), concurrency=args.concurrency)
-    with console.progress(verb) as progress:
+    from ..credentials import s3_credentials_from_env
+    from ..transfer.engine import TransferEngine, TransferOptions
+    from ..transfer.filters import PathFilter
+
+    with TransferEngine(s3_credentials_from_env(), concurrency=args.concurrency) as engine, \
+            console.progress(verb) as progress:
         options = TransferOptions(filter=PathFilter(tuple(getattr(args, "filter_rules", None) or ())),
                                   dry_run=args.dry_run, progress=progress, shard=getattr(args, "shard", None))
         method = engine.sync if verb == "sync" else engine.copy

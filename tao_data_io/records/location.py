@@ -22,10 +22,9 @@ from ..errors import UsageError
 from ..uris import is_s3_url, parse_s3_url
 from .backend import RecordBackend
 from .directory import DirectoryBackend
+from ..vocabulary import DEFAULT_RECORDS_ROOT, JOBS_DIR_VARIABLE, RECORDS_VARIABLE
 
-RECORDS_VARIABLE = "TAO_DATA_IO_RECORDS"
-JOBS_DIR_VARIABLE = "TAO_DATA_IO_JOBS_DIR"
-DEFAULT_ROOT = Path("~/.tao-data-io/jobs")
+DEFAULT_ROOT = Path(DEFAULT_RECORDS_ROOT)
 ROOT_SHAPE = "a directory or s3://BUCKET/PREFIX/"
 
 

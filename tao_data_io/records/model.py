@@ -18,7 +18,7 @@ confinement too.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, Field, JsonValue, ValidationError, model_validator
 
@@ -26,15 +26,10 @@ from ..credentials import credential_value_fields
 from ..errors import TaoDataIOError, UsageError
 from ..names import check_backend_ref, check_job_id
 from ..schema import Strict, describe_validation_error
+from ..vocabulary import STATES, STORAGE_TIERS, TERMINAL_STATES, State, StorageTier  # noqa: F401 - re-exported
 
 SCHEMA_VERSION = "1"
 
-State = Literal["PENDING", "RUNNING", "COMPLETE", "ERROR", "CANCELED"]
-STATES: tuple[str, ...] = get_args(State)
-#: A job in one of these states is finished; a report of any other state is refused.
-TERMINAL_STATES = frozenset({"COMPLETE", "ERROR", "CANCELED"})
-StorageTier = Literal["A", "B", "C"]
-STORAGE_TIERS: tuple[str, ...] = get_args(StorageTier)
 
 #: Fields that say *which* job this is. A retried ``open`` with the same values is the same
 #: job (the existing record is returned); any difference means a different job. The storage

@@ -56,12 +56,12 @@ from ..transfer.engine import TransferEngine
 from ..fs import (atomic_write, check_relative, confined_path, file_digest, file_lock, is_within, remove_if_exists,
                   remove_stale_temps, state_dir_for, temp_path_for)
 from ..uris import S3Url, is_s3_url, parse_s3_url
+from ..vocabulary import ARCHIVE_FORMATS
 
 #: The marker beside the destination (``fs.state_dir_for``), which says what was extracted there.
 MARKER_NAME = "extracted.json"
 #: Bumped when the marker's meaning changes, so old markers cause one re-extraction.
 MARKER_FORMAT = 2
-SUPPORTED_FORMATS = "tar, tar.gz/tgz, tar.bz2, tar.xz and zip"
 
 _CHUNK = 1 << 20
 #: Enough for tar's "ustar" magic at offset 257 and every compression magic.
@@ -404,7 +404,7 @@ def _detect(head: bytes, label: str) -> str:
     if name.endswith(".zip"):
         return "zip"
     raise UsageError(f"archive {label!r} is not a supported archive: its first bytes match none of "
-                     f"{SUPPORTED_FORMATS}; convert it to one of those (a corrupt file is reported the same way)")
+                     f"{ARCHIVE_FORMATS}; convert it to one of those (a corrupt file is reported the same way)")
 
 
 def _extract_into(source: _Source, work: Path, dest: Path, strip_components: int,

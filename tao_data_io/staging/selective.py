@@ -43,9 +43,8 @@ from ..transfer.engine import TransferEngine, TransferOptions
 from ..fs import atomic_write, check_relative, remove_if_exists, state_dir_for
 from ..transfer.summary import TransferSummary
 from ..uris import is_s3_url, parse_s3_url
+from ..vocabulary import ANNOTATION_FORMATS, MISSING_MODES
 
-FORMATS = ("parquet", "jsonl", "json", "csv")
-MISSING_MODES = ("error", "skip")
 #: Written beside the destination (``fs.state_dir_for``) by ``missing="skip"``: one missing key per line.
 MISSING_REPORT = "missing-references.txt"
 #: How many missing keys an error message lists before giving only the total.
@@ -102,7 +101,7 @@ def infer_format(name: str) -> str:
             return fmt
     raise UsageError(
         f"annotation {name!r}: cannot tell its format from the extension (known: .parquet, .jsonl, .ndjson, "
-        f".json, .csv, and .gz of the text ones); rename it or set format to one of {', '.join(FORMATS)}"
+        f".json, .csv, and .gz of the text ones); rename it or set format to one of {', '.join(ANNOTATION_FORMATS)}"
     )
 
 
@@ -119,8 +118,8 @@ def read_references(path: str | os.PathLike[str], keys: Sequence[str], fmt: str 
     if not os.path.isfile(path):
         raise UsageError(f"annotation {label!r} is not a file; give a local path or an s3://BUCKET/KEY object")
     fmt = fmt or infer_format(os.path.basename(label))
-    if fmt not in FORMATS:
-        raise UsageError(f"format {fmt!r} for {label} is not supported; use one of {', '.join(FORMATS)}")
+    if fmt not in ANNOTATION_FORMATS:
+        raise UsageError(f"format {fmt!r} for {label} is not supported; use one of {', '.join(ANNOTATION_FORMATS)}")
     references: set[str] = set()
     reader = {"parquet": _read_parquet, "jsonl": _read_jsonl, "json": _read_json, "csv": _read_csv}[fmt]
     reader(Path(path), keys, label, references)

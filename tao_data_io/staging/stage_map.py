@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict
 
 from ..fs import atomic_write
 from ..reporting import human_size
+from ..vocabulary import STAGING_MAP_NAME  # noqa: F401 - the name callers import from here
 
-STAGING_MAP_NAME = "staging-map.json"
 Kind = Literal["folder", "file", "selective", "archive", "model", "pre-positioned", "config"]
 
 

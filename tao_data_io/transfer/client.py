@@ -5,29 +5,40 @@ exponential backoff with jitter on throttling, 5xx and connection resets, plus c
 rate limiting when the server throttles), the same timeouts, and path-style addressing for
 S3-compatible endpoints. Each engine builds its own session, so engines in different threads
 never share a session; the only thing shared is the read-only cache of parsed service models.
+
+botocore is imported when the first client is built, not with this module: importing it costs
+~90 ms, and a command that never needs a client (``--help``, a sync whose listing went through
+:mod:`signed_list`) must not pay for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from typing import Any
-
-import boto3
-import botocore.session
-from botocore.config import Config
-from botocore.loaders import create_loader
 
 from ..credentials import S3Credentials
 
 MAX_ATTEMPTS = 8
-#: botocore's loader of service models (read-only JSON, cached once parsed). Sharing it is the
-#: one thing engines share: it turns each new client from ~55 ms into ~8 ms, which is a fifth of
-#: a 4 × 128 MiB download on loopback. Sessions and clients stay per engine.
-_SERVICE_MODELS = create_loader()
+
+
+@cache
+def _service_models() -> Any:
+    """botocore's loader of service models (read-only JSON, cached once parsed). Sharing it is the
+    one thing engines share: it turns each new client from ~55 ms into ~8 ms, which is a fifth of
+    a 4 × 128 MiB download on loopback. Sessions and clients stay per engine."""
+    from botocore.loaders import create_loader
+
+    return create_loader()
 
 
 def make_s3_client(credentials: S3Credentials, *, max_pool_connections: int = 32) -> Any:
+    """A boto3 S3 client with the project's retry policy, timeouts and addressing."""
+    import boto3.session
+    import botocore.session
+    from botocore.config import Config
+
     config = Config(
         retries={"mode": "adaptive", "max_attempts": MAX_ATTEMPTS},
         connect_timeout=10,
@@ -37,7 +48,7 @@ def make_s3_client(credentials: S3Credentials, *, max_pool_connections: int = 32
         tcp_keepalive=True,
     )
     core = botocore.session.Session()
-    core.register_component("data_loader", _SERVICE_MODELS)
+    core.register_component("data_loader", _service_models())
     session = boto3.session.Session(botocore_session=core)
     # We never read LastModified (change detection is by content), and parsing it with dateutil
     # is ~40% of a 1,000-key ListObjectsV2 page's CPU: keep timestamps as the raw strings.

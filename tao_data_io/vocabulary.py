@@ -1,0 +1,42 @@
+"""The words and defaults that ``--help`` shows, in a module that imports nothing heavy.
+
+Why a module of its own: argparse registration runs for every command, so whatever a verb's
+flags and help text name — job states, storage tiers, formats, defaults — must be importable
+without the modules that use it, which pull in pydantic (the record), botocore or pandas. Those
+modules import these names from here, so each value is written once.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+# ----------------------------------------------------------------- the job record
+State = Literal["PENDING", "RUNNING", "COMPLETE", "ERROR", "CANCELED"]
+STATES: tuple[str, ...] = get_args(State)
+#: A job in one of these states is finished; a report of any other state is refused.
+TERMINAL_STATES = frozenset({"COMPLETE", "ERROR", "CANCELED"})
+StorageTier = Literal["A", "B", "C"]
+STORAGE_TIERS: tuple[str, ...] = get_args(StorageTier)
+#: Where job records live: this variable (a directory or ``s3://bucket/prefix/``), the legacy
+#: directory variable, or the default directory.
+RECORDS_VARIABLE = "TAO_DATA_IO_RECORDS"
+JOBS_DIR_VARIABLE = "TAO_DATA_IO_JOBS_DIR"
+DEFAULT_RECORDS_ROOT = "~/.tao-data-io/jobs"
+
+# ----------------------------------------------------------------- results
+#: TAO's own state directory inside a results directory; never uploaded.
+ALWAYS_EXCLUDED = ".tao/*"
+#: How long a file must be left alone before a run that overlaps the job uploads it.
+DEFAULT_SETTLE_SECONDS = 30.0
+
+# ----------------------------------------------------------------- transfers and staging
+#: The staging map's file name under a staging root.
+STAGING_MAP_NAME = "staging-map.json"
+#: Objects in flight at once in one engine.
+DEFAULT_CONCURRENCY = 128
+#: What ``extract`` reads.
+ARCHIVE_FORMATS = "tar, tar.gz/tgz, tar.bz2, tar.xz and zip"
+#: What ``selective-download`` reads references from.
+ANNOTATION_FORMATS = ("parquet", "jsonl", "json", "csv")
+#: What ``selective-download`` does about a referenced object that does not exist.
+MISSING_MODES = ("error", "skip")
