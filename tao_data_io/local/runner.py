@@ -54,9 +54,9 @@ class CancelRequested(Exception):
 
 
 class Cancellation:
-    """SIGTERM means cancel. It is raised at once inside :meth:`interruptible` (where the
-    supervisor only waits for its frames) and otherwise at the next :meth:`check` — so it never
-    lands half-way through starting a frame, which could leave one running unrecorded."""
+    """SIGTERM means cancel. It is raised at once inside :meth:`interruptible` (around the
+    supervisor's ``waitpid``) and otherwise at the next :meth:`check` — so it never lands half-way
+    through starting or ending a frame, which could leave one running untracked."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -133,8 +133,8 @@ class Frames:
         status_read, status_write = os.pipe()
         try:
             with open(log, "ab") as output:
-                proc = subprocess.Popen(argv_for(status_fd=status_write), env=dict(env), stdin=subprocess.DEVNULL, stdout=output,
-                                        stderr=subprocess.STDOUT, pass_fds=(status_write, *pass_fds))
+                proc = subprocess.Popen(argv_for(status_fd=status_write), env=dict(env), stdin=subprocess.DEVNULL,
+                                        stdout=output, stderr=subprocess.STDOUT, pass_fds=(status_write, *pass_fds))
         except BaseException:
             os.close(status_read)
             raise
@@ -153,28 +153,28 @@ class Frames:
     def wait(self, cancel: Cancellation) -> list[ExitRecord]:
         """Wait until every frame has ended, in the order they end; the first failure ends the rest."""
         ended: list[ExitRecord] = []
-        with cancel.interruptible():
-            while self.running:
+        while self.running:
+            with cancel.interruptible():  # only the wait: a cancel never lands half-way through the bookkeeping
                 pid, status = os.waitpid(-1, 0)
-                frame = self.running.pop(pid, None)
-                if frame is None:
-                    continue
-                frame.proc.returncode = os.waitstatus_to_exitcode(status)
-                ended.append(frame.ended())
-                if ended[-1].failed:
-                    self.kill()
+            frame = self.running.pop(pid, None)
+            if frame is None:
+                continue
+            frame.proc.returncode = os.waitstatus_to_exitcode(status)
+            ended.append(frame.ended())
+            if ended[-1].failed:
+                self.kill()
         return ended
 
     def kill(self) -> None:
         """SIGKILL every running frame — its sandbox's pid 1 first, which takes the whole pid
         namespace with it, then its bubblewrap — and reap them."""
-        for frame in list(self.running.values()):
+        while self.running:
+            _, frame = self.running.popitem()
             if frame.sandbox is not None:
                 frame.sandbox.signal(signal.SIGKILL)
             frame.proc.kill()
             frame.proc.wait()
             os.close(frame.status_fd)
-            del self.running[frame.proc.pid]
 
 
 def supervise(run_path: Path, credentials: Mapping[str, str]) -> int:
