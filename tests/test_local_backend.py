@@ -45,6 +45,8 @@ DATA = "/tao-inputs/s3/bkt/data"
 DEADLINE_S = 60.0
 S3_ROUTE = OutputRoute(route="s3", destination="s3://bkt/results/job-1/", reason="S3_BUCKET_NAME is set")
 T = TypeVar("T")
+#: sh that says, for each argument, whether that path exists in the frame.
+VISIBILITY = 'for p in "$@"; do if [ -e "$p" ]; then echo "visible $p"; else echo "absent $p"; fi; done'
 
 
 # ----------------------------------------------------------------------------- building plans
@@ -354,14 +356,14 @@ def test_the_frame_sees_only_what_the_plan_declares(tmp_path: Path, backend: Loc
               str(backend.workdir_root / "other-job" / "results" / "checkpoint_epoch_1.pth"), str(tmp_path)]
     script = """
         out=$TAO_RESULTS_DIR
-        for p in "$@"; do if [ -e "$p" ]; then echo "visible $p"; else echo "absent $p"; fi; done > "$out/visibility"
+        {visibility} > "$out/visibility"
         env > "$out/env"
         ls -A / > "$out/root"
         for p in /stand-in/x /tao-inputs/s3/bkt/data/x /usr/x /etc/x; do
           if touch "$p" 2>/dev/null; then echo "wrote $p"; else echo "refused $p"; fi
         done > "$out/writes"
         echo scratch > /scratch/written
-    """
+    """.format(visibility=VISIBILITY)
     plan = make_plan(tmp_path, script=script, script_args=hidden, environment={"DECLARED": "yes"},
                      mounts=[{"source": str(scratch), "target": "/scratch", "read_only": False}])
     try:
@@ -419,6 +421,20 @@ def test_cancel_ends_every_process_of_the_job(tmp_path: Path, backend: LocalBack
     assert backend.cancel(ref) is False
 
 
+def test_a_verify_that_times_out_cancels_the_job(tmp_path: Path, backend: LocalBackend) -> None:
+    fifo = tmp_path / "never-written"
+    os.mkfifo(fifo)  # the probe's read of it blocks: there is no writer
+    plan = make_plan(tmp_path, mounts=[{"source": str(fifo), "target": "/pretrained"}])
+    ref = backend.submit(plan).backend_ref
+    wait_for("the probe to hang", lambda: any("/tao-data-io-verify/probe.sh" in argv
+                                              for argv in job_processes(backend, "job-1").values()))
+    assert backend.status(ref).state == "PENDING"
+    verdict = backend.verify(ref, plan, timeout=1)
+    assert not verdict.ok and verdict.error == "no verdict within 1s; the job was canceled"
+    assert backend.status(ref).state == "CANCELED" and job_processes(backend, "job-1") == {}
+    assert not (control(tmp_path) / "started").exists()
+
+
 def test_cancel_ends_the_frames_of_a_supervisor_that_is_gone(tmp_path: Path, backend: LocalBackend) -> None:
     plan = make_plan(tmp_path, environment={"HOLD_FILE": "/control/never"})
     ref = backend.submit(plan).backend_ref
@@ -437,8 +453,8 @@ def test_two_jobs_at_once_do_not_see_each_other(tmp_path: Path, backend: LocalBa
         touch /control/ready
         while [ ! -e /control/release ]; do sleep 0.1; done
         cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep '^TAO_JOB_ID=' | sort -u > "$TAO_RESULTS_DIR/jobs"
-        for p in "$@"; do if [ -e "$p" ]; then echo "visible $p"; else echo "absent $p"; fi; done > "$TAO_RESULTS_DIR/paths"
-    """
+        {visibility} > "$TAO_RESULTS_DIR/paths"
+    """.format(visibility=VISIBILITY)
     refs = {}
     for me, peer in (("job-a", "job-b"), ("job-b", "job-a")):
         peer_paths = [str(backend.workdir_root / peer / "run"), str(backend.workdir_root / peer / "results"),
