@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tao_data_io.errors import UsageError
-from tao_data_io.launch.backend import JobStatus, backend_for
+from tao_data_io.launch.backend import Backend, JobStatus, backend_for
 from tao_data_io.launch.plan import PROBE_DIR, LaunchPlan, build_plan
 from tao_data_io.local.backend import LocalBackend
 from tao_data_io.local.preflight import BWRAP_INSTALL, check_sandbox, find_tool
@@ -604,7 +604,7 @@ def test_unknown_and_foreign_refs(tmp_path: Path) -> None:
 
 def test_backend_for_local_and_its_facts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     backend = backend_for("local", {"workdir_root": str(tmp_path)})
-    assert isinstance(backend, LocalBackend) and backend.workdir_root == tmp_path
+    assert isinstance(backend, LocalBackend) and isinstance(backend, Backend) and backend.workdir_root == tmp_path
     facts = backend.facts()
     assert (facts.backend, facts.supports_in_frame_fetch) == ("local", False)
     monkeypatch.setenv("TAO_DATA_IO_LOCAL_ROOT", str(tmp_path / "from-env"))

@@ -109,7 +109,9 @@ class RunDir:
         return self.path / f"rank-{rank}.log"
 
     def write(self, path: Path, record: BaseModel) -> None:
-        atomic_write(path, record.model_dump_json(indent=2).encode() + b"\n", mode=0o600, durable=True)
+        """Whole or not at all; not ``durable`` (no directory fsync): the processes a record
+        describes do not survive a power loss either, and submit waits for two of these."""
+        atomic_write(path, record.model_dump_json(indent=2).encode() + b"\n", mode=0o600)
 
     def launch(self) -> Launch | None:
         return _read(self.launch_file, Launch)

@@ -57,7 +57,7 @@ def _detach(run_path: Path) -> None:
     os.setsid()
     me = ProcessId.of(os.getpid())
     assert me is not None  # this very process
-    atomic_write(run_path / RECORD_NAME, json.dumps(me.to_dict()).encode(), mode=0o600, durable=True)
+    atomic_write(run_path / RECORD_NAME, json.dumps(me.to_dict()).encode(), mode=0o600)  # as RunDir.write
     os.write(ready_write, b"1")
     os.close(ready_write)
 
