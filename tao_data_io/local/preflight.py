@@ -17,7 +17,7 @@ from pathlib import Path
 from ..errors import UsageError
 from ..launch.plan import LaunchPlan
 from ..routing import RESULTS_ROOT_VARIABLE
-from .sandbox import FRAME_PATH, SystemDir, mount_source, userland_args
+from .sandbox import FRAME_PATH, Host, SystemDir, mount_source, trivial_argv
 
 BWRAP_INSTALL = "install it: apt-get install bubblewrap (Debian, Ubuntu), dnf install bubblewrap (Fedora, RHEL)"
 NSENTER_INSTALL = "install it: apt-get install util-linux (Debian, Ubuntu), dnf install util-linux (Fedora, RHEL)"
@@ -42,9 +42,8 @@ def needs_nsenter(plan: LaunchPlan) -> bool:
 
 def check_sandbox(bwrap: str, system: Sequence[SystemDir]) -> None:
     """Start a trivial frame (``true`` with every namespace unshared); raise with the fix if it fails."""
-    argv = [bwrap, "--unshare-all", "--cap-drop", "ALL", *userland_args(system), "--", "true"]
     try:
-        done = subprocess.run(argv, env={"PATH": FRAME_PATH}, stdin=subprocess.DEVNULL, capture_output=True,
+        done = subprocess.run(trivial_argv(Host(bwrap=bwrap, system=tuple(system))), env={"PATH": FRAME_PATH}, stdin=subprocess.DEVNULL, capture_output=True,
                               text=True, timeout=_CHECK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise UsageError(f"bubblewrap ({bwrap}) did not start a trivial sandbox within {_CHECK_TIMEOUT_S}s") from None

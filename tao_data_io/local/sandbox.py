@@ -137,6 +137,11 @@ def userland_args(system: Sequence[SystemDir]) -> list[str]:
     return argv + ["--proc", "/proc", "--dev", "/dev"]
 
 
+def trivial_argv(host: Host) -> list[str]:
+    """A frame with every namespace unshared that runs ``true``: can bubblewrap work here at all?"""
+    return [host.bwrap, "--unshare-all", "--cap-drop", "ALL", *userland_args(host.system), "--", "true"]
+
+
 def mount_source(plan: LaunchPlan, mount: PlanMount) -> str:
     """Where ``mount``'s source is on this host."""
     return mount.source if mount.origin == "pre-positioned" else posixpath.join(plan.staging_root, mount.source)
