@@ -351,7 +351,7 @@ def test_the_frame_sees_only_what_the_plan_declares(tmp_path: Path, backend: Loc
     monkeypatch.setenv("HOST_ONLY_VARIABLE", "host-value")
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    hidden = [str(home_file), str(Path.home()), str(REPO / "pyproject.toml"), str(Path(__file__)),
+    hidden = [str(home_file), str(REPO / "pyproject.toml"), str(Path(__file__)),
               str(backend.workdir_root / "other-job" / "run" / "launch.json"),
               str(backend.workdir_root / "other-job" / "results" / "checkpoint_epoch_1.pth"), str(tmp_path)]
     script = """
