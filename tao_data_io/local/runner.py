@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -47,6 +48,8 @@ from .sandbox import Host, Namespaces, frame_argv, frame_env, host_system_dirs
 
 #: Signals are 1..64; bubblewrap reports a command killed by signal N as exit code 128 + N.
 _SIGNAL_CODES = range(129, 129 + 64)
+#: How long rank 0's sandbox may take to write its user namespace maps (it takes milliseconds).
+_SETUP_TIMEOUT_S = 30.0
 
 
 class CancelRequested(Exception):
@@ -263,7 +266,8 @@ def run_ranks(run: RunDir, launch: Launch, host: Host, frames: Frames, credentia
 
 def _namespaces_of(sandbox: ProcessId | None) -> tuple[Namespaces | None, list[int]]:
     """Rank 0's user and network namespaces as descriptors this process holds (so they cannot
-    be another process's by the time a rank opens them), or None when rank 0 has already ended."""
+    be another process's by the time a rank opens them), once they can be joined; None when rank
+    0 ended first."""
     if sandbox is None:
         return None, []
     fds = []
@@ -272,8 +276,27 @@ def _namespaces_of(sandbox: ProcessId | None) -> tuple[Namespaces | None, list[i
             fds.append(os.open(f"/proc/{sandbox.pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC))
     except FileNotFoundError:
         pass
-    if len(fds) < 2 or not sandbox.alive():  # checked after opening: the descriptors are rank 0's
+    # Checked after opening, so the descriptors are rank 0's.
+    if len(fds) < 2 or not _user_namespace_mapped(sandbox):
         for fd in fds:
             os.close(fd)
         return None, []
     return Namespaces(user=f"/proc/self/fd/{fds[0]}", net=f"/proc/self/fd/{fds[1]}"), fds
+
+
+def _user_namespace_mapped(sandbox: ProcessId) -> bool:
+    """Wait until the sandbox has written its uid and gid maps; False if it ends first.
+
+    bubblewrap reports the sandbox's pid right after clone(), and an unprivileged sandbox writes
+    its maps itself a moment later (the gid map last). A rank that joined the user namespace
+    before that could not become root in it (nsenter: "setgid failed: Invalid argument")."""
+    maps = [Path(f"/proc/{sandbox.pid}/{name}") for name in ("uid_map", "gid_map")]
+    deadline = time.monotonic() + _SETUP_TIMEOUT_S
+    while sandbox.alive() and time.monotonic() < deadline:
+        try:
+            if all(path.read_bytes().strip() for path in maps):
+                return sandbox.alive()  # the maps read were this very process's
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        time.sleep(0.001)
+    return False
