@@ -41,7 +41,7 @@ from pathlib import Path
 
 from transfer import BUCKET, KIB, Target, make_files, put_tree, start_proxy  # bench/ is sys.path[0]
 from tao_data_io.embedded.s3 import EmbeddedS3
-from tao_data_io.record import RecordStore
+from tao_data_io.records import RecordStore
 from tao_data_io.transfer.s5cmd_executor import s5cmd_binary
 
 OURS = [sys.executable, "-m", "tao_data_io.cli"]

@@ -1,0 +1,292 @@
+"""The local backend: each job in bubblewrap frames on this host, run by a detached supervisor.
+
+Why it is the embedded default: it needs no cluster, no image registry and no daemon — only
+bubblewrap and user namespaces — yet each job sees what a pod would (see :mod:`.sandbox`), the
+verify probe runs inside that frame before the command, and credentials reach the frame the way
+a per-job Secret reaches a pod: by value into its environment, never into argv, a file or a log.
+
+On disk, under ``workdir_root`` (``$TAO_DATA_IO_LOCAL_ROOT``, else ``~/.tao-data-io/local``)::
+
+    <job id>/run/       the run directory (:mod:`.rundir`): records and logs
+    <job id>/results/   the results directory, unless the route is a mount
+                        (then it is the route's ``$TAO_RESULTS_ROOT/<job id>``)
+
+Every call but ``submit`` reads only the run directory, so any process on this host — a later
+CLI call, a restarted Prefect worker — can follow a job submitted by another.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..credentials import forwarded_values
+from ..errors import BackendError, UsageError
+from ..fs import file_lock, remove_if_exists
+from ..launch.backend import DEFAULT_VERIFY_TIMEOUT_S, FailureAnalysis, JobStatus, Submission
+from ..launch.plan import LaunchPlan
+from ..launch.probe import Verdict
+from ..names import is_job_id
+from ..tier import ClusterFacts
+from .preflight import BWRAP_INSTALL, NSENTER_INSTALL, check_paths, check_sandbox, find_tool, needs_nsenter
+from .process import ProcessId
+from .rundir import Canceled, ExitRecord, Launch, RunDir
+from .sandbox import FRAME_LANG, FRAME_PATH, host_system_dirs
+from .supervisor import credentials_env
+
+ROOT_VARIABLE = "TAO_DATA_IO_LOCAL_ROOT"
+DEFAULT_ROOT = "~/.tao-data-io/local"
+#: ``backend_ref`` is ``local/<job id>``: a valid NAMESPACE/NAME, as the job record requires.
+NAMESPACE = "local"
+#: How long cancel lets the supervisor end the frames itself before it kills what is left.
+CANCEL_GRACE_S = 30.0
+_SUPERVISOR_START_TIMEOUT_S = 60.0
+#: The directory that holds the ``tao_data_io`` package: the supervisor imports this same code.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_LOG_LINES_IN_ERRORS = 5
+
+
+class LocalBackend:
+    name = "local"
+    stages_on_host = True
+
+    def __init__(self, workdir_root: str | Path | None = None) -> None:
+        root = workdir_root if workdir_root is not None else os.environ.get(ROOT_VARIABLE) or DEFAULT_ROOT
+        # Absolute: bubblewrap binds host paths, and the supervisor runs in another directory.
+        self.workdir_root = Path(root).expanduser().absolute()
+
+    # ------------------------------------------------------------------ before
+    def facts(self) -> ClusterFacts:
+        """Inputs are staged on this host (tier B) or pre-positioned (tier A): a frame without
+        network and without an upload sidecar cannot fetch its own (tier C)."""
+        return ClusterFacts(backend="local", supports_in_frame_fetch=False)
+
+    def preflight(self, plan: LaunchPlan) -> None:
+        check_sandbox(find_tool("bwrap", BWRAP_INSTALL), host_system_dirs())
+        if needs_nsenter(plan):
+            find_tool("nsenter", NSENTER_INSTALL)
+        check_paths(plan)
+
+    # ------------------------------------------------------------------ submit
+    def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None) -> Submission:
+        credentials = forwarded_values(plan.forward_env, environ)  # a missing one fails before anything exists
+        bwrap = find_tool("bwrap", BWRAP_INSTALL)
+        nsenter = find_tool("nsenter", NSENTER_INSTALL) if needs_nsenter(plan) else None
+        ref = f"{NAMESPACE}/{plan.job_id}"
+        run = self._run_dir(ref)
+        run.create()
+        with file_lock(run.lock):
+            existing = run.launch()
+            if existing is not None:
+                if existing.plan != plan:
+                    raise UsageError(f"job {plan.job_id} was already submitted to the local backend with another "
+                                     f"plan ({run.launch_file}); submit this one under a new job id")
+                return Submission(backend_ref=ref, started=False)
+            results_host = self._results_host(plan)
+            Path(results_host).mkdir(parents=True, exist_ok=True)
+            run.write(run.launch_file, Launch(plan=plan, results_host=results_host, bwrap=bwrap, nsenter=nsenter,
+                                              submitted_at=datetime.now(timezone.utc)))
+            try:
+                self._start_supervisor(run, credentials)
+            except BaseException:
+                remove_if_exists(run.launch_file)  # nothing runs: a retry may start it
+                raise
+        return Submission(backend_ref=ref)
+
+    def _results_host(self, plan: LaunchPlan) -> str:
+        if plan.route.route == "mount":
+            return plan.route.destination
+        return str(self.workdir_root / plan.job_id / "results")
+
+    def _start_supervisor(self, run: RunDir, credentials: Mapping[str, str]) -> None:
+        """Start the supervisor and wait until it has detached and is on record (see
+        :mod:`.supervisor`); its environment is built, never inherited, and carries the credentials."""
+        env = {"PATH": FRAME_PATH, "LANG": FRAME_LANG, "PYTHONPATH": _PACKAGE_ROOT, **credentials_env(credentials)}
+        argv = [sys.executable, "-m", f"{__package__}.supervisor", str(run.path)]
+        try:
+            with open(run.supervisor_log, "ab") as log:
+                done = subprocess.run(argv, env=env, cwd=run.path, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                      start_new_session=True, timeout=_SUPERVISOR_START_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise BackendError(f"the supervisor of {run.path} did not detach within {_SUPERVISOR_START_TIMEOUT_S:g}s",
+                               retryable=True) from None
+        if done.returncode != 0:
+            said = run.tail(run.supervisor_log, _LOG_LINES_IN_ERRORS).strip()
+            raise BackendError(f"the supervisor of {run.path} did not start (exit code {done.returncode}): {said}")
+
+    # ------------------------------------------------------------------ follow
+    def verify(self, ref: str, plan: LaunchPlan, *, timeout: float = DEFAULT_VERIFY_TIMEOUT_S) -> Verdict:
+        """Wait for the verdict the supervisor writes; on timeout the job is canceled, so a failed
+        verdict always means the command never started and nothing is left running."""
+        run = self._known(ref)
+        if run is None:
+            raise UsageError(f"{ref} is not known to the local backend under {self.workdir_root}; submit it first")
+        for _ in _polls(timeout):
+            alive = _alive(run.supervisor())  # before the records: a dead supervisor's records are final
+            verdict = run.verdict()
+            if verdict is not None:
+                return verdict
+            ended = run.exit()
+            if ended is not None:
+                return Verdict(ok=False, error="the job was canceled before its verdict" if ended.canceled
+                               else ended.setup_error or "the job ended before its verdict")
+            if not alive:
+                return Verdict(ok=False, error=f"the supervisor ended before its verdict; see {run.supervisor_log}")
+        self.cancel(ref)
+        return Verdict(ok=False, error=f"no verdict within {timeout:g}s; the job was canceled")
+
+    def status(self, ref: str) -> JobStatus:
+        run = self._known(ref)
+        if run is None:
+            return JobStatus(state="UNKNOWN", message=f"{ref} is not known to the local backend under "
+                                                      f"{self.workdir_root}")
+        return self._outcome(run)[0]
+
+    def failure_analysis(self, ref: str) -> FailureAnalysis | None:
+        run = self._known(ref)
+        return None if run is None else self._outcome(run)[1]
+
+    def logs(self, ref: str, tail: int | None = None) -> str:
+        """The command's output; each line prefixed ``[rank N]`` when there are several ranks
+        (``tail`` lines per rank, as ``kubectl logs -l … --tail`` gives per pod)."""
+        run = self._known(ref)
+        if run is None:
+            raise UsageError(f"{ref} is not known to the local backend under {self.workdir_root}")
+        launch = run.launch()
+        assert launch is not None
+        if launch.plan.nodes == 1:
+            return run.tail(run.rank_log(0), tail)
+        lines = []
+        for rank in range(launch.plan.nodes):
+            lines += [f"[rank {rank}] {line}\n" for line in run.tail(run.rank_log(rank), tail).splitlines()]
+        return "".join(lines)
+
+    def results_path(self, ref: str) -> str | None:
+        run = self._known(ref)
+        launch = run.launch() if run is not None else None
+        return launch.results_host if launch is not None else None
+
+    # ------------------------------------------------------------------ cancel
+    def cancel(self, ref: str) -> bool:
+        """Ask the supervisor to end every frame (SIGTERM) and wait for it; whatever is still
+        there after :data:`CANCEL_GRACE_S` — or whatever a vanished supervisor left — is killed."""
+        run = self._known(ref)
+        if run is None:
+            return False
+        with file_lock(run.lock):
+            verdict = run.verdict()
+            if run.exit() is not None or (verdict is not None and not verdict.ok):
+                return False
+            if run.canceled() is None:
+                run.write(run.cancel_file, Canceled(requested_at=datetime.now(timezone.utc)))
+        supervisor = run.supervisor()
+        running = _alive(supervisor) or any(process.alive() for process in _frame_processes(run))
+        if supervisor is not None:
+            for signum in (signal.SIGTERM, signal.SIGKILL):  # SIGKILL only if it did not end in the grace time
+                if supervisor.signal(signum):
+                    _wait_until_ended([supervisor], CANCEL_GRACE_S)
+        leftovers = _frame_processes(run)  # final now: the supervisor, which writes it, is gone
+        for process in leftovers:
+            process.signal(signal.SIGKILL)
+        _wait_until_ended(leftovers, CANCEL_GRACE_S)
+        return running
+
+    # ------------------------------------------------------------------ helpers
+    def _run_dir(self, ref: str) -> RunDir:
+        namespace, _, job_id = ref.partition("/")
+        if namespace != NAMESPACE or not is_job_id(job_id):
+            raise UsageError(f"backend ref {ref!r} is not the local backend's: it is {NAMESPACE}/<job id>")
+        return RunDir(self.workdir_root / job_id / "run")
+
+    def _known(self, ref: str) -> RunDir | None:
+        run = self._run_dir(ref)
+        return run if run.launch_file.exists() else None
+
+    def _outcome(self, run: RunDir) -> tuple[JobStatus, FailureAnalysis | None]:
+        alive = _alive(run.supervisor())  # before the records: a dead supervisor's records are final
+        ended = run.exit()
+        verdict = run.verdict()
+        if ended is not None:
+            return _ended(ended, run)
+        if verdict is not None and not verdict.ok:
+            analysis = FailureAnalysis(err_class="ERR_INFRA", reason=verdict.describe(),
+                                       suggestion="the command never started: make every path the verdict names "
+                                                  "readable (stage the inputs again, fix a mount's source, make the "
+                                                  "results directory writable) and submit again")
+            return JobStatus(state="ERROR", message=verdict.describe(), err_class="ERR_INFRA"), analysis
+        if alive:
+            ranks = run.ranks()
+            if ranks is not None:
+                return JobStatus(state="RUNNING", message=f"{len(ranks.ranks)} rank(s) started"), None
+            return JobStatus(state="PENDING", message="verifying inside the frame" if verdict is None
+                             else "verified inside the frame; starting"), None
+        if run.canceled() is not None:
+            return JobStatus(state="CANCELED", message="canceled"), None
+        analysis = FailureAnalysis(err_class="ERR_INFRA", reason="the supervisor ended without recording how the "
+                                                                 "job ended", suggestion=f"read {run.supervisor_log}; "
+                                   "then submit again under a new job id")
+        return JobStatus(state="ERROR", message=analysis.reason, err_class="ERR_INFRA"), analysis
+
+
+def _ended(ended: ExitRecord, run: RunDir) -> tuple[JobStatus, FailureAnalysis | None]:
+    """The state and analysis of a job whose supervisor recorded how it ended."""
+    if ended.canceled:
+        return JobStatus(state="CANCELED", message="canceled", exit_code=ended.exit_code), None
+    if ended.setup_error is not None:
+        analysis = FailureAnalysis(err_class="ERR_INFRA", reason=f"the frame did not start: {ended.setup_error}",
+                                   suggestion="run the backend's preflight on this host; it says what bubblewrap "
+                                              "lacks")
+        return JobStatus(state="ERROR", message=analysis.reason, err_class="ERR_INFRA"), analysis
+    if ended.exit_code == 0:
+        return JobStatus(state="COMPLETE", message="exit code 0", exit_code=0), None
+    launch = run.launch()
+    who = f"rank {ended.rank}" if launch is not None and launch.plan.nodes > 1 else "the command"
+    code = f"exit code {ended.exit_code}"
+    if ended.signal == signal.SIGKILL:
+        analysis = FailureAnalysis(err_class="ERR_INFRA", reason=f"{who} was killed ({code}, SIGKILL): killed, "
+                                   "possibly out of memory", suggestion="lower the batch size or the data loader "
+                                   "workers, or run where there is more memory; the kernel log (dmesg) names OOM kills")
+    else:
+        by = f", signal {signal.Signals(ended.signal).name}" if ended.signal is not None else ""
+        analysis = FailureAnalysis(err_class="ERR_PROGRAM", reason=f"{who} failed ({code}{by})",
+                                   suggestion="read the last lines of the job's log")
+    return JobStatus(state="ERROR", message=analysis.reason, exit_code=ended.exit_code,
+                     err_class=analysis.err_class), analysis
+
+
+def _alive(process: ProcessId | None) -> bool:
+    return process is not None and process.alive()
+
+
+def _frame_processes(run: RunDir) -> list[ProcessId]:
+    """Every recorded rank's sandbox pid 1 (killing it ends the rank's pid namespace) and bubblewrap."""
+    ranks = run.ranks()
+    found: list[ProcessId] = []
+    for rank in ranks.ranks if ranks is not None else []:
+        found += [process for process in (rank.sandbox, rank.bwrap) if process is not None]
+    return found
+
+
+def _polls(timeout: float) -> Iterator[None]:
+    """Yield until ``timeout`` has passed, sleeping a little longer each time (10 ms to 250 ms):
+    quick for a fast job, cheap for a long one."""
+    deadline = time.monotonic() + timeout
+    pause = 0.01
+    while True:
+        yield
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.25)
+
+
+def _wait_until_ended(processes: list[ProcessId], timeout: float) -> None:
+    for _ in _polls(timeout):
+        if not any(process.alive() for process in processes):
+            return

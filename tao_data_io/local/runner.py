@@ -1,0 +1,302 @@
+"""What the supervisor does for one job: the verify probe in a frame, then — only if it passed —
+the ranks, then the record of how they ended.
+
+Why in this order, in one process: the command must never start on inputs the frame cannot
+read, and every outcome must be written down by someone who saw it (status, logs and cancel run
+later, in other processes, and read only the run directory).
+
+* **Verify.** The probe script and its checklist go into ``probe/`` in the run directory, bound
+  read-only at :data:`~tao_data_io.launch.plan.PROBE_DIR` of a frame identical to the job's (same
+  mounts, same results bind, same environment but the credentials, which the probe does not
+  need). Its lines become the verdict; then, from *outside*, the persistence token must be in the
+  host results directory (it is removed). The verdict is written before anything else happens.
+* **Ranks.** One frame per node, rank 0 first; each reports its sandbox's pid 1 through
+  bubblewrap's ``--json-status-fd`` and is recorded in ``ranks.json`` at once, so a cancel from
+  another process finds it. Output goes to ``rank-<N>.log``. When a rank fails the others are
+  ended, as a Kubernetes Indexed Job with ``backoffLimit: 0`` does.
+* **Exit.** The first failure (or rank 0's exit) with its signal, or bubblewrap's own error when
+  a frame never started, or ``canceled``.
+
+A cancel is a SIGTERM (see :class:`Cancellation`); every frame is then killed through its
+sandbox's pid 1 — the kernel ends the whole pid namespace with it — and its bubblewrap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from types import FrameType
+
+from ..credentials import Redactor
+from ..fs import atomic_write, remove_if_exists
+from ..launch.plan import PROBE_DIR
+from ..launch.probe import PROBE_SCRIPT, TOKEN_FILE, Verdict, checklist, checklist_text, parse_probe_output, \
+    with_persistence
+from .process import ProcessId
+from .rundir import ExitRecord, Launch, RankProcesses, Ranks, RunDir
+from .sandbox import Host, Namespaces, frame_argv, frame_env, host_system_dirs
+
+#: Signals are 1..64; bubblewrap reports a command killed by signal N as exit code 128 + N.
+_SIGNAL_CODES = range(129, 129 + 64)
+#: How long rank 0's sandbox may take to write its user namespace maps (it takes milliseconds).
+_SETUP_TIMEOUT_S = 30.0
+
+
+class CancelRequested(Exception):
+    """The supervisor got SIGTERM: end every frame and record the job as canceled."""
+
+
+class Cancellation:
+    """SIGTERM means cancel. It is raised at once inside :meth:`interruptible` (around the
+    supervisor's ``waitpid``) and otherwise at the next :meth:`check` — so it never lands half-way
+    through starting or ending a frame, which could leave one running untracked."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._interruptible = False
+        signal.signal(signal.SIGTERM, self._on_term)
+
+    def _on_term(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+        if self._interruptible:
+            raise CancelRequested
+
+    def check(self) -> None:
+        if self.requested:
+            raise CancelRequested
+
+    @contextmanager
+    def interruptible(self) -> Iterator[None]:
+        self.check()
+        self._interruptible = True
+        try:
+            yield
+        finally:
+            self._interruptible = False
+
+
+@dataclass
+class _Frame:
+    rank: int
+    proc: subprocess.Popen[bytes]
+    #: bubblewrap, this process's child: it stays in /proc until reaped, so it always has an identity.
+    bwrap: ProcessId
+    log: Path
+    #: The read end of bubblewrap's ``--json-status-fd``, and what was read from it so far.
+    status_fd: int
+    status: bytes = b""
+    sandbox: ProcessId | None = None
+
+    def read_status(self, *, until_eof: bool) -> None:
+        """Read the status pipe up to the first document (the sandbox's pid), or to its end."""
+        while until_eof or b"\n" not in self.status:
+            chunk = os.read(self.status_fd, 4096)
+            if not chunk:
+                break
+            self.status += chunk
+
+    def ended(self) -> ExitRecord:
+        """Called once bubblewrap has exited: the command's exit code, or why there was none."""
+        self.read_status(until_eof=True)
+        os.close(self.status_fd)
+        code = self.proc.returncode
+        if code < 0:  # bubblewrap itself was killed
+            return ExitRecord(rank=self.rank, exit_code=128 - code, signal=-code)
+        for line in self.status.splitlines():
+            document = json.loads(line)
+            if "exit-code" in document:
+                exit_code = int(document["exit-code"])
+                return ExitRecord(rank=self.rank, exit_code=exit_code,
+                                  signal=exit_code - 128 if exit_code in _SIGNAL_CODES else None)
+        last = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()][-1:]
+        return ExitRecord(rank=self.rank, exit_code=code,
+                          setup_error=last[0] if last else f"bubblewrap exited {code} without a message")
+
+
+class Frames:
+    """The frames this supervisor started, so that a cancel or a failed rank can end them all."""
+
+    def __init__(self) -> None:
+        self.running: dict[int, _Frame] = {}
+
+    def start(self, argv_for: Callable[..., list[str]], env: Mapping[str, str], log: Path, *, rank: int = 0,
+              pass_fds: Sequence[int] = ()) -> _Frame:
+        """Start ``argv_for(status_fd=N)`` (a partial :func:`frame_argv`) with exactly ``env``, its
+        output appended to ``log``."""
+        status_read, status_write = os.pipe()
+        try:
+            with open(log, "ab") as output:
+                proc = subprocess.Popen(argv_for(status_fd=status_write), env=dict(env), stdin=subprocess.DEVNULL,
+                                        stdout=output, stderr=subprocess.STDOUT, pass_fds=(status_write, *pass_fds))
+        except BaseException:
+            os.close(status_read)
+            raise
+        finally:
+            os.close(status_write)
+        bwrap = ProcessId.of(proc.pid)
+        assert bwrap is not None, "an unreaped child is always in /proc"
+        frame = _Frame(rank=rank, proc=proc, bwrap=bwrap, log=log, status_fd=status_read)
+        self.running[proc.pid] = frame
+        frame.read_status(until_eof=False)
+        first = frame.status.split(b"\n", 1)[0]
+        if first:
+            frame.sandbox = ProcessId.of(int(json.loads(first)["child-pid"]), parent=proc.pid)
+        return frame
+
+    def wait(self, cancel: Cancellation) -> list[ExitRecord]:
+        """Wait until every frame has ended, in the order they end; the first failure ends the rest."""
+        ended: list[ExitRecord] = []
+        while self.running:
+            with cancel.interruptible():  # only the wait: a cancel never lands half-way through the bookkeeping
+                pid, status = os.waitpid(-1, 0)
+            frame = self.running.pop(pid, None)
+            if frame is None:
+                continue
+            frame.proc.returncode = os.waitstatus_to_exitcode(status)
+            ended.append(frame.ended())
+            if ended[-1].failed:
+                self.kill()
+        return ended
+
+    def kill(self) -> None:
+        """SIGKILL every running frame — its sandbox's pid 1 first, which takes the whole pid
+        namespace with it, then its bubblewrap — and reap them."""
+        while self.running:
+            _, frame = self.running.popitem()
+            if frame.sandbox is not None:
+                frame.sandbox.signal(signal.SIGKILL)
+            frame.proc.kill()
+            frame.proc.wait()
+            os.close(frame.status_fd)
+
+
+def supervise(run_path: Path, credentials: Mapping[str, str]) -> int:
+    cancel = Cancellation()
+    run = RunDir(run_path)
+    frames = Frames()
+    try:
+        launch = run.launch()
+        assert launch is not None, "submit writes launch.json before it starts the supervisor"
+        host = Host(bwrap=launch.bwrap, system=host_system_dirs(), nsenter=launch.nsenter)
+        cancel.check()
+        verdict = verify(run, launch, host, frames, cancel)
+        run.write(run.verdict_file, verdict)
+        if verdict.ok:
+            run.write(run.exit_file, run_ranks(run, launch, host, frames, credentials, cancel))
+    except CancelRequested:
+        frames.kill()
+        run.write(run.exit_file, ExitRecord(exit_code=128 + signal.SIGKILL, signal=signal.SIGKILL, canceled=True))
+    except BaseException as exc:
+        frames.kill()
+        redact = Redactor(credentials)
+        print(redact(traceback.format_exc()), file=sys.stderr)
+        run.write(run.exit_file, ExitRecord(exit_code=1, setup_error=redact(f"the supervisor failed: {exc!r}")))
+        return 1
+    return 0
+
+
+def verify(run: RunDir, launch: Launch, host: Host, frames: Frames, cancel: Cancellation) -> Verdict:
+    """Run the probe in the job's frame; the verdict, with the persistence check made from outside."""
+    plan = launch.plan
+    checks, token = checklist(plan)
+    run.probe_dir.mkdir(mode=0o700, exist_ok=True)
+    atomic_write(run.probe_dir / "probe.sh", PROBE_SCRIPT.encode(), mode=0o600)
+    atomic_write(run.probe_dir / "checklist", checklist_text(checks).encode(), mode=0o600)
+    command = ["/bin/sh", f"{PROBE_DIR}/probe.sh", f"{PROBE_DIR}/checklist"]
+    frames.start(partial(frame_argv, plan, host, launch.results_host, command, probe_dir=str(run.probe_dir)),
+                 frame_env(plan), run.probe_log)
+    [ended] = frames.wait(cancel)
+    if ended.setup_error is not None:
+        return Verdict(ok=False, error=f"the frame could not start: {ended.setup_error}")
+    verdict = parse_probe_output(run.probe_log.read_text(errors="replace"), checks, ended.exit_code)
+    seen, detail = _token_seen(Path(launch.results_host), token)
+    return with_persistence(verdict, plan.results_dir, seen, detail)
+
+
+def _token_seen(results_host: Path, token: str) -> tuple[bool, str]:
+    """Whether the token the probe wrote inside the frame is in the host directory; removes it."""
+    path = results_host / TOKEN_FILE
+    try:
+        found = path.read_text(errors="replace")
+    except (FileNotFoundError, NotADirectoryError):
+        return False, f"the token written inside the frame is not in {results_host} on this host"
+    remove_if_exists(path)
+    if found != token:
+        return False, f"{path} holds another token than the one this probe wrote"
+    return True, f"the token written inside the frame was seen in {results_host} on this host"
+
+
+def run_ranks(run: RunDir, launch: Launch, host: Host, frames: Frames, credentials: Mapping[str, str],
+              cancel: Cancellation) -> ExitRecord:
+    """Start one frame per node, record each at once, and wait for them (see the module docstring)."""
+    plan = launch.plan
+    recorded: list[RankProcesses] = []
+    join: Namespaces | None = None
+    join_fds: list[int] = []
+    try:
+        for rank in range(plan.nodes):
+            cancel.check()
+            if rank > 0 and not plan.network and join is None:
+                frames.kill()  # without rank 0's network no rank can reach it
+                return ExitRecord(exit_code=1, rank=rank, setup_error=f"rank 0 ended before rank {rank} could "
+                                                                      "join its network namespace")
+            frame = frames.start(partial(frame_argv, plan, host, launch.results_host, plan.argv, rank=rank, join=join),
+                                 frame_env(plan, rank=rank, credentials=credentials), run.rank_log(rank), rank=rank,
+                                 pass_fds=join_fds)
+            recorded.append(RankProcesses(rank=rank, bwrap=frame.bwrap, sandbox=frame.sandbox))
+            run.write(run.ranks_file, Ranks(ranks=recorded))
+            if rank == 0 and plan.nodes > 1 and not plan.network:
+                join, join_fds = _namespaces_of(frame.sandbox)
+    finally:
+        for fd in join_fds:
+            os.close(fd)
+    ended = frames.wait(cancel)
+    return next((end for end in ended if end.failed), None) or next(end for end in ended if end.rank == 0)
+
+
+def _namespaces_of(sandbox: ProcessId | None) -> tuple[Namespaces | None, list[int]]:
+    """Rank 0's user and network namespaces as descriptors this process holds (so they cannot
+    be another process's by the time a rank opens them), once they can be joined; None when rank
+    0 ended first."""
+    if sandbox is None:
+        return None, []
+    fds = []
+    try:
+        for kind in ("user", "net"):
+            fds.append(os.open(f"/proc/{sandbox.pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC))
+    except FileNotFoundError:
+        pass
+    # Checked after opening, so the descriptors are rank 0's.
+    if len(fds) < 2 or not _user_namespace_mapped(sandbox):
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return Namespaces(user=f"/proc/self/fd/{fds[0]}", net=f"/proc/self/fd/{fds[1]}"), fds
+
+
+def _user_namespace_mapped(sandbox: ProcessId) -> bool:
+    """Wait until the sandbox has written its uid and gid maps; False if it ends first.
+
+    bubblewrap reports the sandbox's pid right after clone(), and an unprivileged sandbox writes
+    its maps itself a moment later (the gid map last). A rank that joined the user namespace
+    before that could not become root in it (nsenter: "setgid failed: Invalid argument")."""
+    maps = [Path(f"/proc/{sandbox.pid}/{name}") for name in ("uid_map", "gid_map")]
+    deadline = time.monotonic() + _SETUP_TIMEOUT_S
+    while sandbox.alive() and time.monotonic() < deadline:
+        try:
+            if all(path.read_bytes().strip() for path in maps):
+                return sandbox.alive()  # the maps read were this very process's
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        time.sleep(0.001)
+    return False

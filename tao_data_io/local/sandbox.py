@@ -1,0 +1,176 @@
+"""One frame from a LaunchPlan: the bubblewrap argv and the environment. Pure, but for
+:func:`host_system_dirs`, which reads what this host's userland looks like.
+
+Why pure: what a job can see is the security property of this backend, so it is decided in one
+place from the plan and a description of the host, and table-tested without starting anything.
+
+What the frame sees — what a pod would see, and nothing else of the host:
+
+* new user, mount, pid, ipc, uts and cgroup namespaces (``--unshare-all``) and no network unless
+  ``plan.network`` (``--share-net``); ranks above 0 of a multi-node job join rank 0's network
+  (see :class:`Namespaces`);
+* the host's userland read-only (``/usr``, ``/bin``, ``/sbin``, ``/lib``, ``/lib64``, ``/etc``
+  where present; a symlink such as usrmerge's ``/bin -> usr/bin`` stays a symlink). The plan's
+  ``image`` is recorded, never pulled: this backend runs the host's programs;
+* a fresh ``/proc`` and ``/dev``, a private ``/tmp`` (also ``HOME`` and the working directory,
+  like a container's writable layer: lost at exit), ``/dev/shm`` of ``plan.shm_size``;
+* each mount of the plan at its target (read-only where the plan says so), the results directory
+  read-write from its host directory, and — for the verify probe only — the probe's files.
+  Binds use bubblewrap's ``-try`` forms: a missing source leaves its target absent, and the
+  verify probe, run inside, says so per path (preflight reports it earlier, on the host);
+* no capabilities (``--cap-drop ALL``): root in the frame obeys file modes like a pod's user
+  does, so an unreadable input fails verification instead of passing for root, and no read-only
+  bind can be remounted writable;
+* its own session (``--new-session``: no terminal to inject keystrokes into). There is no
+  ``--die-with-parent``: the job outlives whoever submitted it.
+
+Environment: bubblewrap passes its own environment on, so the caller starts it with exactly
+:func:`frame_env` — never ``--setenv``, because argv is world-readable in ``/proc``.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..launch.plan import PROBE_DIR, LaunchPlan, PlanMount
+from ..request import quantity_bytes
+
+#: The host directories that make up the userland a frame runs.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc")
+FRAME_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+FRAME_LANG = "C.UTF-8"
+#: The private tmpfs: HOME and the working directory (no home directory of the host is visible).
+FRAME_TMP = "/tmp"
+#: Ranks share one loopback (see :class:`Namespaces`), so rank 0 is reached at 127.0.0.1.
+MASTER_ADDR = "127.0.0.1"
+MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class SystemDir:
+    path: str
+    #: The link's target when the host path is a symlink (``usr/bin`` for a usrmerged ``/bin``).
+    link: str | None = None
+
+
+def host_system_dirs() -> tuple[SystemDir, ...]:
+    """The :data:`SYSTEM_DIRS` this host has, as the frame must reproduce them."""
+    found = []
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            found.append(SystemDir(path, os.readlink(path)))
+        elif os.path.isdir(path):
+            found.append(SystemDir(path))
+    return tuple(found)
+
+
+@dataclass(frozen=True)
+class Host:
+    """Where the tools are on this host and what its userland looks like."""
+
+    bwrap: str
+    system: tuple[SystemDir, ...]
+    #: Needed only for ranks above 0 of a multi-node job without network.
+    nsenter: str | None = None
+
+
+@dataclass(frozen=True)
+class Namespaces:
+    """Rank 0's user and network namespaces, as paths a rank's ``nsenter`` opens.
+
+    Why: each frame gets a fresh network namespace with only a loopback, so two ranks in two
+    frames could not reach each other, and sharing the host's network would expose every service
+    on this host's loopback to the job. So ranks above 0 start inside rank 0's network namespace
+    (``nsenter`` joins rank 0's user namespace, which owns it, then the namespace; bubblewrap then
+    keeps it with ``--share-net``): all ranks share one private loopback where rank 0 listens on
+    ``MASTER_ADDR:MASTER_PORT``, and the host's network stays out of reach. Everything else —
+    mounts, pids, ``/tmp``, ``/dev/shm``, hostname — stays per rank, as per pod.
+    """
+
+    user: str
+    net: str
+
+
+@dataclass(frozen=True)
+class _Bind:
+    source: str
+    target: str
+    read_only: bool
+
+
+def frame_argv(plan: LaunchPlan, host: Host, results_host: str, command: Sequence[str], *, rank: int = 0,
+               probe_dir: str | None = None, join: Namespaces | None = None,
+               status_fd: int | None = None) -> list[str]:
+    """The argv that runs ``command`` in ``plan``'s frame (see the module docstring).
+
+    ``results_host`` is the host directory bound at ``plan.results_dir``; ``probe_dir`` the host
+    directory holding the probe's files (bound read-only at :data:`PROBE_DIR`, for the probe's
+    frame only); ``join`` rank 0's namespaces for a higher rank; ``status_fd`` a descriptor on
+    which bubblewrap reports the sandbox's pid and the command's exit code.
+    """
+    argv: list[str] = []
+    if join is not None:
+        if host.nsenter is None:
+            raise ValueError("joining rank 0's namespaces needs nsenter")
+        argv += [host.nsenter, f"--user={join.user}", f"--net={join.net}", "--"]
+    argv += [host.bwrap, "--unshare-all"]
+    if plan.network or join is not None:
+        argv.append("--share-net")
+    argv += ["--new-session", "--cap-drop", "ALL", "--hostname", f"{plan.job_id}-{rank}", *userland_args(host.system),
+             "--tmpfs", FRAME_TMP, "--size", str(quantity_bytes(plan.shm_size)), "--tmpfs", "/dev/shm"]
+    for bind in _binds(plan, results_host, probe_dir):
+        argv += ["--ro-bind-try" if bind.read_only else "--bind-try", bind.source, bind.target]
+    if status_fd is not None:
+        argv += ["--json-status-fd", str(status_fd)]
+    return argv + ["--chdir", FRAME_TMP, "--", *command]
+
+
+def userland_args(system: Sequence[SystemDir]) -> list[str]:
+    """The host's userland, read-only, with a fresh ``/proc`` and ``/dev``."""
+    argv: list[str] = []
+    for directory in system:
+        argv += (["--symlink", directory.link, directory.path] if directory.link is not None
+                 else ["--ro-bind", directory.path, directory.path])
+    return argv + ["--proc", "/proc", "--dev", "/dev"]
+
+
+def trivial_argv(host: Host) -> list[str]:
+    """A frame with every namespace unshared that runs ``true``: can bubblewrap work here at all?"""
+    return [host.bwrap, "--unshare-all", "--cap-drop", "ALL", *userland_args(host.system), "--", "true"]
+
+
+def mount_source(plan: LaunchPlan, mount: PlanMount) -> str:
+    """Where ``mount``'s source is on this host."""
+    return mount.source if mount.origin == "pre-positioned" else posixpath.join(plan.staging_root, mount.source)
+
+
+def _binds(plan: LaunchPlan, results_host: str, probe_dir: str | None) -> list[_Bind]:
+    """Every bind of the frame, a parent before anything mounted inside it."""
+    binds: dict[str, _Bind] = {}
+    for mount in plan.mounts:  # aliases of one target share one source (the plan checked it)
+        binds.setdefault(mount.target, _Bind(mount_source(plan, mount), mount.target, mount.read_only))
+    binds[plan.results_dir] = _Bind(results_host, plan.results_dir, read_only=False)
+    if probe_dir is not None:
+        binds[PROBE_DIR] = _Bind(probe_dir, PROBE_DIR, read_only=True)
+    return sorted(binds.values(), key=lambda bind: bind.target.count("/"))
+
+
+def frame_env(plan: LaunchPlan, *, rank: int = 0, credentials: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The frame's whole environment: a fixed PATH/LANG/HOME, the plan's variables, the rendezvous
+    variables of a multi-node job, and the projected credentials — nothing of the host's."""
+    env = {"PATH": FRAME_PATH, "LANG": FRAME_LANG, "HOME": FRAME_TMP, **plan.env}
+    if plan.nodes > 1:
+        env.update(rendezvous_env(plan, rank))
+    env.update(credentials or {})
+    return env
+
+
+def rendezvous_env(plan: LaunchPlan, rank: int) -> dict[str, str]:
+    """The variables the Kubernetes Indexed Job sets, under both conventions (TAO's entrypoint
+    reads WORLD_SIZE as the node count and NUM_GPU_PER_NODE; torchrun reads NNODES/NPROC_PER_NODE)."""
+    return {"WORLD_SIZE": str(plan.nodes), "NUM_GPU_PER_NODE": str(plan.gpus), "NNODES": str(plan.nodes),
+            "NPROC_PER_NODE": str(plan.gpus), "NODE_RANK": str(rank), "MASTER_ADDR": MASTER_ADDR,
+            "MASTER_PORT": str(MASTER_PORT)}

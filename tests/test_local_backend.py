@@ -1,0 +1,609 @@
+"""The local compute frame: the sandbox argv and environment (pure, table-tested), then real jobs
+in real bubblewrap frames — what a job can see, verify before the command, credentials, status,
+cancel, detachment, idempotent submit and multi-node ranks.
+
+Real-frame tests skip (with bubblewrap's own words) only where the kernel refuses it user
+namespaces; a missing bwrap is a failure (``make test`` installs it). No timing assertions: a
+test waits for a state with a generous deadline, and jobs that must stay RUNNING wait for a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from tao_data_io.errors import UsageError
+from tao_data_io.launch.backend import Backend, JobStatus, backend_for
+from tao_data_io.launch.plan import PROBE_DIR, LaunchPlan, build_plan
+from tao_data_io.local.backend import LocalBackend
+from tao_data_io.local.preflight import BWRAP_INSTALL, check_sandbox, find_tool
+from tao_data_io.local.process import proc_stat
+from tao_data_io.local.sandbox import (FRAME_PATH, Host, Namespaces, SystemDir, frame_argv, frame_env,
+                                       host_system_dirs)
+from tao_data_io.records import JobRecord, OutputRoute
+from tao_data_io.request import JobRequest
+from tao_data_io.staging.stage_map import StagedSource, StagingMap
+from tao_data_io.tier import TierDecision
+
+REPO = Path(__file__).resolve().parents[1]
+STAND_IN = REPO / "examples" / "stand_in"
+CONFIG = "/tao-action-config/spec.yaml"
+DATA = "/tao-inputs/s3/bkt/data"
+DEADLINE_S = 60.0
+S3_ROUTE = OutputRoute(route="s3", destination="s3://bkt/results/job-1/", reason="S3_BUCKET_NAME is set")
+T = TypeVar("T")
+#: sh that says, for each argument, whether that path exists in the frame.
+VISIBILITY = 'for p in "$@"; do if [ -e "$p" ]; then echo "visible $p"; else echo "absent $p"; fi; done'
+
+
+# ----------------------------------------------------------------------------- building plans
+def make_plan(tmp_path: Path, job_id: str = "job-1", *, script: str | None = None, script_args: list[str] | None = None,
+              command: list[str] | None = None, environment: dict[str, str] | None = None,
+              mounts: list[dict[str, Any]] | None = None, forward_env: list[str] | None = None, nodes: int = 1,
+              network: bool = False, route: OutputRoute = S3_ROUTE, environ: dict[str, str] | None = None,
+              results_dir: str = "/results") -> LaunchPlan:
+    """A plan as build_plan makes it: a staged folder (one file) under ``tmp_path/stage``; the
+    stand-in in config mode by default, ``/bin/sh -c script`` or ``command`` in args mode; a
+    read-write ``/control`` from ``tmp_path/control-<job id>`` for markers and hold files."""
+    stage = tmp_path / "stage"
+    (stage / "s3/bkt/data").mkdir(parents=True, exist_ok=True)
+    (stage / "s3/bkt/data/part-0.bin").write_bytes(b"training bytes")
+    control = tmp_path / f"control-{job_id}"
+    control.mkdir(exist_ok=True)
+    sources = [StagedSource(source="s3://bkt/data/", kind="folder", sub_path="s3/bkt/data", container_path=DATA,
+                            local_path=str(stage / "s3/bkt/data"), files=1, bytes=14)]
+    fields: dict[str, Any]
+    if script is None and command is None:
+        (stage / "config").mkdir(exist_ok=True)
+        (stage / "config/spec.yaml").write_text("train:\n  epochs: 1\n")
+        sources.append(StagedSource(source="config:sha256:0", kind="config", sub_path="config/spec.yaml",
+                                    container_path=CONFIG, local_path=str(stage / "config/spec.yaml"), files=1,
+                                    bytes=20))
+        fields = {"mode": "config", "command": "sh /stand-in/train.sh -e {config_path}", "config_format": "yaml",
+                  "spec": {"train": {"epochs": 1}}}
+        environment = {"EPOCHS": "1", "EPOCH_SECONDS": "0", "TRAIN_INPUTS": DATA, "MARKER_DIR": "/control",
+                       **(environment or {})}
+    else:
+        fields = {"mode": "args", "command": command or ["/bin/sh", "-c"],
+                  "args": [] if command else [script, "frame", *(script_args or [])]}
+    request = JobRequest.model_validate({
+        "schema_version": "1", "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt", **fields,
+        "environment": environment or {}, "forward_env": forward_env or [], "network": network,
+        "outputs": {"results_dir": results_dir},
+        "compute_shape": {"gpus": 1, "nodes": nodes, "shm_size": "64Mi"},
+        "mounts": [{"source": str(STAND_IN), "target": "/stand-in"},
+                   {"source": str(control), "target": "/control", "read_only": False}, *(mounts or [])]})
+    staging_map = StagingMap(job_id=job_id, workdir=str(stage), inputs_root="/tao-inputs", sources=sources)
+    now = datetime.now(timezone.utc)
+    record = JobRecord(job_id=job_id, platform="local", image=request.image, network_arch="stand-in", action="train",
+                       storage_tier="B", results_dir=results_dir, state="PENDING", created_at=now, updated_at=now)
+    return build_plan(request, staging_map, TierDecision(tier="B", reason="local"), record, route, environ=environ)
+
+
+def control(tmp_path: Path, job_id: str = "job-1") -> Path:
+    return tmp_path / f"control-{job_id}"
+
+
+# ----------------------------------------------------------------------------- waiting and looking
+def wait_for(what: str, probe: Callable[[], T | None]) -> T:
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"gave up after {DEADLINE_S:g}s waiting for {what}")
+
+
+def wait_state(backend: LocalBackend, ref: str, *states: str) -> JobStatus:
+    def reached() -> JobStatus | None:
+        status = backend.status(ref)
+        return status if status.state in states else None
+
+    return wait_for(f"{ref} to be {'/'.join(states)} (last: {backend.status(ref).describe()})", reached)
+
+
+def finished(backend: LocalBackend, ref: str) -> JobStatus:
+    return wait_state(backend, ref, "COMPLETE", "ERROR", "CANCELED")
+
+
+def _proc_text(pid: str, name: str) -> str:
+    try:
+        return (Path("/proc") / pid / name).read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def live_processes() -> Iterator[tuple[int, str, str]]:
+    """(pid, argv, environment) of every running process on this host but zombies."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        stat = proc_stat(int(entry))
+        if stat is None or stat.state in ("Z", "X"):
+            continue
+        yield int(entry), _proc_text(entry, "cmdline"), _proc_text(entry, "environ")
+
+
+def job_processes(backend: LocalBackend, job_id: str) -> dict[int, str]:
+    """pid → argv of every live process of the job: the supervisor (its argv names the run
+    directory) and every frame process (bubblewrap and all inside carry TAO_JOB_ID)."""
+    run_dir = str(backend.workdir_root / job_id / "run")
+    return {pid: argv.replace("\0", " ") for pid, argv, environ in live_processes()
+            if run_dir in argv or f"\0TAO_JOB_ID={job_id}\0" in f"\0{environ}"}
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> None:
+    bwrap = find_tool("bwrap", BWRAP_INSTALL)  # missing: a failure, not a skip
+    try:
+        check_sandbox(bwrap, host_system_dirs())
+    except UsageError as exc:
+        pytest.skip(f"this kernel refuses bubblewrap the user namespaces it needs: {exc}")
+
+
+@pytest.fixture
+def backend(tmp_path: Path, sandbox: None) -> Iterator[LocalBackend]:
+    backend = LocalBackend(workdir_root=tmp_path / "local")
+    yield backend
+    for run in (backend.workdir_root.glob("*/run")):  # nothing a failed test started outlives it
+        backend.cancel(f"local/{run.parent.name}")
+
+
+# ----------------------------------------------------------------------------- the argv, pure
+ARITY = {"--ro-bind": 2, "--bind": 2, "--ro-bind-try": 2, "--bind-try": 2, "--symlink": 2, "--proc": 1, "--dev": 1,
+         "--tmpfs": 1, "--size": 1, "--hostname": 1, "--cap-drop": 1, "--chdir": 1, "--json-status-fd": 1,
+         "--unshare-all": 0, "--share-net": 0, "--new-session": 0}
+HOST = Host(bwrap="/usr/bin/bwrap", system=(SystemDir("/usr"), SystemDir("/bin", "usr/bin"), SystemDir("/etc")),
+            nsenter="/usr/bin/nsenter")
+
+
+def options(argv: list[str]) -> tuple[list[tuple[str, ...]], list[str]]:
+    """bubblewrap's argv as (option, arguments…) tuples, and the command after ``--``."""
+    assert argv[0] == HOST.bwrap
+    found, index = [], 1
+    while argv[index] != "--":
+        option = argv[index]
+        assert option in ARITY, f"unexpected bubblewrap option {option}"
+        found.append(tuple(argv[index:index + 1 + ARITY[option]]))
+        index += 1 + ARITY[option]
+    return found, argv[index + 1:]
+
+
+def test_frame_argv_unshares_everything_and_binds_exactly_the_plan(tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    plan = make_plan(tmp_path, mounts=[{"source": str(scratch / "sub"), "target": "/scratch-rw", "read_only": False},
+                                       {"source": str(scratch), "target": "/scratch"}])
+    found, command = options(frame_argv(plan, HOST, "/host/results/job-1", ["sh", "-c", "true"]))
+    stage = tmp_path / "stage"
+    assert command == ["sh", "-c", "true"]
+    assert found[:4] == [("--unshare-all",), ("--new-session",), ("--cap-drop", "ALL"), ("--hostname", "job-1-0")]
+    assert ("--share-net",) not in found  # no network unless the plan asks
+    assert found[4:10] == [("--ro-bind", "/usr", "/usr"), ("--symlink", "usr/bin", "/bin"), ("--ro-bind", "/etc", "/etc"),
+                           ("--proc", "/proc"), ("--dev", "/dev"), ("--tmpfs", "/tmp")]
+    assert found[10:12] == [("--size", str(64 * 1024**2)), ("--tmpfs", "/dev/shm")]
+    binds = found[12:-1]
+    assert sorted(binds) == sorted([
+        ("--ro-bind-try", str(stage / "s3/bkt/data"), DATA),
+        ("--ro-bind-try", str(stage / "config/spec.yaml"), CONFIG),
+        ("--ro-bind-try", str(STAND_IN), "/stand-in"),
+        ("--bind-try", str(control(tmp_path)), "/control"),
+        ("--ro-bind-try", str(scratch), "/scratch"),
+        ("--bind-try", str(scratch / "sub"), "/scratch-rw"),
+        ("--bind-try", "/host/results/job-1", "/results")])  # nothing else of the host
+    assert found[-1] == ("--chdir", "/tmp")
+
+
+@pytest.mark.parametrize(("kwargs", "present", "absent"), [
+    ({"network": True}, [("--share-net",)], []),
+    ({}, [], [("--share-net",), ("--ro-bind-try", "/run/probe", PROBE_DIR)]),
+    ({"probe_dir": "/run/probe"}, [("--ro-bind-try", "/run/probe", PROBE_DIR)], []),
+    ({"status_fd": 7}, [("--json-status-fd", "7")], []),
+], ids=["network", "no-probe-files-for-the-job", "probe-files", "status-fd"])
+def test_frame_argv_options(tmp_path: Path, kwargs: dict[str, Any], present: list[tuple[str, ...]],
+                            absent: list[tuple[str, ...]]) -> None:
+    plan = make_plan(tmp_path, network=kwargs.pop("network", False))
+    found, _ = options(frame_argv(plan, HOST, "/host/results", ["true"], **kwargs))
+    assert all(item in found for item in present) and not any(item in found for item in absent)
+
+
+def test_a_higher_rank_joins_rank_0s_network_through_nsenter(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, nodes=2)
+    argv = frame_argv(plan, HOST, "/host/results", ["true"], rank=1,
+                      join=Namespaces(user="/proc/self/fd/5", net="/proc/self/fd/6"))
+    assert argv[:4] == ["/usr/bin/nsenter", "--user=/proc/self/fd/5", "--net=/proc/self/fd/6", "--"]
+    found, _ = options(argv[4:])
+    assert ("--share-net",) in found and ("--hostname", "job-1-1") in found
+
+
+def test_argv_never_carries_an_environment_value(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, environment={"DECLARED": "declared-value"})
+    argv = frame_argv(plan, HOST, "/host/results", ["true"])
+    assert not {"--setenv", "--unsetenv", "--clearenv"} & set(argv) and "declared-value" not in argv
+
+
+@pytest.mark.parametrize(("nodes", "rank", "extra"), [
+    (1, 0, {}),
+    (2, 1, {"WORLD_SIZE": "2", "NUM_GPU_PER_NODE": "1", "NNODES": "2", "NPROC_PER_NODE": "1", "NODE_RANK": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}),
+], ids=["one-node", "rank-1-of-2"])
+def test_frame_env_is_built_not_inherited(tmp_path: Path, nodes: int, rank: int, extra: dict[str, str]) -> None:
+    plan = make_plan(tmp_path, script="true", environment={"DECLARED": "yes"}, nodes=nodes)
+    env = frame_env(plan, rank=rank, credentials={"HF_TOKEN": "forwarded-value"})
+    assert env == {"PATH": FRAME_PATH, "LANG": "C.UTF-8", "HOME": "/tmp", "DECLARED": "yes", "TAO_JOB_ID": "job-1",
+                   "TAO_RESULTS_DIR": "/results", **extra, "HF_TOKEN": "forwarded-value"}
+
+
+# ----------------------------------------------------------------------------- real frames
+def test_a_job_is_verified_then_runs_and_writes_its_results(tmp_path: Path, backend: LocalBackend) -> None:
+    plan = make_plan(tmp_path, environment={"EPOCHS": "2"})
+    submission = backend.submit(plan)
+    assert submission.started and submission.backend_ref == "local/job-1"
+    verdict = backend.verify(submission.backend_ref, plan, timeout=DEADLINE_S)
+    assert verdict.ok, verdict.describe()
+    assert [c.kind for c in verdict.checks] == ["dir-nonempty", "file", "readable", "readable", "results-writable",
+                                                "persistent"]
+    status = finished(backend, submission.backend_ref)
+    assert status.state == "COMPLETE" and status.exit_code == 0, status
+    results = Path(str(backend.results_path(submission.backend_ref)))
+    assert results == backend.workdir_root / "job-1" / "results"
+    assert {p.name for p in results.iterdir()} == {"checkpoint_epoch_1.pth", "checkpoint_epoch_2.pth", "status.json",
+                                                   "train.log", ".tao"}  # the persistence token was removed
+    assert [json.loads(line)["status"] for line in (results / "status.json").read_text().splitlines()] == [
+        "STARTED", "RUNNING", "RUNNING", "SUCCESS"]
+    assert (results / ".tao" / "state.json").exists()
+    assert "epoch 2/2 done" in backend.logs(submission.backend_ref)
+    assert backend.logs(submission.backend_ref, tail=1) == "train.sh[rank 0]: done\n"
+    assert backend.failure_analysis(submission.backend_ref) is None
+
+
+def test_results_go_to_the_mount_route(tmp_path: Path, backend: LocalBackend) -> None:
+    (tmp_path / "shared").mkdir()
+    route = OutputRoute(route="mount", destination=str(tmp_path / "shared" / "job-1"), reason="TAO_RESULTS_ROOT")
+    plan = make_plan(tmp_path, route=route)
+    ref = backend.submit(plan).backend_ref
+    assert finished(backend, ref).state == "COMPLETE"
+    assert backend.results_path(ref) == str(tmp_path / "shared" / "job-1")
+    assert (tmp_path / "shared" / "job-1" / "checkpoint_epoch_1.pth").exists()
+
+
+def test_a_failing_job_reports_error_with_its_exit_code(tmp_path: Path, backend: LocalBackend) -> None:
+    plan = make_plan(tmp_path, environment={"EPOCHS": "2", "FAIL_AFTER_EPOCH": "1", "FAIL_EXIT_CODE": "3"})
+    ref = backend.submit(plan).backend_ref
+    status = finished(backend, ref)
+    assert (status.state, status.exit_code, status.err_class) == ("ERROR", 3, "ERR_PROGRAM"), status
+    assert "exit code 3" in status.message
+    results = Path(str(backend.results_path(ref)))
+    assert (results / "checkpoint_epoch_1.pth").exists() and not (results / "checkpoint_epoch_2.pth").exists()
+    analysis = backend.failure_analysis(ref)
+    assert analysis is not None and analysis.err_class == "ERR_PROGRAM"
+    assert "told to fail after epoch 1" in backend.logs(ref)
+
+
+def test_a_command_killed_by_sigkill_is_an_infrastructure_error(tmp_path: Path, backend: LocalBackend) -> None:
+    ref = backend.submit(make_plan(tmp_path, script="kill -9 $$")).backend_ref
+    status = finished(backend, ref)
+    assert (status.state, status.exit_code, status.err_class) == ("ERROR", 137, "ERR_INFRA"), status
+    assert "SIGKILL" in status.message and "killed, possibly out of memory" in status.message
+
+
+def _break_dataset(tmp_path: Path, how: str) -> None:
+    data = tmp_path / "stage" / "s3/bkt/data"
+    if how == "missing":
+        (data / "part-0.bin").unlink()
+        data.rmdir()
+    elif how == "empty":
+        (data / "part-0.bin").unlink()
+    elif how == "unreadable":
+        data.chmod(0)
+    else:
+        results = tmp_path / "local" / "job-1" / "results"
+        results.mkdir(parents=True)
+        results.chmod(0o555)
+
+
+@pytest.mark.parametrize(("how", "path", "detail"), [
+    ("missing", DATA, "does not exist"),
+    ("empty", DATA, "is empty"),
+    ("unreadable", DATA, "is not readable"),
+    ("results-not-writable", "/results", "is not writable"),
+])
+def test_verify_fails_and_the_command_never_starts(tmp_path: Path, backend: LocalBackend, how: str, path: str,
+                                                   detail: str) -> None:
+    plan = make_plan(tmp_path)
+    _break_dataset(tmp_path, how)
+    try:
+        ref = backend.submit(plan).backend_ref
+        verdict = backend.verify(ref, plan, timeout=DEADLINE_S)
+        status = finished(backend, ref)
+    finally:
+        if how == "unreadable":
+            (tmp_path / "stage" / "s3/bkt/data").chmod(0o755)
+    assert not verdict.ok and [(c.path, c.detail) for c in verdict.failures][0] == (path, detail), verdict.describe()
+    assert (status.state, status.err_class) == ("ERROR", "ERR_INFRA") and detail in status.message
+    assert not (control(tmp_path) / "started").exists()  # the stand-in's first act: it never ran
+    assert not (backend.workdir_root / "job-1" / "run" / "rank-0.log").exists()
+    assert backend.cancel(ref) is False  # nothing is left running
+
+
+def test_the_frame_sees_only_what_the_plan_declares(tmp_path: Path, backend: LocalBackend,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    other = make_plan(tmp_path, "other-job")
+    other_ref = backend.submit(other).backend_ref
+    assert finished(backend, other_ref).state == "COMPLETE"
+    home_file = Path.home() / f".tao-data-io-test-{uuid.uuid4().hex}"
+    home_file.write_text("private")
+    monkeypatch.setenv("HOST_ONLY_VARIABLE", "host-value")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    hidden = [str(home_file), str(REPO / "pyproject.toml"), str(Path(__file__)),
+              str(backend.workdir_root / "other-job" / "run" / "launch.json"),
+              str(backend.workdir_root / "other-job" / "results" / "checkpoint_epoch_1.pth"), str(tmp_path)]
+    script = """
+        out=$TAO_RESULTS_DIR
+        {visibility} > "$out/visibility"
+        env > "$out/env"
+        ls -A / > "$out/root"
+        for p in /stand-in/x /tao-inputs/s3/bkt/data/x /usr/x /etc/x; do
+          if touch "$p" 2>/dev/null; then echo "wrote $p"; else echo "refused $p"; fi
+        done > "$out/writes"
+        echo scratch > /scratch/written
+    """.format(visibility=VISIBILITY)
+    plan = make_plan(tmp_path, script=script, script_args=hidden, environment={"DECLARED": "yes"},
+                     mounts=[{"source": str(scratch), "target": "/scratch", "read_only": False}])
+    try:
+        ref = backend.submit(plan, environ=dict(os.environ)).backend_ref
+        assert finished(backend, ref).state == "COMPLETE", backend.logs(ref)
+    finally:
+        home_file.unlink()
+    results = Path(str(backend.results_path(ref)))
+    assert (results / "visibility").read_text().splitlines() == [f"absent {p}" for p in hidden]
+    names = {line.split("=", 1)[0] for line in (results / "env").read_text().splitlines()}
+    assert names - {"PWD"} == {"PATH", "LANG", "HOME", "DECLARED", "TAO_JOB_ID", "TAO_RESULTS_DIR"}  # sh sets PWD
+    assert set((results / "root").read_text().split()) == {d.path.lstrip("/") for d in host_system_dirs()} | {
+        "proc", "dev", "tmp", "tao-inputs", "stand-in", "control", "scratch", "results"}
+    assert (results / "writes").read_text().split("\n")[:4] == [
+        "refused /stand-in/x", "refused /tao-inputs/s3/bkt/data/x", "refused /usr/x", "refused /etc/x"]
+    assert not (STAND_IN / "x").exists() and (scratch / "written").read_text() == "scratch\n"
+
+
+def test_credentials_reach_the_frame_and_nowhere_else(tmp_path: Path, backend: LocalBackend,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = f"tao-test-secret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    script = """
+        printf %s "$HF_TOKEN" | sha256sum > "$TAO_RESULTS_DIR/token.sha256"
+        touch /control/ready
+        while [ ! -e /control/release ]; do sleep 0.1; done
+    """
+    plan = make_plan(tmp_path, script=script, forward_env=["HF_TOKEN"], environ=dict(os.environ))
+    assert secret not in plan.model_dump_json()
+    ref = backend.submit(plan, environ=dict(os.environ)).backend_ref
+    wait_for("the job to hold", lambda: (control(tmp_path) / "ready").exists())
+    processes = job_processes(backend, "job-1")
+    argvs = list(processes.values())
+    assert any("tao_data_io.local.supervisor" in argv for argv in argvs), argvs
+    assert any(argv.startswith(find_tool("bwrap", BWRAP_INSTALL)) for argv in argvs), argvs
+    assert all(secret not in _proc_text(str(pid), "cmdline") for pid in processes)
+    (control(tmp_path) / "release").touch()
+    assert finished(backend, ref).state == "COMPLETE", backend.logs(ref)
+    results = Path(str(backend.results_path(ref)))
+    assert (results / "token.sha256").read_text().split()[0] == hashlib.sha256(secret.encode()).hexdigest()
+    written = [p for p in backend.workdir_root.rglob("*") if p.is_file()]
+    assert len(written) > 8 and not [p for p in written if secret.encode() in p.read_bytes()]
+    assert secret not in backend.logs(ref)
+
+
+def test_cancel_ends_every_process_of_the_job(tmp_path: Path, backend: LocalBackend) -> None:
+    plan = make_plan(tmp_path, environment={"HOLD_FILE": "/control/never"})
+    ref = backend.submit(plan).backend_ref
+    wait_state(backend, ref, "RUNNING")
+    wait_for("the stand-in to start", lambda: (control(tmp_path) / "started").exists())
+    assert len(job_processes(backend, "job-1")) >= 4  # supervisor, bwrap, the sandbox's pid 1, sh…
+    assert backend.cancel(ref) is True
+    assert backend.status(ref).state == "CANCELED"
+    assert job_processes(backend, "job-1") == {}
+    assert backend.cancel(ref) is False
+
+
+def test_a_verify_that_times_out_cancels_the_job(tmp_path: Path, backend: LocalBackend) -> None:
+    fifo = tmp_path / "never-written"
+    os.mkfifo(fifo)  # the probe's read of it blocks: there is no writer
+    plan = make_plan(tmp_path, mounts=[{"source": str(fifo), "target": "/pretrained"}])
+    ref = backend.submit(plan).backend_ref
+    wait_for("the probe to hang", lambda: any("/tao-data-io-verify/probe.sh" in argv
+                                              for argv in job_processes(backend, "job-1").values()))
+    assert backend.status(ref).state == "PENDING"
+    verdict = backend.verify(ref, plan, timeout=1)
+    assert not verdict.ok and verdict.error == "no verdict within 1s; the job was canceled"
+    assert backend.status(ref).state == "CANCELED" and job_processes(backend, "job-1") == {}
+    assert not (control(tmp_path) / "started").exists()
+
+
+def test_cancel_ends_the_frames_of_a_supervisor_that_is_gone(tmp_path: Path, backend: LocalBackend) -> None:
+    plan = make_plan(tmp_path, environment={"HOLD_FILE": "/control/never"})
+    ref = backend.submit(plan).backend_ref
+    wait_for("the stand-in to start", lambda: (control(tmp_path) / "started").exists())
+    supervisor = json.loads((backend.workdir_root / "job-1" / "run" / "supervisor.json").read_text())
+    os.kill(supervisor["pid"], signal.SIGKILL)
+    status = wait_state(backend, ref, "ERROR")
+    assert status.err_class == "ERR_INFRA" and "supervisor ended" in status.message
+    assert job_processes(backend, "job-1")  # its frames still run
+    assert backend.cancel(ref) is True
+    assert job_processes(backend, "job-1") == {} and backend.status(ref).state == "CANCELED"
+
+
+def test_two_jobs_at_once_do_not_see_each_other(tmp_path: Path, backend: LocalBackend) -> None:
+    script = """
+        touch /control/ready
+        while [ ! -e /control/release ]; do sleep 0.1; done
+        cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep '^TAO_JOB_ID=' | sort -u > "$TAO_RESULTS_DIR/jobs"
+        {visibility} > "$TAO_RESULTS_DIR/paths"
+    """.format(visibility=VISIBILITY)
+    refs = {}
+    for me, peer in (("job-a", "job-b"), ("job-b", "job-a")):
+        peer_paths = [str(backend.workdir_root / peer / "run"), str(backend.workdir_root / peer / "results"),
+                      str(control(tmp_path, peer))]
+        refs[me] = backend.submit(make_plan(tmp_path, me, script=script, script_args=peer_paths)).backend_ref
+    for job in refs:
+        wait_for(f"{job} to hold", lambda job=job: (control(tmp_path, job) / "ready").exists())
+    assert {backend.status(ref).state for ref in refs.values()} == {"RUNNING"}  # both at once
+    for job in refs:
+        (control(tmp_path, job) / "release").touch()
+    for job, ref in refs.items():
+        assert finished(backend, ref).state == "COMPLETE", backend.logs(ref)
+        results = Path(str(backend.results_path(ref)))
+        assert (results / "jobs").read_text().splitlines() == [f"TAO_JOB_ID={job}"]
+        assert all(line.startswith("absent ") for line in (results / "paths").read_text().splitlines())
+
+
+def test_killing_the_submitting_process_does_not_kill_the_job(tmp_path: Path, backend: LocalBackend) -> None:
+    plan = make_plan(tmp_path, environment={"HOLD_FILE": "/control/release"})
+    (tmp_path / "plan.json").write_text(plan.model_dump_json())
+    code = ("import sys, time\n"
+            "from tao_data_io.launch.plan import LaunchPlan\n"
+            "from tao_data_io.local.backend import LocalBackend\n"
+            "plan = LaunchPlan.model_validate_json(open(sys.argv[1]).read())\n"
+            "print(LocalBackend(sys.argv[2]).submit(plan).backend_ref, flush=True)\n"
+            "time.sleep(3600)\n")
+    submitter = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "plan.json"), str(backend.workdir_root)],
+                                 stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True,
+                                 env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert submitter.stdout is not None
+    ref = submitter.stdout.readline().strip()
+    os.killpg(submitter.pid, signal.SIGKILL)  # the submitter and its whole process group
+    submitter.wait()
+    wait_state(backend, ref, "RUNNING")
+    (control(tmp_path) / "release").touch()
+    assert finished(backend, ref).state == "COMPLETE", backend.logs(ref)
+
+
+def test_a_rerun_of_submit_starts_nothing_while_running_or_after(tmp_path: Path, backend: LocalBackend) -> None:
+    plan = make_plan(tmp_path, environment={"HOLD_FILE": "/control/release"})
+    ref = backend.submit(plan).backend_ref
+    wait_state(backend, ref, "RUNNING")
+    again = backend.submit(plan)
+    assert (again.backend_ref, again.started) == (ref, False)
+    supervisors = [argv for argv in job_processes(backend, "job-1").values() if "local.supervisor" in argv]
+    assert len(supervisors) == 1, supervisors
+    (control(tmp_path) / "release").touch()
+    assert finished(backend, ref).state == "COMPLETE"
+    assert backend.submit(plan).started is False and backend.status(ref).state == "COMPLETE"
+    assert (control(tmp_path) / "started").read_text() == "rank 0 started\n"  # the command ran once
+    with pytest.raises(UsageError, match="another plan"):
+        backend.submit(plan.model_copy(update={"argv": ["true"]}))
+
+
+def test_two_ranks_run_with_the_rendezvous_variables(tmp_path: Path, backend: LocalBackend) -> None:
+    ref = backend.submit(make_plan(tmp_path, nodes=2)).backend_ref
+    assert finished(backend, ref).state == "COMPLETE", backend.logs(ref)
+    logs = backend.logs(ref)
+    for rank in (0, 1):
+        assert (f"[rank {rank}] train.sh[rank {rank}]: rendezvous: WORLD_SIZE=2 NNODES=2 NODE_RANK={rank} "
+                "NPROC_PER_NODE=1 NUM_GPU_PER_NODE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500") in logs
+    assert sorted((control(tmp_path) / "started").read_text().splitlines()) == ["rank 0 started", "rank 1 started"]
+    assert len(json.loads((backend.workdir_root / "job-1" / "run" / "ranks.json").read_text())["ranks"]) == 2
+
+
+RENDEZVOUS = """
+import os, socket, sys, time
+rank, addr, port = int(os.environ["NODE_RANK"]), os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+out = os.path.join(os.environ["TAO_RESULTS_DIR"], f"rank-{rank}")
+if rank == 0:
+    server = socket.create_server((addr, port))
+    peer, _ = server.accept()
+    open(out, "w").write(peer.recv(100).decode())
+else:
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5).close()
+        host = "host loopback reachable"
+    except OSError:
+        host = "host loopback unreachable"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            connection = socket.create_connection((addr, port), timeout=5)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    connection.sendall(b"hello from rank 1")
+    open(out, "w").write(host)
+"""
+
+
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="the host userland has no /usr/bin/python3")
+def test_ranks_reach_rank_0_on_a_loopback_private_to_the_job(tmp_path: Path, backend: LocalBackend) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as host_service:
+        port = host_service.getsockname()[1]
+        plan = make_plan(tmp_path, command=["/usr/bin/python3", "-c", RENDEZVOUS, str(port)], nodes=2)
+        ref = backend.submit(plan).backend_ref
+        assert finished(backend, ref).state == "COMPLETE", backend.logs(ref)
+    results = Path(str(backend.results_path(ref)))
+    assert (results / "rank-0").read_text() == "hello from rank 1"
+    assert (results / "rank-1").read_text() == "host loopback unreachable"
+
+
+# ----------------------------------------------------------------------------- preflight and lookups
+def test_preflight_passes_a_good_plan_and_names_missing_sources(tmp_path: Path, backend: LocalBackend) -> None:
+    backend.preflight(make_plan(tmp_path))
+    plan = make_plan(tmp_path, mounts=[{"source": str(tmp_path / "nowhere"), "target": "/pretrained"}])
+    with pytest.raises(UsageError, match=f"{tmp_path / 'nowhere'} → /pretrained"):
+        backend.preflight(plan)
+    route = OutputRoute(route="mount", destination=str(tmp_path / "no-mount" / "job-1"), reason="TAO_RESULTS_ROOT")
+    with pytest.raises(UsageError, match="TAO_RESULTS_ROOT"):
+        backend.preflight(make_plan(tmp_path, route=route))
+
+
+def test_preflight_says_how_to_install_bubblewrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    backend = LocalBackend(workdir_root=tmp_path / "local")
+    for call in (lambda: backend.preflight(make_plan(tmp_path)), lambda: backend.submit(make_plan(tmp_path))):
+        with pytest.raises(UsageError, match="apt-get install bubblewrap"):
+            call()
+    assert not (tmp_path / "local").exists()
+
+
+def test_preflight_names_the_sysctl_when_namespaces_are_refused(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "bin" / "bwrap"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    with pytest.raises(UsageError, match="uid map: Permission denied.*sysctl user.max_user_namespaces"):
+        LocalBackend(workdir_root=tmp_path / "local").preflight(make_plan(tmp_path))
+
+
+def test_unknown_and_foreign_refs(tmp_path: Path) -> None:
+    backend = LocalBackend(workdir_root=tmp_path)
+    status = backend.status("local/never-submitted")
+    assert status.state == "UNKNOWN" and str(tmp_path) in status.message
+    assert backend.cancel("local/never-submitted") is False and backend.results_path("local/never-submitted") is None
+    with pytest.raises(UsageError, match="not the local backend's"):
+        backend.status("tao-jobs/job-1")
+    with pytest.raises(UsageError, match="not the local backend's"):
+        backend.status("local/../etc")
+
+
+def test_backend_for_local_and_its_facts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = backend_for("local", {"workdir_root": str(tmp_path)})
+    assert isinstance(backend, LocalBackend) and isinstance(backend, Backend) and backend.workdir_root == tmp_path
+    facts = backend.facts()
+    assert (facts.backend, facts.supports_in_frame_fetch) == ("local", False)
+    monkeypatch.setenv("TAO_DATA_IO_LOCAL_ROOT", str(tmp_path / "from-env"))
+    assert LocalBackend().workdir_root == tmp_path / "from-env"
