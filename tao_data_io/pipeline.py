@@ -29,13 +29,8 @@ from .routing import decide_route, record_route
 from .staging.stage import plan_stage, stage
 from .staging.stage_map import StagingMap
 from .tier import TierDecision, choose_tier
+from .vocabulary import DEFAULT_POLL_SECONDS, DEFAULT_WORKDIR, WORKDIR_VARIABLE
 
-#: Where the CLI keeps per-job working directories unless told otherwise.
-WORKDIR_VARIABLE = "TAO_DATA_IO_WORKDIR"
-DEFAULT_WORKDIR = Path("~/.tao-data-io/work")
-#: How often collect asks the backend while it waits (TAO users poll every few minutes; a local
-#: job ends in seconds).
-DEFAULT_POLL_SECONDS = 5.0
 DEFAULT_LOG_TAIL = 100
 
 Say = Callable[[str], None]
@@ -98,11 +93,16 @@ class Collected:
 
 
 # ----------------------------------------------------------------------------- the steps
+def workdir_root(root: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """Where jobs' working directories live on this host: ``root``, ``$TAO_DATA_IO_WORKDIR`` or the
+    default. The local backend keeps each job's run and results directories there too."""
+    env = os.environ if environ is None else environ
+    return Path(root or env.get(WORKDIR_VARIABLE) or DEFAULT_WORKDIR).expanduser().absolute()
+
+
 def workdir_for(job_id: str, root: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
     """The job's working directory on this host: its staging root and materialized config."""
-    env = os.environ if environ is None else environ
-    base = Path(root or env.get(WORKDIR_VARIABLE) or DEFAULT_WORKDIR).expanduser()
-    return base / job_id
+    return workdir_root(root, environ) / job_id
 
 
 def open_record(request: JobRequest, backend: Backend, store: RecordStore, *, source: str = "cli") -> JobRecord:

@@ -40,3 +40,12 @@ ARCHIVE_FORMATS = "tar, tar.gz/tgz, tar.bz2, tar.xz and zip"
 ANNOTATION_FORMATS = ("parquet", "jsonl", "json", "csv")
 #: What ``selective-download`` does about a referenced object that does not exist.
 MISSING_MODES = ("error", "skip")
+
+# ----------------------------------------------------------------- jobs on a backend
+#: Where the CLI keeps per-job working directories (staging root, the local frame's run and
+#: results directories) unless told otherwise.
+WORKDIR_VARIABLE = "TAO_DATA_IO_WORKDIR"
+DEFAULT_WORKDIR = "~/.tao-data-io/work"
+#: How often collect asks the backend while it waits (TAO users poll every few minutes; a local
+#: job can end in seconds).
+DEFAULT_POLL_SECONDS = 5.0

@@ -222,3 +222,13 @@ def test_tier_c_warns_about_idle_gpus_above_the_threshold() -> None:
     assert decision.tier == "C" and "idle GPU" in decision.warnings[0]
     assert choose_tier(req(mode="args", command="train", args=[], **S3_INPUT),
                        facts.model_copy(update={"input_bytes": 1024})).warnings == []
+
+
+def test_an_empty_read_only_pre_positioned_directory_fails_but_a_writable_one_may_be_empty(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    checks = [Check(kind="readable", path=str(tmp_path / "empty"), subject="/lustre/dataset"),
+              Check(kind="present", path=str(tmp_path / "empty"), subject="/scratch")]
+    done = _run_probe(tmp_path, checks)
+    verdict = parse_probe_output(done.stdout, checks, done.returncode)
+    assert [(c.kind, c.ok, c.detail) for c in verdict.checks] == [
+        ("readable", False, "is an empty directory"), ("present", True, "present")]

@@ -254,7 +254,7 @@ def test_a_job_is_verified_then_runs_and_writes_its_results(tmp_path: Path, back
     assert submission.started and submission.backend_ref == "local/job-1"
     verdict = backend.verify(submission.backend_ref, plan, timeout=DEADLINE_S)
     assert verdict.ok, verdict.describe()
-    assert [c.kind for c in verdict.checks] == ["dir-nonempty", "file", "readable", "readable", "results-writable",
+    assert [c.kind for c in verdict.checks] == ["dir-nonempty", "file", "readable", "present", "results-writable",
                                                 "persistent"]
     status = finished(backend, submission.backend_ref)
     assert status.state == "COMPLETE" and status.exit_code == 0, status

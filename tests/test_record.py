@@ -385,7 +385,8 @@ def test_sigkill_during_writes_never_leaves_a_damaged_record(tmp_path: Path) -> 
     records = store.list_records(on_damaged=lambda where, reason: damaged.append(reason))
     assert damaged == [] and [r.job_id for r in records] == ["kill-0", "kill-1", "kill-2"]
     for path in tmp_path.glob("*.json"):
-        json.loads(path.read_text())
+        if not path.name.startswith("."):  # a killed writer's temp file may be half written: that is its job
+            json.loads(path.read_text())
     # The lock died with its holder, and the next writer clears that job's leftovers.
     temp_path_for(tmp_path / "kill-0.json").write_text('{"half": ')
     for record in records:

@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from . import archive, kubernetes, outputs, ptm, record, selective, staging, transfer
+from . import archive, kubernetes, outputs, pipeline, ptm, record, selective, staging, transfer
 
-MODULES = (transfer, staging, selective, archive, ptm, record, outputs, kubernetes)
+MODULES = (pipeline, transfer, staging, selective, archive, ptm, record, outputs, kubernetes)

@@ -32,7 +32,7 @@ from pydantic import Field
 from ..schema import Strict
 from .plan import LaunchPlan
 
-CheckKind = Literal["dir-nonempty", "file", "readable", "results-writable", "persistent"]
+CheckKind = Literal["dir-nonempty", "file", "readable", "present", "results-writable", "persistent"]
 #: Name of the token file the probe writes into the results directory.
 TOKEN_FILE = ".tao-data-io-verify"
 LINE_PREFIX = "TAO-VERIFY"
@@ -68,10 +68,15 @@ while IFS="$tab" read -r check path argument; do
     readable)
       if [ ! -e "$path" ]; then report fail "$check" "$path" "does not exist"
       elif [ -d "$path" ]; then
-        if [ -r "$path" ] && [ -x "$path" ]; then report ok "$check" "$path" "readable directory"
-        else report fail "$check" "$path" "is not readable"; fi
+        if [ ! -r "$path" ] || [ ! -x "$path" ]; then report fail "$check" "$path" "is not readable"
+        elif ! nonempty "$path"; then report fail "$check" "$path" "is an empty directory"
+        else report ok "$check" "$path" "readable directory, not empty"; fi
       elif dd if="$path" of=/dev/null bs=1 count=1 2>/dev/null; then report ok "$check" "$path" "readable"
       else report fail "$check" "$path" "is not readable"; fi ;;
+    present)
+      if [ ! -e "$path" ]; then report fail "$check" "$path" "does not exist"
+      elif [ ! -r "$path" ]; then report fail "$check" "$path" "is not readable"
+      else report ok "$check" "$path" "present"; fi ;;
     results-writable)
       if ! mkdir -p "$path" 2>/dev/null; then report fail "$check" "$path" "cannot be created"
       elif ! printf '%s' "$argument" > "$path/.tao-data-io-verify" 2>/dev/null; then
@@ -160,6 +165,8 @@ def checklist(plan: LaunchPlan, token: str | None = None) -> tuple[list[Check], 
             continue
         seen.add(mount.target)
         kind: CheckKind = {"dir": "dir-nonempty", "file": "file", "any": "readable"}[mount.expect]
+        if mount.expect == "any" and not mount.read_only:
+            kind = "present"  # a writable mount is somewhere the job writes: it may start empty
         checks.append(Check(kind=kind, path=mount.target, subject=mount.input))
     checks.append(Check(kind="results-writable", path=plan.results_dir, subject="results", argument=token))
     return checks, token

@@ -1,0 +1,175 @@
+"""``submit``, ``status``, ``logs``, ``cancel``, ``collect``: a TAO job through its whole life from
+a shell, composing the same step functions as the Prefect flows (:mod:`tao_data_io.pipeline`).
+
+Why verbs: not every user runs Prefect; a shell script, a CI job or an agent submits a request,
+polls it and collects its results with the same guarantees (verify inside the frame before the
+command starts, results uploaded with excludes even after a failure, the record as the source of
+truth).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..vocabulary import DEFAULT_POLL_SECONDS, WORKDIR_VARIABLE
+from .examples import add_verb
+from .record import add_root_option
+
+if TYPE_CHECKING:
+    from ..console import Console
+    from ..launch.backend import Backend
+    from ..records import RecordStore
+
+BACKENDS = ("local", "kubernetes")
+
+
+def register(verbs: Any) -> None:
+    submit = add_verb(verbs, "submit", help="run a job request: record, tier, stage, config, launch, verify "
+                                            "inside the frame, then RUNNING; prints the job id", examples=[
+        ("Run a config-mode request in the local sandboxed frame; prints the job id",
+         "tao-data-io submit --request examples/config-mode.yaml"),
+        ("The same on Kubernetes, in a namespace of your own",
+         "TAO_K8S_NAMESPACE=tao-jobs tao-data-io submit --request job.yaml --backend kubernetes"),
+    ])
+    submit.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON)")
+    submit.add_argument("--backend", choices=BACKENDS, default="local", help="where the job runs (default: local)")
+    _add_common(submit)
+    submit.add_argument("--json", action="store_true", help="print the submission as JSON")
+    submit.set_defaults(run=_submit)
+
+    status = add_verb(verbs, "status", help="a job's state in the TAO vocabulary (PENDING, RUNNING, COMPLETE, "
+                                            "ERROR, CANCELED), recorded when final", examples=[
+        ("Where a job is", "tao-data-io status --job-id dino-train-coco"),
+        ("As JSON, for a script", "tao-data-io status --job-id dino-train-coco --json"),
+    ])
+    _add_job(status)
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.set_defaults(run=_status)
+
+    logs = add_verb(verbs, "logs", help="the last lines of a job's output (per rank for multi-node jobs)", examples=[
+        ("The last 100 lines", "tao-data-io logs --job-id dino-train-coco"),
+        ("The last 20", "tao-data-io logs --job-id dino-train-coco --tail 20"),
+    ])
+    _add_job(logs)
+    logs.add_argument("--tail", type=int, default=100, metavar="N", help="lines to show (default 100)")
+    logs.set_defaults(run=_logs)
+
+    cancel = add_verb(verbs, "cancel", help="stop a job and everything it started; the record says CANCELED",
+                      examples=[("Stop a job", "tao-data-io cancel --job-id dino-train-coco"),
+                                ("Stop a job whose records live in a shared bucket",
+                                 "tao-data-io cancel --job-id dino-train-coco --root s3://bucket/tao-jobs/")])
+    _add_job(cancel)
+    cancel.set_defaults(run=_cancel)
+
+    collect = add_verb(verbs, "collect", help="after the job: upload results to the recorded route with the "
+                                              "job's excludes (also after a failure) and record the outcome",
+                       examples=[
+                           ("Wait for the job to end, then upload its results",
+                            "tao-data-io collect --job-id dino-train-coco --wait"),
+                           ("Collect now if it ended, else say it has not",
+                            "tao-data-io collect --job-id dino-train-coco"),
+                       ])
+    _add_job(collect)
+    collect.add_argument("--wait", action="store_true", help="wait for the job to end (long PENDING is normal)")
+    collect.add_argument("--poll-seconds", type=float, default=DEFAULT_POLL_SECONDS, metavar="S",
+                         help=f"how often to ask while waiting (default {DEFAULT_POLL_SECONDS:g})")
+    collect.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    collect.set_defaults(run=_collect)
+
+
+def _add_common(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--workdir", type=Path, metavar="W",
+                     help=f"where jobs' working directories live on this host (default ${WORKDIR_VARIABLE} or "
+                          "~/.tao-data-io/work); give the same one to every verb of a job")
+    add_root_option(sub)
+
+
+def _add_job(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--job-id", required=True, metavar="ID")
+    _add_common(sub)
+
+
+def _config(platform: str, workdir: Path | None) -> dict[str, Any]:
+    """The backend's settings from the command line and the environment (the Kubernetes backend
+    reads TAO_K8S_NAMESPACE and TAO_K8S_CONTEXT itself)."""
+    from ..pipeline import workdir_root
+
+    return {"workdir_root": workdir_root(workdir)} if platform == "local" else {}
+
+
+def _job(args: argparse.Namespace) -> tuple[RecordStore, Backend, str]:
+    from ..launch.backend import backend_for
+    from ..records import RecordStore
+
+    store = RecordStore(args.root)
+    record = store.get(args.job_id)
+    return store, backend_for(record.platform, _config(record.platform, args.workdir)), record.job_id
+
+
+def _submit(args: argparse.Namespace, console: Console) -> int:
+    from ..launch.backend import backend_for
+    from ..pipeline import submit, workdir_root
+    from ..records import RecordStore
+    from ..request import load_request
+
+    request = load_request(args.request)
+    backend = backend_for(args.backend, _config(args.backend, args.workdir))
+    done = submit(request, backend, RecordStore(args.root), workdir_root=workdir_root(args.workdir),
+                  say=console.err)
+    if args.json:
+        console.json(done.to_dict())
+    else:
+        console.err(done.describe())
+        console.out(done.job_id)
+    return 0
+
+
+def _status(args: argparse.Namespace, console: Console) -> int:
+    from ..pipeline import current_status
+
+    store, backend, job_id = _job(args)
+    status = current_status(store.get(job_id), backend, store)
+    console.json(status.to_dict()) if args.json else console.out(status.describe())
+    return 0
+
+
+def _logs(args: argparse.Namespace, console: Console) -> int:
+    store, backend, job_id = _job(args)
+    ref = store.get(job_id).backend_ref
+    console.out(backend.logs(ref, args.tail).rstrip("\n") if ref else f"job {job_id} was never launched")
+    return 0
+
+
+def _cancel(args: argparse.Namespace, console: Console) -> int:
+    from ..pipeline import cancel
+
+    store, backend, job_id = _job(args)
+    stopped = cancel(job_id, backend, store)
+    console.out(f"job {job_id} CANCELED" + ("" if stopped else " (nothing was running)"))
+    return 0
+
+
+def _collect(args: argparse.Namespace, console: Console) -> int:
+    from ..pipeline import collect
+    from ..routing import loud_ephemeral_warning
+
+    store, backend, job_id = _job(args)
+    outcome = collect(job_id, backend, store, wait=args.wait, poll_seconds=args.poll_seconds, environ=os.environ,
+                      say=console.err)
+    if args.json:
+        console.json(outcome.to_dict())
+    else:
+        console.out(outcome.describe())
+        if outcome.logs_tail:
+            console.out("last lines of the log:\n" + outcome.logs_tail.rstrip("\n"))
+        if outcome.failure is not None:
+            console.out(f"failure analysis: {outcome.failure.describe()}")
+    if outcome.upload is not None and outcome.upload.status == "ephemeral":
+        console.err(loud_ephemeral_warning(job_id))
+    if outcome.state not in ("COMPLETE", "ERROR", "CANCELED"):
+        return 3  # not finished: a script polls again
+    failed = outcome.upload is not None and outcome.upload.summary is not None and not outcome.upload.summary.ok
+    return 1 if failed or outcome.state != "COMPLETE" else 0

@@ -1,0 +1,98 @@
+"""A TAO job's whole life from the shell, in the real local frame over the embedded S3 server:
+``submit`` stages from S3, verifies inside the frame and starts the stand-in; ``collect --wait``
+uploads its results with ``.tao/`` and the declared excludes left out — also after a failure."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tao_data_io.records import RecordStore
+
+from .helpers import run_cli
+
+STAND_IN = Path(__file__).resolve().parent.parent / "examples" / "stand_in"
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+
+def _request(tmp_path: Path, bucket: str, job_id: str, **environment: str) -> Path:
+    request = {
+        "schema_version": "1", "job_id": job_id, "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt",
+        "mode": "config", "config_format": "yaml", "command": "sh /stand-in/train.sh -e {config_path}",
+        "spec": {"dataset": {"images": f"s3://{bucket}/ds/images/"}, "train": {"num_epochs": 2}},
+        "mounts": [{"source": str(STAND_IN), "target": "/stand-in"}],
+        "environment": {"EPOCHS": "2", "EPOCH_SECONDS": "0", "TRAIN_INPUTS": f"/tao-inputs/s3/{bucket}/ds/images",
+                        **environment},
+        "outputs": {"results_dir": "/results", "upload_excludes": ["train.log"]},
+    }
+    path = tmp_path / f"{job_id}.yaml"
+    path.write_text(yaml.safe_dump(request))
+    return path
+
+
+@pytest.fixture
+def env(s3_server: Any, bucket: str, s3_client: Any, tmp_path: Path) -> dict[str, str]:
+    for i in range(3):
+        s3_client.put_object(Bucket=bucket, Key=f"ds/images/img{i}.jpg", Body=b"jpeg" * 100)
+    return {**s3_server.env(), "S3_BUCKET_NAME": bucket, "TAO_DATA_IO_JOBS_DIR": str(tmp_path / "jobs"),
+            "TAO_DATA_IO_WORKDIR": str(tmp_path / "work"), "HOME": str(tmp_path)}
+
+
+def _uploaded(s3_client: Any, bucket: str, job_id: str) -> list[str]:
+    listed = s3_client.list_objects_v2(Bucket=bucket, Prefix=f"results/{job_id}/")
+    return sorted(obj["Key"].removeprefix(f"results/{job_id}/") for obj in listed.get("Contents", []))
+
+
+def test_submit_then_collect_runs_the_job_and_uploads_its_results(env: dict[str, str], bucket: str, s3_client: Any,
+                                                                  tmp_path: Path) -> None:
+    submitted = run_cli("submit", "--request", str(_request(tmp_path, bucket, "cli-ok")), env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    assert submitted.stdout.strip() == "cli-ok" and "verified inside the frame" in submitted.stderr
+
+    collected = run_cli("collect", "--job-id", "cli-ok", "--wait", "--poll-seconds", "0.2", "--json", env=env)
+    assert collected.returncode == 0, collected.stderr
+    outcome = json.loads(collected.stdout)
+    assert outcome["state"] == "COMPLETE" and outcome["upload"]["summary"]["transferred_files"] == 3
+    assert _uploaded(s3_client, bucket, "cli-ok") == ["checkpoint_epoch_1.pth", "checkpoint_epoch_2.pth",
+                                                      "status.json"]  # no .tao/, no train.log
+    record = RecordStore(tmp_path / "jobs").get("cli-ok")
+    assert record.state == "COMPLETE" and record.verify is not None and record.verify["ok"]
+    assert [t.state for t in record.history] == ["PENDING", "RUNNING", "COMPLETE"]
+    status = run_cli("status", "--job-id", "cli-ok", env=env)
+    assert status.returncode == 0 and status.stdout.startswith("COMPLETE")
+
+
+def test_a_failing_job_still_uploads_and_collect_says_why(env: dict[str, str], bucket: str, s3_client: Any,
+                                                          tmp_path: Path) -> None:
+    request = _request(tmp_path, bucket, "cli-fail", FAIL_AFTER_EPOCH="1", FAIL_EXIT_CODE="7")
+    assert run_cli("submit", "--request", str(request), env=env).returncode == 0
+    collected = run_cli("collect", "--job-id", "cli-fail", "--wait", "--poll-seconds", "0.2", env=env)
+    assert collected.returncode == 1, collected.stderr
+    assert "ERROR" in collected.stdout and "exit code 7" in collected.stdout and "last lines of the log" in collected.stdout
+    assert "checkpoint_epoch_1.pth" in _uploaded(s3_client, bucket, "cli-fail")
+
+
+def test_an_empty_input_fails_verify_and_the_command_never_starts(env: dict[str, str], bucket: str,
+                                                                  tmp_path: Path) -> None:
+    request = _request(tmp_path, bucket, "cli-unverified", TRAIN_INPUTS="/data/missing", MARKER_DIR="/results")
+    (tmp_path / "empty").mkdir()
+    data = yaml.safe_load(request.read_text())
+    data["mounts"].append({"source": str(tmp_path / "empty"), "target": "/data/missing"})
+    request.write_text(yaml.safe_dump(data))
+    result = run_cli("submit", "--request", str(request), env=env)
+    assert result.returncode != 0 and "/data/missing" in result.stderr
+    record = RecordStore(tmp_path / "jobs").get("cli-unverified")
+    assert record.state == "ERROR" and "/data/missing" in json.dumps(record.verify)
+    assert not (tmp_path / "work" / "cli-unverified" / "results" / "started").exists()  # never started
+    # A source that does not exist on this host is refused before anything is created.
+    data["job_id"] = "cli-no-source"
+    data["mounts"][-1]["source"] = str(tmp_path / "not-here")
+    request.write_text(yaml.safe_dump(data))
+    result = run_cli("submit", "--request", str(request), env=env)
+    assert result.returncode == 2 and "not-here" in result.stderr
