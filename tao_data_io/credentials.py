@@ -70,18 +70,19 @@ class S3Credentials:
     #: "aws" or "legacy": which family of variable names supplied the keys.
     source: str = "aws"
 
+    def settings(self, names: Mapping[str, str]) -> dict[str, str]:
+        """The settings that are set, under the names a client wants: ``names`` maps each of
+        ``access_key_id``, ``secret_access_key``, ``session_token``, ``region`` and
+        ``endpoint_url`` to the client's word for it. One place decides what a client is given."""
+        values = {"access_key_id": self.access_key_id, "secret_access_key": self.secret_access_key,
+                  "session_token": self.session_token, "region": self.region, "endpoint_url": self.endpoint_url}
+        return {names[field]: value for field, value in values.items() if value}
+
     def boto3_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``boto3.client("s3", **kwargs)``."""
-        kwargs: dict[str, Any] = {
-            "aws_access_key_id": self.access_key_id,
-            "aws_secret_access_key": self.secret_access_key,
-            "region_name": self.region,
-        }
-        if self.session_token:
-            kwargs["aws_session_token"] = self.session_token
-        if self.endpoint_url:
-            kwargs["endpoint_url"] = self.endpoint_url
-        return kwargs
+        return self.settings({"access_key_id": "aws_access_key_id", "secret_access_key": "aws_secret_access_key",
+                              "session_token": "aws_session_token", "region": "region_name",
+                              "endpoint_url": "endpoint_url"})
 
     def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """An environment for a child process (s5cmd) carrying these credentials.

@@ -25,12 +25,7 @@ def strip_components(text: str) -> int:
 
 def register(verbs: Any) -> None:
     extract = add_verb(verbs, "extract", help=f"extract an archive ({ARCHIVE_FORMATS}), local or s3://, "
-                                              "into a directory: safely, atomically, once", examples=[
-        ("Extract an archive from S3 in one streaming read; a rerun with the same archive does nothing",
-         "tao-data-io extract --archive s3://bucket/archives/calib.tar.gz --dest /data/calib"),
-        ("Extract a local zip, dropping its top-level directory",
-         "tao-data-io extract --archive ./coco-mini.zip --dest /data/coco-mini --strip-components 1"),
-    ])
+                                              "into a directory: safely, atomically, once")
     extract.add_argument("--archive", required=True, metavar="PATH_OR_S3_URI", help="a local file or s3://BUCKET/KEY")
     extract.add_argument("--dest", required=True, metavar="DIR",
                          help="the directory to create or replace; it holds exactly the archive plus .extracted")

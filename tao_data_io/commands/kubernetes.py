@@ -17,15 +17,7 @@ if TYPE_CHECKING:
     from ..tier import ClusterFacts
 
 def register(verbs: Any) -> None:
-    plan = add_verb(verbs, "plan", help="print the storage tier decision and what the job would run and mount",
-                    examples=[
-                        ("The decision for a request, assuming a cluster with no claim",
-                         "tao-data-io plan --request examples/tier-c.yaml"),
-                        ("With what the cluster offers (a Bound claim; facts.json holds "
-                         '{"backend": "kubernetes", "volumes": [{"name": "tao-data"}]})',
-                         "tao-data-io plan --request examples/tier-b.yaml --facts facts.json"),
-                        ("Machine-readable", "tao-data-io plan --request examples/multi-node.yaml --json"),
-                    ])
+    plan = add_verb(verbs, "plan", help="print the storage tier decision and what the job would run and mount")
     plan.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON)")
     plan.add_argument("--facts", type=Path, metavar="F.json",
                       help="what the cluster offers (ClusterFacts as JSON); default: Kubernetes, no claim")
@@ -33,18 +25,7 @@ def register(verbs: Any) -> None:
     plan.set_defaults(run=_plan)
 
     render = add_verb(verbs, "render-job", help="print every manifest the job needs as multi-document YAML "
-                                                "(stage Job, Secret reference, ConfigMap, Service, Job)", examples=[
-        ("Tier C (the pod stages and uploads), applied as it comes out, after `record open` and "
-         "`stage --plan-only`",
-         "tao-data-io render-job --request examples/tier-c.yaml --staging-map plan-c/staging-map.json --job-id dino-c "
-         "--stager-image registry.example.com/tao-data-io-stager:0.1.0 | kubectl apply -f -"),
-        ("Tier B with a 4-shard stage Job: apply `-l tao-data-io/step=stage` first, wait, then the rest",
-         "tao-data-io render-job --request examples/tier-b.yaml --staging-map plan-b/staging-map.json --job-id dino-b "
-         "--pvc-claim tao-data --shards 4 --stager-image IMG > job.yaml"),
-        ("Multi-node with a pre-created credentials Secret and an image pull secret",
-         "tao-data-io render-job --request examples/multi-node.yaml --staging-map plan-m/staging-map.json "
-         "--job-id dino-m --namespace tao-jobs --credential-secret s3-creds --image-pull-secret ngc-pull-secret"),
-    ])
+                                                "(stage Job, Secret reference, ConfigMap, Service, Job)")
     render.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON)")
     render.add_argument("--staging-map", required=True, type=Path, metavar="M",
                         help="the staging map (`stage`, or `stage --plan-only` for tiers B and C)")

@@ -26,16 +26,7 @@ SLURM_JOB_VARIABLE = "SLURM_JOB_ID"
 
 
 def register(verbs: Any) -> None:
-    route = add_verb(verbs, "route-outputs", help="decide where a job's results go: mount, s3 or ephemeral (JSON)",
-                     examples=[
-                         ("Show where results of a job would go with this environment",
-                          "S3_BUCKET_NAME=bucket tao-data-io route-outputs --job-id dino-train-coco"),
-                         ("Pin the decision in the job record at submit time",
-                          "tao-data-io route-outputs --job-id dino-train-coco --record"),
-                         ("Move results to a shared mount from now on, replacing the recorded route",
-                          "TAO_RESULTS_ROOT=/mnt/tao-results tao-data-io route-outputs --job-id dino-train-coco "
-                          "--record --force"),
-                     ])
+    route = add_verb(verbs, "route-outputs", help="decide where a job's results go: mount, s3 or ephemeral (JSON)")
     route.add_argument("--job-id", required=True, metavar="ID")
     route.add_argument("--record", action="store_true",
                        help="store the decision in the job record (what submit calls); idempotent")
@@ -44,13 +35,7 @@ def register(verbs: Any) -> None:
     route.set_defaults(run=_route)
 
     upload = add_verb(verbs, "upload-results", help="upload a job's results to its routed destination, also after "
-                                                    "a failed job; records a summary", examples=[
-        ("Upload everything after the job ended (it waits for a running resync)",
-         "tao-data-io upload-results --job-id dino-train-coco --results-dir /results"),
-        ("Leave TensorBoard events behind, and refuse to run inside a SLURM allocation",
-         "tao-data-io upload-results --job-id dino-train-coco --results-dir /results "
-         "--exclude 'events.out.tfevents.*' --no-upload-in-allocation"),
-    ])
+                                                    "a failed job; records a summary")
     _add_upload_arguments(upload, settle_help="leave files modified in the last N seconds for a later run "
                                               "(default 0: this runs after the job, so everything goes now)")
     upload.add_argument("--no-upload-in-allocation", action="store_true",
@@ -59,23 +44,13 @@ def register(verbs: Any) -> None:
     upload.set_defaults(run=lambda args, console: _upload(args, console, "upload"))
 
     resync = add_verb(verbs, "resync", help="upload what is new while a job runs (the unit a schedule calls); "
-                                            "safe beside the writer and beside another resync", examples=[
-        (f"Upload results left alone for {DEFAULT_SETTLE_SECONDS:g} s (run it from cron every few minutes)",
-         "tao-data-io resync --job-id dino-train-coco --results-dir /results"),
-        ("Upload everything new now, without the settle window",
-         "tao-data-io resync --job-id dino-train-coco --results-dir /results --settle-seconds 0"),
-    ])
+                                            "safe beside the writer and beside another resync")
     _add_upload_arguments(resync, settle_help="leave files modified in the last N seconds for a later run "
                                               f"(default {DEFAULT_SETTLE_SECONDS:g})")
     resync.set_defaults(run=lambda args, console: _upload(args, console, "resync"))
 
     check = add_verb(verbs, "check-upload", help="prove results can reach the job's S3 route from here: put and "
-                                                 "delete one object under its results prefix", examples=[
-        ("Check, from inside a pod, that its credentials can write the job's results prefix",
-         "tao-data-io check-upload --job-id dino-train-coco"),
-        ("Also leave the outcome where the verify probe reads it",
-         "tao-data-io check-upload --job-id dino-train-coco --verdict /tao-stage/upload-check"),
-    ])
+                                                 "delete one object under its results prefix")
     check.add_argument("--job-id", required=True, metavar="ID")
     check.add_argument("--verdict", type=Path, metavar="FILE",
                        help="also write 'ok|fail<TAB>detail' here (what the verify probe's persistent check reads)")

@@ -28,12 +28,7 @@ BACKENDS = ("local", "kubernetes")
 
 def register(verbs: Any) -> None:
     submit = add_verb(verbs, "submit", help="run a job request: record, tier, stage, config, launch, verify "
-                                            "inside the frame, then RUNNING; prints the job id", examples=[
-        ("Run a config-mode request in the local sandboxed frame; prints the job id",
-         "tao-data-io submit --request examples/config-mode.yaml"),
-        ("The same on Kubernetes, in a namespace of your own",
-         "TAO_K8S_NAMESPACE=tao-jobs tao-data-io submit --request job.yaml --backend kubernetes"),
-    ])
+                                            "inside the frame, then RUNNING; prints the job id")
     submit.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON)")
     submit.add_argument("--backend", choices=BACKENDS, default="local", help="where the job runs (default: local)")
     _add_common(submit)
@@ -41,37 +36,22 @@ def register(verbs: Any) -> None:
     submit.set_defaults(run=_submit)
 
     status = add_verb(verbs, "status", help="a job's state in the TAO vocabulary (PENDING, RUNNING, COMPLETE, "
-                                            "ERROR, CANCELED), recorded when final", examples=[
-        ("Where a job is", "tao-data-io status --job-id dino-train-coco"),
-        ("As JSON, for a script", "tao-data-io status --job-id dino-train-coco --json"),
-    ])
+                                            "ERROR, CANCELED), recorded when final")
     _add_job(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.set_defaults(run=_status)
 
-    logs = add_verb(verbs, "logs", help="the last lines of a job's output (per rank for multi-node jobs)", examples=[
-        ("The last 100 lines", "tao-data-io logs --job-id dino-train-coco"),
-        ("The last 20", "tao-data-io logs --job-id dino-train-coco --tail 20"),
-    ])
+    logs = add_verb(verbs, "logs", help="the last lines of a job's output (per rank for multi-node jobs)")
     _add_job(logs)
     logs.add_argument("--tail", type=int, default=100, metavar="N", help="lines to show (default 100)")
     logs.set_defaults(run=_logs)
 
-    cancel = add_verb(verbs, "cancel", help="stop a job and everything it started; the record says CANCELED",
-                      examples=[("Stop a job", "tao-data-io cancel --job-id dino-train-coco"),
-                                ("Stop a job whose records live in a shared bucket",
-                                 "tao-data-io cancel --job-id dino-train-coco --root s3://bucket/tao-jobs/")])
+    cancel = add_verb(verbs, "cancel", help="stop a job and everything it started; the record says CANCELED")
     _add_job(cancel)
     cancel.set_defaults(run=_cancel)
 
     collect = add_verb(verbs, "collect", help="after the job: upload results to the recorded route with the "
-                                              "job's excludes (also after a failure) and record the outcome",
-                       examples=[
-                           ("Wait for the job to end, then upload its results",
-                            "tao-data-io collect --job-id dino-train-coco --wait"),
-                           ("Collect now if it ended, else say it has not",
-                            "tao-data-io collect --job-id dino-train-coco"),
-                       ])
+                                              "job's excludes (also after a failure) and record the outcome")
     _add_job(collect)
     collect.add_argument("--wait", action="store_true", help="wait for the job to end (long PENDING is normal)")
     collect.add_argument("--poll-seconds", type=float, default=DEFAULT_POLL_SECONDS, metavar="S",

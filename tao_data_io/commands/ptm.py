@@ -23,14 +23,7 @@ environment:
 
 def register(verbs: Any) -> None:
     pull = add_verb(verbs, "pull-model", help="download a pre-trained model into a directory, verified against "
-                                              "the registry", epilog=_ENVIRONMENT, examples=[
-        ("Pull a model repository from the Hugging Face Hub at a pinned revision",
-         "tao-data-io pull-model hf://nvidia/dino-resnet50@main --dest /models/dino"),
-        ("Pull one file of a Hub repository",
-         "tao-data-io pull-model hf://nvidia/dino-resnet50@main/model.pth --dest /models/dino"),
-        ("Pull a model version from NGC (needs NGC_KEY)",
-         "tao-data-io pull-model ngc://nvidia/tao/pretrained_classification:resnet18 --dest /models/resnet18"),
-    ])
+                                              "the registry", epilog=_ENVIRONMENT)
     pull.add_argument("uri", metavar="URI", help=f"{HF_SHAPE} or {NGC_SHAPE}")
     pull.add_argument("--dest", required=True, metavar="D",
                       help="directory to hold the model's files; a rerun fetches only what is missing or wrong")

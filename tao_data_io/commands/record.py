@@ -21,24 +21,10 @@ if TYPE_CHECKING:
 
 
 def register(verbs: Any) -> None:
-    record = add_verb(verbs, "record", help="the durable job record: open, mark, show, list", examples=[
-        ("Open a record at submit time (prints the minted job id)",
-         "tao-data-io record open --platform slurm --image nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt "
-         "--network-arch dino --action train --results-dir /results --storage-tier B"),
-        ("Report that the job runs, naming its Kubernetes Job",
-         "tao-data-io record mark dino-train-coco --state RUNNING --backend-ref tao/dino-train-coco"),
-        ("Read a job's history after Kubernetes has forgotten it", "tao-data-io record show dino-train-coco"),
-    ])
+    record = add_verb(verbs, "record", help="the durable job record: open, mark, show, list")
     actions = record.add_subparsers(dest="record_verb", metavar="open|mark|show|list", required=True)
 
-    open_ = add_verb(actions, "open", help="create a PENDING record; prints only the job id", examples=[
-        ("Open a record and keep its id for the next steps",
-         "JOB=$(tao-data-io record open --platform k8s --image nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt "
-         "--network-arch dino --action train --results-dir /results --storage-tier C)"),
-        ("Open it under a chosen id, with excludes every upload of its results applies",
-         "tao-data-io record open --job-id dino-train-coco --platform slurm --image tao:6.0.0 --network-arch dino "
-         "--action train --results-dir /results --storage-tier B --upload-exclude '*.tmp'"),
-    ])
+    open_ = add_verb(actions, "open", help="create a PENDING record; prints only the job id")
     for option in ("--platform", "--image", "--network-arch", "--action", "--results-dir"):
         open_.add_argument(option, required=True)
     open_.add_argument("--storage-tier", choices=STORAGE_TIERS,
@@ -52,20 +38,13 @@ def register(verbs: Any) -> None:
     open_.set_defaults(run=_open)
 
     import_ = add_verb(actions, "import", help="adopt a record document (a job's ConfigMap copy) into this store; "
-                                               "idempotent, refuses a different job under the same id", examples=[
-        ("Adopt the record a pod was given, so its upload entries land in this store",
-         "tao-data-io record import /tao-files/record.json --root s3://bucket/tao-jobs/"),
-        ("The same, saying who reports it", "tao-data-io record import record.json --source stager"),
-    ])
+                                               "idempotent, refuses a different job under the same id")
     import_.add_argument("path", metavar="FILE", type=Path)
     import_.add_argument("--source", default="pod", help="who reports it (default: pod)")
     add_root_option(import_)
     import_.set_defaults(run=_import)
 
-    mark = add_verb(actions, "mark", help="record a state report for a job", examples=[
-        ("The job started", "tao-data-io record mark dino-train-coco --state RUNNING --source agent"),
-        ("The job failed, with the reason", "tao-data-io record mark dino-train-coco --state ERROR --message 'OOM at epoch 3'"),
-    ])
+    mark = add_verb(actions, "mark", help="record a state report for a job")
     mark.add_argument("job_id", metavar="ID")
     mark.add_argument("--state", required=True, choices=STATES)
     mark.add_argument("--backend-ref", metavar="NAMESPACE/NAME", help="the Kubernetes Job running it")
@@ -74,21 +53,13 @@ def register(verbs: Any) -> None:
     add_root_option(mark)
     mark.set_defaults(run=_mark)
 
-    show = add_verb(actions, "show", help="one job's record, history included", examples=[
-        ("A job's state, route, uploads and history", "tao-data-io record show dino-train-coco"),
-        ("The whole record document, from another record directory",
-         "tao-data-io record show dino-train-coco --json --root /shared/tao-jobs"),
-    ])
+    show = add_verb(actions, "show", help="one job's record, history included")
     show.add_argument("job_id", metavar="ID")
     show.add_argument("--json", action="store_true", help="print the record document")
     add_root_option(show)
     show.set_defaults(run=_show)
 
-    list_ = add_verb(actions, "list", help="one line per job, oldest first", examples=[
-        ("Every job of this machine's record directory", "tao-data-io record list"),
-        ("Only running jobs of a shared S3 store, as JSON",
-         "tao-data-io record list --state RUNNING --json --root s3://bucket/tao-jobs/"),
-    ])
+    list_ = add_verb(actions, "list", help="one line per job, oldest first")
     list_.add_argument("--state", choices=STATES, help="only jobs in this state (on S3: reads only those records)")
     list_.add_argument("--json", action="store_true", help="print the record documents")
     add_root_option(list_)

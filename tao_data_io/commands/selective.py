@@ -29,15 +29,7 @@ def split_keys(values: Sequence[str]) -> list[str]:
 
 
 def register(verbs: Any) -> None:
-    sub = add_verb(verbs, "selective-download", help="download only the objects an annotation file references",
-                   examples=[
-                       ("Stage the clips a parquet annotation names in its 'video' column (no listing of the bucket)",
-                        "tao-data-io selective-download --annotation s3://bucket/clips/train.parquet --key video "
-                        "--bucket bucket --src-prefix clips --dest /data/clips"),
-                       ("Two columns from a local JSONL file; stage what exists and list the missing keys",
-                        "tao-data-io selective-download --annotation ann.jsonl --key image,mask --bucket bucket "
-                        "--src-prefix coco --dest /data/coco --missing skip"),
-                   ])
+    sub = add_verb(verbs, "selective-download", help="download only the objects an annotation file references")
     sub.add_argument("--annotation", required=True, metavar="PATH_OR_S3_URI",
                      help="annotation file (parquet, jsonl, json, csv), local or s3://BUCKET/KEY")
     sub.add_argument("--key", dest="keys", required=True, action="append", metavar="COL",

@@ -16,12 +16,7 @@ if TYPE_CHECKING:
 
 
 def register(verbs: Any) -> None:
-    sub = add_verb(verbs, "stage", help="stage every input of a job request and write the staging map", examples=[
-        ("Stage a request's inputs under the job's volume and print what went where",
-         "tao-data-io stage --request examples/config-mode.yaml --workdir /mnt/job-42"),
-        ("The same, printing the staging map as JSON (what a submit script reads)",
-         "tao-data-io stage --request job.yaml --workdir /mnt/job-42 --json"),
-    ])
+    sub = add_verb(verbs, "stage", help="stage every input of a job request and write the staging map")
     sub.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON)")
     sub.add_argument("--workdir", required=True, metavar="W", help="staging root (the job's volume in tier B)")
     sub.add_argument("--json", action="store_true", help="print the staging map as JSON")
@@ -37,13 +32,7 @@ def register(verbs: Any) -> None:
                                                               f"{STAGING_MAP_NAME})")
     sub.set_defaults(run=_run_stage)
 
-    sub = add_verb(verbs, "materialize-config", help="write the request's spec as a content-addressed config file",
-                   examples=[
-                       ("Write the spec of a config-mode request; prints the file's path",
-                        "tao-data-io materialize-config --request examples/config-mode.yaml --output-dir /mnt/job-42/config"),
-                       ("Run it again: the same spec gives the same file, written once",
-                        "tao-data-io materialize-config --request job.yaml --output-dir /mnt/job-42/config"),
-                   ])
+    sub = add_verb(verbs, "materialize-config", help="write the request's spec as a content-addressed config file")
     sub.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON), mode 'config'")
     sub.add_argument("--output-dir", required=True, metavar="D")
     sub.set_defaults(run=_run_materialize)

@@ -51,14 +51,7 @@ def add_transfer_options(sub: argparse.ArgumentParser) -> None:
 
 
 def register(verbs: Any) -> None:
-    sync = add_verb(verbs, "sync", help="sync a prefix to a directory or a directory to a prefix", examples=[
-        ("Download a prefix into a directory; a rerun moves only new or changed objects",
-         "tao-data-io sync s3://bucket/datasets/coco/ /data/coco"),
-        ("Upload a directory to a prefix, leaving out checkpoints but keeping the last one",
-         "tao-data-io sync --exclude 'ckpt/*' --include 'ckpt/last.pth' /results s3://bucket/runs/42/"),
-        ("Show what a download would transfer, as JSON, without moving a byte",
-         "tao-data-io sync --dry-run --json s3://bucket/datasets/coco/ /data/coco"),
-    ])
+    sync = add_verb(verbs, "sync", help="sync a prefix to a directory or a directory to a prefix")
     sync.add_argument("source", metavar="SRC")
     sync.add_argument("destination", metavar="DST")
     sync.add_argument("--exclude", action=OrderedFilter, metavar="PATTERN", help="skip paths matching PATTERN (repeatable)")
@@ -69,11 +62,7 @@ def register(verbs: Any) -> None:
     add_transfer_options(sync)
     sync.set_defaults(run=lambda args, console: _run(args, console, "sync"))
 
-    cp = add_verb(verbs, "cp", help="copy one object to a file, or one file to an object", examples=[
-        ("Download one object into a directory (keeps the object's name)",
-         "tao-data-io cp s3://bucket/models/resnet50.pth /models/"),
-        ("Upload one file to a key", "tao-data-io cp /results/model.onnx s3://bucket/exports/model.onnx"),
-    ])
+    cp = add_verb(verbs, "cp", help="copy one object to a file, or one file to an object")
     cp.add_argument("source", metavar="SRC")
     cp.add_argument("destination", metavar="DST")
     add_transfer_options(cp)

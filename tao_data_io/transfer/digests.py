@@ -36,22 +36,27 @@ from ..fs import atomic_write
 
 RACY_WINDOW_NS = 2_000_000_000
 _CHUNK = 1 << 20
-_SCHEMA = 1
+#: 2: the stat identity is one list (an older cache is simply rebuilt: it only costs a rehash).
+_SCHEMA = 2
+
+
+def stat_identity(local: LocalFile) -> list[int]:
+    """What must be unchanged for a remembered digest to still describe the file: size, mtime,
+    ctime and inode (a list: it is stored as JSON)."""
+    return [local.size, local.mtime_ns, local.ctime_ns, local.ino]
 
 
 @dataclass
 class DigestEntry:
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-    ino: int
+    #: :func:`stat_identity` of the file when the entry was recorded.
+    identity: list[int]
     recorded_ns: int
     md5: str | None = None
     etag: str | None = None
     multipart: dict[str, str] = field(default_factory=dict)
 
     def same_stat(self, local: LocalFile) -> bool:
-        return (self.size, self.mtime_ns, self.ctime_ns, self.ino) == (local.size, local.mtime_ns, local.ctime_ns, local.ino)
+        return self.identity == stat_identity(local)
 
     def matches(self, local: LocalFile) -> bool:
         return self.same_stat(local) and self.recorded_ns - local.mtime_ns >= RACY_WINDOW_NS
@@ -113,7 +118,7 @@ class DigestStore:
     def record(self, local: LocalFile, *, md5: str | None = None, etag: str | None = None,
                multipart: dict[str, str] | None = None, keep: DigestEntry | None = None) -> DigestEntry:
         """Remember what ``local``'s content is known to be (merging a still-valid ``keep``)."""
-        entry = DigestEntry(local.size, local.mtime_ns, local.ctime_ns, local.ino, time.time_ns(),
+        entry = DigestEntry(stat_identity(local), time.time_ns(),
                             md5=md5 or (keep.md5 if keep else None),
                             etag=etag or (keep.etag if keep else None),
                             multipart={**(keep.multipart if keep else {}), **(multipart or {})})

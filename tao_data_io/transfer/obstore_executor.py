@@ -78,15 +78,10 @@ class ObstoreExecutor:
             store = self._stores.get(bucket)
             if store is None:
                 creds = self.credentials
-                config: dict[str, Any] = {
-                    "access_key_id": creds.access_key_id,
-                    "secret_access_key": creds.secret_access_key,
-                    "region": creds.region,
-                }
-                if creds.session_token:
-                    config["session_token"] = creds.session_token
+                config: dict[str, Any] = creds.settings({
+                    "access_key_id": "access_key_id", "secret_access_key": "secret_access_key",
+                    "session_token": "session_token", "region": "region", "endpoint_url": "endpoint"})
                 if creds.endpoint_url:
-                    config["endpoint"] = creds.endpoint_url
                     config["virtual_hosted_style_request"] = False
                 client_options = {"timeout": "600s", "connect_timeout": "10s",
                                   "allow_http": bool(creds.endpoint_url and creds.endpoint_url.startswith("http://")),
