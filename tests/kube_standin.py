@@ -40,7 +40,6 @@ from tao_data_io.launch.probe import CheckResult, Verdict
 T = TypeVar("T")
 JOBS = kmock.resource("batch", "v1", "jobs")
 PODS = kmock.resource("", "v1", "pods")
-EVENTS = kmock.resource("", "v1", "events")
 RESOURCES = {kind: kmock.resource(*parts) for kind, parts in {
     "Secret": ("", "v1", "secrets"), "ConfigMap": ("", "v1", "configmaps"), "Service": ("", "v1", "services"),
     "Job": ("batch", "v1", "jobs"), "Pod": ("", "v1", "pods"), "Event": ("", "v1", "events"),

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from tao_data_io.launch.plan import LaunchPlan, build_plan
 from tao_data_io.records import RecordStore
 from tao_data_io.request import JobRequest
 
-from .kube_standin import Fault, KubeStandIn
+from .kube_standin import RESOURCES, Fault, KubeStandIn
 
 NAMESPACE = "tao"
 STAGER = "registry.example.com/tao-data-io-stager:0.1.0"
@@ -43,13 +45,13 @@ def job_request(**fields: Any) -> JobRequest:
     return JobRequest.model_validate({**base, **fields})
 
 
-@pytest.fixture
-def kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeStandIn]:
+@contextmanager
+def seeded_cluster(where: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeStandIn]:
     """The stand-in with two 8-GPU nodes and a StorageClass, and a kubeconfig context for it
     (namespace ``tao``) in $KUBECONFIG, as a user would have it."""
     with KubeStandIn() as stand_in:
-        write_kubeconfig(tmp_path / "kubeconfig", stand_in.url)
-        monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+        write_kubeconfig(where / "kubeconfig", stand_in.url)
+        monkeypatch.setenv("KUBECONFIG", str(where / "kubeconfig"))
         monkeypatch.setenv("TAO_K8S_CONTEXT", "stand-in")
         monkeypatch.delenv("TAO_K8S_NAMESPACE", raising=False)
         for index in range(2):
@@ -58,6 +60,12 @@ def kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeStandI
         stand_in.server.store({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
                                "metadata": {"name": "standard"}, "provisioner": "rancher.io/local-path",
                                "volumeBindingMode": "WaitForFirstConsumer"})
+        yield stand_in
+
+
+@pytest.fixture
+def kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeStandIn]:
+    with seeded_cluster(tmp_path, monkeypatch) as stand_in:
         yield stand_in
 
 
@@ -250,20 +258,14 @@ def test_a_fault_on_any_one_call_of_a_submit_then_a_retry_converges(tmp_path: Pa
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A 500 (not applied) or a dropped connection (applied, the reply lost) on each request of a
     submit in turn; a second submit then leaves exactly one set of objects and one RUNNING."""
-    with KubeStandIn() as clean:
-        write_kubeconfig(tmp_path / "kubeconfig", clean.url)
-        monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
-        seed_nodes(clean)
+    with seeded_cluster(tmp_path, monkeypatch) as clean:
         submit(tmp_path / "clean", job_request(), make_backend())
         total = len(clean.requests())
     for kind in ("500", "drop"):
         for at in range(total):
             run = tmp_path / f"{kind}-{at}"
             run.mkdir()
-            with KubeStandIn() as kube:
-                write_kubeconfig(run / "kubeconfig", kube.url)
-                monkeypatch.setenv("KUBECONFIG", str(run / "kubeconfig"))
-                seed_nodes(kube)
+            with seeded_cluster(run, monkeypatch) as kube:
                 kube.server.fault = fault = Fault(at=at, kind=kind)
                 try:
                     submit(run, job_request(), make_backend())
@@ -276,9 +278,9 @@ def test_a_fault_on_any_one_call_of_a_submit_then_a_retry_converges(tmp_path: Pa
                 assert failed == (kind == "500" or fault.hit.startswith(("POST", "PATCH"))), fault.hit
                 done = submit(run, job_request(), make_backend())
                 assert done.verdict.ok, fault.hit
-                names = {kind: sorted(ours(kube, kind)) for kind in ("Secret", "ConfigMap", "Service", "Job")}
-                assert names == {"Secret": ["job-1-credentials"], "ConfigMap": ["job-1-files"], "Service": [],
-                                 "Job": ["job-1"]}, fault.hit
+                assert {k: sorted(ours(kube, k)) for k in ("Secret", "ConfigMap", "Service", "Job")} == {
+                    "Secret": ["job-1-credentials"], "ConfigMap": ["job-1-files"], "Service": [], "Job": ["job-1"]}, \
+                    fault.hit
                 uid = ours(kube, "Job")["job-1"]["metadata"]["uid"]
                 for dependent in (*ours(kube, "Secret").values(), *ours(kube, "ConfigMap").values()):
                     assert [ref["uid"] for ref in dependent["metadata"]["ownerReferences"]] == [uid], fault.hit
@@ -286,12 +288,6 @@ def test_a_fault_on_any_one_call_of_a_submit_then_a_retry_converges(tmp_path: Pa
                 history = store_in(run).get("job-1").history
                 assert [t.state for t in history].count("RUNNING") == 1, fault.hit
                 assert not any(r.startswith("DELETE") for r in kube.requests()), fault.hit
-
-
-def seed_nodes(kube: KubeStandIn) -> None:
-    for index in range(2):
-        kube.server.store({"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"gpu-{index}"},
-                           "status": {"allocatable": {"nvidia.com/gpu": "8"}}})
 
 
 def test_a_foreign_object_under_our_name_is_a_clear_error_and_nothing_is_deleted(kube: KubeStandIn,
@@ -372,8 +368,8 @@ STATUS_TABLE = [
     ("succeeded", {}, "COMPLETE", None, "the Job completed"),
     ("failed", {}, "ERROR", "ERR_PROGRAM", "the command exited 2"),
     ("oomkilled", {}, "ERROR", "ERR_INFRA", "train was OOMKilled (exit 137)"),
-    ("verify-failed", {}, "ERROR", "ERR_INFRA", "the verify probe failed inside the pod before the command started: "
-                                                "/data: does not exist"),
+    ("verify-failed", {}, "ERROR", "ERR_INFRA", ("the verify probe failed inside the pod before the command started: "
+                                                "/data: does not exist")),
     ("stager-failed", {}, "ERROR", "ERR_INFRA", "stager failed (exit 1): stage: s3://bkt-1/data/: AccessDenied"),
 ]
 
@@ -420,8 +416,6 @@ def test_a_job_that_is_gone_reads_unknown_and_ttl_takes_its_objects(kube: KubeSt
 
 
 def kube_key(kind: str, name: str) -> tuple[Any, str, str]:
-    from .kube_standin import RESOURCES
-
     return RESOURCES[kind], NAMESPACE, name
 
 
@@ -505,8 +499,8 @@ def test_gate_gpu_capacity_is_skipped_for_a_job_without_gpus(kube: KubeStandIn, 
 
 @pytest.mark.parametrize(("minor", "fields", "fragment"), [
     (27, {"compute_shape": {"gpus": 1, "nodes": 2}}, "a multi-node job (compute_shape.nodes 2) needs Kubernetes 1.28"),
-    (28, {}, "the job's pod runs the results sidecar (results uploaded to S3 while it runs), which needs Kubernetes "
-             "1.29 or newer; the cluster runs 1.28"),
+    (28, {}, ("the job's pod runs the results sidecar (results uploaded to S3 while it runs), which needs Kubernetes "
+             "1.29 or newer; the cluster runs 1.28")),
 ])
 def test_gate_kubernetes_version(kube: KubeStandIn, tmp_path: Path, minor: int, fields: dict[str, Any],
                                  fragment: str) -> None:
@@ -532,8 +526,8 @@ TIER_B = {"storage": {"pvc_claim": "tao-data"}}
     (claim(phase="Lost"), {}, TIER_A, "pvc_claim 'tao-data' is Lost, not Bound"),
     (claim(phase="Pending", storage_class="fast"), {}, TIER_A, "pvc_claim 'tao-data' is Pending, not Bound"),
     (claim(modes=("ReadWriteOnce",)), {"shards": 2}, TIER_B,
-     "shards 2 run stage pods on several nodes at once, but pvc_claim 'tao-data' is ['ReadWriteOnce'], not "
-     "ReadWriteMany"),
+     ("shards 2 run stage pods on several nodes at once, but pvc_claim 'tao-data' is ['ReadWriteOnce'], not "
+     "ReadWriteMany")),
     (claim(modes=("ReadWriteOnce",)), {}, {**TIER_A, "compute_shape": {"gpus": 1, "nodes": 2}},
      "a job of 2 nodes mounts pvc_claim 'tao-data' on every node"),
 ], ids=["missing", "lost", "pending", "rwo-shards", "rwo-multi-node"])
@@ -551,8 +545,8 @@ def test_gate_a_claim_that_waits_for_its_first_consumer_passes(kube: KubeStandIn
 
 
 @pytest.mark.parametrize(("seeded", "settings", "fragment"), [
-    (None, {"image_pull_secret": "ngc-pull"}, "image_pull_secret 'ngc-pull' does not exist in namespace 'tao': create "
-                                              "it there (type kubernetes.io/dockerconfigjson"),
+    (None, {"image_pull_secret": "ngc-pull"}, ("image_pull_secret 'ngc-pull' does not exist in namespace 'tao': create "
+                                              "it there (type kubernetes.io/dockerconfigjson")),
     ({"name": "ngc-pull", "type": "Opaque"}, {"image_pull_secret": "ngc-pull"},
      "image_pull_secret 'ngc-pull' is of type 'Opaque'"),
     (None, {"credential_secret": "team-s3"}, "credential_secret 'team-s3' does not exist in namespace 'tao'"),
@@ -666,7 +660,8 @@ def test_e2e_a_gpu_free_tier_a_job_on_a_real_cluster(tmp_path: Path, monkeypatch
     job_id = f"e2e-{os.getpid()}"
     request = JobRequest.model_validate({
         "schema_version": "1", "job_id": job_id, "image": os.environ.get("TAO_E2E_IMAGE", "busybox:1.36"),
-        "mode": "args", "command": ["/bin/sh", "-c"], "args": ["ls /data; echo trained > /results/out.txt; sleep 600"],
+        "mode": "args", "command": ["/bin/sh", "-c"],
+        "args": ["echo listing /data; ls -a /data; echo trained > /results/out.txt; sleep 600"],
         "mounts": [{"source": "/datasets/demo", "target": "/data"}], "compute_shape": {"gpus": 0},
         "outputs": {"results_dir": "/results"}})
     said: list[str] = []
@@ -676,12 +671,22 @@ def test_e2e_a_gpu_free_tier_a_job_on_a_real_cluster(tmp_path: Path, monkeypatch
         store = store_in(tmp_path)
         done = pipeline.submit(request, backend, store, workdir_root=tmp_path / "work", environ={})
         try:
-            assert done.verdict.ok and done.tier == "A", said
-            status = pipeline.wait_for_end(store.get(job_id), backend, store, poll_seconds=2.0, timeout=60)
-            assert status.state in ("PENDING", "RUNNING"), status
-            assert "/data" in done.verdict.describe() or done.verdict.checks
-            assert isinstance(backend.logs(done.backend_ref, tail=20), str)
+            assert done.tier == "A" and done.verdict.ok, (done.verdict.describe(), said)
+            assert store.get(job_id).state == "RUNNING"
+            status = backend.status(done.backend_ref)
+            for _ in range(60):
+                if status.state != "PENDING":
+                    break
+                time.sleep(2)
+                status = backend.status(done.backend_ref)
+            assert status.state == "RUNNING", status
+            for _ in range(30):
+                if "listing /data" in backend.logs(done.backend_ref, tail=20):
+                    break
+                time.sleep(1)
+            assert "listing /data" in backend.logs(done.backend_ref, tail=20)
         finally:
-            assert pipeline.cancel(job_id, backend, store) in (True, False)
+            stopped = pipeline.cancel(job_id, backend, store)
+        assert stopped is True and backend.status(done.backend_ref).state in ("CANCELED", "UNKNOWN")
         collected = pipeline.collect(job_id, backend, store, wait=False)
         assert collected.state == "CANCELED" and store.get(job_id).state == "CANCELED"
