@@ -21,6 +21,7 @@ import yaml
 from tao_data_io import pipeline
 from tao_data_io.errors import BackendError, CredentialError, UsageError
 from tao_data_io.kubernetes.api import connect
+from tao_data_io.kubernetes import pods as pod_reading
 from tao_data_io.kubernetes.backend import KubernetesBackend
 from tao_data_io.launch.backend import Backend, JobDocuments, Submission, backend_for
 from tao_data_io.launch.plan import LaunchPlan, build_plan
@@ -472,6 +473,46 @@ def test_collect_after_an_error_returns_the_log_tail_and_the_analysis(kube: Kube
     assert store_in(tmp_path).get("job-1").state == "ERROR"
 
 
+# ----------------------------------------------------------------------------- reading pods (no server)
+def pod(init: dict[str, dict[str, Any]], main: dict[str, Any], phase: str = "Running",
+        **status: Any) -> dict[str, Any]:
+    """A pod with a stager, the results sidecar and the probe before ``train``; ``init`` gives
+    their states by name, ``main`` train's."""
+    specs = [{"name": "stager", "image": "s"}, {"name": "results", "image": "s", "restartPolicy": "Always"},
+             {"name": "verify", "image": "t"}]
+    return {"metadata": {"name": "p"}, "spec": {"initContainers": specs, "containers": [{"name": "train", "image": "t"}]},
+            "status": {"phase": phase, "conditions": [{"type": "PodScheduled", "status": "True"}], **status,
+                       "initContainerStatuses": [{"name": n, "state": init.get(n, {"terminated": {"exitCode": 0}})}
+                                                 for n in ("stager", "results", "verify")],
+                       "containerStatuses": [{"name": "train", "state": main}]}}
+
+
+FAILED_JOB = {"spec": {"completions": 1}, "status": {"conditions": [{"type": "Failed", "status": "True"}]}}
+
+
+def test_a_sidecar_that_exits_with_the_pod_decides_nothing() -> None:
+    failed = pod({"results": {"terminated": {"exitCode": 1}}}, {"terminated": {"exitCode": 3, "reason": "Error"}},
+                 phase="Failed")
+    analysis = pod_reading.failure_analysis(FAILED_JOB, [failed])
+    assert analysis is not None and (analysis.err_class, analysis.reason) == ("ERR_PROGRAM", "the command exited 3")
+    running = pod({"results": {"running": {}}}, {"running": {}})
+    assert pod_reading.where(running).phase == "running"
+
+
+def test_an_evicted_pod_and_a_container_that_cannot_start_are_the_infrastructures() -> None:
+    evicted = pod({}, {"waiting": {"reason": "ContainerCreating"}}, phase="Failed", reason="Evicted",
+                  message="The node was low on resource: memory.")
+    analysis = pod_reading.failure_analysis(FAILED_JOB, [evicted])
+    assert analysis is not None and analysis.err_class == "ERR_INFRA"
+    assert analysis.reason == "the pod failed: Evicted: The node was low on resource: memory."
+    broken = pod({"verify": {"waiting": {"reason": "CreateContainerConfigError",
+                                         "message": 'secret "job-1-credentials" not found'}}},
+                 {"waiting": {"reason": "PodInitializing"}}, phase="Pending")
+    status = pod_reading.job_status({"spec": {}, "status": {"active": 1}}, [broken])
+    assert (status.state, status.err_class) == ("ERROR", "ERR_INFRA")
+    assert 'cannot start: CreateContainerConfigError: secret "job-1-credentials" not found' in status.message
+
+
 # ----------------------------------------------------------------------------- gates
 def gate_case(kube: KubeStandIn, tmp_path: Path, request: JobRequest, backend: KubernetesBackend,
               fragment: str) -> str:
@@ -567,8 +608,8 @@ def test_gate_a_dry_run_refusal_names_the_object_and_the_servers_reason(kube: Ku
     kube.server.admission["jobs"] = ('admission webhook "policy.example.com" denied the request: images must come '
                                      "from registry.example.com")
     gate_case(kube, tmp_path, job_request(), make_backend(),
-              "the API server refused Job tao/job-1 in a dry run: dry-run of creating Job tao/job-1: the API server "
-              'answered 422 Invalid: admission webhook "policy.example.com" denied the request')
+              'a dry run of creating Job tao/job-1: the API server answered 422 Invalid: admission webhook '
+              '"policy.example.com" denied the request: images must come from registry.example.com')
 
 
 # ----------------------------------------------------------------------------- connection

@@ -116,14 +116,14 @@ def create(api: Api, obj: dict[str, Any], job_id: str, *, dry_run: bool = False)
     With ``dry_run`` the server validates the create and stores nothing."""
     kind = kinds(api)[obj["kind"]]
     name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
-    what = f"{'dry-run of ' if dry_run else ''}creating {describe(obj)}"
+    what = f"{'a dry run of ' if dry_run else ''}creating {describe(obj)}"
     try:
         made: dict[str, Any] = api.call(what, kind.create, namespace, obj, **({"dry_run": "All"} if dry_run else {}))
         return made, True
     except ApiError as exc:
         if exc.status != 409:
-            if dry_run and not exc.retryable:
-                raise UsageError(f"the API server refused {describe(obj)} in a dry run: {exc}") from None
+            if dry_run and not exc.retryable:  # the object is refused as it is: a retry cannot help
+                raise UsageError(str(exc)) from None
             raise
     existing = api.get(f"reading {describe(obj)}", kind.read, name, namespace)
     if existing is None:

@@ -76,7 +76,8 @@ class KubernetesBackend:
             shm_size=shm_size, shards=shards, node_selector=dict(node_selector or {}),
             tolerations=list(tolerations or []), records_url=records_url)
         self._cluster = {"namespace": namespace, "context": context, "kubeconfig": kubeconfig}
-        self.verify_timeout, self.image_pull_timeout, self.poll_seconds = verify_timeout, image_pull_timeout, poll_seconds
+        self.verify_timeout, self.image_pull_timeout = verify_timeout, image_pull_timeout
+        self.poll_seconds = poll_seconds
         self.say = say or log.info
         self._connected: Api | None = None
 
@@ -92,7 +93,8 @@ class KubernetesBackend:
         objects = creation_order(rendered, secret_object(rendered, None))
         check_gpus(api, plan)
         check_version(api, plan, training_job(objects))
-        reads_secrets = bool(settings.image_pull_secret) or (rendered.secret is not None and not rendered.secret.per_job)
+        given_secret = rendered.secret is not None and not rendered.secret.per_job
+        reads_secrets = bool(settings.image_pull_secret) or given_secret
         check_access(api, needed_access(objects, reads_secrets))
         check_claim(api, plan, settings)
         check_secrets(api, settings, rendered.secret)

@@ -33,7 +33,7 @@ MULTI_NODE_VERSION = (1, 28)
 def server_version(api: Api) -> tuple[int, int]:
     """(major, minor) of the API server; minor as digits (GKE and EKS write ``30+``)."""
     info = api.call("reading the server version", api.version.get_code)
-    major, minor = (int(re.match(r"\d*", str(info.get(k, "")))[0] or 0) for k in ("major", "minor"))  # type: ignore[index]
+    major, minor = (int(re.sub(r"\D.*", "", str(info.get(key, ""))) or 0) for key in ("major", "minor"))
     return major, minor
 
 
@@ -45,8 +45,11 @@ def allocatable_gpus(api: Api) -> dict[str, int] | None:
         if exc.status == 403:
             return None
         raise
-    return {item["metadata"]["name"]: int(parse_quantity((item.get("status") or {}).get("allocatable", {}).get(GPU, "0")))
-            for item in nodes.get("items", [])}
+    found = {}
+    for item in nodes.get("items", []):
+        allocatable = (item.get("status") or {}).get("allocatable") or {}
+        found[item["metadata"]["name"]] = int(parse_quantity(allocatable.get(GPU, "0")))
+    return found
 
 
 def volumes(api: Api) -> list[VolumeFacts]:
@@ -58,8 +61,8 @@ def volumes(api: Api) -> list[VolumeFacts]:
 def volume_facts(claim: dict[str, Any]) -> VolumeFacts:
     status = claim.get("status") or {}
     storage = (status.get("capacity") or {}).get("storage")
-    return VolumeFacts(name=claim["metadata"]["name"], phase=status.get("phase") or "Pending",
-                       access_modes=list(status.get("accessModes") or (claim.get("spec") or {}).get("accessModes") or []),
+    modes = status.get("accessModes") or (claim.get("spec") or {}).get("accessModes") or []
+    return VolumeFacts(name=claim["metadata"]["name"], phase=status.get("phase") or "Pending", access_modes=list(modes),
                        capacity_bytes=int(parse_quantity(storage)) if storage else None)
 
 

@@ -83,10 +83,10 @@ def containers(pod: Obj) -> list[Container]:
             state = states.get(item["name"]) or {}
             kind = next((k for k in ("terminated", "running", "waiting") if state.get(k) is not None), "unknown")
             detail = state.get(kind) or {}
-            found.append(Container(name=item["name"], image=item.get("image", ""), init=init,
-                                   sidecar=init and item.get("restartPolicy") == "Always", state=kind,  # type: ignore[arg-type]
-                                   reason=detail.get("reason") or "", message=(detail.get("message") or "").strip(),
-                                   exit_code=detail.get("exitCode")))
+            sidecar = init and item.get("restartPolicy") == "Always"
+            found.append(Container(name=item["name"], image=item.get("image", ""), init=init, sidecar=sidecar,
+                                   state=kind, reason=detail.get("reason") or "",  # type: ignore[arg-type]
+                                   message=(detail.get("message") or "").strip(), exit_code=detail.get("exitCode")))
     return found
 
 
@@ -110,15 +110,23 @@ def where(pod: Obj) -> Where:
     status = pod.get("status") or {}
     if not status.get("conditions") and not status.get("containerStatuses"):
         return Where("schedule", "waiting to be scheduled")
+    place = _first_unfinished(pod)
+    if status.get("phase") == "Failed" and place.phase not in ("failed", "fatal"):  # evicted, or its node lost
+        return Where("failed", f"the pod failed: {status.get('reason') or 'no reason given'}"
+                     + (f": {status['message']}" if status.get("message") else ""))
+    return place
+
+
+def _first_unfinished(pod: Obj) -> Where:
     for item in containers(pod):
+        if item.sidecar and item.state in ("running", "terminated"):
+            continue  # running is all a sidecar must do; its exit (after the command's) decides nothing
         if item.state == "terminated":
             if item.exit_code == 0:
                 continue
             return Where("failed", f"container {item.name} exited {item.exit_code}"
                          + (f" ({item.reason})" if item.reason else ""), item)
         if item.state == "running":
-            if item.sidecar:
-                continue
             if item.name == VERIFY:
                 return Where("probe", "the verify probe is checking every input and the results directory", item)
             if item.init:
@@ -129,9 +137,6 @@ def where(pod: Obj) -> Where:
                          + (f": {item.message}" if item.message else ""), item)
         said = f"{item.reason}: {item.message}" if item.message else item.reason or "starting"
         return Where("pull", f"pulling {item.image} for {item.name} ({said})", item)
-    if status.get("phase") == "Failed":
-        return Where("failed", f"the pod failed: {status.get('reason') or 'no reason given'}"
-                     + (f": {status['message']}" if status.get("message") else ""))
     return Where("done", "every container has finished")
 
 
@@ -149,7 +154,8 @@ def _who(pod: Obj, nodes: int) -> str:
 
 def job_status(job: Obj, pods: Sequence[Obj], events: Sequence[Obj] = ()) -> JobStatus:
     """The reference's status table: Complete → COMPLETE; Failed (or a failed pod: the Job has
-    ``backoffLimit: 0``) → ERROR, classified; a Job being deleted (canceled) → CANCELED; a container of ours
+    ``backoffLimit: 0``; or a container that can never start, such as an invalid image name) →
+    ERROR, classified; a Job being deleted (canceled) → CANCELED; a container of ours
     running → RUNNING; nothing scheduled, or images still being pulled → PENDING, with the reason
     (the scheduler's, the kubelet's, or the newest warning event)."""
     if condition(job, "Complete") is not None:
@@ -202,6 +208,10 @@ def failure_analysis(job: Obj, pods: Sequence[Obj]) -> FailureAnalysis | None:
         if item is None:
             return FailureAnalysis(err_class="ERR_INFRA", reason=who + place.text,
                                    suggestion="the node or the cluster ended the pod: submit again under a new job id")
+        if place.phase == "fatal":
+            return FailureAnalysis(err_class="ERR_INFRA", reason=who + place.text,
+                                   suggestion="fix the image reference, or the Secret or ConfigMap the container "
+                                              "names, and submit again")
         if item.name == VERIFY:
             return FailureAnalysis(err_class="ERR_INFRA", reason=f"{who}the verify probe failed inside the pod "
                                    "before the command started" + (f": {_first_failure(item.message)}"
@@ -209,10 +219,6 @@ def failure_analysis(job: Obj, pods: Sequence[Obj]) -> FailureAnalysis | None:
                                    suggestion="make every path the verdict names readable (stage the inputs again, "
                                               "fix the claim or the mount source, make the results directory "
                                               "writable) and submit again")
-        if place.phase == "fatal":
-            return FailureAnalysis(err_class="ERR_INFRA", reason=who + place.text,
-                                   suggestion="fix the image reference, or the Secret or ConfigMap the container "
-                                              "names, and submit again")
         if item.init:
             return FailureAnalysis(err_class="ERR_INFRA", reason=f"{who}{item.name} failed (exit {item.exit_code})"
                                    + (f": {item.message}" if item.message else ""),
