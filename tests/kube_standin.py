@@ -105,6 +105,8 @@ class ApiServer(kmock.KubernetesEmulator):
     #: (verb, group, resource) that SelfSubjectAccessReview answers "not allowed".
     denied: set[tuple[str, str, str]] = attrs.field(factory=set)
     fault: Fault | None = None
+    #: What an injected 500 says.
+    fault_message: str = "injected: etcd timeout"
     #: Resource plural → why admission refuses a create of it (422, in a dry run too).
     admission: dict[str, str] = attrs.field(factory=dict)
     control: ControlPlane = attrs.field(factory=lambda: ControlPlane())
@@ -116,7 +118,7 @@ class ApiServer(kmock.KubernetesEmulator):
         fault = self._take_fault(request)
         if fault == "500":
             return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 500,
-                                              "reason": "InternalError", "message": "injected: etcd timeout"},
+                                              "reason": "InternalError", "message": self.fault_message},
                                              status=500)
         response = await self._serve(request)
         if fault == "drop":

@@ -247,6 +247,15 @@ def test_credential_values_go_only_to_the_api_server(kube: KubeStandIn, tmp_path
     assert set(dry_run.data["stringData"].values()) == {"dry-run"}  # preflight reads no credential
 
 
+def test_a_refusal_that_echoes_a_credential_value_is_masked(kube: KubeStandIn, tmp_path: Path) -> None:
+    value = SECRETS["AWS_SECRET_ACCESS_KEY"]
+    kube.server.fault = Fault(at=0, kind="500", request="POST /api/v1/namespaces/tao/secrets")
+    kube.server.fault_message = f'Secret "job-1-credentials" is invalid: data[AWS_SECRET_ACCESS_KEY]: "{value}"'
+    with pytest.raises(BackendError) as info:
+        submit(tmp_path, job_request(), make_backend())
+    assert value not in str(info.value) and "***AWS_SECRET_ACCESS_KEY***" in str(info.value)
+
+
 def test_a_missing_forwarded_credential_creates_nothing(kube: KubeStandIn, tmp_path: Path) -> None:
     with pytest.raises(CredentialError, match="AWS_SECRET_ACCESS_KEY"):
         submit(tmp_path, job_request(), make_backend(), environ={"AWS_ACCESS_KEY_ID": SECRETS["AWS_ACCESS_KEY_ID"],

@@ -131,6 +131,8 @@ class Api:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self.namespace = connection.namespace
+        #: Masks credential values in what the API server says back (it may echo a refused value).
+        self.redact = Redactor()
         self.core = client.CoreV1Api(connection.client)
         self.batch = client.BatchV1Api(connection.client)
         self.storage = client.StorageV1Api(connection.client)
@@ -142,7 +144,7 @@ class Api:
             reply = method(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
             data: bytes = reply.data
         except ApiException as exc:
-            raise _api_error(what, exc) from None
+            raise _api_error(what, exc, self.redact) from None
         except ValidationError as exc:  # client 37 checks a body before sending it
             raise UsageError(f"{what}: the kubernetes client refused the request: {exc.errors()[0]['msg']}") from None
         except (HTTPError, OSError) as exc:
@@ -162,6 +164,11 @@ class Api:
             raise
         return found
 
+    def masking(self, values: Mapping[str, str]) -> None:
+        """Mask these values too: the credentials a submit read from an environment that may not
+        be this process's."""
+        self.redact = Redactor(extra=values)
+
     def delete(self, what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
         """Delete; False when it was already gone, so a retried delete is a no-op."""
         return self.get(what, method, *args, **kwargs) is not None
@@ -179,7 +186,7 @@ class Api:
         return BackendError(f"{what}: the API server of {self.connection.origin} {how}; try again", retryable=True)
 
 
-def _api_error(what: str, exc: ApiException) -> ApiError:
+def _api_error(what: str, exc: ApiException, redact: Redactor) -> ApiError:
     status = int(exc.status or 0)
     reason = str(exc.reason or "")
     said = ""
@@ -190,7 +197,7 @@ def _api_error(what: str, exc: ApiException) -> ApiError:
             said = str(body.get("message") or "")
     except ValueError:
         said = ""
-    said = Redactor()(said)
+    said = redact(said)
     if status == 401:
         message = (f"{what}: the API server did not accept this identity (401 Unauthorized); refresh the "
                    "kubeconfig's credentials (an expired token or certificate)")

@@ -107,6 +107,7 @@ class KubernetesBackend:
         rendered, _ = self._render(plan, documents, environ)
         per_job = rendered.secret is not None and rendered.secret.per_job
         values = forwarded_values(plan.forward_env, environ) if per_job else None  # a missing one: nothing made
+        api.masking(values or {})
         objects = creation_order(rendered, secret_object(rendered, values))
         job = training_job(objects)
         made: list[dict[str, Any]] = []
