@@ -39,6 +39,8 @@ class StageFailed(BackendError):
 
 @dataclass
 class Budget:
+    """Seconds spent waiting, by budget; exhausted once either passes its timeout."""
+
     verify_timeout: float
     image_pull_timeout: float
     waited: float = 0.0
