@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
-from .launch.backend import Backend, FailureAnalysis, JobStatus, backend_for
+from .launch.backend import Backend, FailureAnalysis, JobDocuments, JobStatus, backend_for
 from .launch.plan import LaunchPlan, build_plan
 from .launch.probe import Verdict
 from .outputs import UploadOutcome, upload_results
@@ -132,11 +132,14 @@ def route_outputs(store: RecordStore, job_id: str, environ: Mapping[str, str] | 
 
 
 def launch(plan: LaunchPlan, backend: Backend, store: RecordStore, *,
-           environ: Mapping[str, str] | None = None, source: str = "cli") -> tuple[str, bool, Verdict]:
+           environ: Mapping[str, str] | None = None, source: str = "cli",
+           documents: JobDocuments | None = None) -> tuple[str, bool, Verdict]:
     """Preflight, submit, and wait for the verify verdict from inside the frame; stored in the
-    record either way. A failed verdict marks the job ERROR and raises :class:`VerifyFailed`."""
-    backend.preflight(plan)
-    submission = backend.submit(plan, environ=environ)
+    record either way. A failed verdict marks the job ERROR and raises :class:`VerifyFailed`.
+    ``documents`` (the request and record the plan was built from) go to a backend whose pods
+    stage for themselves."""
+    backend.preflight(plan, documents=documents)
+    submission = backend.submit(plan, environ=environ, documents=documents)
     verdict = backend.verify(submission.backend_ref, plan)
     store.update(plan.job_id, lambda record: record.model_copy(update={"verify": verdict.to_dict()}))
     if not verdict.ok:
@@ -160,7 +163,8 @@ def submit(request: JobRequest, backend: Backend, store: RecordStore, *, workdir
     record = route_outputs(store, record.job_id, environ)
     assert record.output_route is not None
     plan = build_plan(request, staging_map, decision, record, record.output_route, environ=environ)
-    ref, started, verdict = launch(plan, backend, store, environ=environ, source=source)
+    ref, started, verdict = launch(plan, backend, store, environ=environ, source=source,
+                                   documents=JobDocuments(request, record))
     return Submitted(record.job_id, ref, decision.tier, started, verdict)
 
 

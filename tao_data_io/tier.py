@@ -58,6 +58,12 @@ class ClusterFacts(Strict):
     air_gapped: bool = False
     #: Total bytes of the request's inputs, when known (None: unknown).
     input_bytes: int | None = None
+    #: ``major.minor`` of the Kubernetes API server (None elsewhere). Reported for people and for
+    #: ``plan --facts``; the decision reads only ``supports_in_frame_fetch``, which follows from it.
+    server_version: str | None = None
+    #: Allocatable ``nvidia.com/gpu`` per node, when the backend may list nodes (None: unknown).
+    #: Reported, not decided on: the capacity gate is the launch's preflight.
+    allocatable_gpus: dict[str, int] | None = None
 
 
 class TierDecision(Strict):

@@ -93,19 +93,23 @@ def s3_env(s3_server: EmbeddedS3, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
 #: A test that names one of these — in its body, a fixture it uses, or a helper of the test package
 #: they call — talks to a server (S3, moto, the fake registries) or runs the CLI as a process.
 _HTTP_NAMES = frozenset({"EmbeddedS3", "ThreadedMotoServer", "FakeRegistries", "run_cli", "subprocess"})
+#: A test that names one of these talks to a Kubernetes API server: the stand-in, or a real cluster.
+_KUBE_NAMES = frozenset({"KubeStandIn", "HostPathClaim"})
 #: Tiers a test is put in by hand; such a test gets neither ``unit`` nor ``http``.
 _MANUAL_TIERS = ("kube", "flows")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test ``http`` or ``unit`` from what it uses, so ``pytest -m unit`` is the fast
-    loop without anyone remembering to mark a test (and a mark that drifts from the code cannot
+    """Mark every test ``kube``, ``http`` or ``unit`` from what it uses, so ``pytest -m unit`` is the
+    fast loop without anyone remembering to mark a test (and a mark that drifts from the code cannot
     exist): tier follows from the servers and children a test actually needs."""
     for item in items:
         if not isinstance(item, pytest.Function) or any(item.get_closest_marker(tier) for tier in _MANUAL_TIERS):
             continue
         functions = [item.function, *(defs[-1].func for defs in item._fixtureinfo.name2fixturedefs.values() if defs)]
-        item.add_marker(pytest.mark.http if _names_used(functions) & _HTTP_NAMES else pytest.mark.unit)
+        used = _names_used(functions)
+        item.add_marker(pytest.mark.kube if used & _KUBE_NAMES else
+                        pytest.mark.http if used & _HTTP_NAMES else pytest.mark.unit)
 
 
 def _names_used(functions: list[Callable[..., object]]) -> set[str]:

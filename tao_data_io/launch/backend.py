@@ -10,9 +10,12 @@ ERROR, CANCELED; UNKNOWN when the backend has forgotten the job and the record m
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..errors import UsageError
+from ..records import JobRecord
+from ..request import JobRequest
 from ..schema import Strict
 from ..tier import ClusterFacts
 from .plan import LaunchPlan
@@ -70,6 +73,17 @@ class Submission(Strict):
         return f"{'started' if self.started else 'already running'} as {self.backend_ref}"
 
 
+@dataclass(frozen=True)
+class JobDocuments:
+    """The request and the record a plan was built from. A backend whose pods stage their own
+    inputs (``stages_on_host`` False) ships both to them — the stager stages the request and
+    reports into the record — so it needs them at preflight (to dry-run the objects) and submit;
+    a backend that reads what this host staged ignores them."""
+
+    request: JobRequest
+    record: JobRecord
+
+
 @runtime_checkable
 class Backend(Protocol):
     """What runs jobs. Each call raises :class:`~tao_data_io.errors.UsageError` for a request the
@@ -86,11 +100,12 @@ class Backend(Protocol):
         """What the backend offers, for the tier decision."""
         ...
 
-    def preflight(self, plan: LaunchPlan) -> None:
+    def preflight(self, plan: LaunchPlan, *, documents: JobDocuments | None = None) -> None:
         """Every check that can run before anything is created; raise on the first failure."""
         ...
 
-    def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None) -> Submission:
+    def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None,
+               documents: JobDocuments | None = None) -> Submission:
         """Start the job (idempotent: a retry for the same job id starts nothing new). The verify
         probe runs first, inside the frame; the command starts only if it passes. Credential
         values for ``plan.forward_env`` are read from ``environ`` here and go only to the frame."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import BackendError
 from ..tier import ClusterFacts
-from .backend import FailureAnalysis, JobStatus, Submission
+from .backend import FailureAnalysis, JobDocuments, JobStatus, Submission
 from .plan import LaunchPlan
 from .probe import CheckResult, Verdict, checklist
 
@@ -40,10 +40,11 @@ class FakeBackend:
     def facts(self) -> ClusterFacts:
         return ClusterFacts(backend="fake")
 
-    def preflight(self, plan: LaunchPlan) -> None:
+    def preflight(self, plan: LaunchPlan, *, documents: JobDocuments | None = None) -> None:
         return None
 
-    def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None) -> Submission:
+    def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None,
+               documents: JobDocuments | None = None) -> Submission:
         ref = f"fake/{plan.job_id}"
         with self._lock:
             if self.fail_submits > 0:

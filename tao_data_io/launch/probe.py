@@ -177,6 +177,19 @@ def checklist_text(checks: list[Check]) -> str:
     return "".join(f"{check.kind}\t{check.path}\t{check.argument}\n" for check in checks)
 
 
+def read_checklist(text: str, plan: LaunchPlan) -> list[Check]:
+    """The checks of a checklist file (:func:`checklist_text`), their subjects from ``plan`` — what
+    a frame was actually told to check, for a backend that reads the list back from the frame."""
+    subjects = {mount.target: mount.input for mount in plan.mounts}
+    checks = []
+    for line in text.splitlines():
+        kind, path, argument = (line.split("\t") + ["", ""])[:3]
+        if kind:
+            subject = "results" if path == plan.results_dir else subjects.get(path, path)
+            checks.append(Check(kind=kind, path=path, subject=subject, argument=argument))  # type: ignore[arg-type]
+    return checks
+
+
 def parse_probe_output(output: str, checks: list[Check], exit_code: int | None = None) -> Verdict:
     """Turn the probe's lines into a verdict. A check the probe never reported is a failure (the
     probe died mid-way), so a truncated run can never pass — unless the message says every line

@@ -29,7 +29,7 @@ from pathlib import Path
 from ..credentials import forwarded_values
 from ..errors import BackendError, UsageError
 from ..fs import file_lock, remove_if_exists
-from ..launch.backend import DEFAULT_VERIFY_TIMEOUT_S, FailureAnalysis, JobStatus, Submission
+from ..launch.backend import DEFAULT_VERIFY_TIMEOUT_S, FailureAnalysis, JobDocuments, JobStatus, Submission
 from ..launch.plan import LaunchPlan
 from ..launch.probe import Verdict
 from ..names import is_job_id
@@ -67,14 +67,16 @@ class LocalBackend:
         network and without an upload sidecar cannot fetch its own (tier C)."""
         return ClusterFacts(backend="local", supports_in_frame_fetch=False)
 
-    def preflight(self, plan: LaunchPlan) -> None:
+    def preflight(self, plan: LaunchPlan, *, documents: JobDocuments | None = None) -> None:
+        """``documents`` are not needed: the frame reads what this host staged."""
         check_sandbox(find_tool("bwrap", BWRAP_INSTALL), host_system_dirs())
         if needs_nsenter(plan):
             find_tool("nsenter", NSENTER_INSTALL)
         check_paths(plan)
 
     # ------------------------------------------------------------------ submit
-    def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None) -> Submission:
+    def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None,
+               documents: JobDocuments | None = None) -> Submission:
         credentials = forwarded_values(plan.forward_env, environ)  # a missing one fails before anything exists
         bwrap = find_tool("bwrap", BWRAP_INSTALL)
         nsenter = find_tool("nsenter", NSENTER_INSTALL) if needs_nsenter(plan) else None

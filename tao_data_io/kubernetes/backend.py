@@ -1,0 +1,281 @@
+"""The Kubernetes backend: a TAO job as a Kubernetes Job, launched against a real API server.
+
+What each step does (the modules beside this one do the work):
+
+* ``facts`` — the claims, StorageClasses, server version and GPUs per node (:mod:`.facts`);
+* ``preflight`` — the gates, all before anything exists (:mod:`.gates`);
+* ``submit`` — the per-job Secret (values from the submitting environment, sent only to the API
+  server), the ConfigMap, the Service, tier B's stage Job (waited on), the training Job; then
+  the Job owns the others, so its TTL deletes them too (:mod:`.apply`). A retry converges;
+* ``verify`` — the verify initContainer's termination message, parsed into the verdict; a failed
+  verdict deletes the Job, freeing its GPUs (:mod:`.waiting`);
+* ``status``, ``failure_analysis`` — the reference's status table and TAO's error classes, from
+  the Job, its pods and their events (:mod:`.pods`);
+* ``logs`` — every pod's log by label, prefixed by rank for a multi-node job; a failed init
+  container's log (the verify probe's, the stager's) when that is where the pod stopped;
+* ``cancel`` — a foreground delete of everything the job's labels name.
+
+``backend_ref`` is ``<namespace>/<Job name>``; every call after submit works from it alone, so
+any process with access to the namespace can follow a job. Results leave through the pod's
+upload sidecar or stay on the claim: ``results_path`` is None.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from ..credentials import forwarded_values
+from ..errors import UsageError
+from ..launch.backend import DEFAULT_VERIFY_TIMEOUT_S, FailureAnalysis, JobDocuments, JobStatus, Submission
+from ..launch.plan import LaunchPlan
+from ..launch.probe import Verdict, read_checklist
+from ..names import check_backend_ref, k8s_name_for
+from ..tier import ClusterFacts
+from . import pods as pod_reading
+from .api import Api, ApiError, connect
+from .apply import adopt, create, creation_order, kinds, secret_object, step_of, training_job
+from .facts import cluster_facts
+from .gates import check_access, check_claim, check_gpus, check_secrets, check_version, dry_run, needed_access
+from .render import JOB_ID_LABEL, MANAGED_BY, RenderedJob, read_config, render_job
+from .settings import DEFAULT_TTL_SECONDS, RenderSettings
+from .waiting import Budget, PodWatch, StageFailed, list_pods, wait_for_stage, wait_for_verdict
+
+log = logging.getLogger(__name__)
+#: A first pull of a TAO image (tens of GB) takes minutes; a wrong name shows as ImagePullBackOff
+#: in the progress messages long before this.
+DEFAULT_IMAGE_PULL_TIMEOUT_S = 1800.0
+#: The longest pause between two looks at a Job's pods while waiting (the first is shorter).
+DEFAULT_POLL_SECONDS = 2.0
+#: What cancel deletes, in this order: the Jobs first (their pods hold the GPUs).
+_CANCEL_ORDER = ("Job", "Service", "ConfigMap", "Secret")
+
+
+class KubernetesBackend:
+    name = "kubernetes"
+    stages_on_host = False
+
+    def __init__(self, namespace: str | None = None, context: str | None = None, pvc_claim: str | None = None,
+                 stager_image: str | None = None, image_pull_secret: str | None = None,
+                 credential_secret: str | None = None, ttl_seconds: int = DEFAULT_TTL_SECONDS,
+                 shm_size: str | None = None, shards: int = 1, records_url: str | None = None,
+                 verify_timeout: float = DEFAULT_VERIFY_TIMEOUT_S,
+                 image_pull_timeout: float = DEFAULT_IMAGE_PULL_TIMEOUT_S, *, kubeconfig: str | None = None,
+                 node_selector: Mapping[str, str] | None = None, tolerations: list[dict[str, Any]] | None = None,
+                 poll_seconds: float = DEFAULT_POLL_SECONDS, say: Callable[[str], None] | None = None) -> None:
+        for what, value in (("verify_timeout", verify_timeout), ("image_pull_timeout", image_pull_timeout),
+                            ("poll_seconds", poll_seconds)):
+            if not value > 0:
+                raise UsageError(f"{what} {value!r} must be a positive number of seconds")
+        # Checked now (every refusal names the parameter); the namespace is known once connected.
+        self.settings = RenderSettings(
+            namespace=namespace or "default", pvc_claim=pvc_claim, credential_secret=credential_secret,
+            image_pull_secret=image_pull_secret, stager_image=stager_image, ttl_seconds=ttl_seconds,
+            shm_size=shm_size, shards=shards, node_selector=dict(node_selector or {}),
+            tolerations=list(tolerations or []), records_url=records_url)
+        self._cluster = {"namespace": namespace, "context": context, "kubeconfig": kubeconfig}
+        self.verify_timeout, self.image_pull_timeout = verify_timeout, image_pull_timeout
+        self.poll_seconds = poll_seconds
+        self.say = say or log.info
+        self._connected: Api | None = None
+
+    # ------------------------------------------------------------------ before
+    def facts(self) -> ClusterFacts:
+        return cluster_facts(self._api())
+
+    def preflight(self, plan: LaunchPlan, *, documents: JobDocuments | None = None) -> None:
+        """The gates of :mod:`.gates`, in order; the per-job Secret is dry-run with placeholder
+        values (no credential is read before submit)."""
+        api = self._api()
+        rendered, settings = self._render(plan, documents, None)
+        objects = creation_order(rendered, secret_object(rendered, None))
+        check_gpus(api, plan)
+        check_version(api, plan, training_job(objects))
+        given_secret = rendered.secret is not None and not rendered.secret.per_job
+        reads_secrets = bool(settings.image_pull_secret) or given_secret
+        check_access(api, needed_access(objects, reads_secrets))
+        check_claim(api, plan, settings)
+        check_secrets(api, settings, rendered.secret)
+        dry_run(api, objects, plan.job_id)
+
+    # ------------------------------------------------------------------ submit
+    def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None,
+               documents: JobDocuments | None = None) -> Submission:
+        api = self._api()
+        rendered, _ = self._render(plan, documents, environ)
+        per_job = rendered.secret is not None and rendered.secret.per_job
+        values = forwarded_values(plan.forward_env, environ) if per_job else None  # a missing one: nothing made
+        api.masking(values or {})
+        objects = creation_order(rendered, secret_object(rendered, values))
+        job = training_job(objects)
+        made: list[dict[str, Any]] = []
+        started = False
+        for obj in objects:
+            if step_of(obj) == "stage" and obj["kind"] == "Job":
+                self._stage(api, obj, job, plan.job_id)
+                continue
+            found, created = create(api, obj, plan.job_id)
+            if obj is job:
+                job, started = found, created
+            else:
+                made.append(found)
+        for dependent in made:
+            adopt(api, dependent, job)
+        return Submission(backend_ref=f"{api.namespace}/{job['metadata']['name']}", started=started)
+
+    def _stage(self, api: Api, stage: dict[str, Any], job: dict[str, Any], job_id: str) -> None:
+        """Tier B: run the stage Job to completion before the training Job exists (no GPU is held
+        meanwhile) — unless a training Job of this job already exists (a retried submit). A stage
+        Job that failed is deleted, so the next submit stages again."""
+        namespace = api.namespace
+        if self._get_job(api, namespace, job["metadata"]["name"]) is not None:
+            return
+        create(api, stage, job_id)
+        name = stage["metadata"]["name"]
+        watch = PodWatch(api, namespace, name, job["metadata"]["name"], "stage",
+                         Budget(self.verify_timeout, self.image_pull_timeout), self.say, self.poll_seconds)
+        try:
+            wait_for_stage(watch)
+        except StageFailed as exc:
+            self._delete_job(api, namespace, name)
+            raise StageFailed(f"{exc}; the stage Job was deleted, so the next submit stages again") from None
+
+    # ------------------------------------------------------------------ follow
+    def verify(self, ref: str, plan: LaunchPlan, *, timeout: float | None = None) -> Verdict:
+        """Wait for every rank's verdict (see :mod:`.waiting` for the two budgets; ``timeout``
+        overrides ``verify_timeout``). Any failed verdict deletes the Job: the command never
+        started, and the GPUs are freed."""
+        namespace, name = self._ref(ref)
+        api = self._api()
+        files = k8s_name_for(plan.job_id, "files")
+        configmap = api.get(f"reading ConfigMap {namespace}/{files}", api.core.read_namespaced_config_map, files,
+                            namespace)
+        if configmap is None:
+            verdict = Verdict(ok=False, error=f"ConfigMap {namespace}/{files}, which holds the checklist, is gone")
+        else:
+            checks = read_checklist((configmap.get("data") or {}).get("checklist", ""), plan)
+            watch = PodWatch(api, namespace, name, name, "train",
+                             Budget(timeout or self.verify_timeout, self.image_pull_timeout), self.say,
+                             self.poll_seconds)
+            verdict = wait_for_verdict(watch, plan.nodes, checks)
+        if not verdict.ok and self._delete_job(api, namespace, name):
+            self.say(f"{namespace}/{name}: verify failed; the Job was deleted, which frees its GPUs")
+        return verdict
+
+    def status(self, ref: str) -> JobStatus:
+        namespace, name = self._ref(ref)
+        api = self._api()
+        job = self._get_job(api, namespace, name)
+        if job is None:
+            return JobStatus(state="UNKNOWN", message=f"Job {ref} does not exist (its TTL deletes it after it ends, "
+                                                      "and cancel deletes it); the job record says how it ended")
+        found = list_pods(api, namespace, name, "train")
+        return pod_reading.job_status(job, found, self._events(api, namespace, job, found))
+
+    def failure_analysis(self, ref: str) -> FailureAnalysis | None:
+        namespace, name = self._ref(ref)
+        api = self._api()
+        job = self._get_job(api, namespace, name)
+        if job is None:
+            return None
+        return pod_reading.failure_analysis(job, list_pods(api, namespace, name, "train"))
+
+    def logs(self, ref: str, tail: int | None = None) -> str:
+        """Each pod's log (``tail`` lines each), rank by rank; ``[rank N]`` before every line of a
+        multi-node job. A pod that stopped in an init container (the probe, the stager) gives
+        that container's log; one whose containers have not started gives none."""
+        namespace, name = self._ref(ref)
+        api = self._api()
+        found = list_pods(api, namespace, name, "train")
+        indexed = any(pod_reading.COMPLETION_INDEX in (p["metadata"].get("annotations") or {}) for p in found)
+        parts = []
+        for pod in found:
+            stopped = next((c for c in pod_reading.containers(pod) if c.init and c.state == "terminated"
+                            and c.exit_code), None)
+            container = stopped.name if stopped else pod_reading.TRAIN
+            try:
+                text = api.call(f"reading the log of {container} in pod {namespace}/{pod['metadata']['name']}",
+                                api.core.read_namespaced_pod_log, pod["metadata"]["name"], namespace,
+                                container=container, text=True, **({"tail_lines": tail} if tail else {}))
+            except ApiError as exc:
+                if exc.status in (400, 404):  # not started yet, or already gone
+                    continue
+                raise
+            prefix = f"[rank {pod_reading.rank(pod)}] " if indexed else ""
+            parts += [prefix + line + "\n" for line in text.splitlines()]
+        return "".join(parts)
+
+    def cancel(self, ref: str) -> bool:
+        """Foreground delete of every object labelled with the job (the Jobs first; a pre-created
+        credential Secret carries no such label and is kept); True if the training Job was
+        still running."""
+        namespace, name = self._ref(ref)
+        api = self._api()
+        job = self._get_job(api, namespace, name)
+        running = job is not None and not any(pod_reading.condition(job, c) for c in ("Complete", "Failed"))
+        selector = ",".join(f"{k}={v}" for k, v in {**MANAGED_BY, JOB_ID_LABEL: name}.items())
+        table = kinds(api)
+        for kind in _CANCEL_ORDER:
+            listed = api.call(f"listing the {kind}s of {ref}", table[kind].list, namespace, label_selector=selector)
+            for item in listed.get("items", []):
+                item_name = item["metadata"]["name"]
+                api.delete(f"deleting {kind} {namespace}/{item_name}", table[kind].delete, item_name, namespace,
+                           propagation_policy="Foreground")
+        return running
+
+    def results_path(self, ref: str) -> str | None:
+        return None
+
+    # ------------------------------------------------------------------ helpers
+    def _api(self) -> Api:
+        if self._connected is None:
+            self._connected = Api(connect(**self._cluster))
+        return self._connected
+
+    def _render(self, plan: LaunchPlan, documents: JobDocuments | None,
+                environ: Mapping[str, str] | None) -> tuple[RenderedJob, RenderSettings]:
+        if documents is None:
+            raise UsageError("the Kubernetes backend ships the job's request and record to its pods, so preflight "
+                             "and submit need documents (the request and record the plan was built from); "
+                             "tao_data_io.pipeline.submit passes them")
+        claim = self._claim(documents)
+        settings = replace(self.settings, namespace=self._api().namespace, pvc_claim=claim)
+        rendered = render_job(plan, settings, request=documents.request, record=documents.record,
+                              config=read_config(plan), environ=environ)
+        return rendered, settings
+
+    def _claim(self, documents: JobDocuments) -> str | None:
+        ours, theirs = self.settings.pvc_claim, documents.request.storage.pvc_claim
+        if ours and theirs and ours != theirs:
+            raise UsageError(f"pvc_claim {ours!r} differs from the request's storage.pvc_claim {theirs!r}; name one "
+                             "claim")
+        return ours or theirs
+
+    def _ref(self, ref: str) -> tuple[str, str]:
+        namespace, _, name = check_backend_ref(ref).partition("/")
+        return namespace, name
+
+    @staticmethod
+    def _get_job(api: Api, namespace: str, name: str) -> dict[str, Any] | None:
+        return api.get(f"reading Job {namespace}/{name}", api.batch.read_namespaced_job, name, namespace)
+
+    @staticmethod
+    def _delete_job(api: Api, namespace: str, name: str) -> bool:
+        return api.delete(f"deleting Job {namespace}/{name}", api.batch.delete_namespaced_job, name, namespace,
+                          propagation_policy="Foreground")
+
+    @staticmethod
+    def _events(api: Api, namespace: str, job: Mapping[str, Any],
+                found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Warning events about the Job (when it has no pod: the Job controller's FailedCreate) or
+        about pods still waiting for a node or an image — read only then, to keep a status cheap."""
+        names = ([job["metadata"]["name"]] if not found else
+                 [p["metadata"]["name"] for p in found if pod_reading.where(p).phase in ("schedule", "pull", "fatal")])
+        events: list[dict[str, Any]] = []
+        for name in names:
+            listed = api.call(f"listing the events of {namespace}/{name}", api.core.list_namespaced_event, namespace,
+                              field_selector=f"involvedObject.name={name}")
+            events += listed.get("items", [])
+        return events

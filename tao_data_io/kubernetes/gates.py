@@ -1,0 +1,177 @@
+"""The preflight gates: every check that can run before anything is created, in the order a
+user fixes things, each failure one line naming what and the fix.
+
+1. GPU capacity — without gang scheduling a Job larger than the cluster waits Pending forever,
+   so it is refused: every pod must fit on some node (``gpus`` each), ``nodes`` pods in all.
+2. Kubernetes version — 1.28 for a multi-node job (stable pod hostnames for rendezvous), 1.29
+   for a pod with a native sidecar (the results upload).
+3. Access — a SelfSubjectAccessReview for every verb and resource the submit and its verify use;
+   all refusals are reported together, since one Role fixes them all.
+4. The claim exists and is Bound (or waits for its first consumer), with the access modes the
+   job's pods need; the image pull Secret and a pre-created credential Secret exist (the latter
+   with every key the job forwards).
+5. A server-side dry run of every object, which also finds a name taken by someone else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UsageError
+from ..launch.plan import LaunchPlan
+from .api import Api
+from .apply import RESOURCES, create
+from .facts import MULTI_NODE_VERSION, SIDECAR_VERSION, allocatable_gpus, server_version
+from .render import SecretRef
+from .settings import RenderSettings
+
+PULL_SECRET_TYPES = frozenset({"kubernetes.io/dockerconfigjson", "kubernetes.io/dockercfg"})
+
+
+@dataclass(frozen=True, order=True)
+class Access:
+    verb: str
+    group: str
+    resource: str
+
+    def describe(self) -> str:
+        return f"{self.verb} {self.resource}" + (f".{self.group}" if self.group else "")
+
+
+def needed_access(objects: Sequence[Mapping[str, Any]], reads_secrets: bool) -> list[Access]:
+    """What submit and verify do: create each kind (and read it back after a conflict), adopt the
+    dependents (patch), follow the pods (list), delete the Job when its verdict fails."""
+    found: set[Access] = {Access("list", "", "pods")}
+    for obj in objects:
+        group, resource = RESOURCES[obj["kind"]]
+        found |= {Access("create", group, resource), Access("get", group, resource)}
+        found.add(Access("delete" if obj["kind"] == "Job" else "patch", group, resource))
+    if reads_secrets:
+        found.add(Access("get", "", "secrets"))
+    return sorted(found)
+
+
+def check_gpus(api: Api, plan: LaunchPlan) -> None:
+    if plan.gpus == 0:
+        return
+    need = plan.gpus * plan.nodes
+    per_node = allocatable_gpus(api)
+    if per_node is None:
+        raise UsageError("the GPU capacity gate cannot read the nodes' allocatable nvidia.com/gpu (this identity may "
+                         "not list nodes): ask the cluster's admin for a ClusterRole granting list on nodes")
+    fits = sum(count // plan.gpus for count in per_node.values())
+    if fits < plan.nodes:
+        have = ", ".join(f"{name}: {count}" for name, count in sorted(per_node.items())) or "no nodes"
+        raise UsageError(f"compute_shape asks for {plan.nodes} pod(s) of {plan.gpus} nvidia.com/gpu each ({need} in "
+                         f"all) but the nodes can hold {fits} such pod(s) (allocatable {have}); without gang "
+                         "scheduling the Job would wait Pending forever: lower compute_shape.gpus or nodes, or add GPU "
+                         "nodes (with the NVIDIA GPU Operator or device plugin)")
+
+
+def check_version(api: Api, plan: LaunchPlan, training_job: Mapping[str, Any]) -> None:
+    version = server_version(api)
+    shown = f"{version[0]}.{version[1]}"
+    if plan.nodes > 1 and version < MULTI_NODE_VERSION:
+        raise UsageError(f"a multi-node job (compute_shape.nodes {plan.nodes}) needs Kubernetes 1.28 or newer for "
+                         f"stable pod hostnames at rendezvous; the cluster runs {shown}: run it on one node, or on "
+                         "a newer cluster")
+    init = training_job["spec"]["template"]["spec"].get("initContainers", [])
+    sidecars = [c["name"] for c in init if c.get("restartPolicy") == "Always"]
+    if sidecars and version < SIDECAR_VERSION:
+        raise UsageError(f"the job's pod runs the {', '.join(sidecars)} sidecar (results uploaded to S3 while it "
+                         f"runs), which needs Kubernetes 1.29 or newer; the cluster runs {shown}: keep results on a "
+                         "claim (pvc_claim, without S3_BUCKET_NAME), or use a newer cluster")
+
+
+def check_access(api: Api, needed: Sequence[Access]) -> None:
+    denied = []
+    for access in needed:
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": {"namespace": api.namespace, "verb": access.verb,
+                                                  "group": access.group, "resource": access.resource}}}
+        answer = api.call(f"asking whether this identity may {access.describe()}",
+                          api.authz.create_self_subject_access_review, review)
+        if not (answer.get("status") or {}).get("allowed"):
+            denied.append(access.describe())
+    if denied:
+        raise UsageError(f"{api.connection.origin} may not {', '.join(denied)} in namespace {api.namespace!r}: ask "
+                         "the cluster's admin for a Role granting them and a RoleBinding to this identity")
+
+
+def check_claim(api: Api, plan: LaunchPlan, settings: RenderSettings) -> None:
+    claim = settings.pvc_claim
+    if claim is None:
+        return
+    found = api.get(f"reading PersistentVolumeClaim {api.namespace}/{claim}",
+                    api.core.read_namespaced_persistent_volume_claim, claim, api.namespace)
+    if found is None:
+        raise UsageError(f"pvc_claim {claim!r} does not exist in namespace {api.namespace!r}: create the "
+                         "PersistentVolumeClaim there, or name one that exists")
+    status = found.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    if phase != "Bound" and not _binds_on_first_use(api, found):
+        raise UsageError(f"pvc_claim {claim!r} is {phase}, not Bound: its volume is not provisioned (see the claim's "
+                         "events), or it was released; fix or recreate the claim")
+    modes = set(status.get("accessModes") or (found.get("spec") or {}).get("accessModes") or [])
+    shared = "ReadWriteMany" in modes
+    if settings.shards > 1 and not shared:
+        raise UsageError(f"shards {settings.shards} run stage pods on several nodes at once, but pvc_claim {claim!r} "
+                         f"is {sorted(modes)}, not ReadWriteMany: use shards 1, or a ReadWriteMany claim")
+    if plan.nodes > 1 and not shared:
+        raise UsageError(f"a job of {plan.nodes} nodes mounts pvc_claim {claim!r} on every node, but it is "
+                         f"{sorted(modes)}, not ReadWriteMany: use a ReadWriteMany claim (NFS, Lustre, a CSI file "
+                         "system), or route results to S3 without a claim")
+
+
+def _binds_on_first_use(api: Api, claim: Mapping[str, Any]) -> bool:
+    """Whether a Pending claim's StorageClass binds it when a pod first uses it (WaitForFirstConsumer,
+    e.g. kind's and many clouds' defaults): then Pending is what it should be."""
+    if (claim.get("status") or {}).get("phase") != "Pending":
+        return False
+    name = (claim.get("spec") or {}).get("storageClassName")
+    if not name:
+        return False
+    try:
+        found = api.get(f"reading StorageClass {name}", api.storage.read_storage_class, name)
+    except UsageError:
+        return False
+    return bool(found) and found.get("volumeBindingMode") == "WaitForFirstConsumer"
+
+
+def check_secrets(api: Api, settings: RenderSettings, secret: SecretRef | None) -> None:
+    """The image pull Secret and a pre-created credential Secret: there, of the right kind, with
+    every key. Reads names and key names only."""
+    if settings.image_pull_secret:
+        name = settings.image_pull_secret
+        found = _secret(api, name)
+        if found is None:
+            raise UsageError(f"image_pull_secret {name!r} does not exist in namespace {api.namespace!r}: create it "
+                             "there (type kubernetes.io/dockerconfigjson, the registry's credentials), or drop "
+                             "image_pull_secret")
+        if found.get("type") not in PULL_SECRET_TYPES:
+            raise UsageError(f"image_pull_secret {name!r} is of type {found.get('type')!r}, which the kubelet does not "
+                             "use to pull: create it as kubernetes.io/dockerconfigjson")
+    if secret is not None and not secret.per_job:
+        found = _secret(api, secret.name)
+        if found is None:
+            raise UsageError(f"credential_secret {secret.name!r} does not exist in namespace {api.namespace!r}: create "
+                             f"it with the keys {', '.join(secret.keys)}, or drop credential_secret to have one "
+                             "made per job from this environment")
+        keys = set(found.get("data") or {}) | set(found.get("stringData") or {})
+        missing = [key for key in secret.keys if key not in keys]
+        if missing:
+            raise UsageError(f"credential_secret {secret.name!r} has no key {', '.join(missing)}, which forward_env "
+                             "names: add them to the Secret, or remove them from forward_env")
+
+
+def _secret(api: Api, name: str) -> dict[str, Any] | None:
+    return api.get(f"reading Secret {api.namespace}/{name}", api.core.read_namespaced_secret, name, api.namespace)
+
+
+def dry_run(api: Api, objects: Sequence[dict[str, Any]], job_id: str) -> None:
+    """A server-side dry run of every object, in creation order; an object an earlier attempt
+    of this job created passes, anyone else's is refused (see :func:`.apply.create`)."""
+    for obj in objects:
+        create(api, obj, job_id, dry_run=True)

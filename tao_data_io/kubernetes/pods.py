@@ -1,0 +1,249 @@
+"""What a Job and its pods say, read from the objects as the API server returns them: pure
+functions, so the status table and the failure classes are tested on plain dicts.
+
+Why "where is the pod": every question the backend asks — is the verdict in, is the GPU idle
+because an image is still being pulled, did the command start, why did it fail — is answered by
+the first container of the pod that has not finished, in the order the kubelet runs them
+(initContainers, a native sidecar counting as done once it runs, then the containers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..launch.backend import FailureAnalysis, JobStatus
+
+Obj = Mapping[str, Any]
+#: Waiting reasons of a container whose image is being fetched (or whose volumes are being set
+#: up: the kubelet says ContainerCreating for both) — time that counts against the pull timeout.
+PULLING = frozenset({"ContainerCreating", "PodInitializing", "ErrImagePull", "ImagePullBackOff"})
+#: Waiting reasons that no amount of waiting fixes.
+FATAL = frozenset({"InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError", "CreateContainerError",
+                   "RunContainerError"})
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+VERIFY, STAGER, TRAIN = "verify", "stager", "train"
+OOM_EXIT = 137
+
+Phase = Literal["schedule", "pull", "stage", "probe", "running", "done", "failed", "fatal"]
+
+
+@dataclass(frozen=True)
+class Container:
+    name: str
+    image: str
+    init: bool
+    #: A native sidecar (an initContainer with restartPolicy Always): done once it runs.
+    sidecar: bool
+    state: Literal["waiting", "running", "terminated", "unknown"]
+    reason: str = ""
+    message: str = ""
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a pod is: its phase and a sentence for people; ``container`` is the one it is at."""
+
+    phase: Phase
+    text: str
+    container: Container | None = None
+
+
+def condition(obj: Obj, kind: str) -> Obj | None:
+    """The ``kind`` condition when it holds. Never ``conditions[0]``: since 1.31 a failing Job
+    lists FailureTarget before Failed, a finished one SuccessCriteriaMet before Complete."""
+    for item in (obj.get("status") or {}).get("conditions") or []:
+        if item.get("type") == kind and item.get("status") == "True":
+            return item
+    return None
+
+
+def rank(pod: Obj) -> int:
+    """The pod's completion index (its rank); 0 for a Job that is not Indexed."""
+    metadata = pod.get("metadata") or {}
+    value = (metadata.get("annotations") or {}).get(COMPLETION_INDEX) or (metadata.get("labels") or {}).get(
+        COMPLETION_INDEX)
+    return int(value) if value and str(value).isdigit() else 0
+
+
+def by_rank(pods: Sequence[Obj]) -> list[Obj]:
+    return sorted(pods, key=lambda pod: (rank(pod), (pod.get("metadata") or {}).get("name", "")))
+
+
+def containers(pod: Obj) -> list[Container]:
+    """Every container of the pod in the order the kubelet runs them, with its state."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    found = []
+    for init, specs, statuses in ((True, spec.get("initContainers") or [], status.get("initContainerStatuses")),
+                                  (False, spec.get("containers") or [], status.get("containerStatuses"))):
+        states = {s.get("name"): s.get("state") or {} for s in statuses or []}
+        for item in specs:
+            state = states.get(item["name"]) or {}
+            kind = next((k for k in ("terminated", "running", "waiting") if state.get(k) is not None), "unknown")
+            detail = state.get(kind) or {}
+            sidecar = init and item.get("restartPolicy") == "Always"
+            found.append(Container(name=item["name"], image=item.get("image", ""), init=init, sidecar=sidecar,
+                                   state=kind, reason=detail.get("reason") or "",  # type: ignore[arg-type]
+                                   message=(detail.get("message") or "").strip(), exit_code=detail.get("exitCode")))
+    return found
+
+
+def container(pod: Obj, name: str) -> Container | None:
+    return next((c for c in containers(pod) if c.name == name), None)
+
+
+def unscheduled(pod: Obj) -> str | None:
+    """Why the scheduler has not placed the pod (its PodScheduled condition), if it has not."""
+    for item in (pod.get("status") or {}).get("conditions") or []:
+        if item.get("type") == "PodScheduled" and item.get("status") == "False":
+            return item.get("message") or item.get("reason") or "not scheduled yet"
+    return None
+
+
+def where(pod: Obj) -> Where:
+    """See the module docstring."""
+    reason = unscheduled(pod)
+    if reason is not None:
+        return Where("schedule", f"waiting for a node: {reason}")
+    status = pod.get("status") or {}
+    if not status.get("conditions") and not status.get("containerStatuses"):
+        return Where("schedule", "waiting to be scheduled")
+    place = _first_unfinished(pod)
+    if status.get("phase") == "Failed" and place.phase not in ("failed", "fatal"):  # evicted, or its node lost
+        return Where("failed", f"the pod failed: {status.get('reason') or 'no reason given'}"
+                     + (f": {status['message']}" if status.get("message") else ""))
+    return place
+
+
+def _first_unfinished(pod: Obj) -> Where:
+    for item in containers(pod):
+        if item.sidecar and item.state in ("running", "terminated"):
+            continue  # running is all a sidecar must do; its exit (after the command's) decides nothing
+        if item.state == "terminated":
+            if item.exit_code == 0:
+                continue
+            return Where("failed", f"container {item.name} exited {item.exit_code}"
+                         + (f" ({item.reason})" if item.reason else ""), item)
+        if item.state == "running":
+            if item.name == VERIFY:
+                return Where("probe", "the verify probe is checking every input and the results directory", item)
+            if item.init:
+                return Where("stage", f"{item.name} is staging the inputs inside the pod", item)
+            return Where("running", f"{item.name} is running", item)
+        if item.reason in FATAL:
+            return Where("fatal", f"container {item.name} cannot start: {item.reason}"
+                         + (f": {item.message}" if item.message else ""), item)
+        said = f"{item.reason}: {item.message}" if item.message else item.reason or "starting"
+        return Where("pull", f"pulling {item.image} for {item.name} ({said})", item)
+    return Where("done", "every container has finished")
+
+
+def verify_result(pod: Obj) -> tuple[str, int] | None:
+    """The verify container's termination message and exit code, once it has terminated."""
+    found = container(pod, VERIFY)
+    if found is None or found.state != "terminated":
+        return None
+    return found.message, int(found.exit_code or 0)
+
+
+def _who(pod: Obj, nodes: int) -> str:
+    return f"rank {rank(pod)}: " if nodes > 1 else ""
+
+
+def job_status(job: Obj, pods: Sequence[Obj], events: Sequence[Obj] = ()) -> JobStatus:
+    """The reference's status table: Complete → COMPLETE; Failed (or a failed pod: the Job has
+    ``backoffLimit: 0``; or a container that can never start, such as an invalid image name) →
+    ERROR, classified; a Job being deleted (canceled) → CANCELED; a container of ours
+    running → RUNNING; nothing scheduled, or images still being pulled → PENDING, with the reason
+    (the scheduler's, the kubelet's, or the newest warning event)."""
+    if condition(job, "Complete") is not None:
+        return JobStatus(state="COMPLETE", message="the Job completed", exit_code=0)
+    nodes = int((job.get("spec") or {}).get("completions") or 1)
+    deleting = bool((job.get("metadata") or {}).get("deletionTimestamp"))
+    failure = failure_analysis(job, pods)
+    if failure is not None and (condition(job, "Failed") is not None or not deleting):
+        trained = [c for pod in pods for c in containers(pod) if c.name == TRAIN and c.state == "terminated"]
+        code = next((c.exit_code for c in trained if c.exit_code), None)
+        return JobStatus(state="ERROR", message=failure.reason, exit_code=code, err_class=failure.err_class)
+    if deleting:  # a cancel's SIGTERM fails the pods too: that is not the program's failure
+        return JobStatus(state="CANCELED", message="the Job is being deleted before it finished")
+    if not pods:
+        said = newest_warning(events)
+        return JobStatus(state="PENDING", message="no pod yet" + (f": {said}" if said else ""))
+    places = [(pod, where(pod)) for pod in by_rank(pods)]
+    started = [_who(pod, nodes) + w.text for pod, w in places if w.phase in ("stage", "probe", "running", "done")]
+    details = "; ".join(_who(pod, nodes) + w.text for pod, w in places
+                        if w.phase not in ("stage", "probe", "running", "done"))
+    said = newest_warning(events)
+    if said and said.split(": ", 1)[-1] not in details:
+        details = f"{details} (newest event: {said})" if details else said
+    if started:
+        return JobStatus(state="RUNNING", message="; ".join(started) + (f"; {details}" if details else ""))
+    return JobStatus(state="PENDING", message=details)
+
+
+def newest_warning(events: Sequence[Obj]) -> str | None:
+    """``Reason: message`` of the newest Warning event (the scheduler's FailedScheduling, the Job
+    controller's FailedCreate, the kubelet's FailedMount…)."""
+    warnings = [e for e in events if e.get("type") == "Warning"]
+    if not warnings:
+        return None
+    newest = max(warnings, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    return f"{newest.get('reason')}: {newest.get('message', '').strip()}"
+
+
+def failure_analysis(job: Obj, pods: Sequence[Obj]) -> FailureAnalysis | None:
+    """Why the Job failed, in TAO's classes: an input the probe could not read, a stager that
+    could not fetch, an image that cannot start, an eviction or an OOM kill is the
+    infrastructure's (ERR_INFRA); the command exiting non-zero is the program's (ERR_PROGRAM).
+    None while nothing has failed."""
+    nodes = int((job.get("spec") or {}).get("completions") or 1)
+    for pod in by_rank(pods):
+        place = where(pod)
+        if place.phase not in ("failed", "fatal"):
+            continue
+        who, item = _who(pod, nodes), place.container
+        if item is None:
+            return FailureAnalysis(err_class="ERR_INFRA", reason=who + place.text,
+                                   suggestion="the node or the cluster ended the pod: submit again under a new job id")
+        if place.phase == "fatal":
+            return FailureAnalysis(err_class="ERR_INFRA", reason=who + place.text,
+                                   suggestion="fix the image reference, or the Secret or ConfigMap the container "
+                                              "names, and submit again")
+        if item.name == VERIFY:
+            return FailureAnalysis(err_class="ERR_INFRA", reason=f"{who}the verify probe failed inside the pod "
+                                   "before the command started" + (f": {_first_failure(item.message)}"
+                                                                   if item.message else ""),
+                                   suggestion="make every path the verdict names readable (stage the inputs again, "
+                                              "fix the claim or the mount source, make the results directory "
+                                              "writable) and submit again")
+        if item.init:
+            return FailureAnalysis(err_class="ERR_INFRA", reason=f"{who}{item.name} failed (exit {item.exit_code})"
+                                   + (f": {item.message}" if item.message else ""),
+                                   suggestion="read its log; check the forwarded credentials and that every input "
+                                              "URI exists, then submit again")
+        if item.reason == "OOMKilled" or item.exit_code == OOM_EXIT:
+            return FailureAnalysis(err_class="ERR_INFRA", reason=f"{who}{item.name} was OOMKilled "
+                                   f"(exit {item.exit_code})",
+                                   suggestion="lower the batch size or the data loader workers, or give the pod a "
+                                              "memory limit on a node with more memory")
+        return FailureAnalysis(err_class="ERR_PROGRAM", reason=f"{who}the command exited {item.exit_code}"
+                               + (f" ({item.reason})" if item.reason and item.reason != "Error" else ""),
+                               suggestion="read the last lines of the job's log")
+    failed = condition(job, "Failed")
+    if failed is not None:
+        return FailureAnalysis(err_class="ERR_INFRA", reason=f"the Job failed ({failed.get('reason', 'no reason')}: "
+                               f"{failed.get('message', '')}) and none of its pods is left to say why",
+                               suggestion="submit again under a new job id; read the cluster's events if it recurs")
+    return None
+
+
+def _first_failure(message: str) -> str:
+    """The first failed check of a verify termination message, as ``path: detail``."""
+    for line in message.splitlines():
+        parts = line.split("\t")
+        if len(parts) == 5 and parts[1] == "fail":
+            return f"{parts[3]}: {parts[4]}"
+    return message.splitlines()[0] if message else ""

@@ -1,0 +1,457 @@
+"""A Kubernetes API server stand-in over real HTTP, for the online backend's tests.
+
+kmock's ``KubernetesEmulator`` (objects in memory behind aiohttp on 127.0.0.1) gives create, get,
+list, patch, delete, 404 and 409. :class:`ApiServer` adds what a real API server does and kmock
+does not: ``uid``/``resourceVersion``/``creationTimestamp``, label and field selectors,
+server-side dry-run (validates a create against what exists, stores nothing), ``/version/``,
+SelfSubjectAccessReview (answered from a ``denied`` set), pod logs as ``text/plain``, and the
+garbage collector (deleting an object deletes everything whose ``ownerReferences`` name it). It
+can also be told to fail the N-th request from now: a 500 before the request is applied, or a dropped
+connection after it was (the reply is lost).
+
+:class:`ControlPlane` plays the Job controller, the scheduler and the kubelet: a created Job gets
+its pods (one per completion index), and each time the backend reads a Job its pods move one
+step along the Job's script (pulling → staging → verifying → verified → running → …). The verify
+container's termination message is built from the checklist in the job's own ConfigMap, so what
+the backend parses is what the pod was told to check. No step depends on time.
+
+:class:`KubeStandIn` runs it all on a background event loop, so the synchronous kubernetes client
+can call it from the test thread; its methods reach into the server through that loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import itertools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+import aiohttp.web
+import attrs
+import kmock
+
+from tao_data_io.launch.probe import CheckResult, Verdict
+
+T = TypeVar("T")
+JOBS = kmock.resource("batch", "v1", "jobs")
+PODS = kmock.resource("", "v1", "pods")
+RESOURCES = {kind: kmock.resource(*parts) for kind, parts in {
+    "Secret": ("", "v1", "secrets"), "ConfigMap": ("", "v1", "configmaps"), "Service": ("", "v1", "services"),
+    "Job": ("batch", "v1", "jobs"), "Pod": ("", "v1", "pods"), "Event": ("", "v1", "events"),
+    "Node": ("", "v1", "nodes"), "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
+    "StorageClass": ("storage.k8s.io", "v1", "storageclasses")}.items()}
+GPU_UNSCHEDULABLE = ("0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: 0/2 nodes are available: "
+                     "2 No preemption victims found for incoming pod.")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def version_info(minor: int) -> dict[str, str]:
+    """What ``GET /version/`` answers; client 37 refuses a reply without every field."""
+    return {"major": "1", "minor": str(minor), "gitVersion": f"v1.{minor}.3", "gitCommit": "0" * 40,
+            "gitTreeState": "clean", "buildDate": "2025-01-01T00:00:00Z", "goVersion": "go1.23.4", "compiler": "gc",
+            "platform": "linux/amd64"}
+
+
+def matches(obj: dict[str, Any], labels: str | None, fields: str | None) -> bool:
+    """Label selector terms (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``) and field selector terms
+    (``a.b=v``, ``a.b!=v``), comma-separated, all of which must hold."""
+    have = (obj.get("metadata") or {}).get("labels") or {}
+    for term in filter(None, (t.strip() for t in (labels or "").split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            ok = have.get(key) != value
+        elif "=" in term:
+            key, value = term.split("=", 1)
+            ok = have.get(key) == value.lstrip("=")
+        else:
+            ok = (term[1:] not in have) if term.startswith("!") else term in have
+        if not ok:
+            return False
+    for term in filter(None, (t.strip() for t in (fields or "").split(","))):
+        negate = "!=" in term
+        path, value = term.split("!=" if negate else "=", 1)
+        current: Any = obj
+        for part in path.split("."):
+            current = current.get(part) if isinstance(current, dict) else None
+        if (str(current) == value.lstrip("=")) == negate:
+            return False
+    return True
+
+
+@dataclass
+class Fault:
+    """Fail the ``at``-th request from now (0: the next one), counting only those that are
+    ``request`` (``METHOD /path?query``) when it is given: ``500`` answers an error without
+    applying it; ``drop`` applies it and then closes the connection without an answer."""
+
+    at: int
+    kind: str
+    request: str | None = None
+    seen: int = 0
+    hit: str | None = None
+
+
+@attrs.define(kw_only=True)
+class ApiServer(kmock.KubernetesEmulator):
+    minor: int = 30
+    #: (verb, group, resource) that SelfSubjectAccessReview answers "not allowed".
+    denied: set[tuple[str, str, str]] = attrs.field(factory=set)
+    fault: Fault | None = None
+    #: What an injected 500 says.
+    fault_message: str = "injected: etcd timeout"
+    #: Resource plural → why admission refuses a create of it (422, in a dry run too).
+    admission: dict[str, str] = attrs.field(factory=dict)
+    control: ControlPlane = attrs.field(factory=lambda: ControlPlane())
+    #: (namespace, pod, container) → its log.
+    logs: dict[tuple[str, str, str], str] = attrs.field(factory=dict)
+    _versions: itertools.count = attrs.field(factory=lambda: itertools.count(1000))
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        fault = self._take_fault(request)
+        if fault == "500":
+            return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 500,
+                                              "reason": "InternalError", "message": self.fault_message},
+                                             status=500)
+        response = await self._serve(request)
+        if fault == "drop":
+            transport = request._raw_request.transport if request._raw_request is not None else None
+            if transport is not None:
+                transport.close()  # applied, but the client never hears so
+        return response
+
+    def _take_fault(self, request: kmock.Request) -> str | None:
+        fault = self.fault
+        said = f"{request.method.value} {request.url.path_qs}"
+        if fault is None or fault.request not in (None, said):
+            return None
+        fault.seen += 1
+        if fault.seen - 1 != fault.at:
+            return None
+        fault.hit = said
+        self.fault = None
+        return fault.kind
+
+    async def _serve(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if request.method == kmock.method.GET and request.url.path.rstrip("/") == "/version":
+            return aiohttp.web.json_response(version_info(self.minor))
+        resource = request.resource
+        if resource is None:
+            return await super()._handle(request)
+        if resource.plural == "selfsubjectaccessreviews" and request.action == kmock.action.CREATE:
+            attributes = request.data["spec"]["resourceAttributes"]
+            key = (attributes["verb"], attributes.get("group", ""), attributes["resource"])
+            allowed = key not in self.denied
+            return aiohttp.web.json_response({**request.data, "status": {
+                "allowed": allowed, **({} if allowed else {"reason": "RBAC: no rule allows it"})}}, status=201)
+        if request.subresource == "log":
+            return self._log(request)
+        if request.action == kmock.action.CREATE and resource.plural in self.admission:
+            return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422,
+                                              "reason": "Invalid", "message": self.admission[resource.plural]},
+                                             status=422)
+        if request.action == kmock.action.CREATE:
+            metadata = request.data.setdefault("metadata", {})
+            metadata.setdefault("namespace", request.namespace)
+            if request.params.get("dryRun") == "All":
+                return await self._dry_run(request)
+            metadata.update(uid=hashlib.sha256(f"{metadata.get('name')}{next(self._versions)}".encode()).hexdigest()[:32],
+                            creationTimestamp=now(), resourceVersion=str(next(self._versions)))
+        elif request.action == kmock.action.UPDATE and isinstance(request.data, dict):
+            request.data.setdefault("metadata", {})["resourceVersion"] = str(next(self._versions))
+        elif request.action == kmock.action.FETCH and resource == JOBS and not request.subresource:
+            await self.locked(lambda: self.control.advance(self, request.namespace or "", request.name or ""))
+        response = await super()._handle(request)
+        if request.action == kmock.action.CREATE and resource == JOBS and response.status < 300:
+            await self.locked(lambda: self.control.created(self, request.data))
+        elif request.action == kmock.action.DELETE and response.status < 300:
+            await self.locked(lambda: self.collect_garbage())
+        return response
+
+    async def _dry_run(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """Validate against what exists (a name that is taken is a 409, as on a real server) and
+        answer as a create would, storing nothing."""
+        metadata = request.data["metadata"]
+        key = (request.resource, request.namespace or metadata.get("namespace"), metadata.get("name"))
+        if key in self.objects and not self.objects[key].deleted:
+            return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 409,
+                                              "reason": "AlreadyExists",
+                                              "message": f"{request.resource.plural} {metadata['name']!r} already exists"},
+                                             status=409)
+        body = copy.deepcopy(request.data)
+        body["metadata"].update(uid="00000000-dry-run", creationTimestamp=now())
+        return aiohttp.web.json_response(body, status=201)
+
+    def _log(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        container = request.params.get("container", "")
+        key = (request.namespace or "", request.name or "", container)
+        if key not in self.logs:
+            return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 400,
+                                              "reason": "BadRequest", "message": f'container "{container}" in pod '
+                                              f'"{request.name}" is waiting to start: PodInitializing'}, status=400)
+        lines = self.logs[key].splitlines(keepends=True)
+        tail = request.params.get("tailLines")
+        return aiohttp.web.Response(text="".join(lines[-int(tail):] if tail else lines), content_type="text/plain")
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        result = await super()._serve_list(request)
+        result["items"] = [item for item in result["items"]
+                           if matches(item, request.params.get("labelSelector"), request.params.get("fieldSelector"))]
+        return result
+
+    async def locked(self, change: Callable[[], None]) -> None:
+        async with self._lock:
+            change()
+
+    def collect_garbage(self) -> None:
+        """Delete every object whose ownerReferences name a uid that no longer exists, until
+        nothing changes (pods of a Job, and the Job's Secret, ConfigMap and Service)."""
+        while True:
+            alive = {obj.raw["metadata"].get("uid") for obj in self.objects.values() if not obj.deleted}
+            orphans = [obj for obj in self.objects.values() if not obj.deleted and any(
+                ref.get("uid") not in alive for ref in obj.raw["metadata"].get("ownerReferences") or [])]
+            if not orphans:
+                return
+            for obj in orphans:
+                obj.delete()
+
+    def store(self, obj: dict[str, Any]) -> None:
+        """Put an object the way the cluster has it (nodes, claims, a foreign ConfigMap…)."""
+        metadata = obj["metadata"]
+        metadata.setdefault("uid", hashlib.sha256(f"seed-{metadata['name']}".encode()).hexdigest()[:32])
+        metadata.setdefault("creationTimestamp", now())
+        metadata.setdefault("resourceVersion", str(next(self._versions)))
+        self.objects[RESOURCES[obj["kind"]], metadata.get("namespace"), metadata["name"]] = obj
+
+    def alive(self, kind: str, namespace: str | None = None) -> dict[str, dict[str, Any]]:
+        """Name → object of every existing object of ``kind`` (in ``namespace``)."""
+        return {name: copy.deepcopy(obj.raw) for (resource, ns, name), obj in self.objects.items()
+                if resource == RESOURCES[kind] and not obj.deleted and (namespace is None or ns == namespace)}
+
+
+# ----------------------------------------------------------------------------- the control plane
+def _waiting(reason: str, message: str | None = None) -> dict[str, Any]:
+    return {"waiting": {"reason": reason, **({"message": message} if message else {})}}
+
+
+def _running() -> dict[str, Any]:
+    return {"running": {"startedAt": now()}}
+
+
+def _terminated(code: int, reason: str, message: str | None = None) -> dict[str, Any]:
+    return {"terminated": {"exitCode": code, "reason": reason, "startedAt": now(), "finishedAt": now(),
+                           **({"message": message} if message else {})}}
+
+
+#: Each step: (the container it is about — a name, "first" or "main" —, that container's state,
+#: the pod's phase). Containers before it have finished (a native sidecar runs), later ones wait.
+STEPS: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] = {
+    "pulling": ("first", lambda c: _waiting("ContainerCreating"), "Pending"),
+    "staging": ("stager", lambda c: _running(), "Pending"),
+    "verifying": ("verify", lambda c: _running(), "Pending"),
+    "image-pull-backoff": ("verify", lambda c: _waiting("ImagePullBackOff", f'Back-off pulling image "{c["image"]}"'),
+                           "Pending"),
+    "verified": ("main", lambda c: _waiting("ContainerCreating"), "Pending"),
+    "running": ("main", lambda c: _running(), "Running"),
+    "succeeded": ("main", lambda c: _terminated(0, "Completed"), "Succeeded"),
+    "failed": ("main", lambda c: _terminated(2, "Error"), "Failed"),
+    "oomkilled": ("main", lambda c: _terminated(137, "OOMKilled"), "Failed"),
+    "verify-failed": ("verify", lambda c: _terminated(1, "Error"), "Failed"),
+    "stager-failed": ("stager", lambda c: _terminated(1, "Error", "stage: s3://bkt-1/data/: AccessDenied"), "Failed"),
+}
+TRAIN_SCRIPT = ["pulling", "staging", "verifying", "verified", "running"]
+STAGE_SCRIPT = ["pulling", "running", "succeeded"]
+
+
+@dataclass
+class ControlPlane:
+    #: Job name → the steps its pods take, one each time the Job is read; the last one stays.
+    scripts: dict[str, list[str]] = field(default_factory=dict)
+    #: Container path → why the verify probe fails there.
+    verify_failures: dict[str, str] = field(default_factory=dict)
+    #: Jobs whose pods the Job controller cannot create (a quota), with the event's message.
+    refused: dict[str, str] = field(default_factory=dict)
+    unschedulable_message: str = GPU_UNSCHEDULABLE
+    #: Whether the scheduler's reason is on the pod's condition too, or only in an event.
+    condition_messages: bool = True
+    _position: dict[str, int] = field(default_factory=dict)
+    _events: itertools.count = field(default_factory=itertools.count)
+
+    def created(self, server: ApiServer, job: dict[str, Any]) -> None:
+        meta = job["metadata"]
+        name, namespace = meta["name"], meta["namespace"]
+        if name in self.refused:
+            self._event(server, namespace, "Job", meta, "FailedCreate", self.refused[name])
+            return
+        spec = job["spec"]
+        indexed = spec.get("completionMode") == "Indexed"
+        for index in range(int(spec.get("completions") or 1)):
+            suffix = hashlib.sha256(f"{meta['uid']}{index}".encode()).hexdigest()[:5]
+            pod_name = f"{name}-{index}-{suffix}" if indexed else f"{name}-{suffix}"
+            template = copy.deepcopy(spec["template"])
+            labels = {**template["metadata"].get("labels", {}), "batch.kubernetes.io/job-name": name, "job-name": name,
+                      "batch.kubernetes.io/controller-uid": meta["uid"], "controller-uid": meta["uid"]}
+            annotations = {"batch.kubernetes.io/job-completion-index": str(index)} if indexed else {}
+            server.store({"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": pod_name, "namespace": namespace, "labels": labels, "annotations": annotations,
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": meta["uid"],
+                                     "controller": True, "blockOwnerDeletion": True}]},
+                "spec": template["spec"], "status": {"phase": "Pending"}})
+        server.objects[JOBS, namespace, name]["status"] = {"active": int(spec.get("completions") or 1),
+                                                          "startTime": now()}
+
+    def advance(self, server: ApiServer, namespace: str, job: str) -> None:
+        """One step for the pods of ``job``, and the Job's status after it."""
+        pods = [obj for (resource, ns, _), obj in server.objects.items() if resource == PODS and ns == namespace
+                and not obj.deleted and obj.raw["metadata"]["labels"].get("batch.kubernetes.io/job-name") == job]
+        if not pods:
+            return
+        script = self.scripts.get(job) or (STAGE_SCRIPT if job.endswith("-stage") else TRAIN_SCRIPT)
+        for pod in pods:
+            name = pod.raw["metadata"]["name"]
+            position = self._position[name] = min(self._position.get(name, -1) + 1, len(script) - 1)
+            self._apply(server, namespace, pod, script[position])
+        self._job_status(server, namespace, job)
+
+    def _apply(self, server: ApiServer, namespace: str, pod: Any, step: str) -> None:
+        raw = pod.raw
+        name, spec = raw["metadata"]["name"], raw["spec"]
+        if step == "unschedulable":
+            condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                         **({"message": self.unschedulable_message} if self.condition_messages else {})}
+            pod["status"] = {"phase": "Pending", "conditions": [condition]}
+            self._event(server, namespace, "Pod", raw["metadata"], "FailedScheduling", self.unschedulable_message)
+            return
+        target, state_of, phase = STEPS[step]
+        init, main = spec.get("initContainers", []), spec["containers"]
+        order = [c["name"] for c in [*init, *main]]
+        if target == "first":
+            target = order[0]
+        if target not in order:  # no stager (tier A), or "main": the next container that is there
+            target = "verify" if target == "stager" and "verify" in order else main[0]["name"]
+        current = order.index(target)
+        statuses = []
+        for position, container in enumerate([*init, *main]):
+            sidecar = container.get("restartPolicy") == "Always"
+            if position < current:
+                state = _running() if sidecar and phase in ("Pending", "Running") else _terminated(
+                    0, "Completed", self._verdict(server, namespace, spec) if container["name"] == "verify" else None)
+            elif position == current:
+                state = state_of(container)
+                if container["name"] == "verify" and "terminated" in state:
+                    state["terminated"]["message"] = self._verdict(server, namespace, spec)
+            else:
+                state = _waiting("PodInitializing")
+            statuses.append({"name": container["name"], "image": container["image"], "imageID": "", "ready": False,
+                             "restartCount": 0, "started": "running" in state, "state": state})
+            self._logs(server, namespace, name, container["name"], state)
+        pod["status"] = {"phase": phase, "conditions": [{"type": "PodScheduled", "status": "True"}],
+                         "initContainerStatuses": statuses[:len(init)], "containerStatuses": statuses[len(init):]}
+
+    def _verdict(self, server: ApiServer, namespace: str, spec: dict[str, Any]) -> str:
+        """The verify container's termination message for the checklist in the job's ConfigMap."""
+        files = next(v["configMap"]["name"] for v in spec["volumes"] if v["name"] == "files")
+        checklist = server.objects[RESOURCES["ConfigMap"], namespace, files].raw["data"]["checklist"]
+        results = []
+        for line in checklist.splitlines():
+            kind, path, _ = line.split("\t")
+            failure = self.verify_failures.get(path)
+            results.append(CheckResult(kind=kind, path=path, ok=failure is None, detail=failure or "readable"))  # type: ignore[arg-type]
+        return Verdict(ok=not any(not r.ok for r in results), checks=results).termination_message()
+
+    def _logs(self, server: ApiServer, namespace: str, pod: str, container: str, state: dict[str, Any]) -> None:
+        key = (namespace, pod, container)
+        if "waiting" in state:
+            return
+        if container == "verify":
+            server.logs[key] = state.get("terminated", {}).get("message") or "TAO-VERIFY probe running\n"
+        elif "terminated" in state and state["terminated"]["reason"] == "OOMKilled":
+            server.logs[key] = "epoch 1\nKilled\n"
+        elif "terminated" in state and state["terminated"]["exitCode"]:
+            server.logs[key] = "epoch 1\nTraceback (most recent call last):\nRuntimeError: loss is nan\n"
+        else:
+            server.logs[key] = "".join(f"{container} line {i}\n" for i in range(1, 4))
+
+    def _job_status(self, server: ApiServer, namespace: str, name: str) -> None:
+        job = server.objects[JOBS, namespace, name]
+        phases = [obj.raw["status"].get("phase") for (resource, ns, _), obj in server.objects.items()
+                  if resource == PODS and ns == namespace and not obj.deleted
+                  and obj.raw["metadata"]["labels"].get("batch.kubernetes.io/job-name") == name]
+        failed, succeeded = phases.count("Failed"), phases.count("Succeeded")
+        status: dict[str, Any] = {"startTime": job.raw.get("status", {}).get("startTime", now())}
+        if failed:
+            status.update(failed=failed, conditions=[
+                {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded"},
+                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                 "message": "Job has reached the specified backoff limit"}])
+        elif succeeded == len(phases) and phases:
+            status.update(succeeded=succeeded, completionTime=now(), conditions=[
+                {"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}])
+        else:
+            status.update(active=len(phases) - succeeded, ready=phases.count("Running"))
+        job["status"] = status
+
+    def _event(self, server: ApiServer, namespace: str, kind: str, about: dict[str, Any], reason: str,
+               message: str) -> None:
+        number = next(self._events)
+        server.store({"apiVersion": "v1", "kind": "Event", "metadata": {
+            "name": f"{about['name']}.{number:016x}", "namespace": namespace},
+            "involvedObject": {"kind": kind, "name": about["name"], "namespace": namespace, "uid": about.get("uid")},
+            "reason": reason, "message": message, "type": "Warning", "count": 1, "firstTimestamp": now(),
+            "lastTimestamp": now(), "source": {"component": "job-controller" if kind == "Job" else "default-scheduler"}})
+
+
+# ----------------------------------------------------------------------------- in a thread
+class KubeStandIn:
+    """:class:`ApiServer` on 127.0.0.1 in a background thread; ``url`` for a kubeconfig."""
+
+    def __init__(self) -> None:
+        self.server: ApiServer
+        self.url = ""
+        self._ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="kube-stand-in", daemon=True)
+
+    def __enter__(self) -> KubeStandIn:
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("the Kubernetes API stand-in did not start within 30 s")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        async def serve() -> None:
+            self._stop = asyncio.Event()
+            async with ApiServer() as handler, kmock.Server(handler, host="127.0.0.1") as server:
+                for resource in RESOURCES.values():
+                    handler.resources[resource] = {}  # a list of a kind nothing was stored of yet is empty, not 404
+                self.server, self.url = handler, str(server.url).rstrip("/")
+                self._ready.set()
+                await self._stop.wait()
+
+        self._loop.run_until_complete(serve())
+        self._loop.close()
+
+    def run(self, work: Callable[[], T]) -> T:
+        """Run ``work`` on the server's loop under its lock: the test thread's way to change state."""
+        async def locked() -> T:
+            async with self.server._lock:
+                return work()
+
+        return asyncio.run_coroutine_threadsafe(locked(), self._loop).result(30)
+
+    def requests(self) -> list[str]:
+        """``METHOD path?query`` of every request so far."""
+        return [f"{r.method.value} {r.url.path_qs}" for r in self.server]

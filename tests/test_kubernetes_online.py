@@ -1,0 +1,742 @@
+"""The Kubernetes backend against an API server over HTTP: the kmock stand-in of
+:mod:`tests.kube_standin` (objects, selectors, dry-run, access reviews, logs, garbage collection,
+and a control plane that moves pods along a script), reached through a kubeconfig as a user's
+would be. Pipelines run with a RecordStore in tmp_path. The last section runs against a real
+cluster when TAO_E2E_KUBECONFIG names one."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tao_data_io import pipeline
+from tao_data_io.errors import BackendError, CredentialError, UsageError
+from tao_data_io.kubernetes.api import connect
+from tao_data_io.kubernetes import pods as pod_reading
+from tao_data_io.kubernetes.backend import KubernetesBackend
+from tao_data_io.launch.backend import Backend, JobDocuments, Submission, backend_for
+from tao_data_io.launch.plan import LaunchPlan, build_plan
+from tao_data_io.records import RecordStore
+from tao_data_io.request import JobRequest
+
+from .kube_standin import RESOURCES, Fault, KubeStandIn
+
+NAMESPACE = "tao"
+STAGER = "registry.example.com/tao-data-io-stager:0.1.0"
+SECRETS = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEY12345", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI-k8s-very-secret"}
+ENV = {**SECRETS, "S3_BUCKET_NAME": "tao-results"}
+MANAGED = "app.kubernetes.io/managed-by"
+
+
+def job_request(**fields: Any) -> JobRequest:
+    """Tier C by default: an S3 input, results uploaded to S3, the S3 keys forwarded, one GPU."""
+    base: dict[str, Any] = {"schema_version": "1", "job_id": "job-1", "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0.0",
+                            "mode": "args", "command": ["dino", "train"], "args": ["--epochs", "1"],
+                            "inputs": [{"source": "s3://bkt-1/data/", "target": "/data"}],
+                            "forward_env": list(SECRETS), "compute_shape": {"gpus": 1}}
+    return JobRequest.model_validate({**base, **fields})
+
+
+@contextmanager
+def seeded_cluster(where: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeStandIn]:
+    """The stand-in with two 8-GPU nodes and a StorageClass, and a kubeconfig context for it
+    (namespace ``tao``) in $KUBECONFIG, as a user would have it."""
+    with KubeStandIn() as stand_in:
+        write_kubeconfig(where / "kubeconfig", stand_in.url)
+        monkeypatch.setenv("KUBECONFIG", str(where / "kubeconfig"))
+        monkeypatch.setenv("TAO_K8S_CONTEXT", "stand-in")
+        monkeypatch.delenv("TAO_K8S_NAMESPACE", raising=False)
+        for index in range(2):
+            stand_in.server.store({"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"gpu-{index}"},
+                                   "status": {"allocatable": {"nvidia.com/gpu": "8", "cpu": "64"}}})
+        stand_in.server.store({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                               "metadata": {"name": "standard"}, "provisioner": "rancher.io/local-path",
+                               "volumeBindingMode": "WaitForFirstConsumer"})
+        yield stand_in
+
+
+@pytest.fixture
+def kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeStandIn]:
+    with seeded_cluster(tmp_path, monkeypatch) as stand_in:
+        yield stand_in
+
+
+def write_kubeconfig(path: Path, url: str) -> None:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
+        "clusters": [{"name": "stand-in", "cluster": {"server": url}}],
+        "users": [{"name": "tester", "user": {"token": "kubeconfig-bearer-t0ken"}}],
+        "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "tester",
+                                                       "namespace": NAMESPACE}}]}))
+
+
+def claim(name: str = "tao-data", phase: str = "Bound", modes: tuple[str, ...] = ("ReadWriteMany",),
+          storage_class: str = "standard") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"accessModes": list(modes), "storageClassName": storage_class,
+                     "resources": {"requests": {"storage": "100Gi"}}},
+            "status": {"phase": phase, **({"accessModes": list(modes), "capacity": {"storage": "100Gi"}}
+                                          if phase == "Bound" else {})}}
+
+
+def make_backend(said: list[str] | None = None, **settings: Any) -> KubernetesBackend:
+    return KubernetesBackend(**{"stager_image": STAGER, "poll_seconds": 0.001,
+                                "say": (said if said is not None else []).append, **settings})
+
+
+def store_in(tmp_path: Path) -> RecordStore:
+    return RecordStore(tmp_path / "records")
+
+
+def submit(tmp_path: Path, request: JobRequest, backend: KubernetesBackend,
+           environ: dict[str, str] | None = None) -> pipeline.Submitted:
+    return pipeline.submit(request, backend, store_in(tmp_path), workdir_root=tmp_path / "work",
+                           environ=ENV if environ is None else environ)
+
+
+def launch_only(tmp_path: Path, request: JobRequest, backend: KubernetesBackend,
+                environ: dict[str, str] | None = None) -> tuple[Submission, LaunchPlan]:
+    """The pipeline's steps up to preflight and submit, without waiting for the verdict, so a test
+    can look at the job at any step of its pods' script."""
+    env = ENV if environ is None else environ
+    store = store_in(tmp_path)
+    record = pipeline.open_record(request, backend, store)
+    decision = pipeline.decide_tier(request, backend, store, record.job_id)
+    staging_map = pipeline.stage_inputs(request, backend, tmp_path / "work" / record.job_id, environ=env)
+    record = pipeline.route_outputs(store, record.job_id, env)
+    assert record.output_route is not None
+    plan = build_plan(request, staging_map, decision, record, record.output_route, environ=env)
+    documents = JobDocuments(request, record)
+    backend.preflight(plan, documents=documents)
+    return backend.submit(plan, environ=env, documents=documents), plan
+
+
+def ours(kube: KubeStandIn, kind: str) -> dict[str, dict[str, Any]]:
+    return {name: obj for name, obj in kube.server.alive(kind, NAMESPACE).items()
+            if obj["metadata"].get("labels", {}).get(MANAGED) == "tao-data-io"}
+
+
+def every_object_of_ours(kube: KubeStandIn) -> list[dict[str, Any]]:
+    return [obj for kind in ("Secret", "ConfigMap", "Service", "Job") for obj in ours(kube, kind).values()]
+
+
+def validate(objects: list[dict[str, Any]]) -> None:
+    """What the backend created, as the API server holds it after the ownerReferences patches."""
+    assert objects
+    for obj in objects:
+        for version in ("1.29", "1.32"):
+            kubernetes_validate.validate(json.loads(json.dumps(obj)), version, strict=True)
+
+
+def creates(kube: KubeStandIn) -> list[str]:
+    return [r for r in kube.requests() if r.startswith(("POST", "PATCH", "DELETE", "PUT")) and "dryRun" not in r
+            and "selfsubjectaccessreviews" not in r]
+
+
+# ----------------------------------------------------------------------------- submit
+def test_a_single_node_submit_creates_secret_configmap_job_owned_by_the_job(kube: KubeStandIn, tmp_path: Path) -> None:
+    said: list[str] = []
+    backend = make_backend(said)
+    assert isinstance(backend, Backend) and isinstance(backend_for("kubernetes", {"stager_image": STAGER}),
+                                                      KubernetesBackend)
+    done = submit(tmp_path, job_request(), backend)
+
+    assert (done.backend_ref, done.tier, done.started, done.verdict.ok) == ("tao/job-1", "C", True, True)
+    record = store_in(tmp_path).get("job-1")
+    assert record.state == "RUNNING" and record.backend_ref == "tao/job-1"
+    assert record.verify is not None and record.verify["ok"] is True
+    assert [c["path"] for c in record.verify["checks"]] == ["/data", "/results", "/results"]  # type: ignore[index]
+    job = ours(kube, "Job")["job-1"]
+    secret, configmap = ours(kube, "Secret")["job-1-credentials"], ours(kube, "ConfigMap")["job-1-files"]
+    assert secret["stringData"] == SECRETS and secret["type"] == "Opaque"  # the values reach the API server only
+    for dependent in (secret, configmap):
+        assert dependent["metadata"]["ownerReferences"] == [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": "job-1", "uid": job["metadata"]["uid"]}]
+    assert sorted(ours(kube, "Service")) == []  # one node: no rendezvous Service
+    validate(every_object_of_ours(kube))
+    assert any("verify probe" in line for line in said) and any("pulling" in line for line in said)
+
+
+def test_the_api_requests_of_a_single_node_submit(kube: KubeStandIn, tmp_path: Path) -> None:
+    """The figure for the README: what a tier C single-node submit asks the API server, step by
+    step (the verify polls depend on how fast the pod gets there: here four looks)."""
+    submit(tmp_path, job_request(), make_backend())
+    sent = kube.requests()
+    facts, gates, dry_runs = sent[:4], sent[4:16], sent[16:19]
+    applied, verify = sent[19:24], sent[24:]
+    assert facts == ["GET /version/", "GET /api/v1/nodes", "GET /api/v1/namespaces/tao/persistentvolumeclaims",
+                     "GET /apis/storage.k8s.io/v1/storageclasses"]
+    assert gates[:2] == ["GET /api/v1/nodes", "GET /version/"]
+    assert gates[2:] == ["POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews"] * 10
+    assert [r.split("?")[0] for r in dry_runs] == ["POST /api/v1/namespaces/tao/secrets",
+                                                   "POST /api/v1/namespaces/tao/configmaps",
+                                                   "POST /apis/batch/v1/namespaces/tao/jobs"]
+    assert applied == ["POST /api/v1/namespaces/tao/secrets", "POST /api/v1/namespaces/tao/configmaps",
+                       "POST /apis/batch/v1/namespaces/tao/jobs",
+                       "PATCH /api/v1/namespaces/tao/secrets/job-1-credentials",
+                       "PATCH /api/v1/namespaces/tao/configmaps/job-1-files"]
+    assert verify[0] == "GET /api/v1/namespaces/tao/configmaps/job-1-files"
+    looks = verify[1:]
+    assert len(looks) == 2 * 4 and all(r.startswith(("GET /apis/batch/v1/namespaces/tao/jobs/job-1",
+                                                     "GET /api/v1/namespaces/tao/pods?")) for r in looks)
+    assert len(sent) == 4 + 12 + 3 + 5 + 1 + 8
+
+
+def test_tier_b_runs_the_stage_job_to_completion_before_the_training_job(kube: KubeStandIn, tmp_path: Path) -> None:
+    kube.server.store(claim())
+    done = submit(tmp_path, job_request(storage={"pvc_claim": "tao-data"}), make_backend(shards=2))
+    assert done.tier == "B" and done.verdict.ok
+    made = creates(kube)
+    assert [r.split("?")[0] for r in made[:4]] == [
+        "POST /api/v1/namespaces/tao/secrets", "POST /api/v1/namespaces/tao/configmaps",
+        "POST /apis/batch/v1/namespaces/tao/jobs", "POST /apis/batch/v1/namespaces/tao/jobs"]
+    sent = kube.requests()
+    stage, train = [i for i, r in enumerate(sent) if r == "POST /apis/batch/v1/namespaces/tao/jobs"]
+    assert "GET /apis/batch/v1/namespaces/tao/jobs/job-1-stage" in sent[stage:train]  # waited on before training
+    stage = ours(kube, "Job")["job-1-stage"]
+    assert stage["status"]["conditions"][-1]["type"] == "Complete" and stage["spec"]["completions"] == 2
+    validate(every_object_of_ours(kube))
+
+
+def test_a_failed_stage_job_is_deleted_and_nothing_trains(kube: KubeStandIn, tmp_path: Path) -> None:
+    kube.server.store(claim())
+    kube.server.control.scripts["job-1-stage"] = ["pulling", "failed"]
+    with pytest.raises(BackendError, match=r"the stage Job tao/job-1-stage failed: container stage exited 2") as info:
+        submit(tmp_path, job_request(storage={"pvc_claim": "tao-data"}), make_backend())
+    assert not info.value.retryable
+    assert "job-1-stage" not in ours(kube, "Job") and "job-1" not in ours(kube, "Job")
+    assert store_in(tmp_path).get("job-1").state == "PENDING"  # a later submit stages again
+
+
+def test_multi_node_creates_the_headless_service_and_waits_for_every_rank(kube: KubeStandIn, tmp_path: Path) -> None:
+    done = submit(tmp_path, job_request(compute_shape={"gpus": 8, "nodes": 2}), make_backend())
+    assert done.verdict.ok
+    service = ours(kube, "Service")["job-1"]
+    assert service["metadata"]["ownerReferences"][0]["name"] == "job-1"
+    pods = kube.server.alive("Pod", NAMESPACE)
+    assert len(pods) == 2 and all(p["status"]["initContainerStatuses"][-1]["state"].get("terminated")
+                                  for p in pods.values())
+    validate(every_object_of_ours(kube))
+    backend = make_backend()
+    assert backend.logs(done.backend_ref) == ""  # verified, but the command has not started yet
+    status = backend.status(done.backend_ref)
+    assert (status.state, status.message) == ("RUNNING", "rank 0: train is running; rank 1: train is running")
+    logs = backend.logs(done.backend_ref, tail=2)
+    assert logs.splitlines() == ["[rank 0] train line 2", "[rank 0] train line 3", "[rank 1] train line 2",
+                                 "[rank 1] train line 3"]
+
+
+def test_credential_values_go_only_to_the_api_server(kube: KubeStandIn, tmp_path: Path) -> None:
+    said: list[str] = []
+    submit(tmp_path, job_request(), make_backend(said))
+    carried = [r for r in kube.server if any(v in r.text for v in SECRETS.values())]
+    assert [f"{r.method.value} {r.url.path}" for r in carried] == ["POST /api/v1/namespaces/tao/secrets"]
+    record_text = (tmp_path / "records").rglob("*.json")
+    assert not any(v in path.read_text() for path in record_text for v in SECRETS.values())
+    assert not any(v in line for line in said for v in SECRETS.values())
+    dry_run = next(r for r in kube.server if r.url.path.endswith("/secrets") and r.params.get("dryRun"))
+    assert set(dry_run.data["stringData"].values()) == {"dry-run"}  # preflight reads no credential
+
+
+def test_a_refusal_that_echoes_a_credential_value_is_masked(kube: KubeStandIn, tmp_path: Path) -> None:
+    value = SECRETS["AWS_SECRET_ACCESS_KEY"]
+    kube.server.fault = Fault(at=0, kind="500", request="POST /api/v1/namespaces/tao/secrets")
+    kube.server.fault_message = f'Secret "job-1-credentials" is invalid: data[AWS_SECRET_ACCESS_KEY]: "{value}"'
+    with pytest.raises(BackendError) as info:
+        submit(tmp_path, job_request(), make_backend())
+    assert value not in str(info.value) and "***AWS_SECRET_ACCESS_KEY***" in str(info.value)
+
+
+def test_a_missing_forwarded_credential_creates_nothing(kube: KubeStandIn, tmp_path: Path) -> None:
+    with pytest.raises(CredentialError, match="AWS_SECRET_ACCESS_KEY"):
+        submit(tmp_path, job_request(), make_backend(), environ={"AWS_ACCESS_KEY_ID": SECRETS["AWS_ACCESS_KEY_ID"],
+                                                                 "S3_BUCKET_NAME": "tao-results"})
+    assert creates(kube) == [] and every_object_of_ours(kube) == []
+
+
+# ----------------------------------------------------------------------------- faults and retries
+def test_a_fault_on_any_one_call_of_a_submit_then_a_retry_converges(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 500 (not applied) or a dropped connection (applied, the reply lost) on each request of a
+    submit in turn; a second submit then leaves exactly one set of objects and one RUNNING."""
+    with seeded_cluster(tmp_path, monkeypatch) as clean:
+        submit(tmp_path / "clean", job_request(), make_backend())
+        total = len(clean.requests())
+    for kind in ("500", "drop"):
+        for at in range(total):
+            run = tmp_path / f"{kind}-{at}"
+            run.mkdir()
+            with seeded_cluster(run, monkeypatch) as kube:
+                kube.server.fault = fault = Fault(at=at, kind=kind)
+                try:
+                    submit(run, job_request(), make_backend())
+                    failed = False
+                except BackendError as exc:
+                    assert exc.retryable, (fault.hit, str(exc))
+                    failed = True
+                assert fault.hit is not None
+                # A lost reply to a GET is retried by the client itself; not so a create or a patch.
+                assert failed == (kind == "500" or fault.hit.startswith(("POST", "PATCH"))), fault.hit
+                done = submit(run, job_request(), make_backend())
+                assert done.verdict.ok, fault.hit
+                assert {k: sorted(ours(kube, k)) for k in ("Secret", "ConfigMap", "Service", "Job")} == {
+                    "Secret": ["job-1-credentials"], "ConfigMap": ["job-1-files"], "Service": [], "Job": ["job-1"]}, \
+                    fault.hit
+                uid = ours(kube, "Job")["job-1"]["metadata"]["uid"]
+                for dependent in (*ours(kube, "Secret").values(), *ours(kube, "ConfigMap").values()):
+                    assert [ref["uid"] for ref in dependent["metadata"]["ownerReferences"]] == [uid], fault.hit
+                assert len(kube.server.alive("Pod", NAMESPACE)) == 1, fault.hit
+                history = store_in(run).get("job-1").history
+                assert [t.state for t in history].count("RUNNING") == 1, fault.hit
+                assert not any(r.startswith("DELETE") for r in kube.requests()), fault.hit
+
+
+def test_a_foreign_object_under_our_name_is_a_clear_error_and_nothing_is_deleted(kube: KubeStandIn,
+                                                                                 tmp_path: Path) -> None:
+    foreign = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "job-1-files", "namespace": NAMESPACE,
+                                                                      "labels": {"team": "vision"}},
+               "data": {"keep": "me"}}
+    kube.server.store(foreign)
+    with pytest.raises(UsageError, match=r"ConfigMap tao/job-1-files already exists and is not job 'job-1''s "
+                                         r"\(its labels: \{'team': 'vision'\}\); nothing was changed or deleted"):
+        submit(tmp_path, job_request(), make_backend())
+    assert creates(kube) == []  # refused by the dry run, before anything was created
+    assert kube.server.alive("ConfigMap", NAMESPACE)["job-1-files"]["data"] == {"keep": "me"}
+    assert store_in(tmp_path).get("job-1").state == "PENDING"
+
+
+def test_a_job_that_exists_with_another_pod_spec_is_refused(kube: KubeStandIn, tmp_path: Path) -> None:
+    launch_only(tmp_path, job_request(), make_backend())
+    with pytest.raises(UsageError, match="Job tao/job-1 already runs job 'job-1' with another pod spec"):
+        launch_only(tmp_path, job_request(args=["--epochs", "2"]), make_backend())
+
+
+# ----------------------------------------------------------------------------- verify
+def test_a_failed_verify_deletes_the_job_and_the_record_says_error(kube: KubeStandIn, tmp_path: Path) -> None:
+    kube.server.control.verify_failures["/data"] = "does not exist"
+    said: list[str] = []
+    with pytest.raises(pipeline.VerifyFailed, match="/data: does not exist"):
+        submit(tmp_path, job_request(), make_backend(said))
+    record = store_in(tmp_path).get("job-1")
+    assert record.state == "ERROR" and record.backend_ref == "tao/job-1"
+    assert record.verify is not None and record.verify["ok"] is False
+    checks = {c["path"] + ":" + c["kind"]: (c["ok"], c["detail"]) for c in record.verify["checks"]}  # type: ignore[index, union-attr]
+    assert checks["/data:dir-nonempty"] == (False, "does not exist") and checks["/results:results-writable"][0]
+    deleted = [r for r in kube.requests() if r.startswith("DELETE")]
+    assert deleted == ["DELETE /apis/batch/v1/namespaces/tao/jobs/job-1?propagationPolicy=Foreground"]
+    assert every_object_of_ours(kube) == [] and kube.server.alive("Pod", NAMESPACE) == {}  # GPU freed, GC'd
+    assert any("frees its GPUs" in line for line in said)
+    status = pipeline.current_status(record, make_backend(), store_in(tmp_path))
+    assert status.state == "ERROR" and "the record says ERROR" in status.message
+
+
+@pytest.mark.parametrize(("script", "fragment"), [
+    (["pulling", "stager-failed"], "container stager exited 1 (Error): stage: s3://bkt-1/data/: AccessDenied"),
+    (["image-pull-backoff"], "spent"),
+    (["unschedulable"], "waited"),
+], ids=["stager", "pull-timeout", "schedule-timeout"])
+def test_verify_fails_and_deletes_the_job_when_the_probe_never_runs(kube: KubeStandIn, tmp_path: Path,
+                                                                    script: list[str], fragment: str) -> None:
+    kube.server.control.scripts["job-1"] = script
+    backend = make_backend(verify_timeout=0.05, image_pull_timeout=0.05)
+    submission, plan = launch_only(tmp_path, job_request(), backend)
+    verdict = backend.verify(submission.backend_ref, plan)
+    assert not verdict.ok and verdict.error is not None and fragment in verdict.error
+    assert "job-1" not in ours(kube, "Job")
+
+
+def test_a_timeout_counts_image_pulls_apart(kube: KubeStandIn, tmp_path: Path) -> None:
+    """Pulling for a while is fine under a short verify_timeout when image_pull_timeout allows it."""
+    kube.server.control.scripts["job-1"] = ["pulling"] * 30 + ["verifying", "verified"]
+    backend = make_backend(verify_timeout=3600, image_pull_timeout=3600)
+    submission, plan = launch_only(tmp_path, job_request(), backend)
+    assert backend.verify(submission.backend_ref, plan, timeout=3600).ok
+
+
+# ----------------------------------------------------------------------------- status, analysis, logs
+STATUS_TABLE = [
+    ("unschedulable", {}, "PENDING", None, "waiting for a node: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu"),
+    ("unschedulable", {"condition_messages": False}, "PENDING", None,
+     "FailedScheduling: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu"),
+    ("unschedulable", {"unschedulable_message": '0/2 nodes are available: persistentvolumeclaim "tao-data" not found.'},
+     "PENDING", None, 'persistentvolumeclaim "tao-data" not found'),
+    ("refused", {}, "PENDING", None, "no pod yet: FailedCreate: pods \"job-1-x\" is forbidden: exceeded quota"),
+    ("pulling", {}, "PENDING", None, f"pulling {STAGER} for stager (ContainerCreating)"),
+    ("image-pull-backoff", {}, "PENDING", None, 'ImagePullBackOff: Back-off pulling image "nvcr.io/nvidia/tao'),
+    ("staging", {}, "RUNNING", None, "stager is staging the inputs inside the pod"),
+    ("verifying", {}, "RUNNING", None, "the verify probe is checking"),
+    ("running", {}, "RUNNING", None, "train is running"),
+    ("succeeded", {}, "COMPLETE", None, "the Job completed"),
+    ("failed", {}, "ERROR", "ERR_PROGRAM", "the command exited 2"),
+    ("oomkilled", {}, "ERROR", "ERR_INFRA", "train was OOMKilled (exit 137)"),
+    ("verify-failed", {}, "ERROR", "ERR_INFRA", ("the verify probe failed inside the pod before the command started: "
+                                                "/data: does not exist")),
+    ("stager-failed", {}, "ERROR", "ERR_INFRA", "stager failed (exit 1): stage: s3://bkt-1/data/: AccessDenied"),
+]
+
+
+@pytest.mark.parametrize(("step", "control", "state", "err_class", "fragment"), STATUS_TABLE,
+                         ids=[f"{row[0]}-{i}" for i, row in enumerate(STATUS_TABLE)])
+def test_status_maps_the_reference_table_with_the_reason(kube: KubeStandIn, tmp_path: Path, step: str,
+                                                         control: dict[str, Any], state: str, err_class: str | None,
+                                                         fragment: str) -> None:
+    plane = kube.server.control
+    for name, value in control.items():
+        setattr(plane, name, value)
+    if step == "refused":
+        plane.refused["job-1"] = ('pods "job-1-x" is forbidden: exceeded quota: gpu-quota, requested: '
+                                  "requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=8")
+    plane.scripts["job-1"] = [step]
+    plane.verify_failures["/data"] = "does not exist"
+    backend = make_backend()
+    submission, _ = launch_only(tmp_path, job_request(), backend)
+    status = backend.status(submission.backend_ref)
+    assert (status.state, status.err_class) == (state, err_class) and fragment in status.message, status
+    analysis = backend.failure_analysis(submission.backend_ref)
+    if state == "ERROR":
+        assert analysis is not None and analysis.err_class == err_class and fragment in analysis.reason
+        assert analysis.suggestion
+    else:
+        assert analysis is None
+    if step in ("failed", "oomkilled"):
+        assert status.exit_code == {"failed": 2, "oomkilled": 137}[step]
+
+
+def test_a_job_that_is_gone_reads_unknown_and_ttl_takes_its_objects(kube: KubeStandIn, tmp_path: Path) -> None:
+    done = submit(tmp_path, job_request(), make_backend())
+    kube.run(lambda: kube.server.objects[kube_key("Job", "job-1")].delete())  # the TTL controller
+    kube.run(kube.server.collect_garbage)  # the garbage collector, by ownerReferences
+    backend = make_backend()
+    status = backend.status(done.backend_ref)
+    assert status.state == "UNKNOWN" and "the job record says how it ended" in status.message
+    assert every_object_of_ours(kube) == [] and kube.server.alive("Pod", NAMESPACE) == {}
+    store = store_in(tmp_path)
+    ended = pipeline.wait_for_end(store.get("job-1"), backend, store, poll_seconds=0.001)
+    assert ended.state == "UNKNOWN"  # never PENDING forever; the record (RUNNING) stays the truth
+    assert backend.failure_analysis(done.backend_ref) is None and backend.logs(done.backend_ref) == ""
+
+
+def kube_key(kind: str, name: str) -> tuple[Any, str, str]:
+    return RESOURCES[kind], NAMESPACE, name
+
+
+def test_logs_show_the_verify_probe_when_it_failed(kube: KubeStandIn, tmp_path: Path) -> None:
+    kube.server.control.scripts["job-1"] = ["verify-failed"]
+    kube.server.control.verify_failures["/data"] = "is empty"
+    backend = make_backend()
+    submission, _ = launch_only(tmp_path, job_request(), backend)
+    assert backend.status(submission.backend_ref).state == "ERROR"
+    logs = backend.logs(submission.backend_ref, tail=50)
+    assert logs.startswith("TAO-VERIFY\tfail\tdir-nonempty\t/data\tis empty\n") and "[rank" not in logs
+
+
+def test_cancel_deletes_the_job_in_the_foreground_and_keeps_a_pre_created_secret(kube: KubeStandIn,
+                                                                                  tmp_path: Path) -> None:
+    kube.server.store({"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": {
+        "name": "team-s3", "namespace": NAMESPACE}, "data": {"AWS_ACCESS_KEY_ID": "eA==", "AWS_SECRET_ACCESS_KEY": "eA=="}})
+    backend = make_backend(credential_secret="team-s3")
+    done = submit(tmp_path, job_request(compute_shape={"gpus": 8, "nodes": 2}), backend)
+    assert done.verdict.ok and "team-s3" not in ours(kube, "Secret") and ours(kube, "Service")
+    assert pipeline.cancel("job-1", backend, store_in(tmp_path)) is True
+    deleted = [r for r in kube.requests() if r.startswith("DELETE")]
+    # The Service and ConfigMap are the Job's dependents: its foreground delete takes them first.
+    assert deleted == ["DELETE /apis/batch/v1/namespaces/tao/jobs/job-1?propagationPolicy=Foreground"]
+    assert every_object_of_ours(kube) == [] and kube.server.alive("Pod", NAMESPACE) == {}
+    assert "team-s3" in kube.server.alive("Secret", NAMESPACE)
+    assert store_in(tmp_path).get("job-1").state == "CANCELED"
+    assert backend.cancel(done.backend_ref) is False and backend.status(done.backend_ref).state == "UNKNOWN"
+
+
+def test_cancel_removes_what_a_submit_that_never_made_its_job_left(kube: KubeStandIn, tmp_path: Path) -> None:
+    kube.server.fault = Fault(at=0, kind="500", request="POST /apis/batch/v1/namespaces/tao/jobs")
+    backend = make_backend()
+    with pytest.raises(BackendError, match="creating Job tao/job-1: the API server answered 500"):
+        submit(tmp_path, job_request(), backend)
+    assert (sorted(ours(kube, "Secret")), sorted(ours(kube, "ConfigMap")), ours(kube, "Job")) == (
+        ["job-1-credentials"], ["job-1-files"], {})
+    assert store_in(tmp_path).get("job-1").backend_ref is None
+    assert backend.cancel("tao/job-1") is False
+    assert every_object_of_ours(kube) == []
+    assert [r for r in kube.requests() if r.startswith("DELETE")] == [
+        "DELETE /api/v1/namespaces/tao/configmaps/job-1-files?propagationPolicy=Foreground",
+        "DELETE /api/v1/namespaces/tao/secrets/job-1-credentials?propagationPolicy=Foreground"]
+
+
+def test_collect_after_an_error_returns_the_log_tail_and_the_analysis(kube: KubeStandIn, tmp_path: Path) -> None:
+    kube.server.control.scripts["job-1"] = ["pulling", "staging", "verifying", "verified", "running", "oomkilled"]
+    backend = make_backend()
+    submit(tmp_path, job_request(), backend)
+    collected = pipeline.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.001)
+    assert collected.state == "ERROR" and collected.upload is None  # results left through the pod's sidecar
+    assert collected.failure is not None and collected.failure.err_class == "ERR_INFRA"
+    assert collected.logs_tail == "epoch 1\nKilled\n"
+    assert store_in(tmp_path).get("job-1").state == "ERROR"
+
+
+# ----------------------------------------------------------------------------- reading pods (no server)
+def pod(init: dict[str, dict[str, Any]], main: dict[str, Any], phase: str = "Running",
+        **status: Any) -> dict[str, Any]:
+    """A pod with a stager, the results sidecar and the probe before ``train``; ``init`` gives
+    their states by name, ``main`` train's."""
+    specs = [{"name": "stager", "image": "s"}, {"name": "results", "image": "s", "restartPolicy": "Always"},
+             {"name": "verify", "image": "t"}]
+    return {"metadata": {"name": "p"}, "spec": {"initContainers": specs, "containers": [{"name": "train", "image": "t"}]},
+            "status": {"phase": phase, "conditions": [{"type": "PodScheduled", "status": "True"}], **status,
+                       "initContainerStatuses": [{"name": n, "state": init.get(n, {"terminated": {"exitCode": 0}})}
+                                                 for n in ("stager", "results", "verify")],
+                       "containerStatuses": [{"name": "train", "state": main}]}}
+
+
+FAILED_JOB = {"spec": {"completions": 1}, "status": {"conditions": [{"type": "Failed", "status": "True"}]}}
+
+
+def test_a_sidecar_that_exits_with_the_pod_decides_nothing() -> None:
+    failed = pod({"results": {"terminated": {"exitCode": 1}}}, {"terminated": {"exitCode": 3, "reason": "Error"}},
+                 phase="Failed")
+    analysis = pod_reading.failure_analysis(FAILED_JOB, [failed])
+    assert analysis is not None and (analysis.err_class, analysis.reason) == ("ERR_PROGRAM", "the command exited 3")
+    running = pod({"results": {"running": {}}}, {"running": {}})
+    assert pod_reading.where(running).phase == "running"
+
+
+def test_an_evicted_pod_and_a_container_that_cannot_start_are_the_infrastructures() -> None:
+    evicted = pod({}, {"waiting": {"reason": "ContainerCreating"}}, phase="Failed", reason="Evicted",
+                  message="The node was low on resource: memory.")
+    analysis = pod_reading.failure_analysis(FAILED_JOB, [evicted])
+    assert analysis is not None and analysis.err_class == "ERR_INFRA"
+    assert analysis.reason == "the pod failed: Evicted: The node was low on resource: memory."
+    broken = pod({"verify": {"waiting": {"reason": "CreateContainerConfigError",
+                                         "message": 'secret "job-1-credentials" not found'}}},
+                 {"waiting": {"reason": "PodInitializing"}}, phase="Pending")
+    status = pod_reading.job_status({"spec": {}, "status": {"active": 1}}, [broken])
+    assert (status.state, status.err_class) == ("ERROR", "ERR_INFRA")
+    assert 'cannot start: CreateContainerConfigError: secret "job-1-credentials" not found' in status.message
+
+
+# ----------------------------------------------------------------------------- gates
+def gate_case(kube: KubeStandIn, tmp_path: Path, request: JobRequest, backend: KubernetesBackend,
+              fragment: str) -> str:
+    with pytest.raises(UsageError) as info:
+        submit(tmp_path, request, backend)
+    message = str(info.value)
+    assert fragment in message and "\n" not in message and "--" not in message, message
+    assert creates(kube) == []
+    return message
+
+
+def test_gate_gpu_capacity_refuses_a_job_no_node_can_hold(kube: KubeStandIn, tmp_path: Path) -> None:
+    message = gate_case(kube, tmp_path, job_request(compute_shape={"gpus": 16}), make_backend(),
+                        "compute_shape asks for 1 pod(s) of 16 nvidia.com/gpu each (16 in all) but the nodes can hold "
+                        "0 such pod(s) (allocatable gpu-0: 8, gpu-1: 8)")
+    assert "lower compute_shape.gpus" in message
+    assert not any("selfsubjectaccessreviews" in r for r in kube.requests())  # the first gate
+
+
+def test_gate_gpu_capacity_is_skipped_for_a_job_without_gpus(kube: KubeStandIn, tmp_path: Path) -> None:
+    submit(tmp_path, job_request(compute_shape={"gpus": 0}), make_backend())
+    preflight = kube.requests()[4:]
+    assert "GET /api/v1/nodes" not in preflight
+
+
+@pytest.mark.parametrize(("minor", "fields", "fragment"), [
+    (27, {"compute_shape": {"gpus": 1, "nodes": 2}}, "a multi-node job (compute_shape.nodes 2) needs Kubernetes 1.28"),
+    (28, {}, ("the job's pod runs the results sidecar (results uploaded to S3 while it runs), which needs Kubernetes "
+             "1.29 or newer; the cluster runs 1.28")),
+])
+def test_gate_kubernetes_version(kube: KubeStandIn, tmp_path: Path, minor: int, fields: dict[str, Any],
+                                 fragment: str) -> None:
+    kube.server.minor = minor
+    kube.server.store(claim())
+    request = job_request(storage={"pvc_claim": "tao-data", "tier": "B"}, **fields)
+    gate_case(kube, tmp_path, request, make_backend(), fragment)
+
+
+def test_gate_access_lists_every_refusal_in_one_line(kube: KubeStandIn, tmp_path: Path) -> None:
+    kube.server.denied |= {("create", "batch", "jobs"), ("patch", "", "secrets")}
+    gate_case(kube, tmp_path, job_request(), make_backend(),
+              "kubeconfig context 'stand-in' may not create jobs.batch, patch secrets in namespace 'tao': ask the "
+              "cluster's admin for a Role granting them and a RoleBinding to this identity")
+
+
+TIER_A = {"inputs": [], "mounts": [{"source": "/datasets/coco", "target": "/data"}]}  # pre-positioned on the claim
+TIER_B = {"storage": {"pvc_claim": "tao-data"}}
+
+
+@pytest.mark.parametrize(("seeded", "settings", "fields", "fragment"), [
+    (None, {}, TIER_A, "pvc_claim 'tao-data' does not exist in namespace 'tao': create the PersistentVolumeClaim"),
+    (claim(phase="Lost"), {}, TIER_A, "pvc_claim 'tao-data' is Lost, not Bound"),
+    (claim(phase="Pending", storage_class="fast"), {}, TIER_A, "pvc_claim 'tao-data' is Pending, not Bound"),
+    (claim(modes=("ReadWriteOnce",)), {"shards": 2}, TIER_B,
+     ("shards 2 run stage pods on several nodes at once, but pvc_claim 'tao-data' is ['ReadWriteOnce'], not "
+     "ReadWriteMany")),
+    (claim(modes=("ReadWriteOnce",)), {}, {**TIER_A, "compute_shape": {"gpus": 1, "nodes": 2}},
+     "a job of 2 nodes mounts pvc_claim 'tao-data' on every node"),
+], ids=["missing", "lost", "pending", "rwo-shards", "rwo-multi-node"])
+def test_gate_the_claim(kube: KubeStandIn, tmp_path: Path, seeded: dict[str, Any] | None, settings: dict[str, Any],
+                        fields: dict[str, Any], fragment: str) -> None:
+    if seeded is not None:
+        kube.server.store(seeded)
+    gate_case(kube, tmp_path, job_request(**fields), make_backend(pvc_claim="tao-data", **settings), fragment)
+
+
+def test_gate_a_claim_that_waits_for_its_first_consumer_passes(kube: KubeStandIn, tmp_path: Path) -> None:
+    kube.server.store(claim(phase="Pending", storage_class="standard"))  # WaitForFirstConsumer
+    done = submit(tmp_path, job_request(**TIER_A), make_backend(pvc_claim="tao-data"))
+    assert done.tier == "A" and done.verdict.ok
+
+
+@pytest.mark.parametrize(("seeded", "settings", "fragment"), [
+    (None, {"image_pull_secret": "ngc-pull"}, ("image_pull_secret 'ngc-pull' does not exist in namespace 'tao': create "
+                                              "it there (type kubernetes.io/dockerconfigjson")),
+    ({"name": "ngc-pull", "type": "Opaque"}, {"image_pull_secret": "ngc-pull"},
+     "image_pull_secret 'ngc-pull' is of type 'Opaque'"),
+    (None, {"credential_secret": "team-s3"}, "credential_secret 'team-s3' does not exist in namespace 'tao'"),
+    ({"name": "team-s3", "type": "Opaque", "data": {"AWS_ACCESS_KEY_ID": "eA=="}}, {"credential_secret": "team-s3"},
+     "credential_secret 'team-s3' has no key AWS_SECRET_ACCESS_KEY, which forward_env names"),
+], ids=["pull-missing", "pull-type", "credentials-missing", "credentials-key"])
+def test_gate_secrets(kube: KubeStandIn, tmp_path: Path, seeded: dict[str, Any] | None, settings: dict[str, Any],
+                      fragment: str) -> None:
+    if seeded is not None:
+        name, kind = seeded.pop("name"), seeded.pop("type")
+        kube.server.store({"apiVersion": "v1", "kind": "Secret", "type": kind,
+                           "metadata": {"name": name, "namespace": NAMESPACE}, **seeded})
+    message = gate_case(kube, tmp_path, job_request(), make_backend(**settings), fragment)
+    assert "eA==" not in message
+
+
+def test_gate_a_dry_run_refusal_names_the_object_and_the_servers_reason(kube: KubeStandIn, tmp_path: Path) -> None:
+    kube.server.admission["jobs"] = ('admission webhook "policy.example.com" denied the request: images must come '
+                                     "from registry.example.com")
+    gate_case(kube, tmp_path, job_request(), make_backend(),
+              'a dry run of creating Job tao/job-1: the API server answered 422 Invalid: admission webhook '
+              '"policy.example.com" denied the request: images must come from registry.example.com')
+
+
+# ----------------------------------------------------------------------------- connection
+def test_the_namespace_comes_from_the_parameter_the_variable_or_the_context(kube: KubeStandIn,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    assert connect().namespace == NAMESPACE
+    monkeypatch.setenv("TAO_K8S_NAMESPACE", "from-env")
+    assert connect().namespace == "from-env" and connect(namespace="given").namespace == "given"
+    with pytest.raises(UsageError, match=r"context 'nope' is not in the kubeconfig \(it has \['stand-in'\]\); set "
+                                         "TAO_K8S_CONTEXT to one of them"):
+        connect(context="nope")
+    with pytest.raises(UsageError, match="namespace 'Bad_NS' is not a DNS label"):
+        connect(namespace="Bad_NS")
+
+
+def test_no_kubeconfig_and_no_service_account_is_one_clear_line(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("TAO_K8S_CONTEXT", raising=False)
+    with pytest.raises(UsageError, match="no cluster is configured but there is no kubeconfig at .*absent: set "
+                                         "KUBECONFIG"):
+        make_backend().facts()
+
+
+def test_the_service_account_is_used_inside_a_pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tao_data_io.kubernetes import api
+
+    (tmp_path / "token").write_text("service-account-token")
+    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")  # read when a call is made, not here
+    (tmp_path / "namespace").write_text("tao-jobs\n")
+    for name, file in (("SERVICE_TOKEN_FILENAME", "token"), ("SERVICE_CERT_FILENAME", "ca.crt"),
+                       ("SERVICE_ACCOUNT_NAMESPACE", "namespace")):
+        monkeypatch.setattr(api, name, str(tmp_path / file) if name != "SERVICE_ACCOUNT_NAMESPACE"
+                            else tmp_path / file)
+    env = {"KUBECONFIG": str(tmp_path / "absent"), "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+           "KUBERNETES_SERVICE_PORT": "443"}
+    connection = connect(environ=env)
+    assert (connection.namespace, connection.origin) == ("tao-jobs", "the pod's service account")
+
+
+def test_an_unreachable_api_server_is_retryable_and_names_no_address(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    with KubeStandIn() as gone:
+        url = gone.url
+    write_kubeconfig(tmp_path / "kubeconfig", url)
+    before = (tmp_path / "kubeconfig").read_bytes()
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    with pytest.raises(BackendError) as info:
+        make_backend().facts()
+    assert info.value.retryable and "refused the connection" in str(info.value)
+    port = url.rsplit(":", 1)[1]
+    assert port not in str(info.value) and "127.0.0.1" not in str(info.value) and "t0ken" not in str(info.value)
+    assert (tmp_path / "kubeconfig").read_bytes() == before  # never written back
+
+
+def test_preflight_and_submit_need_the_documents(kube: KubeStandIn, tmp_path: Path) -> None:
+    _, plan = launch_only(tmp_path, job_request(), make_backend())
+    with pytest.raises(UsageError, match="preflight and submit need documents"):
+        make_backend().preflight(plan)
+
+
+def test_facts_report_claims_classes_version_and_gpus(kube: KubeStandIn) -> None:
+    kube.server.store(claim())
+    facts = make_backend().facts()
+    assert facts.backend == "kubernetes" and facts.server_version == "1.30" and facts.supports_in_frame_fetch
+    assert facts.allocatable_gpus == {"gpu-0": 8, "gpu-1": 8} and facts.storage_classes == ["standard"]
+    assert [(v.name, v.phase, v.access_modes, v.capacity_bytes, v.holds_inputs) for v in facts.volumes] == [
+        ("tao-data", "Bound", ["ReadWriteMany"], 100 * 1024**3, False)]
+    kube.server.minor = 28
+    assert not make_backend().facts().supports_in_frame_fetch
+
+
+# ----------------------------------------------------------------------------- a real cluster (opt-in)
+E2E_KUBECONFIG = os.environ.get("TAO_E2E_KUBECONFIG")
+
+
+@pytest.mark.skipif(not E2E_KUBECONFIG, reason="set TAO_E2E_KUBECONFIG to a kind or minikube cluster's kubeconfig "
+                                               "to run the real-cluster suite (README: Kubernetes, a real cluster)")
+def test_e2e_a_gpu_free_tier_a_job_on_a_real_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """submit (gpus 0, tier A on a hostPath claim) → verify → status → logs → cancel → collect,
+    on the cluster TAO_E2E_KUBECONFIG names, in namespace $TAO_E2E_NAMESPACE (default tao-e2e),
+    with busybox as the "training" image (it has the POSIX sh and awk the probe needs)."""
+    from .kube_e2e import HostPathClaim
+
+    monkeypatch.setenv("KUBECONFIG", str(E2E_KUBECONFIG))
+    monkeypatch.delenv("TAO_K8S_CONTEXT", raising=False)
+    namespace = os.environ.get("TAO_E2E_NAMESPACE", "tao-e2e")
+    job_id = f"e2e-{os.getpid()}"
+    request = JobRequest.model_validate({
+        "schema_version": "1", "job_id": job_id, "image": os.environ.get("TAO_E2E_IMAGE", "busybox:1.36"),
+        "mode": "args", "command": ["/bin/sh", "-c"],
+        "args": ["echo listing /data; ls -a /data; echo trained > /results/out.txt; sleep 600"],
+        "mounts": [{"source": "/datasets/demo", "target": "/data"}], "compute_shape": {"gpus": 0},
+        "outputs": {"results_dir": "/results"}})
+    said: list[str] = []
+    with HostPathClaim(namespace, "tao-e2e-data") as claim_name:
+        backend = KubernetesBackend(namespace=namespace, pvc_claim=claim_name, verify_timeout=600,
+                                    image_pull_timeout=900, poll_seconds=2.0, say=said.append)
+        store = store_in(tmp_path)
+        done = pipeline.submit(request, backend, store, workdir_root=tmp_path / "work", environ={})
+        try:
+            assert done.tier == "A" and done.verdict.ok, (done.verdict.describe(), said)
+            assert store.get(job_id).state == "RUNNING"
+            status = backend.status(done.backend_ref)
+            for _ in range(60):
+                if status.state != "PENDING":
+                    break
+                time.sleep(2)
+                status = backend.status(done.backend_ref)
+            assert status.state == "RUNNING", status
+            for _ in range(30):
+                if "listing /data" in backend.logs(done.backend_ref, tail=20):
+                    break
+                time.sleep(1)
+            assert "listing /data" in backend.logs(done.backend_ref, tail=20)
+        finally:
+            stopped = pipeline.cancel(job_id, backend, store)
+        assert stopped is True and backend.status(done.backend_ref).state in ("CANCELED", "UNKNOWN")
+        collected = pipeline.collect(job_id, backend, store, wait=False)
+        assert collected.state == "CANCELED" and store.get(job_id).state == "CANCELED"
