@@ -31,6 +31,15 @@ def register(verbs: Any) -> None:
                                             "inside the frame, then RUNNING; prints the job id")
     submit.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON)")
     submit.add_argument("--backend", choices=BACKENDS, default="local", help="where the job runs (default: local)")
+    cluster = submit.add_argument_group("kubernetes (with --backend kubernetes; kubeconfig, $TAO_K8S_CONTEXT and "
+                                        "$TAO_K8S_NAMESPACE are read as kubectl does)")
+    cluster.add_argument("--namespace", metavar="NS", help="default $TAO_K8S_NAMESPACE or the context's")
+    cluster.add_argument("--pvc-claim", metavar="C", help="the claim tier B stages into (default: the request's)")
+    cluster.add_argument("--stager-image", metavar="I", help="the tao-data-io stager image (tiers B and C)")
+    cluster.add_argument("--image-pull-secret", metavar="S", help="a pre-created image pull secret")
+    cluster.add_argument("--credential-secret", metavar="S",
+                         help="a pre-created Secret holding the forward_env keys (default: a per-job Secret)")
+    cluster.add_argument("--records-url", metavar="U", help="a shared job record store (s3://…) for the pods")
     _add_common(submit)
     submit.add_argument("--json", action="store_true", help="print the submission as JSON")
     submit.set_defaults(run=_submit)
@@ -72,12 +81,18 @@ def _add_job(sub: argparse.ArgumentParser) -> None:
     _add_common(sub)
 
 
-def _config(platform: str, workdir: Path | None) -> dict[str, Any]:
-    """The backend's settings from the command line and the environment (the Kubernetes backend
-    reads TAO_K8S_NAMESPACE and TAO_K8S_CONTEXT itself)."""
+_CLUSTER_SETTINGS = ("namespace", "pvc_claim", "stager_image", "image_pull_secret", "credential_secret", "records_url")
+
+
+def _config(platform: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The backend's settings from the command line (the Kubernetes backend reads its kubeconfig,
+    TAO_K8S_CONTEXT and TAO_K8S_NAMESPACE itself; the verbs after submit find the job by the
+    namespace in its backend_ref)."""
     from ..pipeline import workdir_root
 
-    return {"workdir_root": workdir_root(workdir)} if platform == "local" else {}
+    if platform == "local":
+        return {"workdir_root": workdir_root(args.workdir)}
+    return {name: getattr(args, name) for name in _CLUSTER_SETTINGS if getattr(args, name, None) is not None}
 
 
 def _job(args: argparse.Namespace) -> tuple[RecordStore, Backend, str]:
@@ -86,7 +101,7 @@ def _job(args: argparse.Namespace) -> tuple[RecordStore, Backend, str]:
 
     store = RecordStore(args.root)
     record = store.get(args.job_id)
-    return store, backend_for(record.platform, _config(record.platform, args.workdir)), record.job_id
+    return store, backend_for(record.platform, _config(record.platform, args)), record.job_id
 
 
 def _submit(args: argparse.Namespace, console: Console) -> int:
@@ -96,7 +111,7 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
     from ..request import load_request
 
     request = load_request(args.request)
-    backend = backend_for(args.backend, _config(args.backend, args.workdir))
+    backend = backend_for(args.backend, _config(args.backend, args))
     done = submit(request, backend, RecordStore(args.root), workdir_root=workdir_root(args.workdir),
                   say=console.err)
     if args.json:
