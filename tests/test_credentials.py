@@ -87,3 +87,30 @@ def test_redacting_log_filter(caplog: pytest.LogCaptureFixture) -> None:
         logger.removeFilter(handler_filter)
     assert "nvapi-supersecret" not in caplog.text
     assert "***NGC_KEY***" in caplog.text
+
+
+def test_redactor_masks_the_userinfo_of_every_url() -> None:
+    """A password in an endpoint's userinfo is a credential, whatever variable holds the URL and
+    wherever the URL is quoted (an error message, a per-object line, a log record)."""
+    env = {"AWS_ENDPOINT_URL": "https://minio:p%40ss-w0rd-1@s3.internal:9000", "HF_ENDPOINT": "https://hf.example",
+           "NGC_API_URL": "https://ngc-user:ngc-pass-2@api.ngc.example/v2"}
+    redact = Redactor(env)
+    text = ("cannot reach https://minio:p%40ss-w0rd-1@s3.internal:9000/bucket; GET "
+            "https://ngc-user:ngc-pass-2@api.ngc.example/v2/models failed; retrying with p@ss-w0rd-1 and ngc-pass-2; "
+            "also http://someone:other-secret@10.0.0.1/x and ftp://tok3n@host/; keep https://hf.example/api and a@b.c")
+    out = redact(text)
+    for secret in ("p%40ss-w0rd-1", "p@ss-w0rd-1", "ngc-pass-2", "other-secret", "tok3n"):
+        assert secret not in out
+    assert "https://***USERINFO***@s3.internal:9000/bucket" in out and "http://***USERINFO***@10.0.0.1/x" in out
+    assert "https://hf.example/api" in out and "a@b.c" in out
+
+
+def test_the_s5cmd_child_gets_the_endpoint_through_its_environment_only() -> None:
+    """argv is readable by every local user (``ps``, ``/proc/PID/cmdline``); the environment is not."""
+    from tao_data_io.transfer.s5cmd_executor import S5cmdExecutor
+
+    credentials = s3_credentials_from_env({"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "secret-value",
+                                           "AWS_ENDPOINT_URL": "http://user:hunter2-pass@127.0.0.1:9000"})
+    argv = S5cmdExecutor(credentials).argv()
+    assert not any("hunter2-pass" in arg or "127.0.0.1" in arg for arg in argv)
+    assert credentials.child_env({})["S3_ENDPOINT_URL"] == "http://user:hunter2-pass@127.0.0.1:9000"
