@@ -71,10 +71,14 @@ class S3Credentials:
     access_key_id: str = field(repr=False)
     secret_access_key: str = field(repr=False)
     session_token: str | None = field(default=None, repr=False)
-    endpoint_url: str | None = None
+    endpoint_url: str | None = field(default=None, repr=False)
     region: str = DEFAULT_REGION
     #: "aws" or "legacy": which family of variable names supplied the keys.
     source: str = "aws"
+
+    def __repr__(self) -> str:
+        endpoint = None if self.endpoint_url is None else mask_userinfo(self.endpoint_url)
+        return f"S3Credentials(endpoint_url={endpoint!r}, region={self.region!r}, source={self.source!r})"
 
     def boto3_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``boto3.client("s3", **kwargs)``."""
@@ -209,6 +213,13 @@ def credential_value_fields(value: Any, environ: Mapping[str, str] | None = None
     return sorted(set(found))
 
 
+def mask_userinfo(text: str) -> str:
+    """``text`` with the userinfo of every URL in it masked: the half of :class:`Redactor` that
+    needs no environment, for messages the core builds around an endpoint (they may end up where
+    no redactor runs, such as an orchestrator's UI) and for ``repr``."""
+    return _USERINFO.sub(lambda m: f"{m.group(1)}{USERINFO_MASK}@", text) if "://" in text else text
+
+
 def _userinfo_parts(value: str) -> list[str]:
     """The userinfo and password of ``value`` if it is a URL that has them, raw and decoded."""
     if "://" not in value or "@" not in value:
@@ -272,8 +283,7 @@ class Redactor:
         """Return ``text`` with every URL's userinfo and every known secret value masked."""
         if not text:
             return text
-        if "://" in text:
-            text = _USERINFO.sub(lambda m: f"{m.group(1)}{USERINFO_MASK}@", text)
+        text = mask_userinfo(text)
         if self._pattern is None:
             return text
         return self._pattern.sub(lambda m: f"***{self._names[m.group(0)]}***", text)

@@ -114,3 +114,26 @@ def test_the_s5cmd_child_gets_the_endpoint_through_its_environment_only() -> Non
     argv = S5cmdExecutor(credentials).argv()
     assert not any("hunter2-pass" in arg or "127.0.0.1" in arg for arg in argv)
     assert credentials.child_env({})["S3_ENDPOINT_URL"] == "http://user:hunter2-pass@127.0.0.1:9000"
+
+
+def test_core_messages_and_repr_name_endpoints_without_their_password() -> None:
+    """Messages the core builds around an endpoint may be shown where no redactor runs (an
+    orchestrator's UI); they, and the credentials' repr, never carry the URL's userinfo."""
+    from botocore.exceptions import EndpointConnectionError
+
+    from tao_data_io.staging.pretrained.hub import HubRegistry
+    from tao_data_io.staging.pretrained.ngc import NGCRegistry
+    from tao_data_io.transfer.client import explain
+    from tao_data_io.uris import parse_model_uri
+
+    endpoint = "http://tao:pw-in-url-1@127.0.0.1:1"
+    credentials = s3_credentials_from_env({"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "secret-value",
+                                           "AWS_ENDPOINT_URL": endpoint})
+    unreachable = explain(EndpointConnectionError(endpoint_url=endpoint), bucket="b", endpoint_url=endpoint)
+    for text in (repr(credentials), str(unreachable)):
+        assert "pw-in-url-1" not in text and "***USERINFO***@127.0.0.1:1" in text
+    hub = HubRegistry(parse_model_uri("hf://org/repo"), {"HF_ENDPOINT": endpoint})  # type: ignore[arg-type]
+    ngc = NGCRegistry(parse_model_uri("ngc://org/model:v1"), {"NGC_KEY": "nvapi-key", "NGC_API_URL": endpoint,  # type: ignore[arg-type]
+                                                              "NGC_AUTH_URL": endpoint})
+    for text in (hub.where, ngc.api_shown, ngc.authn_shown):  # what their messages quote
+        assert "pw-in-url-1" not in text and "***USERINFO***@127.0.0.1:1" in text
