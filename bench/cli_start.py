@@ -91,7 +91,7 @@ class Bench:
                               text=True).stdout
 
     def env(self, name: str, target: Target) -> dict[str, str]:
-        return {**target.env(), "S3_BUCKET_NAME": BUCKET, "TAO_DATA_IO_JOBS_DIR": str(self.jobs.root),
+        return {**target.env(), "S3_BUCKET_NAME": BUCKET, "TAO_DATA_IO_RECORDS": self.jobs.location,
                 "XDG_CACHE_HOME": str(self.work / f"cache-{self.job(name)}")}
 
     def change_results(self) -> None:

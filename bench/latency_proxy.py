@@ -1,10 +1,16 @@
-"""Loopback TCP forwarder that adds a fixed latency per HTTP request.
+"""Loopback TCP forwarder that adds a fixed latency per HTTP request, and can inject faults.
 
 Used by benchmarks to emulate a remote S3 endpoint in front of a local server.
 The delay is applied to the first client->server chunk of a connection and to
 the first client->server chunk after any server->client data (the start of the
 next request on a keep-alive connection); the rest of a request body streams
 without extra delay. Response data is never delayed.
+
+Tests use ``on_request`` to make the server change under a client at an exact moment: it sees
+the first chunk of every request (its request line and headers) before that request is
+forwarded, may block while it acts (overwrite the object being downloaded, so a later ranged
+part reads another version), and may return an event: the response is then held after its first
+chunk until the event is set (a download stays in flight for as long as the test needs).
 
 Library use (the proxy runs its own event loop in a daemon thread)::
 
@@ -27,9 +33,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 _CHUNK = 256 * 1024
+#: Sees the start of each request before it is forwarded; may return an event that holds the
+#: response after its first chunk until it is set.
+RequestHook = Callable[[bytes], "threading.Event | None"]
 
 
 def _loopback(host: str) -> str:
@@ -43,10 +53,12 @@ def _loopback(host: str) -> str:
 class LatencyProxy:
     """Asyncio TCP forwarder on 127.0.0.1 with per-request latency."""
 
-    def __init__(self, target_host: str, target_port: int, delay_s: float = 0.02, port: int = 0) -> None:
+    def __init__(self, target_host: str, target_port: int, delay_s: float = 0.02, port: int = 0,
+                 on_request: RequestHook | None = None) -> None:
         self.target_host = _loopback(target_host)
         self.target_port = target_port
         self.delay_s = delay_s
+        self.on_request = on_request
         self.port = port  # replaced by the bound port once started
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
@@ -55,17 +67,23 @@ class LatencyProxy:
         self._writers: set[asyncio.StreamWriter] = set()
 
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                    state: dict[str, bool], upstream: bool) -> None:
+                    state: dict[str, object], upstream: bool) -> None:
         """Copy src -> dst until EOF, then half-close dst."""
         try:
             while chunk := await src.read(_CHUNK):
                 if upstream and state["fresh"]:
                     state["fresh"] = False
+                    if self.on_request is not None:
+                        state["hold"] = await asyncio.to_thread(self.on_request, chunk)
                     await asyncio.sleep(self.delay_s)
                 elif not upstream:
                     state["fresh"] = True  # next client bytes start a new request
                 dst.write(chunk)
                 await dst.drain()
+                hold = state.get("hold")
+                if not upstream and isinstance(hold, threading.Event):
+                    state["hold"] = None
+                    await asyncio.to_thread(hold.wait)
             if dst.can_write_eof() and not dst.is_closing():
                 dst.write_eof()
         except (ConnectionError, OSError):
@@ -80,7 +98,7 @@ class LatencyProxy:
         try:
             s_reader, s_writer = await asyncio.open_connection(self.target_host, self.target_port)
             self._writers.add(s_writer)
-            state = {"fresh": True}
+            state: dict[str, object] = {"fresh": True, "hold": None}
             await asyncio.gather(self._pump(c_reader, s_writer, state, True),
                                  self._pump(s_reader, c_writer, state, False))
         except (ConnectionError, OSError, asyncio.CancelledError):

@@ -1,14 +1,17 @@
 """``tao-data-io``: command-line verbs over the Prefect-free core.
 
 Exit codes: 0 success; 2 bad input (a message on stderr starting ``error:`` that names the bad
-value and the fix); 1 failure (a summary of what failed). Every line printed passes through
-the credential redactor. The verbs live in :mod:`tao_data_io.commands`, one module per area.
+value and the fix — a path the operating system refused included); 1 failure (a summary of what
+failed); 141 when whoever reads stdout stopped reading (``| head``), quietly, as a shell reports a
+command ended by SIGPIPE. Every line printed passes through the credential redactor and has its
+control characters escaped. The verbs live in :mod:`tao_data_io.commands`, one module per area.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -17,7 +20,10 @@ from .commands import MODULES
 from .commands.examples import Example, examples_text
 from .console import Console
 from .credentials import RedactingFilter
-from .errors import UsageError
+from .errors import UsageError, os_error_message
+
+#: The exit status of a command whose output was cut off by its reader (128 + SIGPIPE).
+CLOSED_OUTPUT = 141
 
 
 _EXAMPLES: list[Example] = [
@@ -83,9 +89,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         console.err(f"error: {in_cli_terms(str(exc), flags)}")
         return 2
+    except BrokenPipeError:
+        _discard_stdout()
+        return CLOSED_OUTPUT
+    except OSError as exc:
+        if exc.filename is None and exc.filename2 is None:  # not about a path (a dropped connection)
+            return _unexpected(console, exc)
+        console.err(f"error: {in_cli_terms(os_error_message(exc), flags)}")
+        return 2
     except Exception as exc:  # noqa: BLE001 - the last line of defence: redact, then report
-        console.err(f"error: {type(exc).__name__}: {exc}")
-        return 1
+        return _unexpected(console, exc)
+
+
+def _unexpected(console: Console, exc: Exception) -> int:
+    console.err(f"error: {type(exc).__name__}: {exc}")
+    return 1
+
+
+def _discard_stdout() -> None:
+    """The reader of stdout went away (``| head``): there is no one left to tell. Point stdout at
+    /dev/null so the interpreter's final flush does not print a second BrokenPipeError."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from .errors import CredentialError
 
@@ -47,6 +48,11 @@ SECRET_NAMES: frozenset[str] = frozenset(
     }
 )
 _SECRET_NAME_PATTERN = re.compile(r"(SECRET|TOKEN|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
+#: The userinfo of a URL (``scheme://user:password@``, up to its last ``@`` before the path):
+#: a credential in any URL — an endpoint from any variable, or one quoted back by a library.
+_USERINFO = re.compile(r"\b([a-z][a-z0-9+.\-]*://)[^/\s?#]*@", re.I)
+#: What a masked userinfo reads as.
+USERINFO_MASK = "***USERINFO***"
 #: Values shorter than this are not masked: masking "1" or "yes" would shred every message
 #: while protecting nothing.
 _MIN_SECRET_LENGTH = 6
@@ -65,10 +71,14 @@ class S3Credentials:
     access_key_id: str = field(repr=False)
     secret_access_key: str = field(repr=False)
     session_token: str | None = field(default=None, repr=False)
-    endpoint_url: str | None = None
+    endpoint_url: str | None = field(default=None, repr=False)
     region: str = DEFAULT_REGION
     #: "aws" or "legacy": which family of variable names supplied the keys.
     source: str = "aws"
+
+    def __repr__(self) -> str:
+        endpoint = None if self.endpoint_url is None else mask_userinfo(self.endpoint_url)
+        return f"S3Credentials(endpoint_url={endpoint!r}, region={self.region!r}, source={self.source!r})"
 
     def settings(self, names: Mapping[str, str]) -> dict[str, str]:
         """The settings that are set, under the names a client wants: ``names`` maps each of
@@ -103,6 +113,7 @@ class S3Credentials:
             env["AWS_SESSION_TOKEN"] = self.session_token
         if self.endpoint_url:
             env["AWS_ENDPOINT_URL"] = self.endpoint_url
+            env["S3_ENDPOINT_URL"] = self.endpoint_url  # s5cmd's name for it (its --endpoint-url would be argv)
         return env
 
 
@@ -203,6 +214,28 @@ def credential_value_fields(value: Any, environ: Mapping[str, str] | None = None
     return sorted(set(found))
 
 
+def mask_userinfo(text: str) -> str:
+    """``text`` with the userinfo of every URL in it masked: the half of :class:`Redactor` that
+    needs no environment, for messages the core builds around an endpoint (they may end up where
+    no redactor runs, such as an orchestrator's UI) and for ``repr``."""
+    return _USERINFO.sub(lambda m: f"{m.group(1)}{USERINFO_MASK}@", text) if "://" in text else text
+
+
+def _userinfo_parts(value: str) -> list[str]:
+    """The userinfo and password of ``value`` if it is a URL that has them, raw and decoded."""
+    if "://" not in value or "@" not in value:
+        return []
+    try:
+        parts = urlsplit(value.strip())
+    except ValueError:
+        return []
+    userinfo = parts.netloc.rpartition("@")[0]
+    found = [userinfo, unquote(userinfo)] if userinfo else []
+    if parts.password:
+        found += [parts.password, unquote(parts.password)]
+    return found
+
+
 def require_env(name: str, purpose: str, environ: Mapping[str, str] | None = None) -> str:
     """Return the value of a single credential variable, or say which variable to set and why."""
     env = os.environ if environ is None else environ
@@ -218,27 +251,41 @@ def is_secret_name(name: str) -> bool:
 
 
 class Redactor:
-    """Masks every credential value found in the environment.
+    """Masks every credential value found in the environment, and the userinfo of every URL.
 
     Built from a snapshot of the environment (plus any extra values), it replaces each
     secret value with ``***NAME***`` so a masked message still says *which* credential was
     involved. Longer values are replaced first so a secret that contains another is masked
     whole.
+
+    A URL can carry a password in its userinfo (``https://user:password@host``), in any variable
+    (``AWS_ENDPOINT_URL``, ``HF_ENDPOINT``, ``NGC_API_URL``) and in any message a library builds
+    from it. So the userinfo of every URL in a text is masked (``https://***USERINFO***@host``),
+    and the userinfo and password of every URL-valued variable are secrets of that variable too,
+    raw and percent-decoded, so they are masked wherever they appear on their own.
     """
 
     def __init__(self, environ: Mapping[str, str] | None = None, extra: Mapping[str, str] | None = None) -> None:
         env = os.environ if environ is None else environ
         secrets: dict[str, str] = {}
         for name, value in {**env, **(extra or {})}.items():
-            if value and len(value) >= _MIN_SECRET_LENGTH and is_secret_name(name):
-                secrets.setdefault(value, name)
+            if not value:
+                continue
+            candidates = [value] if is_secret_name(name) else []
+            candidates += _userinfo_parts(value)
+            for candidate in candidates:
+                if len(candidate) >= _MIN_SECRET_LENGTH:
+                    secrets.setdefault(candidate, name)
         ordered = sorted(secrets, key=len, reverse=True)
         self._names = secrets
         self._pattern = re.compile("|".join(re.escape(v) for v in ordered)) if ordered else None
 
     def redact(self, text: str) -> str:
-        """Return ``text`` with every known secret value masked."""
-        if self._pattern is None or not text:
+        """Return ``text`` with every URL's userinfo and every known secret value masked."""
+        if not text:
+            return text
+        text = mask_userinfo(text)
+        if self._pattern is None:
             return text
         return self._pattern.sub(lambda m: f"***{self._names[m.group(0)]}***", text)
 

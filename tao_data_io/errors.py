@@ -19,6 +19,9 @@ timeouts) are recognised by type.
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class TaoDataIOError(Exception):
     """Base class for every error this package raises on purpose."""
@@ -97,3 +100,46 @@ def _http_status(exc: BaseException) -> tuple[int | None, str | None]:
         if isinstance(value, int):
             return value, None
     return None, None
+
+
+def os_error_message(exc: OSError) -> str:
+    """What the operating system refused, in words: the path it was about and what to do.
+
+    Why: ``PermissionError: [Errno 13]`` tells a user neither which of the paths involved (the
+    destination, its state beside it, a parent) nor that the fix is theirs to make. Every such
+    refusal is bad input for the command that met it (a path it cannot use), so callers report it
+    like any other, naming the path.
+    """
+    path = exc.filename if exc.filename is not None else exc.filename2
+    where = "" if path is None else f"{os.fsdecode(path)!r}: "
+    code = exc.errno
+    if code in (errno.EACCES, errno.EPERM):
+        return f"{where}permission denied: give this user access to it, or choose a path it may write"
+    if code == errno.ENOTDIR:
+        blocker = _file_in_the_way(path)
+        what = f"{blocker!r} is a file" if blocker else "a component is a file"
+        return f"{where}not a directory: {what} where a directory is expected; move it away or choose another path"
+    if code == errno.EISDIR:
+        return f"{where}is a directory where a file is expected; choose another path"
+    if code == errno.ENOENT:
+        return (f"{where}no such file or directory, and it cannot be created there; check the path (special "
+                "filesystems such as /proc and /sys hold no files of ours)")
+    if code == errno.EROFS:
+        return f"{where}read-only file system; choose a path on a writable one"
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"{where}no space left (or the quota is used up) on its device; free some, or choose another path"
+    if code == errno.ENAMETOOLONG:
+        return f"{where}a name is too long for the filesystem; choose a shorter path"
+    return f"{where}{exc.strerror or type(exc).__name__}; check the path"
+
+
+def _file_in_the_way(path: str | bytes | int | None) -> str | None:
+    """The deepest existing ancestor of ``path`` when it is not a directory: what blocks it."""
+    if not isinstance(path, str | bytes):
+        return None
+    current = os.fsdecode(path)
+    while current not in ("", os.sep):
+        if os.path.lexists(current):
+            return None if os.path.isdir(current) else current
+        current = os.path.dirname(current)
+    return None

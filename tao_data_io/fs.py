@@ -8,18 +8,27 @@ hashes or checks containment comes here.
 
 **Confinement.** A relative name (an S3 key, an archive member, an annotation reference) is
 accepted only in canonical form — no empty, ``.`` or ``..`` components, no leading ``/``, no
-backslash, NUL or control character — because anything else either escapes the destination or
-lets two different names map to one file. Existing directories on the way are checked too: a
-symlink inside the destination is never followed.
+backslash, NUL or control character, no component longer than a file name may be — because
+anything else either escapes the destination, lets two different names map to one file, or
+cannot be written at all. Checking names when the plan is made is not enough: a directory
+inside the destination can be replaced by a symlink while the bytes move, so downloads write
+through a :class:`DestinationTree`, which resolves every write relative to directory
+descriptors opened with ``O_NOFOLLOW`` — a symlink met at write time fails that one file and is
+never followed.
 
-**Temp names.** In-flight files and directories are named ``.tao-data-io-partial.<12 hex>.<name>``
-beside their final path (same directory, so same filesystem, so the final ``rename`` is
-atomic). The random token means two writers — threads or processes, even with the same PID in
-two containers — never share one; names are cut by *bytes* so a 255-byte name still fits.
+**Temp names.** In-flight files and directories are named
+``.tao-data-io-partial.<owner>-<12 hex>.<name>`` beside their final path (same directory, so
+same filesystem, so the final ``rename`` is atomic). The random part means two writers —
+threads or processes, even with the same PID in two containers — never share one; names are cut
+by *bytes* so a 255-byte name still fits. The owner names the lock its writer held
+(:func:`lock_owner`): a sweep run under a lock removes only temp names of that lock, the only
+ones it can prove abandoned — a sync into ``/data`` never touches the in-flight files of a sync
+into ``/data/sub``, which holds another lock.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
@@ -27,8 +36,12 @@ import re
 import secrets
 import shutil
 import stat
-from collections.abc import Callable, Iterator
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import UnsafePathError
@@ -38,7 +51,11 @@ from .errors import UnsafePathError
 STATE_DIR_NAME = ".tao-data-io"
 #: In-flight files and directories carry this prefix until they are renamed into place.
 TEMP_PREFIX = ".tao-data-io-partial."
+_OWNER_HEX = 8
 _TOKEN_HEX = 12
+#: The owner of temp names no lock guards: no sweep ever removes them; their writer does.
+UNOWNED = "0" * _OWNER_HEX
+_TEMP_HEAD = re.compile(rf"{re.escape(TEMP_PREFIX)}([0-9a-f]{{{_OWNER_HEX}}})-[0-9a-f]{{{_TOKEN_HEX}}}\.")
 #: The longest file name most filesystems accept, in bytes.
 NAME_MAX_BYTES = 255
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -46,27 +63,36 @@ _CHUNK = 1 << 20
 
 
 # --------------------------------------------------------------------------- confinement
-def _problem(relative: str) -> str | None:
-    """Say why ``relative`` is not a safe canonical relative POSIX path, or None if it is."""
+_ESCAPES = "so it could land outside the destination"
+
+
+def _problem(relative: str) -> tuple[str, str] | None:
+    """Say why ``relative`` is not a safe canonical relative POSIX path that a filesystem can hold
+    (the problem, and what it would lead to), or None if it is."""
     if relative == "":
-        return "it is empty"
+        return "it is empty", _ESCAPES
     if "\x00" in relative:
-        return "it contains a NUL character"
+        return "it contains a NUL character", _ESCAPES
     if _CONTROL.search(relative):
-        return "it contains a control character"
+        return "it contains a control character", _ESCAPES
     if "\\" in relative:
-        return "it contains a backslash"
+        return "it contains a backslash", _ESCAPES
     if relative.startswith("/"):
-        return "it is absolute"
+        return "it is absolute", _ESCAPES
     parts = relative.split("/")
     if ".." in parts:
-        return "it contains a '..' component"
+        return "it contains a '..' component", _ESCAPES
     if "" in parts or "." in parts:
-        return "it is not in canonical form (empty or '.' component)"
+        return "it is not in canonical form (empty or '.' component)", _ESCAPES
     if STATE_DIR_NAME in parts:
-        return f"{STATE_DIR_NAME}/ is reserved for tao-data-io's own state"
+        return f"{STATE_DIR_NAME}/ is reserved for tao-data-io's own state", _ESCAPES
     if parts[-1].startswith(TEMP_PREFIX):
-        return f"names starting with {TEMP_PREFIX!r} are reserved for in-flight downloads"
+        return f"names starting with {TEMP_PREFIX!r} are reserved for in-flight downloads", _ESCAPES
+    for part in parts:
+        size = len(part.encode("utf-8", "surrogateescape"))
+        if size > NAME_MAX_BYTES:
+            return (f"its component {part[:24]!r}… is {size} bytes long in UTF-8, more than the {NAME_MAX_BYTES} "
+                    "bytes a file name may have", "so no filesystem here can hold it")
     return None
 
 
@@ -74,7 +100,7 @@ def check_relative(relative: str, *, what: str) -> str:
     """Return ``relative`` if it is a safe relative path; else raise naming ``what`` and why."""
     problem = _problem(relative)
     if problem:
-        raise UnsafePathError(f"refusing {what} {relative!r}: {problem}, so it could land outside the destination")
+        raise UnsafePathError(f"refusing {what} {relative!r}: {problem[0]}, {problem[1]}")
     return relative
 
 
@@ -113,6 +139,305 @@ def state_dir_for(dest: Path) -> Path:
     return cache / hashlib.sha256(os.path.realpath(dest).encode()).hexdigest()[:32]
 
 
+def destination_lock_path(dest: Path, part: str | None = None) -> Path:
+    """The lock every writer of ``dest`` holds (a sync, a copy into it, an extraction, a model
+    pull), or — with ``part`` — the lock of one part of it (a shard, whose writers touch only
+    its own keys)."""
+    return state_dir_for(dest) / ("lock" if part is None else f"lock.{part}")
+
+
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_NO_LINK_DIRECTORY = _DIRECTORY | os.O_NOFOLLOW
+
+
+def open_directory_nofollow(path: Path, *, what: str = "path") -> int:
+    """Open the directory ``path`` without following a symlink at any component, from ``/`` down.
+
+    Why: a path someone else controls (a job's results directory) must be what it says. A link
+    there, or on any directory above it, could point the caller at any tree this process can read;
+    a check followed by an ``open`` could be raced. This walk is the check: each component is
+    opened relative to its parent with ``O_NOFOLLOW``. Raises :class:`UnsafePathError` naming
+    ``what`` (the parameter that gave the path), the path and the link, or the ``OSError`` of a
+    component that does not exist or is not a directory.
+    """
+    absolute = os.path.abspath(path)
+    fd = os.open("/", _DIRECTORY)
+    walked = ""
+    try:
+        for part in absolute.split("/")[1:]:
+            walked += "/" + part
+            try:
+                child = os.open(part, _NO_LINK_DIRECTORY, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(walked):
+                    where = "is a symlink" if walked == absolute else f"lies under the symlink {walked}"
+                    raise UnsafePathError(f"{what} {absolute!r} {where}; such a path is refused because whoever controls "
+                                          f"the link decides what is read — give the real path "
+                                          f"{os.path.realpath(absolute)!r} if that is the directory meant") from None
+                raise
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+#: Directory descriptors a :class:`DestinationTree` keeps open for reuse (an in-flight file's is
+#: never closed under it): one open per directory, not one per file, for trees of any width.
+KEPT_DIRECTORIES = 256
+
+
+class DestinationTree:
+    """A destination directory that is written only through directory descriptors.
+
+    Why: confinement checked when the plan is made says nothing about the moment of the write. A
+    directory inside the destination replaced by a symlink while the bytes move would send a
+    path-based ``open`` or ``rename`` anywhere the link points. Here the root is opened once
+    (following the user's own path), and each directory below it is opened from its parent's
+    descriptor with ``O_NOFOLLOW`` — created with ``mkdir(dir_fd=)`` when missing — so a symlink
+    met at write time fails that one file and is never followed. Temp files are created, renamed
+    into place and removed relative to those descriptors (:class:`TempFile`); a child process
+    that can only write to a path (s5cmd) writes into a private :meth:`spool` beside the tree,
+    and each finished file is moved in the same way.
+
+    Descriptors of recently used directories are kept, so 2,000 files in 20 directories cost 20
+    opens. What a descriptor cannot do is stop someone from renaming the directory it refers to:
+    a file being written then goes wherever that directory went (as with any ``openat`` walk);
+    what never happens is a name resolved through a link.
+
+    Thread-safe: the obstore executor writes from its event loop, s5cmd results arrive on another
+    thread.
+    """
+
+    def __init__(self, root: Path, owner: str = UNOWNED, state_dir: Path | None = None) -> None:
+        self.root = Path(os.path.abspath(root))
+        #: The :func:`lock_owner` of the lock held while writing here; it names every temp file.
+        self.owner = owner
+        self.state_dir = state_dir if state_dir is not None else state_dir_for(self.root)
+        self._lock = threading.Lock()
+        #: relative directory ("" is the root) → [descriptor, files in flight in it]
+        self._open: OrderedDict[str, list[int]] = OrderedDict()
+        self._spool_fits: bool | None = None
+
+    # ------------------------------------------------------------------ lifetime
+    def open(self) -> None:
+        """Create the root if needed and open it. A run calls this before moving any bytes, so a
+        destination that cannot be created fails the run with that path's error, not every file."""
+        with self._lock:
+            self._root_locked()
+
+    def _root_locked(self) -> int:
+        entry = self._open.get("")
+        if entry is None:
+            os.makedirs(self.root, exist_ok=True)
+            entry = self._open[""] = [os.open(self.root, _DIRECTORY), 1]  # pinned for the tree's life
+        return entry[0]
+
+    def close(self) -> None:
+        with self._lock:
+            for fd, _ in self._open.values():
+                os.close(fd)
+            self._open.clear()
+
+    # ------------------------------------------------------------------ directories
+    def _pin(self, directory: str, *, create: bool = True) -> int:
+        """The descriptor of ``directory`` (relative; "" is the root), kept open until :meth:`_unpin`."""
+        with self._lock:
+            fd = self._pin_locked(directory, create)
+            self._evict_locked()
+            return fd
+
+    def _pin_locked(self, directory: str, create: bool) -> int:
+        entry = self._open.get(directory)
+        if entry is None:
+            if directory == "":
+                self._root_locked()
+                entry = self._open[""]
+            else:
+                parent, _, name = directory.rpartition("/")
+                parent_fd = self._pin_locked(parent, create)
+                try:
+                    fd = self._open_child(parent_fd, name, directory, create)
+                finally:
+                    self._open[parent][1] -= 1
+                entry = self._open[directory] = [fd, 0]
+        entry[1] += 1
+        self._open.move_to_end(directory)
+        return entry[0]
+
+    def _open_child(self, parent_fd: int, name: str, directory: str, create: bool) -> int:
+        try:
+            return os.open(name, _NO_LINK_DIRECTORY, dir_fd=parent_fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            mode = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode
+            what = "is a symlink; it is never followed" if stat.S_ISLNK(mode) else "exists and is not a directory"
+            raise UnsafePathError(f"{self.root / directory} {what}") from None
+        try:
+            os.mkdir(name, dir_fd=parent_fd)
+        except FileExistsError:
+            pass  # another writer made it meanwhile; open it as found
+        return self._open_child(parent_fd, name, directory, create=False)
+
+    def _unpin(self, directory: str) -> None:
+        with self._lock:
+            self._open[directory][1] -= 1
+            self._evict_locked()
+
+    def _evict_locked(self) -> None:
+        if len(self._open) <= KEPT_DIRECTORIES:
+            return
+        for directory, (fd, users) in list(self._open.items()):
+            if len(self._open) <= KEPT_DIRECTORIES:
+                break
+            if users == 0:
+                os.close(fd)
+                del self._open[directory]
+
+    # ------------------------------------------------------------------ files
+    def create_temp(self, relative: str) -> tuple[TempFile, int]:
+        """A new temp file beside ``relative``'s final place and a descriptor open for writing it
+        (the caller closes the descriptor, then publishes or discards the temp file). Raises
+        :class:`UnsafePathError` when a directory on the way is a symlink or not a directory."""
+        directory, _, name = relative.rpartition("/")
+        dir_fd = self._pin(directory)
+        temp = temp_name(name, self.owner)
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                         dir_fd=dir_fd)
+        except BaseException:
+            self._unpin(directory)
+            raise
+        return TempFile(self, relative, directory, dir_fd, temp), fd
+
+    def adopt(self, source_dir_fd: int, source_name: str, relative: str) -> TempFile:
+        """Move a finished file (one a child wrote into a :meth:`spool`) beside ``relative``'s
+        final place under a temp name; publishing it is then the same as for any other."""
+        directory, _, name = relative.rpartition("/")
+        dir_fd = self._pin(directory)
+        temp = temp_name(name, self.owner)
+        try:
+            os.rename(source_name, temp, src_dir_fd=source_dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            self._unpin(directory)
+            raise
+        return TempFile(self, relative, directory, dir_fd, temp)
+
+    def remove_temps(self, relatives: Sequence[str]) -> None:
+        """Remove the temp files among ``relatives`` (found by a scan) that belong to this tree's
+        owner: killed writers under the lock the caller holds left them. Other owners' are left."""
+        for relative in relatives:
+            directory, _, name = relative.rpartition("/")
+            if temp_owner(name) != self.owner:
+                continue
+            try:
+                dir_fd = self._pin(directory, create=False)
+            except (OSError, UnsafePathError):
+                continue  # gone or replaced since the scan: nothing of ours to remove there
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            finally:
+                self._unpin(directory)
+
+    # ------------------------------------------------------------------ spool
+    def spool_fits(self) -> bool:
+        """Whether a :meth:`spool` can be made on the tree's filesystem (beside it, never inside):
+        not when the destination is a mount point, or its state lives in the user's cache."""
+        if self._spool_fits is None:
+            self.open()
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            with self._lock:
+                root_dev = os.fstat(self._root_locked()).st_dev
+            self._spool_fits = os.stat(self.state_dir).st_dev == root_dev
+        return self._spool_fits
+
+    @contextmanager
+    def spool(self) -> Iterator[Spool]:
+        """A private directory (0700, this process's owner only) in the tree's state directory,
+        for a child that writes by path; removed with whatever is left in it. Killed runs' spools
+        carry the owner's temp name, so the next holder of the lock sweeps them."""
+        if not self.spool_fits():
+            raise OSError(errno.EXDEV, "no directory on the destination's filesystem outside it", str(self.root))
+        path = self.state_dir / temp_name(SPOOL_NAME, self.owner)
+        os.mkdir(path, 0o700)
+        try:
+            fd = os.open(path, _NO_LINK_DIRECTORY)
+            try:
+                yield Spool(path, fd)
+            finally:
+                os.close(fd)
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+#: The name (inside the temp prefix) of the spool directories in a destination's state directory.
+SPOOL_NAME = "spool"
+
+
+@dataclass(frozen=True)
+class Spool:
+    """A private directory a child process writes into by path, and our descriptor of it."""
+
+    path: Path
+    fd: int
+
+
+@dataclass
+class TempFile:
+    """A file written beside its final place in a :class:`DestinationTree`, not yet visible under
+    its final name. Exactly one of :meth:`publish` or :meth:`discard` ends it (both are safe to
+    call again, and :meth:`discard` after :meth:`publish` does nothing)."""
+
+    tree: DestinationTree
+    relative: str
+    directory: str
+    dir_fd: int
+    name: str
+    _ended: bool = field(default=False, repr=False)
+
+    def size(self) -> int:
+        return os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False).st_size
+
+    def publish(self, modified_ns: int | None = None) -> os.stat_result:
+        """Give the file ``modified_ns`` as its mtime, rename it to its final name in the same
+        directory (atomic: a reader sees the old file or the new one) and return the new file's
+        stat. On any failure the temp file is removed and the error raised."""
+        final = self.relative.rpartition("/")[2]
+        try:
+            if modified_ns is not None:
+                os.utime(self.name, ns=(time.time_ns(), modified_ns), dir_fd=self.dir_fd, follow_symlinks=False)
+            os.rename(self.name, final, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        except BaseException:
+            self.discard()
+            raise
+        try:
+            return os.stat(final, dir_fd=self.dir_fd, follow_symlinks=False)
+        finally:
+            self._end()
+
+    def discard(self) -> None:
+        if self._ended:
+            return
+        try:
+            os.unlink(self.name, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            pass
+        finally:
+            self._end()
+
+    def _end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self.tree._unpin(self.directory)
+
+
 def is_within(path: str | os.PathLike[str], root: str | os.PathLike[str], *, resolve: bool = True) -> bool:
     """Whether ``path`` is ``root`` or lies below it. With ``resolve`` (the default) symlinks are
     resolved on both sides first, so a link cannot make an outside path look inside."""
@@ -122,47 +447,57 @@ def is_within(path: str | os.PathLike[str], root: str | os.PathLike[str], *, res
 
 
 # --------------------------------------------------------------------------- temp names
-def _temp_name(token: str, name: str) -> str:
-    head = f"{TEMP_PREFIX}{token}."
+def lock_owner(lock: Path) -> str:
+    """The owner part of the temp names written under ``lock`` (8 hex of its absolute path).
+
+    Why: a temp name looks the same whether its writer was killed or is still writing. Only the
+    holder of the lock every such writer holds can tell: while it holds the lock, a temp name of
+    that lock's owner is provably abandoned; any other temp name may belong to a live writer of
+    another destination (a sync into a sub-directory, an extraction beside it) and is left alone.
+    """
+    return hashlib.sha256(os.fsencode(os.path.abspath(lock))).hexdigest()[:_OWNER_HEX]
+
+
+def temp_name(name: str, owner: str = UNOWNED) -> str:
+    """A fresh, unpredictable temp name for ``name``, owned by ``owner``, cut to fit
+    :data:`NAME_MAX_BYTES` by bytes."""
+    return _fit(f"{TEMP_PREFIX}{owner}-{secrets.token_hex(_TOKEN_HEX // 2)}.", name)
+
+
+def _fit(head: str, name: str) -> str:
     room = NAME_MAX_BYTES - len(head.encode())
     return head + name.encode("utf-8", "surrogateescape")[:room].decode("utf-8", "ignore")
 
 
-def temp_path_for(final: Path) -> Path:
-    """A fresh, unpredictable temp name beside ``final`` (same directory → same filesystem)."""
-    return final.with_name(_temp_name(secrets.token_hex(_TOKEN_HEX // 2), final.name))
+def temp_path_for(final: Path, owner: str = UNOWNED) -> Path:
+    """A fresh temp name beside ``final`` (same directory → same filesystem)."""
+    return final.with_name(temp_name(final.name, owner))
 
 
-def final_name(temp_name: str) -> str | None:
-    """The final name a temp name stands for, or None when it is not one of ours or was cut to
-    fit :data:`NAME_MAX_BYTES` (then the final name cannot be known)."""
-    token = temp_name[len(TEMP_PREFIX):len(TEMP_PREFIX) + _TOKEN_HEX]
-    rest = temp_name[len(TEMP_PREFIX) + _TOKEN_HEX + 1:]
-    if (not temp_name.startswith(TEMP_PREFIX) or not rest or _temp_name(token, rest) != temp_name
-            or len(temp_name.encode("utf-8", "surrogateescape")) >= NAME_MAX_BYTES):
-        return None
-    return rest
+def temp_owner(name: str) -> str | None:
+    """The owner of a temp name of ours, or None for any other name."""
+    match = _TEMP_HEAD.match(name)
+    return match.group(1) if match else None
 
 
 def is_temp_name(name: str) -> bool:
     return name.startswith(TEMP_PREFIX)
 
 
-def remove_stale_temps(final: Path) -> None:
-    """Remove the temp files and directories that killed writers of ``final`` left beside it.
+def remove_stale_temps(final: Path, owner: str) -> None:
+    """Remove the temp files and directories for ``final`` that killed writers under the lock of
+    ``owner`` left beside it.
 
-    Only call this while holding the lock that every writer of ``final`` holds: a temp name
-    of a live writer looks exactly like a stale one.
+    Only call this while holding that lock: a temp name of a live writer looks exactly like a
+    stale one, and only the lock tells them apart.
     """
     try:
         entries = list(os.scandir(final.parent))
     except (FileNotFoundError, NotADirectoryError):
         return
     for entry in entries:
-        if not entry.name.startswith(TEMP_PREFIX):
-            continue
-        token = entry.name[len(TEMP_PREFIX):len(TEMP_PREFIX) + _TOKEN_HEX]
-        if not all(c in "0123456789abcdef" for c in token) or entry.name != _temp_name(token, final.name):
+        match = _TEMP_HEAD.match(entry.name)
+        if match is None or match.group(1) != owner or entry.name != _fit(match.group(0), final.name):
             continue
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
@@ -178,7 +513,8 @@ def remove_if_exists(path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- atomic publish
-def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, replace: bool = True, durable: bool = False) -> bool:
+def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, replace: bool = True, durable: bool = False,
+                 owner: str = UNOWNED) -> bool:
     """Publish ``data`` at ``path`` whole or not at all; return whether this call created it.
 
     A unique temp file beside ``path``, written and fsynced, then:
@@ -190,10 +526,11 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, replace: bool = 
 
     ``durable`` also fsyncs the directory, so the new name survives a power loss (job records).
     The temp file is removed on every path out, so an interrupted call leaves nothing behind
-    but, at worst, one temp file that :func:`remove_stale_temps` recognises.
+    but, at worst, one temp file that :func:`remove_stale_temps` recognises — for the ``owner``
+    (:func:`lock_owner`) of the lock the caller holds while writing ``path``.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = temp_path_for(path)
+    temp = temp_path_for(path, owner)
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         with os.fdopen(fd, "wb") as handle:

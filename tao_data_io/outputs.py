@@ -9,7 +9,9 @@ scheduled resync while it runs, because they must agree on everything that matte
 * **when**: also after a failed or cancelled job — its checkpoints and logs are exactly what the
   user needs to debug it.
 * **how**: through the transfer engine, which already uploads only new or changed files, never
-  follows a symlink out of the tree and refuses special files; nothing here re-checks that.
+  follows a symlink out of the tree, refuses special files and skips a file hard-linked from
+  outside the tree. The job controls its results path, so the directory itself must not be a
+  symlink or lie under one (it could name any tree the uploader can read): refused, naming it.
 * **half-written files**: files modified in the last ``settle_seconds`` wait for a later run.
   A resync, which overlaps the writer, defaults to :data:`DEFAULT_SETTLE_SECONDS`; the explicit
   upload defaults to 0 (it runs after the job, when every byte must go now).
@@ -138,7 +140,7 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
         started = _now()
         declared = [*record.upload_excludes, *upload_excludes]
         options = TransferOptions(filter=results_filter(rules, declared), settle_seconds=settle_seconds,
-                                  progress=progress)
+                                  progress=progress, untrusted_source="results_dir")
         prefix = parse_s3_url(route.destination, field="output_route.destination")
         if engine is not None:
             summary = engine.upload_directory(results_dir, prefix, options)

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded.s3 import EmbeddedS3
 
 from .helpers import run_cli, tree_digest, write_tree
@@ -81,3 +86,109 @@ def test_secret_never_appears_in_output(s3_server: EmbeddedS3, bucket: str, tmp_
     for result in runs:
         assert secret not in result.stdout + result.stderr
         assert s3_server.access_key_id not in result.stdout + result.stderr
+
+
+def test_a_password_in_the_endpoint_url_never_reaches_the_output(s3_server: EmbeddedS3, bucket: str,
+                                                                 tmp_path: Path) -> None:
+    """Userinfo in AWS_ENDPOINT_URL: the large-object path (s5cmd) reads it from its environment,
+    and no message quotes it — not even the error that names the endpoint."""
+    from tao_data_io.transfer.client import make_s3_client
+
+    make_s3_client(s3_server.credentials).put_object(Bucket=bucket, Key="p/big.bin", Body=b"b" * (33 * 1024 * 1024))
+    password = "hunter2-endpoint-pass"
+    with_userinfo = s3_server.endpoint_url.replace("http://", f"http://tao:{password}@")
+    good = run_cli("sync", f"s3://{bucket}/p/", str(tmp_path / "d"), env={**s3_server.env(), "AWS_ENDPOINT_URL": with_userinfo})
+    assert good.returncode == 0, good.stderr
+    assert (tmp_path / "d" / "big.bin").stat().st_size == 33 * 1024 * 1024
+    refused = run_cli("sync", f"s3://{bucket}/p/", str(tmp_path / "e"), env={
+        **s3_server.env(), "AWS_ENDPOINT_URL": with_userinfo, "AWS_SECRET_ACCESS_KEY": "not-the-secret"})
+    assert refused.returncode == 2 and "rejected the credentials" in refused.stderr and "***USERINFO***" in refused.stderr
+    for result in (good, refused):
+        assert password not in result.stdout + result.stderr
+
+
+def test_names_are_printed_with_control_characters_escaped(moto_credentials: S3Credentials, tmp_path: Path) -> None:
+    """A key or file name can hold terminal escape sequences and newlines: printed raw they would
+    retitle the terminal, recolour it, or forge whole lines of the report."""
+    from tao_data_io.transfer.client import make_s3_client
+
+    client = make_s3_client(moto_credentials)
+    client.create_bucket(Bucket="escapes")
+    for key in ("p/\x1b]0;pwned\x07title.txt", "p/two\rFAKE: all good", "p/fine.txt"):
+        client.put_object(Bucket="escapes", Key=key, Body=b"x")
+    env = {"AWS_ACCESS_KEY_ID": moto_credentials.access_key_id,
+           "AWS_SECRET_ACCESS_KEY": moto_credentials.secret_access_key, "AWS_ENDPOINT_URL": str(moto_credentials.endpoint_url)}
+    down = run_cli("sync", "s3://escapes/p/", str(tmp_path / "d"), env=env)
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "\x1b[31mred\x1b[0m.txt").write_bytes(b"x")
+    (tmp_path / "up" / "two\nFAKE: all good").write_bytes(b"x")
+    up = run_cli("sync", "--dry-run", str(tmp_path / "up"), "s3://escapes/up/", env=env)
+    assert down.returncode == 1 and up.returncode == 0, down.stderr + up.stderr
+    for output in (down.stdout + down.stderr, up.stdout + up.stderr):
+        assert not any(c in output for c in "\x1b\x07\r")
+    assert not any(line.startswith("FAKE") for line in up.stdout.splitlines())
+    assert "\\x1b]0;pwned\\x07title.txt" in down.stdout and "two\\rFAKE" in down.stdout
+    assert "\\x1b[31mred\\x1b[0m.txt" in up.stdout and "two\\nFAKE" in up.stdout
+
+
+# ----------------------------------------------------------------------------- operating-system errors
+def _exits_2_naming(result: subprocess.CompletedProcess[str], path: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert result.stderr.startswith("error:") and path in result.stderr, result.stderr
+    assert "Error:" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_file_where_a_directory_is_expected_exits_2_naming_it(s3_server: EmbeddedS3, bucket: str,
+                                                                tmp_path: Path) -> None:
+    (tmp_path / "plain-file").write_bytes(b"x")
+    result = run_cli("sync", f"s3://{bucket}/p/", str(tmp_path / "plain-file" / "dest"), env=s3_server.env())
+    _exits_2_naming(result, str(tmp_path / "plain-file"))
+    assert "not a directory" in result.stderr
+
+
+def test_a_proc_path_exits_2_naming_it(s3_server: EmbeddedS3, bucket: str) -> None:
+    result = run_cli("sync", f"s3://{bucket}/p/", "/proc/tao-data-io-dest", env=s3_server.env())
+    _exits_2_naming(result, "/proc")
+
+
+def test_permission_denied_exits_2_naming_the_path(s3_server: EmbeddedS3, bucket: str, tmp_path: Path) -> None:
+    """A destination in a directory the user may read but not write. Root ignores permissions, so
+    as root the command runs without the capabilities that let it (``setpriv``)."""
+    from tao_data_io.transfer.client import make_s3_client
+
+    make_s3_client(s3_server.credentials).put_object(Bucket=bucket, Key="p/a.txt", Body=b"a")
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("as root, needs setpriv to give up the capabilities that bypass permissions")
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+    read_only.chmod(0o500)
+    try:
+        result = subprocess.run([*prefix, sys.executable, "-m", "tao_data_io.cli", "sync", f"s3://{bucket}/p/",
+                                 str(read_only / "dest")], capture_output=True, text=True, timeout=120,
+                                env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), **s3_server.env()})
+    finally:
+        read_only.chmod(0o700)
+    _exits_2_naming(result, str(read_only))
+    assert "permission denied" in result.stderr.lower()
+
+
+def test_a_closed_stdout_exits_quietly(s3_server: EmbeddedS3, bucket: str, tmp_path: Path) -> None:
+    """``tao-data-io sync --dry-run … | head``: once head has read enough, the command ends
+    without an error line or a traceback."""
+    source = tmp_path / "many"
+    source.mkdir()
+    for i in range(3000):
+        (source / f"a-rather-long-file-name-so-the-listing-fills-the-pipe-{i:05d}.bin").touch()
+    argv = [sys.executable, "-m", "tao_data_io.cli", "sync", "--dry-run", str(source), f"s3://{bucket}/many/"]
+    process = subprocess.Popen(argv, env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), **s3_server.env()},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stderr is not None
+    first = process.stdout.readline()
+    process.stdout.close()
+    stderr = process.stderr.read()
+    process.wait(timeout=120)
+    assert first and stderr == ""
+    assert process.returncode == 141

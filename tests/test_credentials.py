@@ -87,3 +87,53 @@ def test_redacting_log_filter(caplog: pytest.LogCaptureFixture) -> None:
         logger.removeFilter(handler_filter)
     assert "nvapi-supersecret" not in caplog.text
     assert "***NGC_KEY***" in caplog.text
+
+
+def test_redactor_masks_the_userinfo_of_every_url() -> None:
+    """A password in an endpoint's userinfo is a credential, whatever variable holds the URL and
+    wherever the URL is quoted (an error message, a per-object line, a log record)."""
+    env = {"AWS_ENDPOINT_URL": "https://minio:p%40ss-w0rd-1@s3.internal:9000", "HF_ENDPOINT": "https://hf.example",
+           "NGC_API_URL": "https://ngc-user:ngc-pass-2@api.ngc.example/v2"}
+    redact = Redactor(env)
+    text = ("cannot reach https://minio:p%40ss-w0rd-1@s3.internal:9000/bucket; GET "
+            "https://ngc-user:ngc-pass-2@api.ngc.example/v2/models failed; retrying with p@ss-w0rd-1 and ngc-pass-2; "
+            "also http://someone:other-secret@10.0.0.1/x and ftp://tok3n@host/; keep https://hf.example/api and a@b.c")
+    out = redact(text)
+    for secret in ("p%40ss-w0rd-1", "p@ss-w0rd-1", "ngc-pass-2", "other-secret", "tok3n"):
+        assert secret not in out
+    assert "https://***USERINFO***@s3.internal:9000/bucket" in out and "http://***USERINFO***@10.0.0.1/x" in out
+    assert "https://hf.example/api" in out and "a@b.c" in out
+
+
+def test_the_s5cmd_child_gets_the_endpoint_through_its_environment_only() -> None:
+    """argv is readable by every local user (``ps``, ``/proc/PID/cmdline``); the environment is not."""
+    from tao_data_io.transfer.s5cmd_executor import S5cmdExecutor
+
+    credentials = s3_credentials_from_env({"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "secret-value",
+                                           "AWS_ENDPOINT_URL": "http://user:hunter2-pass@127.0.0.1:9000"})
+    argv = S5cmdExecutor(credentials).argv()
+    assert not any("hunter2-pass" in arg or "127.0.0.1" in arg for arg in argv)
+    assert credentials.child_env({})["S3_ENDPOINT_URL"] == "http://user:hunter2-pass@127.0.0.1:9000"
+
+
+def test_core_messages_and_repr_name_endpoints_without_their_password() -> None:
+    """Messages the core builds around an endpoint may be shown where no redactor runs (an
+    orchestrator's UI); they, and the credentials' repr, never carry the URL's userinfo."""
+    from botocore.exceptions import EndpointConnectionError
+
+    from tao_data_io.staging.pretrained.hub import HubRegistry
+    from tao_data_io.staging.pretrained.ngc import NGCRegistry
+    from tao_data_io.transfer.client import explain
+    from tao_data_io.uris import parse_model_uri
+
+    endpoint = "http://tao:pw-in-url-1@127.0.0.1:1"
+    credentials = s3_credentials_from_env({"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "secret-value",
+                                           "AWS_ENDPOINT_URL": endpoint})
+    unreachable = explain(EndpointConnectionError(endpoint_url=endpoint), bucket="b", endpoint_url=endpoint)
+    for text in (repr(credentials), str(unreachable)):
+        assert "pw-in-url-1" not in text and "***USERINFO***@127.0.0.1:1" in text
+    hub = HubRegistry(parse_model_uri("hf://org/repo"), {"HF_ENDPOINT": endpoint})  # type: ignore[arg-type]
+    ngc = NGCRegistry(parse_model_uri("ngc://org/model:v1"), {"NGC_KEY": "nvapi-key", "NGC_API_URL": endpoint,  # type: ignore[arg-type]
+                                                              "NGC_AUTH_URL": endpoint})
+    for text in (hub.where, ngc.api_shown, ngc.authn_shown):  # what their messages quote
+        assert "pw-in-url-1" not in text and "***USERINFO***@127.0.0.1:1" in text

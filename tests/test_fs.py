@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tao_data_io.fs import (NAME_MAX_BYTES, atomic_write, file_digest, file_lock, is_within, remove_stale_temps,
-                            temp_path_for)
+from tao_data_io.fs import (NAME_MAX_BYTES, atomic_write, file_digest, file_lock, is_within, lock_owner,
+                            remove_stale_temps, temp_path_for)
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.config import materialize_config
 
@@ -52,20 +52,23 @@ def test_atomic_write_without_replace_keeps_the_existing_file(tmp_path: Path) ->
 
 def test_temp_names_fit_a_name_of_255_utf8_bytes(tmp_path: Path) -> None:
     name = "é" * 127  # 254 bytes, 127 characters
-    temp = temp_path_for(tmp_path / name)
+    owner = lock_owner(tmp_path / "lock")
+    temp = temp_path_for(tmp_path / name, owner)
     assert len(temp.name.encode()) <= NAME_MAX_BYTES
     temp.write_bytes(b"x")  # the filesystem accepts it
-    remove_stale_temps(tmp_path / name)
+    remove_stale_temps(tmp_path / name, owner)
     assert not temp.exists()
 
 
-def test_remove_stale_temps_spares_other_names(tmp_path: Path) -> None:
-    mine, theirs = temp_path_for(tmp_path / "a.bin"), temp_path_for(tmp_path / "b.bin")
-    mine.write_bytes(b"1")
-    theirs.write_bytes(b"2")
-    (tmp_path / "a.bin.keep").write_bytes(b"3")
-    remove_stale_temps(tmp_path / "a.bin")
-    assert not mine.exists() and theirs.exists() and (tmp_path / "a.bin.keep").exists()
+def test_remove_stale_temps_spares_other_names_and_other_owners(tmp_path: Path) -> None:
+    """Only the holder of the lock a temp file was written under can know it is abandoned."""
+    mine, other = lock_owner(tmp_path / "lock"), lock_owner(tmp_path / "sub" / "lock")
+    killed, theirs = temp_path_for(tmp_path / "a.bin", mine), temp_path_for(tmp_path / "b.bin", mine)
+    in_flight = temp_path_for(tmp_path / "a.bin", other)
+    for path in (killed, theirs, in_flight, tmp_path / "a.bin.keep"):
+        path.write_bytes(b"1")
+    remove_stale_temps(tmp_path / "a.bin", mine)
+    assert not killed.exists() and theirs.exists() and in_flight.exists() and (tmp_path / "a.bin.keep").exists()
 
 
 def test_file_lock_excludes_a_second_holder(tmp_path: Path) -> None:

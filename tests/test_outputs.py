@@ -201,6 +201,50 @@ def test_symlinks_out_of_the_tree_and_special_files_are_not_uploaded(store: Reco
     assert store.get(JOB_ID).uploads[-1]["skipped_files"] == 2
 
 
+@pytest.mark.parametrize("verb", ["upload-results", "resync"])
+def test_a_results_dir_that_is_or_lies_under_a_symlink_is_refused(store: RecordStore, env: dict[str, str],
+                                                                  bucket: str, s3_client: Any, tmp_path: Path,
+                                                                  verb: str) -> None:
+    """The job controls its results path: a link there could point the upload at any directory
+    the uploader can read. Refused, naming the path; nothing is uploaded."""
+    secrets_dir = tmp_path / "elsewhere" / "secrets"
+    write_tree(secrets_dir, {"id_rsa": b"private"})
+    (tmp_path / "linked").symlink_to(secrets_dir)
+    (tmp_path / "parent-link").symlink_to(tmp_path / "elsewhere")
+    for results_dir in (tmp_path / "linked", tmp_path / "parent-link" / "secrets"):
+        done = upload(results_dir, env, "--settle-seconds", "0", verb=verb)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith("error:") and str(results_dir) in done.stderr and "symlink" in done.stderr
+    assert remote(s3_client, bucket) == {}
+
+
+def test_a_hard_link_to_a_file_outside_the_results_is_skipped_and_reported(store: RecordStore, env: dict[str, str],
+                                                                           bucket: str, s3_client: Any,
+                                                                           results: Path, tmp_path: Path) -> None:
+    """A hard link is the file itself: one made inside the results to a file elsewhere would
+    upload that file. Links that all lie inside the results are just one file under two names."""
+    outside = tmp_path / "outside.key"
+    outside.write_bytes(b"not yours")
+    os.link(outside, results / "borrowed.key")
+    os.link(results / "model.pth", results / "model-copy.pth")
+    done = upload(results, env)
+    assert done.returncode == 0, done.stderr
+    assert remote(s3_client, bucket) == {**RESULTS, "model-copy.pth": RESULTS["model.pth"]}
+    assert "skipped: borrowed.key: " in done.stdout and "hard link" in done.stdout
+
+
+def test_files_with_reserved_names_are_reported_as_skipped(store: RecordStore, env: dict[str, str], bucket: str,
+                                                           s3_client: Any, results: Path) -> None:
+    """Names tao-data-io keeps for itself are never uploaded, and never dropped without a word."""
+    write_tree(results, {".tao-data-io/digests.json": b"{}", "logs/.tao-data-io-partial.0a1b2c3d4e5f.train.log": b"x"})
+    done = upload(results, env)
+    assert done.returncode == 0, done.stderr
+    assert remote(s3_client, bucket) == RESULTS
+    assert "skipped: .tao-data-io: " in done.stdout
+    assert "skipped: logs/.tao-data-io-partial.0a1b2c3d4e5f.train.log: " in done.stdout
+    assert store.get(JOB_ID).uploads[-1]["skipped_files"] == 2
+
+
 def test_upload_after_a_failed_job_is_recorded_and_reruns_are_incremental(store: RecordStore, env: dict[str, str],
                                                                           bucket: str, s3_client: Any,
                                                                           results: Path) -> None:

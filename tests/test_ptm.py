@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tao_data_io.errors import TransferError, UnsafePathError, UsageError
-from tao_data_io.fs import state_dir_for
+from tao_data_io.fs import STATE_DIR_NAME, destination_lock_path, lock_owner, state_dir_for, temp_path_for
 from tao_data_io.staging.pretrained import pull_model
 from tao_data_io.uris import HF_SHAPE, NGC_SHAPE, HFModelURI, NGCModelURI, parse_model_uri
 
@@ -255,7 +255,7 @@ def test_ngc_wrong_bytes_are_detected_and_nothing_is_published(fake: FakeRegistr
     with pytest.raises(TransferError) as info:
         pull_model(f"ngc://{NGC_MODEL}:resnet18", dest, environ=ngc_env)
     assert "resnet18.hdf5" in str(info.value) and "nothing was published" in str(info.value)
-    assert not dest.exists() and os.listdir(dest.parent) == []
+    assert not dest.exists() and os.listdir(dest.parent) == [STATE_DIR_NAME]  # its lock, beside: nothing else
     del version.served["resnet18.hdf5"]  # the registry recovers: a rerun converges
     pull_model(f"ngc://{NGC_MODEL}:resnet18", dest, environ=ngc_env)
     assert tree_digest(dest) == digests(NGC_FILES)
@@ -342,7 +342,8 @@ def test_destination_that_is_a_file_is_a_usage_error(hub_env: dict[str, str], re
 
 def test_a_killed_runs_staging_is_removed_and_a_neighbours_is_not(hub_env: dict[str, str], refs: dict[str, str],
                                                                     tmp_path: Path) -> None:
-    ours, neighbours = tmp_path / ".tao-data-io-partial.0123456789ab.d", tmp_path / ".tao-data-io-partial.0123456789ab.x.d"
+    ours = temp_path_for(tmp_path / "d", lock_owner(destination_lock_path(tmp_path / "d")))  # a killed pull's, under d's lock
+    neighbours = temp_path_for(tmp_path / "x.d", lock_owner(destination_lock_path(tmp_path / "x.d")))
     for staging in (ours, neighbours):
         (staging / "onnx").mkdir(parents=True)
         (staging / "onnx" / "model.onnx").write_bytes(b"half")

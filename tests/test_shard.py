@@ -9,7 +9,7 @@ import pytest
 
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.errors import UsageError
-from tao_data_io.fs import temp_path_for
+from tao_data_io.fs import destination_lock_path, lock_owner, temp_path_for
 from tao_data_io.transfer.engine import TransferEngine, TransferOptions
 from tao_data_io.transfer.shard import Shard, parse_shard, shard_of
 
@@ -52,8 +52,8 @@ def test_a_shard_removes_only_its_own_killed_downloads(engine: TransferEngine, d
     mine = next(name for name, index in owner.items() if index == 0)
     theirs = next(name for name, index in owner.items() if index == 1)
     leftovers = {}
-    for name in (mine, theirs):
-        temp = temp_path_for(dest / name)
+    for name, shard in ((mine, Shard(0, 2)), (theirs, Shard(1, 2))):  # killed while holding their shard's lock
+        temp = temp_path_for(dest / name, lock_owner(destination_lock_path(dest, shard.label)))
         temp.parent.mkdir(parents=True, exist_ok=True)
         temp.write_bytes(b"partial")
         leftovers[name] = temp

@@ -7,20 +7,29 @@ those cases run against moto's S3 server — still real HTTP, boto3 and s5cmd un
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from bench.latency_proxy import LatencyProxy
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.s5cmd_executor import PART_SIZE_MIB as S5CMD_PART_SIZE_MIB
 from tao_data_io.transfer.work import Executor
 from tao_data_io.transfer.client import make_s3_client
-from tao_data_io.fs import TEMP_PREFIX
+from tao_data_io.fs import TEMP_PREFIX, file_lock, state_dir_for
 
 from .helpers import run_cli, temp_leftovers, tree_digest, write_tree
 
@@ -122,7 +131,7 @@ def test_sigkill_mid_download_then_rerun_is_byte_identical(s3_server: EmbeddedS3
     rerun = run_cli("sync", f"s3://{bucket}/ds/", str(dest), env=s3_server.env())
     assert rerun.returncode == 0, rerun.stderr
     assert tree_digest(dest) == expected
-    assert temp_leftovers(dest) == []
+    assert temp_leftovers(dest) == [] and temp_leftovers(state_dir_for(dest)) == []  # s5cmd's spool too
 
 
 class _Meddling:
@@ -181,3 +190,203 @@ def test_symlink_to_an_excluded_file_is_excluded_too(s3_credentials: S3Credentia
     summary = TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/r/",
                                                   TransferOptions(filter=PathFilter.from_patterns([".tao/*"])))
     assert summary.transferred == ["model.pth"] and summary.excluded_files == 2
+
+
+# ----------------------------------------------------------------------------- write-time confinement
+def _put_many(s3_client: Any, bucket: str, objects: dict[str, bytes]) -> None:
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda item: s3_client.put_object(Bucket=bucket, Key=item[0], Body=item[1]), objects.items()))
+
+
+def test_a_directory_swapped_for_a_symlink_during_a_sync_never_redirects_a_write(
+        s3_credentials: S3Credentials, s3_client: Any, bucket: str, tmp_path: Path) -> None:
+    """The plan is made while ``sub`` is a real directory; while the bytes move, another process
+    keeps replacing it with a symlink to a directory outside. Whatever lands, lands inside."""
+    objects = {f"p/sub/f{i:04d}.bin": os.urandom(512) for i in range(600)}
+    objects["p/sub/big.bin"] = os.urandom(33 * 1024 * 1024)  # ≥ 32 MiB: the s5cmd path too
+    _put_many(s3_client, bucket, objects)
+    outside, dest = tmp_path / "outside", tmp_path / "dest"
+    outside.mkdir()
+    (dest / "sub").mkdir(parents=True)
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            for step in (lambda: os.rename(dest / "sub", dest / "sub.real"),
+                         lambda: os.symlink(outside, dest / "sub"),
+                         lambda: os.unlink(dest / "sub"),
+                         lambda: os.rename(dest / "sub.real", dest / "sub")):
+                try:
+                    step()
+                except OSError:
+                    pass  # the sync created or moved something in between; keep swapping
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    try:
+        summary = TransferEngine(s3_credentials, concurrency=8).sync(f"s3://{bucket}/p/", str(dest))
+    finally:
+        stop.set()
+        swapper.join()
+    assert list(outside.iterdir()) == []
+    arrived = {name.split("/", 1)[1]: digest for name, digest in tree_digest(dest).items()}
+    expected = {key[len("p/sub/"):]: hashlib.sha256(body).hexdigest() for key, body in objects.items()}
+    assert all(expected[name] == digest for name, digest in arrived.items() if not name.startswith(TEMP_PREFIX))
+    assert summary.transferred_files + len(summary.failed) == len(objects)
+
+
+def test_a_key_longer_than_255_bytes_fails_alone(moto_credentials: S3Credentials, tmp_path: Path) -> None:
+    """200 characters, 400 bytes in UTF-8 (SeaweedFS refuses such keys, AWS stores them): the name
+    the filesystem refuses is one failed key, and the rest of the run goes on."""
+    client = make_s3_client(moto_credentials)
+    client.create_bucket(Bucket="long-names")
+    long_dir, long_file = "é" * 200, "ü" * 130
+    for key in (f"p/{long_dir}/f.txt", f"p/d/{long_file}", "p/ok.txt"):
+        client.put_object(Bucket="long-names", Key=key, Body=b"x")
+    summary = TransferEngine(moto_credentials).sync("s3://long-names/p/", str(tmp_path / "d"))
+    assert summary.transferred == ["ok.txt"]
+    assert sorted(f.name for f in summary.failed) == sorted([f"p/{long_dir}/f.txt", f"p/d/{long_file}"])
+    assert all("255 bytes" in f.reason for f in summary.failed)
+
+
+# ----------------------------------------------------------------------------- one version, or nothing
+PART = S5CMD_PART_SIZE_MIB * 1024 * 1024
+
+
+def _sync_while_overwriting_between_parts(s3_server: EmbeddedS3, s3_client: Any, bucket: str,
+                                          dest: Path) -> tuple[Any, bytes, bytes]:
+    """Sync a large object (s5cmd reads it in ranged parts) that is overwritten, same size, right
+    before its second part is requested; the summary, the old and the new bytes."""
+    old, new = os.urandom(PART + 1024 * 1024), os.urandom(PART + 1024 * 1024)
+    s3_client.put_object(Bucket=bucket, Key="p/big.bin", Body=old)
+    overwritten = threading.Event()
+
+    def overwrite_before_the_second_part(head: bytes) -> None:
+        if b"/p/big.bin" in head and f"range: bytes={PART}-".encode() in head.lower() and not overwritten.is_set():
+            s3_client.put_object(Bucket=bucket, Key="p/big.bin", Body=new)
+            overwritten.set()
+
+    with LatencyProxy("127.0.0.1", s3_server.port, 0, on_request=overwrite_before_the_second_part) as proxy:
+        credentials = replace(s3_server.credentials, endpoint_url=f"http://127.0.0.1:{proxy.port}")
+        summary = TransferEngine(credentials).sync(f"s3://{bucket}/p/", str(dest))
+    assert overwritten.is_set(), "the test must change the object mid-download"
+    return summary, old, new
+
+
+def test_an_object_overwritten_between_ranged_parts_is_never_published_mixed(
+        s3_server: EmbeddedS3, s3_client: Any, bucket: str, tmp_path: Path) -> None:
+    """The file published is one version, never both: the mixed one is discarded and the object
+    read again, whole."""
+    summary, old, new = _sync_while_overwriting_between_parts(s3_server, s3_client, bucket, tmp_path / "d")
+    published = (tmp_path / "d" / "big.bin").read_bytes() if (tmp_path / "d" / "big.bin").exists() else None
+    assert published in (old, new, None)
+    assert summary.ok and published == new
+    assert temp_leftovers(tmp_path / "d") == []
+
+
+def test_an_object_that_keeps_changing_fails_naming_the_limit(s3_server: EmbeddedS3, s3_client: Any, bucket: str,
+                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TAO_DATA_IO_READ_ATTEMPTS", "1")
+    summary, _, _ = _sync_while_overwriting_between_parts(s3_server, s3_client, bucket, tmp_path / "d")
+    assert [f.name for f in summary.failed] == ["p/big.bin"]
+    assert "changed" in summary.failed[0].reason and "TAO_DATA_IO_READ_ATTEMPTS" in summary.failed[0].reason
+    assert not (tmp_path / "d" / "big.bin").exists() and temp_leftovers(tmp_path / "d") == []
+
+
+def test_the_s5cmd_child_dies_with_its_parent(s3_server: EmbeddedS3, s3_client: Any, bucket: str,
+                                              tmp_path: Path) -> None:
+    """SIGKILL the command while s5cmd downloads: the child must not go on writing on its own,
+    outside any lock."""
+    import psutil
+
+    s3_client.put_object(Bucket=bucket, Key="p/big.bin", Body=os.urandom(33 * 1024 * 1024))
+    release = threading.Event()
+    hold = lambda head: release if head.startswith(b"GET ") and b"/p/big.bin" in head else None  # noqa: E731
+    with LatencyProxy("127.0.0.1", s3_server.port, 0, on_request=hold) as proxy:
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
+               **s3_server.env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"}
+        parent = subprocess.Popen([sys.executable, "-m", "tao_data_io.cli", "sync", f"s3://{bucket}/p/",
+                                   str(tmp_path / "d")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            child = _wait_for_child(psutil.Process(parent.pid), "s5cmd")
+            parent.kill()
+            parent.wait()
+            gone, alive = psutil.wait_procs([child], timeout=30)
+        finally:
+            release.set()
+        for process in alive:
+            process.kill()
+    assert alive == [], "s5cmd outlived the command that started it"
+
+
+def _wait_for_child(parent: Any, name: str) -> Any:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for child in parent.children(recursive=True):
+            if child.name() == name:
+                return child
+        time.sleep(0.02)
+    raise AssertionError(f"{name} never started")
+
+
+# ----------------------------------------------------------------------------- concurrency and leftovers
+def test_a_sync_into_a_parent_leaves_a_running_sync_into_a_subdirectory_alone(
+        s3_server: EmbeddedS3, s3_client: Any, bucket: str, tmp_path: Path) -> None:
+    """Two destinations, one inside the other, two locks: the outer sync's sweep of abandoned
+    temp files must not take the inner sync's file while it is being written."""
+    body = os.urandom(256 * 1024)
+    s3_client.put_object(Bucket=bucket, Key="inner/f.bin", Body=body)
+    s3_client.put_object(Bucket=bucket, Key="outer/x.bin", Body=b"x")
+    data = tmp_path / "data"
+    release = threading.Event()
+    hold = lambda head: release if head.startswith(b"GET ") and b"/inner/f.bin" in head else None  # noqa: E731
+    with LatencyProxy("127.0.0.1", s3_server.port, 0, on_request=hold) as proxy:
+        slow = replace(s3_server.credentials, endpoint_url=f"http://127.0.0.1:{proxy.port}")
+        inner: list[Any] = []
+        thread = threading.Thread(target=lambda: inner.append(
+            TransferEngine(slow).sync(f"s3://{bucket}/inner/", str(data / "sub"))))
+        thread.start()
+        try:
+            in_flight = _wait_for(lambda: temp_leftovers(data / "sub"))
+            outer = TransferEngine(s3_server.credentials).sync(f"s3://{bucket}/outer/", str(data))
+            survived = [Path(p).exists() for p in in_flight]
+        finally:
+            release.set()
+            thread.join()
+    assert outer.ok and survived == [True]
+    assert inner[0].ok and (data / "sub" / "f.bin").read_bytes() == body
+
+
+def test_cp_holds_the_destination_lock(s3_credentials: S3Credentials, s3_client: Any, bucket: str,
+                                       tmp_path: Path) -> None:
+    """Every writer of a destination holds its lock, or a sync's sweep would take its temp file."""
+    s3_client.put_object(Bucket=bucket, Key="k/model.pth", Body=b"w")
+    dest = tmp_path / "models"
+    dest.mkdir()
+    lock = state_dir_for(dest) / "lock"
+    done: list[Any] = []
+    with file_lock(lock):
+        thread = threading.Thread(target=lambda: done.append(
+            TransferEngine(s3_credentials).copy(f"s3://{bucket}/k/model.pth", str(dest / "model.pth"))))
+        thread.start()
+        seen = _wait_for(lambda: "waiting" if _blocked_on(lock) else "finished" if not thread.is_alive() else None)
+        wrote_while_locked = (dest / "model.pth").exists()
+    thread.join()
+    assert seen == "waiting" and not wrote_while_locked
+    assert done[0].ok and (dest / "model.pth").read_bytes() == b"w"
+
+
+def _blocked_on(lock: Path) -> bool:
+    """Whether some process waits for a flock on ``lock`` (``/proc/locks`` lists waiters with '->')."""
+    inode = os.stat(lock).st_ino
+    return any("->" in line and line.split()[-3].endswith(f":{inode}") for line in Path("/proc/locks").read_text().splitlines())
+
+
+def _wait_for(condition: Callable[[], Any]) -> Any:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError("the condition never held")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from ..console import shown
 from ..errors import UsageError
 from ..transfer.filters import FilterRule
 from ..transfer.shard import Shard, parse_shard
@@ -88,14 +89,14 @@ def report(summary: TransferSummary, console: Console, *, as_json: bool) -> int:
     if as_json:
         console.json(summary.to_dict())
     else:
-        console.out(f"{summary.source} → {summary.destination}: {summary.describe()}")
+        console.out(f"{shown(summary.source)} → {shown(summary.destination)}: {summary.describe()}")
         if summary.dry_run:
             for name in summary.transferred:
-                console.out(f"  would transfer: {name}")
+                console.out(f"  would transfer: {shown(name)}")
         for skipped in summary.skipped:
-            console.out(f"  skipped: {skipped.name}: {skipped.reason}")
+            console.out(f"  skipped: {shown(skipped.name)}: {shown(skipped.reason)}")
         for failure in summary.failed:
-            console.out(f"  FAILED: {failure.name}: {failure.reason}")
+            console.out(f"  FAILED: {shown(failure.name)}: {shown(failure.reason)}")
     if not summary.ok:
         console.err(f"error: {len(summary.failed)} object(s) failed; complete files were kept — rerun to retry")
         return 1

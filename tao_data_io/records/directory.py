@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from ..fs import atomic_write, file_lock, remove_stale_temps
+from ..fs import atomic_write, file_lock, lock_owner, remove_stale_temps
 from ..names import is_job_id
 from .backend import RECORD_SUFFIX, Document
 
@@ -42,7 +42,7 @@ class DirectoryBackend:
         # old inode would protect nothing.
         if create:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with file_lock(self.root / f".{job_id}.lock"):
+        with file_lock(self._lock_path(job_id)):
             yield
 
     def read(self, job_id: str) -> Document | None:
@@ -85,9 +85,13 @@ class DirectoryBackend:
     def _path(self, job_id: str) -> Path:
         return self.root / f"{job_id}{RECORD_SUFFIX}"
 
+    def _lock_path(self, job_id: str) -> Path:
+        return self.root / f".{job_id}.lock"
+
     def _write(self, job_id: str, data: bytes) -> None:
         """Replace the record's file atomically and durably. Called with the job's lock held, so
-        any temp file of this job still present was left by a killed writer and is removed."""
+        any temp file of this job's lock still present was left by a killed writer and is removed."""
         final = self._path(job_id)
-        remove_stale_temps(final)
-        atomic_write(final, data, mode=0o600, durable=True)
+        owner = lock_owner(self._lock_path(job_id))
+        remove_stale_temps(final, owner)
+        atomic_write(final, data, mode=0o600, durable=True, owner=owner)

@@ -53,8 +53,8 @@ from ..errors import TransferError, UnsafePathError, UsageError
 from ..reporting import Progress, ProgressCallback
 from ..transfer.client import explained, head_or_none
 from ..transfer.engine import TransferEngine
-from ..fs import (atomic_write, check_relative, confined_path, file_digest, file_lock, is_within, remove_if_exists,
-                  remove_stale_temps, state_dir_for, temp_path_for)
+from ..fs import (atomic_write, check_relative, confined_path, destination_lock_path, file_digest, file_lock, is_within,
+                  lock_owner, remove_if_exists, remove_stale_temps, state_dir_for, temp_path_for)
 from ..uris import S3Url, is_s3_url, parse_s3_url
 from ..vocabulary import ARCHIVE_FORMATS
 
@@ -124,8 +124,10 @@ def extract_archive(archive: str, destination: str | os.PathLike[str], *, strip_
     dest = Path(os.path.abspath(destination))
     # Every writer of a destination holds its lock (the engine's syncs too): two extractions into
     # one place wait for each other, and the sweep below only ever meets abandoned temp names.
-    with file_lock(state_dir_for(dest) / "lock"):
-        return _extract_locked(archive, dest, strip_components, engine, progress, limits or ArchiveLimits.from_env())
+    lock = destination_lock_path(dest)
+    with file_lock(lock):
+        return _extract_locked(archive, dest, strip_components, engine, progress, limits or ArchiveLimits.from_env(),
+                               lock_owner(lock))
 
 
 def marker_path(dest: Path) -> Path:
@@ -134,9 +136,11 @@ def marker_path(dest: Path) -> Path:
 
 
 def _extract_locked(archive: str, dest: Path, strip_components: int, engine: TransferEngine | None,
-                    progress: ProgressCallback | None, limits: ArchiveLimits) -> ExtractResult:
+                    progress: ProgressCallback | None, limits: ArchiveLimits, owner: str) -> ExtractResult:
+    """Extract under the destination's lock, whose :func:`~tao_data_io.fs.lock_owner` is ``owner``
+    (it names this extraction's temp directories, so only this lock's holders ever sweep them)."""
     marker = marker_path(dest)
-    remove_stale_temps(dest)  # what a killed extraction (or zip spool) left beside dest
+    remove_stale_temps(dest, owner)  # what a killed extraction (or zip spool) left beside dest
     previous = _read_destination(dest, marker)
     if is_s3_url(archive):
         assert engine is not None
@@ -150,18 +154,18 @@ def _extract_locked(archive: str, dest: Path, strip_components: int, engine: Tra
         return ExtractResult(source.label, dest, False, "up to date", len(files), sum(e.get("size", 0) for e in files), marker)
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    work = temp_path_for(dest)
+    work = temp_path_for(dest, owner)
     work.mkdir()
     try:
         entries = _extract_into(source, work, dest, strip_components, progress,
-                                limits.budget(int(source.identity["size"]), source.label))
+                                limits.budget(int(source.identity["size"]), source.label), owner)
         total = sum(entry.get("size", 0) for entry in entries)
         record = {"format": MARKER_FORMAT, "tool": f"tao-data-io {_tool_version()}", "source": source.label,
                   "archive": source.identity, "strip_components": strip_components, "files": entries, "bytes": total}
         # "installing" first: a kill between the swap and the final marker is seen as interrupted
         # (re-extract), never mistaken for a finished tree of the same shape.
         atomic_write(marker, json.dumps({**record, "status": "installing"}, indent=1).encode())
-        _install(work, dest)
+        _install(work, dest, owner)
         atomic_write(marker, json.dumps({**record, "status": "complete"}, indent=1).encode())
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
@@ -304,7 +308,7 @@ def _damage(dest: Path, entry: Any) -> str | None:
     return None
 
 
-def _install(work: Path, dest: Path) -> None:
+def _install(work: Path, dest: Path, owner: str) -> None:
     """Put the finished tree ``work`` at ``dest`` without ever exposing a half-written tree.
 
     An absent or empty ``dest`` is replaced by one rename. Otherwise the old tree is renamed
@@ -317,7 +321,7 @@ def _install(work: Path, dest: Path) -> None:
     except OSError as exc:
         if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
             raise
-    aside = temp_path_for(dest)
+    aside = temp_path_for(dest, owner)
     os.rename(dest, aside)
     try:
         os.rename(work, dest)
@@ -408,7 +412,7 @@ def _detect(head: bytes, label: str) -> str:
 
 
 def _extract_into(source: _Source, work: Path, dest: Path, strip_components: int,
-                  progress: ProgressCallback | None, budget: _Budget) -> list[dict[str, Any]]:
+                  progress: ProgressCallback | None, budget: _Budget, owner: str) -> list[dict[str, Any]]:
     extractor = _Extractor(work, source.label, dest, strip_components, budget, progress)
     with source.open() as raw:
         with _reading(source.label):
@@ -421,7 +425,7 @@ def _extract_into(source: _Source, work: Path, dest: Path, strip_components: int
         else:
             stream = io.BufferedReader(_Prefixed(head, raw), _CHUNK)
         if kind == "zip":
-            with _random_access(stream, dest) as seekable:
+            with _random_access(stream, dest, owner) as seekable:
                 _extract_zip(seekable, extractor)
         else:
             with _decompressed(kind, stream) as tar_bytes:
@@ -479,13 +483,13 @@ class _Prefixed(io.RawIOBase):
 
 
 @contextmanager
-def _random_access(stream: io.BufferedIOBase, dest: Path) -> Iterator[IO[bytes]]:
+def _random_access(stream: io.BufferedIOBase, dest: Path, owner: str) -> Iterator[IO[bytes]]:
     """A seekable view for zip: the local file itself, or the S3 body copied to a temp file
     beside ``dest`` (same filesystem as the extraction) and removed afterwards."""
     if stream.seekable():
         yield stream  # type: ignore[misc]
         return
-    spool = temp_path_for(dest)
+    spool = temp_path_for(dest, owner)
     try:
         with open(spool, "xb") as out:
             shutil.copyfileobj(stream, out, _CHUNK)

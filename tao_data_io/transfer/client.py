@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
-from ..credentials import S3Credentials
+from ..credentials import S3Credentials, mask_userinfo
 
 MAX_ATTEMPTS = 8
 
@@ -67,7 +67,7 @@ def explain(exc: Exception, *, bucket: str, endpoint_url: str | None) -> Excepti
 
     from ..errors import CredentialError, UsageError
 
-    where = endpoint_url or "AWS S3"
+    where = mask_userinfo(endpoint_url) if endpoint_url else "AWS S3"
     if isinstance(exc, EndpointConnectionError):
         return UsageError(f"cannot reach the S3 endpoint {where}: check AWS_ENDPOINT_URL (or S3_ENDPOINT_URL) and the network")
     if isinstance(exc, NoCredentialsError):

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,8 @@ from .shard import Shard
 from .work import DownloadJob, Executor, Job, JobFailed, Landed, UploadJob
 from .listing import (LocalFile, RemoteListing, RemoteObject, clean_etag, list_remote, listing_from_pages, local_file,
                       s3_time_ns, scan_local)
-from ..fs import UnsafePathError, confined_path, file_lock, final_name, remove_if_exists, state_dir_for, temp_path_for
+from ..fs import (SPOOL_NAME, DestinationTree, UnsafePathError, check_relative, confined_path, destination_lock_path,
+                  file_lock, lock_owner, open_directory_nofollow, remove_stale_temps)
 from .signed_list import list_pages
 from .strategy import ContentStrategy
 from ..reporting import ProgressCallback, ProgressTracker
@@ -48,6 +49,12 @@ UNKNOWN_SIZE = -1
 #: Download-side digests live beside the data (never inside it), so a rerun from another host (or
 #: a stage pod) that sees the same volume needs no rehash.
 DOWNLOAD_DIGESTS = "digests.json"
+#: Reads of one object before giving up when it keeps changing under the download: the first is
+#: bound to the listed ETag; a changed object is read again whole, in one GET (one version).
+READ_ATTEMPTS = 3
+READ_ATTEMPTS_VARIABLE = "TAO_DATA_IO_READ_ATTEMPTS"
+#: Why a name the scan found is not uploaded: it is one tao-data-io keeps for itself.
+RESERVED_REASON = "a name tao-data-io reserves for its own state and in-flight files; not uploaded"
 
 
 @dataclass(frozen=True)
@@ -64,27 +71,45 @@ class TransferOptions:
     #: destination together). Its lock and digest cache are its own, so shards never wait for
     #: or overwrite each other, and it removes only its own killed downloads' temp files.
     shard: Shard | None = None
+    #: Uploads only: the parameter that named the source, when someone else controls that path (a
+    #: job's ``results_dir``). The source must then not be a symlink or lie under one, is read
+    #: without following any, and the refusal names the parameter.
+    untrusted_source: str | None = None
 
 
 @contextmanager
-def destination_lock(dest: Path, dry_run: bool = False, shard: Shard | None = None) -> Iterator[None]:
-    """Serialise downloads into one destination (two stage pods on one volume, a retry beside a
-    straggler): each waits for the other, so neither removes the other's in-flight files. A
-    shard locks only against runs of the same shard (the others touch other keys)."""
+def locked_destination(dest: Path, dry_run: bool = False, shard: Shard | None = None) -> Iterator[DestinationTree]:
+    """Hold the lock every writer of ``dest`` holds and yield the tree all writes go through.
+
+    Serialised: two stage pods on one volume, a retry beside a straggler, a ``cp`` into a synced
+    directory — each waits for the other. A shard locks only against runs of the same shard (the
+    others touch other keys). Under the lock, the spools of killed runs of this lock are removed;
+    the caller removes killed temp files as its scan finds them (:meth:`DestinationTree.remove_temps`),
+    and only ever this lock's: a destination inside this one has its own lock and its own writers.
+    """
+    lock = destination_lock_path(dest, None if shard is None else shard.label)
+    tree = DestinationTree(dest, lock_owner(lock), lock.parent)
     if dry_run:
-        yield
+        yield tree
         return
-    with file_lock(state_dir_for(dest) / ("lock" if shard is None else f"lock.{shard.label}")):
-        yield
+    with file_lock(lock):
+        remove_stale_temps(tree.state_dir / SPOOL_NAME, tree.owner)
+        try:
+            yield tree
+        finally:
+            tree.close()
 
 
-def _owned_leftover(leftover: Path, dest: Path, prefix: S3Url, shard: Shard) -> bool:
-    """Whether a killed download's temp file was for a key ``shard`` owns (a name cut to fit
-    NAME_MAX is never claimed: another shard may own it)."""
-    final = final_name(leftover.name)
-    if final is None:
-        return False
-    return shard.owns(prefix.key + (leftover.parent / final).relative_to(dest).as_posix())
+def read_attempts(environ: Mapping[str, str] | None = None) -> int:
+    """How many times one object may be read before a download gives up on it because it changed
+    each time: :data:`READ_ATTEMPTS`, or ``$TAO_DATA_IO_READ_ATTEMPTS``."""
+    raw = (os.environ if environ is None else environ).get(READ_ATTEMPTS_VARIABLE, "")
+    if not raw:
+        return READ_ATTEMPTS
+    if not raw.isdigit() or int(raw) < 1:
+        raise UsageError(f"{READ_ATTEMPTS_VARIABLE} {raw!r} must be a whole number of reads, 1 or more "
+                         f"(default {READ_ATTEMPTS})")
+    return int(raw)
 
 
 def upload_digest_path(source_root: Path) -> Path:
@@ -194,15 +219,12 @@ class TransferEngine:
                 selected.append(obj)
             else:
                 summary.excluded_files += 1
-        with destination_lock(dest, options.dry_run, shard):
+        with locked_destination(dest, options.dry_run, shard) as tree:
             local = scan_local(dest)
             if not options.dry_run:
-                # Safe under the lock: no other sync (of this shard) into this destination is writing them.
-                for leftover in local.temp_leftovers:
-                    if shard is None or _owned_leftover(leftover, dest, prefix, shard):
-                        remove_if_exists(leftover)
+                tree.remove_temps(local.temp_leftovers)  # this lock's killed downloads only
             digests = DOWNLOAD_DIGESTS if shard is None else f"digests.{shard.label}.json"
-            self._download(prefix.bucket, selected, dest, local.files, summary, options, digests)
+            self._download(prefix.bucket, selected, tree, local.files, summary, options, digests)
         summary.seconds = time.monotonic() - started
         return summary
 
@@ -215,12 +237,13 @@ class TransferEngine:
             return summary
         obj = RemoteObject(url.key, target.name, int(head["ContentLength"]), clean_etag(head.get("ETag")),
                            head.get("LastModified"))
-        existing: dict[str, LocalFile] = {}
-        try:
-            existing[target.name] = local_file(target.name, target, os.stat(target))
-        except FileNotFoundError:
-            pass
-        self._download(url.bucket, [obj], target.parent, existing, summary, options)
+        with locked_destination(target.parent, options.dry_run) as tree:
+            existing: dict[str, LocalFile] = {}
+            try:
+                existing[target.name] = local_file(target.name, target, os.stat(target))
+            except OSError:
+                pass  # absent, or a name no filesystem holds (refused by _download)
+            self._download(url.bucket, [obj], tree, existing, summary, options)
         summary.seconds = time.monotonic() - started
         return summary
 
@@ -240,8 +263,8 @@ class TransferEngine:
             try:
                 path = confined_path(dest, relative, what="reference")
                 local[relative] = local_file(relative, path, os.stat(path))
-            except (UnsafePathError, FileNotFoundError, NotADirectoryError):
-                pass  # unsafe names are reported by _download; absent files need no HEAD
+            except (UnsafePathError, OSError):
+                pass  # unsafe or impossible names are reported by _download; absent files need no HEAD
         to_head = [(key, relative) for key, relative in items if relative in local]
         with ThreadPoolExecutor(max_workers=min(32, max(1, len(to_head)))) as pool:
             heads = dict(zip(to_head, pool.map(lambda pair: self._head(S3Url(bucket, pair[0])), to_head), strict=True))
@@ -253,21 +276,24 @@ class TransferEngine:
             else:
                 objects.append(RemoteObject(key, relative, int(head["ContentLength"]), clean_etag(head.get("ETag")),
                                             head.get("LastModified")))
-        with destination_lock(dest, options.dry_run):
-            self._download(bucket, objects, dest, local, summary, options)
+        with locked_destination(dest, options.dry_run) as tree:
+            self._download(bucket, objects, tree, local, summary, options)
         summary.seconds = time.monotonic() - started
         return summary
 
-    def _download(self, bucket: str, objects: list[RemoteObject], root: Path, local: dict[str, LocalFile],
+    def _download(self, bucket: str, objects: list[RemoteObject], tree: DestinationTree, local: dict[str, LocalFile],
                   summary: TransferSummary, options: TransferOptions, digests: str = DOWNLOAD_DIGESTS) -> None:
-        """Plan and run downloads of ``objects`` into ``root`` (keys mapped by ``relative``)."""
-        store = DigestStore(None if options.dry_run else state_dir_for(root) / digests)
+        """Plan and run downloads of ``objects`` into ``tree`` (keys mapped by ``relative``).
+
+        Names are checked here; directories on the way are checked when each file is written
+        (the tree never follows a symlink), because that is when a swapped one would matter."""
+        store = DigestStore(None if options.dry_run else tree.state_dir / digests)
         strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key))
         jobs: list[Job] = []
         planned: dict[str, RemoteObject] = {}
         for obj in objects:
             try:
-                final = confined_path(root, obj.relative, what="key")
+                check_relative(obj.relative, what="key")
             except UnsafePathError as exc:
                 summary.failed.append(Failure(obj.key, str(exc)))
                 continue
@@ -276,33 +302,41 @@ class TransferEngine:
                 summary.unchanged_bytes += obj.size
                 continue
             planned[obj.key] = obj
-            jobs.append(DownloadJob(bucket, obj.key, obj.size, temp_path_for(final), final, obj.relative))
+            jobs.append(DownloadJob(bucket, obj.key, obj.size, obj.etag, obj.relative, tree))
         self._execute(jobs, summary, options, store,
                       lambda job, landed: self._finalize_download(job, landed, planned[job.key], store))
 
-    def _finalize_download(self, job: Job, landed: Landed | None, remote: RemoteObject, store: DigestStore) -> str | None:
+    @staticmethod
+    def _finalize_download(job: Job, landed: Landed | None, remote: RemoteObject,
+                           store: DigestStore) -> JobFailed | None:
         """Check, publish and remember one downloaded file.
 
-        The size must be the one the server reported for these bytes (or the listing's). The
-        file takes the object's LastModified as its mtime (as ``aws s3 sync`` does), which keeps
-        the digest entry from being "racy", and the entry records the ETag of the bytes that were
-        actually read when the executor knows it.
+        Never bytes that never existed: a job planned with an ETag is published only if the
+        executor proved the file is that version (``Landed.etag``; obstore binds its GET to it,
+        a ranged download is checked once its last part is in) — otherwise it is discarded and
+        reported ``changed``. The size must be the one the server reported for those bytes (or
+        the listing's). The file takes the object's LastModified as its mtime (as ``aws s3
+        sync`` does), which keeps the digest entry from being "racy", and the entry records the
+        ETag of the bytes that were actually read.
         """
         assert isinstance(job, DownloadJob)
-        size = landed.written if landed is not None and landed.written is not None else os.stat(job.temp).st_size
-        expected = landed.size if landed is not None and landed.size is not None else job.size
+        if landed is None or landed.temp is None:
+            return JobFailed("the executor reported success without a file")
+        if job.etag and landed.etag != job.etag:
+            landed.temp.discard()
+            return JobFailed(f"the bytes read are not proven to be the listed version (ETag {job.etag}, read "
+                             f"{landed.etag or 'unknown'}); discarded", changed=True)
+        size = landed.written if landed.written is not None else landed.temp.size()
+        expected = landed.size if landed.size is not None else job.size
         if expected != UNKNOWN_SIZE and size != expected:
-            return (f"size mismatch after download: expected {expected} bytes, got {size}; the object changed "
-                    "or the read was cut short")
-        modified = (landed.modified_ns if landed is not None else None) or s3_time_ns(remote.last_modified)
-        if modified is not None:
-            os.utime(job.temp, ns=(time.time_ns(), modified))
+            landed.temp.discard()
+            return JobFailed(f"size mismatch after download: expected {expected} bytes, got {size}; the object "
+                             "changed or the read was cut short")
         try:
-            os.replace(job.temp, job.final)
+            st = landed.temp.publish(landed.modified_ns or s3_time_ns(remote.last_modified))
         except OSError as exc:
-            return f"could not move the downloaded file into place: {exc}"
-        etag = (landed.etag if landed is not None else None) or remote.etag
-        store.record(local_file(job.relative, job.final, os.stat(job.final)), etag=etag or None)
+            return JobFailed(f"could not move the downloaded file into place: {exc.strerror or exc}")
+        store.record(local_file(job.relative, job.final, st), etag=landed.etag or remote.etag or None)
         return None
 
     # ----------------------------------------------------------------- upload
@@ -312,17 +346,26 @@ class TransferEngine:
         started = time.monotonic()
         if not source.is_dir():
             raise UsageError(f"SRC {str(source)!r} is not a directory; sync uploads a directory — use `cp` for one file")
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            listed = pool.submit(self._list, prefix)  # its round trips overlap the local scan and the cache load
-            scan = scan_local(source)
-            store = _upload_digests(source, options)
-            remote = {obj.key: obj for obj in listed.result().objects}
+        root_fd = None if options.untrusted_source is None else open_directory_nofollow(source,
+                                                                                         what=options.untrusted_source)
+        try:
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                listed = pool.submit(self._list, prefix)  # its round trips overlap the local scan and the cache load
+                scan = scan_local(source, root_fd=root_fd)
+                store = _upload_digests(source, options)
+                remote = {obj.key: obj for obj in listed.result().objects}
+        finally:
+            if root_fd is not None:
+                os.close(root_fd)
         summary.skipped += scan.skipped
+        summary.skipped += [Skipped(name, RESERVED_REASON) for name in scan.reserved]
         items = []
         settled_before = time.time_ns() - int(options.settle_seconds * 1e9)
         for local in scan.files.values():
             if not options.filter(local.relative) or (local.target_relative and not options.filter(local.target_relative)):
                 summary.excluded_files += 1  # a symlink is admitted only if its target would be too
+            elif local.relative in scan.linked_outside:
+                summary.skipped.append(Skipped(local.relative, scan.linked_outside[local.relative] + "; not uploaded"))
             elif options.settle_seconds and max(local.mtime_ns, local.ctime_ns) > settled_before:
                 summary.skipped.append(Skipped(local.relative, f"modified in the last {options.settle_seconds:g}s "
                                                "(still being written?); left for a later run"))
@@ -362,7 +405,7 @@ class TransferEngine:
                       lambda job, landed: self._finalize_upload(before[job.key], landed, store))
 
     @staticmethod
-    def _finalize_upload(before: LocalFile, landed: Landed | None, store: DigestStore) -> str | None:
+    def _finalize_upload(before: LocalFile, landed: Landed | None, store: DigestStore) -> JobFailed | None:
         """A file that changed while it was uploading may have been read half-old, half-new:
         report it as failed (the next run uploads it again) instead of calling it uploaded.
         Otherwise remember the ETag the server gave these bytes, so the next run needs no hash."""
@@ -370,51 +413,69 @@ class TransferEngine:
             st = os.stat(before.path)
         except FileNotFoundError:
             store.forget(before.relative)
-            return "removed while uploading; the object may hold a partial read — the next run looks again"
+            return JobFailed("removed while uploading; the object may hold a partial read — the next run looks again")
         after = local_file(before.relative, before.path, st)
         if (after.size, after.mtime_ns, after.ctime_ns, after.ino) != (before.size, before.mtime_ns, before.ctime_ns,
                                                                      before.ino):
             store.forget(before.relative)
-            return "changed while uploading; the next run uploads it again"
+            return JobFailed("changed while uploading; the next run uploads it again")
         if landed is not None and landed.etag:
             store.record(after, etag=landed.etag, keep=store.same_stat(after))
         return None
 
     # ----------------------------------------------------------------- execution
     def _execute(self, jobs: list[Job], summary: TransferSummary, options: TransferOptions, store: DigestStore,
-                 finalize: Callable[[Job, Landed | None], str | None]) -> None:
+                 finalize: Callable[[Job, Landed | None], JobFailed | None]) -> None:
+        """Run ``jobs``, finalize each as it lands, and count what happened in ``summary``.
+
+        A download reported ``changed`` (the object was overwritten while it was read) was
+        discarded, never published; it is read again, whole and unbound to the stale ETag, up
+        to :func:`read_attempts` reads in all, then fails naming the limit."""
         if options.dry_run:
             summary.transferred += [job.relative for job in jobs]
             summary.transferred_files += len(jobs)
             summary.transferred_bytes += sum(max(job.size, 0) for job in jobs)
             return
-        for parent in {job.final.parent for job in jobs if isinstance(job, DownloadJob)}:
-            parent.mkdir(parents=True, exist_ok=True)
+        trees = {job.tree for job in jobs if isinstance(job, DownloadJob)}
+        limit = read_attempts() if trees else 1
+        for tree in trees:
+            tree.open()  # a destination that cannot be created fails the run here, naming its path
         tracker = ProgressTracker(len(jobs), sum(max(job.size, 0) for job in jobs), options.progress)
         tracker.start()
         done_ok: list[tuple[Job, int]] = []
+        original: dict[int, Job] = {}
+        retry: list[Job] = []
 
         def on_done(job: Job, failed: JobFailed | None, landed: Landed | None) -> None:
+            first = original.get(id(job), job)
             if failed is None:
                 try:
-                    problem = finalize(job, landed)
+                    failed = finalize(job, landed)
                 except Exception as exc:  # noqa: BLE001 - one file's bookkeeping never stops the rest
-                    problem = f"could not finish the file: {type(exc).__name__}: {exc}"
-                failed = None if problem is None else JobFailed(problem)
+                    failed = JobFailed(f"could not finish the file: {type(exc).__name__}: {exc}")
+            if landed is not None and landed.temp is not None:
+                landed.temp.discard()  # a no-op once published
             if failed is None:
-                # A size planned without a HEAD is what the executor wrote (obstore counts it).
-                size = job.size if job.size != UNKNOWN_SIZE or landed is None else landed.written or 0
-                done_ok.append((job, size))
+                size = landed.written if landed is not None and landed.written is not None else job.size
+                done_ok.append((first, size))
                 tracker.advance(size)
+            elif failed.changed and isinstance(job, DownloadJob) and attempt < limit:
+                again = replace(job, etag="")
+                original[id(again)] = first
+                retry.append(again)
             else:
-                if isinstance(job, DownloadJob):
-                    remove_if_exists(job.temp)
-                summary.failed.append(Failure(job.key, failed.reason, missing=failed.missing))
+                reason = failed.reason
+                if failed.changed:
+                    reason += (f"; it was read {attempt} time(s), the limit ({READ_ATTEMPTS_VARIABLE} raises it), and "
+                               "changed each time — nothing was published; rerun once nothing writes it")
+                summary.failed.append(Failure(job.key, reason, missing=failed.missing))
                 tracker.advance(max(job.size, 0), failed=True)
 
+        pending, attempt = jobs, 1
         try:
-            if jobs:
-                self.executor.run(jobs, on_done)
+            while pending:
+                self.executor.run(pending, on_done)
+                pending, retry, attempt = retry, [], attempt + 1
         finally:
             store.save()
         finished = {id(job) for job, _ in done_ok}

@@ -6,12 +6,18 @@ files, so they are reported, never downloaded.
 
 Local: a scan of the tree that applies the symlink policy once, for every caller:
 
-* a symlink to a regular file whose real path is inside the root is treated as that file;
+* the walk opens each directory from its parent's descriptor with ``O_NOFOLLOW``, so a directory
+  swapped for a symlink while the scan runs is never entered (and one that vanishes or cannot be
+  read is reported, not fatal);
+* a symlink to a regular file the walk itself found inside the root is treated as that file —
+  decided by (device, inode), not by resolving names that could change meanwhile;
 * a symlink that leaves the root, dangles, or points at a directory is skipped and reported
   (never followed, so a tree cannot smuggle ``/etc`` into an upload or loop forever);
 * sockets, FIFOs and devices are skipped and reported (reading a FIFO would hang);
-* ``.tao-data-io/`` directories (our state) is never part of a transfer, and in-flight temp
-  files left by an interrupted download are collected so the caller can remove them.
+* a regular file with more hard links than the walk found inside the root is also reachable from
+  outside it (a link made to someone else's file): the scan names it, and uploads skip it;
+* reserved names (``.tao-data-io/``, ``.tao-data-io-partial.*``) are never part of a transfer; the
+  scan lists them so uploads report them and downloads can sweep their own killed temp files.
 """
 
 from __future__ import annotations
@@ -20,12 +26,12 @@ import os
 import stat
 from datetime import datetime
 from email.utils import parsedate_to_datetime
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..fs import STATE_DIR_NAME, is_temp_name, is_within
+from ..fs import STATE_DIR_NAME, is_temp_name
 from .summary import Skipped
 from ..uris import S3Url
 
@@ -98,62 +104,118 @@ class LocalFile:
     dev: int = 0
     #: For a symlink, its target relative to the root (filters must admit both names).
     target_relative: str | None = None
+    nlink: int = 1
 
 
 def local_file(relative: str, path: Path, st: os.stat_result, target_relative: str | None = None) -> LocalFile:
-    return LocalFile(relative, path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, target_relative)
+    return LocalFile(relative, path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, target_relative,
+                     st.st_nlink)
 
 
 @dataclass
 class LocalScan:
     files: dict[str, LocalFile] = field(default_factory=dict)
     skipped: list[Skipped] = field(default_factory=list)
-    temp_leftovers: list[Path] = field(default_factory=list)
+    #: Entries with a reserved name (our state directory, temp names), relative to the root.
+    reserved: list[str] = field(default_factory=list)
+    #: Relative paths of regular files with a temp name (in-flight or killed downloads).
+    temp_leftovers: list[str] = field(default_factory=list)
+    #: Relative paths in ``files`` whose file has hard links the scan did not find inside the root.
+    linked_outside: dict[str, str] = field(default_factory=dict)
 
 
-def scan_local(root: Path) -> LocalScan:
-    """Scan ``root`` recursively, applying the symlink and special-file policy."""
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def scan_local(root: Path, *, root_fd: int | None = None) -> LocalScan:
+    """Scan ``root`` recursively, applying the symlink, special-file and hard-link policy.
+
+    ``root_fd`` is the root already opened by the caller (e.g. without following any symlink on
+    its way); otherwise the root is opened here, and a missing root is an empty scan."""
     scan = LocalScan()
-    if not root.exists():
+    try:
+        fd = os.dup(root_fd) if root_fd is not None else os.open(root, _DIRECTORY)
+    except FileNotFoundError:
         return scan
-    real_root = os.path.realpath(root)
-    for relative, path, entry in _walk(root, ""):
-        if is_temp_name(entry.name):
-            scan.temp_leftovers.append(path)
-            continue
-        st = entry.stat(follow_symlinks=False)
-        if stat.S_ISREG(st.st_mode):
-            scan.files[relative] = local_file(relative, path, st)
-        elif stat.S_ISLNK(st.st_mode):
-            target = os.path.realpath(path)
-            inside = target != real_root and is_within(target, real_root, resolve=False)
-            try:
-                target_st = os.stat(path)
-            except OSError:
-                scan.skipped.append(Skipped(relative, "symlink is dangling; not followed"))
-                continue
-            if not inside:
-                scan.skipped.append(Skipped(relative, f"symlink points outside the tree ({target}); not followed"))
-            elif not stat.S_ISREG(target_st.st_mode):
-                scan.skipped.append(Skipped(relative, "symlink to a directory or special file; not followed"))
-            else:
-                target_relative = os.path.relpath(target, real_root).replace(os.sep, "/")
-                scan.files[relative] = local_file(relative, Path(target), target_st, target_relative)
-        else:
-            scan.skipped.append(Skipped(relative, "special file (socket, FIFO or device); refused"))
+    links: list[tuple[str, os.stat_result | OSError, str]] = []
+    try:
+        _walk(fd, "", root, scan, links)
+    finally:
+        os.close(fd)
+    found: dict[tuple[int, int], list[str]] = {}
+    for local in scan.files.values():
+        found.setdefault((local.dev, local.ino), []).append(local.relative)
+    for names in found.values():
+        nlink = scan.files[names[0]].nlink
+        if nlink > len(names):
+            for name in names:
+                scan.linked_outside[name] = (f"a hard link to a file with {nlink} links, only {len(names)} of them in "
+                                             "this tree: it is also reachable from outside it")
+    for relative, target, link in links:
+        _add_symlink(scan, relative, target, link, found)
     return scan
 
 
-def _walk(directory: Path, prefix: str) -> Iterator[tuple[str, Path, os.DirEntry[str]]]:
-    """Yield (relative, path, entry) for every non-directory below ``directory``; real
-    directories are descended, symlinked directories are yielded (and then refused)."""
-    with os.scandir(directory) as entries:
+def _walk(dir_fd: int, prefix: str, root: Path, scan: LocalScan,
+          links: list[tuple[str, os.stat_result | OSError, str]]) -> None:
+    """Record every entry below the directory ``dir_fd``; real directories are descended through
+    descriptors opened with ``O_NOFOLLOW``, symlinks are collected for :func:`_add_symlink`."""
+    with os.scandir(dir_fd) as entries:
         children = sorted(entries, key=lambda e: e.name)
     for entry in children:
         relative = prefix + entry.name
-        if entry.is_dir(follow_symlinks=False):
-            if entry.name == STATE_DIR_NAME or is_temp_name(entry.name):
-                continue  # our state, or another operation's in-flight directory (archive extraction)
-            yield from _walk(Path(entry.path), relative + "/")
+        if entry.name == STATE_DIR_NAME or is_temp_name(entry.name):
+            scan.reserved.append(relative)
+            if is_temp_name(entry.name) and entry.is_file(follow_symlinks=False):
+                scan.temp_leftovers.append(relative)
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # removed while we looked
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                child = os.open(entry.name, _DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                scan.skipped.append(Skipped(relative, f"directory cannot be read ({exc.strerror}); left out"))
+                continue
+            try:
+                _walk(child, relative + "/", root, scan, links)
+            except OSError as exc:
+                scan.skipped.append(Skipped(relative, f"directory cannot be read ({exc.strerror}); left out"))
+            finally:
+                os.close(child)
+        elif stat.S_ISREG(st.st_mode):
+            scan.files[relative] = local_file(relative, root / relative, st)
+        elif stat.S_ISLNK(st.st_mode):
+            try:
+                link = os.readlink(entry.name, dir_fd=dir_fd)
+            except OSError:
+                continue  # replaced while we looked
+            try:
+                target: os.stat_result | OSError = os.stat(entry.name, dir_fd=dir_fd)
+            except OSError as exc:
+                target = exc
+            links.append((relative, target, link))
         else:
-            yield relative, Path(entry.path), entry
+            scan.skipped.append(Skipped(relative, "special file (socket, FIFO or device); refused"))
+
+
+def _add_symlink(scan: LocalScan, relative: str, target: os.stat_result | OSError, link: str,
+                 found: Mapping[tuple[int, int], list[str]]) -> None:
+    """Admit a symlink as the file it points at only when the walk found that very file (same
+    device and inode) inside the root; anything else is reported and never followed."""
+    if isinstance(target, FileNotFoundError):
+        scan.skipped.append(Skipped(relative, "symlink is dangling; not followed"))
+    elif isinstance(target, OSError):
+        scan.skipped.append(Skipped(relative, f"symlink cannot be followed ({target.strerror}); not followed"))
+    elif not stat.S_ISREG(target.st_mode):
+        scan.skipped.append(Skipped(relative, "symlink to a directory or special file; not followed"))
+    elif (names := found.get((target.st_dev, target.st_ino))) is None:
+        scan.skipped.append(Skipped(relative, f"symlink points outside the tree ({link}); not followed"))
+    else:
+        scan.files[relative] = local_file(relative, scan.files[names[0]].path, target, names[0])
+        if names[0] in scan.linked_outside:
+            scan.linked_outside[relative] = scan.linked_outside[names[0]]

@@ -12,9 +12,17 @@ checked before a byte is sent.
 
 The executor owns one long-lived event loop in a daemon thread: callers may be plain threads or
 already inside an event loop (a Prefect task), and a long-lived loop avoids tearing obstore's
-runtime down after every batch. Downloads are written to the job's temp path; the engine
-renames them into place. Credentials are handed to the store as arguments, never via argv or
-the process environment.
+runtime down after every batch. Downloads are written to a temp file created through the job's
+:class:`~tao_data_io.fs.DestinationTree` (directory descriptors, never a path that a symlink could
+redirect); the engine publishes it. Credentials are handed to the store as arguments, never via
+argv or the process environment.
+
+**One version.** A file is published only if it is provably one version of its object. Here a
+download is one GET, bound to the planned ETag with ``If-Match`` (object_store also refuses to
+resume a broken body from another version), so an object overwritten since the listing is a 412,
+reported ``changed``. The ``large`` executor reads ranged parts in separate requests; for those
+the object's ETag is checked once the last part is in (:meth:`ObstoreExecutor._same_version`),
+before the engine may publish.
 """
 
 from __future__ import annotations
@@ -23,13 +31,16 @@ import asyncio
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import obstore
+from obstore.exceptions import PreconditionError
 from obstore.store import S3Store
 
 from ..credentials import S3Credentials
+from ..errors import UnsafePathError
 from .work import DownloadJob, Executor, Job, JobDone, JobFailed, Landed, UploadJob
 
 #: Objects at least this large go to the ``large`` executor (parallel ranged parts).
@@ -102,17 +113,47 @@ class ObstoreExecutor:
 
     def run(self, jobs: Sequence[Job], on_done: JobDone) -> None:
         def delegated(job: Job) -> bool:
-            return self.large is not None and isinstance(job, DownloadJob) and job.size >= LARGE_OBJECT_BYTES
+            # Only with a planned ETag (the version to check against) and a spool on the
+            # destination's filesystem (where the child writes); otherwise one streamed GET here.
+            return (self.large is not None and isinstance(job, DownloadJob) and job.size >= LARGE_OBJECT_BYTES
+                    and bool(job.etag) and job.tree.spool_fits())
 
         large = [job for job in jobs if delegated(job)]
         small = [job for job in jobs if not delegated(job)]
+        loop = self._loop_thread()
         if small:
-            with self._lock:
-                if self._loop is None:
-                    self._loop = _LoopThread()
-            self._loop.run(self._run_all(small, on_done))
+            loop.run(self._run_all(small, on_done))
         if large and self.large is not None:
-            self.large.run(large, on_done)
+            self.large.run(large, lambda job, failed, landed: on_done(job, *self._same_version(job, failed, landed)))
+
+    def _loop_thread(self) -> _LoopThread:
+        with self._lock:
+            if self._loop is None:
+                self._loop = _LoopThread()
+            return self._loop
+
+    def _same_version(self, job: Job, failed: JobFailed | None,
+                      landed: Landed | None) -> tuple[JobFailed | None, Landed | None]:
+        """Prove a delegated download is one version: its parts were separate GETs, and an object
+        overwritten between two of them yields a file of both versions, of the right size. So the
+        object's ETag must still be the planned one once the last part is in (one HEAD); if not,
+        the file is discarded and the job reported ``changed`` (the engine reads it again)."""
+        if failed is not None or landed is None or not isinstance(job, DownloadJob):
+            return failed, landed
+        try:
+            meta = self._loop_thread().run(self._head(job.bucket, job.key))
+        except Exception as exc:  # noqa: BLE001 - reported per object like any failure
+            failed = JobFailed(f"could not confirm which version was read: {type(exc).__name__}: {_first_line(exc)}",
+                               changed=isinstance(exc, FileNotFoundError))  # deleted meanwhile
+        else:
+            current = str(meta.get("e_tag") or "").strip('"')
+            if current == job.etag:
+                return None, replace(landed, etag=current)
+            failed = JobFailed(f"the object changed while it was downloaded (ETag {job.etag} → {current}); "
+                               "those bytes were discarded", changed=True)
+        if landed.temp is not None:
+            landed.temp.discard()
+        return failed, None
 
     async def _run_all(self, jobs: Sequence[Job], on_done: JobDone) -> None:
         """``concurrency`` workers draining one iterator: memory stays O(concurrency), not
@@ -125,8 +166,13 @@ class ObstoreExecutor:
                 try:
                     landed = await (self._download(job) if isinstance(job, DownloadJob) else self._upload(job))
                     error = None
-                except FileNotFoundError as exc:  # obstore's NotFoundError subclasses it
-                    error = JobFailed(f"no such object (404): {_first_line(exc)}", missing=True)
+                except _Refused as exc:
+                    error = exc.failed
+                except UnsafePathError as exc:
+                    error = JobFailed(str(exc))
+                except OSError as exc:  # the local side: a name, a permission, a full disk
+                    where = job.final if isinstance(job, DownloadJob) else job.source
+                    error = JobFailed(f"{where}: {exc.strerror or type(exc).__name__}")
                 except Exception as exc:  # noqa: BLE001 - every failure is reported per object
                     error = JobFailed(f"{type(exc).__name__}: {_first_line(exc)}")
                 on_done(job, error, landed)
@@ -134,8 +180,15 @@ class ObstoreExecutor:
         await asyncio.gather(*(worker() for _ in range(min(self.concurrency, len(jobs)))))
 
     async def _download(self, job: DownloadJob) -> Landed:
-        result = await obstore.get_async(self._store(job.bucket), job.key)
-        fd = os.open(job.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        options: dict[str, Any] | None = {"if_match": f'"{job.etag}"'} if job.etag else None
+        try:
+            result = await obstore.get_async(self._store(job.bucket), job.key, options=options)  # type: ignore[arg-type]
+        except FileNotFoundError as exc:  # how obstore reports a 404 (a local FileNotFoundError is not one)
+            raise _Refused(JobFailed(f"no such object (404): {_first_line(exc)}", missing=True)) from exc
+        except PreconditionError as exc:
+            raise _Refused(JobFailed("the object changed since it was listed (a read bound to the listed ETag was "
+                                     "refused)", changed=True)) from exc
+        temp, fd = job.tree.create_temp(job.relative)
         written = 0
         try:
             if 0 <= job.size <= _CHUNK:  # small: one buffer, one write (the common case)
@@ -143,12 +196,20 @@ class ObstoreExecutor:
             else:
                 async for chunk in result.stream(min_chunk_size=_CHUNK):
                     written += _write_all(fd, chunk)
+        except BaseException:
+            temp.discard()
+            raise
         finally:
             os.close(fd)
         meta = result.meta
         modified = meta.get("last_modified")
         return Landed(etag=str(meta.get("e_tag") or "").strip('"') or None, size=meta.get("size"),
-                      modified_ns=int(modified.timestamp() * 1e9) if modified is not None else None, written=written)
+                      modified_ns=int(modified.timestamp() * 1e9) if modified is not None else None, written=written,
+                      temp=temp)
+
+    async def _head(self, bucket: str, key: str) -> dict[str, Any]:
+        """HEAD on the loop: obstore's calls need a running event loop when they are made."""
+        return dict(await obstore.head_async(self._store(bucket), key))
 
     async def _upload(self, job: UploadJob) -> Landed:
         fd = os.open(job.source, os.O_RDONLY | os.O_NOFOLLOW)
@@ -161,6 +222,14 @@ class ObstoreExecutor:
             else:  # multipart, streamed from the file so memory stays bounded
                 result = await obstore.put_async(self._store(job.bucket), job.key, handle, chunk_size=_UPLOAD_PART)
         return Landed(etag=str(result.get("e_tag") or "").strip('"') or None)
+
+
+class _Refused(Exception):
+    """The server's answer that settles one job (404, a failed precondition), as its failure."""
+
+    def __init__(self, failed: JobFailed) -> None:
+        super().__init__(failed.reason)
+        self.failed = failed
 
 
 def _write_all(fd: int, data: Any) -> int:

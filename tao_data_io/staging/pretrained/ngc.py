@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ...credentials import require_env
+from ...credentials import mask_userinfo, require_env
 from ...errors import CredentialError, TransferError, UsageError
 from ...uris import NGCModelURI
 from .registry import HEX, SHA256, Digest, Listing, RemoteFile
@@ -52,12 +52,14 @@ class NGCRegistry:
         self.key = require_env("NGC_KEY", f"pull {uri} from NGC", environ)
         self.api = (environ.get("NGC_API_URL") or DEFAULT_NGC_API_URL).rstrip("/")
         self.authn = (environ.get("NGC_AUTH_URL") or DEFAULT_NGC_AUTH_URL).rstrip("/")
+        #: How messages name the two services: never with a password from the URL's userinfo.
+        self.api_shown, self.authn_shown = mask_userinfo(self.api), mask_userinfo(self.authn)
         self._token: str | None = None
         quote = urllib.parse.quote
         team = f"/team/{quote(uri.team)}" if uri.team else ""
         self._version_url = (f"{self.api}/v2/org/{quote(uri.org)}{team}/models/{quote(uri.model)}"
                              f"/versions/{quote(uri.version)}")
-        self._no_such_version = (f"NGC has no model version {uri} (HTTP 404) at {self.api}: "
+        self._no_such_version = (f"NGC has no model version {uri} (HTTP 404) at {self.api_shown}: "
                                  "check the org, team, model and version")
 
     def listing(self) -> Listing:
@@ -65,7 +67,7 @@ class NGCRegistry:
         page, pages = 0, 1
         while page < pages:
             body = self._get_json(f"{self._version_url}/files?page-size={_NGC_PAGE_SIZE}&page-number={page}",
-                                  f"listing the files of {self.uri} at {self.api} (NGC_API_URL)", self._no_such_version)
+                                  f"listing the files of {self.uri} at {self.api_shown} (NGC_API_URL)", self._no_such_version)
             files.extend(self._remote_file(entry) for entry in body.get("modelFiles") or ())
             pages = int((body.get("paginationInfo") or {}).get("totalPages") or 1)
             page += 1
@@ -103,12 +105,12 @@ class NGCRegistry:
             query = urllib.parse.urlencode([("service", "ngc"), *scopes])
             basic = base64.b64encode(f"$oauthtoken:{self.key}".encode()).decode("ascii")
             body = self._get_json(f"{self.authn}/token?{query}",
-                                  f"exchanging NGC_KEY for a token at {self.authn} (NGC_AUTH_URL)",
-                                  f"NGC's token service {self.authn}/token does not exist (HTTP 404); check NGC_AUTH_URL",
+                                  f"exchanging NGC_KEY for a token at {self.authn_shown} (NGC_AUTH_URL)",
+                                  f"NGC's token service {self.authn_shown}/token does not exist (HTTP 404); check NGC_AUTH_URL",
                                   basic=basic)
             token = body.get("token")
             if not isinstance(token, str) or not token:
-                raise TransferError(f"NGC's token service at {self.authn} answered without a token")
+                raise TransferError(f"NGC's token service at {self.authn_shown} answered without a token")
             self._token = token
         return {"Authorization": f"Bearer {self._token}"}
 

@@ -25,8 +25,11 @@ one each verified file is renamed into place and the marker ``model.json`` besid
 resolved revision, every file with size and digest) is written last. A rerun trusts a file the
 marker lists for the same revision while its size is unchanged, hashes files the marker does not
 vouch for, and fetches only what is missing or wrong. Files the model does not list are left
-alone. One pull per destination at a time: a run removes the staging directories that killed
-runs left beside the destination.
+alone. A pull holds the destination's lock, as every writer of a destination does (a sync or an
+extraction into the same place waits for it), and removes the staging directories that killed
+pulls under that lock left beside the destination. Files are renamed into an existing destination
+through its directory descriptors (:class:`~tao_data_io.fs.DestinationTree`), so a directory
+inside it replaced by a symlink meanwhile is never followed.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import TransferError, UsageError, VerificationError
-from ...fs import (atomic_write, state_dir_for, check_relative, confined_path, file_digest, remove_stale_temps,
-                   temp_path_for)
+from ...fs import (DestinationTree, atomic_write, check_relative, confined_path, destination_lock_path, file_digest,
+                   file_lock, lock_owner, remove_stale_temps, state_dir_for, temp_path_for)
 from ...reporting import ProgressCallback, ProgressTracker, human_size
 from ...uris import HFModelURI, NGCModelURI, parse_model_uri
 from .hub import HubRegistry
@@ -103,17 +106,22 @@ def pull_model(uri: str, destination: str | os.PathLike[str], *, environ: Mappin
         raise UsageError(f"destination {str(dest)!r} exists and is not a directory; give a directory path")
     registry: Registry = HubRegistry(parsed, env) if isinstance(parsed, HFModelURI) else NGCRegistry(parsed, env)
     listing = _checked(registry.listing(), parsed)
-    remove_stale_temps(dest)
-    marker = _read_marker(dest)
-    vouched = _vouched_files(marker, parsed, listing.revision)
-    missing = [remote for remote in listing.files if not _is_present(dest, remote, vouched.get(remote.path) == remote)]
-    payload = _marker_payload(parsed, listing)
-    if missing:
-        tracker = ProgressTracker(len(missing), sum(f.size for f in missing), progress)
-        tracker.start()
-        _fetch_and_publish(registry, missing, listing.revision, dest, payload, lambda f: tracker.advance(f.size))
-    elif marker != payload:
-        _write_marker(dest, payload)
+    lock = destination_lock_path(dest)
+    with file_lock(lock):
+        owner = lock_owner(lock)
+        remove_stale_temps(dest, owner)
+        marker = _read_marker(dest)
+        vouched = _vouched_files(marker, parsed, listing.revision)
+        missing = [remote for remote in listing.files
+                   if not _is_present(dest, remote, vouched.get(remote.path) == remote)]
+        payload = _marker_payload(parsed, listing)
+        if missing:
+            tracker = ProgressTracker(len(missing), sum(f.size for f in missing), progress)
+            tracker.start()
+            _fetch_and_publish(registry, missing, listing.revision, dest, payload, lambda f: tracker.advance(f.size),
+                               owner)
+        elif marker != payload:
+            _write_marker(dest, payload)
     return PullResult(str(parsed), dest, listing.revision, tuple(f.path for f in listing.files),
                       sum(f.size for f in listing.files), tuple(f.path for f in missing), sum(f.size for f in missing))
 
@@ -150,9 +158,9 @@ def _is_present(dest: Path, remote: RemoteFile, vouched: bool) -> bool:
 
 
 def _fetch_and_publish(registry: Registry, files: Sequence[RemoteFile], revision: str, dest: Path,
-                       payload: dict[str, Any], on_file: Callable[[RemoteFile], None]) -> None:
+                       payload: dict[str, Any], on_file: Callable[[RemoteFile], None], owner: str) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = temp_path_for(dest)
+    staging = temp_path_for(dest, owner)
     staging.mkdir()
     try:
         registry.fetch(files, revision, staging, on_file)
@@ -161,10 +169,7 @@ def _fetch_and_publish(registry: Registry, files: Sequence[RemoteFile], revision
             if dest.is_dir():
                 # A marker for an older state must not vouch for files while they are replaced.
                 (state_dir_for(dest) / MARKER_NAME).unlink(missing_ok=True)
-                for remote in files:
-                    final = confined_path(dest, remote.path, what="model file")
-                    final.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(staging / remote.path, final)
+                _publish_into(staging, files, DestinationTree(dest, owner))
                 _write_marker(dest, payload)
             else:
                 os.rename(staging, dest)
@@ -173,6 +178,21 @@ def _fetch_and_publish(registry: Registry, files: Sequence[RemoteFile], revision
             raise TransferError(f"could not publish the verified files into {dest}: {exc}; rerun to retry") from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _publish_into(staging: Path, files: Sequence[RemoteFile], tree: DestinationTree) -> None:
+    """Rename each verified file from ``staging`` (ours, beside the destination) into ``tree``,
+    through its directory descriptors: never through a symlink found inside the destination."""
+    try:
+        for remote in files:
+            directory = os.path.dirname(remote.path)
+            source = os.open(staging / directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                tree.adopt(source, os.path.basename(remote.path), remote.path).publish()
+            finally:
+                os.close(source)
+    finally:
+        tree.close()
 
 
 def _verify(staging: Path, files: Sequence[RemoteFile], dest: Path) -> None:
