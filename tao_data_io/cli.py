@@ -23,6 +23,8 @@ from .credentials import RedactingFilter
 from .errors import UsageError, os_error_message
 
 #: The exit status of a command whose output was cut off by its reader (128 + SIGPIPE).
+#: The shell's code for a command ended by Ctrl-C (128 + SIGINT).
+INTERRUPTED = 130
 CLOSED_OUTPUT = 141
 
 
@@ -82,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s", handlers=[handler])
     flags: dict[str, str] = {}
     try:
+        _refuse_empty_arguments(sys.argv[1:] if argv is None else list(argv))
         args = build_parser().parse_args(argv)
         flags = args.flag_names
         console.progress_mode = args.progress
@@ -97,8 +100,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _unexpected(console, exc)
         console.err(f"error: {in_cli_terms(os_error_message(exc), flags)}")
         return 2
+    except KeyboardInterrupt:
+        console.err("error: interrupted; complete files were kept and nothing is half-written under a final name "
+                    "— run the same command again to finish")
+        return INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - the last line of defence: redact, then report
         return _unexpected(console, exc)
+
+
+def _refuse_empty_arguments(argv: Sequence[str]) -> None:
+    """No option or operand takes an empty value, and an empty one is almost always an unset
+    shell variable: ``--results-dir "$RESULTS"`` would otherwise mean the current directory."""
+    for index, value in enumerate(argv):
+        if value == "":
+            after = f" after {argv[index - 1]}" if index and argv[index - 1].startswith("-") else ""
+            raise UsageError(f"argument {index + 1}{after} is empty (an unset variable?); give a value — an empty "
+                             "path would mean the current directory")
 
 
 def _unexpected(console: Console, exc: Exception) -> int:

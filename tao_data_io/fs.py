@@ -346,6 +346,41 @@ class DestinationTree:
             finally:
                 self._unpin(directory)
 
+    def remove(self, relative: str) -> bool:
+        """Remove the file ``relative`` through the descriptors (never through a link); False when
+        it, or a directory on the way, is gone or no longer a directory of this tree."""
+        directory, _, name = relative.rpartition("/")
+        try:
+            dir_fd = self._pin(directory, create=False)
+        except (OSError, UnsafePathError):
+            return False
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+            return True
+        except (FileNotFoundError, IsADirectoryError):
+            return False
+        finally:
+            self._unpin(directory)
+
+    def remove_empty_directory(self, relative: str) -> bool:
+        """Remove the directory ``relative`` if it is empty (through its parent's descriptor)."""
+        parent, _, name = relative.rpartition("/")
+        try:
+            parent_fd = self._pin(parent, create=False)
+        except (OSError, UnsafePathError):
+            return False
+        try:
+            with self._lock:  # a kept descriptor of it would keep nothing alive, but must not be reused
+                entry = self._open.pop(relative, None)
+                if entry is not None:
+                    os.close(entry[0])
+            os.rmdir(name, dir_fd=parent_fd)
+            return True
+        except OSError:
+            return False  # not empty, gone, or not a directory
+        finally:
+            self._unpin(parent)
+
     # ------------------------------------------------------------------ spool
     def spool_fits(self) -> bool:
         """Whether a :meth:`spool` can be made on the tree's filesystem (beside it, never inside):
@@ -548,6 +583,11 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, replace: bool = 
             except FileExistsError:
                 created = False
             remove_if_exists(temp)
+    except OSError as exc:
+        remove_if_exists(temp)
+        if exc.filename is None:  # ENOSPC from write or fsync names no file: name the one we were writing
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     except BaseException:
         remove_if_exists(temp)
         raise

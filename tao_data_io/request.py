@@ -16,9 +16,9 @@ import posixpath
 import re
 from pathlib import Path
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from .credentials import credential_value_fields, is_secret_name
 from .documents import load_document
@@ -154,6 +154,9 @@ class InputSpec(Strict):
             raise ValueError(f"kind 'model' needs an hf:// or ngc:// source, got {self.source!r}")
         if self.kind in ("folder", "file", "archive") and self.source.startswith(("hf://", "ngc://")):
             raise ValueError(f"kind {self.kind!r} needs an s3:// source; {self.source!r} is a model: use kind 'model'")
+        if not is_remote_uri(self.source) and self.target is None:
+            # Without a target a local input appears at its own path: that path must be a usable target too.
+            check_frame_target(self.source, what="source (where it appears, as no target is given)")
         if self.kind in ("selective", "archive", "model") and not is_remote_uri(self.source):
             raise ValueError(f"kind {self.kind!r} needs a remote source; a local source {self.source!r} is "
                              "pre-positioned and mounted as it is (kind 'auto')")
@@ -194,10 +197,34 @@ class StoragePrefs(Strict):
     air_gapped: bool = False
 
 
+def _env_text(value: Any) -> Any:
+    """A variable's value as the process will see it: text. Numbers and booleans become their
+    text; anything else (a list, a mapping, null) is refused naming the fix."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    if not isinstance(value, str):
+        shown = "null" if value is None else f"a {type(value).__name__}"
+        raise ValueError(f"is {shown}, but a variable's value is text: quote it (e.g. EPOCHS: \"3\")")
+    return value
+
+
+EnvValue = Annotated[str, BeforeValidator(_env_text)]
+
+
 class JobRequest(Strict):
     schema_version: Literal["1"]
     job_id: str | None = None
     image: str = Field(min_length=1)
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        if any(ch.isspace() or not ch.isprintable() for ch in value):
+            raise ValueError(f"image {value!r} holds whitespace or a control character; write an image reference "
+                             "such as nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt")
+        return value
     command: str | list[str]
     mode: Literal["args", "config"]
     args: list[str] | None = None
@@ -207,7 +234,9 @@ class JobRequest(Strict):
     inputs: list[InputSpec] = Field(default_factory=list)
     outputs: OutputSpec = Field(default_factory=OutputSpec)
     mounts: list[MountSpec] = Field(default_factory=list)
-    environment: dict[str, str] = Field(default_factory=dict)
+    #: Plain variables for the job. Numbers and booleans are written as YAML users write them
+    #: (``EPOCHS: 3``) and passed as their text (``"3"``, ``"true"``).
+    environment: dict[str, EnvValue] = Field(default_factory=dict)
     forward_env: list[str] = Field(default_factory=list)
     storage: StoragePrefs = Field(default_factory=StoragePrefs)
     #: Whether the job may use the network. The local frame runs without one unless this is
@@ -337,8 +366,7 @@ def parse_request(data: Any, *, source: str = "request", environ: Mapping[str, s
         request = JobRequest.model_validate(data)
     except ValidationError as exc:
         raise UsageError(describe_validation_error(exc, f"invalid job {source}")) from None
-    leaked = credential_value_fields(request.model_dump(mode="json", include={"spec", "environment", "args",
-                                                                             "command"}), environ)
+    leaked = credential_value_fields(request.model_dump(mode="json"), environ)
     if leaked:
         raise UsageError(f"invalid job {source}: {', '.join(leaked)} holds the value of a credential variable of this "
                          "environment; a request names credentials in forward_env and never holds their values")

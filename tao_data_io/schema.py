@@ -12,13 +12,29 @@ path, a name), and every message is masked by the credential redactor before it 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+import difflib
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 
 class Strict(BaseModel):
-    """Unknown fields refused, instances frozen, inputs never echoed in errors."""
+    """Unknown fields refused (with the field that was probably meant), instances frozen, inputs
+    never echoed in errors."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            known = set(cls.model_fields)
+            for key in data:
+                if isinstance(key, str) and key not in known:
+                    close = difflib.get_close_matches(key, sorted(known), n=1)
+                    hint = f"did you mean {close[0]!r}?" if close else f"known fields: {', '.join(sorted(known))}"
+                    raise ValueError(f"unknown field {key!r}: {hint}")
+        return data
 
 
 def describe_validation_error(exc: ValidationError, what: str) -> str:

@@ -58,7 +58,7 @@ def test_shipped_examples_load(example: Path) -> None:
         ({"inputs": [{"source": "relative/path"}]}, "inputs[0].source", "absolute local path"),
         ({"inputs": [{"source": "s3://b-b/x/", "kind": "selective"}]}, "inputs[0]", "annotation"),
         ({"compute_shape": {"gpus": -1}}, "compute_shape.gpus", "greater than or equal to 0"),
-        ({"surprise": 1}, "surprise", "Extra inputs are not permitted"),
+        ({"surprise": 1}, "request", "unknown field 'surprise'"),
     ],
 )
 def test_invalid_requests_name_the_field_and_the_fix(tmp_path: Path, overrides: dict[str, Any], field: str,

@@ -52,7 +52,7 @@ def register(verbs: Any) -> None:
 
     logs = add_verb(verbs, "logs", help="the last lines of a job's output (per rank for multi-node jobs)")
     _add_job(logs)
-    logs.add_argument("--tail", type=int, default=100, metavar="N", help="lines to show (default 100)")
+    logs.add_argument("--tail", type=_whole_number, default=100, metavar="N", help="lines to show (default 100)")
     logs.set_defaults(run=_logs)
 
     cancel = add_verb(verbs, "cancel", help="stop a job and everything it started; the record says CANCELED")
@@ -63,10 +63,26 @@ def register(verbs: Any) -> None:
                                               "job's excludes (also after a failure) and record the outcome")
     _add_job(collect)
     collect.add_argument("--wait", action="store_true", help="wait for the job to end (long PENDING is normal)")
-    collect.add_argument("--poll-seconds", type=float, default=DEFAULT_POLL_SECONDS, metavar="S",
+    collect.add_argument("--poll-seconds", type=_poll_seconds, default=DEFAULT_POLL_SECONDS, metavar="S",
                          help=f"how often to ask while waiting (default {DEFAULT_POLL_SECONDS:g})")
     collect.add_argument("--json", action="store_true", help="print the outcome as JSON")
     collect.set_defaults(run=_collect)
+
+
+def _poll_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.1 <= value <= 3600:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"--poll-seconds {text!r} must be a number of seconds from 0.1 to 3600")
+    return value
+
+
+def _whole_number(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--tail {text!r} must be a whole number of lines, 1 or more")
+    return int(text)
 
 
 def _add_common(sub: argparse.ArgumentParser) -> None:

@@ -16,6 +16,9 @@ from ..launch.probe import TERMINATION_MESSAGE_LIMIT
 #: Usage: ``sh verify.sh PROBE CHECKLIST TERMINATION_FILE``.
 VERIFY_SCRIPT = r"""#!/bin/sh
 # tao-data-io verify: the probe's verdict into the termination message, failures first.
+# The image's PATH (set by the request, /opt/conda/bin say) may not hold awk: look in the usual places too.
+PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin${PATH:+:$PATH}"
+export PATH
 out=$(sh "$1" "$2")
 code=$?
 printf '%s\n' "$out"

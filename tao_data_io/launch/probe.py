@@ -43,6 +43,9 @@ PROBE_SCRIPT = r"""#!/bin/sh
 # tao-data-io verify probe: runs inside the compute frame before the job's command.
 # Usage: sh probe.sh CHECKLIST   (one "check<TAB>path<TAB>argument" line per check)
 # Prints one "TAO-VERIFY<TAB>ok|fail<TAB>check<TAB>path<TAB>detail" line per check.
+# The job's own PATH (an image's /opt/conda/bin, say) may not hold the tools used here.
+PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin${PATH:+:$PATH}"
+export PATH
 tab=$(printf '\t')
 failed=0
 report() { printf 'TAO-VERIFY\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4"; [ "$1" = ok ] || failed=1; }

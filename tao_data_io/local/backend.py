@@ -34,7 +34,9 @@ from ..launch.plan import LaunchPlan
 from ..launch.probe import Verdict
 from ..names import is_job_id
 from ..tier import ClusterFacts
-from .preflight import BWRAP_INSTALL, NSENTER_INSTALL, check_paths, check_sandbox, find_tool, needs_nsenter
+from ..vocabulary import DEFAULT_RECORDS_ROOT, JOBS_DIR_VARIABLE, RECORDS_VARIABLE
+from .preflight import (BWRAP_INSTALL, NSENTER_INSTALL, check_mount_sources, check_paths, check_sandbox, find_tool,
+                        needs_nsenter)
 from .process import ProcessId
 from .rundir import Canceled, ExitRecord, Launch, RunDir
 from .sandbox import FRAME_LANG, FRAME_PATH, host_system_dirs
@@ -48,7 +50,8 @@ NAMESPACE = "local"
 CANCEL_GRACE_S = 30.0
 _SUPERVISOR_START_TIMEOUT_S = 60.0
 #: The directory that holds the ``tao_data_io`` package: the supervisor imports this same code.
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_PACKAGE_ROOT_PATH = Path(__file__).resolve().parents[2]
+_PACKAGE_ROOT = str(_PACKAGE_ROOT_PATH)
 _LOG_LINES_IN_ERRORS = 5
 
 
@@ -73,6 +76,21 @@ class LocalBackend:
         if needs_nsenter(plan):
             find_tool("nsenter", NSENTER_INSTALL)
         check_paths(plan)
+        check_mount_sources(plan, package_root=_PACKAGE_ROOT_PATH, private=self._private_dirs(),
+                            home=_home())
+
+    def _private_dirs(self) -> list[Path]:
+        """Where tao-data-io keeps state a job must not see: the work root (other jobs), the job
+        record directories, and the hidden directories of the home (credentials live there)."""
+        env = os.environ
+        dirs = [self.workdir_root]
+        dirs += [Path(value).expanduser() for value in (env.get(RECORDS_VARIABLE), env.get(JOBS_DIR_VARIABLE),
+                                                         DEFAULT_RECORDS_ROOT)
+                 if value and not value.startswith("s3://")]
+        home = _home()
+        if home is not None and home.is_dir():
+            dirs += [entry for entry in home.iterdir() if entry.name.startswith(".")]
+        return [Path(os.path.realpath(d)) for d in dirs]
 
     # ------------------------------------------------------------------ submit
     def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None,
@@ -292,3 +310,9 @@ def _wait_until_ended(processes: list[ProcessId], timeout: float) -> None:
     for _ in _polls(timeout):
         if not any(process.alive() for process in processes):
             return
+
+
+def _home() -> Path | None:
+    """The home directory of whoever submits (what a mount must never expose whole)."""
+    home = os.environ.get("HOME")
+    return Path(os.path.realpath(home)) if home else None

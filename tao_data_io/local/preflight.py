@@ -52,6 +52,48 @@ def check_sandbox(bwrap: str, system: Sequence[SystemDir]) -> None:
         raise UsageError(f"bubblewrap ({bwrap}) cannot start a sandbox here ({said}): {USERNS_HINT}")
 
 
+#: Host directories no pre-positioned source may be, hold or lie in: the frame's own system, the
+#: kernel's views and the host's runtime state.
+_SYSTEM_ROOTS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr",
+                 "/var/run")
+
+
+def check_mount_sources(plan: LaunchPlan, *, package_root: Path, private: Sequence[Path],
+                        home: Path | None) -> None:
+    """Refuse a pre-positioned source that would show the frame more of the host than data.
+
+    A request names its mounts, and a request can come from anyone who can reach a deployment:
+    so no source may be ``/`` or a system directory (or lie in one), no source may hold the
+    user's home directory, no source may hold or lie in tao-data-io's private state (job records,
+    other jobs' work directories) or a dot-directory of the home such as ``~/.ssh``, and the code
+    the supervisor imports (``package_root``) may be mounted read-only at most — a writable mount
+    there would let one job plant code that runs outside every frame, with the next job's
+    credentials.
+    """
+    for mount in plan.mounts:
+        if mount.origin != "pre-positioned":
+            continue
+        source = Path(os.path.realpath(mount.source))
+        problem = None
+        if str(source) == "/" or any(_inside(source, Path(root)) for root in _SYSTEM_ROOTS):
+            problem = "it is (or lies in) a system directory of this host"
+        elif home is not None and _inside(home, source):
+            problem = f"it holds the home directory {home}"
+        elif any(_inside(source, root) or _inside(root, source) for root in private):
+            problem = "it holds or lies in tao-data-io's own state (job records, job work directories) or a " \
+                      "hidden directory of the home (~/.ssh, ~/.aws, …)"
+        elif not mount.read_only and (_inside(package_root, source) or _inside(source, package_root)):
+            problem = (f"it would let the job write the code this backend runs ({package_root}); mount it "
+                       "read-only, or mount a directory of data")
+        if problem:
+            raise UsageError(f"mount source {mount.source!r} (target {mount.target}) is refused: {problem}; "
+                             "mount only the directories the job reads or writes")
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
 def check_paths(plan: LaunchPlan) -> None:
     """Every mount source exists on this host, and a results mount's root is a directory."""
     missing = [f"{mount.input} → {mount.target} ({mount_source(plan, mount)})" for mount in plan.mounts

@@ -9,8 +9,8 @@ What the frame sees — what a pod would see, and nothing else of the host:
 * new user, mount, pid, ipc, uts and cgroup namespaces (``--unshare-all``) and no network unless
   ``plan.network`` (``--share-net``); ranks above 0 of a multi-node job join rank 0's network
   (see :class:`Namespaces`);
-* the host's userland read-only (``/usr``, ``/bin``, ``/sbin``, ``/lib``, ``/lib64``, ``/etc``
-  where present; a symlink such as usrmerge's ``/bin -> usr/bin`` stays a symlink). The plan's
+* the host's userland read-only (``/usr``, ``/bin``, ``/sbin``, ``/lib``, ``/lib64`` and the parts
+  of ``/etc`` a program needs, :data:`ETC_ENTRIES`, where present; a symlink such as usrmerge's ``/bin -> usr/bin`` stays a symlink). The plan's
   ``image`` is recorded, never pulled: this backend runs the host's programs;
 * a fresh ``/proc`` and ``/dev``, a private ``/tmp`` (also ``HOME`` and the working directory,
   like a container's writable layer: lost at exit), ``/dev/shm`` of ``plan.shm_size``;
@@ -39,7 +39,15 @@ from ..launch.plan import PROBE_DIR, LaunchPlan, PlanMount
 from ..request import quantity_bytes
 
 #: The host directories that make up the userland a frame runs.
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc")
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64")
+#: What of the host's ``/etc`` a program needs (users, name resolution, the loader's cache,
+#: CA certificates, time zone) — and nothing else: the host's ``/etc`` also holds ``shadow``, SSH
+#: host keys, cluster credentials and private TLS keys (``ssl/private``), which a frame running as
+#: root would otherwise read.
+ETC_ENTRIES = ("alternatives", "ca-certificates", "ca-certificates.conf", "debian_version", "gai.conf", "group",
+               "host.conf", "hosts", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "mime.types",
+               "nsswitch.conf", "os-release", "passwd", "protocols", "python3", "resolv.conf", "services",
+               "ssl/certs", "ssl/openssl.cnf", "timezone")
 FRAME_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FRAME_LANG = "C.UTF-8"
 #: The private tmpfs: HOME and the working directory (no home directory of the host is visible).
@@ -59,10 +67,10 @@ class SystemDir:
 def host_system_dirs() -> tuple[SystemDir, ...]:
     """The :data:`SYSTEM_DIRS` this host has, as the frame must reproduce them."""
     found = []
-    for path in SYSTEM_DIRS:
+    for path in (*SYSTEM_DIRS, *(f"/etc/{entry}" for entry in ETC_ENTRIES)):
         if os.path.islink(path):
             found.append(SystemDir(path, os.readlink(path)))
-        elif os.path.isdir(path):
+        elif os.path.exists(path):
             found.append(SystemDir(path))
     return tuple(found)
 
@@ -129,11 +137,17 @@ def frame_argv(plan: LaunchPlan, host: Host, results_host: str, command: Sequenc
 
 
 def userland_args(system: Sequence[SystemDir]) -> list[str]:
-    """The host's userland, read-only, with a fresh ``/proc`` and ``/dev``."""
+    """The host's userland, read-only, with a fresh ``/proc`` and ``/dev``. The chosen ``/etc``
+    entries sit on an ``/etc`` of the frame's own, made read-only once they are in place."""
     argv: list[str] = []
+    etc = [entry for entry in system if entry.path.startswith("/etc/")]
+    if etc:
+        argv += ["--tmpfs", "/etc"]
     for directory in system:
         argv += (["--symlink", directory.link, directory.path] if directory.link is not None
                  else ["--ro-bind", directory.path, directory.path])
+    if etc:
+        argv += ["--remount-ro", "/etc"]
     return argv + ["--proc", "/proc", "--dev", "/dev"]
 
 

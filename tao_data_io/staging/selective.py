@@ -25,6 +25,7 @@ Reference rules (the same for every format):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import io
@@ -40,7 +41,7 @@ from typing import Any
 
 from ..errors import TransferError, UnsafePathError, UsageError
 from ..transfer.engine import TransferEngine, TransferOptions
-from ..fs import atomic_write, check_relative, remove_if_exists, state_dir_for
+from ..fs import DestinationTree, atomic_write, check_relative, remove_if_exists, state_dir_for
 from ..transfer.summary import TransferSummary
 from ..uris import is_s3_url, parse_s3_url
 from ..vocabulary import ANNOTATION_FORMATS, MISSING_MODES
@@ -455,23 +456,34 @@ class _Before:
                    tuple(sorted(parents, key=lambda d: -d.count("/"))))
 
     def undo(self, dest: Path, transferred: Iterable[str]) -> int:
-        """Remove this run's new files and the directories made for them (only if empty);
-        return how many files were removed."""
+        """Remove this run's new files and the directories made for them (only if empty), through
+        directory descriptors — a directory swapped for a symlink meanwhile is never followed —
+        and return how many files were removed."""
         created = [relative for relative in transferred if relative not in self.files]
-        for relative in created:
-            remove_if_exists(dest / relative)
+        tree = DestinationTree(dest)
+        try:
+            removed = sum(tree.remove(relative) for relative in created)
+            self._prune(tree)
+        finally:
+            tree.close()
         if not self.state_existed:
             shutil.rmtree(state_dir_for(dest), ignore_errors=True)
-        self.prune(dest, including_dest=not self.dest_existed)
-        return len(created)
+        if not self.dest_existed:
+            with contextlib.suppress(OSError):
+                os.rmdir(dest)  # only if empty: something else may live there now
+        return removed
 
-    def prune(self, dest: Path, *, including_dest: bool = False) -> None:
+    def prune(self, dest: Path) -> None:
         """Remove the new directories left empty (made for objects that turned out missing)."""
-        for directory in (*self.new_dirs, *(("",) if including_dest else ())):
-            try:
-                os.rmdir(dest / directory)
-            except OSError:
-                pass  # not empty: it holds staged files (or something else lives there now)
+        tree = DestinationTree(dest)
+        try:
+            self._prune(tree)
+        finally:
+            tree.close()
+
+    def _prune(self, tree: DestinationTree) -> None:
+        for directory in self.new_dirs:  # deepest first; a directory that is not empty stays
+            tree.remove_empty_directory(directory)
 
 
 def _write_lines(path: Path, lines: Sequence[str]) -> None:
