@@ -71,7 +71,8 @@ class S5cmdExecutor:
         """Nothing outlives a run: each batch is one child process, waited for."""
 
     def argv(self) -> list[str]:
-        argv = [s5cmd_binary(), "--json", "--retry-count", str(RETRY_COUNT),
+        retries = RETRY_COUNT if self.credentials.max_attempts is None else self.credentials.max_attempts - 1
+        argv = [s5cmd_binary(), "--json", "--retry-count", str(retries),
                 "--numworkers", str(self.concurrency)]
         if self.credentials.endpoint_url:
             argv += ["--endpoint-url", self.credentials.endpoint_url]
