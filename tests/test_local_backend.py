@@ -569,6 +569,14 @@ def test_preflight_passes_a_good_plan_and_names_missing_sources(tmp_path: Path, 
         backend.preflight(make_plan(tmp_path, route=route))
 
 
+def test_a_backend_that_does_not_allow_the_network_refuses_a_request_for_it(tmp_path: Path) -> None:
+    closed = LocalBackend(workdir_root=tmp_path / "local", allow_network=False)
+    closed.preflight(make_plan(tmp_path))
+    with pytest.raises(UsageError, match=r"asks for the network \(network: true\).*allow_network is off"):
+        closed.preflight(make_plan(tmp_path, network=True))
+    assert not (tmp_path / "local").exists()
+
+
 def test_preflight_says_how_to_install_bubblewrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     backend = LocalBackend(workdir_root=tmp_path / "local")
