@@ -265,7 +265,9 @@ class Redactor:
 
 
 class RedactingFilter(logging.Filter):
-    """A logging filter that masks secrets in every record passing through a handler."""
+    """A logging filter that masks secrets in every record passing through a handler or logger:
+    the message, and the text of an attached exception (its traceback is formatted here, masked,
+    and cached where formatters look for it)."""
 
     def __init__(self, redactor: Redactor | None = None) -> None:
         super().__init__()
@@ -275,4 +277,8 @@ class RedactingFilter(logging.Filter):
         message = record.getMessage()
         record.msg = self._redactor.redact(message)
         record.args = None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self._redactor.redact(record.exc_text)
         return True

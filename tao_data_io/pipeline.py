@@ -23,7 +23,7 @@ from .launch.plan import LaunchPlan, build_plan
 from .launch.probe import Verdict
 from .outputs import Kind, UploadOutcome, upload_results
 from .records import TERMINAL_STATES, JobRecord, RecordStore, open_for
-from .reporting import ProgressCallback, human_size
+from .reporting import ProgressCallback
 from .request import JobRequest
 from .routing import decide_route, record_route
 from .staging.stage import plan_stage, stage
@@ -79,21 +79,12 @@ class Collected:
     failure: FailureAnalysis | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        upload = None
-        if self.upload is not None:
-            upload = {"status": self.upload.status, "message": self.upload.message,
-                      **({"summary": self.upload.summary.to_dict()} if self.upload.summary else {})}
-        return {"job_id": self.job_id, "state": self.state, "message": self.message, "upload": upload,
+        return {"job_id": self.job_id, "state": self.state, "message": self.message,
+                "upload": self.upload.to_dict() if self.upload else None,
                 "failure": self.failure.to_dict() if self.failure else None}
 
     def describe(self) -> str:
-        moved = ""
-        if self.upload is not None and self.upload.summary is not None:
-            summary = self.upload.summary
-            moved = (f"; uploaded {summary.transferred_files} files ({human_size(summary.transferred_bytes)}), "
-                     f"{summary.excluded_files} excluded")
-        elif self.upload is not None:
-            moved = f"; {self.upload.message}"
+        moved = f"; {self.upload.describe()}" if self.upload is not None else ""
         return f"job {self.job_id} {self.state}" + (f" ({self.message})" if self.message else "") + moved
 
 

@@ -105,7 +105,11 @@ def test_redacting_log_filter(caplog: pytest.LogCaptureFixture) -> None:
     try:
         with caplog.at_level(logging.INFO, logger=logger.name):
             logger.info("calling registry with %s", "nvapi-supersecret")
+            try:
+                raise RuntimeError("refused nvapi-supersecret")
+            except RuntimeError:
+                logger.exception("the call failed")
     finally:
         logger.removeFilter(handler_filter)
     assert "nvapi-supersecret" not in caplog.text
-    assert "***NGC_KEY***" in caplog.text
+    assert "***NGC_KEY***" in caplog.text and "RuntimeError: refused ***NGC_KEY***" in caplog.text
