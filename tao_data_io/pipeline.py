@@ -263,10 +263,16 @@ def collect(job_id: str, backend: Backend, store: RecordStore, *, wait: bool = T
 
 
 def resync(job_id: str, backend: Backend, store: RecordStore, *, settle_seconds: float | None = None,
-           environ: Mapping[str, str] | None = None) -> UploadOutcome | None:
+           environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None) -> UploadOutcome | None:
     """What a schedule runs for a RUNNING job: upload what is new (see :func:`upload_job_results`);
     it leaves at once when another upload of the job holds the lock."""
-    return upload_job_results(job_id, backend, store, kind="resync", settle_seconds=settle_seconds, environ=environ)
+    return upload_job_results(job_id, backend, store, kind="resync", settle_seconds=settle_seconds, environ=environ,
+                              progress=progress)
+
+
+def running_jobs(store: RecordStore, platform: str) -> list[str]:
+    """The RUNNING jobs of ``platform`` — the ones a resync on that backend can reach."""
+    return [record.job_id for record in store.list_records(state="RUNNING") if record.platform == platform]
 
 
 def cancel(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli") -> bool:

@@ -17,7 +17,7 @@ import tomli_w
 from importlinter.cli import lint_imports
 
 ROOT = Path(__file__).resolve().parent.parent
-ROOT_PACKAGES = ("tao_data_io", "tasks", "flows")
+ROOT_PACKAGES = ("tao_data_io", "tasks", "flows", "blocks")
 
 
 def lint(project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -47,6 +47,8 @@ def test_each_contract_catches_its_violation(tmp_path: Path, monkeypatch: pytest
         "tasks/__init__.py": "import boto3\n",
         "flows/__init__.py": "",
         "flows/stage.py": "import obstore\nimport botocore.session\n",
+        "blocks/__init__.py": "",
+        "blocks/cluster.py": "from kubernetes import config\n",
     }
     for relative, text in sources.items():
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -62,6 +64,6 @@ def test_each_contract_catches_its_violation(tmp_path: Path, monkeypatch: pytest
     assert code == 1, report
     assert "0 kept, 3 broken" in report
     for line in ("tao_data_io.orchestrate -> prefect", "tao_data_io.leak -> kubernetes", "tasks -> boto3",
-                 "flows.stage -> obstore", "flows.stage -> botocore"):
+                 "flows.stage -> obstore", "flows.stage -> botocore", "blocks.cluster -> kubernetes"):
         assert line in report
     assert "tao_data_io.kubernetes" not in report.replace("Only tao_data_io.kubernetes talks", "")
