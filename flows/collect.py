@@ -55,6 +55,8 @@ def collect_tao_job(job_id: str, target: str = DEFAULT_TARGET, records: str = DE
                 "failure": None}
     report = report_failure(job_id, status.to_dict(), setup.backend, setup.store, setup.credentials)
     failure = report["failure"]
-    why = f"{failure['err_class']}: {failure['reason']} — {failure['suggestion']}" if failure else status.describe()
-    where = f"; results: {upload['message']}" if upload else ""
-    raise JobFailed(f"job {job_id} ended ERROR ({status.message}): {why}{where}")
+    why = (f"{failure['err_class']}: {failure['reason']} — {failure['suggestion']}" if failure
+           else status.message or "the backend gave no reason")
+    kept = ("" if upload is None else f"; its results were uploaded to {upload['destination']}"
+            if upload["status"] == "uploaded" else f"; results: {upload['message']}")
+    raise JobFailed(f"job {job_id} ended ERROR: {why}{kept}")
