@@ -81,8 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.keep:
             print(f"\nThe stack is still running (KEEP=1). Stop it with: make demo-stop   (logs: {DEMO}/*.log)")
         else:
-            stack.stop()
-            clock.say("stopped everything the demo started")
+            clock.say("stopped everything the demo started: " + ", ".join(stack.stop()))
     return 0 if ok else 1
 
 

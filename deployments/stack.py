@@ -117,8 +117,9 @@ class Stack:
         stopped = []
         for service in sorted(self.services(), key=lambda s: STOP_ORDER.index(s.name)):
             if _is(service):
+                started = time.monotonic()
                 _terminate(service.pid)
-                stopped.append(f"{service.name} (pid {service.pid})")
+                stopped.append(f"{service.name} (pid {service.pid}, {time.monotonic() - started:.1f}s)")
         self.record.unlink(missing_ok=True)
         return stopped
 
