@@ -5,6 +5,8 @@ DevTools protocol: load it, click the tab, wait, capture.
 
     .venv/bin/python docs/screenshot.py http://127.0.0.1:PORT/runs/flow-run/ID docs/demo-flow-run.png \
         [--tab Artifacts] [--width 1600] [--height 1500]
+    .venv/bin/python docs/screenshot.py http://127.0.0.1:PORT/artifacts/key/launch-JOB docs/x.png --tab ''
+
 
 Against the demo's server: ``KEEP=1 make demo``, then the URL it prints; ``make demo-stop`` after.
 """
@@ -48,14 +50,15 @@ async def capture(ws_url: str, url: str, tab: str, width: int, height: int) -> b
         await call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
         await call("Page.navigate", url=url)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        while tab and time.monotonic() < deadline:
             await asyncio.sleep(1)
             clicked = await call("Runtime.evaluate", expression=CLICK_TAB % json.dumps(tab), returnByValue=True)
             if clicked.get("result", {}).get("value"):
                 break
         else:
-            raise RuntimeError(f"no {tab!r} tab on {url}")
-        await asyncio.sleep(4)  # the tab's content loads and renders
+            if tab:
+                raise RuntimeError(f"no {tab!r} tab on {url}")
+        await asyncio.sleep(4)  # the page (and the tab) load and render
         shot = await call("Page.captureScreenshot", format="png")
         return base64.b64decode(shot["data"])
 
@@ -64,7 +67,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("url")
     parser.add_argument("output", type=Path)
-    parser.add_argument("--tab", default="Artifacts")
+    parser.add_argument("--tab", default="Artifacts", help="the tab to open; '' for none (an artifact's page)")
     parser.add_argument("--width", type=int, default=1600)
     parser.add_argument("--height", type=int, default=1500)
     args = parser.parse_args()

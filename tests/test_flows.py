@@ -12,6 +12,7 @@ end with the same record.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -62,13 +63,16 @@ class FakeTarget(ComputeTarget):
     outcome: str = Field("COMPLETE", title="Outcome", description="COMPLETE or ERROR.")
     polls_until_done: int = Field(1, title="Polls until done", description="Status polls before the end.")
     fail_submits: int = Field(0, title="Failed submits", description="Submits that fail with a retryable 503 first.")
+    stages_on_host: bool = Field(True, title="Stages on this host", description="False: the cluster stages.")
 
     def backend(self) -> Backend:
-        return _CLUSTERS.setdefault(self.results_root, FakeBackend(
+        cluster = _CLUSTERS.setdefault(self.results_root, FakeBackend(
             self.results_root, verify_ok=self.verify_ok, outcome=self.outcome, exit_code=3,
             polls_until_done=self.polls_until_done, fail_submits=self.fail_submits,
             results={"checkpoint_epoch_1.pth": b"weights", "status.json": b"{}", "scratch.tmp": b"x",
                      ".tao/state.json": b"{}"}))
+        cluster.stages_on_host = self.stages_on_host
+        return cluster
 
 
 # ----------------------------------------------------------------------------- fixtures and helpers
@@ -176,7 +180,7 @@ def test_submit_stages_each_input_in_its_own_task_run_and_collect_uploads(env: d
                         (f"staging s3://{bucket}/models/model.bin → /tao-inputs/s3/{bucket}/models/model.bin: "
                          "1 of 1 files, 13 B of 13 B", 100.0)]
     table = by_key(found, "staged-job-ok")
-    assert [row["kind"] for row in __import__("json").loads(str(table.data))] == ["folder", "file", "config"]
+    assert [row["kind"] for row in json.loads(str(table.data))] == ["folder", "file", "config"]
     assert "**Storage tier B**" in str(by_key(found, "launch-job-ok").data)
     record = RecordStore(tmp_path / "jobs").get("job-ok")
     assert (record.state, record.storage_tier, record.history[-1].source) == ("RUNNING", "B", "flow")
@@ -189,6 +193,19 @@ def test_submit_stages_each_input_in_its_own_task_run_and_collect_uploads(env: d
     assert "2 excluded" in report and "`*.tmp` (the request's upload_excludes)" in report
     record = RecordStore(tmp_path / "jobs").get("job-ok")
     assert record.state == "COMPLETE" and record.uploads[-1]["final"] is True
+
+
+def test_a_cluster_that_stages_itself_gets_a_planned_staging_map(env: dict[str, str], bucket: str,
+                                                                  tmp_path: Path) -> None:
+    target, records = fake_target(tmp_path, stages_on_host=False), records_block(tmp_path / "jobs")
+    state = submit_tao_job(fake_request(bucket, "job-planned"), target=target, records=records, return_state=True)
+    assert state.is_completed(), state.message
+    runs = task_runs(state, "plan-staging-job-planned", "launch-job-planned")
+    assert not any(name.startswith("stage-job-planned-") for name in runs)  # nothing staged here
+    rows = json.loads(str(by_key(artifacts(state), "staged-job-planned").data))
+    assert [row["moved"] for row in rows][:2] == ["planned: staged on the cluster"] * 2
+    assert rows[2]["kind"] == "config" and str(rows[2]["moved"]).startswith("moved 1 files")  # the config, here
+    assert not (tmp_path / "work" / "job-planned" / "s3").exists()
 
 
 def test_a_verify_failure_fails_the_flow_before_the_command_starts(env: dict[str, str], bucket: str,
