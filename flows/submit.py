@@ -33,6 +33,7 @@ from tasks.launch import launch, verify
 from tasks.records import decide_tier, open_record, route_outputs
 from tasks.staging import plan_staging, publish_staging_map, stage_job_config, stage_one
 
+
 def read_request(request: str | Mapping[str, Any], environ: Mapping[str, str]) -> JobRequest:
     """The request parameter: a path to a YAML/JSON request on the worker, or the request itself."""
     if isinstance(request, Mapping):

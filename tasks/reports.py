@@ -8,6 +8,7 @@ the results do not (and a job's own log lines are masked before they get here).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from tao_data_io.launch.backend import FailureAnalysis, JobStatus
@@ -17,6 +18,9 @@ from tao_data_io.records import JobRecord
 from tao_data_io.reporting import human_size
 from tao_data_io.staging.stage_map import StagedSource
 from tao_data_io.vocabulary import ALWAYS_EXCLUDED
+
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def cell(value: object) -> str:
@@ -31,7 +35,8 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def staged_rows(sources: Sequence[StagedSource]) -> list[dict[str, object]]:
-    """One row per staged source: where from, where the job sees it, what staging did."""
+    """One row per staged source: what it is, what staging did, then where from and where the job
+    sees it (the long columns last; the config's 64-digit digest shortened)."""
     rows: list[dict[str, object]] = []
     for source in sources:
         if source.kind == "pre-positioned":
@@ -46,11 +51,16 @@ def staged_rows(sources: Sequence[StagedSource]) -> list[dict[str, object]]:
             outcome = "already there"
         rate = (f"{source.transferred_bytes / source.seconds / 1e6:.3g}"
                 if source.moved and source.seconds > 0 else "")
-        rows.append({"source": source.source, "destination": source.container_path, "kind": source.kind,
-                     "files": "" if source.files is None else source.files,
-                     "bytes": "" if source.bytes is None else human_size(source.bytes),
-                     "seconds": round(source.seconds, 2), "MB/s": rate, "moved": outcome})
+        rows.append({"kind": source.kind, "files": "" if source.files is None else source.files,
+                     "bytes": "" if source.bytes is None else human_size(source.bytes), "moved": outcome,
+                     "seconds": round(source.seconds, 2), "MB/s": rate, "source": _short(source.source),
+                     "destination": _short(source.container_path)})
     return rows
+
+
+def _short(text: str) -> str:
+    """A SHA-256 in a name (the config's) cut to 12 digits: enough to tell configs apart."""
+    return _DIGEST.sub(lambda match: match[0][:12] + "…", text)
 
 
 def launch_report(record: JobRecord, verdict: Verdict) -> str:
@@ -60,11 +70,12 @@ def launch_report(record: JobRecord, verdict: Verdict) -> str:
     route = record.output_route
     if route is not None:
         lines += ["", f"**Output route `{route.route}`** → `{route.destination}`: {route.reason or ''}"]
-    lines += ["", f"## Verify, inside the compute frame: {verdict.describe()}", ""]
+    said = verdict.describe()
+    lines += ["", f"## {said[0].upper()}{said[1:]}", ""]
     if verdict.checks:
-        lines.append(table(["result", "path", "input", "check", "detail"],
-                           [["pass" if check.ok else "**FAIL**", f"`{check.path}`", check.subject, check.kind,
-                             check.detail] for check in verdict.failures + [c for c in verdict.checks if c.ok]]))
+        lines.append(table(["result", "path", "check", "detail", "input"],
+                           [["pass" if check.ok else "**FAIL**", f"`{_short(check.path)}`", check.kind, check.detail,
+                             _short(check.subject)] for check in verdict.failures + [c for c in verdict.checks if c.ok]]))
     return "\n".join(lines) + "\n"
 
 

@@ -36,11 +36,13 @@ def test_the_staged_table_says_what_moved_and_how_fast() -> None:
         source(source="s3://bkt1/more/", transferred_files=0, unchanged_files=10, seconds=0.1),
         source(source="/mnt/data", kind="pre-positioned", sub_path=None, local_path=None, files=None, bytes=None),
         source(source="s3://bkt1/planned/", files=None, bytes=None, note="planned: staged on the cluster"),
+        source(source="config:sha256:" + "ab" * 32, kind="config", container_path=f"/c/spec-{'ab' * 32}.yaml"),
     ])
-    assert rows[0] == {"source": "s3://bkt1/data/", "destination": "/data", "kind": "folder", "files": 10,
-                       "bytes": "1.9 MiB", "seconds": 0.5, "MB/s": "4", "moved": "moved 10 files (1.9 MiB)"}
-    assert [row["moved"] for row in rows[1:]] == ["already there", "pre-positioned (tier A): nothing moves",
-                                                  "planned: staged on the cluster"]
+    assert rows[0] == {"kind": "folder", "files": 10, "bytes": "1.9 MiB", "moved": "moved 10 files (1.9 MiB)",
+                       "seconds": 0.5, "MB/s": "4", "source": "s3://bkt1/data/", "destination": "/data"}
+    assert [row["moved"] for row in rows[1:4]] == ["already there", "pre-positioned (tier A): nothing moves",
+                                                   "planned: staged on the cluster"]
+    assert (rows[4]["source"], rows[4]["destination"]) == ("config:sha256:abababababab…", "/c/spec-abababababab….yaml")
     assert rows[1]["MB/s"] == "" and rows[2]["files"] == ""
 
 
