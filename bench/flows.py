@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,7 +42,10 @@ REPO = Path(__file__).resolve().parents[1]
 # on the path, so ``flows`` is the package and not this file.
 sys.path.insert(0, str(REPO))
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="tao-bench-flows-prefect-"))
+#: A Prefect home of the run's own (results of the measured flows), unless the caller gave one.
+OWN_HOME = None if "PREFECT_HOME" in os.environ else tempfile.mkdtemp(prefix="tao-bench-flows-prefect-")
+if OWN_HOME is not None:
+    os.environ["PREFECT_HOME"] = OWN_HOME
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 from prefect import flow  # noqa: E402 - the environment above must be set first
@@ -242,8 +246,17 @@ def main() -> None:
     parser.add_argument("--only", choices=("overhead", "submit", "resync"), action="append",
                         help="run only these parts (repeatable; default: all three)")
     args = parser.parse_args()
-    parts = set(args.only or ("overhead", "submit", "resync"))
     work = Path(tempfile.mkdtemp(prefix="tao-bench-flows-"))
+    try:
+        run(work, args)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if OWN_HOME is not None:
+            shutil.rmtree(OWN_HOME, ignore_errors=True)
+
+
+def run(work: Path, args: argparse.Namespace) -> None:
+    parts = set(args.only or ("overhead", "submit", "resync"))
     with EmbeddedS3(work / "s3") as server, prefect_test_harness(server_startup_timeout=120):
         server.create_bucket(BUCKET)
         os.environ.update({**server.env(), "S3_BUCKET_NAME": BUCKET})
