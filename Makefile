@@ -1,12 +1,13 @@
 # The two commands of the README, on a fresh machine with only python3, make and apt:
 #   make test   — set up .venv and run the whole test suite (what .ci/run calls)
-#   make demo   — set up .venv and run the main job on the embedded default
+#   make demo   — set up .venv and run the main job through Prefect on the embedded stack
+#                 (KEEP=1 leaves the stack running; make demo-stop ends it)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: test demo bench clean bubblewrap
+.PHONY: test demo demo-stop bench clean bubblewrap
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || { apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
@@ -15,15 +16,21 @@ $(BIN)/python:
 bubblewrap:
 	@command -v bwrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap; }
 
+# uv (installed by pip from PyPI) resolves the Prefect stack in seconds; pip's resolver spends
+# minutes backtracking through boto3 releases for prefect-aws's aiobotocore pin. pip stays the
+# fallback.
 $(VENV)/.installed-%: pyproject.toml | $(BIN)/python
-	$(PIP) install -e ".[$*]"
+	{ $(PIP) install uv && $(BIN)/uv pip install --quiet --python $(BIN)/python -e ".[$*]"; } || $(PIP) install -e ".[$*]"
 	touch $@
 
 test: $(VENV)/.installed-test bubblewrap
 	$(BIN)/python -m pytest
 
-demo: $(VENV)/.installed-test bubblewrap
-	$(BIN)/python -m deployments.demo
+demo: $(VENV)/.installed-demo bubblewrap
+	$(BIN)/python -m deployments.demo $(if $(KEEP),--keep)
+
+demo-stop:
+	$(BIN)/python -m deployments.demo --stop
 
 bench: $(VENV)/.installed-bench
 	$(BIN)/python bench/transfer.py

@@ -1,4 +1,6 @@
-"""Loopback TCP forwarder that adds a fixed latency per HTTP request, and can inject faults.
+"""Loopback TCP forwarder that adds a fixed latency per HTTP request, and can inject faults: answer
+the first N connections with ``503 ServiceUnavailable`` (a transient S3 fault, for the flow tests),
+or hand each request to a hook that may act before it is forwarded.
 
 Used by benchmarks to emulate a remote S3 endpoint in front of a local server.
 The delay is applied to the first client->server chunk of a connection and to
@@ -16,6 +18,12 @@ Library use (the proxy runs its own event loop in a daemon thread)::
 
     with LatencyProxy("127.0.0.1", 8333, delay_s=0.02) as proxy:
         url = f"http://127.0.0.1:{proxy.port}"
+
+    with LatencyProxy("127.0.0.1", 8333, delay_s=0, fail_first=2) as proxy:
+        ...  # the first two requests (each on a new connection) get a 503; proxy.failed counts them
+
+A fault is answered before anything reaches the server, with ``Connection: close``, so the
+client's retry comes on a new connection and meets the next fault or the server.
 
 CLI::
 
@@ -53,12 +61,15 @@ def _loopback(host: str) -> str:
 class LatencyProxy:
     """Asyncio TCP forwarder on 127.0.0.1 with per-request latency."""
 
-    def __init__(self, target_host: str, target_port: int, delay_s: float = 0.02, port: int = 0,
-                 on_request: RequestHook | None = None) -> None:
+    def __init__(self, target_host: str, target_port: int, delay_s: float = 0.02, port: int = 0, *,
+                 on_request: RequestHook | None = None, fail_first: int = 0) -> None:
         self.target_host = _loopback(target_host)
         self.target_port = target_port
         self.delay_s = delay_s
         self.on_request = on_request
+        #: Connections still to answer with a 503 (touched only on the proxy's event loop).
+        self.fail_first = fail_first
+        self.failed = 0
         self.port = port  # replaced by the bound port once started
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
@@ -96,6 +107,11 @@ class LatencyProxy:
         self._writers.add(c_writer)
         s_writer: asyncio.StreamWriter | None = None
         try:
+            if self.fail_first > 0:
+                self.fail_first -= 1
+                self.failed += 1
+                await self._unavailable(c_reader, c_writer)
+                return
             s_reader, s_writer = await asyncio.open_connection(self.target_host, self.target_port)
             self._writers.add(s_writer)
             state: dict[str, object] = {"fresh": True, "hold": None}
@@ -109,6 +125,16 @@ class LatencyProxy:
                     w.close()
                     self._writers.discard(w)
             self._tasks.discard(task)
+
+    @staticmethod
+    async def _unavailable(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read the start of the request and answer it as S3 does when it sheds load."""
+        await reader.read(_CHUNK)
+        body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>ServiceUnavailable</Code>'
+                b"<Message>injected by the test proxy</Message></Error>")
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\n"
+                     b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
 
     async def _start(self) -> None:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)

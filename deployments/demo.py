@@ -1,154 +1,276 @@
-"""The main job on the embedded default: `make demo`.
+"""The main job, ``make demo``: a real TAO-shaped job through Prefect, on this machine.
 
-Until the submit/collect flows land, the main job is the data mover's own steps run as a user
-types them, against the embedded S3 server, with credentials in the child's environment only:
+1. S3: the one you exported (``AWS_ENDPOINT_URL``, credentials and ``S3_BUCKET_NAME``), else the
+   embedded server (SeaweedFS on 127.0.0.1, random credentials) with bucket ``tao-demo``;
+2. a small dataset in it (PNG images, a parquet annotation, a calibration tar.gz) and a tiny
+   model on a model hub stand-in (``HF_ENDPOINT``), see :mod:`deployments.dataset`;
+3. Prefect's server (SQLite under ``.demo/prefect``, UI on), the ``tao-local`` process pool, the
+   blocks (:mod:`deployments.blocks`: the local target, job records in the bucket, credential
+   blocks that name variables), a worker, and ``prefect deploy --all``;
+4. ``prefect deployment run submit-tao-job/local -p request=.demo/request.yaml`` — a config-mode
+   request whose command is the training stand-in (``examples/stand_in/train.sh``, mounted into
+   the local frame) — then ``collect-tao-job/local``;
+5. the job's record, where its results are, what was left out, and the UI's address.
 
-1. start SeaweedFS on 127.0.0.1 with random credentials;
-2. make a small TAO-shaped dataset (images, a COCO-style annotation, a clip list, an archive);
-3. `tao-data-io sync` it up and back down, verify the trees are byte-identical, and rerun the
-   download to show that nothing moves twice;
-4. `tao-data-io stage` a config-mode job request (a folder, a file, an annotation-selective
-   input and an archive), printing the staging map and the materialized config;
-5. `record open`, `route-outputs --record` (S3_BUCKET_NAME set → s3://…/results/<id>/),
-   `record mark … ERROR` and `upload-results` — results are uploaded even for a failed job,
-   and `.tao/*` never leaves the machine. The record lives in the bucket
-   (`TAO_DATA_IO_RECORDS=s3://…/tao-data-io/jobs/`), where every pod of a flow would find it.
+Everything it starts it stops, unless ``--keep`` (``KEEP=1 make demo``): then it says how to stop
+(``make demo-stop``). Credentials live only in the environment of the worker and its flow runs.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
+import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
-import tarfile
+import textwrap
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
+from uuid import UUID
 
+import yaml
+
+from deployments.dataset import MODEL_REPO, PREFIX, build
+from deployments.stack import Service, Stack, free_port
+from tao_data_io.credentials import S3Credentials, s3_credentials_from_env
 from tao_data_io.embedded.s3 import EmbeddedS3
+from tao_data_io.records import JobRecord, RecordStore
+from tao_data_io.reporting import human_size
+from tao_data_io.request import parse_request
+from tao_data_io.staging.layout import plan_inputs
+from tao_data_io.transfer.engine import TransferEngine, TransferOptions
+from tao_data_io.uris import parse_s3_url
+from tao_data_io.vocabulary import ALWAYS_EXCLUDED
 
-WORKDIR = Path(os.environ.get("TAO_DATA_IO_DEMO_DIR", ".demo")).resolve()
-BUCKET = "tao-demo"
-
-
-def _digest(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and ".tao-data-io" not in p.parts}
-
-
-def _make_dataset(root: Path) -> None:
-    images = []
-    for i in range(200):
-        path = root / "images" / f"{i // 50:02d}" / f"img-{i:04d}.jpg"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(hashlib.sha256(str(i).encode()).digest() * 256)
-        images.append({"id": i, "file_name": path.relative_to(root).as_posix()})
-    (root / "annotations.json").write_text(json.dumps({"images": images, "annotations": []}))
+CHECKOUT = Path(__file__).resolve().parents[1]
+DEMO = CHECKOUT / ".demo"
+EMBEDDED_BUCKET = "tao-demo"
+POOL = "tao-local"
+RECORDS_PREFIX = "tao-data-io/jobs/"
 
 
-def _make_inputs(root: Path) -> None:
-    """A clip list that references 3 of the 5 clips, the clips, and a calibration archive."""
-    for i in range(5):
-        (root / "clips").mkdir(parents=True, exist_ok=True)
-        (root / "clips" / f"clip-{i}.mp4").write_bytes(hashlib.sha256(f"clip{i}".encode()).digest() * 64)
-    (root / "clips" / "train.jsonl").write_text("".join(json.dumps({"video": f"./clip-{i}.mp4"}) + "\n"
-                                                        for i in (0, 2, 4)))
-    with tarfile.open(root / "calib.tar.gz", "w:gz") as tar:
-        for name in ("calib/table.bin", "calib/info.txt"):
-            data = name.encode() * 10
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+class Clock:
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+
+    def say(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.started:5.1f}s] {text}", flush=True)
 
 
-REQUEST = """\
-schema_version: "1"
-job_id: demo-job
-image: nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt
-command: dino train -e {{config_path}}
-mode: config
-config_format: yaml
-spec:
-  dataset:
-    train_data_sources:
-      - image_dir: s3://{bucket}/datasets/coco-mini/images/
-        json_file: s3://{bucket}/datasets/coco-mini/annotations.json
-  train: {{num_epochs: 1}}
-inputs:
-  - source: s3://{bucket}/inputs/clips/
-    kind: selective
-    annotation: s3://{bucket}/inputs/clips/train.jsonl
-    keys: [video]
-    target: /data/clips
-  - source: s3://{bucket}/inputs/calib.tar.gz
-    kind: archive
-    strip_components: 1
-    target: /data/calib
-outputs:
-  results_dir: /results
-  upload_excludes: ["*.tmp"]
-forward_env: [AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY]
-"""
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deployments.demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keep", action="store_true", help="leave the stack running (make demo-stop ends it)")
+    parser.add_argument("--stop", action="store_true", help="stop what a --keep run left running")
+    args = parser.parse_args(argv)
+    stack = Stack(DEMO)
+    if args.stop:
+        print("\n".join(f"stopped {what}" for what in stack.stop()) or "nothing of the demo is running")
+        return 0
+    if stack.services():
+        stack.stop()  # a previous --keep run
+    shutil.rmtree(DEMO, ignore_errors=True)
+    DEMO.mkdir(parents=True)
+    clock = Clock()
+    try:
+        ok = run_demo(stack, clock)
+    finally:
+        if args.keep:
+            print(f"\nThe stack is still running (KEEP=1). Stop it with: make demo-stop   (logs: {DEMO}/*.log)")
+        else:
+            clock.say("stopped everything the demo started: " + ", ".join(stack.stop()))
+    return 0 if ok else 1
 
 
-def _make_results(root: Path) -> None:
-    (root / ".tao").mkdir(parents=True, exist_ok=True)
-    (root / ".tao" / "status.json").write_text('{"internal": true}')
-    (root / "checkpoints").mkdir(exist_ok=True)
-    (root / "checkpoints" / "epoch_001.pth").write_bytes(os.urandom(512 * 1024))
-    (root / "train.log").write_text("epoch 1 loss 0.42\n")
-    (root / "scratch.tmp").write_text("excluded by the request's upload_excludes")
+def run_demo(stack: Stack, clock: Clock) -> bool:
+    credentials, bucket = s3(stack, clock)
+    local_tree, model = build(DEMO / "dataset")
+    with TransferEngine(credentials) as engine:
+        summary = engine.upload_directory(local_tree, parse_s3_url(f"s3://{bucket}/"), TransferOptions())
+    clock.say(f"dataset in s3://{bucket}/{PREFIX}/: {summary.transferred_files} files uploaded "
+              f"({human_size(summary.transferred_bytes)}), {summary.unchanged_files} already there")
+    hub = stack.start_model_hub(os.environ, {MODEL_REPO: model})
+    clock.say(f"model hub stand-in on {hub} serving hf://{MODEL_REPO}")
+
+    port = free_port()
+    env = worker_environment(credentials, bucket, hub, port)
+    os.environ.update({name: value for name, value in env.items() if name.startswith("PREFECT_")})
+    api = stack.start_prefect_server(env, port)
+    clock.say(f"Prefect server on {api} (SQLite in {DEMO / 'prefect'}; UI on)")
+    prepare_prefect(bucket)
+    clock.say(f"work pool {POOL!r}; block types registered; blocks saved: tao-local-target/local, "
+              f"tao-job-records/local (s3://{bucket}/{RECORDS_PREFIX}), the default credential blocks (names only)")
+    stack.start_worker(env, POOL, CHECKOUT)
+    clock.say("worker started (it polls every second)")
+    if prefect(clock, env, "deploy", "--all", "--no-prompt").returncode != 0:
+        return False
+
+    job_id = f"demo-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    request = DEMO / "request.yaml"
+    request.write_text(yaml.safe_dump(demo_request(job_id, bucket), sort_keys=False))
+    ran = run_deployment(clock, env, "submit-tao-job/local", f"request={request.relative_to(CHECKOUT)}")
+    if ran:
+        ran = run_deployment(clock, env, "collect-tao-job/local", f"job_id={job_id}", "poll_seconds=1")
+    report(job_id, bucket, credentials, api, clock)
+    return ran
 
 
-def _cli(env: dict[str, str], *args: str) -> None:
-    print(f"\n$ tao-data-io {' '.join(args)}", flush=True)
-    subprocess.run([sys.executable, "-m", "tao_data_io.cli", *args], env=env, check=True)
+def s3(stack: Stack, clock: Clock) -> tuple[S3Credentials, str]:
+    """The user's S3 when they exported it, else the embedded server (left running for the stack)."""
+    if os.environ.get("AWS_ENDPOINT_URL") and os.environ.get("S3_BUCKET_NAME"):
+        credentials = s3_credentials_from_env()
+        bucket = os.environ["S3_BUCKET_NAME"]
+        clock.say(f"using your S3 at {credentials.endpoint_url}, bucket s3://{bucket}/")
+        return credentials, bucket
+    server = EmbeddedS3(DEMO / "s3").start()
+    assert server.pid is not None
+    stack.remember(Service("s3", server.pid, "weed", str(DEMO / "s3" / "weed.log")))
+    server.create_bucket(EMBEDDED_BUCKET)
+    clock.say(f"embedded S3 (SeaweedFS) on {server.endpoint_url}, bucket s3://{EMBEDDED_BUCKET}/")
+    return server.credentials, EMBEDDED_BUCKET
 
 
-def main() -> int:
-    shutil.rmtree(WORKDIR, ignore_errors=True)
-    WORKDIR.mkdir(parents=True)
-    print("tao-data-io demo: a real sync round trip against the embedded S3 server "
-          "(the submit/collect flows will replace this once they exist)")
-    with EmbeddedS3(WORKDIR / "s3") as server:
-        server.create_bucket(BUCKET)
-        print(f"embedded S3 (SeaweedFS) on {server.endpoint_url}, bucket s3://{BUCKET}/")
-        env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(WORKDIR)), **server.env()}
-        dataset, stage, results = WORKDIR / "dataset", WORKDIR / "stage", WORKDIR / "results"
-        _make_dataset(dataset)
-        _make_results(results)
+def worker_environment(credentials: S3Credentials, bucket: str, hub: str, port: int) -> dict[str, str]:
+    """What the Prefect server, the worker and so every flow run see: the S3 settings and
+    credentials (by value, in the environment only), the results bucket, the hub stand-in."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PREFECT_")}
+    env.update({name: value for name, value in credentials.child_env(os.environ).items() if name.startswith("AWS_")})
+    env.update({
+        "S3_BUCKET_NAME": bucket, "HF_ENDPOINT": hub, "HF_HOME": str(DEMO / "hf-home"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "PREFECT_HOME": str(DEMO / "prefect"), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
+        "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "5",
+        "PREFECT_CLI_PROMPT": "false",
+    })
+    return env
 
-        _cli(env, "sync", str(dataset), f"s3://{BUCKET}/datasets/coco-mini/")
-        _cli(env, "sync", f"s3://{BUCKET}/datasets/coco-mini/", str(stage))
-        if _digest(stage) != _digest(dataset):
-            print("FAILED: the staged tree differs from the source", file=sys.stderr)
-            return 1
-        print("verified: the staged tree is byte-identical to the source")
-        _cli(env, "sync", f"s3://{BUCKET}/datasets/coco-mini/", str(stage))
 
-        inputs, workdir = WORKDIR / "inputs", WORKDIR / "workdir"
-        _make_inputs(inputs)
-        _cli(env, "sync", str(inputs), f"s3://{BUCKET}/inputs/")
-        request = WORKDIR / "request.yaml"
-        request.write_text(REQUEST.format(bucket=BUCKET))
-        _cli(env, "stage", "--request", str(request), "--workdir", str(workdir))
-        _cli(env, "stage", "--request", str(request), "--workdir", str(workdir))  # a rerun moves nothing
-        config = next((workdir / "config").glob("tao-action-config-*.yaml"))
-        print(f"\nmaterialized config ({config.name}), remote URIs rewritten:\n{config.read_text()}")
+def prepare_prefect(bucket: str) -> None:
+    """The work pool and the blocks, through the API (what ``prefect work-pool create`` and
+    ``python -m deployments.blocks`` do)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.workers.process import ProcessWorker
 
-        jobs = {**env, "TAO_DATA_IO_RECORDS": f"s3://{BUCKET}/tao-data-io/jobs/", "S3_BUCKET_NAME": BUCKET}
-        _cli(jobs, "record", "open", "--job-id", "demo-job", "--platform", "local", "--image", "tao:6",
-             "--network-arch", "dino", "--action", "train", "--storage-tier", "C", "--results-dir", "/results",
-             "--upload-exclude", "*.tmp")
-        _cli(jobs, "route-outputs", "--job-id", "demo-job", "--record")
-        _cli(jobs, "record", "mark", "demo-job", "--state", "ERROR", "--message", "demo: the job failed")
-        _cli(jobs, "upload-results", "--job-id", "demo-job", "--results-dir", str(results))
-        _cli(jobs, "record", "show", "demo-job")
-        _cli(jobs, "record", "list", "--state", "ERROR")
-    print(f"\ndemo complete; files are under {WORKDIR}")
-    return 0
+    from deployments.blocks import Defaults, save_defaults
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_work_pool(WorkPoolCreate(name=POOL, type="process",
+                                                   base_job_template=ProcessWorker.get_default_base_job_template()))
+        except ObjectAlreadyExists:
+            pass
+    save_defaults(Defaults(records=f"s3://{bucket}/{RECORDS_PREFIX}", local_root=str(DEMO / "local"),
+                           staging_root=str(DEMO / "work")), overwrite=True)
+
+
+def prefect(clock: Clock, env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run a ``prefect`` command as a user types it, in the checkout, and show what it says."""
+    clock.say("$ prefect " + " ".join(args))
+    done = subprocess.run([sys.executable, "-m", "prefect", *args], env=dict(env), cwd=CHECKOUT,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    print(textwrap.indent((done.stdout + done.stderr).strip(), "    "), flush=True)
+    return done
+
+
+def run_deployment(clock: Clock, env: Mapping[str, str], deployment: str, *parameters: str) -> bool:
+    """``prefect deployment run DEPLOYMENT -p …``, then follow the run's logs to its end."""
+    done = prefect(clock, env, "deployment", "run", deployment, *(arg for p in parameters for arg in ("-p", p)))
+    found = re.search(r"UUID: ([0-9a-f-]{36})", done.stdout)
+    if done.returncode != 0 or found is None:
+        return False
+    state = follow(UUID(found[1]))
+    clock.say(f"{deployment}: {state}")
+    return state == "Completed"
+
+
+def follow(flow_run_id: UUID, quiet_s: float = 1.5) -> str:
+    """Print the flow run's logs as they arrive (task runs by name) until it has ended and its
+    process has sent its last lines; return the final state's name."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    shown, ended_at = 0, None
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(flow_run_id)
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                                    sort=LogSort.TIMESTAMP_ASC, offset=shown)
+            for log in logs:
+                if not (log.task_run_id and log.message.startswith("Finished in state Completed")):
+                    where = client.read_task_run(log.task_run_id).name if log.task_run_id else run.name
+                    print(f"    {log.timestamp:%H:%M:%S} {where}: {log.message}", flush=True)
+            shown += len(logs)
+            if run.state is not None and run.state.is_final():
+                ended_at = ended_at or time.monotonic()
+                if time.monotonic() - ended_at > quiet_s and not logs:
+                    return run.state.name
+            time.sleep(0.5)
+
+
+def demo_request(job_id: str, bucket: str) -> dict[str, Any]:
+    """A config-mode request: a folder (through the spec), an annotation-selective input, an
+    archive and a model; the command is the training stand-in, which reads every input in full."""
+    data = f"s3://{bucket}/{PREFIX}"
+    request: dict[str, Any] = {
+        "schema_version": "1", "job_id": job_id, "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt",
+        "command": "sh /stand-in/train.sh -e {config_path}", "mode": "config", "config_format": "yaml",
+        "spec": {"dataset": {"train_data_sources": [{"image_dir": f"{data}/images/train/"}], "num_classes": 3},
+                 "train": {"num_epochs": 2, "pretrained_model_path": f"hf://{MODEL_REPO}@main"}},
+        "inputs": [
+            {"source": f"{data}/images/val/", "kind": "selective", "annotation": f"{data}/annotations/val.parquet",
+             "keys": ["file_name"], "target": "/data/val"},
+            {"source": f"{data}/calibration.tar.gz", "kind": "archive", "strip_components": 1,
+             "target": "/data/calib"},
+        ],
+        "mounts": [{"source": str(CHECKOUT / "examples" / "stand_in"), "target": "/stand-in"}],
+        "outputs": {"results_dir": "/results", "upload_excludes": ["*.partial"]},
+    }
+    reads = ":".join(planned.container_path for planned in plan_inputs(parse_request(request, environ={})))
+    request["environment"] = {"EPOCHS": "2", "EPOCH_SECONDS": "1", "TRAIN_INPUTS": reads}
+    return request
+
+
+def report(job_id: str, bucket: str, credentials: S3Credentials, api: str, clock: Clock) -> None:
+    """The record, the results, what was left out, and where to look in the UI."""
+    env = {**os.environ, **credentials.child_env(os.environ)}
+    store = RecordStore(f"s3://{bucket}/{RECORDS_PREFIX}", environ=env)
+    record = store.get(job_id)
+    clock.say(f"job {job_id}: {record.state}" + (f" ({record.message})" if record.message else ""))
+    print(record_summary(record, store.backend.where(job_id)))
+    if record.output_route is not None and record.output_route.route == "s3":
+        route = parse_s3_url(record.output_route.destination)
+        with TransferEngine(credentials) as engine:
+            listed = engine.client.list_objects_v2(Bucket=route.bucket, Prefix=route.key).get("Contents", [])
+        print(f"  results in {record.output_route.destination}:")
+        for item in listed:
+            print(f"      {item['Key'].removeprefix(route.key):<28} {human_size(int(item['Size']))}")
+    ui = api.removesuffix("/api")
+    print(f"  the Prefect UI: {ui}/runs  (flow runs submit-{job_id} and collect-{job_id}: task runs, "
+          "progress, the staged-inputs table, the launch report, the results report)")
+
+
+def record_summary(record: JobRecord, where: str) -> str:
+    lines = [f"  record: {where}",
+             f"  history: {' → '.join(entry.state for entry in record.history)}",
+             f"  tier {record.storage_tier}: {record.storage_reason}"]
+    if record.verify is not None:
+        checks = record.verify.get("checks") or []
+        passed = sum(1 for check in checks if isinstance(check, dict) and check.get("ok"))
+        lines.append(f"  verify (inside the frame): {passed} of {len(checks)} checks passed")
+    if record.output_route is not None:
+        lines.append(f"  output route {record.output_route.route}: {record.output_route.reason}")
+    for entry in record.uploads:
+        rules = ", ".join([f"{ALWAYS_EXCLUDED} (always)", *(f"{p} (declared)" for p in record.upload_excludes)])
+        lines.append(f"  {entry['by']} after {entry['job_state']}: {entry['uploaded_files']} files uploaded, "
+                     f"{entry['excluded_files']} excluded by {rules}, {entry['failed_files']} failed")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ _EXPORTS: dict[str, str] = {
     "TransferSummary": "transfer.summary", "Progress": "reporting", "Report": "reporting",
     # steps
     "plan_inputs": "staging.layout", "stage_input": "staging.stage", "stage_config": "staging.stage",
+    "publish_map": "staging.stage",
     "stage": "staging.stage", "check_air_gap": "staging.stage", "materialize_config": "staging.config",
     "selective_download": "staging.selective", "extract_archive": "staging.archive", "pull_model": "staging.pretrained",
     "decide_route": "routing", "record_route": "routing", "upload_results": "outputs",

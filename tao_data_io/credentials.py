@@ -5,6 +5,9 @@ written to disk, argv, logs, manifests or the Prefect database. Everything that 
 client or a child process environment goes through here, so there is exactly one place that
 reads the variables and one place that knows which values must be masked.
 
+``AWS_MAX_ATTEMPTS`` (the AWS SDKs' own variable) bounds the attempts of every S3 request when it
+is set; otherwise each client keeps its tuned default.
+
 Precedence: the official AWS names (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_SESSION_TOKEN``, ``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``) win. When a session only
 has the legacy TAO names (``ACCESS_KEY``, ``SECRET_KEY``, ``S3_ENDPOINT_URL``,
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .errors import CredentialError
+from .errors import CredentialError, UsageError
 
 #: (official AWS name, legacy TAO name) for each S3 setting.
 AWS_TO_LEGACY: dict[str, str] = {
@@ -58,6 +61,7 @@ USERINFO_MASK = "***USERINFO***"
 _MIN_SECRET_LENGTH = 6
 
 DEFAULT_REGION = "us-east-1"
+MAX_ATTEMPTS_VARIABLE = "AWS_MAX_ATTEMPTS"
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,10 @@ class S3Credentials:
     region: str = DEFAULT_REGION
     #: "aws" or "legacy": which family of variable names supplied the keys.
     source: str = "aws"
+    #: ``AWS_MAX_ATTEMPTS``: the most attempts of one request, first try included, for every
+    #: client (boto3, obstore, s5cmd); None keeps each client's tuned default. A retrying
+    #: orchestrator sets it low so a fault surfaces to its own, slower retry sooner.
+    max_attempts: int | None = None
 
     def __repr__(self) -> str:
         endpoint = None if self.endpoint_url is None else mask_userinfo(self.endpoint_url)
@@ -161,7 +169,18 @@ def s3_credentials_from_env(environ: Mapping[str, str] | None = None) -> S3Crede
         endpoint_url=endpoint or env.get("AWS_ENDPOINT_URL_S3") or None,
         region=region or env.get("AWS_REGION") or DEFAULT_REGION,
         source="legacy" if key_from == "ACCESS_KEY" else "aws",
+        max_attempts=_max_attempts(env),
     )
+
+
+def _max_attempts(env: Mapping[str, str]) -> int | None:
+    value = env.get(MAX_ATTEMPTS_VARIABLE)
+    if not value:
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= 100:
+        raise UsageError(f"{MAX_ATTEMPTS_VARIABLE} {value!r} is not a number of attempts: give a whole number from 1 "
+                         "(no retry) to 100, or unset it for the default")
+    return int(value)
 
 
 def forwarded_values(names: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -294,7 +313,9 @@ class Redactor:
 
 
 class RedactingFilter(logging.Filter):
-    """A logging filter that masks secrets in every record passing through a handler."""
+    """A logging filter that masks secrets in every record passing through a handler or logger:
+    the message, and the text of an attached exception (its traceback is formatted here, masked,
+    and cached where formatters look for it)."""
 
     def __init__(self, redactor: Redactor | None = None) -> None:
         super().__init__()
@@ -304,4 +325,8 @@ class RedactingFilter(logging.Filter):
         message = record.getMessage()
         record.msg = self._redactor.redact(message)
         record.args = None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self._redactor.redact(record.exc_text)
         return True

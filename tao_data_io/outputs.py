@@ -44,7 +44,7 @@ from .routing import decide_route, ephemeral_warning
 from .transfer.client import explained
 from .transfer.engine import TransferEngine, TransferOptions
 from .transfer.filters import FilterRule, PathFilter
-from .reporting import ProgressCallback
+from .reporting import ProgressCallback, human_size
 from .transfer.summary import TransferSummary
 from .uris import parse_s3_url
 from .vocabulary import ALWAYS_EXCLUDED, DEFAULT_SETTLE_SECONDS, TERMINAL_STATES
@@ -68,6 +68,19 @@ class UploadOutcome:
     summary: TransferSummary | None = None
     #: The entry appended to the record's ``uploads`` (None when nothing was recorded).
     entry: dict[str, object] | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"status": self.status, "message": self.message,
+                **({"destination": self.route.destination} if self.route else {}),
+                **({"summary": self.summary.to_dict()} if self.summary else {})}
+
+    def describe(self) -> str:
+        if self.summary is None:
+            return self.message
+        summary = self.summary
+        return (f"uploaded {summary.transferred_files} files ({human_size(summary.transferred_bytes)}) to "
+                f"{self.route.destination if self.route else '?'}, {summary.unchanged_files} already there, "
+                f"{summary.excluded_files} excluded" + (f", {len(summary.failed)} FAILED" if summary.failed else ""))
 
 
 def results_filter(rules: Sequence[FilterRule] = (), upload_excludes: Sequence[str] = ()) -> PathFilter:

@@ -1,6 +1,6 @@
 """The job pipeline without an orchestrator: submit (record → tier → stage → config → plan →
-preflight → launch → verify → RUNNING) and collect (wait → route → upload with excludes →
-record), plus status, logs and cancel by job id.
+preflight → launch → verify → RUNNING), collect (wait → record the end → upload with excludes →
+logs and failure analysis) and resync, plus status and cancel by job id.
 
 Why a module: the CLI runs a job with these functions, and the Prefect flows run the *same step
 functions* as tasks — so each stage below is one small function a task can call, and the two
@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
-from .launch.backend import Backend, FailureAnalysis, JobDocuments, JobStatus, backend_for
+from .launch.backend import Backend, FailureAnalysis, JobDocuments, JobStatus, Submission, backend_for
 from .launch.plan import LaunchPlan, build_plan
 from .launch.probe import Verdict
-from .outputs import UploadOutcome, upload_results
-from .records import JobRecord, RecordStore, open_for
-from .reporting import human_size
+from .outputs import Kind, UploadOutcome, upload_results
+from .records import TERMINAL_STATES, JobRecord, RecordStore, open_for
+from .reporting import ProgressCallback
 from .request import JobRequest
 from .routing import decide_route, record_route
 from .staging.stage import plan_stage, stage
@@ -74,21 +74,12 @@ class Collected:
     failure: FailureAnalysis | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        upload = None
-        if self.upload is not None:
-            upload = {"status": self.upload.status, "message": self.upload.message,
-                      **({"summary": self.upload.summary.to_dict()} if self.upload.summary else {})}
-        return {"job_id": self.job_id, "state": self.state, "message": self.message, "upload": upload,
+        return {"job_id": self.job_id, "state": self.state, "message": self.message,
+                "upload": self.upload.to_dict() if self.upload else None,
                 "failure": self.failure.to_dict() if self.failure else None}
 
     def describe(self) -> str:
-        moved = ""
-        if self.upload is not None and self.upload.summary is not None:
-            summary = self.upload.summary
-            moved = (f"; uploaded {summary.transferred_files} files ({human_size(summary.transferred_bytes)}), "
-                     f"{summary.excluded_files} excluded")
-        elif self.upload is not None:
-            moved = f"; {self.upload.message}"
+        moved = f"; {self.upload.describe()}" if self.upload is not None else ""
         return f"job {self.job_id} {self.state}" + (f" ({self.message})" if self.message else "") + moved
 
 
@@ -131,15 +122,21 @@ def route_outputs(store: RecordStore, job_id: str, environ: Mapping[str, str] | 
     return record_route(store, job_id, decide_route(job_id, os.environ if environ is None else environ))
 
 
-def launch(plan: LaunchPlan, backend: Backend, store: RecordStore, *,
-           environ: Mapping[str, str] | None = None, source: str = "cli",
-           documents: JobDocuments | None = None) -> tuple[str, bool, Verdict]:
-    """Preflight, submit, and wait for the verify verdict from inside the frame; stored in the
-    record either way. A failed verdict marks the job ERROR and raises :class:`VerifyFailed`.
-    ``documents`` (the request and record the plan was built from) go to a backend whose pods
-    stage for themselves."""
+def start(plan: LaunchPlan, backend: Backend, *, environ: Mapping[str, str] | None = None,
+          documents: JobDocuments | None = None) -> Submission:
+    """Preflight and submit (idempotent: a retry for a job already submitted starts nothing). The
+    verify probe runs first inside the frame; :func:`confirm` waits for its verdict. ``documents``
+    (the request and record the plan was built from) go to a backend whose pods stage for
+    themselves."""
     backend.preflight(plan, documents=documents)
-    submission = backend.submit(plan, environ=environ, documents=documents)
+    return backend.submit(plan, environ=environ, documents=documents)
+
+
+def confirm(plan: LaunchPlan, backend: Backend, store: RecordStore, submission: Submission, *,
+            source: str = "cli") -> Verdict:
+    """Wait for the verify verdict from inside the frame and store it in the record either way; a
+    passed verdict marks the job RUNNING, a failed one marks it ERROR and raises :class:`VerifyFailed`
+    (the command never started). A retry reads the same verdict and writes nothing new."""
     verdict = backend.verify(submission.backend_ref, plan)
     store.update(plan.job_id, lambda record: record.model_copy(update={"verify": verdict.to_dict()}))
     if not verdict.ok:
@@ -147,6 +144,14 @@ def launch(plan: LaunchPlan, backend: Backend, store: RecordStore, *,
                    message=f"verify failed: {verdict.describe()}")
         raise VerifyFailed(plan.job_id, verdict)
     store.mark(plan.job_id, "RUNNING", source=source, backend_ref=submission.backend_ref)
+    return verdict
+
+
+def launch(plan: LaunchPlan, backend: Backend, store: RecordStore, *, environ: Mapping[str, str] | None = None,
+           source: str = "cli", documents: JobDocuments | None = None) -> tuple[str, bool, Verdict]:
+    """:func:`start`, then :func:`confirm`."""
+    submission = start(plan, backend, environ=environ, documents=documents)
+    verdict = confirm(plan, backend, store, submission, source=source)
     return submission.backend_ref, submission.started, verdict
 
 
@@ -173,58 +178,105 @@ def backend_of(record: JobRecord, config: Mapping[str, Any] | None = None) -> Ba
     return backend_for(record.platform, config)
 
 
-def current_status(record: JobRecord, backend: Backend, store: RecordStore, *, source: str = "cli") -> JobStatus:
-    """The backend's view of the job, folded into the record: a terminal state is recorded (and
-    final); a job the backend has forgotten reads UNKNOWN and defers to the record."""
+def observe(record: JobRecord, backend: Backend) -> JobStatus:
+    """The backend's view of the job, writing nothing; a job the backend has forgotten (UNKNOWN)
+    defers to a final state in the record."""
     if record.backend_ref is None:
         return JobStatus(state=record.state, message="not launched yet")  # type: ignore[arg-type]
     status = backend.status(record.backend_ref)
-    if status.state == "UNKNOWN" and record.state in ("COMPLETE", "ERROR", "CANCELED"):
+    if status.state == "UNKNOWN" and record.state in TERMINAL_STATES:
         return JobStatus(state=record.state, message=f"{status.message}; the record says {record.state}")  # type: ignore[arg-type]
-    if status.terminal and record.state != status.state and record.state not in ("COMPLETE", "ERROR", "CANCELED"):
-        store.mark(record.job_id, status.state, source=source, message=status.message)
     return status
 
 
-def wait_for_end(record: JobRecord, backend: Backend, store: RecordStore, *, poll_seconds: float = DEFAULT_POLL_SECONDS,
+def record_end(store: RecordStore, job_id: str, status: JobStatus, *, source: str = "cli") -> JobRecord:
+    """Fold a terminal status into the record (marking it, once: terminal states are final);
+    anything else changes nothing."""
+    record = store.get(job_id)
+    if status.terminal and record.state != status.state and record.state not in TERMINAL_STATES:
+        return store.mark(job_id, status.state, source=source, message=status.message)
+    return record
+
+
+def current_status(record: JobRecord, backend: Backend, store: RecordStore, *, source: str = "cli") -> JobStatus:
+    """:func:`observe`, with a terminal state recorded (:func:`record_end`)."""
+    status = observe(record, backend)
+    record_end(store, record.job_id, status, source=source)
+    return status
+
+
+def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seconds: float = DEFAULT_POLL_SECONDS,
                  timeout: float | None = None, say: Say | None = None) -> JobStatus:
-    """Poll until the job is terminal (long PENDING is normal: no timeout unless one is given)."""
+    """Poll until the job is terminal (long PENDING is normal: no timeout unless one is given),
+    saying each change; writes nothing — :func:`record_end` records the end."""
     started = time.monotonic()
     last = None
     while True:
-        status = current_status(store.get(record.job_id), backend, store)
+        status = observe(store.get(job_id), backend)
         if status.terminal or status.state == "UNKNOWN":
             return status
         if say is not None and status.describe() != last:
-            say(f"job {record.job_id}: {status.describe()}")
+            say(f"job {job_id}: {status.describe()}")
             last = status.describe()
         if timeout is not None and time.monotonic() - started > timeout:
             return status
         time.sleep(poll_seconds)
 
 
+def upload_job_results(job_id: str, backend: Backend, store: RecordStore, *, kind: Kind = "upload",
+                       settle_seconds: float | None = None, environ: Mapping[str, str] | None = None,
+                       progress: ProgressCallback | None = None, say: Say | None = None) -> UploadOutcome | None:
+    """Upload what the job wrote (``kind="upload"``, after it ended — also after ERROR or
+    CANCELED) or what is new while it runs (``kind="resync"``) to the recorded route, with the
+    job's excludes; None when the backend moves the results itself (a tier C upload sidecar)."""
+    record = store.get(job_id)
+    results = backend.results_path(record.backend_ref) if record.backend_ref else None
+    if results is None:
+        return None
+    if kind == "upload" and not Path(results).is_dir():
+        return UploadOutcome("waiting", f"job {job_id} wrote no results directory ({results}); nothing to upload")
+    return upload_results(store, job_id, Path(results), kind=kind, settle_seconds=settle_seconds, environ=environ,
+                          progress=progress, on_wait=say)
+
+
+def failure_report(job_id: str, backend: Backend, store: RecordStore, *,
+                   tail: int = DEFAULT_LOG_TAIL) -> tuple[str | None, FailureAnalysis | None]:
+    """The last lines of the job's log and the backend's analysis of why it failed."""
+    record = store.get(job_id)
+    if record.backend_ref is None:
+        return None, None
+    return backend.logs(record.backend_ref, tail), backend.failure_analysis(record.backend_ref)
+
+
 def collect(job_id: str, backend: Backend, store: RecordStore, *, wait: bool = True,
             poll_seconds: float = DEFAULT_POLL_SECONDS, environ: Mapping[str, str] | None = None,
-            say: Say | None = None) -> Collected:
-    """Wait for the end (when ``wait``), then upload the results to the recorded route with the
-    job's excludes — also after ERROR or CANCELED — and return the logs' tail and the failure
-    analysis for an ERROR."""
-    record = store.get(job_id)
-    status = (wait_for_end(record, backend, store, poll_seconds=poll_seconds, say=say) if wait
-              else current_status(record, backend, store))
+            say: Say | None = None, source: str = "cli") -> Collected:
+    """Wait for the end (when ``wait``) and record it, then upload the results to the recorded
+    route with the job's excludes — also after ERROR or CANCELED — and return the logs' tail and
+    the failure analysis for an ERROR."""
+    status = (wait_for_end(job_id, backend, store, poll_seconds=poll_seconds, say=say) if wait
+              else observe(store.get(job_id), backend))
     if not status.terminal:
         return Collected(job_id, status.state, status.message or "not finished; collect again later", None)
-    results = backend.results_path(record.backend_ref) if record.backend_ref else None
-    upload = None
-    if results is not None and Path(results).is_dir():
-        upload = upload_results(store, job_id, Path(results), kind="upload", environ=environ, on_wait=say)
-    elif results is not None:
-        upload = UploadOutcome("waiting", f"job {job_id} wrote no results directory ({results}); nothing to upload")
+    record_end(store, job_id, status, source=source)
+    upload = upload_job_results(job_id, backend, store, environ=environ, say=say)
     tail = failure = None
-    if status.state == "ERROR" and record.backend_ref:
-        tail = backend.logs(record.backend_ref, DEFAULT_LOG_TAIL)
-        failure = backend.failure_analysis(record.backend_ref)
+    if status.state == "ERROR":
+        tail, failure = failure_report(job_id, backend, store)
     return Collected(job_id, status.state, status.message, upload, tail, failure)
+
+
+def resync(job_id: str, backend: Backend, store: RecordStore, *, settle_seconds: float | None = None,
+           environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None) -> UploadOutcome | None:
+    """What a schedule runs for a RUNNING job: upload what is new (see :func:`upload_job_results`);
+    it leaves at once when another upload of the job holds the lock."""
+    return upload_job_results(job_id, backend, store, kind="resync", settle_seconds=settle_seconds, environ=environ,
+                              progress=progress)
+
+
+def running_jobs(store: RecordStore, platform: str) -> list[str]:
+    """The RUNNING jobs of ``platform`` — the ones a resync on that backend can reach."""
+    return [record.job_id for record in store.list_records(state="RUNNING") if record.platform == platform]
 
 
 def cancel(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli") -> bool:

@@ -1,17 +1,28 @@
 """Shared fixtures: one real S3-compatible server (SeaweedFS on 127.0.0.1) per test session,
 a fresh bucket per test, and an environment holding that server's credentials; moto's S3 server
-for keys SeaweedFS refuses to store."""
+for keys SeaweedFS refuses to store; one Prefect test server per session for the flow tests."""
 
 from __future__ import annotations
 
 import inspect
 import itertools
 import logging
+import os
+import shutil
 import socket
+import tempfile
 import types
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+
+# Prefect reads these when it is first imported (a flow test module imports it at collection):
+# no telemetry (without internet it only logs failures, and its writes lock the test database),
+# and a PREFECT_HOME of this session's own, so results and settings never touch ~/.prefect.
+PREFECT_HOME = Path(tempfile.gettempdir()) / f"tao-data-io-tests-prefect-{os.getpid()}"
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["PREFECT_HOME"] = str(PREFECT_HOME)
 
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded.s3 import EmbeddedS3
@@ -89,6 +100,38 @@ def s3_env(s3_server: EmbeddedS3, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
     return s3_server.env()
 
 
+@pytest.fixture(scope="session")
+def sandbox() -> None:
+    """The local compute frame works here: bubblewrap is installed (missing is a failure, not a
+    skip: ``make test`` installs it) and the kernel grants it user namespaces (else skip, in
+    bubblewrap's own words)."""
+    from tao_data_io.errors import UsageError
+    from tao_data_io.local.preflight import BWRAP_INSTALL, check_sandbox, find_tool
+    from tao_data_io.local.sandbox import host_system_dirs
+
+    bwrap = find_tool("bwrap", BWRAP_INSTALL)
+    try:
+        check_sandbox(bwrap, host_system_dirs())
+    except UsageError as exc:
+        pytest.skip(f"this kernel refuses bubblewrap the user namespaces it needs: {exc}")
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    """One Prefect API server (SQLite in a temporary directory) for every flow test of the
+    session; sync flows skip the heartbeat thread that costs each of them a second at exit."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=60):
+        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            yield
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    shutil.rmtree(PREFECT_HOME, ignore_errors=True)
+
+
 # ----------------------------------------------------------------- markers
 #: A test that names one of these — in its body, a fixture it uses, or a helper of the test package
 #: they call — talks to a server (S3, moto, the fake registries) or runs the CLI as a process.
@@ -96,15 +139,20 @@ _HTTP_NAMES = frozenset({"EmbeddedS3", "ThreadedMotoServer", "FakeRegistries", "
 #: A test that names one of these talks to a Kubernetes API server: the stand-in, or a real cluster.
 _KUBE_NAMES = frozenset({"KubeStandIn", "HostPathClaim"})
 #: Tiers a test is put in by hand; such a test gets neither ``unit`` nor ``http``.
-_MANUAL_TIERS = ("kube", "flows")
+_MANUAL_TIERS = ("kube",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test ``kube``, ``http`` or ``unit`` from what it uses, so ``pytest -m unit`` is the
-    fast loop without anyone remembering to mark a test (and a mark that drifts from the code cannot
-    exist): tier follows from the servers and children a test actually needs."""
+    """Mark every test ``flows``, ``kube``, ``http`` or ``unit`` from what it uses, so ``pytest -m unit``
+    is the fast loop without anyone remembering to mark a test (and a mark that drifts from the code
+    cannot exist): a test that needs the Prefect server (the ``prefect_harness`` fixture, directly or
+    through another fixture) is ``flows``; otherwise tier follows from the servers and children a
+    test actually needs."""
     for item in items:
         if not isinstance(item, pytest.Function) or any(item.get_closest_marker(tier) for tier in _MANUAL_TIERS):
+            continue
+        if "prefect_harness" in item.fixturenames:
+            item.add_marker(pytest.mark.flows)
             continue
         functions = [item.function, *(defs[-1].func for defs in item._fixtureinfo.name2fixturedefs.values() if defs)]
         used = _names_used(functions)

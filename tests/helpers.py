@@ -1,4 +1,5 @@
-"""Small helpers shared by tests: build trees, fingerprint trees, run the CLI as a user would."""
+"""Small helpers shared by tests: build trees, fingerprint trees, run the CLI as a user would, wait
+for something with a deadline."""
 
 from __future__ import annotations
 
@@ -6,10 +7,30 @@ import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
+
+import pytest
 
 from tao_data_io.fs import STATE_DIR_NAME, TEMP_PREFIX
+
+
+T = TypeVar("T")
+#: How long a test waits for something to happen before it fails (a deadline, never a timing assertion).
+DEADLINE_S = 60.0
+
+
+def wait_for(what: str, probe: Callable[[], T | None], deadline_s: float = DEADLINE_S) -> T:
+    """``probe()``'s first truthy answer, asked every 50 ms; the test fails after ``deadline_s``."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"gave up after {deadline_s:g}s waiting for {what}")
 
 
 def write_tree(root: Path, files: Mapping[str, bytes]) -> None:

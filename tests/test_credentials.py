@@ -8,7 +8,7 @@ import os
 import pytest
 
 from tao_data_io.credentials import RedactingFilter, Redactor, s3_credentials_from_env
-from tao_data_io.errors import CredentialError
+from tao_data_io.errors import CredentialError, UsageError
 
 
 def test_aws_names_win_over_legacy() -> None:
@@ -60,6 +60,28 @@ def test_missing_credential_message_names_the_variable(env: dict[str, str], name
         assert value not in str(info.value)
 
 
+@pytest.mark.parametrize(("value", "attempts"), [(None, None), ("", None), ("1", 1), ("3", 3), ("100", 100)])
+def test_aws_max_attempts_bounds_every_client(value: str | None, attempts: int | None) -> None:
+    from tao_data_io.transfer.client import MAX_ATTEMPTS, make_s3_client
+    from tao_data_io.transfer.obstore_executor import _retry
+    from tao_data_io.transfer.s5cmd_executor import RETRY_COUNT, S5cmdExecutor
+
+    env = {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+           **({"AWS_MAX_ATTEMPTS": value} if value is not None else {})}
+    creds = s3_credentials_from_env(env)
+    assert creds.max_attempts == attempts
+    assert make_s3_client(creds).meta.config.retries["total_max_attempts"] == (attempts or MAX_ATTEMPTS + 1)
+    assert _retry(creds)["max_retries"] == (attempts - 1 if attempts else 10)
+    argv = S5cmdExecutor(creds).argv()
+    assert argv[argv.index("--retry-count") + 1] == str(attempts - 1 if attempts else RETRY_COUNT)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "101", "1.5"])
+def test_a_bad_aws_max_attempts_names_the_variable(value: str) -> None:
+    with pytest.raises(UsageError, match=f"AWS_MAX_ATTEMPTS '{value}' is not a number of attempts"):
+        s3_credentials_from_env({"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_MAX_ATTEMPTS": value})
+
+
 def test_repr_never_shows_secret_values() -> None:
     creds = s3_credentials_from_env({"AWS_ACCESS_KEY_ID": "AKIAREPRTEST", "AWS_SECRET_ACCESS_KEY": "s3cr3t-value"})
     assert "s3cr3t-value" not in repr(creds) and "AKIAREPRTEST" not in repr(creds)
@@ -83,10 +105,14 @@ def test_redacting_log_filter(caplog: pytest.LogCaptureFixture) -> None:
     try:
         with caplog.at_level(logging.INFO, logger=logger.name):
             logger.info("calling registry with %s", "nvapi-supersecret")
+            try:
+                raise RuntimeError("refused nvapi-supersecret")
+            except RuntimeError:
+                logger.exception("the call failed")
     finally:
         logger.removeFilter(handler_filter)
     assert "nvapi-supersecret" not in caplog.text
-    assert "***NGC_KEY***" in caplog.text
+    assert "***NGC_KEY***" in caplog.text and "RuntimeError: refused ***NGC_KEY***" in caplog.text
 
 
 def test_redactor_masks_the_userinfo_of_every_url() -> None:

@@ -16,12 +16,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -29,7 +28,7 @@ from tao_data_io.errors import UsageError
 from tao_data_io.launch.backend import Backend, JobStatus, backend_for
 from tao_data_io.launch.plan import PROBE_DIR, LaunchPlan, build_plan
 from tao_data_io.local.backend import LocalBackend
-from tao_data_io.local.preflight import BWRAP_INSTALL, check_sandbox, find_tool
+from tao_data_io.local.preflight import BWRAP_INSTALL, find_tool
 from tao_data_io.local.process import proc_stat
 from tao_data_io.local.sandbox import (FRAME_PATH, Host, Namespaces, SystemDir, frame_argv, frame_env,
                                        host_system_dirs)
@@ -38,13 +37,13 @@ from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage_map import StagedSource, StagingMap
 from tao_data_io.tier import TierDecision
 
+from .helpers import DEADLINE_S, wait_for
+
 REPO = Path(__file__).resolve().parents[1]
 STAND_IN = REPO / "examples" / "stand_in"
 CONFIG = "/tao-action-config/spec.yaml"
 DATA = "/tao-inputs/s3/bkt/data"
-DEADLINE_S = 60.0
 S3_ROUTE = OutputRoute(route="s3", destination="s3://bkt/results/job-1/", reason="S3_BUCKET_NAME is set")
-T = TypeVar("T")
 #: sh that says, for each argument, whether that path exists in the frame.
 VISIBILITY = 'for p in "$@"; do if [ -e "$p" ]; then echo "visible $p"; else echo "absent $p"; fi; done'
 
@@ -98,16 +97,6 @@ def control(tmp_path: Path, job_id: str = "job-1") -> Path:
 
 
 # ----------------------------------------------------------------------------- waiting and looking
-def wait_for(what: str, probe: Callable[[], T | None]) -> T:
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"gave up after {DEADLINE_S:g}s waiting for {what}")
-
-
 def wait_state(backend: LocalBackend, ref: str, *states: str) -> JobStatus:
     def reached() -> JobStatus | None:
         status = backend.status(ref)
@@ -144,15 +133,6 @@ def job_processes(backend: LocalBackend, job_id: str) -> dict[int, str]:
     run_dir = str(backend.workdir_root / job_id / "run")
     return {pid: argv.replace("\0", " ") for pid, argv, environ in live_processes()
             if run_dir in argv or f"\0TAO_JOB_ID={job_id}\0" in f"\0{environ}"}
-
-
-@pytest.fixture(scope="session")
-def sandbox() -> None:
-    bwrap = find_tool("bwrap", BWRAP_INSTALL)  # missing: a failure, not a skip
-    try:
-        check_sandbox(bwrap, host_system_dirs())
-    except UsageError as exc:
-        pytest.skip(f"this kernel refuses bubblewrap the user namespaces it needs: {exc}")
 
 
 @pytest.fixture
@@ -569,6 +549,14 @@ def test_preflight_passes_a_good_plan_and_names_missing_sources(tmp_path: Path, 
     route = OutputRoute(route="mount", destination=str(tmp_path / "no-mount" / "job-1"), reason="TAO_RESULTS_ROOT")
     with pytest.raises(UsageError, match="TAO_RESULTS_ROOT"):
         backend.preflight(make_plan(tmp_path, route=route))
+
+
+def test_a_backend_that_does_not_allow_the_network_refuses_a_request_for_it(tmp_path: Path) -> None:
+    closed = LocalBackend(workdir_root=tmp_path / "local", allow_network=False)
+    closed.preflight(make_plan(tmp_path))
+    with pytest.raises(UsageError, match=r"asks for the network \(network: true\).*allow_network is off"):
+        closed.preflight(make_plan(tmp_path, network=True))
+    assert not (tmp_path / "local").exists()
 
 
 def test_preflight_says_how_to_install_bubblewrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

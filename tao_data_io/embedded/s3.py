@@ -95,6 +95,11 @@ class EmbeddedS3:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def pid(self) -> int | None:
+        """The server process, while it runs (for a caller that leaves it running on purpose)."""
+        return self._process.pid if self._process is not None and self._process.poll() is None else None
+
+    @property
     def credentials(self) -> S3Credentials:
         return S3Credentials(
             access_key_id=self.access_key_id,

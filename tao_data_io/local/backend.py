@@ -59,10 +59,13 @@ class LocalBackend:
     name = "local"
     stages_on_host = True
 
-    def __init__(self, workdir_root: str | Path | None = None) -> None:
+    def __init__(self, workdir_root: str | Path | None = None, *, allow_network: bool = True) -> None:
         root = workdir_root if workdir_root is not None else os.environ.get(ROOT_VARIABLE) or DEFAULT_ROOT
         # Absolute: bubblewrap binds host paths, and the supervisor runs in another directory.
         self.workdir_root = Path(root).expanduser().absolute()
+        #: Whether a request may give its frames the host's network (``network: true``); an
+        #: operator turns it off for a host whose network jobs must never reach.
+        self.allow_network = allow_network
 
     # ------------------------------------------------------------------ before
     def facts(self) -> ClusterFacts:
@@ -72,6 +75,10 @@ class LocalBackend:
 
     def preflight(self, plan: LaunchPlan, *, documents: JobDocuments | None = None) -> None:
         """``documents`` are not needed: the frame reads what this host staged."""
+        if plan.network and not self.allow_network:
+            raise UsageError(f"job {plan.job_id} asks for the network (network: true), which this local backend does "
+                             "not allow (allow_network is off): drop network from the request, or run it where the "
+                             "network is allowed")
         check_sandbox(find_tool("bwrap", BWRAP_INSTALL), host_system_dirs())
         if needs_nsenter(plan):
             find_tool("nsenter", NSENTER_INSTALL)

@@ -1,5 +1,6 @@
 """Stage a job request's inputs: :func:`plan_inputs` says what, :func:`stage_input` stages one,
-:func:`stage` composes them, materializes the config and writes the staging map.
+:func:`stage_config` materializes the config, :func:`publish_map` writes the staging map, and
+:func:`stage` composes them.
 
 Why per input: an orchestrator runs one task per input, so each shows its own progress and a
 failed input retries alone; the CLI runs the same functions in a loop. Every input kind calls the
@@ -40,7 +41,8 @@ from .pretrained import pull_model
 from .selective import selective_download
 from .stage_map import STAGING_MAP_NAME, Kind, StagedSource, StagingMap, write_staging_map
 
-__all__ = ["STAGING_MAP_NAME", "check_air_gap", "plan_inputs", "plan_stage", "stage", "stage_config", "stage_input"]
+__all__ = ["STAGING_MAP_NAME", "check_air_gap", "plan_inputs", "plan_stage", "publish_map", "stage", "stage_config",
+           "stage_input"]
 
 
 def check_air_gap(request: JobRequest) -> None:
@@ -81,9 +83,7 @@ def stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPU
                    for planned in plan_inputs(request, inputs_root)]
     if request.mode == "config":
         sources.append(stage_config(request, workdir, inputs_root=inputs_root))
-    staging_map = StagingMap(job_id=request.job_id, workdir=str(workdir), inputs_root=inputs_root, sources=sources)
-    write_staging_map(staging_map, map_path or workdir / STAGING_MAP_NAME)
-    return staging_map
+    return publish_map(request, workdir, sources, inputs_root=inputs_root, map_path=map_path)
 
 
 def plan_stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPUTS_ROOT,
@@ -109,8 +109,17 @@ def plan_stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT
                                         bytes=None, note="planned: staged on the cluster"))
     if request.mode == "config":
         sources.append(stage_config(request, workdir, inputs_root=inputs_root))
-    staging_map = StagingMap(job_id=request.job_id, workdir=str(workdir), inputs_root=inputs_root, sources=sources)
-    write_staging_map(staging_map, map_path or workdir / STAGING_MAP_NAME)
+    return publish_map(request, workdir, sources, inputs_root=inputs_root, map_path=map_path)
+
+
+def publish_map(request: JobRequest, workdir: Path, sources: list[StagedSource], *,
+                inputs_root: str = DEFAULT_INPUTS_ROOT, map_path: Path | None = None) -> StagingMap:
+    """The staging map of ``sources`` — every input's entry in :func:`plan_inputs` order, then the
+    config's — written atomically (default ``workdir/staging-map.json``). The last step of
+    :func:`stage` and :func:`plan_stage`, and of an orchestrator that staged each input itself."""
+    staging_map = StagingMap(job_id=request.job_id, workdir=str(Path(os.path.abspath(workdir))),
+                             inputs_root=inputs_root, sources=sources)
+    write_staging_map(staging_map, map_path or Path(staging_map.workdir) / STAGING_MAP_NAME)
     return staging_map
 
 

@@ -2,7 +2,7 @@
 
 Why a factory: every client must use the same retry policy (botocore's ``adaptive`` mode:
 exponential backoff with jitter on throttling, 5xx and connection resets, plus client-side
-rate limiting when the server throttles), the same timeouts, and path-style addressing for
+rate limiting when the server throttles; :data:`MAX_ATTEMPTS` unless ``AWS_MAX_ATTEMPTS`` says), the same timeouts, and path-style addressing for
 S3-compatible endpoints. Each engine builds its own session, so engines in different threads
 never share a session; the only thing shared is the read-only cache of parsed service models.
 
@@ -20,6 +20,7 @@ from typing import Any
 
 from ..credentials import S3Credentials, mask_userinfo
 
+#: Retries after the first attempt (botocore's ``max_attempts``).
 MAX_ATTEMPTS = 8
 
 
@@ -39,8 +40,11 @@ def make_s3_client(credentials: S3Credentials, *, max_pool_connections: int = 32
     import botocore.session
     from botocore.config import Config
 
+    # botocore's ``max_attempts`` counts retries; AWS_MAX_ATTEMPTS counts attempts, the first included.
+    attempts = ({"max_attempts": MAX_ATTEMPTS} if credentials.max_attempts is None
+                else {"total_max_attempts": credentials.max_attempts})
     config = Config(
-        retries={"mode": "adaptive", "max_attempts": MAX_ATTEMPTS},
+        retries={"mode": "adaptive", **attempts},
         connect_timeout=10,
         read_timeout=120,
         max_pool_connections=max_pool_connections,

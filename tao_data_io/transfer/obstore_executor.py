@@ -56,6 +56,13 @@ _RETRY = {
 }
 
 
+def _retry(credentials: S3Credentials) -> dict[str, Any]:
+    """:data:`_RETRY`, with ``AWS_MAX_ATTEMPTS`` (attempts, the first included) when it is set."""
+    if credentials.max_attempts is None:
+        return _RETRY
+    return {**_RETRY, "max_retries": credentials.max_attempts - 1}
+
+
 class _LoopThread:
     """One asyncio loop running forever in a daemon thread."""
 
@@ -97,7 +104,7 @@ class ObstoreExecutor:
                 client_options = {"timeout": "600s", "connect_timeout": "10s",
                                   "allow_http": bool(creds.endpoint_url and creds.endpoint_url.startswith("http://")),
                                   "pool_max_idle_per_host": str(max(self.concurrency, 16))}
-                store = S3Store(bucket, config=config, client_options=client_options, retry_config=_RETRY)
+                store = S3Store(bucket, config=config, client_options=client_options, retry_config=_retry(creds))
                 self._stores[bucket] = store
             return store
 

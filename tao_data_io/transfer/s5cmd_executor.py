@@ -102,8 +102,8 @@ class S5cmdExecutor:
     def argv(self) -> list[str]:
         """The child's command line: no credential and no endpoint (its URL may hold a password);
         s5cmd reads both from its environment (``S3_ENDPOINT_URL``, see ``s5cmd --help``)."""
-        return [s5cmd_binary(), "--json", "--retry-count", str(RETRY_COUNT), "--numworkers", str(self.concurrency),
-                "run"]
+        retries = RETRY_COUNT if self.credentials.max_attempts is None else self.credentials.max_attempts - 1
+        return [s5cmd_binary(), "--json", "--retry-count", str(retries), "--numworkers", str(self.concurrency), "run"]
 
     def run(self, jobs: Sequence[Job], on_done: JobDone) -> None:
         """Run every job; each is reported exactly once (jobs s5cmd never mentions fail)."""

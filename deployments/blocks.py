@@ -1,0 +1,77 @@
+"""Register the block types and save the blocks prefect.yaml's deployments name.
+
+    .venv/bin/python -m deployments.blocks [--records LOCATION] [--local-root DIR]
+                                            [--staging-root DIR] [--network] [--overwrite]
+
+Saves ``tao-local-target/local``, ``tao-job-records/local`` and the ``default`` credential blocks
+(the standard variable names: AWS_* with the legacy TAO names behind them, HF_TOKEN, NGC_KEY).
+Blocks that already exist are kept unless ``--overwrite``, so a rerun never undoes an edit made
+in the UI. Registration alone is ``prefect block register -m blocks`` (see the README).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prefect.blocks.core import Block
+
+from blocks import (HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, LocalTarget, NGCEnvCredentials,
+                    S3EnvCredentials)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    records: str | None = None
+    local_root: str | None = None
+    staging_root: str | None = None
+    network: bool = False
+
+    def blocks(self) -> dict[str, Block]:
+        """``BLOCK-TYPE/NAME`` → the block to save there."""
+        return {
+            "tao-local-target/local": LocalTarget(workdir_root=self.local_root, staging_root=self.staging_root,
+                                                  network=self.network),
+            "tao-job-records/local": JobRecords(location=self.records),
+            "tao-s3-credentials/default": S3EnvCredentials(),
+            "tao-hugging-face-credentials/default": HuggingFaceEnvCredentials(),
+            "tao-ngc-credentials/default": NGCEnvCredentials(),
+        }
+
+
+def save_defaults(defaults: Defaults, *, overwrite: bool = False) -> list[str]:
+    """Register every block type and save the defaults; returns one line per block."""
+    KubernetesTarget.register_type_and_schema()  # no default to save: a cluster needs its own settings
+    said = []
+    for slug_name, block in defaults.blocks().items():
+        name = slug_name.split("/", 1)[1]
+        try:
+            block.save(name, overwrite=overwrite)
+            said.append(f"saved {slug_name}")
+        except ValueError as exc:
+            if "already in use" not in str(exc):
+                raise
+            said.append(f"kept {slug_name} (exists; --overwrite replaces it)")
+    return said
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deployments.blocks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", help="job records: an absolute directory or s3://BUCKET/PREFIX/ "
+                                          "(default: $TAO_DATA_IO_RECORDS, else ~/.tao-data-io/jobs on the worker)")
+    parser.add_argument("--local-root", help="the local target's run root (default ~/.tao-data-io/local)")
+    parser.add_argument("--staging-root", help="where the worker stages inputs (default ~/.tao-data-io/work)")
+    parser.add_argument("--network", action="store_true", help="let local jobs that ask for it use the network")
+    parser.add_argument("--overwrite", action="store_true", help="replace blocks that exist")
+    args = parser.parse_args(argv)
+    defaults = Defaults(records=args.records, local_root=args.local_root, staging_root=args.staging_root,
+                        network=args.network)
+    for line in save_defaults(defaults, overwrite=args.overwrite):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

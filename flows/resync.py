@@ -1,0 +1,50 @@
+"""``resync-tao-outputs``: for every RUNNING job in the record store, upload what is new in its
+results — what an interval schedule runs while jobs train, so a lost pod or host loses at most
+one interval of results.
+
+Overlap is safe twice over: the deployment allows one run at a time (a late run is cancelled,
+not queued), and each job's upload lock (a file lock beside directory records, a lease object
+beside S3 records) makes a resync that finds another upload of the job leave at once. Only
+changed files move, so the flow's cost is Prefect's start-up plus one listing per job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, prepare
+from tao_data_io.errors import TaoDataIOError
+from tasks.outputs import resync_job, running_jobs
+
+
+class ResyncFailed(TaoDataIOError):
+    """Some running jobs could not be resynced; the others were."""
+
+@flow(name="resync-tao-outputs", flow_run_name="resync-outputs", persist_result=True, result_serializer="json")
+def resync_tao_outputs(target: str = DEFAULT_TARGET, records: str = DEFAULT_RECORDS,
+                       s3_credentials: str | None = None, settle_seconds: float | None = None) -> dict[str, Any]:
+    """Upload what is new in the results of every RUNNING job on the target.
+
+    Args:
+        target: the compute target block whose jobs to resync.
+        records: the job records block.
+        s3_credentials: an S3 credentials block; empty: the AWS names.
+        settle_seconds: leave files modified this recently for the next run (empty: the core's default).
+    """
+    setup = prepare(target, records, s3_credentials)
+    jobs = running_jobs(setup.store, setup.backend.name)
+    # One job after another, on the main thread, where a task's timeout can interrupt it; a job
+    # with nothing new costs one listing.
+    # One job's failure (after its retries) does not keep the others from their resync.
+    states = {job_id: resync_job(job_id, setup.backend, setup.store, setup.credentials, settle_seconds,
+                                 return_state=True) for job_id in jobs}
+    failed = sorted(job_id for job_id, state in states.items() if not state.is_completed())
+    if failed:
+        raise ResyncFailed(f"the resync of {len(failed)} of {len(jobs)} running jobs failed: {', '.join(failed)}; "
+                           "the next scheduled run tries them again (see each task run)")
+    outcomes = {job_id: state.result() for job_id, state in states.items()}
+    statuses = [outcome["status"] if outcome else "backend uploads" for outcome in outcomes.values()]
+    return {"jobs": len(jobs), **{status: statuses.count(status) for status in sorted(set(statuses))},
+            "outcomes": outcomes}

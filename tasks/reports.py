@@ -1,0 +1,106 @@
+"""What the UI shows about a job, rendered from the core's results: pure functions, no Prefect.
+
+Why separate from the tasks: the words and tables are the product's face in the Prefect UI and
+are tested as plain strings; the tasks only publish them. Everything shown is names, paths,
+counts and sizes — the same things the core's results hold — so nothing here can carry a secret
+the results do not (and a job's own log lines are masked before they get here).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from tao_data_io.launch.backend import FailureAnalysis, JobStatus
+from tao_data_io.launch.probe import Verdict
+from tao_data_io.outputs import UploadOutcome
+from tao_data_io.records import JobRecord
+from tao_data_io.reporting import human_size
+from tao_data_io.staging.stage_map import StagedSource
+from tao_data_io.vocabulary import ALWAYS_EXCLUDED
+
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def cell(value: object) -> str:
+    """A markdown table cell: pipes escaped, one line."""
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def staged_rows(sources: Sequence[StagedSource]) -> list[dict[str, object]]:
+    """One row per staged source: what it is, what staging did, then where from and where the job
+    sees it (the long columns last; the config's 64-digit digest shortened)."""
+    rows: list[dict[str, object]] = []
+    for source in sources:
+        if source.kind == "pre-positioned":
+            outcome = "pre-positioned (tier A): nothing moves"
+        elif source.files is None:
+            outcome = source.note or "not staged here"
+        elif source.moved:
+            outcome = f"moved {source.transferred_files:,} files ({human_size(source.transferred_bytes)})"
+            if source.unchanged_files:
+                outcome += f", {source.unchanged_files:,} already there"
+        else:
+            outcome = "already there"
+        rate = (f"{source.transferred_bytes / source.seconds / 1e6:.3g}"
+                if source.moved and source.seconds > 0 else "")
+        rows.append({"kind": source.kind, "files": "" if source.files is None else source.files,
+                     "bytes": "" if source.bytes is None else human_size(source.bytes), "moved": outcome,
+                     "seconds": round(source.seconds, 2), "MB/s": rate, "source": _short(source.source),
+                     "destination": _short(source.container_path)})
+    return rows
+
+
+def _short(text: str) -> str:
+    """A SHA-256 in a name (the config's) cut to 12 digits: enough to tell configs apart."""
+    return _DIGEST.sub(lambda match: match[0][:12] + "…", text)
+
+
+def launch_report(record: JobRecord, verdict: Verdict) -> str:
+    """The tier and why, the output route, and the verify verdict per path."""
+    lines = [f"# Job `{record.job_id}`: {'verified, running' if verdict.ok else 'NOT STARTED: verify failed'}", ""]
+    lines.append(f"**Storage tier {record.storage_tier}**: {record.storage_reason or 'no reason recorded'}")
+    route = record.output_route
+    if route is not None:
+        lines += ["", f"**Output route `{route.route}`** → `{route.destination}`: {route.reason or ''}"]
+    said = verdict.describe()
+    lines += ["", f"## {said[0].upper()}{said[1:]}", ""]
+    if verdict.checks:
+        lines.append(table(["result", "path", "check", "detail", "input"],
+                           [["pass" if check.ok else "**FAIL**", f"`{_short(check.path)}`", check.kind, check.detail,
+                             _short(check.subject)] for check in verdict.failures + [c for c in verdict.checks if c.ok]]))
+    return "\n".join(lines) + "\n"
+
+
+def upload_report(record: JobRecord, outcome: UploadOutcome) -> str:
+    """Where the results went, what moved, and what was left out and by which rule."""
+    lines = [f"# Results of job `{record.job_id}` ({record.state})", "", outcome.describe(), ""]
+    rules = [ALWAYS_EXCLUDED + " (always: TAO's own state)",
+             *(f"{pattern} (the request's upload_excludes)" for pattern in record.upload_excludes)]
+    lines += ["Excluded by: " + "; ".join(f"`{rule.split(' ', 1)[0]}` {rule.split(' ', 1)[1]}" for rule in rules)]
+    summary = outcome.summary
+    if summary is not None:
+        lines += ["", table(["uploaded", "bytes", "already there", "excluded", "skipped", "failed"],
+                            [[summary.transferred_files, human_size(summary.transferred_bytes),
+                              summary.unchanged_files, summary.excluded_files, len(summary.skipped),
+                              len(summary.failed)]])]
+        if summary.failed:
+            lines += ["", "Failed (first 20): " + ", ".join(f"`{f.name}`: {f.reason}" for f in summary.failed[:20])]
+    return "\n".join(lines) + "\n"
+
+
+def failure_report(job_id: str, status: JobStatus, analysis: FailureAnalysis | None, tail: str | None) -> str:
+    """What TAO users look at after an ERROR: the class, the reason, a fix, and the log's end."""
+    lines = [f"# Job `{job_id}` ended {status.state}", "", status.describe()]
+    if analysis is not None:
+        lines += ["", f"**{analysis.err_class}**: {analysis.reason}", "", f"Fix: {analysis.suggestion}"]
+    if tail:
+        lines += ["", "## Last lines of the log", "", "```", tail.rstrip("\n").replace("```", "'''"), "```"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,123 @@
+"""The Prefect layer's blocks, without a Prefect server: credential blocks hold variable names
+only and resolve them by the core's rules; targets build the core's backends; the records block
+opens the core's store. (Saving, loading and registering them against an API: test_flows.py.)"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr, ValidationError
+
+from blocks import (HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, LocalTarget, NGCEnvCredentials,
+                    S3EnvCredentials)
+from blocks.credentials import CredentialSet
+from tao_data_io.errors import CredentialError, UsageError
+from tao_data_io.local.backend import LocalBackend
+
+ALL_BLOCKS = [S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials, LocalTarget, KubernetesTarget,
+              JobRecords]
+CREDENTIAL_BLOCKS = [S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials]
+
+
+@pytest.mark.parametrize("block", ALL_BLOCKS)
+def test_every_field_says_what_it_is_and_none_holds_a_secret(block: type) -> None:
+    schema = block.model_json_schema()
+    assert schema.get("secret_fields", []) == []
+    for name, field in block.model_fields.items():
+        assert field.title and field.description, name
+        assert SecretStr not in (getattr(field.annotation, "__args__", ()) or (field.annotation,)), name
+    assert block.get_block_type_slug().startswith("tao-") and block.get_description()
+
+
+@pytest.mark.parametrize("block", CREDENTIAL_BLOCKS)
+def test_credential_blocks_store_names_that_are_variable_names(block: type) -> None:
+    field = next(iter(block.model_fields))
+    with pytest.raises(ValidationError, match="is not a valid variable name"):
+        block(**{field: "not a name"})
+    dumped = block().model_dump()
+    assert all(value is None or isinstance(value, str) and value.isidentifier() for key, value in dumped.items()
+               if key != "block_type_slug")
+
+
+def test_s3_defaults_are_the_aws_names_with_the_legacy_ones_behind_them() -> None:
+    env = {"ACCESS_KEY": "legacy-id-1", "SECRET_KEY": "legacy-secret-1", "S3_ENDPOINT_URL": "http://127.0.0.1:9",
+           "CLOUD_REGION": "eu-west-3"}
+    resolved = S3EnvCredentials().credentials(env)
+    assert (resolved.access_key_id, resolved.secret_access_key, resolved.endpoint_url, resolved.region,
+            resolved.source) == ("legacy-id-1", "legacy-secret-1", "http://127.0.0.1:9", "eu-west-3", "legacy")
+    both = {**env, "AWS_ACCESS_KEY_ID": "aws-id-1", "AWS_SECRET_ACCESS_KEY": "aws-secret-1"}
+    assert S3EnvCredentials().credentials(both).access_key_id == "aws-id-1"  # the core's precedence
+
+
+def test_s3_names_of_the_workers_own_are_mapped_in_memory_and_nothing_else_leaks_in() -> None:
+    block = S3EnvCredentials(access_key_id_env="TEAM_S3_ID", secret_access_key_env="TEAM_S3_SECRET",
+                             access_key_id_legacy_env=None, secret_access_key_legacy_env=None)
+    env = {"TEAM_S3_ID": "team-id-1", "TEAM_S3_SECRET": "team-secret-1",
+           "AWS_ACCESS_KEY_ID": "someone-elses", "ACCESS_KEY": "legacy-elses", "PATH": "/usr/bin"}
+    seen = block.environ(env)
+    assert seen["AWS_ACCESS_KEY_ID"] == "team-id-1" and seen["AWS_SECRET_ACCESS_KEY"] == "team-secret-1"
+    assert "ACCESS_KEY" not in seen and seen["PATH"] == "/usr/bin"
+    assert env["AWS_ACCESS_KEY_ID"] == "someone-elses"  # the given environment is untouched
+    with pytest.raises(CredentialError, match="AWS_SECRET_ACCESS_KEY"):
+        block.credentials({"TEAM_S3_ID": "team-id-1"})
+
+
+def test_a_credential_set_reads_every_value_from_the_environment_it_was_given() -> None:
+    hf = HuggingFaceEnvCredentials(token_env="AWS_SECRET_ACCESS_KEY")  # odd, but it must not chain
+    s3 = S3EnvCredentials(secret_access_key_env="MY_SECRET", secret_access_key_legacy_env=None)
+    env = {"AWS_SECRET_ACCESS_KEY": "original-1", "MY_SECRET": "mine-1", "NGC_TOKEN_VAR": "ngc-1"}
+    seen = CredentialSet.of([s3, hf, NGCEnvCredentials(key_env="NGC_TOKEN_VAR"), None]).environ(env)
+    assert (seen["AWS_SECRET_ACCESS_KEY"], seen["HF_TOKEN"], seen["NGC_KEY"]) == ("mine-1", "original-1", "ngc-1")
+
+
+def test_prefect_aws_credentials_are_built_in_memory_from_the_core_credentials() -> None:
+    env = {"AWS_ACCESS_KEY_ID": "id-1", "AWS_SECRET_ACCESS_KEY": "secret-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    aws = S3EnvCredentials().aws_credentials(env)
+    assert aws.aws_secret_access_key is not None and aws.aws_secret_access_key.get_secret_value() == "secret-1"
+    assert aws.aws_client_parameters.endpoint_url == "http://127.0.0.1:9"
+    assert "secret-1" not in repr(aws) and aws._block_document_id is None  # never saved
+
+
+def test_the_local_target_builds_the_local_backend(tmp_path: Path) -> None:
+    backend = LocalTarget(workdir_root=str(tmp_path / "runs"), network=True).backend()
+    assert isinstance(backend, LocalBackend) and backend.workdir_root == tmp_path / "runs" and backend.allow_network
+    assert LocalTarget().backend().allow_network is False  # off unless the operator turns it on
+    assert LocalTarget(staging_root=str(tmp_path / "work")).workdir("job-1") == tmp_path / "work" / "job-1"
+    for field in ("workdir_root", "staging_root"):
+        with pytest.raises(ValidationError, match="is not absolute"):
+            LocalTarget(**{field: "relative/dir"})
+
+
+def test_the_kubernetes_target_checks_its_settings_and_stores_no_access() -> None:
+    target = KubernetesTarget(namespace="tao", context="prod", pvc_claim="tao-data", image_pull_secret="ngc-pull")
+    assert set(target.model_dump()) == {"namespace", "context", "pvc_claim", "stager_image",
+                                        "image_pull_secret", "ttl_seconds", "shm_size", "staging_root",
+                                        "block_type_slug"}
+    for bad, match in [({"namespace": "Not_A_Label"}, "namespace 'Not_A_Label' is not a DNS label"),
+                       ({"ttl_seconds": -1}, "ttl_seconds -1 must be 0 to"),
+                       ({"shm_size": "16GB"}, "shm_size '16GB' is not a binary quantity")]:
+        with pytest.raises(ValidationError, match=match):
+            KubernetesTarget(**bad)
+
+
+def test_the_kubernetes_target_builds_the_kubernetes_backend_with_its_settings() -> None:
+    backend = KubernetesTarget(namespace="tao", pvc_claim="tao-data", stager_image="registry/stager:1",
+                               image_pull_secret="ngc-pull").backend()
+    assert backend.name == "kubernetes" and not backend.stages_on_host
+
+
+def test_the_kubernetes_target_fails_clearly_without_a_kubernetes_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tao_data_io.kubernetes.backend", None)  # absent, whether or not it landed
+    with pytest.raises(UsageError, match="no Kubernetes backend yet .*run the job on a local target"):
+        KubernetesTarget(namespace="tao").backend()
+
+
+def test_the_records_block_opens_a_directory_or_a_bucket(tmp_path: Path) -> None:
+    assert JobRecords(location=str(tmp_path / "jobs")).store().location == str(tmp_path / "jobs")
+    assert JobRecords(location="~/jobs").store().location == str(Path("~/jobs").expanduser())
+    assert JobRecords(location="s3://bkt1/jobs/").location == "s3://bkt1/jobs/"
+    for bad in ("relative/jobs", "s3://Bad_Bucket/jobs/"):
+        with pytest.raises(ValidationError):
+            JobRecords(location=bad)

@@ -1,0 +1,55 @@
+"""The deployment files, read as `prefect deploy` reads them: every entrypoint names a flow of
+that name, every parameter is one the flow takes, the resync deployment is scheduled and runs one
+at a time; the Kubernetes RBAC manifests are valid objects. (`prefect deploy --all` itself runs
+in `make demo`.)"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+FLOWS = {"submit-tao-job": "flows/submit.py:submit_tao_job", "collect-tao-job": "flows/collect.py:collect_tao_job",
+         "resync-tao-outputs": "flows/resync.py:resync_tao_outputs"}
+
+
+def deployments(prefect_file: str) -> list[dict[str, Any]]:
+    return list(yaml.safe_load((REPO / prefect_file).read_text())["deployments"])
+
+
+@pytest.mark.parametrize(("prefect_file", "name", "pool"), [("prefect.yaml", "local", "tao-local"),
+                                                            ("deployments/kubernetes.yaml", "kubernetes", "tao-k8s")])
+def test_each_flow_has_a_deployment_whose_parameters_it_takes(prefect_file: str, name: str, pool: str) -> None:
+    found = deployments(prefect_file)
+    assert sorted(d["entrypoint"] for d in found) == sorted(FLOWS.values())
+    for deployment in found:
+        path, function = deployment["entrypoint"].split(":")
+        flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), function)
+        assert deployment["name"] == name and deployment["work_pool"]["name"] == pool
+        assert set(deployment["parameters"]) <= set(inspect.signature(flow.fn).parameters), deployment["entrypoint"]
+        assert FLOWS[flow.name] == deployment["entrypoint"]  # the commands read FLOW-NAME/local
+
+
+@pytest.mark.parametrize("prefect_file", ["prefect.yaml", "deployments/kubernetes.yaml"])
+def test_resync_runs_on_an_interval_one_at_a_time(prefect_file: str) -> None:
+    resync = next(d for d in deployments(prefect_file) if d["entrypoint"] == FLOWS["resync-tao-outputs"])
+    assert resync["schedules"][0]["interval"] > 0
+    assert resync["concurrency_limit"] == {"limit": 1, "collision_strategy": "CANCEL_NEW"}
+
+
+def test_the_local_deployments_leave_the_working_directory_to_prefect_deploy() -> None:
+    assert "pull" not in yaml.safe_load((REPO / "prefect.yaml").read_text())  # deploy records the checkout
+
+
+def test_the_rbac_manifests_are_valid_kubernetes_objects() -> None:
+    documents = list(yaml.safe_load_all((REPO / "deployments" / "kubernetes-rbac.yaml").read_text()))
+    for document in documents:
+        kubernetes_validate.validate(document, "1.32", strict=True)
+    kinds = {document["kind"] for document in documents}
+    assert kinds == {"Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}

@@ -1,0 +1,445 @@
+"""The flows against the session's Prefect test server, with the embedded S3 server and either
+the fake backend (a cluster that remembers its jobs across flow runs) or the real local frame.
+
+What they prove: submit stages each input in a task run of its own with progress, a table and
+a launch report; a verify failure fails the flow before the command starts; a failed job's
+results are still uploaded and the collect flow fails with the analysis; transient faults (503s
+from a proxy in front of S3, a flaky backend API) are retried by the task and the flow succeeds;
+bad input fails at once; overlapping resyncs are safe; and the CLI's composition and the flows
+end with the same record.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.objects import Artifact, TaskRun
+from prefect.states import State
+from pydantic import Field
+
+from bench.latency_proxy import LatencyProxy
+from blocks import ComputeTarget, JobRecords, LocalTarget
+from flows.collect import collect_tao_job
+from flows.resync import resync_tao_outputs
+from flows.submit import submit_tao_job
+from tao_data_io.embedded.s3 import EmbeddedS3
+from tao_data_io.launch.backend import Backend
+from tao_data_io.launch.fake import FakeBackend
+from tao_data_io.local.backend import LocalBackend
+from tao_data_io.pipeline import collect, submit
+from tao_data_io.records import JobRecord, RecordStore
+from tao_data_io.request import parse_request
+
+from .helpers import wait_for
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+REPO = Path(__file__).resolve().parents[1]
+_names = itertools.count()
+T = TypeVar("T")
+
+#: One fake "cluster" per results root, shared by every flow run of a test (a real cluster
+#: remembers its jobs between the submit and the collect flow; a fresh FakeBackend would not).
+_CLUSTERS: dict[str, FakeBackend] = {}
+
+
+class FakeTarget(ComputeTarget):
+    """A compute target for the tests: the core's FakeBackend, told how to behave."""
+
+    _block_type_name = "TAO Fake Target (tests)"
+    _block_type_slug = "tao-fake-target"
+
+    results_root: str = Field(title="Results root", description="Where the fake jobs write their results.")
+    verify_ok: bool = Field(True, title="Verify passes", description="Whether the verify verdict passes.")
+    outcome: str = Field("COMPLETE", title="Outcome", description="COMPLETE or ERROR.")
+    polls_until_done: int = Field(1, title="Polls until done", description="Status polls before the end.")
+    fail_submits: int = Field(0, title="Failed submits", description="Submits that fail with a retryable 503 first.")
+    stages_on_host: bool = Field(True, title="Stages on this host", description="False: the cluster stages.")
+
+    def backend(self) -> Backend:
+        cluster = _CLUSTERS.setdefault(self.results_root, FakeBackend(
+            self.results_root, verify_ok=self.verify_ok, outcome=self.outcome, exit_code=3,
+            polls_until_done=self.polls_until_done, fail_submits=self.fail_submits,
+            results={"checkpoint_epoch_1.pth": b"weights", "status.json": b"{}", "scratch.tmp": b"x",
+                     ".tao/state.json": b"{}"}))
+        cluster.stages_on_host = self.stages_on_host
+        return cluster
+
+
+# ----------------------------------------------------------------------------- fixtures and helpers
+@pytest.fixture
+def env(s3_env: dict[str, str], bucket: str, s3_client: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The worker's environment: the S3 server's credentials and a results bucket holding inputs."""
+    monkeypatch.setenv("S3_BUCKET_NAME", bucket)
+    for monkey in ("AWS_MAX_ATTEMPTS", "TAO_RESULTS_ROOT", "TAO_DATA_IO_RECORDS", "HF_TOKEN", "NGC_KEY"):
+        monkeypatch.delenv(monkey, raising=False)
+    for index in range(3):
+        s3_client.put_object(Bucket=bucket, Key=f"data/part-{index}.bin", Body=os.urandom(2048))
+    s3_client.put_object(Bucket=bucket, Key="models/model.bin", Body=b"model weights")
+    return {**s3_env, "S3_BUCKET_NAME": bucket}
+
+
+def name() -> str:
+    return f"t{next(_names)}-{os.getpid()}"
+
+
+def fake_target(tmp_path: Path, **behaviour: Any) -> str:
+    """Save a fake target block for this test; returns ``tao-fake-target/<name>``."""
+    block = name()
+    FakeTarget(results_root=str(tmp_path / "fake-results"), staging_root=str(tmp_path / "work"), **behaviour).save(block)
+    return f"tao-fake-target/{block}"
+
+
+def records_block(root: Path) -> str:
+    block = name()
+    JobRecords(location=str(root)).save(block)
+    return f"tao-job-records/{block}"
+
+
+def local_target(tmp_path: Path) -> str:
+    block = name()
+    LocalTarget(workdir_root=str(tmp_path / "local"), staging_root=str(tmp_path / "work")).save(block)
+    return f"tao-local-target/{block}"
+
+
+def fake_request(bucket: str, job_id: str, **fields: Any) -> dict[str, Any]:
+    """Config mode: a declared folder and a spec file (two inputs), and the config."""
+    return {"schema_version": "1", "job_id": job_id, "image": "tao:6", "mode": "config", "config_format": "yaml",
+            "command": "dino train -e {config_path}",
+            "spec": {"train": {"epochs": 1, "pretrained_model_path": f"s3://{bucket}/models/model.bin"}},
+            "inputs": [{"source": f"s3://{bucket}/data/", "kind": "folder", "target": "/data"}],
+            "outputs": {"results_dir": "/results", "upload_excludes": ["*.tmp"]}, **fields}
+
+
+def stand_in_request(bucket: str, job_id: str, **fields: Any) -> dict[str, Any]:
+    """The training stand-in in the local frame, reading a staged folder and a staged file."""
+    return {"schema_version": "1", "job_id": job_id, "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt",
+            "mode": "config", "config_format": "yaml", "command": "sh /stand-in/train.sh -e {config_path}",
+            "spec": {"train": {"num_epochs": 1, "pretrained_model_path": f"s3://{bucket}/models/model.bin"}},
+            "inputs": [{"source": f"s3://{bucket}/data/", "kind": "folder", "target": "/data"}],
+            "mounts": [{"source": str(REPO / "examples" / "stand_in"), "target": "/stand-in"}],
+            "environment": {"EPOCHS": "1", "EPOCH_SECONDS": "0",
+                            "TRAIN_INPUTS": f"/data:/tao-inputs/s3/{bucket}/models/model.bin"},
+            "outputs": {"results_dir": "/results"}, **fields}
+
+
+def task_runs(state: State, *names: str) -> dict[str, TaskRun]:
+    """The flow run's task runs by name, once every one of ``names`` is recorded (the server
+    records task runs from events, a moment after the flow returns)."""
+    flow_run_id = state.state_details.flow_run_id
+
+    def read() -> dict[str, TaskRun] | None:
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        found = {run.name: run for run in runs}
+        return found if set(names) <= set(found) and all(found[n].state and found[n].state.is_final()
+                                                           for n in names) else None
+
+    return wait_for(f"task runs {names}", read)
+
+
+def artifacts(state: State) -> list[Artifact]:
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+
+
+def by_key(found: list[Artifact], key: str) -> Artifact:
+    return next(artifact for artifact in found if artifact.key == key)
+
+
+def results_keys(s3_client: Any, bucket: str, job_id: str) -> set[str]:
+    listed = s3_client.list_objects_v2(Bucket=bucket, Prefix=f"results/{job_id}/").get("Contents", [])
+    return {item["Key"].removeprefix(f"results/{job_id}/") for item in listed}
+
+
+# ----------------------------------------------------------------------------- the fake backend
+def test_submit_stages_each_input_in_its_own_task_run_and_collect_uploads(env: dict[str, str], bucket: str,
+                                                                         s3_client: Any, tmp_path: Path) -> None:
+    target, records = fake_target(tmp_path), records_block(tmp_path / "jobs")
+    state = submit_tao_job(fake_request(bucket, "job-ok"), target=target, records=records, return_state=True)
+    assert state.is_completed(), state.message
+    assert state.result() == {"job_id": "job-ok", "backend_ref": "fake/job-ok", "tier": "B", "started": True,
+                              "verified_checks": 4}
+    folder, model = f"stage-job-ok-s3://{bucket}/data/", f"stage-job-ok-s3://{bucket}/models/model.bin"
+    runs = task_runs(state, folder, model, "stage-config-job-ok", "open-record-job-ok", "decide-tier-job-ok",
+                     "staging-map-job-ok", "route-outputs-job-ok", "launch-job-ok", "verify-job-ok")
+    assert all(run.state is not None and run.state.is_completed() and run.run_count == 1 for run in runs.values())
+    found = artifacts(state)
+    progress = sorted((a.description or "", a.data) for a in found if a.type == "progress")
+    assert progress == [(f"staging s3://{bucket}/data/ → /data: 3 of 3 files, 6.0 KiB of 6.0 KiB", 100.0),
+                        (f"staging s3://{bucket}/models/model.bin → /tao-inputs/s3/{bucket}/models/model.bin: "
+                         "1 of 1 files, 13 B of 13 B", 100.0)]
+    table = by_key(found, "staged-job-ok")
+    assert [row["kind"] for row in json.loads(str(table.data))] == ["folder", "file", "config"]
+    assert "**Storage tier B**" in str(by_key(found, "launch-job-ok").data)
+    record = RecordStore(tmp_path / "jobs").get("job-ok")
+    assert (record.state, record.storage_tier, record.history[-1].source) == ("RUNNING", "B", "flow")
+
+    state = collect_tao_job("job-ok", target=target, records=records, poll_seconds=0.05, return_state=True)
+    assert state.is_completed(), state.message
+    assert state.result()["state"] == "COMPLETE"
+    assert results_keys(s3_client, bucket, "job-ok") == {"checkpoint_epoch_1.pth", "status.json"}
+    report = str(by_key(artifacts(state), "results-job-ok").data)
+    assert "2 excluded" in report and "`*.tmp` (the request's upload_excludes)" in report
+    record = RecordStore(tmp_path / "jobs").get("job-ok")
+    assert record.state == "COMPLETE" and record.uploads[-1]["final"] is True
+
+
+def test_a_cluster_that_stages_itself_gets_a_planned_staging_map(env: dict[str, str], bucket: str,
+                                                                  tmp_path: Path) -> None:
+    target, records = fake_target(tmp_path, stages_on_host=False), records_block(tmp_path / "jobs")
+    state = submit_tao_job(fake_request(bucket, "job-planned"), target=target, records=records, return_state=True)
+    assert state.is_completed(), state.message
+    runs = task_runs(state, "plan-staging-job-planned", "launch-job-planned")
+    assert not any(name.startswith("stage-job-planned-") for name in runs)  # nothing staged here
+    rows = json.loads(str(by_key(artifacts(state), "staged-job-planned").data))
+    assert [row["moved"] for row in rows][:2] == ["planned: staged on the cluster"] * 2
+    assert rows[2]["kind"] == "config" and str(rows[2]["moved"]).startswith("moved 1 files")  # the config, here
+    assert not (tmp_path / "work" / "job-planned" / "s3").exists()
+
+
+def test_a_verify_failure_fails_the_flow_before_the_command_starts(env: dict[str, str], bucket: str,
+                                                                   tmp_path: Path) -> None:
+    target, records = fake_target(tmp_path, verify_ok=False), records_block(tmp_path / "jobs")
+    state = submit_tao_job(fake_request(bucket, "job-unverified"), target=target, records=records,
+                           return_state=True)
+    assert state.is_failed() and "verify failed inside the frame" in str(state.message)
+    assert task_runs(state, "verify-job-unverified")["verify-job-unverified"].run_count == 1  # not retried
+    report = str(by_key(artifacts(state), "launch-job-unverified").data)
+    assert "NOT STARTED: verify failed" in report and "| **FAIL** | `/data` |" in report
+    record = RecordStore(tmp_path / "jobs").get("job-unverified")
+    assert record.state == "ERROR" and record.verify is not None and record.verify["ok"] is False
+    assert not (tmp_path / "fake-results" / "job-unverified").exists()  # the command never ran
+
+
+def test_a_failed_job_still_uploads_and_the_collect_flow_fails_with_the_analysis(env: dict[str, str], bucket: str,
+                                                                                  s3_client: Any,
+                                                                                  tmp_path: Path) -> None:
+    target, records = fake_target(tmp_path, outcome="ERROR"), records_block(tmp_path / "jobs")
+    assert submit_tao_job(fake_request(bucket, "job-bad"), target=target, records=records, return_state=True
+                          ).is_completed()
+    state = collect_tao_job("job-bad", target=target, records=records, poll_seconds=0.05, return_state=True)
+    assert state.is_failed()
+    assert ("job job-bad ended ERROR: ERR_PROGRAM: the command exited 3 — read the last lines of the log; its "
+            f"results were uploaded to s3://{bucket}/results/job-bad/") in str(state.message)
+    assert results_keys(s3_client, bucket, "job-bad") == {"checkpoint_epoch_1.pth", "status.json"}
+    found = artifacts(state)
+    assert "fake log line 5" in str(by_key(found, "failure-job-bad").data)
+    assert "uploaded 2 files" in str(by_key(found, "results-job-bad").data)
+    record = RecordStore(tmp_path / "jobs").get("job-bad")
+    assert record.state == "ERROR" and record.uploads[-1]["job_state"] == "ERROR"
+
+
+def test_transient_faults_are_retried_by_the_task_and_the_flow_succeeds(env: dict[str, str], bucket: str,
+                                                                         s3_server: EmbeddedS3, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two 503s from a proxy in front of S3 (each client tries once: AWS_MAX_ATTEMPTS=1, so the
+    fault reaches the task), and a backend API that fails the first submit with a 503."""
+    target, records = fake_target(tmp_path, fail_submits=1), records_block(tmp_path / "jobs")
+    request = {**fake_request(bucket, "job-flaky"), "spec": {"train": {"epochs": 1}}}  # one input: the folder
+    with LatencyProxy("127.0.0.1", s3_server.port, delay_s=0, fail_first=2) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{proxy.port}")
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+        state = submit_tao_job(request, target=target, records=records, return_state=True)
+        assert proxy.failed == 2
+    assert state.is_completed(), state.message
+    folder = f"stage-job-flaky-s3://{bucket}/data/"
+    runs = task_runs(state, folder, "launch-job-flaky")
+    assert runs[folder].run_count >= 2 and runs["launch-job-flaky"].run_count == 2
+    assert len(list((tmp_path / "work" / "job-flaky" / "s3" / bucket / "data").iterdir())) == 3
+
+
+def test_a_non_retryable_error_fails_at_once(env: dict[str, str], bucket: str, tmp_path: Path) -> None:
+    target, records = fake_target(tmp_path), records_block(tmp_path / "jobs")
+    request = {**fake_request(bucket, "job-missing"), "spec": {"train": {"epochs": 1}},
+               "inputs": [{"source": f"s3://{bucket}/no-such.bin", "kind": "file", "target": "/data/x.bin"}]}
+    state = submit_tao_job(request, target=target, records=records, return_state=True)
+    assert state.is_failed() and "does not exist (404)" in str(state.message)
+    name_ = f"stage-job-missing-s3://{bucket}/no-such.bin"
+    assert task_runs(state, name_)[name_].run_count == 1
+    assert RecordStore(tmp_path / "jobs").get("job-missing").state == "PENDING"  # a fixed request can rerun it
+
+
+def test_overlapping_resyncs_are_safe(env: dict[str, str], bucket: str, s3_client: Any, tmp_path: Path) -> None:
+    target, records = fake_target(tmp_path, polls_until_done=10**6), records_block(tmp_path / "jobs")
+    assert submit_tao_job(fake_request(bucket, "job-long"), target=target, records=records, return_state=True
+                          ).is_completed()
+    results = tmp_path / "fake-results" / "job-long"
+    for index in range(200):
+        (results / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (results / "checkpoints" / f"step-{index:04d}.pth").write_bytes(os.urandom(512))
+    (results / ".tao").mkdir()
+    (results / ".tao" / "state.json").write_text("{}")
+    store = RecordStore(tmp_path / "jobs")
+
+    with store.upload_lock("job-long", wait=True):  # another upload of the job is running
+        held = resync_tao_outputs(target=target, records=records, settle_seconds=0)
+    assert held["jobs"] == 1 and held["outcomes"]["job-long"]["status"] == "busy"
+
+    outcomes: list[dict[str, Any]] = []
+    runs = [threading.Thread(target=lambda: outcomes.append(resync_tao_outputs(target=target, records=records,
+                                                                              settle_seconds=0)))
+            for _ in range(2)]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    assert sorted(outcome["outcomes"]["job-long"]["status"] for outcome in outcomes) in (
+        ["busy", "uploaded"], ["uploaded", "uploaded"])
+    assert len(results_keys(s3_client, bucket, "job-long")) == 200  # every checkpoint, never .tao/
+    again = resync_tao_outputs(target=target, records=records, settle_seconds=0)["outcomes"]["job-long"]
+    assert again["summary"]["transferred_files"] == 0 and again["summary"]["unchanged_files"] == 200
+    entries = store.get("job-long").uploads
+    assert sum(entry["uploaded_files"] for entry in entries) == 200  # each file uploaded once
+
+
+# ----------------------------------------------------------------------------- the local frame
+def normalized(record: JobRecord, root: Path) -> dict[str, Any]:
+    """A record with what must differ between two runs of one request taken out: the job id, times,
+    who wrote each change, and the directory each composition ran in."""
+    text = record.model_dump_json().replace(record.job_id, "job-x").replace(str(root), "/root-of-the-run")
+    data = JobRecord.model_validate_json(text).model_dump(mode="json")
+    data.pop("created_at"), data.pop("updated_at")
+    data["history"] = [(entry["state"], entry["message"]) for entry in data["history"]]
+    for entry in data["uploads"]:
+        for varying in ("at", "started_at", "results_dir"):
+            entry.pop(varying)
+    return data
+
+
+def test_the_cli_pipeline_and_the_flows_end_with_equivalent_records(env: dict[str, str], bucket: str,
+                                                                     sandbox: None, tmp_path: Path) -> None:
+    cli, flow = tmp_path / "cli", tmp_path / "flow"
+    cli_store, cli_backend = RecordStore(cli / "jobs"), LocalBackend(cli / "local")
+    submit(parse_request(stand_in_request(bucket, "same-cli")), cli_backend, cli_store, workdir_root=cli / "work")
+    assert collect("same-cli", cli_backend, cli_store, poll_seconds=0.05).state == "COMPLETE"
+
+    target, records = local_target(flow), records_block(flow / "jobs")
+    assert submit_tao_job(stand_in_request(bucket, "same-flow"), target=target, records=records,
+                          return_state=True).is_completed()
+    state = collect_tao_job("same-flow", target=target, records=records, poll_seconds=0.05, return_state=True)
+    assert state.is_completed(), state.message
+
+    from_cli, from_flows = cli_store.get("same-cli"), RecordStore(flow / "jobs").get("same-flow")
+    assert from_cli.state == from_flows.state == "COMPLETE"
+    assert {entry.source for entry in from_cli.history} == {"cli"}
+    assert {entry.source for entry in from_flows.history} == {"flow"}
+    assert normalized(from_cli, cli) == normalized(from_flows, flow)
+
+
+def test_no_secret_reaches_prefect_or_the_record_store(env: dict[str, str], bucket: str, sandbox: None,
+                                                       tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flows run with credentials the job forwards and a job that prints one; then every place
+    Prefect keeps things is searched for every value."""
+    secrets = {"HF_TOKEN": f"hf_{os.urandom(12).hex()}", "NGC_KEY": f"nvapi-{os.urandom(12).hex()}"}
+    for variable, value in secrets.items():
+        monkeypatch.setenv(variable, value)
+    secrets.update({name_: env[name_] for name_ in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
+    forward = sorted(secrets)
+    target, records = local_target(tmp_path), records_block(tmp_path / "jobs")
+
+    ok = stand_in_request(bucket, "secret-ok", forward_env=forward)
+    assert submit_tao_job(ok, target=target, records=records, return_state=True).is_completed()
+    assert collect_tao_job("secret-ok", target=target, records=records, poll_seconds=0.05,
+                           return_state=True).is_completed()
+    loud = {"schema_version": "1", "job_id": "secret-loud", "image": "tao:6", "mode": "args",
+            "command": ["/bin/sh", "-c"], "args": ['echo "token is $HF_TOKEN, key is $AWS_SECRET_ACCESS_KEY"; exit 3'],
+            "forward_env": forward}
+    assert submit_tao_job(loud, target=target, records=records, return_state=True).is_completed()
+    failed = collect_tao_job("secret-loud", target=target, records=records, poll_seconds=0.05, return_state=True)
+    assert failed.is_failed()
+    assert "***HF_TOKEN***" in str(by_key(artifacts(failed), "failure-secret-loud").data)  # the job's own line, masked
+    bad = {**ok, "job_id": "secret-bad", "inputs": [{"source": f"s3://{bucket}/none.bin", "kind": "file"}]}
+    assert submit_tao_job(bad, target=target, records=records, return_state=True).is_failed()
+
+    places = prefect_places() + [(str(path), path.read_bytes()) for path in (tmp_path / "jobs").rglob("*")
+                                 if path.is_file()]
+    assert any("secret-loud" in where for where, _ in places)  # the search does see the runs
+    leaks = [(where, variable) for where, data in places for variable, value in secrets.items()
+             if value.encode() in data]
+    assert leaks == []
+
+
+def prefect_places() -> list[tuple[str, bytes]]:
+    """Everything Prefect keeps, as (where, bytes): its database files, every block document with
+    secrets included, every log and artifact through the API, and result storage on disk."""
+    from prefect.logging.handlers import APILogHandler
+    from prefect.settings import get_current_settings
+
+    APILogHandler().flush()
+    settings = get_current_settings()
+    url = settings.server.database.connection_url
+    database = Path((url.get_secret_value() if hasattr(url, "get_secret_value") else str(url)).split(":///", 1)[1])
+    places = [(str(path), path.read_bytes()) for path in database.parent.glob(database.name + "*")]
+    places += [(str(path), path.read_bytes()) for path in Path(settings.home).rglob("*") if path.is_file()]
+    with get_client(sync_client=True) as client:
+        logs = wait_for("the flow runs' logs", lambda: every(client.read_logs) or None)
+        places += [(f"block document {doc.name}", repr(doc.data).encode())
+                   for doc in every(lambda **page: client.read_block_documents(include_secrets=True, **page))]
+        places += [(f"log of run {log.flow_run_id}", log.message.encode()) for log in logs]
+        places += [(f"artifact {a.key or a.id}", f"{a.description} {a.data}".encode())
+                   for a in every(client.read_artifacts)]
+        places += [(f"flow run {run.name}", run.model_dump_json().encode()) for run in every(client.read_flow_runs)]
+    assert logs
+    return places
+
+
+def every(read: Callable[..., list[T]], page: int = 200) -> list[T]:
+    """All of a paged API listing (the server answers at most 200 at a time)."""
+    items: list[T] = []
+    while True:
+        batch = read(offset=len(items), limit=page)
+        items += batch
+        if len(batch) < page:
+            return items
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_jobs(tmp_path: Path) -> Iterator[None]:
+    """Nothing a failed test started in the local frame outlives it."""
+    yield
+    for root in (tmp_path / "local", tmp_path / "cli" / "local", tmp_path / "flow" / "local"):
+        backend = LocalBackend(root)
+        for run in root.glob("*/run"):
+            backend.cancel(f"local/{run.parent.name}")
+
+
+# ----------------------------------------------------------------------------- blocks on the API
+def test_the_blocks_register_from_the_project_directory_and_store_names_only(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from prefect.settings import PREFECT_API_URL
+
+    done = subprocess.run([sys.executable, "-m", "prefect", "block", "register", "-m", "blocks"], cwd=REPO,
+                          env={**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Successfully registered 6 blocks" in done.stdout
+    with get_client(sync_client=True) as client:
+        for slug in ("tao-s3-credentials", "tao-hugging-face-credentials", "tao-ngc-credentials", "tao-local-target",
+                     "tao-kubernetes-target", "tao-job-records"):
+            block_type = client.read_block_type_by_slug(slug)
+            fields = client.get_most_recent_block_schema_for_block_type(block_type.id).fields
+            assert fields["secret_fields"] == [] and all(
+                spec.get("title") and spec.get("description") for spec in fields["properties"].values()), slug
+
+    from blocks import S3EnvCredentials
+
+    block = name()
+    S3EnvCredentials(secret_access_key_env="TEAM_S3_SECRET").save(block)
+    assert S3EnvCredentials.load(block).secret_access_key_env == "TEAM_S3_SECRET"
+    with get_client(sync_client=True) as client:
+        stored = client.read_block_document_by_name(block, "tao-s3-credentials", include_secrets=True).data
+    assert stored["secret_access_key_env"] == "TEAM_S3_SECRET" and all(
+        value is None or isinstance(value, str) and value.isidentifier() for value in stored.values())
