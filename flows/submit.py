@@ -23,7 +23,7 @@ from tao_data_io.launch.backend import Submission
 from tao_data_io.launch.plan import build_plan
 from tao_data_io.launch.probe import Verdict
 from tao_data_io.names import mint_job_id
-from tao_data_io.pipeline import Submitted
+from tao_data_io.pipeline import Submitted, already_launched
 from tao_data_io.request import JobRequest, load_request, parse_request
 from tao_data_io.staging.layout import plan_inputs
 from tao_data_io.staging.stage import check_air_gap
@@ -75,6 +75,9 @@ def submit_tao_job(request: str | dict[str, Any], target: str = DEFAULT_TARGET, 
     job_id = str(job.job_id)
     request_doc = job.model_dump(mode="json")
     open_record(request_doc, setup.backend, setup.store)
+    launched = already_launched(setup.store.get(job_id))
+    if launched is not None:  # a rerun for a job that runs: nothing is staged again under it
+        return launched.to_dict()
     decision = TierDecision.model_validate(decide_tier(request_doc, setup.backend, setup.store, job_id))
     staging_map = _stage(job, request_doc, setup, job_id)
     route_outputs(setup.store, job_id, setup.credentials)

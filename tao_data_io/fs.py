@@ -346,40 +346,48 @@ class DestinationTree:
             finally:
                 self._unpin(directory)
 
+    @contextmanager
+    def _existing(self, directory: str) -> Iterator[int | None]:
+        """The descriptor of an existing ``directory`` of this tree, or None when it is gone or no
+        longer a directory here (a symlink put in its place is never followed)."""
+        try:
+            fd = self._pin(directory, create=False)
+        except (OSError, UnsafePathError):
+            yield None
+            return
+        try:
+            yield fd
+        finally:
+            self._unpin(directory)
+
     def remove(self, relative: str) -> bool:
         """Remove the file ``relative`` through the descriptors (never through a link); False when
         it, or a directory on the way, is gone or no longer a directory of this tree."""
         directory, _, name = relative.rpartition("/")
-        try:
-            dir_fd = self._pin(directory, create=False)
-        except (OSError, UnsafePathError):
-            return False
-        try:
-            os.unlink(name, dir_fd=dir_fd)
-            return True
-        except (FileNotFoundError, IsADirectoryError):
-            return False
-        finally:
-            self._unpin(directory)
+        with self._existing(directory) as dir_fd:
+            if dir_fd is None:
+                return False
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+                return True
+            except (FileNotFoundError, IsADirectoryError):
+                return False
 
     def remove_empty_directory(self, relative: str) -> bool:
         """Remove the directory ``relative`` if it is empty (through its parent's descriptor)."""
         parent, _, name = relative.rpartition("/")
-        try:
-            parent_fd = self._pin(parent, create=False)
-        except (OSError, UnsafePathError):
-            return False
-        try:
-            with self._lock:  # a kept descriptor of it would keep nothing alive, but must not be reused
+        with self._existing(parent) as parent_fd:
+            if parent_fd is None:
+                return False
+            with self._lock:  # its kept descriptor (if any) must not outlive it
                 entry = self._open.pop(relative, None)
                 if entry is not None:
                     os.close(entry[0])
-            os.rmdir(name, dir_fd=parent_fd)
-            return True
-        except OSError:
-            return False  # not empty, gone, or not a directory
-        finally:
-            self._unpin(parent)
+            try:
+                os.rmdir(name, dir_fd=parent_fd)
+                return True
+            except OSError:
+                return False  # not empty, gone, or not a directory
 
     # ------------------------------------------------------------------ spool
     def spool_fits(self) -> bool:

@@ -123,13 +123,16 @@ def route_outputs(store: RecordStore, job_id: str, environ: Mapping[str, str] | 
 
 
 def start(plan: LaunchPlan, backend: Backend, *, environ: Mapping[str, str] | None = None,
-          documents: JobDocuments | None = None) -> Submission:
+          documents: JobDocuments | None = None, store: RecordStore | None = None) -> Submission:
     """Preflight and submit (idempotent: a retry for a job already submitted starts nothing). The
     verify probe runs first inside the frame; :func:`confirm` waits for its verdict. ``documents``
     (the request and record the plan was built from) go to a backend whose pods stage for
     themselves."""
     backend.preflight(plan, documents=documents)
-    return backend.submit(plan, environ=environ, documents=documents)
+    submission = backend.submit(plan, environ=environ, documents=documents)
+    if store is not None:  # where the job is, for every verb after this one (another process, another day)
+        store.update(plan.job_id, lambda record: record.model_copy(update={"backend_config": backend.config()}))
+    return submission
 
 
 def confirm(plan: LaunchPlan, backend: Backend, store: RecordStore, submission: Submission, *,
@@ -150,7 +153,7 @@ def confirm(plan: LaunchPlan, backend: Backend, store: RecordStore, submission: 
 def launch(plan: LaunchPlan, backend: Backend, store: RecordStore, *, environ: Mapping[str, str] | None = None,
            source: str = "cli", documents: JobDocuments | None = None) -> tuple[str, bool, Verdict]:
     """:func:`start`, then :func:`confirm`."""
-    submission = start(plan, backend, environ=environ, documents=documents)
+    submission = start(plan, backend, environ=environ, documents=documents, store=store)
     verdict = confirm(plan, backend, store, submission, source=source)
     return submission.backend_ref, submission.started, verdict
 
@@ -160,6 +163,10 @@ def submit(request: JobRequest, backend: Backend, store: RecordStore, *, workdir
     """Run the whole submit pipeline for ``request`` (see the module docstring)."""
     tell = say or (lambda _: None)
     record = open_record(request, backend, store, source=source)
+    launched = already_launched(record)
+    if launched is not None:  # a retried submit: the job runs; its inputs are not staged again under it
+        tell(launched.describe())
+        return launched
     request = request.model_copy(update={"job_id": record.job_id})
     decision = decide_tier(request, backend, store, record.job_id)
     tell(f"job {record.job_id}: {decision.describe()}")
@@ -173,9 +180,28 @@ def submit(request: JobRequest, backend: Backend, store: RecordStore, *, workdir
     return Submitted(record.job_id, ref, decision.tier, started, verdict)
 
 
-def backend_of(record: JobRecord, config: Mapping[str, Any] | None = None) -> Backend:
-    """The backend a recorded job runs on (its ``platform``)."""
-    return backend_for(record.platform, config)
+def already_launched(record: JobRecord) -> Submitted | None:
+    """The submission of a job that was launched already (opened again by a retried submit of the
+    same request): staging again would change inputs under a running job, so nothing moves."""
+    if record.backend_ref is None:
+        return None
+    verdict = Verdict.model_validate(record.verify) if record.verify else Verdict(ok=True)
+    return Submitted(record.job_id, record.backend_ref, record.storage_tier or "A", False, verdict)
+
+
+def backend_of(record: JobRecord, overrides: Mapping[str, Any] | None = None) -> Backend:
+    """The backend a recorded job runs on: its ``platform``, built from the config recorded at
+    launch (``overrides`` win, e.g. a work root given on the command line)."""
+    return backend_for(record.platform, {**(record.backend_config or {}), **(overrides or {})})
+
+
+def _known(record: JobRecord, status: JobStatus, backend: Backend) -> None:
+    """A job the backend has no trace of, while the record says it is not over, is a wrong place
+    to look (another work root, another cluster) — never a reason to record an end."""
+    if status.state == "UNKNOWN" and record.state not in TERMINAL_STATES and record.backend_ref is not None:
+        raise UsageError(f"job {record.job_id} is {record.state} in its record, but the {backend.name} backend has no "
+                         f"trace of {record.backend_ref} ({status.message}); look where it was submitted "
+                         f"(its record says {record.backend_config or 'nothing about where'})")
 
 
 def observe(record: JobRecord, backend: Backend) -> JobStatus:
@@ -256,6 +282,7 @@ def collect(job_id: str, backend: Backend, store: RecordStore, *, wait: bool = T
     the failure analysis for an ERROR."""
     status = (wait_for_end(job_id, backend, store, poll_seconds=poll_seconds, say=say) if wait
               else observe(store.get(job_id), backend))
+    _known(store.get(job_id), status, backend)
     if not status.terminal:
         return Collected(job_id, status.state, status.message or "not finished; collect again later", None)
     record_end(store, job_id, status, source=source)
@@ -279,10 +306,17 @@ def running_jobs(store: RecordStore, platform: str) -> list[str]:
     return [record.job_id for record in store.list_records(state="RUNNING") if record.platform == platform]
 
 
-def cancel(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli") -> bool:
-    """Stop the job and everything it started; the record is marked CANCELED (final)."""
+def cancel(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli") -> JobRecord:
+    """Stop the job and everything it started and mark the record CANCELED — unless it already
+    ended (terminal states are final) or the backend cannot find it (see :func:`_known`).
+    Returns the record as it now stands."""
     record = store.get(job_id)
-    stopped = backend.cancel(record.backend_ref) if record.backend_ref else False
-    if record.state not in ("COMPLETE", "ERROR", "CANCELED"):
-        store.mark(job_id, "CANCELED", source=source, message="canceled" + ("" if stopped else " (nothing was running)"))
-    return stopped
+    if record.state in TERMINAL_STATES:
+        return record
+    if record.backend_ref is not None:
+        _known(record, backend.status(record.backend_ref), backend)
+        stopped = backend.cancel(record.backend_ref)
+    else:
+        stopped = False
+    return store.mark(job_id, "CANCELED", source=source,
+                      message="canceled" + ("" if stopped else " (nothing was running)"))

@@ -33,7 +33,8 @@ def launch(plan: dict[str, Any], backend: Backend, credentials: CredentialSet, r
     backend whose pods stage for themselves."""
     launch_plan = LaunchPlan.model_validate(plan)
     documents = JobDocuments(JobRequest.model_validate(request), store.get(launch_plan.job_id))
-    submission = pipeline.start(launch_plan, backend, environ=credentials.environ(), documents=documents)
+    submission = pipeline.start(launch_plan, backend, environ=credentials.environ(), documents=documents,
+                                store=store)
     get_run_logger().info("job %s: %s", launch_plan.job_id, submission.describe())
     return submission.to_dict()
 

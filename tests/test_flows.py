@@ -306,10 +306,11 @@ def test_overlapping_resyncs_are_safe(env: dict[str, str], bucket: str, s3_clien
 # ----------------------------------------------------------------------------- the local frame
 def normalized(record: JobRecord, root: Path) -> dict[str, Any]:
     """A record with what must differ between two runs of one request taken out: the job id, times,
-    who wrote each change, and the directory each composition ran in."""
+    who wrote each change, the directory each composition ran in, and the backend's own settings
+    (the local target allows no network by default, the CLI's backend does)."""
     text = record.model_dump_json().replace(record.job_id, "job-x").replace(str(root), "/root-of-the-run")
     data = JobRecord.model_validate_json(text).model_dump(mode="json")
-    data.pop("created_at"), data.pop("updated_at")
+    data.pop("created_at"), data.pop("updated_at"), data.pop("backend_config")
     data["history"] = [(entry["state"], entry["message"]) for entry in data["history"]]
     for entry in data["uploads"]:
         for varying in ("at", "started_at", "results_dir"):

@@ -316,8 +316,12 @@ def test_a_foreign_object_under_our_name_is_a_clear_error_and_nothing_is_deleted
 
 def test_a_job_that_exists_with_another_pod_spec_is_refused(kube: KubeStandIn, tmp_path: Path) -> None:
     launch_only(tmp_path, job_request(), make_backend())
-    with pytest.raises(UsageError, match="Job tao/job-1 already runs job 'job-1' with another pod spec"):
+    # The same record store refuses another request under the job id at open already...
+    with pytest.raises(UsageError, match="already names a different job \\(its request differs\\)"):
         launch_only(tmp_path, job_request(args=["--epochs", "2"]), make_backend())
+    # ...and the cluster refuses it from another store (another machine's records).
+    with pytest.raises(UsageError, match="Job tao/job-1 already runs job 'job-1' with another pod spec"):
+        launch_only(tmp_path / "elsewhere", job_request(args=["--epochs", "2"]), make_backend())
 
 
 # ----------------------------------------------------------------------------- verify
@@ -420,7 +424,7 @@ def test_a_job_that_is_gone_reads_unknown_and_ttl_takes_its_objects(kube: KubeSt
     assert status.state == "UNKNOWN" and "the job record says how it ended" in status.message
     assert every_object_of_ours(kube) == [] and kube.server.alive("Pod", NAMESPACE) == {}
     store = store_in(tmp_path)
-    ended = pipeline.wait_for_end(store.get("job-1"), backend, store, poll_seconds=0.001)
+    ended = pipeline.wait_for_end("job-1", backend, store, poll_seconds=0.001)
     assert ended.state == "UNKNOWN"  # never PENDING forever; the record (RUNNING) stays the truth
     assert backend.failure_analysis(done.backend_ref) is None and backend.logs(done.backend_ref) == ""
 
@@ -446,7 +450,7 @@ def test_cancel_deletes_the_job_in_the_foreground_and_keeps_a_pre_created_secret
     backend = make_backend(credential_secret="team-s3")
     done = submit(tmp_path, job_request(compute_shape={"gpus": 8, "nodes": 2}), backend)
     assert done.verdict.ok and "team-s3" not in ours(kube, "Secret") and ours(kube, "Service")
-    assert pipeline.cancel("job-1", backend, store_in(tmp_path)) is True
+    assert pipeline.cancel("job-1", backend, store_in(tmp_path)).state == "CANCELED"
     deleted = [r for r in kube.requests() if r.startswith("DELETE")]
     # The Service and ConfigMap are the Job's dependents: its foreground delete takes them first.
     assert deleted == ["DELETE /apis/batch/v1/namespaces/tao/jobs/job-1?propagationPolicy=Foreground"]
@@ -737,6 +741,6 @@ def test_e2e_a_gpu_free_tier_a_job_on_a_real_cluster(tmp_path: Path, monkeypatch
             assert "listing /data" in backend.logs(done.backend_ref, tail=20)
         finally:
             stopped = pipeline.cancel(job_id, backend, store)
-        assert stopped is True and backend.status(done.backend_ref).state in ("CANCELED", "UNKNOWN")
+        assert stopped.state == "CANCELED" and backend.status(done.backend_ref).state in ("CANCELED", "UNKNOWN")
         collected = pipeline.collect(job_id, backend, store, wait=False)
         assert collected.state == "CANCELED" and store.get(job_id).state == "CANCELED"

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tao_data_io.errors import UsageError
 from tao_data_io.launch.fake import FakeBackend
 from tao_data_io.pipeline import VerifyFailed, cancel, collect, submit
 from tao_data_io.records import RecordStore
@@ -75,6 +76,19 @@ def test_cancel_is_final(env: dict[str, str], bucket: str, tmp_path: Path) -> No
     store = RecordStore(tmp_path / "jobs")
     backend = FakeBackend(tmp_path / "results", polls_until_done=1000)
     submit(_request(bucket, "job-cancel"), backend, store, workdir_root=tmp_path / "work", environ=env)
-    assert cancel("job-cancel", backend, store)
+    assert cancel("job-cancel", backend, store).state == "CANCELED"
     assert store.get("job-cancel").state == "CANCELED"
     assert collect("job-cancel", backend, store, poll_seconds=0.01, environ=env).state == "CANCELED"
+
+
+def test_another_request_under_a_running_jobs_id_is_refused_before_anything_moves(env: dict[str, str], bucket: str,
+                                                                                 tmp_path: Path) -> None:
+    store = RecordStore(tmp_path / "jobs")
+    backend = FakeBackend(tmp_path / "results", polls_until_done=1000)
+    submit(_request(bucket, "job-same-id"), backend, store, workdir_root=tmp_path / "work", environ=env)
+    other = _request(bucket, "job-same-id").model_copy(update={"image": "tao:6"})  # same identity...
+    other = other.model_copy(update={"environment": {"EPOCHS": "9"}})             # ...another request
+    with pytest.raises(UsageError, match="already names a different job.*its request differs"):
+        submit(other, backend, store, workdir_root=tmp_path / "work", environ=env)
+    record = store.get("job-same-id")
+    assert record.state == "RUNNING" and record.backend_config == {"results_root": str(tmp_path / "results")}

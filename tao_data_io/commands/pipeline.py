@@ -112,12 +112,15 @@ def _config(platform: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _job(args: argparse.Namespace) -> tuple[RecordStore, Backend, str]:
-    from ..launch.backend import backend_for
+    """The job's store and backend: the backend as recorded at submit, unless the command line
+    says otherwise (``--workdir``)."""
+    from ..pipeline import backend_of
     from ..records import RecordStore
 
     store = RecordStore(args.root)
     record = store.get(args.job_id)
-    return store, backend_for(record.platform, _config(record.platform, args)), record.job_id
+    overrides = _config(record.platform, args) if args.workdir is not None or not record.backend_config else {}
+    return store, backend_of(record, overrides), record.job_id
 
 
 def _submit(args: argparse.Namespace, console: Console) -> int:
@@ -158,8 +161,12 @@ def _cancel(args: argparse.Namespace, console: Console) -> int:
     from ..pipeline import cancel
 
     store, backend, job_id = _job(args)
-    stopped = cancel(job_id, backend, store)
-    console.out(f"job {job_id} CANCELED" + ("" if stopped else " (nothing was running)"))
+    before = store.get(job_id).state
+    record = cancel(job_id, backend, store)
+    if before in ("COMPLETE", "ERROR", "CANCELED"):
+        console.out(f"job {job_id} had already ended {before}; nothing to cancel")
+    else:
+        console.out(f"job {job_id} {record.state}" + (f" ({record.message})" if record.message else ""))
     return 0
 
 
@@ -174,6 +181,10 @@ def _collect(args: argparse.Namespace, console: Console) -> int:
         console.json(outcome.to_dict())
     else:
         console.out(outcome.describe())
+        if outcome.upload is not None and outcome.upload.summary is not None:
+            from .transfer import report
+
+            report(outcome.upload.summary, console, as_json=False, lines_only=True)  # each skip and failure, named
         if outcome.logs_tail:
             console.out("last lines of the log:\n" + outcome.logs_tail.rstrip("\n"))
         if outcome.failure is not None:

@@ -84,12 +84,14 @@ def _run(args: argparse.Namespace, console: Console, verb: str) -> int:
     return report(summary, console, as_json=args.json)
 
 
-def report(summary: TransferSummary, console: Console, *, as_json: bool) -> int:
-    """Print a summary and return the exit code (1 if anything failed)."""
+def report(summary: TransferSummary, console: Console, *, as_json: bool, lines_only: bool = False) -> int:
+    """Print a summary and return the exit code (1 if anything failed). ``lines_only``: only the
+    per-item lines (what was skipped or failed, and why), for a caller that said the rest."""
     if as_json:
         console.json(summary.to_dict())
     else:
-        console.out(f"{shown(summary.source)} → {shown(summary.destination)}: {summary.describe()}")
+        if not lines_only:
+            console.out(f"{shown(summary.source)} → {shown(summary.destination)}: {summary.describe()}")
         if summary.dry_run:
             for name in summary.transferred:
                 console.out(f"  would transfer: {shown(name)}")

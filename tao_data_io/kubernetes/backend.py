@@ -81,6 +81,15 @@ class KubernetesBackend:
         self.say = say or log.info
         self._connected: Api | None = None
 
+    def config(self) -> dict[str, Any]:
+        """The settings a later verb rebuilds this backend from (the kubeconfig itself, and any
+        path to it, stay on the machine that submits)."""
+        s = self.settings
+        return {"namespace": self._cluster["namespace"], "context": self._cluster["context"], "pvc_claim": s.pvc_claim,
+                "stager_image": s.stager_image, "image_pull_secret": s.image_pull_secret,
+                "credential_secret": s.credential_secret, "ttl_seconds": s.ttl_seconds, "shm_size": s.shm_size,
+                "shards": s.shards, "records_url": s.records_url}
+
     # ------------------------------------------------------------------ before
     def facts(self) -> ClusterFacts:
         return cluster_facts(self._api())

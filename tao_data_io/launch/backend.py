@@ -96,6 +96,11 @@ class Backend(Protocol):
     #: config.
     stages_on_host: bool
 
+    def config(self) -> dict[str, Any]:
+        """What ``backend_for(name, config)`` needs to rebuild this backend in another process
+        (kept in the job's record): names and paths only, never a credential."""
+        ...
+
     def facts(self) -> ClusterFacts:
         """What the backend offers, for the tier decision."""
         ...

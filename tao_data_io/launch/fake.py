@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ..errors import BackendError
 from ..tier import ClusterFacts
@@ -36,6 +37,9 @@ class FakeBackend:
         self._polls: dict[str, int] = {}
         self._canceled: set[str] = set()
         self._lock = threading.Lock()
+
+    def config(self) -> dict[str, Any]:
+        return {"results_root": str(self.results_root)}
 
     def facts(self) -> ClusterFacts:
         return ClusterFacts(backend="fake")

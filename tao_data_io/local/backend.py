@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from ..credentials import forwarded_values
 from ..errors import BackendError, UsageError
@@ -66,6 +67,9 @@ class LocalBackend:
         #: Whether a request may give its frames the host's network (``network: true``); an
         #: operator turns it off for a host whose network jobs must never reach.
         self.allow_network = allow_network
+
+    def config(self) -> dict[str, Any]:
+        return {"workdir_root": str(self.workdir_root), "allow_network": self.allow_network}
 
     # ------------------------------------------------------------------ before
     def facts(self) -> ClusterFacts:

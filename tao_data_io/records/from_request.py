@@ -17,6 +17,8 @@ Which network and action a command runs (:func:`network_and_action`), by its fir
 
 from __future__ import annotations
 
+import hashlib
+import json
 import posixpath
 import re
 import shlex
@@ -63,4 +65,11 @@ def open_for(request: JobRequest, *, platform: str, source: str = "cli",
     return (store or RecordStore()).open(
         platform=platform, image=request.image, network_arch=network_arch, action=action,
         results_dir=request.outputs.results_dir, upload_excludes=request.outputs.upload_excludes,
-        job_id=request.job_id, source=source)
+        job_id=request.job_id, source=source, request_digest=request_digest(request))
+
+
+def request_digest(request: JobRequest) -> str:
+    """SHA-256 of the request as validated, its job id left out (a minted id is not part of what
+    was asked): the same request always gives the same digest."""
+    document = request.model_dump(mode="json", exclude={"job_id"})
+    return hashlib.sha256(json.dumps(document, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

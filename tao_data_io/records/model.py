@@ -34,7 +34,7 @@ SCHEMA_VERSION = "1"
 #: Fields that say *which* job this is. A retried ``open`` with the same values is the same
 #: job (the existing record is returned); any difference means a different job. The storage
 #: tier is not one of them: it is decided after the record is opened (``set_tier``).
-IDENTITY_FIELDS = ("job_id", "platform", "image", "network_arch", "action", "results_dir")
+IDENTITY_FIELDS = ("job_id", "platform", "image", "network_arch", "action", "results_dir", "request_digest")
 #: Fields ``update`` may not change: identity belongs to ``open``, state to ``mark``, the tier
 #: to ``set_tier``, so no change function can bypass their rules.
 GUARDED_FIELDS = frozenset({*IDENTITY_FIELDS, "schema_version", "created_at", "state", "history",
@@ -115,6 +115,13 @@ class JobRecord(Strict):
     #: The verify probe's verdict from inside the compute frame (per path: pass/fail and why),
     #: stored before the job's command may start.
     verify: dict[str, JsonValue] | None = None
+    #: What rebuilds the backend the job runs on (``backend_for(platform, backend_config)``): a
+    #: local work root, a namespace and context — names and paths, never a credential — so the
+    #: verbs after submit reach the job without being told again where it is.
+    backend_config: dict[str, JsonValue] | None = None
+    #: SHA-256 of the request this job was opened for: the same job id with another request is
+    #: another job, refused at open, and a retried submit is recognised as the same one.
+    request_digest: str | None = None
 
     @model_validator(mode="after")
     def _no_credential_values(self) -> JobRecord:

@@ -82,7 +82,8 @@ class RecordStore:
 
     def open(self, *, platform: str, image: str, network_arch: str, action: str, results_dir: str,
              storage_tier: str | None = None, storage_reason: str | None = None, job_id: str | None = None,
-             source: str = "cli", upload_excludes: Sequence[str] = ()) -> JobRecord:
+             source: str = "cli", upload_excludes: Sequence[str] = (),
+             request_digest: str | None = None) -> JobRecord:
         """Create a PENDING record and return it; ``job_id`` is minted when not given.
 
         Idempotent for a retried submit: if the id exists with the same identity fields, the
@@ -97,13 +98,14 @@ class RecordStore:
         record = validated(dict(
             job_id=job_id, platform=platform, image=image, network_arch=network_arch, action=action,
             storage_tier=storage_tier, storage_reason=storage_reason, results_dir=results_dir,
-            upload_excludes=list(upload_excludes), state="PENDING",
+            upload_excludes=list(upload_excludes), request_digest=request_digest, state="PENDING",
             created_at=stamp, updated_at=stamp, history=[dict(at=stamp, state="PENDING", source=source)]))
         existing = self._create(record)
         if existing is None:
             return record
         if existing.identity() != record.identity():
-            different = [f"{name} is {getattr(existing, name)!r} there, {getattr(record, name)!r} here"
+            different = [("its request differs" if name == "request_digest" else
+                          f"{name} is {getattr(existing, name)!r} there, {getattr(record, name)!r} here")
                          for name in IDENTITY_FIELDS if getattr(existing, name) != getattr(record, name)]
             raise UsageError(f"job_id {job_id!r} already names a different job ({'; '.join(different)}) in "
                              f"{self.location}: pick another job id, or omit it to mint one")
