@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
@@ -38,6 +40,31 @@ def _limit(environ: Mapping[str, str], name: str, default: int) -> int:
     if value <= 0:
         raise UsageError(f"{name} {raw!r} must be a positive whole number")
     return value
+
+
+def read_document(path: Path, *, what: str, environ: Mapping[str, str] | None = None) -> str:
+    """The text of a document file, read only if it is a regular file and never past the size
+    limit: a path to ``/dev/zero`` or a FIFO must fail at once, not fill memory or hang."""
+    env = os.environ if environ is None else environ
+    max_bytes = _limit(env, MAX_BYTES_VARIABLE, DEFAULT_MAX_BYTES)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError(f"{what} cannot be read: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"{what} is not a regular file (a device, FIFO or directory); give the path of a "
+                             "YAML or JSON file")
+        data = os.read(fd, max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise UsageError(f"{what} is over the limit of {max_bytes:,} bytes ({MAX_BYTES_VARIABLE} raises it); a job "
+                         "request is a small document")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{what} cannot be read: it is not UTF-8 text") from None
 
 
 def load_document(text: str, fmt: str, *, what: str, environ: Mapping[str, str] | None = None) -> Any:

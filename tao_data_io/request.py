@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from .credentials import credential_value_fields, is_secret_name
-from .documents import load_document
+from .documents import load_document, read_document
 from .errors import UsageError
 from .names import ENV_NAME_RULE, check_job_id, is_env_name
 from .schema import Strict, describe_validation_error
@@ -346,11 +346,7 @@ def load_request(path: str | Path, *, environ: Mapping[str, str] | None = None) 
     """Load a request from a YAML or JSON file (see :func:`parse_request`); any problem is a
     :class:`UsageError` naming the file, the field and the fix."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
-        raise UsageError(f"request {str(path)!r} cannot be read: {reason}") from None
+    text = read_document(path, what=f"request {str(path)!r}", environ=environ)
     fmt = "json" if path.suffix == ".json" else "yaml"
     data = load_document(text, fmt, what=f"request {str(path)!r}", environ=environ)
     return parse_request(data, source=f"request {str(path)!r}", environ=environ)

@@ -140,3 +140,19 @@ def test_cli_exit_2_for_a_wrong_request(tmp_path: Path) -> None:
     path = write(tmp_path, yaml.safe_dump({**BASE, "inputs": [{"source": "s3://bkt-1/a/", "target": "/etc"}]}))
     result = run_cli("materialize-config", "--request", str(path), "--output-dir", str(tmp_path / "o"), env={})
     assert result.returncode == 2 and "inputs[0].target" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "directory"])
+def test_a_request_path_that_is_not_a_regular_file_fails_at_once(tmp_path: Path, kind: str) -> None:
+    """/dev/zero used to be read whole (memory), a FIFO without a writer to hang."""
+    import os
+
+    if kind == "device":
+        path = Path("/dev/zero")
+    elif kind == "fifo":
+        path = tmp_path / "req.yaml"
+        os.mkfifo(path)
+    else:
+        path = tmp_path
+    with pytest.raises(UsageError, match="not a regular file"):
+        load_request(path)
