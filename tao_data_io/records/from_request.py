@@ -23,11 +23,14 @@ import posixpath
 import re
 import shlex
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
-from ..request import JobRequest
 from .model import JobRecord
 from .store import RecordStore
+
+if TYPE_CHECKING:  # the request model costs ~50 ms of imports that record verbs (resync) never need
+    from ..request import JobRequest
 
 #: First words that run something else: the job is named by them, not by a TAO entrypoint.
 _INTERPRETER = re.compile(r"python(\d+(\.\d+)?)?|sh|bash|torchrun|mpirun")

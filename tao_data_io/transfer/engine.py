@@ -127,6 +127,12 @@ def _upload_digests(source_root: Path, options: TransferOptions) -> DigestStore:
     return DigestStore(None if options.dry_run else upload_digest_path(source_root))
 
 
+def _import_data_path() -> None:
+    """Import the executors' modules (obstore's native library, asyncio): in a fresh process, the
+    tens of milliseconds this takes can overlap a listing's round trips instead of following them."""
+    from . import obstore_executor, s5cmd_executor  # noqa: F401
+
+
 class TransferEngine:
     def __init__(self, credentials: S3Credentials, *, executor: Executor | None = None,
                  concurrency: int = DEFAULT_CONCURRENCY) -> None:
@@ -349,8 +355,10 @@ class TransferEngine:
         root_fd = None if options.untrusted_source is None else open_directory_nofollow(source,
                                                                                          what=options.untrusted_source)
         try:
-            with ThreadPoolExecutor(max_workers=1) as pool:
+            with ThreadPoolExecutor(max_workers=2) as pool:
                 listed = pool.submit(self._list, prefix)  # its round trips overlap the local scan and the cache load
+                if "executor" not in self.__dict__:
+                    pool.submit(_import_data_path)  # and so does loading the data path, ~40 ms of a fresh process
                 scan = scan_local(source, root_fd=root_fd)
                 store = _upload_digests(source, options)
                 remote = {obj.key: obj for obj in listed.result().objects}
