@@ -36,7 +36,7 @@ import yaml
 
 from deployments.dataset import MODEL_REPO, PREFIX, build
 from deployments.stack import Service, Stack, free_port
-from tao_data_io.credentials import S3Credentials, s3_credentials_from_env
+from tao_data_io.credentials import S3Credentials, is_secret_name, s3_credentials_from_env
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.records import JobRecord, RecordStore
 from tao_data_io.reporting import human_size
@@ -92,13 +92,13 @@ def run_demo(stack: Stack, clock: Clock) -> bool:
         summary = engine.upload_directory(local_tree, parse_s3_url(f"s3://{bucket}/"), TransferOptions())
     clock.say(f"dataset in s3://{bucket}/{PREFIX}/: {summary.transferred_files} files uploaded "
               f"({human_size(summary.transferred_bytes)}), {summary.unchanged_files} already there")
-    hub = stack.start_model_hub(os.environ, {MODEL_REPO: model})
+    hub = stack.start_model_hub(without_credentials(os.environ), {MODEL_REPO: model})
     clock.say(f"model hub stand-in on {hub} serving hf://{MODEL_REPO}")
 
     port = free_port()
     env = worker_environment(credentials, bucket, hub, port)
     os.environ.update({name: value for name, value in env.items() if name.startswith("PREFECT_")})
-    api = stack.start_prefect_server(env, port)
+    api = stack.start_prefect_server(without_credentials(env), port)  # only the worker reads credentials
     clock.say(f"Prefect server on {api} (SQLite in {DEMO / 'prefect'}; UI on)")
     prepare_prefect(bucket)
     clock.say(f"work pool {POOL!r}; block types registered; blocks saved: tao-local-target/local, "
@@ -131,6 +131,12 @@ def s3(stack: Stack, clock: Clock) -> tuple[S3Credentials, str]:
     server.create_bucket(EMBEDDED_BUCKET)
     clock.say(f"embedded S3 (SeaweedFS) on {server.endpoint_url}, bucket s3://{EMBEDDED_BUCKET}/")
     return server.credentials, EMBEDDED_BUCKET
+
+
+def without_credentials(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` less every variable named like a credential: what a service that reads no
+    credential (Prefect's server, the model hub stand-in) is started with."""
+    return {name: value for name, value in env.items() if not is_secret_name(name)}
 
 
 def worker_environment(credentials: S3Credentials, bucket: str, hub: str, port: int) -> dict[str, str]:

@@ -15,6 +15,7 @@ from prefect import flow
 from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, prepare
 from tao_data_io.errors import TaoDataIOError
 from tao_data_io.launch.backend import JobStatus
+from tasks.masking import mask_run_logs, masking_failures
 from tasks.outputs import report_failure, upload_results, wait_for_end
 from tasks.records import record_end
 
@@ -28,6 +29,7 @@ class JobFailed(TaoDataIOError):
 
 
 @flow(name="collect-tao-job", flow_run_name="collect-{job_id}", persist_result=True, result_serializer="json")
+@masking_failures
 def collect_tao_job(job_id: str, target: str = DEFAULT_TARGET, records: str = DEFAULT_RECORDS,
                     s3_credentials: str | None = None, poll_seconds: float = DEFAULT_POLL_SECONDS,
                     max_wait_seconds: float | None = None) -> dict[str, Any]:
@@ -43,6 +45,7 @@ def collect_tao_job(job_id: str, target: str = DEFAULT_TARGET, records: str = DE
             later); empty: wait for as long as it takes.
     """
     setup = prepare(target, records, s3_credentials)
+    mask_run_logs(setup.credentials.environ(), secret_names=setup.store.get(job_id).forward_env)
     status = JobStatus.model_validate(wait_for_end(job_id, setup.backend, setup.store, poll_seconds,
                                                    max_wait_seconds))
     if not status.terminal:

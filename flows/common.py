@@ -9,8 +9,6 @@ same as a credential block with its defaults), so a flow runs without any saved 
 from __future__ import annotations
 
 import gc
-import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import TypeVar
@@ -20,15 +18,13 @@ from prefect.blocks.core import Block
 from blocks.credentials import CredentialSet, HuggingFaceEnvCredentials, NGCEnvCredentials, S3EnvCredentials
 from blocks.records import JobRecords
 from blocks.targets import ComputeTarget
-from tao_data_io.credentials import RedactingFilter, Redactor
 from tao_data_io.errors import UsageError
 from tao_data_io.launch.backend import Backend
 from tao_data_io.records import RecordStore
+from tasks.masking import mask_run_logs
 
 DEFAULT_TARGET = "tao-local-target/local"
 DEFAULT_RECORDS = "tao-job-records/local"
-#: The loggers of flow and task runs, whose records go to the Prefect API.
-RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 
 B = TypeVar("B", bound=Block)
 
@@ -46,14 +42,15 @@ def prepare(target: str, records: str, s3_credentials: str | None = None, hf_cre
     """Load the blocks, mask the run logs, open the record store and build the backend."""
     _freeze_imports()
     credentials = CredentialSet.of([
-        load_block(s3_credentials, S3EnvCredentials) if s3_credentials else S3EnvCredentials(),
-        load_block(hf_credentials, HuggingFaceEnvCredentials) if hf_credentials else HuggingFaceEnvCredentials(),
-        load_block(ngc_credentials, NGCEnvCredentials) if ngc_credentials else NGCEnvCredentials(),
+        load_block(s3_credentials, S3EnvCredentials, "s3_credentials") if s3_credentials else S3EnvCredentials(),
+        (load_block(hf_credentials, HuggingFaceEnvCredentials, "hf_credentials") if hf_credentials
+         else HuggingFaceEnvCredentials()),
+        load_block(ngc_credentials, NGCEnvCredentials, "ngc_credentials") if ngc_credentials else NGCEnvCredentials(),
     ])
     environ = credentials.environ()
     mask_run_logs(environ)
-    compute = load_block(target, ComputeTarget)
-    return Setup(compute, compute.backend(), load_block(records, JobRecords).store(environ), credentials)
+    compute = load_block(target, ComputeTarget, "target")
+    return Setup(compute, compute.backend(), load_block(records, JobRecords, "records").store(environ), credentials)
 
 
 @cache
@@ -66,28 +63,17 @@ def _freeze_imports() -> None:
     gc.freeze()
 
 
-def load_block(name: str, kind: type[B]) -> B:
-    """The saved block ``BLOCK-TYPE/NAME``, which must be a ``kind``."""
+def load_block(name: str, kind: type[B], parameter: str) -> B:
+    """The saved block ``BLOCK-TYPE/NAME`` that the flow parameter ``parameter`` names, which must
+    be a ``kind``."""
     if name.count("/") != 1:
-        raise UsageError(f"block {name!r} must be written BLOCK-TYPE/NAME, such as {DEFAULT_TARGET!r}")
-    block = Block.load(name)
+        raise UsageError(f"{parameter} {name!r} must name a block as BLOCK-TYPE/NAME, such as {DEFAULT_TARGET!r}")
+    try:
+        block = Block.load(name)
+    except ValueError as exc:  # Prefect's word for a block (or block type) that is not saved
+        raise UsageError(f"{parameter} {name!r} names no saved block ({exc}): see the saved ones with `prefect block "
+                         "ls`, or save this project's with `python -m deployments.blocks`") from None
     if not isinstance(block, kind):
-        raise UsageError(f"block {name!r} is a {type(block).__name__}, not a {kind.__name__}: name a block of "
-                         "the right type")
+        raise UsageError(f"{parameter} {name!r} is a {type(block).__name__}, not a {kind.__name__}: name a block "
+                         "of the right type")
     return block
-
-
-class _RunLogMask(RedactingFilter):
-    """Our filter on the run loggers (a class of its own, so a later flow run replaces it)."""
-
-
-def mask_run_logs(environ: Mapping[str, str]) -> None:
-    """Mask every credential value of ``environ`` in the messages and tracebacks this process
-    sends as run logs — a safety net: nothing of ours logs a value, but a library's message or
-    a job's output might hold one."""
-    mask = _RunLogMask(Redactor(environ))
-    for name in RUN_LOGGERS:
-        logger = logging.getLogger(name)
-        for old in [f for f in logger.filters if isinstance(f, _RunLogMask)]:
-            logger.removeFilter(old)
-        logger.addFilter(mask)

@@ -16,6 +16,7 @@ from prefect import flow
 
 from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, prepare
 from tao_data_io.errors import TaoDataIOError
+from tasks.masking import masking_failures
 from tasks.outputs import resync_job, running_jobs
 
 
@@ -23,9 +24,11 @@ class ResyncFailed(TaoDataIOError):
     """Some running jobs could not be resynced; the others were."""
 
 @flow(name="resync-tao-outputs", flow_run_name="resync-outputs", persist_result=True, result_serializer="json")
+@masking_failures
 def resync_tao_outputs(target: str = DEFAULT_TARGET, records: str = DEFAULT_RECORDS,
                        s3_credentials: str | None = None, settle_seconds: float | None = None) -> dict[str, Any]:
-    """Upload what is new in the results of every RUNNING job on the target.
+    """Upload what is new in the results of every RUNNING job on the target (a RUNNING job the
+    target has no trace of is counted, and named in the run's log, not resynced).
 
     Args:
         target: the compute target block whose jobs to resync.
@@ -34,7 +37,8 @@ def resync_tao_outputs(target: str = DEFAULT_TARGET, records: str = DEFAULT_RECO
         settle_seconds: leave files modified this recently for the next run (empty: the core's default).
     """
     setup = prepare(target, records, s3_credentials)
-    jobs = running_jobs(setup.store, setup.backend.name)
+    found = running_jobs(setup.store, setup.backend)
+    jobs = found["seen"]
     # One job after another, on the main thread, where a task's timeout can interrupt it; a job
     # with nothing new costs one listing.
     # One job's failure (after its retries) does not keep the others from their resync.
@@ -47,4 +51,4 @@ def resync_tao_outputs(target: str = DEFAULT_TARGET, records: str = DEFAULT_RECO
     outcomes = {job_id: state.result() for job_id, state in states.items()}
     statuses = [outcome["status"] if outcome else "backend uploads" for outcome in outcomes.values()]
     return {"jobs": len(jobs), **{status: statuses.count(status) for status in sorted(set(statuses))},
-            "outcomes": outcomes}
+            "not on this target": len(found["elsewhere"]), "outcomes": outcomes}

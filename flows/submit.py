@@ -10,6 +10,7 @@ flow before the job's command starts, with the verdict per path in the UI.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -30,6 +31,7 @@ from tao_data_io.staging.stage import check_air_gap
 from tao_data_io.staging.stage_map import StagingMap
 from tao_data_io.tier import TierDecision
 from tasks.launch import launch, verify
+from tasks.masking import mask_run_logs, masking_failures
 from tasks.records import decide_tier, open_record, route_outputs
 from tasks.staging import plan_staging, publish_staging_map, stage_job_config, stage_one
 
@@ -44,14 +46,15 @@ def read_request(request: str | Mapping[str, Any], environ: Mapping[str, str]) -
 def run_name() -> str:
     """``submit-<job id>`` when the request names one (a minted id renames the run later)."""
     request = runtime.flow_run.parameters.get("request")
-    try:
-        job_id = read_request(request, {}).job_id if request is not None else None
+    try:  # with this environment's credential values, so a job id that is one never names the run
+        job_id = read_request(request, os.environ).job_id if request is not None else None
     except UsageError:
         job_id = None  # the flow itself says what is wrong with the request
     return f"submit-{job_id or 'new-job'}"
 
 
 @flow(name="submit-tao-job", flow_run_name=run_name, persist_result=True, result_serializer="json")
+@masking_failures
 def submit_tao_job(request: str | dict[str, Any], target: str = DEFAULT_TARGET, records: str = DEFAULT_RECORDS,
                    s3_credentials: str | None = None, hf_credentials: str | None = None,
                    ngc_credentials: str | None = None) -> dict[str, Any]:
@@ -69,6 +72,7 @@ def submit_tao_job(request: str | dict[str, Any], target: str = DEFAULT_TARGET, 
     setup = prepare(target, records, s3_credentials, hf_credentials, ngc_credentials)
     environ = setup.credentials.environ()
     job = read_request(request, environ)
+    mask_run_logs(environ, secret_names=job.forward_env)  # the job may print what it is given
     if job.job_id is None:  # minted once, here: every retry below must open the same record
         job = job.model_copy(update={"job_id": mint_job_id(datetime.now(timezone.utc))})
         _rename_run(f"submit-{job.job_id}")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .errors import CredentialError, UsageError
+from .errors import CredentialError, TaoDataIOError, UsageError, is_retryable
 
 #: (official AWS name, legacy TAO name) for each S3 setting.
 AWS_TO_LEGACY: dict[str, str] = {
@@ -272,10 +272,12 @@ def is_secret_name(name: str) -> bool:
 class Redactor:
     """Masks every credential value found in the environment, and the userinfo of every URL.
 
-    Built from a snapshot of the environment (plus any extra values), it replaces each
-    secret value with ``***NAME***`` so a masked message still says *which* credential was
-    involved. Longer values are replaced first so a secret that contains another is masked
-    whole.
+    Built from a snapshot of the environment, it replaces each secret value with ``***NAME***``
+    so a masked message still says *which* credential was involved. Longer values are replaced
+    first so a secret that contains another is masked whole. A value is secret when its
+    variable's name looks like a credential's, when the variable is one of ``secret_names`` (a
+    job's ``forward_env``: whatever it is called, a forwarded variable is a credential), or when
+    it is one of the ``extra`` values (credentials read elsewhere, such as for a per-job Secret).
 
     A URL can carry a password in its userinfo (``https://user:password@host``), in any variable
     (``AWS_ENDPOINT_URL``, ``HF_ENDPOINT``, ``NGC_API_URL``) and in any message a library builds
@@ -284,13 +286,15 @@ class Redactor:
     raw and percent-decoded, so they are masked wherever they appear on their own.
     """
 
-    def __init__(self, environ: Mapping[str, str] | None = None, extra: Mapping[str, str] | None = None) -> None:
+    def __init__(self, environ: Mapping[str, str] | None = None, extra: Mapping[str, str] | None = None, *,
+                 secret_names: Iterable[str] = ()) -> None:
         env = os.environ if environ is None else environ
+        always = {*secret_names, *(extra or {})}
         secrets: dict[str, str] = {}
         for name, value in {**env, **(extra or {})}.items():
             if not value:
                 continue
-            candidates = [value] if is_secret_name(name) else []
+            candidates = [value] if name in always or is_secret_name(name) else []
             candidates += _userinfo_parts(value)
             for candidate in candidates:
                 if len(candidate) >= _MIN_SECRET_LENGTH:
@@ -310,6 +314,31 @@ class Redactor:
 
     def __call__(self, text: str) -> str:
         return self.redact(text)
+
+
+class MaskedError(TaoDataIOError):
+    """An exception whose text held a credential value, re-raised with that value masked.
+
+    Why: an orchestrator stores a failed run's exception text where no log filter reaches (a
+    state message in its database, a persisted result). The original's type is named in the
+    text, and whether a retry can help is kept (:func:`~tao_data_io.errors.is_retryable`)."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+def masked(exc: BaseException, redactor: Redactor) -> BaseException:
+    """``exc`` with every credential value in its text masked: our own errors (whose text is their
+    message) in place, keeping their type; any other as a :class:`MaskedError` saying the same."""
+    text = str(exc)
+    clean = redactor(text)
+    if clean == text:
+        return exc
+    if isinstance(exc, TaoDataIOError):
+        exc.args = (clean,)
+        return exc
+    return MaskedError(f"{type(exc).__name__}: {clean}", retryable=is_retryable(exc))
 
 
 class RedactingFilter(logging.Filter):

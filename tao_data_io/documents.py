@@ -92,9 +92,20 @@ def load_document(text: str, fmt: str, *, what: str, environ: Mapping[str, str] 
         _check_yaml_events(text, max_depth, max_nodes, what)
         return yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise UsageError(f"{what} is not valid YAML: {exc}") from None
+        raise UsageError(f"{what} is not valid YAML: {_yaml_problem(exc)}") from None
     except _DuplicateKey as exc:
         raise UsageError(f"{what}, {exc}") from None
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """PyYAML's problem and where it is, without the snippet of the line it quotes: that line may
+    hold a credential value, cut where no redactor can recognise it."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem is None or mark is None:
+        return type(exc).__name__
+    context = getattr(exc, "context", None)
+    return f"{context + ', ' if context else ''}{problem} at line {mark.line + 1}, column {mark.column + 1}"
 
 
 def _depth_error(what: str, limit: int) -> UsageError:

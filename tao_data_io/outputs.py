@@ -47,7 +47,7 @@ from .transfer.filters import FilterRule, PathFilter
 from .reporting import ProgressCallback, human_size
 from .transfer.summary import TransferSummary
 from .uris import parse_s3_url
-from .vocabulary import ALWAYS_EXCLUDED, DEFAULT_SETTLE_SECONDS, TERMINAL_STATES
+from .vocabulary import ALWAYS_EXCLUDED, DEFAULT_SETTLE_SECONDS, SETTLE_SECONDS_BOUNDS, TERMINAL_STATES, seconds_within
 
 #: Failed names kept in one uploads entry; the count is always exact. A broken bucket can fail
 #: every file of a large tree, and the record must stay a small, readable document.
@@ -122,6 +122,8 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
     or, on the mount route, not under the mount). Failed files are in the summary, not raised.
     """
     env = os.environ if environ is None else environ
+    if settle_seconds is not None:
+        seconds_within(settle_seconds, SETTLE_SECONDS_BOUNDS, name="settle_seconds")
     record = store.get(job_id)
     route = resolve_route(record, env)
     if route.route == "mount":

@@ -23,13 +23,14 @@ from .launch.plan import LaunchPlan, build_plan
 from .launch.probe import Verdict
 from .outputs import Kind, UploadOutcome, upload_results
 from .records import TERMINAL_STATES, JobRecord, RecordStore, open_for
+from .records.from_request import request_digest
 from .reporting import ProgressCallback
 from .request import JobRequest
 from .routing import decide_route, record_route
 from .staging.stage import plan_stage, stage
 from .staging.stage_map import StagingMap
 from .tier import TierDecision, choose_tier
-from .vocabulary import DEFAULT_POLL_SECONDS, DEFAULT_WORKDIR, WORKDIR_VARIABLE
+from .vocabulary import DEFAULT_POLL_SECONDS, DEFAULT_WORKDIR, POLL_SECONDS_BOUNDS, WORKDIR_VARIABLE, seconds_within
 
 DEFAULT_LOG_TAIL = 100
 
@@ -60,7 +61,7 @@ class Submitted:
                 "verified_checks": len(self.verdict.checks)}
 
     def describe(self) -> str:
-        return (f"job {self.job_id} {'running' if self.started else 'already running'} as {self.backend_ref} "
+        return (f"job {self.job_id} {'running' if self.started else 'launched earlier'} as {self.backend_ref} "
                 f"(tier {self.tier}; {self.verdict.describe()})")
 
 
@@ -129,10 +130,25 @@ def start(plan: LaunchPlan, backend: Backend, *, environ: Mapping[str, str] | No
     (the request and record the plan was built from) go to a backend whose pods stage for
     themselves."""
     backend.preflight(plan, documents=documents)
-    submission = backend.submit(plan, environ=environ, documents=documents)
-    if store is not None:  # where the job is, for every verb after this one (another process, another day)
-        store.update(plan.job_id, lambda record: record.model_copy(update={"backend_config": backend.config()}))
-    return submission
+    if store is not None:
+        _claim_launch(store, plan.job_id, backend, documents)
+    return backend.submit(plan, environ=environ, documents=documents)
+
+
+def _claim_launch(store: RecordStore, job_id: str, backend: Backend, documents: JobDocuments | None) -> None:
+    """Pin where the job is launched (for every verb after this one: another process, another
+    day) before the backend is asked — and, in the same atomic write, check that the record is
+    still this request's: another submit may have replaced the request of a job that had not
+    launched yet (:meth:`RecordStore.open`); then that submit launches it, not this one."""
+    digest = request_digest(documents.request) if documents is not None else None
+
+    def claim(record: JobRecord) -> JobRecord:
+        if digest is not None and record.request_digest not in (None, digest):
+            raise UsageError(f"job {job_id}: another submit opened it for a changed request while this one was "
+                             "staging; that submit launches it, and this one started nothing")
+        return record.model_copy(update={"backend_config": backend.config()})
+
+    store.update(job_id, claim)
 
 
 def confirm(plan: LaunchPlan, backend: Backend, store: RecordStore, submission: Submission, *,
@@ -182,10 +198,14 @@ def submit(request: JobRequest, backend: Backend, store: RecordStore, *, workdir
 
 def already_launched(record: JobRecord) -> Submitted | None:
     """The submission of a job that was launched already (opened again by a retried submit of the
-    same request): staging again would change inputs under a running job, so nothing moves."""
+    same request): staging again would change inputs under a running job, so nothing moves. A
+    job whose verify failed was never started, and its submit fails again the same way
+    (:class:`VerifyFailed`): a retried submit must not report a job that never ran as launched."""
     if record.backend_ref is None:
         return None
     verdict = Verdict.model_validate(record.verify) if record.verify else Verdict(ok=True)
+    if not verdict.ok:
+        raise VerifyFailed(record.job_id, verdict)
     return Submitted(record.job_id, record.backend_ref, record.storage_tier or "A", False, verdict)
 
 
@@ -199,9 +219,11 @@ def _known(record: JobRecord, status: JobStatus, backend: Backend) -> None:
     """A job the backend has no trace of, while the record says it is not over, is a wrong place
     to look (another work root, another cluster) — never a reason to record an end."""
     if status.state == "UNKNOWN" and record.state not in TERMINAL_STATES and record.backend_ref is not None:
-        raise UsageError(f"job {record.job_id} is {record.state} in its record, but the {backend.name} backend has no "
-                         f"trace of {record.backend_ref} ({status.message}); look where it was submitted "
-                         f"(its record says {record.backend_config or 'nothing about where'})")
+        raise UsageError(f"job {record.job_id} is {record.state} in its record, but the {backend.name} backend "
+                         f"here has no trace of {record.backend_ref} ({status.message}). Look where it was "
+                         f"submitted (its record says {record.backend_config or 'nothing about where'}); if it "
+                         "ended there before its end was recorded (a Kubernetes Job's TTL), its end is unknown: "
+                         "marking its record ERROR closes it")
 
 
 def observe(record: JobRecord, backend: Backend) -> JobStatus:
@@ -225,8 +247,10 @@ def record_end(store: RecordStore, job_id: str, status: JobStatus, *, source: st
 
 
 def current_status(record: JobRecord, backend: Backend, store: RecordStore, *, source: str = "cli") -> JobStatus:
-    """:func:`observe`, with a terminal state recorded (:func:`record_end`)."""
+    """:func:`observe`, with a terminal state recorded (:func:`record_end`); a job the backend has
+    no trace of while its record says it is not over is a wrong place to look (:func:`_known`)."""
     status = observe(record, backend)
+    _known(record, status, backend)
     record_end(store, record.job_id, status, source=source)
     return status
 
@@ -235,11 +259,16 @@ def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seco
                  timeout: float | None = None, say: Say | None = None) -> JobStatus:
     """Poll until the job is terminal (long PENDING is normal: no timeout unless one is given),
     saying each change; writes nothing — :func:`record_end` records the end."""
+    seconds_within(poll_seconds, POLL_SECONDS_BOUNDS, name="poll_seconds")
+    if timeout is not None and not timeout >= 0:
+        raise UsageError(f"the wait's timeout {timeout!r} must be 0 or more seconds, or none to wait for the end")
     started = time.monotonic()
     last = None
     while True:
-        status = observe(store.get(job_id), backend)
-        if status.terminal or status.state == "UNKNOWN":
+        record = store.get(job_id)
+        status = observe(record, backend)
+        _known(record, status, backend)
+        if status.terminal:
             return status
         if say is not None and status.describe() != last:
             say(f"job {job_id}: {status.describe()}")
@@ -301,9 +330,20 @@ def resync(job_id: str, backend: Backend, store: RecordStore, *, settle_seconds:
                               progress=progress)
 
 
-def running_jobs(store: RecordStore, platform: str) -> list[str]:
-    """The RUNNING jobs of ``platform`` — the ones a resync on that backend can reach."""
-    return [record.job_id for record in store.list_records(state="RUNNING") if record.platform == platform]
+def running_jobs(store: RecordStore, backend: Backend) -> tuple[list[str], list[str]]:
+    """The RUNNING jobs of the backend's platform: those it can see (what a resync through it can
+    reach), and those it has no trace of — submitted through another target (another work root,
+    another namespace) or lost with their host. A store that does not exist yet holds no jobs
+    (a schedule may start before the first submit)."""
+    if not store.exists():
+        return [], []
+    seen: list[str] = []
+    elsewhere: list[str] = []
+    for record in store.list_records(state="RUNNING"):
+        if record.platform == backend.name and record.backend_ref is not None:
+            known = backend.status(record.backend_ref).state != "UNKNOWN"
+            (seen if known else elsewhere).append(record.job_id)
+    return seen, elsewhere
 
 
 def cancel(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli") -> JobRecord:

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
-from .credentials import credential_value_fields, is_secret_name
+from .credentials import Redactor, credential_value_fields, is_secret_name, masked
 from .documents import load_document, read_document
 from .errors import UsageError
 from .names import ENV_NAME_RULE, check_job_id, is_env_name
@@ -346,9 +346,12 @@ def load_request(path: str | Path, *, environ: Mapping[str, str] | None = None) 
     """Load a request from a YAML or JSON file (see :func:`parse_request`); any problem is a
     :class:`UsageError` naming the file, the field and the fix."""
     path = Path(path)
-    text = read_document(path, what=f"request {str(path)!r}", environ=environ)
-    fmt = "json" if path.suffix == ".json" else "yaml"
-    data = load_document(text, fmt, what=f"request {str(path)!r}", environ=environ)
+    try:
+        text = read_document(path, what=f"request {str(path)!r}", environ=environ)
+        fmt = "json" if path.suffix == ".json" else "yaml"
+        data = load_document(text, fmt, what=f"request {str(path)!r}", environ=environ)
+    except UsageError as exc:
+        raise masked(exc, Redactor(environ)) from None  # a duplicate key may be a pasted credential
     return parse_request(data, source=f"request {str(path)!r}", environ=environ)
 
 
@@ -361,9 +364,11 @@ def parse_request(data: Any, *, source: str = "request", environ: Mapping[str, s
     try:
         request = JobRequest.model_validate(data)
     except ValidationError as exc:
-        raise UsageError(describe_validation_error(exc, f"invalid job {source}")) from None
+        invalid = UsageError(describe_validation_error(exc, f"invalid job {source}"))
+        raise masked(invalid, Redactor(environ)) from None  # the value may be a pasted credential
     leaked = credential_value_fields(request.model_dump(mode="json"), environ)
     if leaked:
         raise UsageError(f"invalid job {source}: {', '.join(leaked)} holds the value of a credential variable of this "
                          "environment; a request names credentials in forward_env and never holds their values")
     return request
+

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+from .errors import UsageError
+
 # ----------------------------------------------------------------- the job record
 State = Literal["PENDING", "RUNNING", "COMPLETE", "ERROR", "CANCELED"]
 STATES: tuple[str, ...] = get_args(State)
@@ -28,6 +30,7 @@ DEFAULT_RECORDS_ROOT = "~/.tao-data-io/jobs"
 ALWAYS_EXCLUDED = ".tao/*"
 #: How long a file must be left alone before a run that overlaps the job uploads it.
 DEFAULT_SETTLE_SECONDS = 30.0
+SETTLE_SECONDS_BOUNDS = (0.0, 86400.0)
 
 # ----------------------------------------------------------------- transfers and staging
 #: The staging map's file name under a staging root.
@@ -49,3 +52,15 @@ DEFAULT_WORKDIR = "~/.tao-data-io/work"
 #: How often collect asks the backend while it waits (TAO users poll every few minutes; a local
 #: job can end in seconds).
 DEFAULT_POLL_SECONDS = 5.0
+#: Faster polling only loads the backend and the record store; slower leaves a job's end unseen.
+POLL_SECONDS_BOUNDS = (0.01, 3600.0)
+
+
+def seconds_within(value: float, bounds: tuple[float, float], *, name: str) -> float:
+    """``value`` when it is a number of seconds within ``bounds`` (NaN is not); otherwise a
+    :class:`UsageError` naming ``name``, the value and the bounds. Checked where the number is used,
+    so every caller (a flag, a flow parameter) gets the same rule."""
+    low, high = bounds
+    if not (isinstance(value, int | float) and low <= value <= high):
+        raise UsageError(f"{name} {value!r} must be a number of seconds from {low:g} to {high:g}")
+    return float(value)

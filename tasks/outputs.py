@@ -56,7 +56,8 @@ def report_failure(job_id: str, status: dict[str, Any], backend: Backend, store:
                    credentials: CredentialSet) -> dict[str, Any]:
     """The failure analysis and the log's last lines, as an artifact."""
     tail, analysis = pipeline.failure_report(job_id, backend, store)
-    masked = Redactor(credentials.environ())(tail) if tail else tail
+    redact = Redactor(credentials.environ(), secret_names=store.get(job_id).forward_env)
+    masked = redact(tail) if tail else tail
     create_markdown_artifact(failure_report(job_id, JobStatus.model_validate(status), analysis, masked),
                              key=f"failure-{job_id}",
                              description=f"Why job {job_id} failed")
@@ -64,9 +65,14 @@ def report_failure(job_id: str, status: dict[str, Any], backend: Backend, store:
 
 
 @step("running-jobs", timeout_seconds=QUICK, task_run_name="running-jobs")
-def running_jobs(store: RecordStore, platform: str) -> list[str]:
-    """The ids of the RUNNING jobs this backend runs (other platforms' results are not reachable here)."""
-    return pipeline.running_jobs(store, platform)
+def running_jobs(store: RecordStore, backend: Backend) -> dict[str, list[str]]:
+    """The RUNNING jobs this backend can see, and those of its platform it has no trace of."""
+    seen, elsewhere = pipeline.running_jobs(store, backend)
+    if elsewhere:
+        get_run_logger().warning("%d RUNNING jobs of the %s platform are not on this target (submitted through "
+                                 "another, or lost with their host), so their results are not resynced here: %s",
+                                 len(elsewhere), backend.name, ", ".join(elsewhere))
+    return {"seen": seen, "elsewhere": elsewhere}
 
 
 @step("resync", timeout_seconds=TRANSFER, task_run_name="resync-{job_id}")

@@ -10,6 +10,8 @@
   (with ``NO_CACHE`` Prefect would not write it anyway, and a reader of the state would fail on
   the missing file). Tasks return small JSON-able summaries that the flow uses in memory.
 * **A timeout** per step, chosen by what the step waits on.
+* **A masked failure**: no credential value in the text Prefect stores of a failed attempt
+  (:mod:`tasks.masking`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
 from tao_data_io.errors import is_retryable
+from tasks.masking import masking_failures
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,7 +51,10 @@ def retry_if_retryable(task: Any, task_run: Any, state: Any) -> bool:
 def step(name: str, *, timeout_seconds: float, task_run_name: str | Callable[[], str] | None = None,
          retries: int = RETRIES) -> Callable[[F], F]:
     """The ``@task`` of every step (see the module docstring)."""
-    return task(name=name, task_run_name=task_run_name, retries=retries,  # type: ignore[return-value]
-                retry_delay_seconds=exponential_backoff(backoff_factor=BACKOFF_SECONDS),
-                retry_jitter_factor=JITTER, retry_condition_fn=retry_if_retryable,
-                timeout_seconds=timeout_seconds, cache_policy=NO_CACHE, persist_result=False)
+    def decorate(fn: F) -> F:
+        return task(name=name, task_run_name=task_run_name, retries=retries,  # type: ignore[return-value]
+                    retry_delay_seconds=exponential_backoff(backoff_factor=BACKOFF_SECONDS),
+                    retry_jitter_factor=JITTER, retry_condition_fn=retry_if_retryable,
+                    timeout_seconds=timeout_seconds, cache_policy=NO_CACHE, persist_result=False)(masking_failures(fn))
+
+    return decorate

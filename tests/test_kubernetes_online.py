@@ -115,9 +115,7 @@ def launch_only(tmp_path: Path, request: JobRequest, backend: KubernetesBackend,
     record = pipeline.route_outputs(store, record.job_id, env)
     assert record.output_route is not None
     plan = build_plan(request, staging_map, decision, record, record.output_route, environ=env)
-    documents = JobDocuments(request, record)
-    backend.preflight(plan, documents=documents)
-    return backend.submit(plan, environ=env, documents=documents), plan
+    return pipeline.start(plan, backend, environ=env, documents=JobDocuments(request, record), store=store), plan
 
 
 def ours(kube: KubeStandIn, kind: str) -> dict[str, dict[str, Any]]:
@@ -317,7 +315,7 @@ def test_a_foreign_object_under_our_name_is_a_clear_error_and_nothing_is_deleted
 def test_a_job_that_exists_with_another_pod_spec_is_refused(kube: KubeStandIn, tmp_path: Path) -> None:
     launch_only(tmp_path, job_request(), make_backend())
     # The same record store refuses another request under the job id at open already...
-    with pytest.raises(UsageError, match="already names a different job \\(its request differs\\)"):
+    with pytest.raises(UsageError, match="already names a different job \\(its request differs\\).* was launched"):
         launch_only(tmp_path, job_request(args=["--epochs", "2"]), make_backend())
     # ...and the cluster refuses it from another store (another machine's records).
     with pytest.raises(UsageError, match="Job tao/job-1 already runs job 'job-1' with another pod spec"):
@@ -424,8 +422,11 @@ def test_a_job_that_is_gone_reads_unknown_and_ttl_takes_its_objects(kube: KubeSt
     assert status.state == "UNKNOWN" and "the job record says how it ended" in status.message
     assert every_object_of_ours(kube) == [] and kube.server.alive("Pod", NAMESPACE) == {}
     store = store_in(tmp_path)
-    ended = pipeline.wait_for_end("job-1", backend, store, poll_seconds=0.001)
-    assert ended.state == "UNKNOWN"  # never PENDING forever; the record (RUNNING) stays the truth
+    # Never PENDING forever, never an end recorded from nothing: the record (RUNNING) stays, and the
+    # wait says what happened and how to close it.
+    with pytest.raises(UsageError, match="marking its record ERROR closes it"):
+        pipeline.wait_for_end("job-1", backend, store, poll_seconds=0.01)
+    assert store.get("job-1").state == "RUNNING"
     assert backend.failure_analysis(done.backend_ref) is None and backend.logs(done.backend_ref) == ""
 
 
@@ -479,7 +480,7 @@ def test_collect_after_an_error_returns_the_log_tail_and_the_analysis(kube: Kube
     kube.server.control.scripts["job-1"] = ["pulling", "staging", "verifying", "verified", "running", "oomkilled"]
     backend = make_backend()
     submit(tmp_path, job_request(), backend)
-    collected = pipeline.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.001)
+    collected = pipeline.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01)
     assert collected.state == "ERROR" and collected.upload is None  # results left through the pod's sidecar
     assert collected.failure is not None and collected.failure.err_class == "ERR_INFRA"
     assert collected.logs_tail == "epoch 1\nKilled\n"

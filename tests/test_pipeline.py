@@ -11,8 +11,8 @@ import pytest
 
 from tao_data_io.errors import UsageError
 from tao_data_io.launch.fake import FakeBackend
-from tao_data_io.pipeline import VerifyFailed, cancel, collect, submit
-from tao_data_io.records import RecordStore
+from tao_data_io.pipeline import VerifyFailed, cancel, collect, current_status, submit
+from tao_data_io.records import RecordStore, open_for
 from tao_data_io.request import parse_request
 
 
@@ -92,3 +92,38 @@ def test_another_request_under_a_running_jobs_id_is_refused_before_anything_move
         submit(other, backend, store, workdir_root=tmp_path / "work", environ=env)
     record = store.get("job-same-id")
     assert record.state == "RUNNING" and record.backend_config == {"results_root": str(tmp_path / "results")}
+
+
+def test_a_submit_whose_job_was_taken_over_by_a_changed_request_starts_nothing(env: dict[str, str], bucket: str,
+                                                                              tmp_path: Path) -> None:
+    """A job that never launched may be opened again for a fixed request (its first submit failed
+    staging). Should that happen while an earlier submit is still staging, the earlier one must
+    not launch its stale request under the record of the new one: the launch claim refuses it."""
+    store = RecordStore(tmp_path / "jobs")
+    first = _request(bucket, "job-taken-over")
+    fixed = first.model_copy(update={"environment": {"EPOCHS": "2"}})
+
+    class Overtaken(FakeBackend):
+        def preflight(self, plan: Any, *, documents: Any = None) -> None:
+            if documents is not None and documents.request == first:
+                open_for(fixed, platform=self.name, store=store)  # the other submit, mid-way through this one
+
+    backend = Overtaken(tmp_path / "results", polls_until_done=1000)
+    with pytest.raises(UsageError, match="another submit opened it for a changed request"):
+        submit(first, backend, store, workdir_root=tmp_path / "work", environ=env)
+    assert backend.started == [] and store.get("job-taken-over").backend_config is None
+    done = submit(fixed, backend, store, workdir_root=tmp_path / "work", environ=env)
+    assert done.started and store.get("job-taken-over").state == "RUNNING"
+
+
+def test_status_from_a_backend_that_cannot_find_a_running_job_is_an_error(env: dict[str, str], bucket: str,
+                                                                          tmp_path: Path) -> None:
+    """Asked of a backend with no trace of a job its record calls RUNNING (another work root,
+    another cluster), ``status`` says where to look instead of reporting UNKNOWN as an answer."""
+    store = RecordStore(tmp_path / "jobs")
+    submit(_request(bucket, "job-here"), FakeBackend(tmp_path / "results", polls_until_done=1000), store,
+           workdir_root=tmp_path / "work", environ=env)
+    elsewhere = FakeBackend(tmp_path / "other-results")
+    with pytest.raises(UsageError, match="has no trace of fake/job-here.*its record says"):
+        current_status(store.get("job-here"), elsewhere, store)
+    assert store.get("job-here").state == "RUNNING"

@@ -638,8 +638,17 @@ def test_open_for_a_request_is_idempotent_on_its_job_id(tmp_path: Path) -> None:
     assert record.upload_excludes == ["*.tmp", "checkpoints/*.ckpt"] and record.storage_tier is None
     assert record.platform == "k8s" and record.history[0].source == "flow"
     assert open_for(request, platform="k8s", store=store) == record  # a retried submit: the same job
-    with pytest.raises(UsageError, match="job_id 'tao-req' already names a different job"):
-        open_for(request.model_copy(update={"image": "other:1"}), platform="k8s", store=store)
+    # Nothing launched yet (a submit that failed staging): the changed request takes the job over,
+    # keeping the history, dropping what was decided for the old one.
+    store.set_tier("tao-req", "B", "staged for the first request")
+    changed = open_for(request.model_copy(update={"image": "other:1"}), platform="k8s", store=store)
+    assert changed.image == "other:1" and changed.request_digest != record.request_digest
+    assert changed.storage_tier is None and changed.state == "PENDING" and len(changed.history) == 2
+    assert "changed request" in str(changed.history[-1].message)
+    # Once a launch began, another request is another job.
+    store.update("tao-req", lambda current: current.model_copy(update={"backend_config": {"namespace": "tao"}}))
+    with pytest.raises(UsageError, match="job_id 'tao-req' already names a different job .* was launched"):
+        open_for(request, platform="k8s", store=store)
 
     minted = open_for(JobRequest.model_validate({**document, "job_id": None}), platform="k8s", store=store)
     assert re.fullmatch(r"tao-\d{8}-[0-9a-f]{10}", minted.job_id)

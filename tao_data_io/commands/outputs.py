@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
-from ..vocabulary import ALWAYS_EXCLUDED, DEFAULT_SETTLE_SECONDS
+from ..vocabulary import ALWAYS_EXCLUDED, DEFAULT_SETTLE_SECONDS, SETTLE_SECONDS_BOUNDS
 from .examples import add_verb
-from .record import add_root_option
+from .record import add_root_option, seconds_type
 from .transfer import OrderedFilter, report
 
 if TYPE_CHECKING:
@@ -66,19 +66,10 @@ def _add_upload_arguments(sub: argparse.ArgumentParser, *, settle_help: str) -> 
                      help=f"skip paths matching PATTERN (repeatable); {ALWAYS_EXCLUDED} is always excluded")
     sub.add_argument("--include", action=OrderedFilter, metavar="PATTERN",
                      help=f"re-admit paths matching PATTERN (repeatable); never re-admits {ALWAYS_EXCLUDED}")
-    sub.add_argument("--settle-seconds", type=_settle_seconds, metavar="N", help=settle_help)
+    sub.add_argument("--settle-seconds", type=seconds_type("--settle-seconds", SETTLE_SECONDS_BOUNDS), metavar="N",
+                     help=settle_help)
     add_root_option(sub)
     sub.set_defaults(filter_rules=())
-
-
-def _settle_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 86400:
-        raise argparse.ArgumentTypeError(f"--settle-seconds {text!r} must be a number of seconds from 0 to 86400")
-    return value
 
 
 def _check_upload(args: argparse.Namespace, console: Console) -> int:

@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..vocabulary import DEFAULT_POLL_SECONDS, WORKDIR_VARIABLE
+from ..vocabulary import DEFAULT_POLL_SECONDS, POLL_SECONDS_BOUNDS, WORKDIR_VARIABLE
 from .examples import add_verb
-from .record import add_root_option
+from .record import add_root_option, seconds_type
 
 if TYPE_CHECKING:
     from ..console import Console
@@ -63,20 +63,11 @@ def register(verbs: Any) -> None:
                                               "job's excludes (also after a failure) and record the outcome")
     _add_job(collect)
     collect.add_argument("--wait", action="store_true", help="wait for the job to end (long PENDING is normal)")
-    collect.add_argument("--poll-seconds", type=_poll_seconds, default=DEFAULT_POLL_SECONDS, metavar="S",
+    collect.add_argument("--poll-seconds", type=seconds_type("--poll-seconds", POLL_SECONDS_BOUNDS),
+                         default=DEFAULT_POLL_SECONDS, metavar="S",
                          help=f"how often to ask while waiting (default {DEFAULT_POLL_SECONDS:g})")
     collect.add_argument("--json", action="store_true", help="print the outcome as JSON")
     collect.set_defaults(run=_collect)
-
-
-def _poll_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.1 <= value <= 3600:  # NaN fails this too
-        raise argparse.ArgumentTypeError(f"--poll-seconds {text!r} must be a number of seconds from 0.1 to 3600")
-    return value
 
 
 def _whole_number(text: str) -> int:
@@ -111,25 +102,30 @@ def _config(platform: str, args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in _CLUSTER_SETTINGS if getattr(args, name, None) is not None}
 
 
-def _job(args: argparse.Namespace) -> tuple[RecordStore, Backend, str]:
+def _job(args: argparse.Namespace, console: Console) -> tuple[RecordStore, Backend, str]:
     """The job's store and backend: the backend as recorded at submit, unless the command line
-    says otherwise (``--workdir``)."""
+    says otherwise (``--workdir``). From here on the console masks the values of the job's
+    forwarded credentials too: the job may print them, whatever they are called."""
+    from ..credentials import Redactor
     from ..pipeline import backend_of
     from ..records import RecordStore
 
     store = RecordStore(args.root)
     record = store.get(args.job_id)
+    console.redact = Redactor(secret_names=record.forward_env)
     overrides = _config(record.platform, args) if args.workdir is not None or not record.backend_config else {}
     return store, backend_of(record, overrides), record.job_id
 
 
 def _submit(args: argparse.Namespace, console: Console) -> int:
+    from ..credentials import Redactor
     from ..launch.backend import backend_for
     from ..pipeline import submit, workdir_root
     from ..records import RecordStore
     from ..request import load_request
 
     request = load_request(args.request)
+    console.redact = Redactor(secret_names=request.forward_env)
     backend = backend_for(args.backend, _config(args.backend, args))
     done = submit(request, backend, RecordStore(args.root), workdir_root=workdir_root(args.workdir),
                   say=console.err)
@@ -144,14 +140,14 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
 def _status(args: argparse.Namespace, console: Console) -> int:
     from ..pipeline import current_status
 
-    store, backend, job_id = _job(args)
+    store, backend, job_id = _job(args, console)
     status = current_status(store.get(job_id), backend, store)
     console.json(status.to_dict()) if args.json else console.out(status.describe())
     return 0
 
 
 def _logs(args: argparse.Namespace, console: Console) -> int:
-    store, backend, job_id = _job(args)
+    store, backend, job_id = _job(args, console)
     ref = store.get(job_id).backend_ref
     console.out(backend.logs(ref, args.tail).rstrip("\n") if ref else f"job {job_id} was never launched")
     return 0
@@ -160,7 +156,7 @@ def _logs(args: argparse.Namespace, console: Console) -> int:
 def _cancel(args: argparse.Namespace, console: Console) -> int:
     from ..pipeline import cancel
 
-    store, backend, job_id = _job(args)
+    store, backend, job_id = _job(args, console)
     before = store.get(job_id).state
     record = cancel(job_id, backend, store)
     if before in ("COMPLETE", "ERROR", "CANCELED"):
@@ -174,7 +170,7 @@ def _collect(args: argparse.Namespace, console: Console) -> int:
     from ..pipeline import collect
     from ..routing import loud_ephemeral_warning
 
-    store, backend, job_id = _job(args)
+    store, backend, job_id = _job(args, console)
     outcome = collect(job_id, backend, store, wait=args.wait, poll_seconds=args.poll_seconds, environ=os.environ,
                       say=console.err)
     if args.json:

@@ -7,12 +7,14 @@ Python, and an operator can read a job's history after Kubernetes has deleted th
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
-from ..vocabulary import DEFAULT_RECORDS_ROOT, JOBS_DIR_VARIABLE, RECORDS_VARIABLE, STATES, STORAGE_TIERS
+from ..vocabulary import (DEFAULT_RECORDS_ROOT, JOBS_DIR_VARIABLE, RECORDS_VARIABLE, STATES, STORAGE_TIERS,
+                          seconds_within)
 from .examples import add_verb
 
 if TYPE_CHECKING:
@@ -70,6 +72,20 @@ def add_root_option(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--root", metavar="DIR|s3://BUCKET/PREFIX/",
                      help=f"where records live: a directory or an S3 prefix (default: ${RECORDS_VARIABLE}, "
                           f"${JOBS_DIR_VARIABLE} or {DEFAULT_RECORDS_ROOT})")
+
+
+def seconds_type(flag: str, bounds: tuple[float, float]) -> Callable[[str], float]:
+    """An argparse ``type`` for a number of seconds within ``bounds``, by the core's rule
+    (:func:`~tao_data_io.vocabulary.seconds_within`), naming ``flag`` when the value is refused."""
+
+    def parse(text: str) -> float:
+        try:
+            return seconds_within(float(text), bounds, name=flag)
+        except ValueError as exc:  # UsageError is one too
+            raise argparse.ArgumentTypeError(str(exc) if isinstance(exc, UsageError) else
+                                             f"{flag} {text!r} is not a number of seconds") from None
+
+    return parse
 
 
 def _store(args: argparse.Namespace) -> RecordStore:

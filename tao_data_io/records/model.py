@@ -37,7 +37,7 @@ SCHEMA_VERSION = "1"
 IDENTITY_FIELDS = ("job_id", "platform", "image", "network_arch", "action", "results_dir", "request_digest")
 #: Fields ``update`` may not change: identity belongs to ``open``, state to ``mark``, the tier
 #: to ``set_tier``, so no change function can bypass their rules.
-GUARDED_FIELDS = frozenset({*IDENTITY_FIELDS, "schema_version", "created_at", "state", "history",
+GUARDED_FIELDS = frozenset({*IDENTITY_FIELDS, "schema_version", "created_at", "state", "history", "forward_env",
                             "backend_ref", "message", "storage_tier", "storage_reason"})
 
 
@@ -101,6 +101,9 @@ class JobRecord(Strict):
     #: The request's declared ``outputs.upload_excludes`` (aws-cli patterns), applied by every
     #: upload of this job's results on top of the ``.tao/*`` that is always excluded.
     upload_excludes: list[str] = Field(default_factory=list)
+    #: The NAMES of the credential variables the request forwards to the job (never values):
+    #: whatever they are called, their values are masked in the job's log wherever it is shown.
+    forward_env: list[str] = Field(default_factory=list)
     state: State
     #: ``NAMESPACE/NAME`` of the backend object (the Kubernetes Job) once it exists.
     backend_ref: Annotated[str, AfterValidator(check_backend_ref)] | None = None

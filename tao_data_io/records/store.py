@@ -82,7 +82,7 @@ class RecordStore:
 
     def open(self, *, platform: str, image: str, network_arch: str, action: str, results_dir: str,
              storage_tier: str | None = None, storage_reason: str | None = None, job_id: str | None = None,
-             source: str = "cli", upload_excludes: Sequence[str] = (),
+             source: str = "cli", upload_excludes: Sequence[str] = (), forward_env: Sequence[str] = (),
              request_digest: str | None = None) -> JobRecord:
         """Create a PENDING record and return it; ``job_id`` is minted when not given.
 
@@ -98,20 +98,44 @@ class RecordStore:
         record = validated(dict(
             job_id=job_id, platform=platform, image=image, network_arch=network_arch, action=action,
             storage_tier=storage_tier, storage_reason=storage_reason, results_dir=results_dir,
-            upload_excludes=list(upload_excludes), request_digest=request_digest, state="PENDING",
+            upload_excludes=list(upload_excludes), forward_env=list(forward_env), request_digest=request_digest,
+            state="PENDING",
             created_at=stamp, updated_at=stamp, history=[dict(at=stamp, state="PENDING", source=source)]))
         existing = self._create(record)
         if existing is None:
             return record
         if existing.identity() != record.identity():
-            different = [("its request differs" if name == "request_digest" else
-                          f"{name} is {getattr(existing, name)!r} there, {getattr(record, name)!r} here")
-                         for name in IDENTITY_FIELDS if getattr(existing, name) != getattr(record, name)]
-            raise UsageError(f"job_id {job_id!r} already names a different job ({'; '.join(different)}) in "
-                             f"{self.location}: pick another job id, or omit it to mint one")
+            if not (_unlaunched(existing) and existing.request_digest and record.request_digest):
+                raise self._different(existing, record)
+            existing = self._modify(job_id, lambda current: self._replaced(current, record, source))
         if storage_tier is not None:
             return self.set_tier(job_id, storage_tier, storage_reason)
         return existing
+
+    def _different(self, existing: JobRecord, record: JobRecord) -> UsageError:
+        different = [("its request differs" if name == "request_digest" else
+                      f"{name} is {getattr(existing, name)!r} there, {getattr(record, name)!r} here")
+                     for name in IDENTITY_FIELDS if getattr(existing, name) != getattr(record, name)]
+        launched = "" if _unlaunched(existing) else f", which is {existing.state} and was launched"
+        return UsageError(f"job_id {record.job_id!r} already names a different job ({'; '.join(different)}) in "
+                          f"{self.location}{launched}: pick another job id, or omit it to mint one")
+
+    def _replaced(self, current: JobRecord, record: JobRecord, source: str) -> dict[str, Any] | None:
+        """``current`` opened for ``record``'s request instead: a submit that failed before launch
+        (an input missing, a gate refusing) left a PENDING record, and the request fixed under the
+        same job id runs it. Everything decided for the old request goes; the history stays."""
+        if current.identity() == record.identity():
+            return None  # another open of the same request got here first
+        if not _unlaunched(current):
+            raise self._different(current, record)
+        stamp = now()
+        data = current.model_dump()
+        data.update({name: getattr(record, name) for name in IDENTITY_FIELDS})
+        data.update(upload_excludes=record.upload_excludes, forward_env=record.forward_env, storage_tier=None,
+                    storage_reason=None, output_route=None, verify=None, backend_config=None, updated_at=stamp,
+                    message="opened again for a changed request; the earlier one never launched")
+        data["history"].append(dict(at=stamp, state="PENDING", source=source, message=data["message"]))
+        return data
 
     def mark(self, job_id: str, state: str, *, source: str, backend_ref: str | None = None,
              message: str | None = None) -> JobRecord:
@@ -196,6 +220,11 @@ class RecordStore:
         if loaded is None:
             raise self._missing(job_id)
         return loaded[0]
+
+    def exists(self) -> bool:
+        """Whether the location exists (a directory made, a bucket there) — before the first
+        record is written, it may not."""
+        return self.backend.exists()
 
     def list_records(self, state: str | None = None,
                      on_damaged: Callable[[str, str], None] | None = None) -> list[JobRecord]:
@@ -319,3 +348,9 @@ class RecordStore:
     def _missing(self, job_id: str) -> UsageError:
         return UsageError(f"no job record {job_id!r}: looked for {self.backend.where(job_id)} (records are read from "
                           f"{self._origin} {self.location!r}; if the job was opened elsewhere, read from there)")
+
+
+def _unlaunched(record: JobRecord) -> bool:
+    """Nothing of the job was launched: no backend object, no launch begun (``backend_config``
+    is pinned just before a backend is asked to start it)."""
+    return record.state == "PENDING" and record.backend_ref is None and record.backend_config is None

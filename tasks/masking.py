@@ -1,0 +1,71 @@
+"""Keeping the worker's credential values out of what Prefect stores about a run.
+
+Two channels reach the Prefect API from a run: its logs, and the text of the exception that
+failed it (stored as the run's state message in the database, and in a persisted result). A
+run's logs pass :func:`mask_run_logs`' filter; a failure passes :func:`masking_failures`, which
+every flow and every step wears. Nothing of ours puts a value in either — both are safety nets
+for a library's message, a job's output, or a credential pasted into the wrong request field.
+
+Which values: those of the worker's environment whose names look like credentials', plus what
+the running flow adds (the variables its credential blocks name, a job's ``forward_env``) —
+the flow installs that mask once it knows, and every later failure in the process uses it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+from tao_data_io.credentials import RedactingFilter, Redactor, masked
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The loggers of flow and task runs, whose records go to the Prefect API.
+RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+
+class _RunLogMask(RedactingFilter):
+    """Our filter on the run loggers (a class of its own, so a later flow run replaces it)."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        super().__init__(redactor)
+        self.redactor = redactor
+
+
+def mask_run_logs(environ: Mapping[str, str], secret_names: Iterable[str] = ()) -> None:
+    """Mask every credential value of ``environ`` (and of ``secret_names``, whatever they are
+    called) in the messages and tracebacks this process sends as run logs, and in the failures
+    of the runs that follow (:func:`masking_failures`)."""
+    mask = _RunLogMask(Redactor(environ, secret_names=secret_names))
+    for name in RUN_LOGGERS:
+        logger = logging.getLogger(name)
+        for old in [f for f in logger.filters if isinstance(f, _RunLogMask)]:
+            logger.removeFilter(old)
+        logger.addFilter(mask)
+
+
+def _installed() -> Redactor | None:
+    found = [f for f in logging.getLogger(RUN_LOGGERS[0]).filters if isinstance(f, _RunLogMask)]
+    return found[-1].redactor if found else None
+
+
+def masking_failures(fn: F) -> F:
+    """``fn``, whose exceptions leave it with every credential value in their text masked (see
+    :func:`tao_data_io.credentials.masked`: our errors keep their type, whether a retry can help
+    is kept). Goes under ``@flow``/``@task``, so Prefect sees only the masked exception."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            clean = exc
+            for redactor in filter(None, (_installed(), Redactor())):
+                clean = masked(clean, redactor)
+            if clean is exc:
+                raise
+            raise clean from None  # the original's traceback and chain quote the value
+
+    return run  # type: ignore[return-value]
