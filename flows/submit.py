@@ -10,7 +10,6 @@ flow before the job's command starts, with the verdict per path in the UI.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -19,7 +18,6 @@ from prefect import flow, runtime
 from prefect.client.orchestration import get_client
 
 from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, Setup, prepare
-from tao_data_io.errors import UsageError
 from tao_data_io.launch.backend import Submission
 from tao_data_io.launch.plan import build_plan
 from tao_data_io.launch.probe import Verdict
@@ -43,17 +41,12 @@ def read_request(request: str | Mapping[str, Any], environ: Mapping[str, str]) -
     return load_request(request, environ=environ)
 
 
-def run_name() -> str:
-    """``submit-<job id>`` when the request names one (a minted id renames the run later)."""
-    request = runtime.flow_run.parameters.get("request")
-    try:  # with this environment's credential values, so a job id that is one never names the run
-        job_id = read_request(request, os.environ).job_id if request is not None else None
-    except UsageError:
-        job_id = None  # the flow itself says what is wrong with the request
-    return f"submit-{job_id or 'new-job'}"
+#: The run's name until the request is read: a job id is shown only once it is known to hold no
+#: credential value, which takes the credential blocks the run loads (they may name any variable).
+NEW_RUN_NAME = "submit-new-job"
 
 
-@flow(name="submit-tao-job", flow_run_name=run_name, persist_result=True, result_serializer="json")
+@flow(name="submit-tao-job", flow_run_name=NEW_RUN_NAME, persist_result=True, result_serializer="json")
 @masking_failures
 def submit_tao_job(request: str | dict[str, Any], target: str = DEFAULT_TARGET, records: str = DEFAULT_RECORDS,
                    s3_credentials: str | None = None, hf_credentials: str | None = None,
@@ -75,7 +68,7 @@ def submit_tao_job(request: str | dict[str, Any], target: str = DEFAULT_TARGET, 
     mask_run_logs(environ, secret_names=job.forward_env)  # the job may print what it is given
     if job.job_id is None:  # minted once, here: every retry below must open the same record
         job = job.model_copy(update={"job_id": mint_job_id(datetime.now(timezone.utc))})
-        _rename_run(f"submit-{job.job_id}")
+    _rename_run(f"submit-{job.job_id}")
     job_id = str(job.job_id)
     request_doc = job.model_dump(mode="json")
     open_record(request_doc, setup.backend, setup.store)

@@ -17,6 +17,7 @@ environment — ``os.environ`` is never modified.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -298,7 +299,8 @@ class Redactor:
             candidates += _userinfo_parts(value)
             for candidate in candidates:
                 if len(candidate) >= _MIN_SECRET_LENGTH:
-                    secrets.setdefault(candidate, name)
+                    for form in _quoted_forms(candidate):
+                        secrets.setdefault(form, name)
         ordered = sorted(secrets, key=len, reverse=True)
         self._names = secrets
         self._pattern = re.compile("|".join(re.escape(v) for v in ordered)) if ordered else None
@@ -316,6 +318,12 @@ class Redactor:
         return self.redact(text)
 
 
+def _quoted_forms(value: str) -> set[str]:
+    """``value`` as messages may quote it: verbatim, inside ``repr()`` (a backslash doubled, a
+    quote or a control character escaped — every ``{value!r}`` of an error) and inside JSON."""
+    return {value, repr(value)[1:-1], json.dumps(value)[1:-1]}
+
+
 class MaskedError(TaoDataIOError):
     """An exception whose text held a credential value, re-raised with that value masked.
 
@@ -323,8 +331,8 @@ class MaskedError(TaoDataIOError):
     state message in its database, a persisted result). The original's type is named in the
     text, and whether a retry can help is kept (:func:`~tao_data_io.errors.is_retryable`)."""
 
-    def __init__(self, message: str, *, retryable: bool) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, retryable: bool = False) -> None:
+        super().__init__(message)  # rebuilt from its message alone (a stored result), it is not retryable
         self.retryable = retryable
 
 

@@ -41,8 +41,9 @@ class VerifyFailed(UsageError):
     """The verify probe found an input unreadable or the results directory unusable, inside the
     frame; the job's command never started. Not retryable: the same inputs fail the same way."""
 
-    def __init__(self, job_id: str, verdict: Verdict) -> None:
-        super().__init__(f"job {job_id}: {verdict.describe()}")
+    def __init__(self, job_id: str, verdict: Verdict | None = None) -> None:
+        # Without a verdict, ``job_id`` is the whole message: how a stored flow result is rebuilt.
+        super().__init__(f"job {job_id}: {verdict.describe()}" if verdict is not None else job_id)
         self.verdict = verdict
 
 
@@ -130,9 +131,16 @@ def start(plan: LaunchPlan, backend: Backend, *, environ: Mapping[str, str] | No
     (the request and record the plan was built from) go to a backend whose pods stage for
     themselves."""
     backend.preflight(plan, documents=documents)
-    if store is not None:
-        _claim_launch(store, plan.job_id, backend, documents)
-    return backend.submit(plan, environ=environ, documents=documents)
+    if store is None:
+        return backend.submit(plan, environ=environ, documents=documents)
+    _claim_launch(store, plan.job_id, backend, documents)
+    try:
+        return backend.submit(plan, environ=environ, documents=documents)
+    except UsageError:
+        # Refused as bad input (a forwarded variable not set here, an object someone else owns):
+        # nothing of the job runs, so the claim goes and a fixed request may take the job over.
+        _release_launch(store, plan.job_id)
+        raise
 
 
 def _claim_launch(store: RecordStore, job_id: str, backend: Backend, documents: JobDocuments | None) -> None:
@@ -149,6 +157,12 @@ def _claim_launch(store: RecordStore, job_id: str, backend: Backend, documents: 
         return record.model_copy(update={"backend_config": backend.config()})
 
     store.update(job_id, claim)
+
+
+def _release_launch(store: RecordStore, job_id: str) -> None:
+    """Undo :func:`_claim_launch` for a job that did not launch (no backend object recorded)."""
+    store.update(job_id, lambda record: record if record.backend_ref is not None or record.state != "PENDING"
+                 else record.model_copy(update={"backend_config": None}))
 
 
 def confirm(plan: LaunchPlan, backend: Backend, store: RecordStore, submission: Submission, *,

@@ -61,6 +61,7 @@ def seconds_within(value: float, bounds: tuple[float, float], *, name: str) -> f
     :class:`UsageError` naming ``name``, the value and the bounds. Checked where the number is used,
     so every caller (a flag, a flow parameter) gets the same rule."""
     low, high = bounds
-    if not (isinstance(value, int | float) and low <= value <= high):
-        raise UsageError(f"{name} {value!r} must be a number of seconds from {low:g} to {high:g}")
+    if isinstance(value, bool) or not (isinstance(value, int | float) and low <= value <= high):
+        shown = repr(value) if not isinstance(value, int) or abs(value) < 10**18 else "a huge integer"
+        raise UsageError(f"{name} {shown} must be a number of seconds from {low:g} to {high:g}")
     return float(value)

@@ -47,6 +47,7 @@ def verify(plan: dict[str, Any], backend: Backend, store: RecordStore, submissio
     try:
         verdict = pipeline.confirm(launch_plan, backend, store, Submission.model_validate(submission), source=SOURCE)
     except pipeline.VerifyFailed as failed:
+        assert failed.verdict is not None  # raised here, not rebuilt from a stored result
         _publish(launch_plan, store, failed.verdict)
         raise
     _publish(launch_plan, store, verdict)

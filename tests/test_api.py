@@ -111,3 +111,33 @@ def test_throttled_progress_passes_the_first_and_the_last() -> None:
         now[0] += 0.01  # 100 updates in one second
         forward(Progress(100, 100, done, done, 0))
     assert [p.files_done for p in seen] == [1, 51, 100]
+
+
+def test_every_error_of_ours_can_be_rebuilt_from_its_message() -> None:
+    """Prefect stores a failed flow's exception as its class and message and rebuilds it as
+    ``cls(message)`` when the result is read back (``run_deployment(...).state.result()``); an
+    error class that needs more than its message breaks exactly that read."""
+    import importlib
+    import pkgutil
+
+    import flows
+    import tasks
+
+    for package in (tao_data_io, flows, tasks):
+        for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            if module.name.startswith(("tao_data_io.embedded", "tao_data_io.local.runner")):
+                continue  # entry points of child processes, not imported by steps
+            importlib.import_module(module.name)
+    from tao_data_io.errors import TaoDataIOError
+
+    seen: list[type[BaseException]] = []
+    pending: list[type[BaseException]] = [TaoDataIOError]  # what a step raises on purpose
+    while pending:
+        for sub in pending.pop().__subclasses__():
+            pending.append(sub)
+            if sub.__module__.split(".")[0] in ("tao_data_io", "flows", "tasks"):
+                seen.append(sub)
+    assert len(seen) >= 10, seen
+    for error in seen:
+        rebuilt = error("job x: the stored message")
+        assert str(rebuilt) == "job x: the stored message", error

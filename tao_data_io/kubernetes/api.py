@@ -51,7 +51,7 @@ _RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
 class ApiError(BackendError):
     """The API server answered a call with an error status (``status``, its ``reason``)."""
 
-    def __init__(self, message: str, *, status: int, reason: str) -> None:
+    def __init__(self, message: str, *, status: int = 0, reason: str = "") -> None:  # bare: rebuilt from a message
         super().__init__(message, retryable=status in _RETRYABLE)
         self.status = status
         self.reason = reason

@@ -64,9 +64,9 @@ class MissingReferencesError(TransferError):
 
     retryable = False
 
-    def __init__(self, message: str, missing: list[str], summary: TransferSummary) -> None:
-        super().__init__(message)
-        self.missing = missing
+    def __init__(self, message: str, missing: list[str] | None = None, summary: TransferSummary | None = None) -> None:
+        super().__init__(message)  # the message alone: rebuilt from a stored flow result
+        self.missing = missing or []
         self.summary = summary
 
 
