@@ -27,6 +27,7 @@ from tao_data_io.fs import lock_owner, temp_path_for
 from tao_data_io.records import (DamagedRecordError, JobRecord, RecordConflictError, RecordStore, Retry,
                                network_and_action, open_for)
 from tao_data_io.records.directory import DirectoryBackend
+from tao_data_io.records.model import validated
 from tao_data_io.records.s3 import RECORDS, S3Backend
 from tao_data_io.request import JobRequest
 
@@ -653,3 +654,23 @@ def test_open_for_a_request_is_idempotent_on_its_job_id(tmp_path: Path) -> None:
     minted = open_for(JobRequest.model_validate({**document, "job_id": None}), platform="k8s", store=store)
     assert re.fullmatch(r"tao-\d{8}-[0-9a-f]{10}", minted.job_id)
     assert sorted(r.job_id for r in store.list_records()) == sorted(["tao-req", minted.job_id])
+
+
+def test_a_record_from_a_newer_version_reads_and_keeps_its_new_fields(
+        place: Place, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers, pods and laptops upgrade one at a time. A field a newer version adds to a record
+    (within schema_version "1", additions only) must not make an older reader call the record
+    damaged, and must survive that reader's writes: it is the newer version's data."""
+    store = place.store()
+    job_id = store.open(**JOB).job_id
+    document = {**store.get(job_id).model_dump(mode="json"), "added_later": {"by": "a newer tao-data-io"}}
+    put_raw(store, f"{job_id}.json", json.dumps(document).encode())
+    assert store.get(job_id).state == "PENDING"
+    store.mark(job_id, "RUNNING", source="agent")
+    kept = json.loads(store.get(job_id).encode())
+    assert kept["state"] == "RUNNING" and kept["added_later"] == {"by": "a newer tao-data-io"}
+    # A newer field is data like any other: a credential value there is still refused.
+    secret = "sk-record-newer-field-0123456789"
+    monkeypatch.setenv("TAO_TEST_RECORD_SECRET_KEY", secret)
+    with pytest.raises(UsageError, match="holds the value of a credential"):
+        validated({**kept, "added_later": secret})
