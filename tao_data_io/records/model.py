@@ -20,7 +20,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, AwareDatetime, Field, JsonValue, ValidationError, model_validator
+from pydantic import AfterValidator, AwareDatetime, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
 from ..credentials import credential_value_fields
 from ..errors import TaoDataIOError, UsageError
@@ -69,7 +69,22 @@ UtcDatetime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
 NonEmpty = Annotated[str, Field(min_length=1)]
 
 
-class Transition(Strict):
+class _Stored(Strict):
+    """A part of the stored record. Fields this version does not know are kept, not refused: a
+    newer version may add fields within schema version 1 (additions only; anything else is a new
+    schema version, refused), and workers, pods and laptops upgrade one at a time. What this
+    version reads, it writes back whole. Unknown fields are still data: the credential check
+    covers them."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, hide_input_in_errors=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        return data
+
+
+class Transition(_Stored):
     """One entry of a record's history: who reported which state, when, and why."""
 
     at: UtcDatetime
@@ -79,7 +94,7 @@ class Transition(Strict):
     message: str | None = None
 
 
-class OutputRoute(Strict):
+class OutputRoute(_Stored):
     """Where a job's results go and why (set at submit by the routing step)."""
 
     route: NonEmpty
@@ -87,7 +102,7 @@ class OutputRoute(Strict):
     reason: str | None = None
 
 
-class JobRecord(Strict):
+class JobRecord(_Stored):
     schema_version: Literal["1"] = SCHEMA_VERSION
     job_id: Annotated[str, AfterValidator(check_job_id)]
     platform: NonEmpty
