@@ -212,6 +212,9 @@ def test_a_failed_stage_job_is_deleted_and_nothing_trains(kube: KubeStandIn, tmp
         submit(tmp_path, job_request(storage={"pvc_claim": "tao-data"}), make_backend())
     assert not info.value.retryable
     assert "job-1-stage" not in ours(kube, "Job") and "job-1" not in ours(kube, "Job")
+    # Nothing of the job is left behind: above all not the per-job Secret with the credential
+    # values, which no Job owns yet (a later submit makes them again).
+    assert every_object_of_ours(kube) == []
     assert store_in(tmp_path).get("job-1").state == "PENDING"  # a later submit stages again
 
 
