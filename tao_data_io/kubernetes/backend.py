@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from dataclasses import replace
 from typing import Any
 
 from ..credentials import forwarded_values
-from ..errors import UsageError
+from ..errors import UsageError, is_retryable
 from ..launch.backend import DEFAULT_VERIFY_TIMEOUT_S, FailureAnalysis, JobDocuments, JobStatus, Submission
 from ..launch.plan import LaunchPlan
 from ..launch.probe import Verdict, read_checklist
@@ -119,20 +120,31 @@ class KubernetesBackend:
         api.masking(values or {})
         objects = creation_order(rendered, secret_object(rendered, values))
         job = training_job(objects)
+        name = job["metadata"]["name"]
         made: list[dict[str, Any]] = []
         started = False
-        for obj in objects:
-            if step_of(obj) == "stage" and obj["kind"] == "Job":
-                self._stage(api, obj, job, plan.job_id)
-                continue
-            found, created = create(api, obj, plan.job_id)
-            if obj is job:
-                job, started = found, created
-            else:
-                made.append(found)
+        try:
+            for obj in objects:
+                if step_of(obj) == "stage" and obj["kind"] == "Job":
+                    self._stage(api, obj, job, plan.job_id)
+                    continue
+                found, created = create(api, obj, plan.job_id)
+                if obj is job:
+                    job, started = found, created
+                else:
+                    made.append(found)
+        except Exception as exc:
+            # Refused for good before the training Job exists (a failed stage Job, bad input): no
+            # Job owns what this job has here yet, so nothing would ever remove it — above all the
+            # per-job Secret of credential values. A retryable fault keeps it for the retry.
+            if not is_retryable(exc):
+                with suppress(Exception):  # the submit's own error is the one to report; cancel cleans later
+                    if self._get_job(api, api.namespace, name) is None:
+                        self._delete_labelled(api, api.namespace, name, f"what submit made for {name}")
+            raise
         for dependent in made:
             adopt(api, dependent, job)
-        return Submission(backend_ref=f"{api.namespace}/{job['metadata']['name']}", started=started)
+        return Submission(backend_ref=f"{api.namespace}/{name}", started=started)
 
     def _stage(self, api: Api, stage: dict[str, Any], job: dict[str, Any], job_id: str) -> None:
         """Tier B: run the stage Job to completion before the training Job exists (no GPU is held
@@ -224,15 +236,20 @@ class KubernetesBackend:
         api = self._api()
         job = self._get_job(api, namespace, name)
         running = job is not None and not any(pod_reading.condition(job, c) for c in ("Complete", "Failed"))
+        self._delete_labelled(api, namespace, name, ref)
+        return running
+
+    @staticmethod
+    def _delete_labelled(api: Api, namespace: str, name: str, what: str) -> None:
+        """Foreground delete of every object labelled with the job ``name`` (the Jobs first)."""
         selector = ",".join(f"{k}={v}" for k, v in {**MANAGED_BY, JOB_ID_LABEL: name}.items())
         table = kinds(api)
         for kind in _CANCEL_ORDER:
-            listed = api.call(f"listing the {kind}s of {ref}", table[kind].list, namespace, label_selector=selector)
+            listed = api.call(f"listing the {kind}s of {what}", table[kind].list, namespace, label_selector=selector)
             for item in listed.get("items", []):
                 item_name = item["metadata"]["name"]
                 api.delete(f"deleting {kind} {namespace}/{item_name}", table[kind].delete, item_name, namespace,
                            propagation_policy="Foreground")
-        return running
 
     def results_path(self, ref: str) -> str | None:
         return None
