@@ -356,14 +356,14 @@ class RedactingFilter(logging.Filter):
 
     def __init__(self, redactor: Redactor | None = None) -> None:
         super().__init__()
-        self._redactor = redactor or Redactor()
+        self.redactor = redactor or Redactor()
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        record.msg = self._redactor.redact(message)
+        record.msg = self.redactor.redact(message)
         record.args = None
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
-            record.exc_text = self._redactor.redact(record.exc_text)
+            record.exc_text = self.redactor.redact(record.exc_text)
         return True

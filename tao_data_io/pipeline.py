@@ -344,12 +344,15 @@ def resync(job_id: str, backend: Backend, store: RecordStore, *, settle_seconds:
                               progress=progress)
 
 
-def running_jobs(store: RecordStore, backend: Backend) -> tuple[list[str], list[str]]:
+def running_jobs(store: RecordStore, backend: Backend, *, say: Say | None = None) -> tuple[list[str], list[str]]:
     """The RUNNING jobs of the backend's platform: those it can see (what a resync through it can
     reach), and those it has no trace of — submitted through another target (another work root,
     another namespace) or lost with their host. A store that does not exist yet holds no jobs
-    (a schedule may start before the first submit)."""
+    (a schedule may start before the first submit); ``say`` hears of it, since a mistyped
+    location would look the same."""
     if not store.exists():
+        if say is not None:
+            say(f"the records location {store.location} does not exist (yet): no job to resync")
         return [], []
     seen: list[str] = []
     elsewhere: list[str] = []

@@ -29,10 +29,6 @@ RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 class _RunLogMask(RedactingFilter):
     """Our filter on the run loggers (a class of its own, so a later flow run replaces it)."""
 
-    def __init__(self, redactor: Redactor) -> None:
-        super().__init__(redactor)
-        self.redactor = redactor
-
 
 def mask_run_logs(environ: Mapping[str, str], secret_names: Iterable[str] = ()) -> None:
     """Mask every credential value of ``environ`` (and of ``secret_names``, whatever they are

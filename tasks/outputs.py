@@ -67,13 +67,12 @@ def report_failure(job_id: str, status: dict[str, Any], backend: Backend, store:
 @step("running-jobs", timeout_seconds=QUICK, task_run_name="running-jobs")
 def running_jobs(store: RecordStore, backend: Backend) -> dict[str, list[str]]:
     """The RUNNING jobs this backend can see, and those of its platform it has no trace of."""
-    seen, elsewhere = pipeline.running_jobs(store, backend)
-    if not store.exists():  # normal before the first submit; a mistyped location must not stay silent
-        get_run_logger().warning("the records location %s does not exist (yet): no job to resync", store.location)
+    logger = get_run_logger()
+    seen, elsewhere = pipeline.running_jobs(store, backend, say=logger.warning)
     if elsewhere:
-        get_run_logger().warning("%d RUNNING jobs of the %s platform are not on this target (submitted through "
-                                 "another, or lost with their host), so their results are not resynced here: %s",
-                                 len(elsewhere), backend.name, ", ".join(elsewhere))
+        logger.warning("%d RUNNING jobs of the %s platform are not on this target (submitted through "
+                       "another, or lost with their host), so their results are not resynced here: %s",
+                       len(elsewhere), backend.name, ", ".join(elsewhere))
     return {"seen": seen, "elsewhere": elsewhere}
 
 

@@ -11,35 +11,13 @@ import pytest
 import yaml
 from prefect.client.orchestration import get_client
 
-from blocks import JobRecords, LocalTarget
 from flows.submit import submit_tao_job
 
-from .test_flows import env, name  # noqa: F401 (env: a fixture)
+from .test_flows import env, name, records_block  # noqa: F401 (env: a fixture)
+from .test_review_findings_prefect import _args_request, _local, no_cloud  # noqa: F401 (no_cloud: a fixture)
 
 #: A credential value with a backslash, as strong passwords and tokens may have.
 BACKSLASH_SECRET = "pw_Attack\\Fix7f3c9a1bQz"
-
-
-def _args_request(**extra: Any) -> dict[str, Any]:
-    return {"schema_version": "1", "image": "local", "command": ["true"], "mode": "args", "args": [], **extra}
-
-
-def _records(root: Path) -> str:
-    block = name()
-    JobRecords(location=str(root)).save(block)
-    return f"tao-job-records/{block}"
-
-
-def _local(tmp_path: Path, sub: str = "local") -> str:
-    block = name()
-    LocalTarget(workdir_root=str(tmp_path / sub), staging_root=str(tmp_path / f"work-{sub}")).save(block)
-    return f"tao-local-target/{block}"
-
-
-@pytest.fixture
-def no_cloud(monkeypatch: pytest.MonkeyPatch) -> None:
-    for variable in ("S3_BUCKET_NAME", "TAO_RESULTS_ROOT", "TAO_DATA_IO_RECORDS", "AWS_MAX_ATTEMPTS"):
-        monkeypatch.delenv(variable, raising=False)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -52,7 +30,7 @@ def test_a_credential_value_quoted_with_repr_is_still_masked_in_the_flow_run_sta
     monkeypatch.setenv("HF_TOKEN", BACKSLASH_SECRET)
     request = tmp_path / "request.yaml"
     request.write_text(yaml.safe_dump(_args_request(inputs=[{"source": BACKSLASH_SECRET}])))
-    state = submit_tao_job(str(request), target=_local(tmp_path), records=_records(tmp_path / "jobs"),
+    state = submit_tao_job(str(request), target=_local(tmp_path), records=records_block(tmp_path / "jobs"),
                            return_state=True)
     assert state.is_failed()
     assert "inputs[0].source" in str(state.message)
@@ -75,7 +53,7 @@ def test_a_masked_failure_can_be_read_back_from_the_flow_runs_persisted_result(
         raise KeyError(secret)  # a library's error quoting a value, as any step might meet
 
     monkeypatch.setattr("flows.submit.prepare", boom)
-    state = submit_tao_job(_args_request(), target=_local(tmp_path), records=_records(tmp_path / "jobs"),
+    state = submit_tao_job(_args_request(), target=_local(tmp_path), records=records_block(tmp_path / "jobs"),
                            return_state=True)
     assert state.is_failed() and secret not in str(state.message)
     with get_client(sync_client=True) as client:
@@ -140,7 +118,7 @@ def test_a_job_id_equal_to_a_block_mapped_credential_value_never_names_the_flow_
     S3EnvCredentials(access_key_id_env="TEAM_S3_ID", secret_access_key_env="TEAM_S3_SK").save(block)
     request = tmp_path / "request.yaml"
     request.write_text(yaml.safe_dump(_args_request(job_id=value)))
-    state = submit_tao_job(str(request), target=_local(tmp_path), records=_records(tmp_path / "jobs"),
+    state = submit_tao_job(str(request), target=_local(tmp_path), records=records_block(tmp_path / "jobs"),
                            s3_credentials=f"tao-s3-credentials/{block}", return_state=True)
     assert state.is_failed() and "holds the value of a credential" in str(state.message)
     with get_client(sync_client=True) as client:

@@ -4,7 +4,6 @@ reason its docstring gives."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -13,14 +12,14 @@ import pytest
 import yaml
 from prefect.client.orchestration import get_client
 
-from blocks import JobRecords, LocalTarget
+from blocks import LocalTarget
 from flows.collect import collect_tao_job
 from flows.resync import resync_tao_outputs
 from flows.submit import submit_tao_job
 from tao_data_io.records import RecordStore
 
 from .helpers import run_cli
-from .test_flows import FakeTarget, env, fake_request, name  # noqa: F401 (env: a fixture)
+from .test_flows import env, fake_request, fake_target, name, records_block  # noqa: F401 (env: a fixture)
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
@@ -32,22 +31,10 @@ def _args_request(**extra: Any) -> dict[str, Any]:
     return {"schema_version": "1", "image": "local", "command": ["true"], "mode": "args", "args": [], **extra}
 
 
-def _records(root: Path) -> str:
-    block = name()
-    JobRecords(location=str(root)).save(block)
-    return f"tao-job-records/{block}"
-
-
 def _local(tmp_path: Path, sub: str = "local") -> str:
     block = name()
     LocalTarget(workdir_root=str(tmp_path / sub), staging_root=str(tmp_path / f"work-{sub}")).save(block)
     return f"tao-local-target/{block}"
-
-
-def _fake(tmp_path: Path, **behaviour: Any) -> str:
-    block = name()
-    FakeTarget(results_root=str(tmp_path / "fake-results"), staging_root=str(tmp_path / "work"), **behaviour).save(block)
-    return f"tao-fake-target/{block}"
 
 
 def _running_record(root: Path, job_id: str) -> RecordStore:
@@ -75,7 +62,7 @@ def test_a_request_file_error_never_puts_a_credential_value_into_the_flow_run_st
     monkeypatch.setenv("HF_TOKEN", SECRET)
     request = tmp_path / "request.yaml"
     request.write_text(yaml.safe_dump(_args_request(inputs=[{"source": SECRET}])))
-    state = submit_tao_job(str(request), target=_local(tmp_path), records=_records(tmp_path / "jobs"),
+    state = submit_tao_job(str(request), target=_local(tmp_path), records=records_block(tmp_path / "jobs"),
                            return_state=True)
     assert state.is_failed()
     assert "inputs[0].source" in str(state.message)  # the field is named...
@@ -92,7 +79,7 @@ def test_a_yaml_syntax_error_never_puts_a_credential_value_into_the_flow_run_sta
     monkeypatch.setenv("HF_TOKEN", SECRET)
     request = tmp_path / "request.yaml"
     request.write_text(f"schema_version: '1'\nimage: local\nspec: {{note: {SECRET}\n")
-    state = submit_tao_job(str(request), target=_local(tmp_path), records=_records(tmp_path / "jobs"),
+    state = submit_tao_job(str(request), target=_local(tmp_path), records=records_block(tmp_path / "jobs"),
                            return_state=True)
     assert state.is_failed() and "not valid YAML" in str(state.message)
     with get_client(sync_client=True) as client:
@@ -109,7 +96,7 @@ def test_a_job_id_equal_to_a_credential_value_never_names_the_flow_run(
     monkeypatch.setenv("MY_STORE_SECRET_KEY", value)
     request = tmp_path / "request.yaml"
     request.write_text(yaml.safe_dump(_args_request(job_id=value)))
-    state = submit_tao_job(str(request), target=_local(tmp_path), records=_records(tmp_path / "jobs"),
+    state = submit_tao_job(str(request), target=_local(tmp_path), records=records_block(tmp_path / "jobs"),
                            return_state=True)
     assert state.is_failed() and "holds the value of a credential" in str(state.message)
     with get_client(sync_client=True) as client:
@@ -123,7 +110,7 @@ def test_a_resubmit_of_a_job_whose_verify_failed_does_not_complete(
     """submit-tao-job run again for a job whose verify failed (record ERROR, the command never
     started) completes successfully with ``started: False`` via already_launched, so a retried
     deployment run reports success for a job that never ran."""
-    target, records = _fake(tmp_path, verify_ok=False), _records(tmp_path / "jobs")
+    target, records = fake_target(tmp_path, verify_ok=False), records_block(tmp_path / "jobs")
     request = _args_request(job_id="verify-failed-twice")
     assert submit_tao_job(request, target=target, records=records, return_state=True).is_failed()
     assert RecordStore(tmp_path / "jobs").get("verify-failed-twice").state == "ERROR"
@@ -155,7 +142,7 @@ def test_a_fixed_request_can_rerun_a_job_whose_staging_failed(
     """After a submit fails before launch (an input that does not exist: record PENDING, nothing
     started), the fixed request under the same job id is refused ("its request differs"), so the
     record stays PENDING for ever — tests/test_flows.py says "a fixed request can rerun it"."""
-    target, records = _fake(tmp_path), _records(tmp_path / "jobs")
+    target, records = fake_target(tmp_path), records_block(tmp_path / "jobs")
     fixed = {**fake_request(bucket, "fix-and-rerun"), "spec": {"train": {"epochs": 1}}}
     bad = {**fixed, "inputs": [*fixed["inputs"], {"source": f"s3://{bucket}/no-such.bin", "kind": "file",
                                                   "target": "/extra/x.bin"}]}
@@ -172,7 +159,7 @@ def test_collect_with_a_target_that_cannot_find_the_job_fails(prefect_harness: N
     completes successfully with state UNKNOWN, where the CLI's collect (pipeline._known) fails
     naming where the job was submitted; the flow never uses the record's backend_config."""
     store = _running_record(tmp_path / "jobs", "lost-job")
-    state = collect_tao_job("lost-job", target=_local(tmp_path, "elsewhere"), records=_records(tmp_path / "jobs"),
+    state = collect_tao_job("lost-job", target=_local(tmp_path, "elsewhere"), records=records_block(tmp_path / "jobs"),
                             poll_seconds=0.05, return_state=True)
     assert store.get("lost-job").state == "RUNNING"
     assert state.is_failed(), f"collect completed: {state.result(raise_on_failure=False)}"
@@ -184,7 +171,7 @@ def test_resync_with_a_target_that_cannot_find_a_running_job_does_not_say_the_ba
     (another local target's root) the backend's results_path is None and the flow reports
     "backend uploads" and completes, though nothing uploads that job's results."""
     _running_record(tmp_path / "jobs", "other-root-job")
-    outcome = resync_tao_outputs(target=_local(tmp_path, "elsewhere"), records=_records(tmp_path / "jobs"),
+    outcome = resync_tao_outputs(target=_local(tmp_path, "elsewhere"), records=records_block(tmp_path / "jobs"),
                                  settle_seconds=0, return_state=True)
     result = outcome.result(raise_on_failure=False)
     assert not (outcome.is_completed() and isinstance(result, dict) and result.get("backend uploads")), result
@@ -195,7 +182,7 @@ def test_the_scheduled_resync_before_any_job_does_not_fail(prefect_harness: None
     """With a directory records block, resync-tao-outputs fails (UsageError: root does not exist)
     on every scheduled run until the first job is submitted — the deployment runs it every 5 min
     from `prefect deploy` on — while an S3 records block returns zero jobs."""
-    state = resync_tao_outputs(target=_local(tmp_path), records=_records(tmp_path / "jobs-not-yet"),
+    state = resync_tao_outputs(target=_local(tmp_path), records=records_block(tmp_path / "jobs-not-yet"),
                                return_state=True)
     assert state.is_completed(), state.message
     assert state.result()["jobs"] == 0
@@ -206,7 +193,7 @@ def test_a_missing_block_names_the_parameter_and_the_fix(prefect_harness: None, 
     """A block parameter naming a block that was never saved fails with Prefect's bare ValueError
     ("Unable to find block document named … for block type …"), which names neither the flow
     parameter nor how to fix it (flows/common.py load_block wraps only the type check)."""
-    state = submit_tao_job(_args_request(), target=_local(tmp_path), records=_records(tmp_path / "jobs"),
+    state = submit_tao_job(_args_request(), target=_local(tmp_path), records=records_block(tmp_path / "jobs"),
                            s3_credentials="tao-s3-credentials/never-saved", return_state=True)
     assert state.is_failed()
     message = str(state.message)
@@ -222,7 +209,7 @@ def test_a_forwarded_credential_printed_by_the_job_is_masked_in_the_failure_arti
     plain name (forward_env: [WANDB_KEY]) and the job prints lands unmasked in the Prefect artifact."""
     value = "wandb-credential-0123456789"
     monkeypatch.setenv("WANDB_KEY", value)
-    target, records = _local(tmp_path), _records(tmp_path / "jobs")
+    target, records = _local(tmp_path), records_block(tmp_path / "jobs")
     loud = _args_request(job_id="loud-forward", command=["/bin/sh", "-c"], args=['echo "key is $WANDB_KEY"; exit 3'],
                          forward_env=["WANDB_KEY"])
     try:
@@ -245,7 +232,7 @@ def test_a_negative_poll_interval_of_the_collect_flow_names_the_parameter(
     """collect-tao-job does not check poll_seconds: -1 (or NaN) fails after the first poll with
     time.sleep's bare "ValueError: sleep length must be non-negative" (0 busy-polls the backend
     and the record store), where the CLI refuses the same value up front naming --poll-seconds."""
-    target, records = _fake(tmp_path, polls_until_done=10**6), _records(tmp_path / "jobs")
+    target, records = fake_target(tmp_path, polls_until_done=10**6), records_block(tmp_path / "jobs")
     assert submit_tao_job(_args_request(job_id="poll-negative"), target=target, records=records,
                           return_state=True).is_completed()
     state = collect_tao_job("poll-negative", target=target, records=records, poll_seconds=-1,
