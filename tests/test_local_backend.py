@@ -16,6 +16,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -398,6 +400,130 @@ def test_cancel_ends_every_process_of_the_job(tmp_path: Path, backend: LocalBack
     assert backend.status(ref).state == "CANCELED"
     assert job_processes(backend, "job-1") == {}
     assert backend.cancel(ref) is False
+
+
+LINGER = """
+    nohup sh -c 'while :; do echo tick >> "$TAO_RESULTS_DIR/lingering"; sleep 0.05; done' >/dev/null 2>&1 &
+    setsid sh -c 'while :; do sleep 1; done' >/dev/null 2>&1 &
+    touch /control/backgrounded
+    exit 0
+"""
+
+
+def test_when_the_command_ends_every_process_of_its_frame_ends(tmp_path: Path, backend: LocalBackend,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a pod's containers end with their command: what the command left in the background
+    (``nohup``, ``setsid``) ends too, with the forwarded credential in its environment, before the
+    job is reported ended — so collect uploads a tree nothing writes to any more."""
+    secret = f"tao-test-secret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    plan = make_plan(tmp_path, script=LINGER, forward_env=["HF_TOKEN"], environ=dict(os.environ))
+    ref = backend.submit(plan, environ=dict(os.environ)).backend_ref
+    status = finished(backend, ref)
+    assert (status.state, status.exit_code) == ("COMPLETE", 0), backend.logs(ref)
+    assert (control(tmp_path) / "backgrounded").exists()
+    frame = {pid: argv[:60] for pid, argv, environ in live_processes() if "\0TAO_JOB_ID=job-1\0" in f"\0{environ}"}
+    assert frame == {}, f"processes of the job's frame outlived its command: {sorted(frame.values())}"
+    assert not [pid for pid, _, environ in live_processes() if secret in environ]
+    written = Path(str(backend.results_path(ref))) / "lingering"
+    before = written.read_bytes()
+    time.sleep(0.3)  # six ticks of the loop, were it alive
+    assert written.read_bytes() == before
+
+
+def test_cancel_of_an_ended_job_ends_what_it_left_running(tmp_path: Path, backend: LocalBackend) -> None:
+    """A job recorded as ended whose frame still has processes (a supervisor that died between the
+    command's end and the frame's) is not "nothing to cancel": cancel ends what is left."""
+    plan = make_plan(tmp_path, environment={"HOLD_FILE": "/control/never"})
+    ref = backend.submit(plan).backend_ref
+    wait_for("the stand-in to start", lambda: (control(tmp_path) / "started").exists())
+    run = backend.workdir_root / "job-1" / "run"
+    os.kill(json.loads((run / "supervisor.json").read_text())["pid"], signal.SIGKILL)
+    (run / "exit.json").write_text(json.dumps({"exit_code": 0}))
+    assert backend.status(ref).state == "COMPLETE" and job_processes(backend, "job-1")
+    assert backend.cancel(ref) is True
+    wait_for("the frames to end", lambda: job_processes(backend, "job-1") == {})
+    assert backend.status(ref).state == "COMPLETE"  # how it ended stays as recorded
+    assert backend.cancel(ref) is False
+
+
+def _credentials_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str]:
+    """A home whose ``.aws/credentials`` holds a marker no frame may ever print."""
+    home = tmp_path / "home"
+    (home / ".aws").mkdir(parents=True)
+    secret = f"aws_secret_access_key = tao-test-{uuid.uuid4().hex}"
+    (home / ".aws" / "credentials").write_text(secret + "\n")
+    monkeypatch.setenv("HOME", str(home))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "credentials").write_text("only data here\n")
+    return home, secret
+
+
+def _point(link: Path, target: Path) -> None:
+    """Repoint the symlink ``link`` at ``target`` in one step (rename over it)."""
+    fresh = link.with_name(f".{link.name}.{uuid.uuid4().hex}")
+    fresh.symlink_to(target)
+    os.replace(fresh, link)
+
+
+def test_a_mount_source_swapped_after_preflight_is_checked_again(tmp_path: Path, backend: LocalBackend,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check and the bind are of one object: a source that passed preflight as data and
+    points at the home's credentials by submit is refused, never bound."""
+    home, secret = _credentials_home(tmp_path, monkeypatch)
+    link = tmp_path / "dataset"
+    _point(link, tmp_path / "data")
+    plan = make_plan(tmp_path, script="cat /dataset/credentials", mounts=[{"source": str(link), "target": "/dataset"}])
+    backend.preflight(plan)
+    _point(link, home / ".aws")
+    try:
+        ref = backend.submit(plan).backend_ref
+    except UsageError as exc:
+        assert "hidden directory of the home" in str(exc) and secret not in str(exc)
+        return
+    finished(backend, ref)
+    assert secret not in backend.logs(ref), "the frame bound the home's credentials"
+    pytest.fail("a source that became a home dot-directory after preflight was submitted")
+
+
+def test_a_mount_source_that_keeps_flipping_never_binds_what_was_not_checked(
+        tmp_path: Path, backend: LocalBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A symlink flipped every millisecond between data and ``~/.aws``: every job either binds
+    the data it was checked against or is refused — none reads the credentials."""
+    home, secret = _credentials_home(tmp_path, monkeypatch)
+    link = tmp_path / "dataset"
+    _point(link, tmp_path / "data")
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():
+            for target in (tmp_path / "data", home / ".aws"):
+                _point(link, target)
+                time.sleep(0.001)
+
+    flipper = threading.Thread(target=flip, daemon=True)
+    flipper.start()
+    outcomes: dict[str, str] = {}
+    try:
+        refs = {}
+        for n in range(16):
+            plan = make_plan(tmp_path, f"swap-{n}", script="cat /dataset/credentials",
+                             mounts=[{"source": str(link), "target": "/dataset"}])
+            try:
+                backend.preflight(plan)
+                refs[plan.job_id] = backend.submit(plan).backend_ref
+            except UsageError as exc:
+                outcomes[plan.job_id] = f"refused: {exc}"
+        for job_id, ref in refs.items():
+            status = finished(backend, ref)
+            outcomes[job_id] = f"{status.describe()}: {backend.logs(ref)}"
+    finally:
+        stop.set()
+        flipper.join()
+    leaked = [job for job, said in outcomes.items() if secret in said]
+    assert not leaked, f"{len(leaked)} of {len(outcomes)} jobs read the home's credentials"
+    ran = [said for said in outcomes.values() if "only data here" in said]
+    assert ran, outcomes  # the data was mountable all along
 
 
 def test_a_verify_that_times_out_cancels_the_job(tmp_path: Path, backend: LocalBackend) -> None:
