@@ -365,10 +365,12 @@ def running_jobs(store: RecordStore, backend: Backend, *, say: Say | None = None
 
 def cancel(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli") -> JobRecord:
     """Stop the job and everything it started and mark the record CANCELED — unless it already
-    ended (terminal states are final) or the backend cannot find it (see :func:`_known`).
-    Returns the record as it now stands."""
+    ended (terminal states are final: the backend ends only what it left running) or the backend
+    cannot find it (see :func:`_known`). Returns the record as it now stands."""
     record = store.get(job_id)
     if record.state in TERMINAL_STATES:
+        if record.backend_ref is not None:
+            backend.cancel(record.backend_ref)
         return record
     if record.backend_ref is not None:
         _known(record, backend.status(record.backend_ref), backend)

@@ -32,7 +32,7 @@ from tao_data_io.launch.plan import PROBE_DIR, LaunchPlan, build_plan
 from tao_data_io.local.backend import LocalBackend
 from tao_data_io.local.preflight import BWRAP_INSTALL, find_tool
 from tao_data_io.local.process import proc_stat
-from tao_data_io.local.sandbox import (FRAME_PATH, Host, Namespaces, SystemDir, frame_argv, frame_env,
+from tao_data_io.local.sandbox import (FRAME_PATH, Bind, Host, Namespaces, SystemDir, frame_argv, frame_binds, frame_env,
                                        host_system_dirs)
 from tao_data_io.records import JobRecord, OutputRoute
 from tao_data_io.request import JobRequest
@@ -146,7 +146,7 @@ def backend(tmp_path: Path, sandbox: None) -> Iterator[LocalBackend]:
 
 
 # ----------------------------------------------------------------------------- the argv, pure
-ARITY = {"--ro-bind": 2, "--bind": 2, "--ro-bind-try": 2, "--bind-try": 2, "--symlink": 2, "--proc": 1, "--dev": 1,
+ARITY = {"--ro-bind": 2, "--bind": 2, "--ro-bind-fd": 2, "--bind-fd": 2, "--symlink": 2, "--proc": 1, "--dev": 1,
          "--tmpfs": 1, "--size": 1, "--hostname": 1, "--cap-drop": 1, "--chdir": 1, "--json-status-fd": 1,
          "--remount-ro": 1, "--unshare-all": 0, "--share-net": 0, "--new-session": 0}
 HOST = Host(bwrap="/usr/bin/bwrap", system=(SystemDir("/usr"), SystemDir("/bin", "usr/bin"), SystemDir("/etc/passwd")),
@@ -165,11 +165,21 @@ def options(argv: list[str]) -> tuple[list[tuple[str, ...]], list[str]]:
     return found, argv[index + 1:]
 
 
+def argv_of(plan: LaunchPlan, command: list[str], *, results_host: str = "/host/results", probe_dir: str | None = None,
+            absent: tuple[str, ...] = (), **kwargs: Any) -> tuple[list[Bind], list[str]]:
+    """The frame's binds and argv, each bind's source given descriptor ``100 + its index``
+    (but the targets in ``absent``: no descriptor, as when the source is missing)."""
+    binds = frame_binds(plan, results_host, probe_dir)
+    opened = {bind.target: 100 + n for n, bind in enumerate(binds) if bind.target not in absent}
+    return binds, frame_argv(plan, HOST, binds, opened, command, **kwargs)
+
+
 def test_frame_argv_unshares_everything_and_binds_exactly_the_plan(tmp_path: Path) -> None:
     scratch = tmp_path / "scratch"
     plan = make_plan(tmp_path, mounts=[{"source": str(scratch / "sub"), "target": "/scratch-rw", "read_only": False},
                                        {"source": str(scratch), "target": "/scratch"}])
-    found, command = options(frame_argv(plan, HOST, "/host/results/job-1", ["sh", "-c", "true"]))
+    binds, argv = argv_of(plan, ["sh", "-c", "true"], results_host="/host/results/job-1")
+    found, command = options(argv)
     stage = tmp_path / "stage"
     assert command == ["sh", "-c", "true"]
     assert found[:4] == [("--unshare-all",), ("--new-session",), ("--cap-drop", "ALL"), ("--hostname", "job-1-0")]
@@ -178,35 +188,44 @@ def test_frame_argv_unshares_everything_and_binds_exactly_the_plan(tmp_path: Pat
                            ("--ro-bind", "/etc/passwd", "/etc/passwd"), ("--remount-ro", "/etc"),
                            ("--proc", "/proc"), ("--dev", "/dev"), ("--tmpfs", "/tmp")]
     assert found[12:14] == [("--size", str(64 * 1024**2)), ("--tmpfs", "/dev/shm")]
-    binds = found[14:-1]
-    assert sorted(binds) == sorted([
-        ("--ro-bind-try", str(stage / "s3/bkt/data"), DATA),
-        ("--ro-bind-try", str(stage / "config/spec.yaml"), CONFIG),
-        ("--ro-bind-try", str(STAND_IN), "/stand-in"),
-        ("--bind-try", str(control(tmp_path)), "/control"),
-        ("--ro-bind-try", str(scratch), "/scratch"),
-        ("--bind-try", str(scratch / "sub"), "/scratch-rw"),
-        ("--bind-try", "/host/results/job-1", "/results")])  # nothing else of the host
+    assert sorted((b.source, b.target, b.read_only) for b in binds) == sorted([
+        (str(stage / "s3/bkt/data"), DATA, True),
+        (str(stage / "config/spec.yaml"), CONFIG, True),
+        (str(STAND_IN), "/stand-in", True),
+        (str(control(tmp_path)), "/control", False),
+        (str(scratch), "/scratch", True),
+        (str(scratch / "sub"), "/scratch-rw", False),
+        ("/host/results/job-1", "/results", False)])  # nothing else of the host
+    depths = [b.target.count("/") for b in binds]
+    assert depths == sorted(depths)  # a parent before anything mounted inside it
+    assert found[14:-1] == [("--ro-bind-fd" if b.read_only else "--bind-fd", str(100 + n), b.target)
+                            for n, b in enumerate(binds)]  # each source by its checked descriptor, never a path
     assert found[-1] == ("--chdir", "/tmp")
+
+
+def test_a_bind_without_a_descriptor_leaves_its_target_absent(tmp_path: Path) -> None:
+    _, argv = argv_of(make_plan(tmp_path), ["true"], absent=(DATA,))
+    found, _ = options(argv)
+    assert DATA not in [option[-1] for option in found if option[0].endswith("-fd")]
+    assert "/results" in [option[-1] for option in found if option[0].endswith("-fd")]
 
 
 @pytest.mark.parametrize(("kwargs", "present", "absent"), [
     ({"network": True}, [("--share-net",)], []),
-    ({}, [], [("--share-net",), ("--ro-bind-try", "/run/probe", PROBE_DIR)]),
-    ({"probe_dir": "/run/probe"}, [("--ro-bind-try", "/run/probe", PROBE_DIR)], []),
+    ({}, [], [("--share-net",), PROBE_DIR]),
+    ({"probe_dir": "/run/probe"}, [PROBE_DIR], []),
     ({"status_fd": 7}, [("--json-status-fd", "7")], []),
 ], ids=["network", "no-probe-files-for-the-job", "probe-files", "status-fd"])
-def test_frame_argv_options(tmp_path: Path, kwargs: dict[str, Any], present: list[tuple[str, ...]],
-                            absent: list[tuple[str, ...]]) -> None:
+def test_frame_argv_options(tmp_path: Path, kwargs: dict[str, Any], present: list[Any], absent: list[Any]) -> None:
     plan = make_plan(tmp_path, network=kwargs.pop("network", False))
-    found, _ = options(frame_argv(plan, HOST, "/host/results", ["true"], **kwargs))
-    assert all(item in found for item in present) and not any(item in found for item in absent)
+    found, _ = options(argv_of(plan, ["true"], **kwargs)[1])
+    items = found + [option[-1] for option in found if option[0] == "--ro-bind-fd"]
+    assert all(item in items for item in present) and not any(item in items for item in absent)
 
 
 def test_a_higher_rank_joins_rank_0s_network_through_nsenter(tmp_path: Path) -> None:
     plan = make_plan(tmp_path, nodes=2)
-    argv = frame_argv(plan, HOST, "/host/results", ["true"], rank=1,
-                      join=Namespaces(user="/proc/self/fd/5", net="/proc/self/fd/6"))
+    _, argv = argv_of(plan, ["true"], rank=1, join=Namespaces(user="/proc/self/fd/5", net="/proc/self/fd/6"))
     assert argv[:4] == ["/usr/bin/nsenter", "--user=/proc/self/fd/5", "--net=/proc/self/fd/6", "--"]
     found, _ = options(argv[4:])
     assert ("--share-net",) in found and ("--hostname", "job-1-1") in found
@@ -214,7 +233,7 @@ def test_a_higher_rank_joins_rank_0s_network_through_nsenter(tmp_path: Path) -> 
 
 def test_argv_never_carries_an_environment_value(tmp_path: Path) -> None:
     plan = make_plan(tmp_path, environment={"DECLARED": "declared-value"})
-    argv = frame_argv(plan, HOST, "/host/results", ["true"])
+    _, argv = argv_of(plan, ["true"])
     assert not {"--setenv", "--unsetenv", "--clearenv"} & set(argv) and "declared-value" not in argv
 
 
@@ -424,11 +443,12 @@ def test_when_the_command_ends_every_process_of_its_frame_ends(tmp_path: Path, b
     assert (control(tmp_path) / "backgrounded").exists()
     frame = {pid: argv[:60] for pid, argv, environ in live_processes() if "\0TAO_JOB_ID=job-1\0" in f"\0{environ}"}
     assert frame == {}, f"processes of the job's frame outlived its command: {sorted(frame.values())}"
+    wait_for("the supervisor to exit", lambda: job_processes(backend, "job-1") == {})
     assert not [pid for pid, _, environ in live_processes() if secret in environ]
     written = Path(str(backend.results_path(ref))) / "lingering"
-    before = written.read_bytes()
+    before = written.read_bytes() if written.exists() else b""
     time.sleep(0.3)  # six ticks of the loop, were it alive
-    assert written.read_bytes() == before
+    assert (written.read_bytes() if written.exists() else b"") == before
 
 
 def test_cancel_of_an_ended_job_ends_what_it_left_running(tmp_path: Path, backend: LocalBackend) -> None:
@@ -522,8 +542,14 @@ def test_a_mount_source_that_keeps_flipping_never_binds_what_was_not_checked(
         flipper.join()
     leaked = [job for job, said in outcomes.items() if secret in said]
     assert not leaked, f"{len(leaked)} of {len(outcomes)} jobs read the home's credentials"
-    ran = [said for said in outcomes.values() if "only data here" in said]
-    assert ran, outcomes  # the data was mountable all along
+    for said in outcomes.values():  # each bound the data, or was refused saying why
+        assert ("only data here" in said or "hidden directory of the home" in said
+                or "no longer the object checked at submit" in said), said
+    _point(link, tmp_path / "data")  # once nothing flips, the same mount runs
+    plan = make_plan(tmp_path, "swap-still", script="cat /dataset/credentials",
+                     mounts=[{"source": str(link), "target": "/dataset"}])
+    ref = backend.submit(plan).backend_ref
+    assert finished(backend, ref).state == "COMPLETE" and backend.logs(ref) == "only data here\n"
 
 
 def test_a_verify_that_times_out_cancels_the_job(tmp_path: Path, backend: LocalBackend) -> None:

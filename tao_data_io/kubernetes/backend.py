@@ -231,13 +231,15 @@ class KubernetesBackend:
     def cancel(self, ref: str) -> bool:
         """Foreground delete of every object labelled with the job (the Jobs first; a pre-created
         credential Secret carries no such label and is kept); True if the training Job was
-        still running."""
+        still running. A Job that has finished is kept whole: its pods have ended, collect reads
+        its logs, and its TTL removes it."""
         namespace, name = self._ref(ref)
         api = self._api()
         job = self._get_job(api, namespace, name)
-        running = job is not None and not any(pod_reading.condition(job, c) for c in ("Complete", "Failed"))
+        if job is not None and any(pod_reading.condition(job, c) for c in ("Complete", "Failed")):
+            return False
         self._delete_labelled(api, namespace, name, ref)
-        return running
+        return job is not None
 
     @staticmethod
     def _delete_labelled(api: Api, namespace: str, name: str, what: str) -> None:

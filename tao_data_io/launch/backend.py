@@ -126,7 +126,8 @@ class Backend(Protocol):
     def logs(self, ref: str, tail: int | None = None) -> str: ...
 
     def cancel(self, ref: str) -> bool:
-        """Stop the job and everything it started; True if something was running."""
+        """Stop the job and everything it started; True if something was running. Of a job that
+        has already ended, end only what it left running and keep what collect reads."""
         ...
 
     def failure_analysis(self, ref: str) -> FailureAnalysis | None: ...

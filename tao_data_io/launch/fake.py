@@ -97,6 +97,8 @@ class FakeBackend:
 
     def cancel(self, ref: str) -> bool:
         with self._lock:
+            if ref in self._polls and self._polls[ref] >= self.polls_until_done:
+                return False  # it ended: nothing of it runs, and its end stands
             running = ref in self._polls and ref not in self._canceled
             self._canceled.add(ref)
         return running

@@ -36,11 +36,11 @@ from ..launch.probe import Verdict
 from ..names import is_job_id
 from ..tier import ClusterFacts
 from ..vocabulary import DEFAULT_RECORDS_ROOT, JOBS_DIR_VARIABLE, RECORDS_VARIABLE
-from .preflight import (BWRAP_INSTALL, NSENTER_INSTALL, check_mount_sources, check_paths, check_sandbox, find_tool,
-                        needs_nsenter)
+from .preflight import (BWRAP_INSTALL, NSENTER_INSTALL, SourceRules, check_binds, check_paths, check_sandbox,
+                        find_tool, needs_nsenter)
 from .process import ProcessId
 from .rundir import Canceled, ExitRecord, Launch, RunDir
-from .sandbox import FRAME_LANG, FRAME_PATH, host_system_dirs
+from .sandbox import FRAME_LANG, FRAME_PATH, frame_binds, host_system_dirs
 from .supervisor import credentials_env
 
 ROOT_VARIABLE = "TAO_DATA_IO_LOCAL_ROOT"
@@ -87,8 +87,10 @@ class LocalBackend:
         if needs_nsenter(plan):
             find_tool("nsenter", NSENTER_INSTALL)
         check_paths(plan)
-        check_mount_sources(plan, package_root=_PACKAGE_ROOT_PATH, private=self._private_dirs(),
-                            home=_home())
+        check_binds(plan, frame_binds(plan, self._results_host(plan)), self._source_rules())
+
+    def _source_rules(self) -> SourceRules:
+        return SourceRules(package_root=_PACKAGE_ROOT_PATH, private=self._private_dirs(), home=_home())
 
     def _private_dirs(self) -> list[Path]:
         """Where tao-data-io keeps state a job must not see: the work root (other jobs), the job
@@ -121,8 +123,9 @@ class LocalBackend:
                 return Submission(backend_ref=ref, started=False)
             results_host = self._results_host(plan)
             Path(results_host).mkdir(parents=True, exist_ok=True)
+            sources = check_binds(plan, frame_binds(plan, results_host), self._source_rules())
             run.write(run.launch_file, Launch(plan=plan, results_host=results_host, bwrap=bwrap, nsenter=nsenter,
-                                              submitted_at=datetime.now(timezone.utc)))
+                                              submitted_at=datetime.now(timezone.utc), sources=sources))
             try:
                 self._start_supervisor(run, credentials)
             except BaseException:
@@ -206,14 +209,16 @@ class LocalBackend:
     # ------------------------------------------------------------------ cancel
     def cancel(self, ref: str) -> bool:
         """Ask the supervisor to end every frame (SIGTERM) and wait for it; whatever is still
-        there after :data:`CANCEL_GRACE_S` — or whatever a vanished supervisor left — is killed."""
+        there after :data:`CANCEL_GRACE_S` — or whatever a vanished supervisor left — is killed.
+        Of a job that has ended, only what its frames left running is ended (the supervisor ends
+        each frame with its command; one that died in between leaves them): its end stands."""
         run = self._known(ref)
         if run is None:
             return False
         with file_lock(run.lock):
             verdict = run.verdict()
             if run.exit() is not None or (verdict is not None and not verdict.ok):
-                return False
+                return _end(_frame_processes(run))
             if run.canceled() is None:
                 run.write(run.cancel_file, Canceled(requested_at=datetime.now(timezone.utc)))
         supervisor = run.supervisor()
@@ -222,10 +227,7 @@ class LocalBackend:
             for signum in (signal.SIGTERM, signal.SIGKILL):  # SIGKILL only if it did not end in the grace time
                 if supervisor.signal(signum):
                     _wait_until_ended([supervisor], CANCEL_GRACE_S)
-        leftovers = _frame_processes(run)  # final now: the supervisor, which writes it, is gone
-        for process in leftovers:
-            process.signal(signal.SIGKILL)
-        _wait_until_ended(leftovers, CANCEL_GRACE_S)
+        _end(_frame_processes(run))  # final now: the supervisor, which writes it, is gone
         return running
 
     # ------------------------------------------------------------------ helpers
@@ -315,6 +317,14 @@ def _polls(timeout: float) -> Iterator[None]:
             return
         time.sleep(pause)
         pause = min(pause * 1.5, 0.25)
+
+
+def _end(processes: list[ProcessId]) -> bool:
+    """SIGKILL each of ``processes`` still running and wait (bounded) until they have ended;
+    whether any was running."""
+    running = [process for process in processes if process.signal(signal.SIGKILL)]
+    _wait_until_ended(running, CANCEL_GRACE_S)
+    return bool(running)
 
 
 def _wait_until_ended(processes: list[ProcessId], timeout: float) -> None:

@@ -12,12 +12,14 @@ import os
 import shutil
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
 from ..launch.plan import LaunchPlan
 from ..routing import RESULTS_ROOT_VARIABLE
-from .sandbox import FRAME_PATH, Host, SystemDir, mount_source, trivial_argv
+from .binding import BoundSource, identify, open_source
+from .sandbox import FRAME_PATH, Bind, Host, SystemDir, mount_source, trivial_argv
 
 BWRAP_INSTALL = "install it: apt-get install bubblewrap (Debian, Ubuntu), dnf install bubblewrap (Fedora, RHEL)"
 NSENTER_INSTALL = "install it: apt-get install util-linux (Debian, Ubuntu), dnf install util-linux (Fedora, RHEL)"
@@ -58,36 +60,60 @@ _SYSTEM_ROOTS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/
                  "/var/run")
 
 
-def check_mount_sources(plan: LaunchPlan, *, package_root: Path, private: Sequence[Path],
-                        home: Path | None) -> None:
-    """Refuse a pre-positioned source that would show the frame more of the host than data.
+@dataclass(frozen=True)
+class SourceRules:
+    """What no pre-positioned source may show a frame (see :func:`source_refusal`)."""
+
+    #: The code the supervisor imports: read-only at most.
+    package_root: Path
+    #: tao-data-io's own state and the home's hidden directories: never, in or around.
+    private: Sequence[Path]
+    home: Path | None
+
+
+def source_refusal(source: Path, read_only: bool, rules: SourceRules) -> str | None:
+    """Why the object at ``source`` (its own path, symlinks resolved) may not be mounted, or None.
 
     A request names its mounts, and a request can come from anyone who can reach a deployment:
     so no source may be ``/`` or a system directory (or lie in one), no source may hold the
     user's home directory, no source may hold or lie in tao-data-io's private state (job records,
     other jobs' work directories) or a dot-directory of the home such as ``~/.ssh``, and the code
-    the supervisor imports (``package_root``) may be mounted read-only at most — a writable mount
-    there would let one job plant code that runs outside every frame, with the next job's
-    credentials.
+    the supervisor imports may be mounted read-only at most — a writable mount there would let
+    one job plant code that runs outside every frame, with the next job's credentials.
     """
-    for mount in plan.mounts:
-        if mount.origin != "pre-positioned":
+    if str(source) == "/" or any(_inside(source, Path(root)) for root in _SYSTEM_ROOTS):
+        return "it is (or lies in) a system directory of this host"
+    if rules.home is not None and _inside(rules.home, source):
+        return f"it holds the home directory {rules.home}"
+    if any(_inside(source, root) or _inside(root, source) for root in rules.private):
+        return ("it holds or lies in tao-data-io's own state (job records, job work directories) or a hidden "
+                "directory of the home (~/.ssh, ~/.aws, …)")
+    if not read_only and (_inside(rules.package_root, source) or _inside(source, rules.package_root)):
+        return (f"it would let the job write the code this backend runs ({rules.package_root}); mount it read-only, "
+                "or mount a directory of data")
+    return None
+
+
+def check_binds(plan: LaunchPlan, binds: Sequence[Bind], rules: SourceRules) -> dict[str, BoundSource]:
+    """Open each bind's source once (:func:`~.binding.open_source`), refuse a pre-positioned one
+    that :func:`source_refusal` names, and return target → the identity of each object checked
+    (what the supervisor binds, and only that: see :mod:`.binding`)."""
+    prepositioned = {mount.target for mount in plan.mounts if mount.origin == "pre-positioned"}
+    checked: dict[str, BoundSource] = {}
+    for bind in binds:
+        fd = open_source(bind.source)
+        if fd is None:
             continue
-        source = Path(os.path.realpath(mount.source))
-        problem = None
-        if str(source) == "/" or any(_inside(source, Path(root)) for root in _SYSTEM_ROOTS):
-            problem = "it is (or lies in) a system directory of this host"
-        elif home is not None and _inside(home, source):
-            problem = f"it holds the home directory {home}"
-        elif any(_inside(source, root) or _inside(root, source) for root in private):
-            problem = "it holds or lies in tao-data-io's own state (job records, job work directories) or a " \
-                      "hidden directory of the home (~/.ssh, ~/.aws, …)"
-        elif not mount.read_only and (_inside(package_root, source) or _inside(source, package_root)):
-            problem = (f"it would let the job write the code this backend runs ({package_root}); mount it "
-                       "read-only, or mount a directory of data")
+        try:
+            found = identify(bind.source, fd)
+        finally:
+            os.close(fd)
+        problem = source_refusal(Path(found.resolved), bind.read_only, rules) if bind.target in prepositioned else None
         if problem:
-            raise UsageError(f"mount source {mount.source!r} (target {mount.target}) is refused: {problem}; "
-                             "mount only the directories the job reads or writes")
+            raise UsageError(f"mount source {bind.source!r} (target {bind.target}) is refused: {problem}; mount only "
+                             "the directories the job reads or writes")
+        checked[bind.target] = found
+    return checked
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -8,7 +8,8 @@ directory. A reader sees a record entirely or not at all, and each record has on
 ==================  ==========================================================  ==================
 file                what                                                         written by
 ==================  ==========================================================  ==================
-``launch.json``     the plan, the host results directory, the tools' paths       submit (under lock)
+``launch.json``     the plan, the host results directory, the tools' paths, the  submit (under lock)
+                    identity of each source submit checked
 ``supervisor.json`` the supervisor's pid and start time                          the supervisor
 ``probe/``          the probe script and its checklist (bound into the frame)    the supervisor
 ``verdict.json``    the verify verdict, persistence check included               the supervisor
@@ -35,6 +36,7 @@ from ..fs import atomic_write
 from ..launch.plan import LaunchPlan
 from ..launch.probe import Verdict
 from ..schema import Strict
+from .binding import BoundSource
 from .process import ProcessId
 from .supervisor import RECORD_NAME
 
@@ -51,6 +53,9 @@ class Launch(Strict):
     bwrap: str
     nsenter: str | None = None
     submitted_at: datetime
+    #: target → the object submit checked for each bind; the supervisor binds these and nothing
+    #: else (:mod:`.binding`). Empty in the launch of a version before binds were checked.
+    sources: dict[str, BoundSource] = Field(default_factory=dict)
 
 
 class RankProcesses(Strict):

@@ -5,6 +5,8 @@ Why in this order, in one process: the command must never start on inputs the fr
 read, and every outcome must be written down by someone who saw it (status, logs and cancel run
 later, in other processes, and read only the run directory).
 
+* **Binds.** Every source is opened once and must be the very object submit checked; a swapped
+  one fails the verdict and nothing runs (:mod:`.binding`). Every frame binds these descriptors.
 * **Verify.** The probe script and its checklist go into ``probe/`` in the run directory, bound
   read-only at :data:`~tao_data_io.launch.plan.PROBE_DIR` of a frame identical to the job's (same
   mounts, same results bind, same environment but the credentials, which the probe does not
@@ -12,8 +14,9 @@ later, in other processes, and read only the run directory).
   host results directory (it is removed). The verdict is written before anything else happens.
 * **Ranks.** One frame per node, rank 0 first; each reports its sandbox's pid 1 through
   bubblewrap's ``--json-status-fd`` and is recorded in ``ranks.json`` at once, so a cancel from
-  another process finds it. Output goes to ``rank-<N>.log``. When a rank fails the others are
-  ended, as a Kubernetes Indexed Job with ``backoffLimit: 0`` does.
+  another process finds it. Output goes to ``rank-<N>.log``. When a rank's command ends, its
+  whole frame ends with it (:meth:`_Frame.end_namespace`), before anything is recorded; when a
+  rank fails the others are ended, as a Kubernetes Indexed Job with ``backoffLimit: 0`` does.
 * **Exit.** The first failure (or rank 0's exit) with its signal, or bubblewrap's own error when
   a frame never started, or ``canceled``.
 
@@ -44,7 +47,8 @@ from ..launch.probe import PROBE_SCRIPT, TOKEN_FILE, Verdict, checklist, checkli
     with_persistence
 from .process import ProcessId
 from .rundir import ExitRecord, Launch, RankProcesses, Ranks, RunDir
-from .sandbox import Host, Namespaces, frame_argv, frame_env, host_system_dirs
+from .binding import SourceChanged, open_checked, open_source
+from .sandbox import Bind, Host, Namespaces, frame_argv, frame_binds, frame_env, host_system_dirs
 
 #: Signals are 1..64; bubblewrap reports a command killed by signal N as exit code 128 + N.
 _SIGNAL_CODES = range(129, 129 + 64)
@@ -105,6 +109,15 @@ class _Frame:
                 break
             self.status += chunk
 
+    def end_namespace(self) -> None:
+        """End every process still in the frame once its command has ended, as a pod's containers
+        end with theirs: bubblewrap exits with the command, but the sandbox's pid 1 reaps orphans
+        until none is left, so whatever the command left behind (``nohup``, ``setsid``) would go on
+        with the frame's credentials and binds. Killing pid 1 ends the whole pid namespace; this
+        returns once the kernel has (pid 1 is gone only after every process of its namespace)."""
+        if self.sandbox is not None and self.sandbox.signal(signal.SIGKILL):
+            _wait_gone(self.sandbox)
+
     def ended(self) -> ExitRecord:
         """Called once bubblewrap has exited: the command's exit code, or why there was none."""
         self.read_status(until_eof=True)
@@ -164,6 +177,7 @@ class Frames:
                 continue
             frame.proc.returncode = os.waitstatus_to_exitcode(status)
             ended.append(frame.ended())
+            frame.end_namespace()
             if ended[-1].failed:
                 self.kill()
         return ended
@@ -173,11 +187,18 @@ class Frames:
         namespace with it, then its bubblewrap — and reap them."""
         while self.running:
             _, frame = self.running.popitem()
-            if frame.sandbox is not None:
-                frame.sandbox.signal(signal.SIGKILL)
+            frame.end_namespace()
             frame.proc.kill()
             frame.proc.wait()
             os.close(frame.status_fd)
+
+
+def _wait_gone(process: ProcessId) -> None:
+    """Wait (bounded) until ``process`` has ended; a process stuck in the kernel (uninterruptible
+    I/O on a dead mount) is not waited for beyond :data:`_SETUP_TIMEOUT_S`."""
+    deadline = time.monotonic() + _SETUP_TIMEOUT_S
+    while process.alive() and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def supervise(run_path: Path, credentials: Mapping[str, str]) -> int:
@@ -189,10 +210,16 @@ def supervise(run_path: Path, credentials: Mapping[str, str]) -> int:
         assert launch is not None, "submit writes launch.json before it starts the supervisor"
         host = Host(bwrap=launch.bwrap, system=host_system_dirs(), nsenter=launch.nsenter)
         cancel.check()
-        verdict = verify(run, launch, host, frames, cancel)
+        binds = frame_binds(launch.plan, launch.results_host)
+        try:
+            opened = open_checked(((bind.source, bind.target) for bind in binds), launch.sources)
+        except SourceChanged as exc:
+            run.write(run.verdict_file, Verdict(ok=False, error=str(exc)))
+            return 0
+        verdict = verify(run, launch, host, frames, cancel, opened)
         run.write(run.verdict_file, verdict)
         if verdict.ok:
-            run.write(run.exit_file, run_ranks(run, launch, host, frames, credentials, cancel))
+            run.write(run.exit_file, run_ranks(run, launch, host, frames, credentials, cancel, binds, opened))
     except CancelRequested:
         frames.kill()
         run.write(run.exit_file, ExitRecord(exit_code=128 + signal.SIGKILL, signal=signal.SIGKILL, canceled=True))
@@ -205,17 +232,26 @@ def supervise(run_path: Path, credentials: Mapping[str, str]) -> int:
     return 0
 
 
-def verify(run: RunDir, launch: Launch, host: Host, frames: Frames, cancel: Cancellation) -> Verdict:
-    """Run the probe in the job's frame; the verdict, with the persistence check made from outside."""
+def verify(run: RunDir, launch: Launch, host: Host, frames: Frames, cancel: Cancellation,
+           opened: Mapping[str, int]) -> Verdict:
+    """Run the probe in the job's frame (``opened``: the checked sources, see :mod:`.binding`),
+    with the probe's files; the verdict, with the persistence check made from outside."""
     plan = launch.plan
     checks, token = checklist(plan)
     run.probe_dir.mkdir(mode=0o700, exist_ok=True)
     atomic_write(run.probe_dir / "probe.sh", PROBE_SCRIPT.encode(), mode=0o600)
     atomic_write(run.probe_dir / "checklist", checklist_text(checks).encode(), mode=0o600)
     command = ["/bin/sh", f"{PROBE_DIR}/probe.sh", f"{PROBE_DIR}/checklist"]
-    frames.start(partial(frame_argv, plan, host, launch.results_host, command, probe_dir=str(run.probe_dir)),
-                 frame_env(plan), run.probe_log)
-    [ended] = frames.wait(cancel)
+    probe_fd = open_source(str(run.probe_dir))  # the supervisor's own directory, made just above
+    assert probe_fd is not None
+    try:
+        with_probe = {**opened, PROBE_DIR: probe_fd}
+        binds = frame_binds(plan, launch.results_host, str(run.probe_dir))
+        frames.start(partial(frame_argv, plan, host, binds, with_probe, command), frame_env(plan), run.probe_log,
+                     pass_fds=tuple(with_probe.values()))
+        [ended] = frames.wait(cancel)
+    finally:
+        os.close(probe_fd)
     if ended.setup_error is not None:
         return Verdict(ok=False, error=f"the frame could not start: {ended.setup_error}")
     verdict = parse_probe_output(run.probe_log.read_text(errors="replace"), checks, ended.exit_code)
@@ -237,8 +273,9 @@ def _token_seen(results_host: Path, token: str) -> tuple[bool, str]:
 
 
 def run_ranks(run: RunDir, launch: Launch, host: Host, frames: Frames, credentials: Mapping[str, str],
-              cancel: Cancellation) -> ExitRecord:
-    """Start one frame per node, record each at once, and wait for them (see the module docstring)."""
+              cancel: Cancellation, binds: Sequence[Bind], opened: Mapping[str, int]) -> ExitRecord:
+    """Start one frame per node (``binds`` from the checked sources ``opened``), record each at
+    once, and wait for them (see the module docstring)."""
     plan = launch.plan
     recorded: list[RankProcesses] = []
     join: Namespaces | None = None
@@ -250,9 +287,9 @@ def run_ranks(run: RunDir, launch: Launch, host: Host, frames: Frames, credentia
                 frames.kill()  # without rank 0's network no rank can reach it
                 return ExitRecord(exit_code=1, rank=rank, setup_error=f"rank 0 ended before rank {rank} could "
                                                                       "join its network namespace")
-            frame = frames.start(partial(frame_argv, plan, host, launch.results_host, plan.argv, rank=rank, join=join),
+            frame = frames.start(partial(frame_argv, plan, host, binds, opened, plan.argv, rank=rank, join=join),
                                  frame_env(plan, rank=rank, credentials=credentials), run.rank_log(rank), rank=rank,
-                                 pass_fds=join_fds)
+                                 pass_fds=(*join_fds, *opened.values()))
             recorded.append(RankProcesses(rank=rank, bwrap=frame.bwrap, sandbox=frame.sandbox))
             run.write(run.ranks_file, Ranks(ranks=recorded))
             if rank == 0 and plan.nodes > 1 and not plan.network:

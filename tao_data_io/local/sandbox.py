@@ -16,8 +16,10 @@ What the frame sees — what a pod would see, and nothing else of the host:
   like a container's writable layer: lost at exit), ``/dev/shm`` of ``plan.shm_size``;
 * each mount of the plan at its target (read-only where the plan says so), the results directory
   read-write from its host directory, and — for the verify probe only — the probe's files.
-  Binds use bubblewrap's ``-try`` forms: a missing source leaves its target absent, and the
-  verify probe, run inside, says so per path (preflight reports it earlier, on the host);
+  Each is bound from a descriptor the supervisor opened and checked (``--bind-fd``, see
+  :mod:`.binding`), never from a path that could be swapped meanwhile; a source with no
+  descriptor leaves its target absent, and the verify probe, run inside, says so per path
+  (preflight reports it earlier, on the host);
 * no capabilities (``--cap-drop ALL``): root in the frame obeys file modes like a pod's user
   does, so an unreadable input fails verification instead of passing for root, and no read-only
   bind can be remounted writable;
@@ -103,21 +105,23 @@ class Namespaces:
 
 
 @dataclass(frozen=True)
-class _Bind:
+class Bind:
+    """One bind of a frame: the host source (a path, opened by :mod:`.binding`) and its target."""
+
     source: str
     target: str
     read_only: bool
 
 
-def frame_argv(plan: LaunchPlan, host: Host, results_host: str, command: Sequence[str], *, rank: int = 0,
-               probe_dir: str | None = None, join: Namespaces | None = None,
+def frame_argv(plan: LaunchPlan, host: Host, binds: Sequence[Bind], opened: Mapping[str, int],
+               command: Sequence[str], *, rank: int = 0, join: Namespaces | None = None,
                status_fd: int | None = None) -> list[str]:
     """The argv that runs ``command`` in ``plan``'s frame (see the module docstring).
 
-    ``results_host`` is the host directory bound at ``plan.results_dir``; ``probe_dir`` the host
-    directory holding the probe's files (bound read-only at :data:`PROBE_DIR`, for the probe's
-    frame only); ``join`` rank 0's namespaces for a higher rank; ``status_fd`` a descriptor on
-    which bubblewrap reports the sandbox's pid and the command's exit code.
+    ``binds`` are :func:`frame_binds`; ``opened`` maps a bind's target to the descriptor of its
+    source (a bind without one is left out: its target stays absent); ``join`` rank 0's
+    namespaces for a higher rank; ``status_fd`` a descriptor on which bubblewrap reports the
+    sandbox's pid and the command's exit code.
     """
     argv: list[str] = []
     if join is not None:
@@ -129,8 +133,9 @@ def frame_argv(plan: LaunchPlan, host: Host, results_host: str, command: Sequenc
         argv.append("--share-net")
     argv += ["--new-session", "--cap-drop", "ALL", "--hostname", f"{plan.job_id}-{rank}", *userland_args(host.system),
              "--tmpfs", FRAME_TMP, "--size", str(quantity_bytes(plan.shm_size)), "--tmpfs", "/dev/shm"]
-    for bind in _binds(plan, results_host, probe_dir):
-        argv += ["--ro-bind-try" if bind.read_only else "--bind-try", bind.source, bind.target]
+    for bind in binds:
+        if bind.target in opened:
+            argv += ["--ro-bind-fd" if bind.read_only else "--bind-fd", str(opened[bind.target]), bind.target]
     if status_fd is not None:
         argv += ["--json-status-fd", str(status_fd)]
     return argv + ["--chdir", FRAME_TMP, "--", *command]
@@ -161,14 +166,16 @@ def mount_source(plan: LaunchPlan, mount: PlanMount) -> str:
     return mount.source if mount.origin == "pre-positioned" else posixpath.join(plan.staging_root, mount.source)
 
 
-def _binds(plan: LaunchPlan, results_host: str, probe_dir: str | None) -> list[_Bind]:
-    """Every bind of the frame, a parent before anything mounted inside it."""
-    binds: dict[str, _Bind] = {}
+def frame_binds(plan: LaunchPlan, results_host: str, probe_dir: str | None = None) -> list[Bind]:
+    """Every bind of the frame, a parent before anything mounted inside it: the plan's mounts,
+    the results directory (``results_host`` at ``plan.results_dir``) and, for the probe's frame
+    only, ``probe_dir`` (the probe's files, read-only at :data:`PROBE_DIR`)."""
+    binds: dict[str, Bind] = {}
     for mount in plan.mounts:  # aliases of one target share one source (the plan checked it)
-        binds.setdefault(mount.target, _Bind(mount_source(plan, mount), mount.target, mount.read_only))
-    binds[plan.results_dir] = _Bind(results_host, plan.results_dir, read_only=False)
+        binds.setdefault(mount.target, Bind(mount_source(plan, mount), mount.target, mount.read_only))
+    binds[plan.results_dir] = Bind(results_host, plan.results_dir, read_only=False)
     if probe_dir is not None:
-        binds[PROBE_DIR] = _Bind(probe_dir, PROBE_DIR, read_only=True)
+        binds[PROBE_DIR] = Bind(probe_dir, PROBE_DIR, read_only=True)
     return sorted(binds.values(), key=lambda bind: bind.target.count("/"))
 
 
