@@ -28,7 +28,7 @@ from tao_data_io.launch.plan import LaunchPlan, build_plan
 from tao_data_io.records import RecordStore
 from tao_data_io.request import JobRequest
 
-from .kube_standin import RESOURCES, Fault, KubeStandIn
+from .kube_standin import RESOURCES, TRAIN_SCRIPT, Fault, KubeStandIn
 
 NAMESPACE = "tao"
 STAGER = "registry.example.com/tao-data-io-stager:0.1.0"
@@ -477,6 +477,19 @@ def test_cancel_removes_what_a_submit_that_never_made_its_job_left(kube: KubeSta
     assert [r for r in kube.requests() if r.startswith("DELETE")] == [
         "DELETE /api/v1/namespaces/tao/configmaps/job-1-files?propagationPolicy=Foreground",
         "DELETE /api/v1/namespaces/tao/secrets/job-1-credentials?propagationPolicy=Foreground"]
+
+
+def test_cancel_of_a_finished_job_keeps_it_whole_for_collect(kube: KubeStandIn, tmp_path: Path) -> None:
+    """Backend.cancel of an ended job ends only what is left running: a finished Job's pods have
+    ended, and collect still reads its logs, so nothing is deleted (its TTL removes it)."""
+    kube.server.control.scripts["job-1"] = [*TRAIN_SCRIPT, "succeeded"]
+    backend = make_backend()
+    done = submit(tmp_path, job_request(), backend)
+    assert pipeline.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01).state == "COMPLETE"
+    before = every_object_of_ours(kube)
+    assert backend.cancel(done.backend_ref) is False
+    assert pipeline.cancel("job-1", backend, store_in(tmp_path)).state == "COMPLETE"
+    assert not [r for r in kube.requests() if r.startswith("DELETE")] and every_object_of_ours(kube) == before
 
 
 def test_collect_after_an_error_returns_the_log_tail_and_the_analysis(kube: KubeStandIn, tmp_path: Path) -> None:
