@@ -148,7 +148,7 @@ def backend(tmp_path: Path, sandbox: None) -> Iterator[LocalBackend]:
 # ----------------------------------------------------------------------------- the argv, pure
 ARITY = {"--ro-bind": 2, "--bind": 2, "--ro-bind-fd": 2, "--bind-fd": 2, "--symlink": 2, "--proc": 1, "--dev": 1,
          "--tmpfs": 1, "--size": 1, "--hostname": 1, "--cap-drop": 1, "--chdir": 1, "--json-status-fd": 1,
-         "--remount-ro": 1, "--unshare-all": 0, "--share-net": 0, "--new-session": 0}
+         "--remount-ro": 1, "--unshare-all": 0, "--as-pid-1": 0, "--share-net": 0, "--new-session": 0}
 HOST = Host(bwrap="/usr/bin/bwrap", system=(SystemDir("/usr"), SystemDir("/bin", "usr/bin"), SystemDir("/etc/passwd")),
             nsenter="/usr/bin/nsenter")
 
@@ -182,12 +182,13 @@ def test_frame_argv_unshares_everything_and_binds_exactly_the_plan(tmp_path: Pat
     found, command = options(argv)
     stage = tmp_path / "stage"
     assert command == ["sh", "-c", "true"]
-    assert found[:4] == [("--unshare-all",), ("--new-session",), ("--cap-drop", "ALL"), ("--hostname", "job-1-0")]
+    assert found[:5] == [("--unshare-all",), ("--as-pid-1",), ("--new-session",), ("--cap-drop", "ALL"),
+                         ("--hostname", "job-1-0")]
     assert ("--share-net",) not in found  # no network unless the plan asks
-    assert found[4:12] == [("--tmpfs", "/etc"), ("--ro-bind", "/usr", "/usr"), ("--symlink", "usr/bin", "/bin"),
+    assert found[5:13] == [("--tmpfs", "/etc"), ("--ro-bind", "/usr", "/usr"), ("--symlink", "usr/bin", "/bin"),
                            ("--ro-bind", "/etc/passwd", "/etc/passwd"), ("--remount-ro", "/etc"),
                            ("--proc", "/proc"), ("--dev", "/dev"), ("--tmpfs", "/tmp")]
-    assert found[12:14] == [("--size", str(64 * 1024**2)), ("--tmpfs", "/dev/shm")]
+    assert found[13:15] == [("--size", str(64 * 1024**2)), ("--tmpfs", "/dev/shm")]
     assert sorted((b.source, b.target, b.read_only) for b in binds) == sorted([
         (str(stage / "s3/bkt/data"), DATA, True),
         (str(stage / "config/spec.yaml"), CONFIG, True),
@@ -198,7 +199,7 @@ def test_frame_argv_unshares_everything_and_binds_exactly_the_plan(tmp_path: Pat
         ("/host/results/job-1", "/results", False)])  # nothing else of the host
     depths = [b.target.count("/") for b in binds]
     assert depths == sorted(depths)  # a parent before anything mounted inside it
-    assert found[14:-1] == [("--ro-bind-fd" if b.read_only else "--bind-fd", str(100 + n), b.target)
+    assert found[15:-1] == [("--ro-bind-fd" if b.read_only else "--bind-fd", str(100 + n), b.target)
                             for n, b in enumerate(binds)]  # each source by its checked descriptor, never a path
     assert found[-1] == ("--chdir", "/tmp")
 
@@ -296,7 +297,10 @@ def test_a_failing_job_reports_error_with_its_exit_code(tmp_path: Path, backend:
 
 
 def test_a_command_killed_by_sigkill_is_an_infrastructure_error(tmp_path: Path, backend: LocalBackend) -> None:
-    ref = backend.submit(make_plan(tmp_path, script="kill -9 $$")).backend_ref
+    # The command is its frame's pid 1, which (as a container's) ignores even SIGKILL from inside
+    # its namespace: the kernel's OOM killer is outside it. So a child of the command is killed,
+    # and the command exits with its status, as a shell entrypoint does.
+    ref = backend.submit(make_plan(tmp_path, script="sh -c 'kill -9 $$'")).backend_ref
     status = finished(backend, ref)
     assert (status.state, status.exit_code, status.err_class) == ("ERROR", 137, "ERR_INFRA"), status
     assert "SIGKILL" in status.message and "killed, possibly out of memory" in status.message

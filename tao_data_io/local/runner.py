@@ -15,8 +15,8 @@ later, in other processes, and read only the run directory).
 * **Ranks.** One frame per node, rank 0 first; each reports its sandbox's pid 1 through
   bubblewrap's ``--json-status-fd`` and is recorded in ``ranks.json`` at once, so a cancel from
   another process finds it. Output goes to ``rank-<N>.log``. When a rank's command ends, its
-  whole frame ends with it (:meth:`_Frame.end_namespace`), before anything is recorded; when a
-  rank fails the others are ended, as a Kubernetes Indexed Job with ``backoffLimit: 0`` does.
+  whole frame has ended with it (the command is the frame's pid 1), before anything is recorded;
+  when a rank fails the others are ended, as a Kubernetes Indexed Job with ``backoffLimit: 0`` does.
 * **Exit.** The first failure (or rank 0's exit) with its signal, or bubblewrap's own error when
   a frame never started, or ``canceled``.
 
@@ -110,11 +110,10 @@ class _Frame:
             self.status += chunk
 
     def end_namespace(self) -> None:
-        """End every process still in the frame once its command has ended, as a pod's containers
-        end with theirs: bubblewrap exits with the command, but the sandbox's pid 1 reaps orphans
-        until none is left, so whatever the command left behind (``nohup``, ``setsid``) would go on
-        with the frame's credentials and binds. Killing pid 1 ends the whole pid namespace; this
-        returns once the kernel has (pid 1 is gone only after every process of its namespace)."""
+        """Kill the frame's pid 1 — the command itself (``--as-pid-1``, see :mod:`.sandbox`) — which
+        ends the whole pid namespace, and return once the kernel has (pid 1 is gone only after
+        every other process of its namespace). A command that ends by itself needs none of this:
+        its exit ends its namespace the same way."""
         if self.sandbox is not None and self.sandbox.signal(signal.SIGKILL):
             _wait_gone(self.sandbox)
 
@@ -177,7 +176,6 @@ class Frames:
                 continue
             frame.proc.returncode = os.waitstatus_to_exitcode(status)
             ended.append(frame.ended())
-            frame.end_namespace()
             if ended[-1].failed:
                 self.kill()
         return ended

@@ -24,7 +24,12 @@ What the frame sees — what a pod would see, and nothing else of the host:
   does, so an unreadable input fails verification instead of passing for root, and no read-only
   bind can be remounted writable;
 * its own session (``--new-session``: no terminal to inject keystrokes into). There is no
-  ``--die-with-parent``: the job outlives whoever submitted it.
+  ``--die-with-parent``: the job outlives whoever submitted it;
+* the command as pid 1 of its pid namespace (``--as-pid-1``), as a container's entrypoint is:
+  when it ends, the kernel ends every other process of the frame with it — what it left in
+  the background (``nohup``, ``setsid``) included — and a process of the job that stops pid 1
+  (``ptrace``) stops the command itself, so the job is then truly still running. (bubblewrap's
+  own reaper as pid 1 would outlive the command for as long as any orphan ran.)
 
 Environment: bubblewrap passes its own environment on, so the caller starts it with exactly
 :func:`frame_env` — never ``--setenv``, because argv is world-readable in ``/proc``.
@@ -128,7 +133,7 @@ def frame_argv(plan: LaunchPlan, host: Host, binds: Sequence[Bind], opened: Mapp
         if host.nsenter is None:
             raise ValueError("joining rank 0's namespaces needs nsenter")
         argv += [host.nsenter, f"--user={join.user}", f"--net={join.net}", "--"]
-    argv += [host.bwrap, "--unshare-all"]
+    argv += [host.bwrap, "--unshare-all", "--as-pid-1"]
     if plan.network or join is not None:
         argv.append("--share-net")
     argv += ["--new-session", "--cap-drop", "ALL", "--hostname", f"{plan.job_id}-{rank}", *userland_args(host.system),
