@@ -556,6 +556,68 @@ def test_a_mount_source_that_keeps_flipping_never_binds_what_was_not_checked(
     assert finished(backend, ref).state == "COMPLETE" and backend.logs(ref) == "only data here\n"
 
 
+def test_a_results_directory_planted_as_a_symlink_is_never_bound(tmp_path: Path, backend: LocalBackend,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``$TAO_RESULTS_ROOT/<job id>`` is where tao-data-io makes the results directory; a symlink
+    planted there (by an earlier job that could write the root) is refused, not followed."""
+    home, secret = _credentials_home(tmp_path, monkeypatch)
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "job-1").symlink_to(home / ".aws")
+    route = OutputRoute(route="mount", destination=str(tmp_path / "shared" / "job-1"), reason="TAO_RESULTS_ROOT")
+    plan = make_plan(tmp_path, script='cat "$TAO_RESULTS_DIR/credentials"; touch "$TAO_RESULTS_DIR/planted"',
+                     route=route)
+    with pytest.raises(UsageError, match="not where tao-data-io made it") as refused:
+        backend.submit(plan)
+    assert str(home / ".aws") in str(refused.value)
+    assert sorted(p.name for p in (home / ".aws").iterdir()) == ["credentials"]
+
+
+def test_a_staged_input_replaced_by_a_symlink_is_never_bound(tmp_path: Path, backend: LocalBackend,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A staged source lies exactly where staging wrote it, below the staging root: one that
+    became a symlink (anyone who can write the staging tree) is refused, wherever it leads."""
+    home, secret = _credentials_home(tmp_path, monkeypatch)
+    plan = make_plan(tmp_path, script="cat /tao-inputs/s3/bkt/data/credentials")
+    staged = tmp_path / "stage" / "s3/bkt/data"
+    for child in staged.iterdir():
+        child.unlink()
+    staged.rmdir()
+    staged.symlink_to(home / ".aws")
+    with pytest.raises(UsageError, match="not where tao-data-io made it"):
+        backend.preflight(plan)
+    with pytest.raises(UsageError, match="not where tao-data-io made it"):
+        backend.submit(plan)
+
+
+@pytest.mark.parametrize("where", ["a dot-directory of a home from the password database", "/var", "the results root"])
+def test_mount_sources_that_would_show_the_host_are_refused(tmp_path: Path, backend: LocalBackend,
+                                                            monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """Whatever ``HOME`` says: every user's home (from the password database) and its
+    dot-directories, ``/var`` (cron spools and services' state that run as root), and a directory
+    that holds ``$TAO_RESULTS_ROOT`` (every job's results, writable) are not mountable."""
+    monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))
+    made: Path | None = None
+    if where == "/var":
+        source = "/var/spool"
+    elif where == "the results root":
+        (tmp_path / "shared").mkdir()
+        monkeypatch.setenv("TAO_RESULTS_ROOT", str(tmp_path / "shared"))
+        source = str(tmp_path / "shared")
+    else:
+        import pwd
+        made = Path(pwd.getpwuid(os.getuid()).pw_dir) / f".tao-data-io-test-{uuid.uuid4().hex}"
+        made.mkdir()
+        source = str(made)
+    try:
+        plan = make_plan(tmp_path, script="true", mounts=[{"source": source, "target": "/mounted"}])
+        with pytest.raises(UsageError, match=f"mount source '{source}' .*is refused") as refused:
+            backend.preflight(plan)
+        assert "mount only the directories" in str(refused.value)
+    finally:
+        if made is not None:
+            made.rmdir()
+
+
 def test_a_verify_that_times_out_cancels_the_job(tmp_path: Path, backend: LocalBackend) -> None:
     fifo = tmp_path / "never-written"
     os.mkfifo(fifo)  # the probe's read of it blocks: there is no writer
