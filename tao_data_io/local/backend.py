@@ -18,6 +18,7 @@ CLI call, a restarted Prefect worker — can follow a job submitted by another.
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -35,7 +36,8 @@ from ..launch.plan import LaunchPlan
 from ..launch.probe import Verdict
 from ..names import is_job_id
 from ..tier import ClusterFacts
-from ..vocabulary import DEFAULT_RECORDS_ROOT, JOBS_DIR_VARIABLE, RECORDS_VARIABLE
+from ..routing import RESULTS_ROOT_VARIABLE
+from ..vocabulary import DEFAULT_RECORDS_ROOT, DEFAULT_WORKDIR, JOBS_DIR_VARIABLE, RECORDS_VARIABLE, WORKDIR_VARIABLE
 from .preflight import (BWRAP_INSTALL, NSENTER_INSTALL, SourceRules, check_binds, check_paths, check_sandbox,
                         find_tool, needs_nsenter)
 from .process import ProcessId
@@ -90,20 +92,26 @@ class LocalBackend:
         check_binds(plan, frame_binds(plan, self._results_host(plan)), self._source_rules())
 
     def _source_rules(self) -> SourceRules:
-        return SourceRules(package_root=_PACKAGE_ROOT_PATH, private=self._private_dirs(), home=_home())
-
-    def _private_dirs(self) -> list[Path]:
-        """Where tao-data-io keeps state a job must not see: the work root (other jobs), the job
-        record directories, and the hidden directories of the home (credentials live there)."""
+        """What no pre-positioned source may show (see :func:`.preflight.source_refusal`): the work
+        root (other jobs), the staging work directory, the job record directories and every home's
+        hidden directories (credentials live there) are private; every home — the password
+        database's, whatever ``HOME`` says, and ``HOME`` — and the results root are never mounted
+        whole."""
         env = os.environ
-        dirs = [self.workdir_root]
-        dirs += [Path(value).expanduser() for value in (env.get(RECORDS_VARIABLE), env.get(JOBS_DIR_VARIABLE),
-                                                         DEFAULT_RECORDS_ROOT)
-                 if value and not value.startswith("s3://")]
-        home = _home()
-        if home is not None and home.is_dir():
-            dirs += [entry for entry in home.iterdir() if entry.name.startswith(".")]
-        return [Path(os.path.realpath(d)) for d in dirs]
+        private = [self.workdir_root]
+        private += [Path(value).expanduser() for value in (env.get(RECORDS_VARIABLE), env.get(JOBS_DIR_VARIABLE),
+                                                            DEFAULT_RECORDS_ROOT, env.get(WORKDIR_VARIABLE),
+                                                            DEFAULT_WORKDIR)
+                    if value and not value.startswith("s3://")]
+        homes = _homes()
+        for home in homes:
+            try:
+                private += [entry for entry in home.iterdir() if entry.name.startswith(".")]
+            except OSError:  # a home that is not there, or not a directory
+                continue
+        whole = [*homes, *([Path(env[RESULTS_ROOT_VARIABLE])] if env.get(RESULTS_ROOT_VARIABLE) else [])]
+        return SourceRules(package_root=_PACKAGE_ROOT_PATH, private=[_real(p) for p in private],
+                           whole=[_real(p) for p in whole])
 
     # ------------------------------------------------------------------ submit
     def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None,
@@ -333,7 +341,13 @@ def _wait_until_ended(processes: list[ProcessId], timeout: float) -> None:
             return
 
 
-def _home() -> Path | None:
-    """The home directory of whoever submits (what a mount must never expose whole)."""
-    home = os.environ.get("HOME")
-    return Path(os.path.realpath(home)) if home else None
+def _homes() -> list[Path]:
+    """Every home directory on this host: each user's in the password database, and ``HOME``."""
+    homes = {Path(entry.pw_dir) for entry in pwd.getpwall() if entry.pw_dir.startswith("/") and entry.pw_dir != "/"}
+    if os.environ.get("HOME"):
+        homes.add(Path(os.environ["HOME"]))
+    return sorted(homes)
+
+
+def _real(path: Path) -> Path:
+    return Path(os.path.realpath(path))

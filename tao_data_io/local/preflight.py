@@ -18,7 +18,7 @@ from pathlib import Path
 from ..errors import UsageError
 from ..launch.plan import LaunchPlan
 from ..routing import RESULTS_ROOT_VARIABLE
-from .binding import BoundSource, identify, open_source
+from .binding import BoundSource, identify, open_source, resolved_path
 from .sandbox import FRAME_PATH, Bind, Host, SystemDir, mount_source, trivial_argv
 
 BWRAP_INSTALL = "install it: apt-get install bubblewrap (Debian, Ubuntu), dnf install bubblewrap (Fedora, RHEL)"
@@ -55,9 +55,10 @@ def check_sandbox(bwrap: str, system: Sequence[SystemDir]) -> None:
 
 
 #: Host directories no pre-positioned source may be, hold or lie in: the frame's own system, the
-#: kernel's views and the host's runtime state.
+#: kernel's views, the host's runtime state and ``/var`` (cron spools and services' state, run as
+#: root on the host).
 _SYSTEM_ROOTS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr",
-                 "/var/run")
+                 "/var")
 
 
 @dataclass(frozen=True)
@@ -66,39 +67,43 @@ class SourceRules:
 
     #: The code the supervisor imports: read-only at most.
     package_root: Path
-    #: tao-data-io's own state and the home's hidden directories: never, in or around.
+    #: Never mounted, nor anything in or around them: tao-data-io's own state and every home's
+    #: hidden directories (credentials live there).
     private: Sequence[Path]
-    home: Path | None
+    #: Never mounted whole (a directory inside may be): every user's home, and the results root
+    #: that holds every job's results.
+    whole: Sequence[Path]
 
 
 def source_refusal(source: Path, read_only: bool, rules: SourceRules) -> str | None:
     """Why the object at ``source`` (its own path, symlinks resolved) may not be mounted, or None.
 
     A request names its mounts, and a request can come from anyone who can reach a deployment:
-    so no source may be ``/`` or a system directory (or lie in one), no source may hold the
-    user's home directory, no source may hold or lie in tao-data-io's private state (job records,
-    other jobs' work directories) or a dot-directory of the home such as ``~/.ssh``, and the code
-    the supervisor imports may be mounted read-only at most — a writable mount there would let
-    one job plant code that runs outside every frame, with the next job's credentials.
+    so no source may be ``/`` or a system directory (or lie in one), no source may hold a home
+    directory or the results root, no source may hold or lie in tao-data-io's private state (job
+    records, work directories) or a dot-directory of a home such as ``~/.ssh``, and the code the
+    supervisor imports may be mounted read-only at most — a writable mount there would let one
+    job plant code that runs outside every frame, with the next job's credentials.
     """
     if str(source) == "/" or any(_inside(source, Path(root)) for root in _SYSTEM_ROOTS):
         return "it is (or lies in) a system directory of this host"
-    if rules.home is not None and _inside(rules.home, source):
-        return f"it holds the home directory {rules.home}"
-    if any(_inside(source, root) or _inside(root, source) for root in rules.private):
-        return ("it holds or lies in tao-data-io's own state (job records, job work directories) or a hidden "
-                "directory of the home (~/.ssh, ~/.aws, …)")
+    held = next((whole for whole in rules.whole if _inside(whole, source)), None)
+    if held is not None:
+        return f"it holds {held}, a home directory or the results root"
+    private = next((root for root in rules.private if _inside(source, root) or _inside(root, source)), None)
+    if private is not None:
+        return (f"it holds or lies in {private}: tao-data-io's own state (job records, work directories) or a hidden "
+                "directory of a home (~/.ssh, ~/.aws, …)")
     if not read_only and (_inside(rules.package_root, source) or _inside(source, rules.package_root)):
-        return (f"it would let the job write the code this backend runs ({rules.package_root}); mount it read-only, "
-                "or mount a directory of data")
+        return f"it would let the job write the code this backend runs ({rules.package_root}); mount it read-only"
     return None
 
 
 def check_binds(plan: LaunchPlan, binds: Sequence[Bind], rules: SourceRules) -> dict[str, BoundSource]:
     """Open each bind's source once (:func:`~.binding.open_source`), refuse a pre-positioned one
-    that :func:`source_refusal` names, and return target → the identity of each object checked
+    that :func:`source_refusal` names and one of ours that is no longer exactly where it was made
+    (a symlink planted on its way), and return target → the identity of each object checked
     (what the supervisor binds, and only that: see :mod:`.binding`)."""
-    prepositioned = {mount.target for mount in plan.mounts if mount.origin == "pre-positioned"}
     checked: dict[str, BoundSource] = {}
     for bind in binds:
         fd = open_source(bind.source)
@@ -108,12 +113,32 @@ def check_binds(plan: LaunchPlan, binds: Sequence[Bind], rules: SourceRules) -> 
             found = identify(bind.source, fd)
         finally:
             os.close(fd)
-        problem = source_refusal(Path(found.resolved), bind.read_only, rules) if bind.target in prepositioned else None
-        if problem:
-            raise UsageError(f"mount source {bind.source!r} (target {bind.target}) is refused: {problem}; mount only "
-                             "the directories the job reads or writes")
+        if bind.root is not None:
+            expected = _made_at(bind)
+            if found.resolved != expected:
+                raise UsageError(f"{bind.source} (for {bind.target}) is not where tao-data-io made it: it leads to "
+                                 f"{found.resolved}, not {expected} (a symlink on its way). Nothing was bound: remove "
+                                 "it, then stage and submit again")
+        else:
+            problem = source_refusal(Path(found.resolved), bind.read_only, rules)
+            if problem:
+                raise UsageError(f"mount source {bind.source!r} (target {bind.target}) leads to {found.resolved}, which "
+                                 f"is refused: {problem}; mount only the directories the job reads or writes")
         checked[bind.target] = found
     return checked
+
+
+def _made_at(bind: Bind) -> str:
+    """Where a source tao-data-io made must be: its root as the kernel names it, and below that
+    exactly the path it was made at."""
+    assert bind.root is not None
+    root = open_source(bind.root)
+    if root is None:
+        return bind.source
+    try:
+        return os.path.join(resolved_path(root), os.path.relpath(bind.source, bind.root))
+    finally:
+        os.close(root)
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -116,6 +116,10 @@ class Bind:
     source: str
     target: str
     read_only: bool
+    #: For a source tao-data-io made (a staged input, the results directory, the probe's files):
+    #: the directory it was made beneath, where it must still lie exactly, with no symlink on
+    #: the way. None for a pre-positioned source, which the request names.
+    root: str | None = None
 
 
 def frame_argv(plan: LaunchPlan, host: Host, binds: Sequence[Bind], opened: Mapping[str, int],
@@ -177,10 +181,12 @@ def frame_binds(plan: LaunchPlan, results_host: str, probe_dir: str | None = Non
     only, ``probe_dir`` (the probe's files, read-only at :data:`PROBE_DIR`)."""
     binds: dict[str, Bind] = {}
     for mount in plan.mounts:  # aliases of one target share one source (the plan checked it)
-        binds.setdefault(mount.target, Bind(mount_source(plan, mount), mount.target, mount.read_only))
-    binds[plan.results_dir] = Bind(results_host, plan.results_dir, read_only=False)
+        root = None if mount.origin == "pre-positioned" else plan.staging_root
+        binds.setdefault(mount.target, Bind(mount_source(plan, mount), mount.target, mount.read_only, root))
+    binds[plan.results_dir] = Bind(results_host, plan.results_dir, read_only=False,
+                                   root=posixpath.dirname(results_host))
     if probe_dir is not None:
-        binds[PROBE_DIR] = Bind(probe_dir, PROBE_DIR, read_only=True)
+        binds[PROBE_DIR] = Bind(probe_dir, PROBE_DIR, read_only=True, root=posixpath.dirname(probe_dir))
     return sorted(binds.values(), key=lambda bind: bind.target.count("/"))
 
 
