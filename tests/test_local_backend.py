@@ -618,6 +618,26 @@ def test_mount_sources_that_would_show_the_host_are_refused(tmp_path: Path, back
             made.rmdir()
 
 
+@pytest.mark.parametrize("planted", ["fifo", "symlink"])
+def test_the_persistence_check_never_follows_or_blocks_on_what_the_results_hold(
+        tmp_path: Path, backend: LocalBackend, planted: str) -> None:
+    """The results directory is the job's (an earlier attempt's, on a mount route): a FIFO or a
+    symlink to a host file where the probe's token goes is replaced by the probe (which writes a
+    fresh file), so it neither hangs the probe nor writes through to the host; the supervisor
+    reads the token through the directory's descriptor, never following or blocking."""
+    (tmp_path / "shared" / "job-1").mkdir(parents=True)
+    token = tmp_path / "shared" / "job-1" / ".tao-data-io-verify"
+    os.mkfifo(token) if planted == "fifo" else token.symlink_to("/etc/hostname")
+    route = OutputRoute(route="mount", destination=str(tmp_path / "shared" / "job-1"), reason="TAO_RESULTS_ROOT")
+    plan = make_plan(tmp_path, script="true", route=route)
+    hostname = Path("/etc/hostname").read_bytes()
+    ref = backend.submit(plan).backend_ref
+    verdict = backend.verify(ref, plan, timeout=DEADLINE_S)
+    assert verdict.ok, verdict.describe()
+    assert finished(backend, ref).state == "COMPLETE" and Path("/etc/hostname").read_bytes() == hostname
+    assert not token.exists() and not token.is_symlink()  # the supervisor removed the token it read
+
+
 def test_a_verify_that_times_out_cancels_the_job(tmp_path: Path, backend: LocalBackend) -> None:
     fifo = tmp_path / "never-written"
     os.mkfifo(fifo)  # the probe's read of it blocks: there is no writer

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -41,7 +42,7 @@ from pathlib import Path
 from types import FrameType
 
 from ..credentials import Redactor
-from ..fs import atomic_write, remove_if_exists
+from ..fs import atomic_write
 from ..launch.plan import PROBE_DIR
 from ..launch.probe import PROBE_SCRIPT, TOKEN_FILE, Verdict, checklist, checklist_text, parse_probe_output, \
     with_persistence
@@ -253,18 +254,28 @@ def verify(run: RunDir, launch: Launch, host: Host, frames: Frames, cancel: Canc
     if ended.setup_error is not None:
         return Verdict(ok=False, error=f"the frame could not start: {ended.setup_error}")
     verdict = parse_probe_output(run.probe_log.read_text(errors="replace"), checks, ended.exit_code)
-    seen, detail = _token_seen(Path(launch.results_host), token)
+    results_fd = opened.get(plan.results_dir)
+    seen, detail = ((False, f"the results directory {launch.results_host} is not on this host") if results_fd is None
+                    else _token_seen(Path(launch.results_host), results_fd, token))
     return with_persistence(verdict, plan.results_dir, seen, detail)
 
 
-def _token_seen(results_host: Path, token: str) -> tuple[bool, str]:
-    """Whether the token the probe wrote inside the frame is in the host directory; removes it."""
+def _token_seen(results_host: Path, results_fd: int, token: str) -> tuple[bool, str]:
+    """Whether the token the probe wrote inside the frame is in the host directory (read through
+    the bound directory's descriptor, never following a link, never blocking on a FIFO, never
+    reading more than a token's size: the directory is the job's); removes it."""
     path = results_host / TOKEN_FILE
     try:
-        found = path.read_text(errors="replace")
+        fd = os.open(TOKEN_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=results_fd)
     except (FileNotFoundError, NotADirectoryError):
         return False, f"the token written inside the frame is not in {results_host} on this host"
-    remove_if_exists(path)
+    except OSError as exc:  # ELOOP: a symlink; ENXIO: a socket
+        return False, f"{path} is not the token file the probe writes ({exc.strerror})"
+    try:
+        found = os.read(fd, len(token) + 1).decode(errors="replace") if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    finally:
+        os.close(fd)
+    os.unlink(TOKEN_FILE, dir_fd=results_fd)
     if found != token:
         return False, f"{path} holds another token than the one this probe wrote"
     return True, f"the token written inside the frame was seen in {results_host} on this host"
