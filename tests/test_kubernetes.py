@@ -28,7 +28,7 @@ from tao_data_io.request import JobRequest, load_request
 from tao_data_io.staging.stage import plan_stage
 from tao_data_io.tier import TierDecision
 
-from .helpers import run_cli
+from .helpers import run_cli, torchrun_arguments
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 S3_ROUTE = OutputRoute(route="s3", destination="s3://tao-results/results/{id}/", reason="S3_BUCKET_NAME is set")
@@ -192,6 +192,56 @@ def test_multi_node_indexed_job_and_headless_service(tmp_path: Path) -> None:
     assert env["NODE_RANK"] == {"fieldRef": {"fieldPath":
                                              "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("job-1-0.job-1", "29500")
+
+
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+
+
+def pod_environment(container: dict[str, Any], index: int) -> dict[str, str]:
+    """The variables the kubelet gives ``container`` in the pod of completion index ``index``:
+    each ``value`` with ``$$`` read as ``$`` (the kubelet's escape), and the downward API's
+    completion index from the annotation the Job controller puts on that pod. Credentials
+    (``secretKeyRef``) are left out: a Secret holds them, not the render."""
+    env = {}
+    for item in container["env"]:
+        if "value" in item:
+            env[item["name"]] = item["value"].replace("$$", "$")
+        elif "fieldRef" in item["valueFrom"]:
+            assert item["valueFrom"]["fieldRef"] == {"fieldPath": COMPLETION_INDEX}, item
+            env[item["name"]] = str(index)
+        else:
+            assert set(item["valueFrom"]) == {"secretKeyRef"}, item
+    return env
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_torchrun_takes_its_rendezvous_from_each_pods_environment(tmp_path: Path, index: int) -> None:
+    """torchrun's own parser, built in the environment the pod of completion index ``index`` gets,
+    takes the node count, the GPUs per node, the rank and rank 0's address and port from it (its
+    ``PET_*`` defaults) — for a bare command line and for the example's; TAO's Lightning-based
+    entrypoints read ``WORLD_SIZE`` (the node count), ``NUM_GPU_PER_NODE``, ``NODE_RANK`` and
+    ``MASTER_ADDR``/``MASTER_PORT``."""
+    request = load_request(EXAMPLES / "multi-node.yaml")
+    rendered = render(request, tmp_path, "C")
+    validate(rendered)
+    service = next(o for o in rendered.objects if o["kind"] == "Service")
+    job = rendered.objects[-1]
+    pod = training_pod(rendered)
+    assert pod["subdomain"] == service["metadata"]["name"]
+    rank_0 = f"{job['metadata']['name']}-0.{pod['subdomain']}"  # the Job controller names pod 0's host <job>-0
+    port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "rendezvous")
+    nodes, gpus = request.compute_shape.nodes, request.compute_shape.gpus
+    train = pod["containers"][0]
+    env = pod_environment(train, index)
+    assert train["command"][0] == "torchrun"
+    for argv in (["train.py"], train["command"][1:]):
+        args = torchrun_arguments(env, argv)
+        assert (args.nnodes, args.nproc_per_node, args.node_rank, args.master_addr, args.master_port) == (
+            str(nodes), str(gpus), index, rank_0, port), argv
+    tao = {name: env.get(name) for name in ("WORLD_SIZE", "NUM_GPU_PER_NODE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    assert tao == {"WORLD_SIZE": str(nodes), "NUM_GPU_PER_NODE": str(gpus), "NODE_RANK": str(index),
+                   "MASTER_ADDR": rank_0, "MASTER_PORT": str(port)}
+    assert not {"NNODES", "NPROC_PER_NODE"} & set(env)  # nothing reads them: torchrun reads PET_*
 
 
 def test_tier_b_stage_job_shards_into_the_claims_cache(tmp_path: Path) -> None:

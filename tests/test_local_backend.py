@@ -30,14 +30,14 @@ from tao_data_io.launch.plan import PROBE_DIR, LaunchPlan, build_plan
 from tao_data_io.local.backend import LocalBackend
 from tao_data_io.local.preflight import BWRAP_INSTALL, find_tool
 from tao_data_io.local.process import proc_stat
-from tao_data_io.local.sandbox import (FRAME_PATH, Host, Namespaces, SystemDir, frame_argv, frame_env,
-                                       host_system_dirs)
+from tao_data_io.local.sandbox import (FRAME_PATH, MASTER_ADDR, MASTER_PORT, Host, Namespaces, SystemDir, frame_argv,
+                                       frame_env, host_system_dirs)
 from tao_data_io.records import JobRecord, OutputRoute
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage_map import StagedSource, StagingMap
 from tao_data_io.tier import TierDecision
 
-from .helpers import DEADLINE_S, wait_for
+from .helpers import DEADLINE_S, torchrun_arguments, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 STAND_IN = REPO / "examples" / "stand_in"
@@ -226,6 +226,16 @@ def test_frame_env_is_built_not_inherited(tmp_path: Path, nodes: int, rank: int,
     env = frame_env(plan, rank=rank, credentials={"HF_TOKEN": "forwarded-value"})
     assert env == {"PATH": FRAME_PATH, "LANG": "C.UTF-8", "HOME": "/tmp", "DECLARED": "yes", "TAO_JOB_ID": "job-1",
                    "TAO_RESULTS_DIR": "/results", **extra, "HF_TOKEN": "forwarded-value"}
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_torchrun_takes_its_rendezvous_from_the_frame_environment(tmp_path: Path, rank: int) -> None:
+    """torchrun's own parser, built in a rank's frame environment, takes the node count, the GPUs
+    per node, the rank and rank 0's address and port from it (its ``PET_*`` defaults)."""
+    plan = make_plan(tmp_path, script="true", nodes=2)
+    args = torchrun_arguments(frame_env(plan, rank=rank), ["train.py"])
+    assert (args.nnodes, args.nproc_per_node, args.node_rank, args.master_addr, args.master_port) == (
+        str(plan.nodes), str(plan.gpus), rank, MASTER_ADDR, MASTER_PORT)
 
 
 # ----------------------------------------------------------------------------- real frames
@@ -538,6 +548,42 @@ def test_ranks_reach_rank_0_on_a_loopback_private_to_the_job(tmp_path: Path, bac
     results = Path(str(backend.results_path(ref)))
     assert (results / "rank-0").read_text() == "hello from rank 1"
     assert (results / "rank-1").read_text() == "host loopback unreachable"
+
+
+ALL_REDUCE = """
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+value = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(value)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()}: all-reduced {value.item():g}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_two_ranks_rendezvous_through_torchrun_and_all_reduce(tmp_path: Path, backend: LocalBackend) -> None:
+    """torchrun in each of two frames, told nothing but the node count, GPUs per node and the
+    backend (rank and rank 0's address come from the frame's environment), brings up a gloo
+    process group across them: each rank's worker sees the sum of both ranks' values. The frame
+    runs the host's Python (the venv's lives outside the frame) with torch's site-packages
+    mounted read-only."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (make test installs it)")
+    if not Path("/usr/bin/python3.11").exists():
+        pytest.skip("the host userland has no /usr/bin/python3.11 (the ABI of the venv's torch)")
+    site_packages = str(Path(torch.__file__).resolve().parents[1])
+    plan = make_plan(tmp_path, nodes=2, command=[
+        "/usr/bin/python3.11", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+        "--rdzv-backend=static", "/control/all_reduce.py"],
+        environment={"PYTHONPATH": "/opt/torch-site-packages"},
+        mounts=[{"source": site_packages, "target": "/opt/torch-site-packages"}])
+    (control(tmp_path) / "all_reduce.py").write_text(ALL_REDUCE)
+    ref = backend.submit(plan).backend_ref
+    assert finished(backend, ref).state == "COMPLETE", backend.logs(ref)
+    logs = backend.logs(ref)
+    world = plan.nodes  # one worker per node
+    for rank in range(world):  # the sum of every worker's rank + 1
+        assert f"[rank {rank}] rank {rank} of {world}: all-reduced {sum(range(1, world + 1))}" in logs, logs
 
 
 # ----------------------------------------------------------------------------- preflight and lookups
