@@ -36,6 +36,7 @@ STAGER = "registry.example.com/tao-data-io-stager:0.1.0"
 SECRET_ENV = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEY12345", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI-very-secret",
               "AWS_ENDPOINT_URL": "http://s3.internal:8333", "NGC_KEY": "nvapi-secret-ngc-key-987"}
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
 
 def _record(job_id: str, tier: str) -> JobRecord:
@@ -188,13 +189,11 @@ def test_multi_node_indexed_job_and_headless_service(tmp_path: Path) -> None:
     pod = training_pod(rendered)
     assert pod["subdomain"] == service["metadata"]["name"] == "job-1"
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["containers"][0]["env"]}
-    assert (env["WORLD_SIZE"], env["NNODES"], env["NUM_GPU_PER_NODE"], env["NPROC_PER_NODE"]) == ("4", "4", "8", "8")
-    assert env["NODE_RANK"] == {"fieldRef": {"fieldPath":
-                                             "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
-    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("job-1-0.job-1", "29500")
-
-
-COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert (env["WORLD_SIZE"], env["PET_NNODES"], env["NUM_GPU_PER_NODE"], env["PET_NPROC_PER_NODE"]) == (
+        "4", "4", "8", "8")
+    assert env["NODE_RANK"] == env["PET_NODE_RANK"] == {"fieldRef": {"fieldPath": COMPLETION_INDEX}}
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (env["PET_MASTER_ADDR"], env["PET_MASTER_PORT"]) == (
+        "job-1-0.job-1", "29500")
 
 
 def pod_environment(container: dict[str, Any], index: int) -> dict[str, str]:
@@ -345,6 +344,13 @@ def test_adversarial_a_secret_smuggled_into_environment_is_refused_by_the_render
     with pytest.raises(UsageError, match="environment 'LEARNING_RATE' holds the value of a credential") as info:
         render(req(), tmp_path, "C", plan=bad, environ=dict(SECRET_ENV))
     assert SECRET_ENV["AWS_SECRET_ACCESS_KEY"] not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["PET_NODE_RANK", "MASTER_ADDR", "WORLD_SIZE"])
+def test_adversarial_a_multi_node_jobs_environment_cannot_set_its_rendezvous(tmp_path: Path, name: str) -> None:
+    with pytest.raises(UsageError, match=rf"environment sets \['{name}'\], which a multi-node job's rendezvous sets"):
+        render(req(compute_shape={"nodes": 2}, environment={name: "0"}), tmp_path, "C")
+    render(req(environment={name: "0"}), tmp_path, "C")  # one node: no rendezvous, the name is the job's
 
 
 def test_adversarial_a_300_character_job_id_gets_valid_names(tmp_path: Path) -> None:

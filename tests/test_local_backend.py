@@ -27,11 +27,12 @@ import pytest
 from tao_data_io.errors import UsageError
 from tao_data_io.launch.backend import Backend, JobStatus, backend_for
 from tao_data_io.launch.plan import PROBE_DIR, LaunchPlan, build_plan
+from tao_data_io.launch.rendezvous import MASTER_PORT
 from tao_data_io.local.backend import LocalBackend
 from tao_data_io.local.preflight import BWRAP_INSTALL, find_tool
 from tao_data_io.local.process import proc_stat
-from tao_data_io.local.sandbox import (FRAME_PATH, MASTER_ADDR, MASTER_PORT, Host, Namespaces, SystemDir, frame_argv,
-                                       frame_env, host_system_dirs)
+from tao_data_io.local.sandbox import (FRAME_PATH, MASTER_ADDR, Host, Namespaces, SystemDir, frame_argv, frame_env,
+                                       host_system_dirs)
 from tao_data_io.records import JobRecord, OutputRoute
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage_map import StagedSource, StagingMap
@@ -218,7 +219,8 @@ def test_argv_never_carries_an_environment_value(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("nodes", "rank", "extra"), [
     (1, 0, {}),
-    (2, 1, {"WORLD_SIZE": "2", "NUM_GPU_PER_NODE": "1", "NNODES": "2", "NPROC_PER_NODE": "1", "NODE_RANK": "1",
+    (2, 1, {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "127.0.0.1",
+            "PET_MASTER_PORT": "29500", "WORLD_SIZE": "2", "NUM_GPU_PER_NODE": "1", "NODE_RANK": "1",
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}),
 ], ids=["one-node", "rank-1-of-2"])
 def test_frame_env_is_built_not_inherited(tmp_path: Path, nodes: int, rank: int, extra: dict[str, str]) -> None:
@@ -504,8 +506,9 @@ def test_two_ranks_run_with_the_rendezvous_variables(tmp_path: Path, backend: Lo
     assert finished(backend, ref).state == "COMPLETE", backend.logs(ref)
     logs = backend.logs(ref)
     for rank in (0, 1):
-        assert (f"[rank {rank}] train.sh[rank {rank}]: rendezvous: WORLD_SIZE=2 NNODES=2 NODE_RANK={rank} "
-                "NPROC_PER_NODE=1 NUM_GPU_PER_NODE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500") in logs
+        assert (f"[rank {rank}] train.sh[rank {rank}]: rendezvous: WORLD_SIZE=2 NUM_GPU_PER_NODE=1 NODE_RANK={rank} "
+                f"MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 PET_NNODES=2 PET_NPROC_PER_NODE=1 PET_NODE_RANK={rank} "
+                "PET_MASTER_ADDR=127.0.0.1 PET_MASTER_PORT=29500") in logs
     assert sorted((control(tmp_path) / "started").read_text().splitlines()) == ["rank 0 started", "rank 1 started"]
     assert len(json.loads((backend.workdir_root / "job-1" / "run" / "ranks.json").read_text())["ranks"]) == 2
 

@@ -40,6 +40,7 @@ from ..errors import UsageError
 from ..fs import check_relative
 from ..launch.plan import PROBE_DIR, LaunchPlan, PlanMount, refuse_smuggled_secrets
 from ..launch.probe import PROBE_SCRIPT, TOKEN_FILE, Check, checklist, checklist_text
+from ..launch.rendezvous import MASTER_PORT, RENDEZVOUS_NAMES, rendezvous_env
 from ..names import check_env_name, k8s_name_for
 from ..records import JobRecord
 from ..request import JobRequest, check_container_path
@@ -52,7 +53,6 @@ JOB_ID_LABEL = "tao-data-io/job-id"
 #: ``kubectl apply -l tao-data-io/step=stage`` applies what must run first (tier B).
 STEP_LABEL = "tao-data-io/step"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-MASTER_PORT = 29500
 TERMINATION_LOG = "/dev/termination-log"
 #: Our own paths inside a pod; no declared target may use them.
 FILES_DIR = "/tao-data-io/files"
@@ -70,8 +70,6 @@ CONFIGMAP_LIMIT = 1024 * 1024
 #: values come from ``credentials.forwarded_values``, which maps the other family in memory).
 _S3_KEYS = (("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
             (AWS_TO_LEGACY["AWS_ACCESS_KEY_ID"], AWS_TO_LEGACY["AWS_SECRET_ACCESS_KEY"]))
-_RENDEZVOUS = ("WORLD_SIZE", "NUM_GPU_PER_NODE", "NNODES", "NPROC_PER_NODE", "NODE_RANK", "MASTER_ADDR",
-               "MASTER_PORT")
 
 
 @dataclass(frozen=True)
@@ -365,11 +363,13 @@ class _Job:
         plan = self.plan
         env: list[dict[str, Any]] = [{"name": k, "value": literal(v)} for k, v in sorted(plan.env.items())]
         if self.multi:
-            env += [{"name": "WORLD_SIZE", "value": str(plan.nodes)}, {"name": "NUM_GPU_PER_NODE", "value": str(plan.gpus)},
-                    {"name": "NNODES", "value": str(plan.nodes)}, {"name": "NPROC_PER_NODE", "value": str(plan.gpus)},
-                    {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}},
-                    {"name": "MASTER_ADDR", "value": f"{self.name}-0.{self.name}"},
-                    {"name": "MASTER_PORT", "value": str(MASTER_PORT)}]
+            # Each pod's rank is its completion index, which the Job controller annotates it with;
+            # rank 0's host is <job>-0 in the headless Service's subdomain.
+            rendezvous = rendezvous_env(nodes=plan.nodes, gpus_per_node=plan.gpus,
+                                        rank={"fieldRef": {"fieldPath": COMPLETION_INDEX}},
+                                        master_addr=f"{self.name}-0.{self.name}")
+            env += [{"name": name, "value": value} if isinstance(value, str) else {"name": name, "valueFrom": value}
+                    for name, value in rendezvous.items()]
         return env + self._secret_env()
 
     def _results_mount(self, *, read_only: bool = False) -> dict[str, Any]:
@@ -452,7 +452,7 @@ def _check_plan(plan: LaunchPlan, settings: RenderSettings) -> None:
     if doubled:
         raise UsageError(f"forward_env names {doubled} are also in environment; a credential is forwarded by name "
                          "only: remove them from environment")
-    ours = sorted(set(plan.env) & set(_RENDEZVOUS)) if plan.nodes > 1 else []
+    ours = sorted(set(plan.env) & RENDEZVOUS_NAMES) if plan.nodes > 1 else []
     if ours:
         raise UsageError(f"environment sets {ours}, which a multi-node job's rendezvous sets itself; remove them")
 
