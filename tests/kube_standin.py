@@ -371,7 +371,8 @@ STAGE_SCRIPT = ["pulling", "running", "succeeded"]
 
 @dataclass
 class ControlPlane:
-    #: Job name → the steps its pods take, one each time the Job is read; the last one stays.
+    #: Job name → the steps its pods take, one each time the Job is read; the last one stays (by
+    #: default a stage Job's, ``tao-data-io/step: stage``, or a training Job's).
     scripts: dict[str, list[str]] = field(default_factory=dict)
     #: Container path → why the verify probe fails there.
     verify_failures: dict[str, str] = field(default_factory=dict)
@@ -412,7 +413,8 @@ class ControlPlane:
                 and not obj.deleted and obj.raw["metadata"]["labels"].get("batch.kubernetes.io/job-name") == job]
         if not pods:
             return
-        script = self.scripts.get(job) or (STAGE_SCRIPT if job.endswith("-stage") else TRAIN_SCRIPT)
+        step = pods[0].raw["metadata"]["labels"].get("tao-data-io/step")  # the pod template's, as the backend set it
+        script = self.scripts.get(job) or (STAGE_SCRIPT if step == "stage" else TRAIN_SCRIPT)
         for pod in pods:
             name = pod.raw["metadata"]["name"]
             position = self._position[name] = min(self._position.get(name, -1) + 1, len(script) - 1)

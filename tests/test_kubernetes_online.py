@@ -26,6 +26,7 @@ from tao_data_io.kubernetes import pods as pod_reading
 from tao_data_io.kubernetes.backend import KubernetesBackend
 from tao_data_io.launch.backend import Backend, JobDocuments, Submission, backend_for
 from tao_data_io.launch.plan import LaunchPlan, build_plan
+from tao_data_io.names import object_names
 from tao_data_io.records import RecordStore
 from tao_data_io.request import JobRequest
 
@@ -201,19 +202,21 @@ def test_tier_b_runs_the_stage_job_to_completion_before_the_training_job(kube: K
         "POST /apis/batch/v1/namespaces/tao/jobs", "POST /apis/batch/v1/namespaces/tao/jobs"]
     sent = kube.requests()
     stage, train = [i for i, r in enumerate(sent) if r == "POST /apis/batch/v1/namespaces/tao/jobs"]
-    assert "GET /apis/batch/v1/namespaces/tao/jobs/job-1-stage" in sent[stage:train]  # waited on before training
-    stage = ours(kube, "Job")["job-1-stage"]
+    (name,) = [n for n, o in ours(kube, "Job").items() if o["metadata"]["labels"]["tao-data-io/step"] == "stage"]
+    assert f"GET /apis/batch/v1/namespaces/tao/jobs/{name}" in sent[stage:train]  # waited on before training
+    stage = ours(kube, "Job")[name]
     assert stage["status"]["conditions"][-1]["type"] == "Complete" and stage["spec"]["completions"] == 2
     validate(every_object_of_ours(kube))
 
 
 def test_a_failed_stage_job_is_deleted_and_nothing_trains(kube: KubeStandIn, tmp_path: Path) -> None:
     kube.server.store(claim())
-    kube.server.control.scripts["job-1-stage"] = ["pulling", "failed"]
-    with pytest.raises(BackendError, match=r"the stage Job tao/job-1-stage failed: container stage exited 2") as info:
+    stage = object_names("job-1").stage
+    kube.server.control.scripts[stage] = ["pulling", "failed"]
+    with pytest.raises(BackendError, match=rf"the stage Job tao/{stage} failed: container stage exited 2") as info:
         submit(tmp_path, job_request(storage={"pvc_claim": "tao-data"}), make_backend())
     assert not info.value.retryable
-    assert "job-1-stage" not in ours(kube, "Job") and "job-1" not in ours(kube, "Job")
+    assert ours(kube, "Job") == {}
     # Nothing of the job is left behind: above all not the per-job Secret with the credential
     # values, which no Job owns yet (a later submit makes them again).
     assert every_object_of_ours(kube) == []
@@ -223,7 +226,7 @@ def test_a_failed_stage_job_is_deleted_and_nothing_trains(kube: KubeStandIn, tmp
 def test_multi_node_creates_the_headless_service_and_waits_for_every_rank(kube: KubeStandIn, tmp_path: Path) -> None:
     done = submit(tmp_path, job_request(compute_shape={"gpus": 8, "nodes": 2}), make_backend())
     assert done.verdict.ok
-    service = ours(kube, "Service")["job-1"]
+    (service,) = ours(kube, "Service").values()
     assert service["metadata"]["ownerReferences"][0]["name"] == "job-1"
     pods = kube.server.alive("Pod", NAMESPACE)
     assert len(pods) == 2 and all(p["status"]["initContainerStatuses"][-1]["state"].get("terminated")
