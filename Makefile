@@ -23,7 +23,15 @@ $(VENV)/.installed-%: pyproject.toml | $(BIN)/python
 	{ $(PIP) install uv && $(BIN)/uv pip install --quiet --python $(BIN)/python -e ".[$*]"; } || $(PIP) install -e ".[$*]"
 	touch $@
 
-test: $(VENV)/.installed-test bubblewrap
+# torch, for the tests only: they build torchrun's own argument parser from the rendezvous
+# variables the backends render, and run a two-rank gloo all-reduce in the local frame. pip, not
+# uv: pip takes the CPU wheel this machine's PIP_FIND_LINKS holds (2.13.0+cpu satisfies ==2.13.0),
+# where uv would resolve PyPI's multi-GB CUDA build.
+$(VENV)/.test-torch: $(VENV)/.installed-test
+	$(PIP) install torch==2.13.0
+	touch $@
+
+test: $(VENV)/.installed-test $(VENV)/.test-torch bubblewrap
 	$(BIN)/python -m pytest
 
 demo: $(VENV)/.installed-demo bubblewrap

@@ -5,6 +5,28 @@ Why one module: a job id becomes a record's file name (so its rule is the store'
 a Kubernetes Job name, a label value and part of an S3 key; the renderer, the record store, the
 request and the CLI must all agree on what is valid, and every refusal must say the rule.
 Checks raise :class:`~tao_data_io.errors.UsageError` naming ``what``, the value and the rule.
+
+**Object names** (:func:`object_names`). Each is a name the API server takes, and no two valid
+job ids — nor two roles of one id — get one name within a kind: otherwise applying one job's
+objects would replace another's (its config and verify probe, its credentials, its Job). A job
+id is 1-52 lowercase letters, digits and '-', a letter or digit at each end (it may begin with a
+digit), so:
+
+* the training **Job** is ``<id>``: a record's ``backend_ref`` names it, and its pods' hostnames
+  ``<id>-<index>`` (up to 56 characters) stay DNS labels;
+* the tier B stage **Job** is ``<id>-stage``, lengthened to 54 characters with ``-`` and hex
+  digits of the id's SHA-256 when it would be 52 or shorter. Longer than any id, it is never a
+  training Job's name; the id is read back from it (a name ends in ``stage`` or in hex after
+  ``-stage-``, and ``stage`` is not hex), so two ids never share one; the digest only fills. At
+  most 58 characters, so its pods' hostnames ``<name>-<index>`` of up to 1,000 shards stay DNS
+  labels;
+* the headless **Service** is ``ranks-<id>``: a Service name is a DNS-1035 label, which begins
+  with a letter, and a prefix on every id gives every id its own. It is the pods' ``subdomain``,
+  so rank 0 is ``<id>-0.ranks-<id>``;
+* the **ConfigMap** ``<id>-files`` and the per-job **Secret** ``<id>-credentials``: DNS-1123
+  subdomains (253 characters), so a suffix on every id, never truncated.
+
+Labels hold the training Job's name, which is the id (a label value holds 63 characters).
 """
 
 from __future__ import annotations
@@ -12,14 +34,15 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from .errors import UsageError
 
-#: The longest Kubernetes name we derive from a job id: Job pods are named ``<job>-<index>-<5>``
-#: and the pod hostname of an Indexed Job ``<job>-<index>`` must stay a DNS label (63).
-MAX_K8S_JOB_NAME = 52
-_JOB_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?")
+#: The longest job id: the id is its training Job's name, and an Indexed Job's pod hostname
+#: ``<job>-<index>`` must stay a DNS label (63).
+MAX_JOB_ID = 52
+_JOB_ID = re.compile(rf"[a-z0-9]([a-z0-9-]{{0,{MAX_JOB_ID - 2}}}[a-z0-9])?")
 JOB_ID_RULE = ("use 1-52 lowercase letters, digits or '-', starting and ending with a letter or digit "
                "(it becomes the Kubernetes Job name and the record's file name)")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -30,8 +53,8 @@ DNS_SUBDOMAIN_RULE = ("at most 253 lowercase letters, digits, '-' or '.', each d
 _DNS_SUBDOMAIN_MAX = 253
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ENV_NAME_RULE = "letters, digits and '_', not starting with a digit ([A-Za-z_][A-Za-z0-9_]*)"
-#: How many hex digits of a job id's SHA-256 end a derived name, so two ids never share one.
-_HASH_DIGITS = 10
+#: The rendezvous Service's prefix: a letter first (DNS-1035), whatever the id begins with.
+SERVICE_PREFIX = "ranks-"
 
 
 def is_job_id(value: str) -> bool:
@@ -51,7 +74,7 @@ def mint_job_id(now: datetime | None = None) -> str:
 
 
 def check_dns_label(value: str, *, what: str) -> str:
-    """A Kubernetes DNS-1123 label (namespaces, Service names)."""
+    """A Kubernetes DNS-1123 label (namespaces)."""
     if not _DNS_LABEL.fullmatch(value):
         raise UsageError(f"{what} {value!r} is not a DNS label: {DNS_LABEL_RULE}")
     return value
@@ -84,19 +107,22 @@ def check_backend_ref(value: str, *, what: str = "backend_ref") -> str:
     return value
 
 
-def k8s_name_for(job_id: str, suffix: str = "") -> str:
-    """The deterministic Kubernetes name for ``job_id`` (plus ``-suffix``), at most 52 characters.
+@dataclass(frozen=True)
+class ObjectNames:
+    """The Kubernetes names of one job's objects (see the module docstring for the scheme)."""
 
-    An id that is already a DNS label short enough is used as is (a reader finds the Job by its
-    record id); otherwise a slug of it plus the first 10 hex digits of its SHA-256, so two ids
-    never map to one name.
-    """
-    tail = f"-{suffix}" if suffix else ""
-    plain = f"{job_id}{tail}"
-    if _DNS_LABEL.fullmatch(plain) and len(plain) <= MAX_K8S_JOB_NAME:
-        return plain
-    digest = hashlib.sha256(job_id.encode()).hexdigest()[:_HASH_DIGITS]
-    slug = re.sub(r"[^a-z0-9-]+", "-", job_id.lower()).strip("-")
-    room = MAX_K8S_JOB_NAME - len(tail) - len(digest) - 1
-    slug = slug[:room].rstrip("-") or "job"
-    return f"{slug}-{digest}{tail}"
+    job: str
+    stage: str
+    service: str
+    files: str
+    credentials: str
+
+
+def object_names(job_id: str) -> ObjectNames:
+    """The names of ``job_id``'s objects; an invalid id is refused with the rule."""
+    check_job_id(job_id)
+    stage = f"{job_id}-stage"
+    if len(stage) <= MAX_JOB_ID:
+        stage = f"{stage}-{hashlib.sha256(job_id.encode()).hexdigest()[:MAX_JOB_ID + 1 - len(stage)]}"
+    return ObjectNames(job=job_id, stage=stage, service=f"{SERVICE_PREFIX}{job_id}", files=f"{job_id}-files",
+                       credentials=f"{job_id}-credentials")

@@ -1,14 +1,16 @@
 """Small helpers shared by tests: build trees, fingerprint trees, run the CLI as a user would, wait
-for something with a deadline."""
+for something with a deadline, read an environment as torchrun does."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -60,3 +62,28 @@ def run_cli(*args: str, env: Mapping[str, str], cwd: Path | None = None) -> subp
     full_env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **env}
     return subprocess.run([sys.executable, "-m", "tao_data_io.cli", *args], env=full_env, cwd=cwd,
                           capture_output=True, text=True, timeout=300)
+
+
+@contextmanager
+def only_environment(environ: Mapping[str, str]) -> Iterator[None]:
+    """This process's environment is exactly ``environ`` inside the block, and as it was after."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def torchrun_arguments(environ: Mapping[str, str], argv: Sequence[str]) -> argparse.Namespace:
+    """What torchrun makes of ``argv`` in a process whose whole environment is ``environ``.
+
+    torchrun's parser takes each default from ``PET_<DEST>`` when the parser is built
+    (``torch.distributed.argparse_util.env``), so it is built only once the environment is in
+    place. Skips the test only where torch cannot be imported.
+    """
+    run = pytest.importorskip("torch.distributed.run", reason="torch is not installed (make test installs it)")
+    with only_environment(environ):
+        return run.get_args_parser().parse_args(list(argv))

@@ -6,8 +6,9 @@ does not: ``uid``/``resourceVersion``/``creationTimestamp``, label and field sel
 server-side dry-run (validates a create against what exists, stores nothing), ``/version/``,
 SelfSubjectAccessReview (answered from a ``denied`` set), pod logs as ``text/plain``, and the
 garbage collector (deleting an object deletes everything whose ``ownerReferences`` name it). It
-can also be told to fail the N-th request from now: a 500 before the request is applied, or a dropped
-connection after it was (the reply is lost).
+refuses (422 Invalid, in a dry run too) the names and labels a real API server refuses: see
+:func:`invalid`. It can also be told to fail the N-th request from now: a 500 before the request
+is applied, or a dropped connection after it was (the reply is lost).
 
 :class:`ControlPlane` plays the Job controller, the scheduler and the kubelet: a created Job gets
 its pods (one per completion index), and each time the backend reads a Job its pods move one
@@ -25,6 +26,7 @@ import asyncio
 import copy
 import hashlib
 import itertools
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +47,8 @@ RESOURCES = {kind: kmock.resource(*parts) for kind, parts in {
     "Job": ("batch", "v1", "jobs"), "Pod": ("", "v1", "pods"), "Event": ("", "v1", "events"),
     "Node": ("", "v1", "nodes"), "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
     "StorageClass": ("storage.k8s.io", "v1", "storageclasses")}.items()}
+#: Resource plural → kind, for the kinds the backend creates (what :func:`invalid` checks).
+KINDS = {"secrets": "Secret", "configmaps": "ConfigMap", "services": "Service", "jobs": "Job"}
 GPU_UNSCHEDULABLE = ("0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: 0/2 nodes are available: "
                      "2 No preemption victims found for incoming pod.")
 
@@ -84,6 +88,93 @@ def matches(obj: dict[str, Any], labels: str | None, fields: str | None) -> bool
         if (str(current) == value.lstrip("=")) == negate:
             return False
     return True
+
+
+# ----------------------------------------------------------------------------- what the API server validates
+# The name rules of k8s.io/apimachinery/pkg/util/validation, written out here (the code under test
+# has its own): IsDNS1123Label, IsDNS1035Label, IsDNS1123Subdomain, IsValidLabelValue and the name
+# part of IsQualifiedName.
+_DNS1123_LABEL = (re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"), 63, "a lowercase RFC 1123 label must consist of "
+                  "lower case alphanumeric characters or '-', and must start and end with an alphanumeric character")
+_DNS1035_LABEL = (re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?"), 63, "a DNS-1035 label must consist of lower case "
+                  "alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric "
+                  "character")
+_DNS1123_SUBDOMAIN = (re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"), 253,
+                      "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
+                      "and must start and end with an alphanumeric character")
+_LABEL_VALUE = (re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?"), 63, "a valid label must be an empty "
+                "string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+                "alphanumeric character")
+_QUALIFIED_NAME = (re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"), 63, "name part must consist of "
+                   "alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character")
+#: pkg/apis/core/validation: ValidateService names with ValidateServiceName (NameIsDNS1035Label),
+#: ValidateConfigMap with ValidateConfigMapName and ValidateSecret with ValidateSecretName
+#: (NameIsDNSSubdomain); pkg/apis/batch/validation.ValidateJob with ValidateReplicationControllerName
+#: (NameIsDNSSubdomain).
+NAME_RULES = {"Service": _DNS1035_LABEL, "ConfigMap": _DNS1123_SUBDOMAIN, "Secret": _DNS1123_SUBDOMAIN,
+              "Job": _DNS1123_SUBDOMAIN}
+
+
+def _broken(value: str, rule: tuple[re.Pattern[str], int, str]) -> str | None:
+    pattern, longest, said = rule
+    if len(value) > longest:
+        return f"must be no more than {longest} characters"
+    return None if pattern.fullmatch(value) else said
+
+
+def _qualified_name(key: str) -> str | None:
+    """IsQualifiedName: an optional DNS-1123 subdomain prefix and ``/``, then a name part."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and (problem := _broken(prefix, _DNS1123_SUBDOMAIN)):
+        return f"prefix part {problem}"
+    return _broken(name, _QUALIFIED_NAME)
+
+
+def _labels(labels: dict[str, str], where: str) -> list[str]:
+    """apimachinery/pkg/apis/meta/v1/validation.ValidateLabels: qualified keys, valid values."""
+    problems = []
+    for key, value in labels.items():
+        if problem := _qualified_name(key):
+            problems.append(f"{where}: Invalid value: {key!r}: {problem}")
+        if problem := _broken(str(value), _LABEL_VALUE):
+            problems.append(f"{where}: Invalid value: {value!r}: {problem}")
+    return problems
+
+
+def invalid(obj: dict[str, Any]) -> list[str]:
+    """Why a real API server refuses to create ``obj`` (empty: it does not) — for what this
+    project creates: each kind's name rule (:data:`NAME_RULES`); labels (``ValidateLabels``) and
+    annotation keys (apimachinery/pkg/api/validation.ValidateAnnotations); and for a Job what
+    pkg/apis/batch/validation.ValidateJob checks after pkg/registry/batch/job/strategy.go's
+    generateSelector has labelled the pod template with the Job's name (``job-name`` and
+    ``batch.kubernetes.io/job-name``, so the name must be a label value, at most 63 characters):
+    the template's labels, its pod's ``subdomain`` and ``hostname`` as DNS-1123 labels
+    (pkg/apis/core/validation.ValidatePodSpec), and for an Indexed Job ``<name>-<completions - 1>``,
+    the last pod's hostname, as a DNS-1123 label."""
+    metadata = obj.get("metadata") or {}
+    name = str(metadata.get("name", ""))
+    problems = []
+    if problem := _broken(name, NAME_RULES[obj["kind"]]):
+        problems.append(f"metadata.name: Invalid value: {name!r}: {problem}")
+    problems += _labels(metadata.get("labels") or {}, "metadata.labels")
+    problems += [f"metadata.annotations: Invalid value: {key!r}: {problem}"
+                 for key in metadata.get("annotations") or {} if (problem := _qualified_name(key))]
+    if obj["kind"] == "Job":
+        spec = obj.get("spec") or {}
+        template = spec.get("template") or {}
+        labels = {**(template.get("metadata") or {}).get("labels", {}), "job-name": name,
+                  "batch.kubernetes.io/job-name": name}
+        problems += _labels(labels, "spec.template.metadata.labels")
+        pod = template.get("spec") or {}
+        for field_name in ("subdomain", "hostname"):
+            if field_name in pod and (problem := _broken(pod[field_name], _DNS1123_LABEL)):
+                problems.append(f"spec.template.spec.{field_name}: Invalid value: {pod[field_name]!r}: {problem}")
+        if spec.get("completionMode") == "Indexed" and int(spec.get("completions") or 0) > 0:
+            last = f"{name}-{int(spec['completions']) - 1}"
+            if _broken(last, _DNS1123_LABEL):
+                problems.append(f"metadata.name: Invalid value: {name!r}: will not able to create pod with invalid "
+                                f"DNS label: {last}")
+    return problems
 
 
 @dataclass
@@ -153,6 +244,14 @@ class ApiServer(kmock.KubernetesEmulator):
                 "allowed": allowed, **({} if allowed else {"reason": "RBAC: no rule allows it"})}}, status=201)
         if request.subresource == "log":
             return self._log(request)
+        if request.action == kmock.action.CREATE and resource.plural in KINDS:
+            problems = invalid({**request.data, "kind": KINDS[resource.plural]})
+            if problems:
+                kind, name = KINDS[resource.plural], (request.data.get("metadata") or {}).get("name")
+                return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422,
+                                                  "reason": "Invalid",
+                                                  "message": f"{kind} {name!r} is invalid: {'; '.join(problems)}"},
+                                                 status=422)
         if request.action == kmock.action.CREATE and resource.plural in self.admission:
             return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422,
                                               "reason": "Invalid", "message": self.admission[resource.plural]},
@@ -272,7 +371,8 @@ STAGE_SCRIPT = ["pulling", "running", "succeeded"]
 
 @dataclass
 class ControlPlane:
-    #: Job name → the steps its pods take, one each time the Job is read; the last one stays.
+    #: Job name → the steps its pods take, one each time the Job is read; the last one stays (by
+    #: default a stage Job's, ``tao-data-io/step: stage``, or a training Job's).
     scripts: dict[str, list[str]] = field(default_factory=dict)
     #: Container path → why the verify probe fails there.
     verify_failures: dict[str, str] = field(default_factory=dict)
@@ -313,7 +413,8 @@ class ControlPlane:
                 and not obj.deleted and obj.raw["metadata"]["labels"].get("batch.kubernetes.io/job-name") == job]
         if not pods:
             return
-        script = self.scripts.get(job) or (STAGE_SCRIPT if job.endswith("-stage") else TRAIN_SCRIPT)
+        step = pods[0].raw["metadata"]["labels"].get("tao-data-io/step")  # the pod template's, as the backend set it
+        script = self.scripts.get(job) or (STAGE_SCRIPT if step == "stage" else TRAIN_SCRIPT)
         for pod in pods:
             name = pod.raw["metadata"]["name"]
             position = self._position[name] = min(self._position.get(name, -1) + 1, len(script) - 1)

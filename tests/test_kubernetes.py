@@ -22,13 +22,13 @@ from tao_data_io.launch.probe import PROBE_SCRIPT, Check, parse_probe_output
 from tao_data_io.kubernetes.render import RenderedJob, literal, read_config, render_job
 from tao_data_io.kubernetes.scripts import SIDECAR_SCRIPT, VERIFY_SCRIPT
 from tao_data_io.kubernetes.settings import RenderSettings
-from tao_data_io.names import MAX_K8S_JOB_NAME
 from tao_data_io.records import JobRecord, OutputRoute
 from tao_data_io.request import JobRequest, load_request
 from tao_data_io.staging.stage import plan_stage
 from tao_data_io.tier import TierDecision
 
-from .helpers import run_cli
+from .helpers import run_cli, torchrun_arguments
+from .kube_standin import invalid
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 S3_ROUTE = OutputRoute(route="s3", destination="s3://tao-results/results/{id}/", reason="S3_BUCKET_NAME is set")
@@ -36,6 +36,7 @@ STAGER = "registry.example.com/tao-data-io-stager:0.1.0"
 SECRET_ENV = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEY12345", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI-very-secret",
               "AWS_ENDPOINT_URL": "http://s3.internal:8333", "NGC_KEY": "nvapi-secret-ngc-key-987"}
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
 
 def _record(job_id: str, tier: str) -> JobRecord:
@@ -93,8 +94,9 @@ def req(**fields: Any) -> JobRequest:
 EXAMPLE_CASES = {
     "tier-c.yaml": ("C", {}, ["ConfigMap/dino-tier-c-files", "Job/dino-tier-c"]),
     "tier-b.yaml": ("B", {"shards": 4},
-                    ["ConfigMap/dino-tier-b-files", "Job/dino-tier-b-stage", "Job/dino-tier-b"]),
-    "multi-node.yaml": ("C", {}, ["ConfigMap/torchrun-2x8-files", "Service/torchrun-2x8", "Job/torchrun-2x8"]),
+                    ["ConfigMap/dino-tier-b-files", "Job/dino-tier-b-stage-4eb488b27b38607168775b5ce38f3cd879e9",
+                     "Job/dino-tier-b"]),
+    "multi-node.yaml": ("C", {}, ["ConfigMap/torchrun-2x8-files", "Service/ranks-torchrun-2x8", "Job/torchrun-2x8"]),
     "config-mode.yaml": ("C", {}, ["ConfigMap/dino-train-coco-files", "Job/dino-train-coco"]),
     "args-mode.yaml": ("C", {}, ["ConfigMap/example-job-files", "Job/example-job"]),
     "air-gapped.yaml": ("A", {"pvc_claim": "lustre"}, ["ConfigMap/example-job-files", "Job/example-job"]),
@@ -117,7 +119,7 @@ def test_every_example_renders_and_passes_strict_validation(name: str, tmp_path:
         labels = obj["metadata"]["labels"]
         assert labels["app.kubernetes.io/managed-by"] == "tao-data-io" and DNS_LABEL.fullmatch(labels["tao-data-io/job-id"])
         assert obj["metadata"]["annotations"]["tao-data-io/job-id"] == (request.job_id or "example-job")
-        assert len(obj["metadata"]["name"]) <= MAX_K8S_JOB_NAME
+        assert invalid(obj) == []  # what a real API server refuses (the stand-in's rules)
     text = rendered.to_yaml()
     assert [o["kind"] for o in yaml.safe_load_all(text) if o] == [o["kind"] for o in rendered.objects]
     assert not any(value in text for value in SECRET_ENV.values() if value.startswith(("AKIA", "wJal", "nvapi")))
@@ -186,19 +188,68 @@ def test_multi_node_indexed_job_and_headless_service(tmp_path: Path) -> None:
     job = rendered.objects[-1]
     assert (job["spec"]["completionMode"], job["spec"]["completions"], job["spec"]["parallelism"]) == ("Indexed", 4, 4)
     pod = training_pod(rendered)
-    assert pod["subdomain"] == service["metadata"]["name"] == "job-1"
+    assert pod["subdomain"] == service["metadata"]["name"] == "ranks-job-1"
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["containers"][0]["env"]}
-    assert (env["WORLD_SIZE"], env["NNODES"], env["NUM_GPU_PER_NODE"], env["NPROC_PER_NODE"]) == ("4", "4", "8", "8")
-    assert env["NODE_RANK"] == {"fieldRef": {"fieldPath":
-                                             "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
-    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("job-1-0.job-1", "29500")
+    assert (env["WORLD_SIZE"], env["PET_NNODES"], env["NUM_GPU_PER_NODE"], env["PET_NPROC_PER_NODE"]) == (
+        "4", "4", "8", "8")
+    assert env["NODE_RANK"] == env["PET_NODE_RANK"] == {"fieldRef": {"fieldPath": COMPLETION_INDEX}}
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (env["PET_MASTER_ADDR"], env["PET_MASTER_PORT"]) == (
+        "job-1-0.ranks-job-1", "29500")
+
+
+def pod_environment(container: dict[str, Any], index: int) -> dict[str, str]:
+    """The variables the kubelet gives ``container`` in the pod of completion index ``index``:
+    each ``value`` with ``$$`` read as ``$`` (the kubelet's escape), and the downward API's
+    completion index from the annotation the Job controller puts on that pod. Credentials
+    (``secretKeyRef``) are left out: a Secret holds them, not the render."""
+    env = {}
+    for item in container["env"]:
+        if "value" in item:
+            env[item["name"]] = item["value"].replace("$$", "$")
+        elif "fieldRef" in item["valueFrom"]:
+            assert item["valueFrom"]["fieldRef"] == {"fieldPath": COMPLETION_INDEX}, item
+            env[item["name"]] = str(index)
+        else:
+            assert set(item["valueFrom"]) == {"secretKeyRef"}, item
+    return env
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_torchrun_takes_its_rendezvous_from_each_pods_environment(tmp_path: Path, index: int) -> None:
+    """torchrun's own parser, built in the environment the pod of completion index ``index`` gets,
+    takes the node count, the GPUs per node, the rank and rank 0's address and port from it (its
+    ``PET_*`` defaults) — for a bare command line and for the example's; TAO's Lightning-based
+    entrypoints read ``WORLD_SIZE`` (the node count), ``NUM_GPU_PER_NODE``, ``NODE_RANK`` and
+    ``MASTER_ADDR``/``MASTER_PORT``."""
+    request = load_request(EXAMPLES / "multi-node.yaml")
+    rendered = render(request, tmp_path, "C")
+    validate(rendered)
+    service = next(o for o in rendered.objects if o["kind"] == "Service")
+    job = rendered.objects[-1]
+    pod = training_pod(rendered)
+    assert pod["subdomain"] == service["metadata"]["name"]
+    rank_0 = f"{job['metadata']['name']}-0.{pod['subdomain']}"  # the Job controller names pod 0's host <job>-0
+    port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "rendezvous")
+    nodes, gpus = request.compute_shape.nodes, request.compute_shape.gpus
+    train = pod["containers"][0]
+    env = pod_environment(train, index)
+    assert train["command"][0] == "torchrun"
+    for argv in (["train.py"], train["command"][1:]):
+        args = torchrun_arguments(env, argv)
+        assert (args.nnodes, args.nproc_per_node, args.node_rank, args.master_addr, args.master_port) == (
+            str(nodes), str(gpus), index, rank_0, port), argv
+    tao = {name: env.get(name) for name in ("WORLD_SIZE", "NUM_GPU_PER_NODE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    assert tao == {"WORLD_SIZE": str(nodes), "NUM_GPU_PER_NODE": str(gpus), "NODE_RANK": str(index),
+                   "MASTER_ADDR": rank_0, "MASTER_PORT": str(port)}
+    assert not {"NNODES", "NPROC_PER_NODE"} & set(env)  # nothing reads them: torchrun reads PET_*
 
 
 def test_tier_b_stage_job_shards_into_the_claims_cache(tmp_path: Path) -> None:
     rendered = render(req(inputs=[{"source": "s3://bkt-1/data/", "target": "/data"}]), tmp_path, "B",
                       pvc_claim="tao-data", shards=3)
     validate(rendered)
-    stage = next(o for o in rendered.objects if o["metadata"]["name"] == "job-1-stage")
+    stage = next(o for o in rendered.objects if o["metadata"]["labels"]["tao-data-io/step"] == "stage"
+                 and o["kind"] == "Job")
     assert (stage["spec"]["completionMode"], stage["spec"]["completions"], stage["spec"]["parallelism"]) == \
         ("Indexed", 3, 3)
     container = stage["spec"]["template"]["spec"]["containers"][0]
@@ -297,16 +348,19 @@ def test_adversarial_a_secret_smuggled_into_environment_is_refused_by_the_render
     assert SECRET_ENV["AWS_SECRET_ACCESS_KEY"] not in str(info.value)
 
 
-def test_adversarial_a_300_character_job_id_gets_valid_names(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["PET_NODE_RANK", "MASTER_ADDR", "WORLD_SIZE"])
+def test_adversarial_a_multi_node_jobs_environment_cannot_set_its_rendezvous(tmp_path: Path, name: str) -> None:
+    with pytest.raises(UsageError, match=rf"environment sets \['{name}'\], which a multi-node job's rendezvous sets"):
+        render(req(compute_shape={"nodes": 2}, environment={name: "0"}), tmp_path, "C")
+    render(req(environment={name: "0"}), tmp_path, "C")  # one node: no rendezvous, the name is the job's
+
+
+def test_adversarial_a_plan_with_an_invalid_job_id_is_refused(tmp_path: Path) -> None:
+    """Every name is derived from the job id, so a plan edited to carry an id the rule refuses is
+    refused with the rule, before anything is rendered."""
     plan, _ = _plan(req(), tmp_path, "C")
-    long_id = "x" * 300
-    rendered = render(req(), tmp_path, "C", plan=plan.model_copy(update={"job_id": long_id, "nodes": 2}))
-    validate(rendered)
-    names = [o["metadata"]["name"] for o in rendered.objects]
-    assert all(len(n) <= MAX_K8S_JOB_NAME and DNS_LABEL.fullmatch(n) for n in names), names
-    assert len({(o["kind"], o["metadata"]["name"]) for o in rendered.objects}) == len(names) and rendered.secret is not None and len(rendered.secret.name) <= MAX_K8S_JOB_NAME
-    assert all(DNS_LABEL.fullmatch(o["metadata"]["labels"]["tao-data-io/job-id"]) for o in rendered.objects)
-    assert all(o["metadata"]["annotations"]["tao-data-io/job-id"] == long_id for o in rendered.objects)
+    with pytest.raises(UsageError, match=r"job id 'x{300}' is not a valid job id: use 1-52 lowercase letters"):
+        render(req(), tmp_path, "C", plan=plan.model_copy(update={"job_id": "x" * 300, "nodes": 2}))
 
 
 def test_adversarial_a_namespace_with_capitals_is_refused(tmp_path: Path) -> None:

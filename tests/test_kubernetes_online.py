@@ -20,15 +20,18 @@ import yaml
 
 from tao_data_io import pipeline
 from tao_data_io.errors import BackendError, CredentialError, UsageError
-from tao_data_io.kubernetes.api import connect
+from tao_data_io.kubernetes.api import Api, ApiError, connect
+from tao_data_io.kubernetes.apply import kinds
 from tao_data_io.kubernetes import pods as pod_reading
 from tao_data_io.kubernetes.backend import KubernetesBackend
 from tao_data_io.launch.backend import Backend, JobDocuments, Submission, backend_for
 from tao_data_io.launch.plan import LaunchPlan, build_plan
+from tao_data_io.names import object_names
 from tao_data_io.records import RecordStore
 from tao_data_io.request import JobRequest
 
 from .kube_standin import RESOURCES, TRAIN_SCRIPT, Fault, KubeStandIn
+from .test_names import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID
 
 NAMESPACE = "tao"
 STAGER = "registry.example.com/tao-data-io-stager:0.1.0"
@@ -199,19 +202,21 @@ def test_tier_b_runs_the_stage_job_to_completion_before_the_training_job(kube: K
         "POST /apis/batch/v1/namespaces/tao/jobs", "POST /apis/batch/v1/namespaces/tao/jobs"]
     sent = kube.requests()
     stage, train = [i for i, r in enumerate(sent) if r == "POST /apis/batch/v1/namespaces/tao/jobs"]
-    assert "GET /apis/batch/v1/namespaces/tao/jobs/job-1-stage" in sent[stage:train]  # waited on before training
-    stage = ours(kube, "Job")["job-1-stage"]
+    (name,) = [n for n, o in ours(kube, "Job").items() if o["metadata"]["labels"]["tao-data-io/step"] == "stage"]
+    assert f"GET /apis/batch/v1/namespaces/tao/jobs/{name}" in sent[stage:train]  # waited on before training
+    stage = ours(kube, "Job")[name]
     assert stage["status"]["conditions"][-1]["type"] == "Complete" and stage["spec"]["completions"] == 2
     validate(every_object_of_ours(kube))
 
 
 def test_a_failed_stage_job_is_deleted_and_nothing_trains(kube: KubeStandIn, tmp_path: Path) -> None:
     kube.server.store(claim())
-    kube.server.control.scripts["job-1-stage"] = ["pulling", "failed"]
-    with pytest.raises(BackendError, match=r"the stage Job tao/job-1-stage failed: container stage exited 2") as info:
+    stage = object_names("job-1").stage
+    kube.server.control.scripts[stage] = ["pulling", "failed"]
+    with pytest.raises(BackendError, match=rf"the stage Job tao/{stage} failed: container stage exited 2") as info:
         submit(tmp_path, job_request(storage={"pvc_claim": "tao-data"}), make_backend())
     assert not info.value.retryable
-    assert "job-1-stage" not in ours(kube, "Job") and "job-1" not in ours(kube, "Job")
+    assert ours(kube, "Job") == {}
     # Nothing of the job is left behind: above all not the per-job Secret with the credential
     # values, which no Job owns yet (a later submit makes them again).
     assert every_object_of_ours(kube) == []
@@ -221,7 +226,7 @@ def test_a_failed_stage_job_is_deleted_and_nothing_trains(kube: KubeStandIn, tmp
 def test_multi_node_creates_the_headless_service_and_waits_for_every_rank(kube: KubeStandIn, tmp_path: Path) -> None:
     done = submit(tmp_path, job_request(compute_shape={"gpus": 8, "nodes": 2}), make_backend())
     assert done.verdict.ok
-    service = ours(kube, "Service")["job-1"]
+    (service,) = ours(kube, "Service").values()
     assert service["metadata"]["ownerReferences"][0]["name"] == "job-1"
     pods = kube.server.alive("Pod", NAMESPACE)
     assert len(pods) == 2 and all(p["status"]["initContainerStatuses"][-1]["state"].get("terminated")
@@ -315,6 +320,27 @@ def test_a_foreign_object_under_our_name_is_a_clear_error_and_nothing_is_deleted
     assert store_in(tmp_path).get("job-1").state == "PENDING"
 
 
+@pytest.mark.parametrize(("claims", "other"), [
+    ({"labels": {"tao-data-io/job-id": "other-job"}, "annotations": {"tao-data-io/job-id": "other-job"}}, "other-job"),
+    ({"labels": {"tao-data-io/job-id": "other-job"}}, "other-job"),
+    ({"labels": {"tao-data-io/job-id": "other-job"}, "annotations": {"tao-data-io/job-id": "job-1"}}, "other-job"),
+    ({"labels": {"tao-data-io/job-id": "job-1"}, "annotations": {"tao-data-io/job-id": "other-job"}}, "other-job"),
+], ids=["labelled-and-annotated", "labelled", "labelled-only-for-another", "annotated-for-another"])
+def test_an_object_of_another_job_under_our_name_is_refused_naming_both_jobs(kube: KubeStandIn, tmp_path: Path,
+                                                                             claims: dict[str, Any], other: str) -> None:
+    """Get-or-create takes an existing object as an earlier attempt's only when its label and its
+    annotation both name this job: an object another job made (or an older version named alike)
+    is refused, naming that job and this one, and is left as it was."""
+    metadata = {"name": "job-1-files", "namespace": NAMESPACE, **claims}
+    metadata["labels"] = {MANAGED: "tao-data-io", **metadata["labels"]}
+    kube.server.store({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {"keep": "me"}})
+    with pytest.raises(UsageError, match=rf"ConfigMap tao/job-1-files already exists and belongs to job '{other}', "
+                                         r"not job 'job-1'.*nothing was changed or deleted"):
+        submit(tmp_path, job_request(), make_backend())
+    assert creates(kube) == []
+    assert kube.server.alive("ConfigMap", NAMESPACE)["job-1-files"]["data"] == {"keep": "me"}
+
+
 def test_a_job_that_exists_with_another_pod_spec_is_refused(kube: KubeStandIn, tmp_path: Path) -> None:
     launch_only(tmp_path, job_request(), make_backend())
     # The same record store refuses another request under the job id at open already...
@@ -323,6 +349,124 @@ def test_a_job_that_exists_with_another_pod_spec_is_refused(kube: KubeStandIn, t
     # ...and the cluster refuses it from another store (another machine's records).
     with pytest.raises(UsageError, match="Job tao/job-1 already runs job 'job-1' with another pod spec"):
         launch_only(tmp_path / "elsewhere", job_request(args=["--epochs", "2"]), make_backend())
+
+
+# ----------------------------------------------------------------------------- names the API server takes
+def named(kind: str, name: str, **extra: Any) -> dict[str, Any]:
+    """A minimal object of ``kind`` (a Job: one container, restartPolicy Never)."""
+    obj: dict[str, Any] = {"apiVersion": "batch/v1" if kind == "Job" else "v1", "kind": kind,
+                           "metadata": {"name": name, "namespace": NAMESPACE}}
+    if kind == "Job":
+        obj["spec"] = {"template": {"metadata": {}, "spec": {"restartPolicy": "Never",
+                                                           "containers": [{"name": "c", "image": "i"}]}}}
+    elif kind == "Service":
+        obj["spec"] = {"clusterIP": "None", "ports": [{"port": 29500}]}
+    for path, value in extra.items():  # "spec.completions": 3
+        *parents, last = path.split(".")
+        target = obj
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[last] = value
+    return obj
+
+
+SUBDOMAIN_253 = ".".join(["a" * 63] * 3 + ["b" * 61])  # 253 characters, each part a label
+NAME_CASES = [
+    # pkg/apis/core/validation.ValidateService: ValidateServiceName = NameIsDNS1035Label
+    (named("Service", "2x8-torchrun"), "a DNS-1035 label must consist of lower case alphanumeric characters or '-', "
+     "start with an alphabetic character"),
+    (named("Service", "s" * 64), "must be no more than 63 characters"),
+    (named("Service", "s" * 63), None),
+    # ValidateConfigMap / ValidateSecret: ValidateConfigMapName / ValidateSecretName = NameIsDNSSubdomain
+    (named("ConfigMap", "Job_1-files"), "a lowercase RFC 1123 subdomain must consist of"),
+    (named("ConfigMap", SUBDOMAIN_253 + "c"), "must be no more than 253 characters"),
+    (named("ConfigMap", SUBDOMAIN_253), None),
+    (named("Secret", "-job-1-credentials"), "a lowercase RFC 1123 subdomain must consist of"),
+    (named("Secret", "2x8-torchrun-credentials"), None),
+    # pkg/apis/batch/validation.ValidateJob: a DNS-1123 subdomain, and (strategy.go generateSelector
+    # labels the pod template job-name=<name>) a label value of at most 63 characters
+    (named("Job", "j" * 64), "spec.template.metadata.labels: Invalid value: '" + "j" * 64 + "': must be no more than "
+     "63 characters"),
+    (named("Job", "2x8-torchrun"), None),
+    # ValidateJob: an Indexed Job's last pod hostname <name>-<completions-1> is a DNS-1123 label
+    (named("Job", "j" * 62, **{"spec.completionMode": "Indexed", "spec.completions": 10}),
+     "will not able to create pod with invalid DNS label: " + "j" * 62 + "-9"),
+    (named("Job", "j" * 61, **{"spec.completionMode": "Indexed", "spec.completions": 11}),
+     "will not able to create pod with invalid DNS label: " + "j" * 61 + "-10"),
+    (named("Job", "j" * 61, **{"spec.completionMode": "Indexed", "spec.completions": 10}), None),
+    # ValidatePodSpec: the subdomain is a DNS-1123 label
+    (named("Job", "job-1", **{"spec.template.spec.subdomain": "Job-1"}), "spec.template.spec.subdomain: Invalid value"),
+    # apimachinery/pkg/apis/meta/v1/validation.ValidateLabels: IsValidLabelValue, at most 63
+    (named("ConfigMap", "job-1-files", **{"metadata.labels": {"tao-data-io/job-id": "x" * 64}}),
+     "metadata.labels: Invalid value: '" + "x" * 64 + "': must be no more than 63 characters"),
+    (named("ConfigMap", "job-1-files", **{"metadata.labels": {"tao-data-io/job-id": "-x"}}), "a valid label must be"),
+]
+
+
+@pytest.mark.parametrize(("obj", "refusal"), NAME_CASES,
+                         ids=[f"{o['kind']}-{i}-{'refused' if r else 'taken'}" for i, (o, r) in enumerate(NAME_CASES)])
+def test_the_stand_in_refuses_the_names_the_api_server_refuses(kube: KubeStandIn, obj: dict[str, Any],
+                                                              refusal: str | None) -> None:
+    """The stand-in validates names as the API server does, citing its rules:
+    k8s.io/apimachinery/pkg/util/validation (IsDNS1035Label, IsDNS1123Label, IsDNS1123Subdomain,
+    IsValidLabelValue) as pkg/apis/core/validation (ValidateService → ValidateServiceName,
+    ValidateConfigMap, ValidateSecret, ValidatePodSpec) and pkg/apis/batch/validation.ValidateJob
+    apply them — a dry run and a create alike; and a name at the edge of a rule is taken."""
+    api = Api(connect())
+    kind = kinds(api)[obj["kind"]]
+    for dry_run in ({"dry_run": "All"}, {}):
+        if refusal is None:
+            api.call("creating", kind.create, NAMESPACE, obj, **dry_run)
+            continue
+        with pytest.raises(ApiError) as info:
+            api.call("creating", kind.create, NAMESPACE, obj, **dry_run)
+        assert (info.value.status, info.value.reason) == (422, "Invalid") and refusal in str(info.value), info.value
+    assert (obj["metadata"]["name"] in kube.server.alive(obj["kind"], NAMESPACE)) == (refusal is None)
+
+
+def test_a_multi_node_job_whose_id_begins_with_a_digit_finds_rank_0(kube: KubeStandIn, tmp_path: Path) -> None:
+    """A job id may begin with a digit, a Service name may not (DNS-1035): the rendezvous Service,
+    the pods' subdomain and MASTER_ADDR take a name that begins with a letter, and the Job — which
+    names the pods' hostnames and backend_ref — keeps the id."""
+    done = submit(tmp_path, job_request(job_id="2x8-torchrun", compute_shape={"gpus": 8, "nodes": 2}), make_backend())
+    assert done.verdict.ok and done.backend_ref == "tao/2x8-torchrun"
+    (service,) = ours(kube, "Service").values()
+    name = service["metadata"]["name"]
+    assert DNS_1035.fullmatch(name)
+    pod = ours(kube, "Job")["2x8-torchrun"]["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert pod["subdomain"] == name and env["MASTER_ADDR"] == env["PET_MASTER_ADDR"] == f"2x8-torchrun-0.{name}"
+    validate(every_object_of_ours(kube))
+
+
+def test_jobs_whose_ids_look_like_each_others_names_run_side_by_side(kube: KubeStandIn, tmp_path: Path) -> None:
+    """Names derived from job ids never meet: L, a 52-character id, and M and M2, ids equal to
+    what a hash-truncating scheme made of L's names, all run in one namespace, each with its own
+    Secret, ConfigMap and Job; L's ConfigMap still holds L's record and checklist."""
+    ids = [LONG_ID, ITS_FILES_BASE, ITS_CREDENTIALS_BASE]
+    for job_id in ids:
+        done = submit(tmp_path, job_request(job_id=job_id), make_backend())
+        assert done.verdict.ok and done.backend_ref == f"tao/{job_id}"
+    for kind in ("Secret", "ConfigMap", "Job"):
+        owners = sorted(o["metadata"]["annotations"]["tao-data-io/job-id"] for o in ours(kube, kind).values())
+        assert owners == sorted(ids), kind
+    for configmap in ours(kube, "ConfigMap").values():
+        job_id = configmap["metadata"]["annotations"]["tao-data-io/job-id"]
+        assert json.loads(configmap["data"]["job-record.json"])["job_id"] == job_id
+    validate(every_object_of_ours(kube))
+
+
+def test_a_job_id_ending_in_stage_never_meets_another_jobs_stage_job(kube: KubeStandIn, tmp_path: Path) -> None:
+    """Job names of two roles: job ``foo``'s tier B stage Job and job ``foo-stage``'s training Job
+    are two Jobs."""
+    kube.server.store(claim())
+    first = submit(tmp_path, job_request(job_id="foo", storage={"pvc_claim": "tao-data"}), make_backend())
+    second = submit(tmp_path, job_request(job_id="foo-stage"), make_backend())
+    assert first.verdict.ok and second.verdict.ok and (first.tier, second.tier) == ("B", "C")
+    jobs = {name: (o["metadata"]["annotations"]["tao-data-io/job-id"], o["metadata"]["labels"]["tao-data-io/step"])
+            for name, o in ours(kube, "Job").items()}
+    assert sorted(jobs.values()) == [("foo", "stage"), ("foo", "train"), ("foo-stage", "train")]
+    assert (jobs["foo"], jobs["foo-stage"]) == (("foo", "train"), ("foo-stage", "train"))  # backend_ref's names
 
 
 # ----------------------------------------------------------------------------- verify

@@ -29,17 +29,19 @@ import pytest
 from tao_data_io.errors import UsageError
 from tao_data_io.launch.backend import Backend, JobStatus, backend_for
 from tao_data_io.launch.plan import PROBE_DIR, LaunchPlan, build_plan
+from tao_data_io.launch.rendezvous import MASTER_PORT
 from tao_data_io.local.backend import LocalBackend
 from tao_data_io.local.preflight import BWRAP_INSTALL, find_tool
 from tao_data_io.local.process import proc_stat
-from tao_data_io.local.sandbox import (FRAME_PATH, Bind, Host, Namespaces, SystemDir, frame_argv, frame_binds, frame_env,
+from tao_data_io.local.sandbox import (FRAME_PATH, MASTER_ADDR, Bind, Host, Namespaces, SystemDir, frame_argv,
+                                       frame_binds, frame_env,
                                        host_system_dirs)
 from tao_data_io.records import JobRecord, OutputRoute
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage_map import StagedSource, StagingMap
 from tao_data_io.tier import TierDecision
 
-from .helpers import DEADLINE_S, wait_for
+from .helpers import DEADLINE_S, torchrun_arguments, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 STAND_IN = REPO / "examples" / "stand_in"
@@ -240,7 +242,8 @@ def test_argv_never_carries_an_environment_value(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("nodes", "rank", "extra"), [
     (1, 0, {}),
-    (2, 1, {"WORLD_SIZE": "2", "NUM_GPU_PER_NODE": "1", "NNODES": "2", "NPROC_PER_NODE": "1", "NODE_RANK": "1",
+    (2, 1, {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "127.0.0.1",
+            "PET_MASTER_PORT": "29500", "WORLD_SIZE": "2", "NUM_GPU_PER_NODE": "1", "NODE_RANK": "1",
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}),
 ], ids=["one-node", "rank-1-of-2"])
 def test_frame_env_is_built_not_inherited(tmp_path: Path, nodes: int, rank: int, extra: dict[str, str]) -> None:
@@ -248,6 +251,16 @@ def test_frame_env_is_built_not_inherited(tmp_path: Path, nodes: int, rank: int,
     env = frame_env(plan, rank=rank, credentials={"HF_TOKEN": "forwarded-value"})
     assert env == {"PATH": FRAME_PATH, "LANG": "C.UTF-8", "HOME": "/tmp", "DECLARED": "yes", "TAO_JOB_ID": "job-1",
                    "TAO_RESULTS_DIR": "/results", **extra, "HF_TOKEN": "forwarded-value"}
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_torchrun_takes_its_rendezvous_from_the_frame_environment(tmp_path: Path, rank: int) -> None:
+    """torchrun's own parser, built in a rank's frame environment, takes the node count, the GPUs
+    per node, the rank and rank 0's address and port from it (its ``PET_*`` defaults)."""
+    plan = make_plan(tmp_path, script="true", nodes=2)
+    args = torchrun_arguments(frame_env(plan, rank=rank), ["train.py"])
+    assert (args.nnodes, args.nproc_per_node, args.node_rank, args.master_addr, args.master_port) == (
+        str(plan.nodes), str(plan.gpus), rank, MASTER_ADDR, MASTER_PORT)
 
 
 # ----------------------------------------------------------------------------- real frames
@@ -732,8 +745,9 @@ def test_two_ranks_run_with_the_rendezvous_variables(tmp_path: Path, backend: Lo
     assert finished(backend, ref).state == "COMPLETE", backend.logs(ref)
     logs = backend.logs(ref)
     for rank in (0, 1):
-        assert (f"[rank {rank}] train.sh[rank {rank}]: rendezvous: WORLD_SIZE=2 NNODES=2 NODE_RANK={rank} "
-                "NPROC_PER_NODE=1 NUM_GPU_PER_NODE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500") in logs
+        assert (f"[rank {rank}] train.sh[rank {rank}]: rendezvous: WORLD_SIZE=2 NUM_GPU_PER_NODE=1 NODE_RANK={rank} "
+                f"MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 PET_NNODES=2 PET_NPROC_PER_NODE=1 PET_NODE_RANK={rank} "
+                "PET_MASTER_ADDR=127.0.0.1 PET_MASTER_PORT=29500") in logs
     assert sorted((control(tmp_path) / "started").read_text().splitlines()) == ["rank 0 started", "rank 1 started"]
     assert len(json.loads((backend.workdir_root / "job-1" / "run" / "ranks.json").read_text())["ranks"]) == 2
 
@@ -776,6 +790,42 @@ def test_ranks_reach_rank_0_on_a_loopback_private_to_the_job(tmp_path: Path, bac
     results = Path(str(backend.results_path(ref)))
     assert (results / "rank-0").read_text() == "hello from rank 1"
     assert (results / "rank-1").read_text() == "host loopback unreachable"
+
+
+ALL_REDUCE = """
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+value = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(value)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()}: all-reduced {value.item():g}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_two_ranks_rendezvous_through_torchrun_and_all_reduce(tmp_path: Path, backend: LocalBackend) -> None:
+    """torchrun in each of two frames, told nothing but the node count, GPUs per node and the
+    backend (rank and rank 0's address come from the frame's environment), brings up a gloo
+    process group across them: each rank's worker sees the sum of both ranks' values. The frame
+    runs the host's Python (the venv's lives outside the frame) with torch's site-packages
+    mounted read-only."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (make test installs it)")
+    if not Path("/usr/bin/python3.11").exists():
+        pytest.skip("the host userland has no /usr/bin/python3.11 (the ABI of the venv's torch)")
+    site_packages = str(Path(torch.__file__).resolve().parents[1])
+    plan = make_plan(tmp_path, nodes=2, command=[
+        "/usr/bin/python3.11", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+        "--rdzv-backend=static", "/control/all_reduce.py"],
+        environment={"PYTHONPATH": "/opt/torch-site-packages"},
+        mounts=[{"source": site_packages, "target": "/opt/torch-site-packages"}])
+    (control(tmp_path) / "all_reduce.py").write_text(ALL_REDUCE)
+    ref = backend.submit(plan).backend_ref
+    assert finished(backend, ref).state == "COMPLETE", backend.logs(ref)
+    logs = backend.logs(ref)
+    world = plan.nodes  # one worker per node
+    for rank in range(world):  # the sum of every worker's rank + 1
+        assert f"[rank {rank}] rank {rank} of {world}: all-reduced {sum(range(1, world + 1))}" in logs, logs
 
 
 # ----------------------------------------------------------------------------- preflight and lookups

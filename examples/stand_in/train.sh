@@ -17,8 +17,8 @@
 #   MARKER_DIR         if set, a line "rank N started" is appended to $MARKER_DIR/started first thing:
 #                      proof, from outside, that the command started (and how often)
 #   HOLD_FILE          if set, wait until this path exists before the first epoch (holds a job RUNNING)
-#   NODE_RANK ...      the rendezvous variables of a multi-node job are printed; only rank 0 writes
-#                      results, as TAO does
+#   NODE_RANK ...      the rendezvous variables of a multi-node job (TAO's and torchrun's PET_*) are
+#                      printed; only rank 0 writes results, as TAO does
 #
 # Results: checkpoint_epoch_N.pth, status.json (one JSON line per event, like TAO's), train.log,
 # and .tao/state.json (job state that is never uploaded).
@@ -40,7 +40,7 @@ done
 if [ -n "${MARKER_DIR:-}" ]; then
   printf 'rank %s started\n' "$rank" >> "$MARKER_DIR/started" || fail 2 "cannot write the marker in $MARKER_DIR"
 fi
-say "rendezvous: WORLD_SIZE=${WORLD_SIZE:-} NNODES=${NNODES:-} NODE_RANK=${NODE_RANK:-} NPROC_PER_NODE=${NPROC_PER_NODE:-} NUM_GPU_PER_NODE=${NUM_GPU_PER_NODE:-} MASTER_ADDR=${MASTER_ADDR:-} MASTER_PORT=${MASTER_PORT:-}"
+say "rendezvous: WORLD_SIZE=${WORLD_SIZE:-} NUM_GPU_PER_NODE=${NUM_GPU_PER_NODE:-} NODE_RANK=${NODE_RANK:-} MASTER_ADDR=${MASTER_ADDR:-} MASTER_PORT=${MASTER_PORT:-} PET_NNODES=${PET_NNODES:-} PET_NPROC_PER_NODE=${PET_NPROC_PER_NODE:-} PET_NODE_RANK=${PET_NODE_RANK:-} PET_MASTER_ADDR=${PET_MASTER_ADDR:-} PET_MASTER_PORT=${PET_MASTER_PORT:-}"
 
 [ -n "$spec" ] || fail 2 "no spec: pass -e SPEC"
 [ -f "$spec" ] || fail 2 "the spec $spec does not exist or is not a file"

@@ -2,11 +2,13 @@
 ownership by label, and ``ownerReferences`` so the Job's TTL takes everything with it.
 
 Why create first and read only on a conflict: on a fresh submit every object is new, so each
-costs one request. A 409 is then read back: an object carrying our labels and this job's id is
-one an earlier attempt made (its reply may have been lost) and counts as created; anyone else's
-object is an error naming it, and nothing is deleted. A Job that exists must also run the same
-pod spec (a digest annotation): a different request under a taken job id is refused rather than
-silently answered by the old Job.
+costs one request. A 409 is then read back: an object whose labels and annotation both name this
+job is one an earlier attempt made (its reply may have been lost) and counts as created. Anyone
+else's object is an error naming it — another job's (one an older version named alike, say) by
+both jobs' ids — and nothing is deleted: adopting it would hand another job's config or
+credentials to this one, and this job's cancel would delete it. A Job that exists must also run
+the same pod spec (a digest annotation): a different request under a taken job id is refused
+rather than silently answered by the old Job.
 
 The per-job Secret is the only object built here rather than by the renderer, because only it
 holds values: they come from the submitting environment, go to the API server and nowhere else.
@@ -104,11 +106,24 @@ def _digest(spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def ours(existing: Mapping[str, Any], job_id: str) -> bool:
-    metadata = existing.get("metadata") or {}
-    labels = metadata.get("labels") or {}
-    return (all(labels.get(k) == v for k, v in MANAGED_BY.items())
-            and (metadata.get("annotations") or {}).get(JOB_ID_LABEL) == job_id)
+def _claims(obj: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(the job its ``tao-data-io/job-id`` label names, the job id its annotation names)."""
+    metadata = obj.get("metadata") or {}
+    return (metadata.get("labels") or {}).get(JOB_ID_LABEL), (metadata.get("annotations") or {}).get(JOB_ID_LABEL)
+
+
+def _taken(existing: Mapping[str, Any], obj: Mapping[str, Any], job_id: str) -> str | None:
+    """Why ``existing``, found under ``obj``'s name, is not an earlier attempt's ``obj`` (None: it is)."""
+    labels = (existing.get("metadata") or {}).get("labels") or {}
+    label, annotation = _claims(existing)
+    ours, _ = _claims(obj)
+    managed = all(labels.get(k) == v for k, v in MANAGED_BY.items())
+    if managed and (label, annotation) == (ours, job_id):
+        return None
+    others = [claim for claim, mine in ((annotation, job_id), (label, ours)) if claim not in (None, mine)]
+    if not (managed and others):
+        return f"is not job {job_id!r}'s (its labels: {labels})"
+    return f"belongs to job {others[0]!r}, not job {job_id!r} (its label names {label!r}, its annotation {annotation!r})"
 
 
 def create(api: Api, obj: dict[str, Any], job_id: str, *, dry_run: bool = False) -> tuple[dict[str, Any], bool]:
@@ -128,10 +143,10 @@ def create(api: Api, obj: dict[str, Any], job_id: str, *, dry_run: bool = False)
     existing = api.get(f"reading {describe(obj)}", kind.read, name, namespace)
     if existing is None:
         raise BackendError(f"{describe(obj)} was said to exist but cannot be read; try again", retryable=True)
-    if not ours(existing, job_id):
-        labels = (existing.get("metadata") or {}).get("labels") or {}
-        raise UsageError(f"{describe(obj)} already exists and is not job {job_id!r}'s (its labels: {labels}); nothing "
-                         "was changed or deleted: remove or rename that object, or submit under another job id")
+    taken = _taken(existing, obj, job_id)
+    if taken is not None:
+        raise UsageError(f"{describe(obj)} already exists and {taken}; nothing was changed or deleted: remove or "
+                         "rename that object, or submit under another job id")
     digest = obj["metadata"].get("annotations", {}).get(SPEC_DIGEST)
     if digest is not None and existing["metadata"].get("annotations", {}).get(SPEC_DIGEST) != digest:
         raise UsageError(f"{describe(obj)} already runs job {job_id!r} with another pod spec (image, command, "

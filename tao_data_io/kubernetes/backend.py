@@ -33,7 +33,7 @@ from ..errors import UsageError, is_retryable
 from ..launch.backend import DEFAULT_VERIFY_TIMEOUT_S, FailureAnalysis, JobDocuments, JobStatus, Submission
 from ..launch.plan import LaunchPlan
 from ..launch.probe import Verdict, read_checklist
-from ..names import check_backend_ref, k8s_name_for
+from ..names import check_backend_ref, object_names
 from ..tier import ClusterFacts
 from . import pods as pod_reading
 from .api import Api, ApiError, connect
@@ -170,7 +170,7 @@ class KubernetesBackend:
         started, and the GPUs are freed."""
         namespace, name = self._ref(ref)
         api = self._api()
-        files = k8s_name_for(plan.job_id, "files")
+        files = object_names(plan.job_id).files
         configmap = api.get(f"reading ConfigMap {namespace}/{files}", api.core.read_namespaced_config_map, files,
                             namespace)
         if configmap is None:

@@ -1,17 +1,19 @@
 """Every manifest a job needs, from its launch plan: pure, deterministic, ``kubectl apply``-ready.
 
 What comes out (:func:`render_job`), all labelled ``app.kubernetes.io/managed-by: tao-data-io``
-and ``tao-data-io/job-id: <job name>`` (a label holds 63 characters; the full id is the
-annotation of the same key), all named from the job id (:func:`tao_data_io.names.k8s_name_for`):
+and ``tao-data-io/job-id: <job name>`` (the training Job's name, which is the id; the id is also
+the annotation of the same key), all named from the job id (:func:`tao_data_io.names.object_names`
+says how, and why no two jobs share a name):
 
-* a **ConfigMap** ``<job>-files``: the materialized config (mounted read-only at its path), the
+* a **ConfigMap** ``<id>-files``: the materialized config (mounted read-only at its path), the
   verify probe, its checklist and wrapper, and — when the pod stages or uploads — the request,
   the job record and the stager and sidecar scripts. Names and paths only;
-* tier B: a **stage Job** ``<job>-stage`` (stager image, no GPU, the claim mounted read-write)
+* tier B: a **stage Job** ``<id>-stage…`` (stager image, no GPU, the claim mounted read-write)
   that fills the claim's ``cache/`` before the training Job exists; an Indexed Job of
   ``shards`` pods when asked;
-* multi-node: a headless **Service** named after the Job, for ``<job>-0.<job>`` rendezvous;
-* the training **Job**: one pod (or an Indexed Job of ``nodes`` pods), ``backoffLimit: 0``,
+* multi-node: a headless **Service** ``ranks-<id>``, the pods' subdomain, for rendezvous at
+  ``<id>-0.ranks-<id>``;
+* the training **Job** ``<id>``: one pod (or an Indexed Job of ``nodes`` pods), ``backoffLimit: 0``,
   ``restartPolicy: Never``, ``ttlSecondsAfterFinished``. Its initContainers, in order: the
   stager (tier C, or whenever results are uploaded), the results sidecar (a native sidecar,
   whenever results are uploaded), and last the **verify probe** in the training image with the
@@ -40,7 +42,8 @@ from ..errors import UsageError
 from ..fs import check_relative
 from ..launch.plan import PROBE_DIR, LaunchPlan, PlanMount, refuse_smuggled_secrets
 from ..launch.probe import PROBE_SCRIPT, TOKEN_FILE, Check, checklist, checklist_text
-from ..names import check_env_name, k8s_name_for
+from ..launch.rendezvous import MASTER_PORT, RENDEZVOUS_NAMES, rendezvous_env
+from ..names import check_env_name, object_names
 from ..records import JobRecord
 from ..request import JobRequest, check_container_path
 from ..tier import TIER_C_BYTES_PER_SECOND
@@ -52,7 +55,6 @@ JOB_ID_LABEL = "tao-data-io/job-id"
 #: ``kubectl apply -l tao-data-io/step=stage`` applies what must run first (tier B).
 STEP_LABEL = "tao-data-io/step"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-MASTER_PORT = 29500
 TERMINATION_LOG = "/dev/termination-log"
 #: Our own paths inside a pod; no declared target may use them.
 FILES_DIR = "/tao-data-io/files"
@@ -70,8 +72,6 @@ CONFIGMAP_LIMIT = 1024 * 1024
 #: values come from ``credentials.forwarded_values``, which maps the other family in memory).
 _S3_KEYS = (("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
             (AWS_TO_LEGACY["AWS_ACCESS_KEY_ID"], AWS_TO_LEGACY["AWS_SECRET_ACCESS_KEY"]))
-_RENDEZVOUS = ("WORLD_SIZE", "NUM_GPU_PER_NODE", "NNODES", "NPROC_PER_NODE", "NODE_RANK", "MASTER_ADDR",
-               "MASTER_PORT")
 
 
 @dataclass(frozen=True)
@@ -142,11 +142,8 @@ class _Job:
     def __init__(self, plan: LaunchPlan, settings: RenderSettings, request: JobRequest, record: JobRecord,
                  config: bytes | None) -> None:
         self.plan, self.settings, self.request, self.record, self.config = plan, settings, request, record, config
-        self.name = k8s_name_for(plan.job_id)
-        self.files = k8s_name_for(plan.job_id, "files")
-        #: A label value holds at most 63 characters: the job's name stands for its id there; the
-        #: id itself is an annotation.
-        self.labels = {**MANAGED_BY, JOB_ID_LABEL: self.name}
+        self.names = object_names(plan.job_id)
+        self.labels = {**MANAGED_BY, JOB_ID_LABEL: self.names.job}
         self.multi = plan.nodes > 1
         #: Results persist on the claim when there is one; else only through an upload.
         self.results_on_claim = settings.pvc_claim is not None
@@ -171,7 +168,7 @@ class _Job:
         for name in names:
             check_env_name(name, what="forward_env name")
         given = self.settings.credential_secret
-        return SecretRef(given or k8s_name_for(self.plan.job_id, "credentials"), names, per_job=given is None)
+        return SecretRef(given or self.names.credentials, names, per_job=given is None)
 
     def _check_tier(self) -> None:
         plan, settings = self.plan, self.settings
@@ -246,12 +243,12 @@ class _Job:
             data["stager.sh"] = STAGER_SCRIPT
             data["sidecar.sh"] = SIDECAR_SCRIPT
         step = "stage" if self.plan.tier == "B" else "train"
-        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self._meta(self.files, step), "data": data}
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self._meta(self.names.files, step), "data": data}
 
     def _service(self) -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "Service", "metadata": self._meta(self.name, "train"),
+        return {"apiVersion": "v1", "kind": "Service", "metadata": self._meta(self.names.service, "train"),
                 "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                         "selector": {"batch.kubernetes.io/job-name": self.name},
+                         "selector": {"batch.kubernetes.io/job-name": self.names.job},
                          "ports": [{"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT}]}}
 
     def _pod_basics(self) -> dict[str, Any]:
@@ -267,11 +264,11 @@ class _Job:
     def _stage_job(self) -> dict[str, Any]:
         """Tier B: fill the claim's cache before the training Job exists (no GPU held)."""
         shards = self.settings.shards
-        name = k8s_name_for(self.plan.job_id, "stage")
+        name = self.names.stage
         command = ["tao-data-io", "stage", "--request", f"{FILES_DIR}/request.json", "--workdir",
                    f"{VOLUME_ROOT}/{CACHE_DIR}", "--cache", "--map"]
         env = [*self._secret_env(), {"name": "XDG_CACHE_HOME", "value": "/tmp/tao-data-io-cache"}]
-        map_path = f"{VOLUME_ROOT}/jobs/{self.name}/staging-map"
+        map_path = f"{VOLUME_ROOT}/jobs/{self.names.job}/staging-map"
         if shards > 1:
             env.append({"name": "TAO_SHARD_INDEX", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}})
             command += [f"{map_path}.shard-$(TAO_SHARD_INDEX).json", "--shard", f"$(TAO_SHARD_INDEX)/{shards}"]
@@ -283,7 +280,7 @@ class _Job:
                      "terminationMessagePolicy": "FallbackToLogsOnError"}
         pod = {**self._pod_basics(), "containers": [container],
                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": self.settings.pvc_claim}},
-                           {"name": "files", "configMap": {"name": self.files}}]}
+                           {"name": "files", "configMap": {"name": self.names.files}}]}
         spec: dict[str, Any] = {"backoffLimit": 2 * shards, "ttlSecondsAfterFinished": self.settings.ttl_seconds,
                                 "template": {"metadata": {"labels": {**self.labels, STEP_LABEL: "stage"}}, "spec": pod}}
         if shards > 1:
@@ -313,12 +310,12 @@ class _Job:
         init.append(verify)
         pod.update(initContainers=init, containers=[train], volumes=volumes)
         if self.multi:
-            pod["subdomain"] = self.name
+            pod["subdomain"] = self.names.service
         spec: dict[str, Any] = {"backoffLimit": 0, "ttlSecondsAfterFinished": self.settings.ttl_seconds,
                                 "template": {"metadata": {"labels": {**self.labels, STEP_LABEL: "train"}}, "spec": pod}}
         if self.multi:
             spec.update(completionMode="Indexed", completions=plan.nodes, parallelism=plan.nodes)
-        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(self.name, "train"), "spec": spec}
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(self.names.job, "train"), "spec": spec}
 
     def grace_seconds(self) -> int:
         """Time for the final upload after training exits: the results budget at the measured
@@ -365,17 +362,19 @@ class _Job:
         plan = self.plan
         env: list[dict[str, Any]] = [{"name": k, "value": literal(v)} for k, v in sorted(plan.env.items())]
         if self.multi:
-            env += [{"name": "WORLD_SIZE", "value": str(plan.nodes)}, {"name": "NUM_GPU_PER_NODE", "value": str(plan.gpus)},
-                    {"name": "NNODES", "value": str(plan.nodes)}, {"name": "NPROC_PER_NODE", "value": str(plan.gpus)},
-                    {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}},
-                    {"name": "MASTER_ADDR", "value": f"{self.name}-0.{self.name}"},
-                    {"name": "MASTER_PORT", "value": str(MASTER_PORT)}]
+            # Each pod's rank is its completion index, which the Job controller annotates it with;
+            # rank 0's host is <job>-0 in the headless Service's subdomain.
+            rendezvous = rendezvous_env(nodes=plan.nodes, gpus_per_node=plan.gpus,
+                                        rank={"fieldRef": {"fieldPath": COMPLETION_INDEX}},
+                                        master_addr=f"{self.names.job}-0.{self.names.service}")
+            env += [{"name": name, "value": value} if isinstance(value, str) else {"name": name, "valueFrom": value}
+                    for name, value in rendezvous.items()]
         return env + self._secret_env()
 
     def _results_mount(self, *, read_only: bool = False) -> dict[str, Any]:
         mount: dict[str, Any] = {"name": "data" if self.results_on_claim else "results", "mountPath": self.plan.results_dir}
         if self.results_on_claim:
-            mount["subPath"] = f"results/{self.name}"
+            mount["subPath"] = f"results/{self.names.job}"
         if read_only:
             mount["readOnly"] = True
         return mount
@@ -399,7 +398,7 @@ class _Job:
         mounts.append(self._results_mount())
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
         volumes: list[dict[str, Any]] = [
-            {"name": "files", "configMap": {"name": self.files}},
+            {"name": "files", "configMap": {"name": self.names.files}},
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size or plan.shm_size}}]
         if settings.pvc_claim is not None:
             volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": settings.pvc_claim}})
@@ -452,7 +451,7 @@ def _check_plan(plan: LaunchPlan, settings: RenderSettings) -> None:
     if doubled:
         raise UsageError(f"forward_env names {doubled} are also in environment; a credential is forwarded by name "
                          "only: remove them from environment")
-    ours = sorted(set(plan.env) & set(_RENDEZVOUS)) if plan.nodes > 1 else []
+    ours = sorted(set(plan.env) & RENDEZVOUS_NAMES) if plan.nodes > 1 else []
     if ours:
         raise UsageError(f"environment sets {ours}, which a multi-node job's rendezvous sets itself; remove them")
 

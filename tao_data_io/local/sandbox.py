@@ -43,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..launch.plan import PROBE_DIR, LaunchPlan, PlanMount
+from ..launch.rendezvous import rendezvous_env
 from ..request import quantity_bytes
 
 #: The host directories that make up the userland a frame runs.
@@ -59,9 +60,9 @@ FRAME_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FRAME_LANG = "C.UTF-8"
 #: The private tmpfs: HOME and the working directory (no home directory of the host is visible).
 FRAME_TMP = "/tmp"
-#: Ranks share one loopback (see :class:`Namespaces`), so rank 0 is reached at 127.0.0.1.
+#: Ranks share one loopback (see :class:`Namespaces`), so rank 0 is reached at 127.0.0.1 (on
+#: :data:`~tao_data_io.launch.rendezvous.MASTER_PORT`).
 MASTER_ADDR = "127.0.0.1"
-MASTER_PORT = 29500
 
 
 @dataclass(frozen=True)
@@ -192,17 +193,10 @@ def frame_binds(plan: LaunchPlan, results_host: str, probe_dir: str | None = Non
 
 def frame_env(plan: LaunchPlan, *, rank: int = 0, credentials: Mapping[str, str] | None = None) -> dict[str, str]:
     """The frame's whole environment: a fixed PATH/LANG/HOME, the plan's variables, the rendezvous
-    variables of a multi-node job, and the projected credentials — nothing of the host's."""
+    variables of a multi-node job (:func:`~tao_data_io.launch.rendezvous.rendezvous_env`, as an
+    Indexed Job's pods get them), and the projected credentials — nothing of the host's."""
     env = {"PATH": FRAME_PATH, "LANG": FRAME_LANG, "HOME": FRAME_TMP, **plan.env}
     if plan.nodes > 1:
-        env.update(rendezvous_env(plan, rank))
+        env.update(rendezvous_env(nodes=plan.nodes, gpus_per_node=plan.gpus, rank=str(rank), master_addr=MASTER_ADDR))
     env.update(credentials or {})
     return env
-
-
-def rendezvous_env(plan: LaunchPlan, rank: int) -> dict[str, str]:
-    """The variables the Kubernetes Indexed Job sets, under both conventions (TAO's entrypoint
-    reads WORLD_SIZE as the node count and NUM_GPU_PER_NODE; torchrun reads NNODES/NPROC_PER_NODE)."""
-    return {"WORLD_SIZE": str(plan.nodes), "NUM_GPU_PER_NODE": str(plan.gpus), "NNODES": str(plan.nodes),
-            "NPROC_PER_NODE": str(plan.gpus), "NODE_RANK": str(rank), "MASTER_ADDR": MASTER_ADDR,
-            "MASTER_PORT": str(MASTER_PORT)}
