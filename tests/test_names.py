@@ -27,15 +27,10 @@ from tao_data_io.request import JobRequest
 
 from .kube_standin import invalid
 from .test_kubernetes import STAGER, _plan, req
+from .test_kubernetes_online import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID
 
 #: The job id rule (README: 1-52 lowercase letters, digits or '-', a letter or digit at each end).
 JOB_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?")
-DNS_1035 = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
-#: Ids an earlier scheme gave one name: L's ConfigMap and Secret names, truncated to 52 with a
-#: hash of L, were ``M-files`` and ``M2-credentials`` for these valid ids M and M2.
-LONG_ID = "longjob-" + "a" * 44
-ITS_FILES_BASE = "longjob-aaaaaaaaaaaaaaaaaaaaaaaaaaa-92fb6e432f"
-ITS_CREDENTIALS_BASE = "longjob-aaaaaaaaaaaaaaaaaaaaa-92fb6e432f"
 
 
 @pytest.fixture(scope="module")
