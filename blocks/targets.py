@@ -20,7 +20,7 @@ from pydantic import AfterValidator, Field, model_validator
 from tao_data_io.errors import UsageError
 from tao_data_io.kubernetes.settings import DEFAULT_TTL_SECONDS, RenderSettings
 from tao_data_io.launch.backend import Backend, backend_for
-from tao_data_io.pipeline import workdir_for
+from tao_data_io.steps import workdir_for
 
 
 def _absolute(value: str) -> str:

@@ -3,7 +3,7 @@
 ERROR, attach the log's tail and the failure analysis — then fail the flow run, so the UI and
 any automation see the job's failure.
 
-The steps of :func:`tao_data_io.pipeline.collect`, each a task calling the same function.
+The steps of :func:`tao_data_io.steps.collect`, each a task calling the same function.
 """
 
 from __future__ import annotations

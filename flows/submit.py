@@ -1,7 +1,7 @@
 """``submit-tao-job``: record → tier → stage (a task run per input) → config → plan → launch →
 verify → RUNNING, returning the job id.
 
-The same steps, in the same order, as :func:`tao_data_io.pipeline.submit` (the CLI's
+The same steps, in the same order, as :func:`tao_data_io.steps.submit` (the CLI's
 composition) — each task calls the pipeline's step function — so the two cannot drift; the flow
 adds what an orchestrator adds: each input staged as its own task run (shown and retried on its
 own), progress and tables in the UI, retries of transient faults. A verify failure fails the
@@ -22,7 +22,7 @@ from tao_data_io.launch.backend import Submission
 from tao_data_io.launch.plan import build_plan
 from tao_data_io.launch.probe import Verdict
 from tao_data_io.names import mint_job_id
-from tao_data_io.pipeline import Submitted, already_launched
+from tao_data_io.steps import Submitted, already_launched
 from tao_data_io.request import JobRequest, load_request, parse_request
 from tao_data_io.staging.layout import plan_inputs
 from tao_data_io.staging.stage import check_air_gap

@@ -14,7 +14,7 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from blocks.credentials import CredentialSet
-from tao_data_io import pipeline
+from tao_data_io import steps
 from tao_data_io.launch.backend import Backend, JobDocuments, Submission
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.launch.probe import Verdict
@@ -33,7 +33,7 @@ def launch(plan: dict[str, Any], backend: Backend, credentials: CredentialSet, r
     backend whose pods stage for themselves."""
     launch_plan = LaunchPlan.model_validate(plan)
     documents = JobDocuments(JobRequest.model_validate(request), store.get(launch_plan.job_id))
-    submission = pipeline.start(launch_plan, backend, environ=credentials.environ(), documents=documents,
+    submission = steps.start(launch_plan, backend, environ=credentials.environ(), documents=documents,
                                 store=store)
     get_run_logger().info("job %s: %s", launch_plan.job_id, submission.describe())
     return submission.to_dict()
@@ -45,8 +45,8 @@ def verify(plan: dict[str, Any], backend: Backend, store: RecordStore, submissio
     a failed one raises (not retried) and the job never starts."""
     launch_plan = LaunchPlan.model_validate(plan)
     try:
-        verdict = pipeline.confirm(launch_plan, backend, store, Submission.model_validate(submission), source=SOURCE)
-    except pipeline.VerifyFailed as failed:
+        verdict = steps.confirm(launch_plan, backend, store, Submission.model_validate(submission), source=SOURCE)
+    except steps.VerifyFailed as failed:
         assert failed.verdict is not None  # raised here, not rebuilt from a stored result
         _publish(launch_plan, store, failed.verdict)
         raise

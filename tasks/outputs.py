@@ -14,7 +14,7 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from blocks.credentials import CredentialSet
-from tao_data_io import pipeline
+from tao_data_io import steps
 from tao_data_io.credentials import Redactor
 from tao_data_io.launch.backend import Backend, JobStatus
 from tao_data_io.records import RecordStore
@@ -29,7 +29,7 @@ def wait_for_end(job_id: str, backend: Backend, store: RecordStore, poll_seconds
     """Poll the backend every ``poll_seconds`` until the job is terminal (or ``max_wait_seconds``
     passed), logging each change of state."""
     logger = get_run_logger()
-    status = pipeline.wait_for_end(job_id, backend, store, poll_seconds=poll_seconds, timeout=max_wait_seconds,
+    status = steps.wait_for_end(job_id, backend, store, poll_seconds=poll_seconds, timeout=max_wait_seconds,
                                    say=logger.info)
     logger.info("job %s: %s", job_id, status.describe())
     return status.to_dict()
@@ -40,7 +40,7 @@ def upload_results(job_id: str, backend: Backend, store: RecordStore, credential
     """Upload the job's results to its route with its excludes, and report what happened."""
     logger = get_run_logger()
     with ProgressArtifact(f"upload of job {job_id}'s results") as progress:
-        outcome = pipeline.upload_job_results(job_id, backend, store, environ=credentials.environ(),
+        outcome = steps.upload_job_results(job_id, backend, store, environ=credentials.environ(),
                                               progress=progress.callback, say=logger.info)
     if outcome is None:
         logger.info("job %s: the backend uploads its results itself", job_id)
@@ -55,7 +55,7 @@ def upload_results(job_id: str, backend: Backend, store: RecordStore, credential
 def report_failure(job_id: str, status: dict[str, Any], backend: Backend, store: RecordStore,
                    credentials: CredentialSet) -> dict[str, Any]:
     """The failure analysis and the log's last lines, as an artifact."""
-    tail, analysis = pipeline.failure_report(job_id, backend, store)
+    tail, analysis = steps.failure_report(job_id, backend, store)
     redact = Redactor(credentials.environ(), secret_names=store.get(job_id).forward_env)
     masked = redact(tail) if tail else tail
     create_markdown_artifact(failure_report(job_id, JobStatus.model_validate(status), analysis, masked),
@@ -68,7 +68,7 @@ def report_failure(job_id: str, status: dict[str, Any], backend: Backend, store:
 def running_jobs(store: RecordStore, backend: Backend) -> dict[str, list[str]]:
     """The RUNNING jobs this backend can see, and those of its platform it has no trace of."""
     logger = get_run_logger()
-    seen, elsewhere = pipeline.running_jobs(store, backend, say=logger.warning)
+    seen, elsewhere = steps.running_jobs(store, backend, say=logger.warning)
     if elsewhere:
         logger.warning("%d RUNNING jobs of the %s platform are not on this target (submitted through "
                        "another, or lost with their host), so their results are not resynced here: %s",
@@ -82,7 +82,7 @@ def resync_job(job_id: str, backend: Backend, store: RecordStore, credentials: C
     """Upload what is new in a running job's results; leaves at once when another upload of the
     job holds its lock (an overlapping resync, or the final upload)."""
     with ProgressArtifact(f"resync of job {job_id}'s results") as progress:
-        outcome = pipeline.resync(job_id, backend, store, settle_seconds=settle_seconds,
+        outcome = steps.resync(job_id, backend, store, settle_seconds=settle_seconds,
                                   environ=credentials.environ(), progress=progress.callback)
     if outcome is not None:
         get_run_logger().info("job %s: %s", job_id, outcome.describe())

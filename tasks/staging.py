@@ -15,7 +15,7 @@ from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from blocks.credentials import CredentialSet
-from tao_data_io import pipeline
+from tao_data_io import steps
 from tao_data_io.launch.backend import Backend
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.layout import PlannedInput
@@ -55,7 +55,7 @@ def publish_staging_map(request: dict[str, Any], workdir: Path, sources: list[di
 def plan_staging(request: dict[str, Any], backend: Backend, workdir: Path,
                  credentials: CredentialSet) -> dict[str, Any]:
     """For a backend that stages on the cluster: the map it will produce and the config, nothing moved."""
-    return _published(pipeline.stage_inputs(JobRequest.model_validate(request), backend, workdir,
+    return _published(steps.stage_inputs(JobRequest.model_validate(request), backend, workdir,
                                             environ=credentials.environ()))
 
 

@@ -35,7 +35,7 @@ from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.launch.backend import Backend
 from tao_data_io.launch.fake import FakeBackend
 from tao_data_io.local.backend import LocalBackend
-from tao_data_io.pipeline import collect, submit
+from tao_data_io.steps import collect, submit
 from tao_data_io.records import JobRecord, RecordStore
 from tao_data_io.request import parse_request
 

@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tao_data_io import pipeline
+from tao_data_io import steps
 from tao_data_io.errors import BackendError, CredentialError, UsageError
 from tao_data_io.kubernetes.api import Api, ApiError, connect
 from tao_data_io.kubernetes.apply import kinds
@@ -101,8 +101,8 @@ def store_in(tmp_path: Path) -> RecordStore:
 
 
 def submit(tmp_path: Path, request: JobRequest, backend: KubernetesBackend,
-           environ: dict[str, str] | None = None) -> pipeline.Submitted:
-    return pipeline.submit(request, backend, store_in(tmp_path), workdir_root=tmp_path / "work",
+           environ: dict[str, str] | None = None) -> steps.Submitted:
+    return steps.submit(request, backend, store_in(tmp_path), workdir_root=tmp_path / "work",
                            environ=ENV if environ is None else environ)
 
 
@@ -112,13 +112,13 @@ def launch_only(tmp_path: Path, request: JobRequest, backend: KubernetesBackend,
     can look at the job at any step of its pods' script."""
     env = ENV if environ is None else environ
     store = store_in(tmp_path)
-    record = pipeline.open_record(request, backend, store)
-    decision = pipeline.decide_tier(request, backend, store, record.job_id)
-    staging_map = pipeline.stage_inputs(request, backend, tmp_path / "work" / record.job_id, environ=env)
-    record = pipeline.route_outputs(store, record.job_id, env)
+    record = steps.open_record(request, backend, store)
+    decision = steps.decide_tier(request, backend, store, record.job_id)
+    staging_map = steps.stage_inputs(request, backend, tmp_path / "work" / record.job_id, environ=env)
+    record = steps.route_outputs(store, record.job_id, env)
     assert record.output_route is not None
     plan = build_plan(request, staging_map, decision, record, record.output_route, environ=env)
-    return pipeline.start(plan, backend, environ=env, documents=JobDocuments(request, record), store=store), plan
+    return steps.start(plan, backend, environ=env, documents=JobDocuments(request, record), store=store), plan
 
 
 def ours(kube: KubeStandIn, kind: str) -> dict[str, dict[str, Any]]:
@@ -481,7 +481,7 @@ def test_a_job_id_ending_in_stage_never_meets_another_jobs_stage_job(kube: KubeS
 def test_a_failed_verify_deletes_the_job_and_the_record_says_error(kube: KubeStandIn, tmp_path: Path) -> None:
     kube.server.control.verify_failures["/data"] = "does not exist"
     said: list[str] = []
-    with pytest.raises(pipeline.VerifyFailed, match="/data: does not exist"):
+    with pytest.raises(steps.VerifyFailed, match="/data: does not exist"):
         submit(tmp_path, job_request(), make_backend(said))
     record = store_in(tmp_path).get("job-1")
     assert record.state == "ERROR" and record.backend_ref == "tao/job-1"
@@ -492,7 +492,7 @@ def test_a_failed_verify_deletes_the_job_and_the_record_says_error(kube: KubeSta
     assert deleted == ["DELETE /apis/batch/v1/namespaces/tao/jobs/job-1?propagationPolicy=Foreground"]
     assert every_object_of_ours(kube) == [] and kube.server.alive("Pod", NAMESPACE) == {}  # GPU freed, GC'd
     assert any("frees its GPUs" in line for line in said)
-    status = pipeline.current_status(record, make_backend(), store_in(tmp_path))
+    status = steps.current_status(record, make_backend(), store_in(tmp_path))
     assert status.state == "ERROR" and "the record says ERROR" in status.message
 
 
@@ -580,7 +580,7 @@ def test_a_job_that_is_gone_reads_unknown_and_ttl_takes_its_objects(kube: KubeSt
     # Never PENDING forever, never an end recorded from nothing: the record (RUNNING) stays, and the
     # wait says what happened and how to close it.
     with pytest.raises(UsageError, match="marking its record ERROR closes it"):
-        pipeline.wait_for_end("job-1", backend, store, poll_seconds=0.01)
+        steps.wait_for_end("job-1", backend, store, poll_seconds=0.01)
     assert store.get("job-1").state == "RUNNING"
     assert backend.failure_analysis(done.backend_ref) is None and backend.logs(done.backend_ref) == ""
 
@@ -606,7 +606,7 @@ def test_cancel_deletes_the_job_in_the_foreground_and_keeps_a_pre_created_secret
     backend = make_backend(credential_secret="team-s3")
     done = submit(tmp_path, job_request(compute_shape={"gpus": 8, "nodes": 2}), backend)
     assert done.verdict.ok and "team-s3" not in ours(kube, "Secret") and ours(kube, "Service")
-    assert pipeline.cancel("job-1", backend, store_in(tmp_path)).state == "CANCELED"
+    assert steps.cancel("job-1", backend, store_in(tmp_path)).state == "CANCELED"
     deleted = [r for r in kube.requests() if r.startswith("DELETE")]
     # The Service and ConfigMap are the Job's dependents: its foreground delete takes them first.
     assert deleted == ["DELETE /apis/batch/v1/namespaces/tao/jobs/job-1?propagationPolicy=Foreground"]
@@ -637,10 +637,10 @@ def test_cancel_of_a_finished_job_keeps_it_whole_for_collect(kube: KubeStandIn, 
     kube.server.control.scripts["job-1"] = [*TRAIN_SCRIPT, "succeeded"]
     backend = make_backend()
     done = submit(tmp_path, job_request(), backend)
-    assert pipeline.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01).state == "COMPLETE"
+    assert steps.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01).state == "COMPLETE"
     before = every_object_of_ours(kube)
     assert backend.cancel(done.backend_ref) is False
-    assert pipeline.cancel("job-1", backend, store_in(tmp_path)).state == "COMPLETE"
+    assert steps.cancel("job-1", backend, store_in(tmp_path)).state == "COMPLETE"
     assert not [r for r in kube.requests() if r.startswith("DELETE")] and every_object_of_ours(kube) == before
 
 
@@ -648,7 +648,7 @@ def test_collect_after_an_error_returns_the_log_tail_and_the_analysis(kube: Kube
     kube.server.control.scripts["job-1"] = ["pulling", "staging", "verifying", "verified", "running", "oomkilled"]
     backend = make_backend()
     submit(tmp_path, job_request(), backend)
-    collected = pipeline.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01)
+    collected = steps.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01)
     assert collected.state == "ERROR" and collected.upload is None  # results left through the pod's sidecar
     assert collected.failure is not None and collected.failure.err_class == "ERR_INFRA"
     assert collected.logs_tail == "epoch 1\nKilled\n"
@@ -892,7 +892,7 @@ def test_e2e_a_gpu_free_tier_a_job_on_a_real_cluster(tmp_path: Path, monkeypatch
         backend = KubernetesBackend(namespace=namespace, pvc_claim=claim_name, verify_timeout=600,
                                     image_pull_timeout=900, poll_seconds=2.0, say=said.append)
         store = store_in(tmp_path)
-        done = pipeline.submit(request, backend, store, workdir_root=tmp_path / "work", environ={})
+        done = steps.submit(request, backend, store, workdir_root=tmp_path / "work", environ={})
         try:
             assert done.tier == "A" and done.verdict.ok, (done.verdict.describe(), said)
             assert store.get(job_id).state == "RUNNING"
@@ -909,7 +909,7 @@ def test_e2e_a_gpu_free_tier_a_job_on_a_real_cluster(tmp_path: Path, monkeypatch
                 time.sleep(1)
             assert "listing /data" in backend.logs(done.backend_ref, tail=20)
         finally:
-            stopped = pipeline.cancel(job_id, backend, store)
+            stopped = steps.cancel(job_id, backend, store)
         assert stopped.state == "CANCELED" and backend.status(done.backend_ref).state in ("CANCELED", "UNKNOWN")
-        collected = pipeline.collect(job_id, backend, store, wait=False)
+        collected = steps.collect(job_id, backend, store, wait=False)
         assert collected.state == "CANCELED" and store.get(job_id).state == "CANCELED"

@@ -11,7 +11,7 @@ import pytest
 
 from tao_data_io.errors import UsageError
 from tao_data_io.launch.fake import FakeBackend
-from tao_data_io.pipeline import VerifyFailed, cancel, collect, current_status, submit
+from tao_data_io.steps import VerifyFailed, cancel, collect, current_status, submit
 from tao_data_io.records import RecordStore, open_for
 from tao_data_io.request import parse_request
 

@@ -72,7 +72,7 @@ def test_a_job_whose_submit_failed_before_anything_ran_may_be_opened_again_for_a
     stuck under its id for good."""
     from tao_data_io.errors import CredentialError
     from tao_data_io.local.backend import LocalBackend
-    from tao_data_io.pipeline import submit
+    from tao_data_io.steps import submit
     from tao_data_io.records import RecordStore
     from tao_data_io.request import parse_request
 

@@ -156,7 +156,7 @@ def test_a_fixed_request_can_rerun_a_job_whose_staging_failed(
 def test_collect_with_a_target_that_cannot_find_the_job_fails(prefect_harness: None, no_cloud: None,
                                                                tmp_path: Path) -> None:
     """collect-tao-job on a target that has no trace of a job its record says is RUNNING
-    completes successfully with state UNKNOWN, where the CLI's collect (pipeline._known) fails
+    completes successfully with state UNKNOWN, where the CLI's collect (steps._known) fails
     naming where the job was submitted; the flow never uses the record's backend_config."""
     store = _running_record(tmp_path / "jobs", "lost-job")
     state = collect_tao_job("lost-job", target=_local(tmp_path, "elsewhere"), records=records_block(tmp_path / "jobs"),

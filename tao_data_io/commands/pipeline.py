@@ -1,5 +1,5 @@
 """``submit``, ``status``, ``logs``, ``cancel``, ``collect``: a TAO job through its whole life from
-a shell, composing the same step functions as the Prefect flows (:mod:`tao_data_io.pipeline`).
+a shell, composing the same step functions as the Prefect flows (:mod:`tao_data_io.steps`).
 
 Why verbs: not every user runs Prefect; a shell script, a CI job or an agent submits a request,
 polls it and collects its results with the same guarantees (verify inside the frame before the
@@ -95,7 +95,7 @@ def _config(platform: str, args: argparse.Namespace) -> dict[str, Any]:
     """The backend's settings from the command line (the Kubernetes backend reads its kubeconfig,
     TAO_K8S_CONTEXT and TAO_K8S_NAMESPACE itself; the verbs after submit find the job by the
     namespace in its backend_ref)."""
-    from ..pipeline import workdir_root
+    from ..steps import workdir_root
 
     if platform == "local":
         return {"workdir_root": workdir_root(args.workdir)}
@@ -107,7 +107,7 @@ def _job(args: argparse.Namespace, console: Console) -> tuple[RecordStore, Backe
     says otherwise (``--workdir``). From here on the console masks the values of the job's
     forwarded credentials too: the job may print them, whatever they are called."""
     from ..credentials import Redactor
-    from ..pipeline import backend_of
+    from ..steps import backend_of
     from ..records import RecordStore
 
     store = RecordStore(args.root)
@@ -120,7 +120,7 @@ def _job(args: argparse.Namespace, console: Console) -> tuple[RecordStore, Backe
 def _submit(args: argparse.Namespace, console: Console) -> int:
     from ..credentials import Redactor
     from ..launch.backend import backend_for
-    from ..pipeline import submit, workdir_root
+    from ..steps import submit, workdir_root
     from ..records import RecordStore
     from ..request import load_request
 
@@ -138,7 +138,7 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
 
 
 def _status(args: argparse.Namespace, console: Console) -> int:
-    from ..pipeline import current_status
+    from ..steps import current_status
 
     store, backend, job_id = _job(args, console)
     status = current_status(store.get(job_id), backend, store)
@@ -154,7 +154,7 @@ def _logs(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cancel(args: argparse.Namespace, console: Console) -> int:
-    from ..pipeline import cancel
+    from ..steps import cancel
 
     store, backend, job_id = _job(args, console)
     before = store.get(job_id).state
@@ -167,7 +167,7 @@ def _cancel(args: argparse.Namespace, console: Console) -> int:
 
 
 def _collect(args: argparse.Namespace, console: Console) -> int:
-    from ..pipeline import collect
+    from ..steps import collect
     from ..routing import loud_ephemeral_warning
 
     store, backend, job_id = _job(args, console)

@@ -267,7 +267,7 @@ class KubernetesBackend:
         if documents is None:
             raise UsageError("the Kubernetes backend ships the job's request and record to its pods, so preflight "
                              "and submit need documents (the request and record the plan was built from); "
-                             "tao_data_io.pipeline.submit passes them")
+                             "tao_data_io.steps.submit passes them")
         claim = self._claim(documents)
         settings = replace(self.settings, namespace=self._api().namespace, pvc_claim=claim)
         rendered = render_job(plan, settings, request=documents.request, record=documents.record,
