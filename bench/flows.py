@@ -12,11 +12,11 @@ interleaved (the order alternates every repetition), medians of ``--reps``.
    off (what the tests set).
 2. **Submit.** The demo's request (a folder, an annotation-selective input, an archive, a model
    from the hub stand-in, the config; the stand-in in the local frame): ``submit-tao-job``
-   in-process against ``steps.submit``, each on a fresh job id (so each stages everything).
+   in-process against ``verbs.submit``, each on a fresh job id (so each stages everything).
 3. **Resync.** ``--files`` results of a RUNNING job (1,000 and 10,000) of which ``--changed``
    change before every run: ``tao-data-io resync`` (a process, as a schedule runs it),
    ``resync-tao-outputs`` in a fresh process (what a deployment run adds: Prefect's imports and
-   the run's API calls) and in-process (heartbeat on and off), and ``steps.resync`` in-process
+   the run's API calls) and in-process (heartbeat on and off), and ``steps.resync_job`` in-process
    (the core alone). Target: the flow adds a fixed start-up, not a per-file cost — the same
    difference at both sizes.
 
@@ -58,7 +58,7 @@ from deployments.demo import demo_request  # noqa: E402
 from deployments.model_hub import ModelHub  # noqa: E402
 from flows.resync import resync_tao_outputs  # noqa: E402
 from flows.submit import submit_tao_job  # noqa: E402
-from tao_data_io import steps  # noqa: E402
+from tao_data_io import steps, verbs  # noqa: E402
 from tao_data_io.embedded.s3 import EmbeddedS3  # noqa: E402
 from tao_data_io.launch.backend import Backend  # noqa: E402
 from tao_data_io.launch.fake import FakeBackend  # noqa: E402
@@ -135,7 +135,7 @@ def submit_comparison(work: Path, reps: int) -> list[str]:
     LocalTarget(workdir_root=str(work / "flow-local"), staging_root=str(work / "flow-work")).save("bench", overwrite=True)
     JobRecords(location=str(work / "flow-jobs")).save("bench", overwrite=True)
     backend, store = LocalBackend(work / "cli-local"), RecordStore(work / "cli-jobs")
-    times: dict[str, list[float]] = {"steps.submit": [], "submit-tao-job flow": [],
+    times: dict[str, list[float]] = {"verbs.submit": [], "submit-tao-job flow": [],
                                      "submit-tao-job flow, heartbeat off": []}
 
     def request(job_id: str) -> dict[str, object]:
@@ -144,7 +144,7 @@ def submit_comparison(work: Path, reps: int) -> list[str]:
         return document
 
     def by_pipeline(job_id: str) -> None:
-        steps.submit(parse_request(request(job_id)), backend, store, workdir_root=work / "cli-work")
+        verbs.submit(parse_request(request(job_id)), backend, store, staging_root=work / "cli-work")
 
     def by_flow(job_id: str) -> None:
         state = submit_tao_job(request(job_id), target="tao-local-target/bench", records="tao-job-records/bench",
@@ -155,7 +155,7 @@ def submit_comparison(work: Path, reps: int) -> list[str]:
         with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             by_flow(job_id)
 
-    runs = {"steps.submit": by_pipeline, "submit-tao-job flow": by_flow,
+    runs = {"verbs.submit": by_pipeline, "submit-tao-job flow": by_flow,
             "submit-tao-job flow, heartbeat off": by_flow_without_heartbeat}
     by_pipeline("warm-cli"), by_flow("warm-flow")
     try:
@@ -164,7 +164,7 @@ def submit_comparison(work: Path, reps: int) -> list[str]:
                 times[name].append(timed(lambda name=name, number=number: runs[name](f"bench-{rep}-{number}")))
     finally:
         hub.shutdown()
-    base = statistics.median(times["steps.submit"])
+    base = statistics.median(times["verbs.submit"])
     rows = ["| composition | wall time | vs pipeline |", "|---|---|---|"]
     rows += [f"| {name} | {median(values)} | +{statistics.median(values) - base:.2f}s |" for name, values in times.items()]
     return rows
@@ -207,12 +207,12 @@ def resync_comparison(work: Path, reps: int, files: int, changed: int, size: int
             flow_in_process()
 
     def core() -> None:
-        steps.resync(job_id, FakeBackend(results_root), jobs, settle_seconds=0)
+        steps.resync_job(job_id, FakeBackend(results_root), jobs, settle_seconds=0)
 
     contenders = {"tao-data-io resync (a process)": cli, "resync-tao-outputs flow (a process)": flow_process,
                   "resync-tao-outputs flow (in-process)": flow_in_process,
                   "resync-tao-outputs flow (in-process, heartbeat off)": flow_without_heartbeat,
-                  "steps.resync (in-process)": core}
+                  "steps.resync_job (in-process)": core}
     cli()  # untimed: the first upload of every file, and a warm digest cache
     times: dict[str, list[float]] = {name: [] for name in contenders}
     moved: dict[str, list[int]] = {name: [] for name in contenders}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
@@ -142,11 +142,29 @@ class NGCEnvCredentials(_EnvCredentials):
 
 
 @dataclass(frozen=True)
-class CredentialSet:
-    """The credential blocks a flow run uses, together. Holds names only, so it can be passed to
-    tasks; :meth:`environ` reads the values when a task needs them."""
+class CredentialSet(Mapping[str, str]):
+    """The credential blocks a flow run uses, together: the environment the core should see.
+
+    Why a mapping that holds names only: a verb passes its ``environ`` to the steps that need
+    credentials, and the Prefect runner passes each step's arguments to its task. This mapping
+    reads every value from the worker's environment when a step looks one up, and holds none
+    itself — so what travels through the flow and its tasks is the variable names, never a
+    value, and a value changed on the worker (a rotated token) is seen by the next step.
+    """
 
     blocks: tuple[_EnvCredentials, ...] = ()
+
+    def __getitem__(self, name: str) -> str:
+        return self.environ()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.environ())
+
+    def __len__(self) -> int:
+        return len(self.environ())
+
+    def __repr__(self) -> str:  # the names only, as the dataclass would, not the values a Mapping shows
+        return f"CredentialSet(blocks={self.blocks!r})"
 
     def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """``base`` (default ``os.environ``) with each core name replaced by the value of the

@@ -20,7 +20,7 @@ from pydantic import AfterValidator, Field, model_validator
 from tao_data_io.errors import UsageError
 from tao_data_io.kubernetes.settings import DEFAULT_TTL_SECONDS, RenderSettings
 from tao_data_io.launch.backend import Backend, backend_for
-from tao_data_io.steps import workdir_for
+from tao_data_io.steps import staging_dir
 
 
 def _absolute(value: str) -> str:
@@ -49,7 +49,7 @@ class ComputeTarget(Block, ABC):
 
     def workdir(self, job_id: str) -> Path:
         """The job's staging directory on the worker."""
-        return workdir_for(job_id, self.staging_root)
+        return staging_dir(job_id, self.staging_root)
 
 
 class LocalTarget(ComputeTarget):

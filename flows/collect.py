@@ -3,7 +3,7 @@
 ERROR, attach the log's tail and the failure analysis — then fail the flow run, so the UI and
 any automation see the job's failure.
 
-The steps of :func:`tao_data_io.steps.collect`, each a task calling the same function.
+The flow is the verb :func:`tao_data_io.verbs.collect`, run with the Prefect runner.
 """
 
 from __future__ import annotations
@@ -12,16 +12,12 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, prepare
+from flows import common
+from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, prepare
 from tao_data_io.errors import TaoDataIOError
-from tao_data_io.launch.backend import JobStatus
+from tao_data_io.verbs import DEFAULT_POLL_SECONDS, collect
 from tasks.masking import mask_run_logs, masking_failures
-from tasks.outputs import report_failure, upload_results, wait_for_end
-from tasks.records import record_end
-
-#: How often to ask the backend. TAO jobs run for hours and may sit PENDING for long (a GPU to
-#: free up, an image to pull): a few API calls a minute is plenty.
-DEFAULT_POLL_SECONDS = 30.0
+from tasks.records import read_record
 
 
 class JobFailed(TaoDataIOError):
@@ -40,26 +36,16 @@ def collect_tao_job(job_id: str, target: str = DEFAULT_TARGET, records: str = DE
         target: the compute target block it runs on.
         records: the job records block.
         s3_credentials: an S3 credentials block; empty: the AWS names.
-        poll_seconds: how often to ask the backend while the job is PENDING or RUNNING.
+        poll_seconds: the longest pause between two looks at the job while it is PENDING or
+            RUNNING (the first looks come sooner).
         max_wait_seconds: give up waiting after this long (the job keeps running; collect again
             later); empty: wait for as long as it takes.
     """
     setup = prepare(target, records, s3_credentials)
-    mask_run_logs(setup.credentials.environ(), secret_names=setup.store.get(job_id).forward_env)
-    status = JobStatus.model_validate(wait_for_end(job_id, setup.backend, setup.store, poll_seconds,
-                                                   max_wait_seconds))
-    if not status.terminal:
-        return {"job_id": job_id, "state": status.state, "message": status.message or "not finished; collect again "
-                "later", "upload": None, "failure": None}
-    record_end(setup.store, job_id, status.to_dict())
-    upload = upload_results(job_id, setup.backend, setup.store, setup.credentials)
-    if status.state != "ERROR":
-        return {"job_id": job_id, "state": status.state, "message": status.message, "upload": upload,
-                "failure": None}
-    report = report_failure(job_id, status.to_dict(), setup.backend, setup.store, setup.credentials)
-    failure = report["failure"]
-    why = (f"{failure['err_class']}: {failure['reason']} — {failure['suggestion']}" if failure
-           else status.message or "the backend gave no reason")
-    kept = ("" if upload is None else f"; its results were uploaded to {upload['destination']}"
-            if upload["status"] == "uploaded" else f"; results: {upload['message']}")
-    raise JobFailed(f"job {job_id} ended ERROR: {why}{kept}")
+    # Before any step logs: the job may print the values of what it is given, whatever their names.
+    mask_run_logs(setup.credentials.environ(), secret_names=read_record(setup.store, job_id).forward_env)
+    collected = collect(job_id, setup.backend, setup.store, poll_seconds=poll_seconds,
+                        max_wait_seconds=max_wait_seconds, environ=setup.credentials, source=SOURCE, run=common.RUN)
+    if collected.state == "ERROR":
+        raise JobFailed(collected.failure_summary())
+    return collected.to_dict()

@@ -1,5 +1,5 @@
 """What every flow does first: load the blocks its parameters name, and keep the worker's
-credential values out of the run's logs.
+credential values out of the run's logs — and how every flow runs a verb's steps.
 
 Parameters name blocks as ``BLOCK-TYPE/NAME`` (``tao-local-target/local``), as Prefect's own
 ``Block.load`` does. A credential parameter left empty means the standard variable names (the
@@ -19,12 +19,17 @@ from blocks.credentials import CredentialSet, HuggingFaceEnvCredentials, NGCEnvC
 from blocks.records import JobRecords
 from blocks.targets import ComputeTarget
 from tao_data_io.errors import UsageError
-from tao_data_io.launch.backend import Backend
-from tao_data_io.records import RecordStore
+from tao_data_io.verbs import Backend, RecordStore, Runner
 from tasks.masking import mask_run_logs
+from tasks.runner import prefect_runner
 
 DEFAULT_TARGET = "tao-local-target/local"
 DEFAULT_RECORDS = "tao-job-records/local"
+#: Who the record's history says made a change.
+SOURCE = "flow"
+#: How the flows run a verb's steps: each as its task. Read at call time (``common.RUN``), so a
+#: test can record the steps a flow runs.
+RUN: Runner = prefect_runner
 
 B = TypeVar("B", bound=Block)
 
@@ -39,7 +44,8 @@ class Setup:
 
 def prepare(target: str, records: str, s3_credentials: str | None = None, hf_credentials: str | None = None,
             ngc_credentials: str | None = None) -> Setup:
-    """Load the blocks, mask the run logs, open the record store and build the backend."""
+    """Load the blocks, mask the run logs, open the record store and build the backend. The
+    credentials are the environment the verb's steps see (names only; see :class:`CredentialSet`)."""
     _freeze_imports()
     credentials = CredentialSet.of([
         load_block(s3_credentials, S3EnvCredentials, "s3_credentials") if s3_credentials else S3EnvCredentials(),

@@ -6,6 +6,8 @@ Overlap is safe twice over: the deployment allows one run at a time (a late run 
 not queued), and each job's upload lock (a file lock beside directory records, a lease object
 beside S3 records) makes a resync that finds another upload of the job leave at once. Only
 changed files move, so the flow's cost is Prefect's start-up plus one listing per job.
+
+The flow is the verb :func:`tao_data_io.verbs.resync`, run with the Prefect runner.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from typing import Any
 
 from prefect import flow
 
+from flows import common
 from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, prepare
 from tao_data_io.errors import TaoDataIOError
+from tao_data_io.verbs import resync
 from tasks.masking import masking_failures
-from tasks.outputs import resync_job, running_jobs
 
 
 class ResyncFailed(TaoDataIOError):
     """Some running jobs could not be resynced; the others were."""
+
 
 @flow(name="resync-tao-outputs", flow_run_name="resync-outputs", persist_result=True, result_serializer="json")
 @masking_failures
@@ -37,18 +41,11 @@ def resync_tao_outputs(target: str = DEFAULT_TARGET, records: str = DEFAULT_RECO
         settle_seconds: leave files modified this recently for the next run (empty: the core's default).
     """
     setup = prepare(target, records, s3_credentials)
-    found = running_jobs(setup.store, setup.backend)
-    jobs = found["seen"]
-    # One job after another, on the main thread, where a task's timeout can interrupt it; a job
-    # with nothing new costs one listing.
-    # One job's failure (after its retries) does not keep the others from their resync.
-    states = {job_id: resync_job(job_id, setup.backend, setup.store, setup.credentials, settle_seconds,
-                                 return_state=True) for job_id in jobs}
-    failed = sorted(job_id for job_id, state in states.items() if not state.is_completed())
-    if failed:
-        raise ResyncFailed(f"the resync of {len(failed)} of {len(jobs)} running jobs failed: {', '.join(failed)}; "
-                           "the next scheduled run tries them again (see each task run)")
-    outcomes = {job_id: state.result() for job_id, state in states.items()}
-    statuses = [outcome["status"] if outcome else "backend uploads" for outcome in outcomes.values()]
-    return {"jobs": len(jobs), **{status: statuses.count(status) for status in sorted(set(statuses))},
-            "not on this target": len(found["elsewhere"]), "outcomes": outcomes}
+    resynced = resync(setup.store, setup.backend, settle_seconds=settle_seconds, environ=setup.credentials,
+                      run=common.RUN)
+    if resynced.failed:
+        jobs = len(resynced.outcomes) + len(resynced.failed)
+        raise ResyncFailed(f"the resync of {len(resynced.failed)} of {jobs} running jobs failed: "
+                           f"{', '.join(sorted(resynced.failed))}; the next scheduled run tries them again (see each "
+                           "task run)")
+    return resynced.to_dict()

@@ -1,6 +1,7 @@
 """tao-data-io: get data to and from the compute container of NVIDIA TAO jobs.
 
-The Prefect-free core. This module exports the step API (what the CLI, the Prefect tasks and the
+The Prefect-free core. This module exports the verbs (a job's life, composed once), the runner
+seam they run their steps through, the step API (what the verbs, the Prefect tasks and the
 backends call), the contract models passed between steps, and the errors. Names resolve lazily
 (PEP 562): ``import tao_data_io`` costs nothing, so a CLI verb pays only for what it uses.
 """
@@ -15,6 +16,10 @@ _EXPORTS: dict[str, str] = {
     # errors
     "TaoDataIOError": "errors", "UsageError": "errors", "CredentialError": "errors", "UnsafePathError": "errors",
     "TransferError": "errors", "VerificationError": "errors", "BackendError": "errors", "is_retryable": "errors",
+    # verbs and the runner seam
+    "submit": "verbs", "collect": "verbs", "resync": "verbs", "cancel": "verbs", "Submitted": "verbs",
+    "Collected": "verbs", "Canceled": "verbs", "Resynced": "verbs", "Runner": "runner", "direct": "runner",
+    "VerifyFailed": "steps",
     # contract models
     "JobRequest": "request", "load_request": "request",
     "PlannedInput": "staging.layout", "StagedSource": "staging.stage_map", "StagingMap": "staging.stage_map",

@@ -355,6 +355,15 @@ def load_request(path: str | Path, *, environ: Mapping[str, str] | None = None) 
     return parse_request(data, source=f"request {str(path)!r}", environ=environ)
 
 
+def read_request(request: str | Path | Mapping[str, Any], *,
+                 environ: Mapping[str, str] | None = None) -> JobRequest:
+    """A request as a caller gives it — a path to a YAML/JSON file, or the request itself as a
+    mapping (a Prefect parameter, an agent's call) — validated by the same rules either way."""
+    if isinstance(request, Mapping):
+        return parse_request(request, source="request parameter", environ=environ)
+    return load_request(request, environ=environ)
+
+
 def parse_request(data: Any, *, source: str = "request", environ: Mapping[str, str] | None = None) -> JobRequest:
     """Validate a request given as a mapping (a parsed file, a Prefect parameter, an agent's
     call). Beyond the model's own rules, no literal value anywhere in it may equal a credential

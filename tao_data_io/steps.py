@@ -1,11 +1,12 @@
-"""The job pipeline without an orchestrator: submit (record → tier → stage → config → plan →
-preflight → launch → verify → RUNNING), collect (wait → record the end → upload with excludes →
-logs and failure analysis) and resync, plus status and cancel by job id.
+"""The steps of a job's life, each a plain function over the core's models: open the record,
+decide the tier, route the outputs, start and confirm the launch, look at or wait for the job,
+record its end, upload its results, report a failure, cancel it.
 
-Why a module: the CLI runs a job with these functions, and the Prefect flows run the *same step
-functions* as tasks — so each stage below is one small function a task can call, and the two
-compositions end in the same record. Nothing here moves bytes or talks to a cluster itself; the
-staging, routing, upload and backend modules do.
+Why steps: :mod:`tao_data_io.verbs` composes them once per verb and runs each through a runner
+(:mod:`tao_data_io.runner`) — called directly by the CLI, as its task by the Prefect layer — so
+each step is small, idempotent (a retry writes nothing new) and returns a model the next step
+takes as is. Nothing here moves bytes or talks to a cluster itself; the staging, routing, upload
+and backend modules do.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
+from .names import mint_job_id
 from .launch.backend import Backend, FailureAnalysis, JobDocuments, JobStatus, Submission, backend_for
-from .launch.plan import LaunchPlan, build_plan
+from .launch.plan import LaunchPlan
 from .launch.probe import Verdict
 from .outputs import Kind, UploadOutcome, upload_results
 from .records import TERMINAL_STATES, JobRecord, RecordStore, open_for
@@ -27,10 +28,15 @@ from .records.from_request import request_digest
 from .reporting import ProgressCallback
 from .request import JobRequest
 from .routing import decide_route, record_route
-from .staging.stage import plan_stage, stage
-from .staging.stage_map import StagingMap
 from .tier import TierDecision, choose_tier
-from .vocabulary import DEFAULT_POLL_SECONDS, DEFAULT_WORKDIR, POLL_SECONDS_BOUNDS, WORKDIR_VARIABLE, seconds_within
+from .vocabulary import (
+    DEFAULT_POLL_SECONDS,
+    DEFAULT_WORKDIR,
+    FIRST_POLL_SECONDS,
+    POLL_SECONDS_BOUNDS,
+    WORKDIR_VARIABLE,
+    seconds_within,
+)
 
 DEFAULT_LOG_TAIL = 100
 
@@ -47,55 +53,30 @@ class VerifyFailed(UsageError):
         self.verdict = verdict
 
 
-@dataclass(frozen=True)
-class Submitted:
-    """What submit did, small enough for a task's return value."""
-
-    job_id: str
-    backend_ref: str
-    tier: str
-    started: bool
-    verdict: Verdict
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "backend_ref": self.backend_ref, "tier": self.tier, "started": self.started,
-                "verified_checks": len(self.verdict.checks)}
-
-    def describe(self) -> str:
-        return (f"job {self.job_id} {'running' if self.started else 'launched earlier'} as {self.backend_ref} "
-                f"(tier {self.tier}; {self.verdict.describe()})")
-
-
-@dataclass(frozen=True)
-class Collected:
-    job_id: str
-    state: str
-    message: str
-    upload: UploadOutcome | None
-    logs_tail: str | None = None
-    failure: FailureAnalysis | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "state": self.state, "message": self.message,
-                "upload": self.upload.to_dict() if self.upload else None,
-                "failure": self.failure.to_dict() if self.failure else None}
-
-    def describe(self) -> str:
-        moved = f"; {self.upload.describe()}" if self.upload is not None else ""
-        return f"job {self.job_id} {self.state}" + (f" ({self.message})" if self.message else "") + moved
-
-
 # ----------------------------------------------------------------------------- the steps
-def workdir_root(root: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
-    """Where jobs' working directories live on this host: ``root``, ``$TAO_DATA_IO_WORKDIR`` or the
-    default. The local backend keeps each job's run and results directories there too."""
+def staging_root(root: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """Where jobs' inputs are staged and their configs written on this host: ``root``,
+    ``$TAO_DATA_IO_WORKDIR`` or the default."""
     env = os.environ if environ is None else environ
     return Path(root or env.get(WORKDIR_VARIABLE) or DEFAULT_WORKDIR).expanduser().absolute()
 
 
-def workdir_for(job_id: str, root: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
-    """The job's working directory on this host: its staging root and materialized config."""
-    return workdir_root(root, environ) / job_id
+def staging_dir(job_id: str, root: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """The job's staging directory on this host: its staged inputs and materialized config."""
+    return staging_root(root, environ) / job_id
+
+
+def identified(request: JobRequest) -> JobRequest:
+    """``request`` with its job id: its own, or one minted now — once, before the first step, so
+    every retry of every step opens the same record (and a flow can name its run after it)."""
+    if request.job_id is not None:
+        return request
+    return request.model_copy(update={"job_id": mint_job_id()})
+
+
+def read_record(store: RecordStore, job_id: str) -> JobRecord:
+    """The job's record as it stands."""
+    return store.get(job_id)
 
 
 def open_record(request: JobRequest, backend: Backend, store: RecordStore, *, source: str = "cli") -> JobRecord:
@@ -108,15 +89,6 @@ def decide_tier(request: JobRequest, backend: Backend, store: RecordStore, job_i
     decision = choose_tier(request, backend.facts())
     store.set_tier(job_id, decision.tier, decision.reason)
     return decision
-
-
-def stage_inputs(request: JobRequest, backend: Backend, workdir: Path, *,
-                 environ: Mapping[str, str] | None = None) -> StagingMap:
-    """Stage on this host when the backend reads from it (the local frame); otherwise only the
-    config is materialized here and the cluster stages (tier B stage Job, tier C in the pod)."""
-    if backend.stages_on_host:
-        return stage(request, workdir, environ=environ)
-    return plan_stage(request, workdir, environ=environ)
 
 
 def route_outputs(store: RecordStore, job_id: str, environ: Mapping[str, str] | None = None) -> JobRecord:
@@ -180,49 +152,6 @@ def confirm(plan: LaunchPlan, backend: Backend, store: RecordStore, submission: 
     return verdict
 
 
-def launch(plan: LaunchPlan, backend: Backend, store: RecordStore, *, environ: Mapping[str, str] | None = None,
-           source: str = "cli", documents: JobDocuments | None = None) -> tuple[str, bool, Verdict]:
-    """:func:`start`, then :func:`confirm`."""
-    submission = start(plan, backend, environ=environ, documents=documents, store=store)
-    verdict = confirm(plan, backend, store, submission, source=source)
-    return submission.backend_ref, submission.started, verdict
-
-
-def submit(request: JobRequest, backend: Backend, store: RecordStore, *, workdir_root: str | Path | None = None,
-           environ: Mapping[str, str] | None = None, source: str = "cli", say: Say | None = None) -> Submitted:
-    """Run the whole submit pipeline for ``request`` (see the module docstring)."""
-    tell = say or (lambda _: None)
-    record = open_record(request, backend, store, source=source)
-    launched = already_launched(record)
-    if launched is not None:  # a retried submit: the job runs; its inputs are not staged again under it
-        tell(launched.describe())
-        return launched
-    request = request.model_copy(update={"job_id": record.job_id})
-    decision = decide_tier(request, backend, store, record.job_id)
-    tell(f"job {record.job_id}: {decision.describe()}")
-    staging_map = stage_inputs(request, backend, workdir_for(record.job_id, workdir_root, environ), environ=environ)
-    tell(staging_map.describe())
-    record = route_outputs(store, record.job_id, environ)
-    assert record.output_route is not None
-    plan = build_plan(request, staging_map, decision, record, record.output_route, environ=environ)
-    ref, started, verdict = launch(plan, backend, store, environ=environ, source=source,
-                                   documents=JobDocuments(request, record))
-    return Submitted(record.job_id, ref, decision.tier, started, verdict)
-
-
-def already_launched(record: JobRecord) -> Submitted | None:
-    """The submission of a job that was launched already (opened again by a retried submit of the
-    same request): staging again would change inputs under a running job, so nothing moves. A
-    job whose verify failed was never started, and its submit fails again the same way
-    (:class:`VerifyFailed`): a retried submit must not report a job that never ran as launched."""
-    if record.backend_ref is None:
-        return None
-    verdict = Verdict.model_validate(record.verify) if record.verify else Verdict(ok=True)
-    if not verdict.ok:
-        raise VerifyFailed(record.job_id, verdict)
-    return Submitted(record.job_id, record.backend_ref, record.storage_tier or "A", False, verdict)
-
-
 def backend_of(record: JobRecord, overrides: Mapping[str, Any] | None = None) -> Backend:
     """The backend a recorded job runs on: its ``platform``, built from the config recorded at
     launch (``overrides`` win, e.g. a work root given on the command line)."""
@@ -269,19 +198,31 @@ def current_status(record: JobRecord, backend: Backend, store: RecordStore, *, s
     return status
 
 
+def look(job_id: str, backend: Backend, store: RecordStore) -> JobStatus:
+    """The job's status now, writing nothing (:func:`observe`); a job the backend has no trace of
+    while its record says it is not over is a wrong place to look (:func:`_known`)."""
+    record = store.get(job_id)
+    status = observe(record, backend)
+    _known(record, status, backend)
+    return status
+
+
 def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seconds: float = DEFAULT_POLL_SECONDS,
                  timeout: float | None = None, say: Say | None = None) -> JobStatus:
     """Poll until the job is terminal (long PENDING is normal: no timeout unless one is given),
-    saying each change; writes nothing — :func:`record_end` records the end."""
+    saying each change; writes nothing — :func:`record_end` records the end.
+
+    ``poll_seconds`` is the longest pause between two looks: the pauses start at a second and
+    double up to it, so a job that ends in seconds is seen in seconds and one that trains for
+    hours costs a few calls a minute."""
     seconds_within(poll_seconds, POLL_SECONDS_BOUNDS, name="poll_seconds")
     if timeout is not None and not timeout >= 0:
         raise UsageError(f"the wait's timeout {timeout!r} must be 0 or more seconds, or none to wait for the end")
     started = time.monotonic()
     last = None
+    pause = min(FIRST_POLL_SECONDS, poll_seconds)
     while True:
-        record = store.get(job_id)
-        status = observe(record, backend)
-        _known(record, status, backend)
+        status = look(job_id, backend, store)
         if status.terminal:
             return status
         if say is not None and status.describe() != last:
@@ -289,7 +230,8 @@ def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seco
             last = status.describe()
         if timeout is not None and time.monotonic() - started > timeout:
             return status
-        time.sleep(poll_seconds)
+        time.sleep(pause)
+        pause = min(pause * 2, poll_seconds)
 
 
 def upload_job_results(job_id: str, backend: Backend, store: RecordStore, *, kind: Kind = "upload",
@@ -317,29 +259,11 @@ def failure_report(job_id: str, backend: Backend, store: RecordStore, *,
     return backend.logs(record.backend_ref, tail), backend.failure_analysis(record.backend_ref)
 
 
-def collect(job_id: str, backend: Backend, store: RecordStore, *, wait: bool = True,
-            poll_seconds: float = DEFAULT_POLL_SECONDS, environ: Mapping[str, str] | None = None,
-            say: Say | None = None, source: str = "cli") -> Collected:
-    """Wait for the end (when ``wait``) and record it, then upload the results to the recorded
-    route with the job's excludes — also after ERROR or CANCELED — and return the logs' tail and
-    the failure analysis for an ERROR."""
-    status = (wait_for_end(job_id, backend, store, poll_seconds=poll_seconds, say=say) if wait
-              else observe(store.get(job_id), backend))
-    _known(store.get(job_id), status, backend)
-    if not status.terminal:
-        return Collected(job_id, status.state, status.message or "not finished; collect again later", None)
-    record_end(store, job_id, status, source=source)
-    upload = upload_job_results(job_id, backend, store, environ=environ, say=say)
-    tail = failure = None
-    if status.state == "ERROR":
-        tail, failure = failure_report(job_id, backend, store)
-    return Collected(job_id, status.state, status.message, upload, tail, failure)
-
-
-def resync(job_id: str, backend: Backend, store: RecordStore, *, settle_seconds: float | None = None,
-           environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None) -> UploadOutcome | None:
-    """What a schedule runs for a RUNNING job: upload what is new (see :func:`upload_job_results`);
-    it leaves at once when another upload of the job holds the lock."""
+def resync_job(job_id: str, backend: Backend, store: RecordStore, *, settle_seconds: float | None = None,
+               environ: Mapping[str, str] | None = None,
+               progress: ProgressCallback | None = None) -> UploadOutcome | None:
+    """Upload what is new in a RUNNING job's results (see :func:`upload_job_results`); it leaves at
+    once when another upload of the job holds the lock."""
     return upload_job_results(job_id, backend, store, kind="resync", settle_seconds=settle_seconds, environ=environ,
                               progress=progress)
 
@@ -363,7 +287,9 @@ def running_jobs(store: RecordStore, backend: Backend, *, say: Say | None = None
     return seen, elsewhere
 
 
-def cancel(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli") -> JobRecord:
+
+
+def cancel_job(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli") -> JobRecord:
     """Stop the job and everything it started and mark the record CANCELED — unless it already
     ended (terminal states are final: the backend ends only what it left running) or the backend
     cannot find it (see :func:`_known`). Returns the record as it now stands."""

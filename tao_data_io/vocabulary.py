@@ -49,9 +49,12 @@ MISSING_MODES = ("error", "skip")
 #: results directories) unless told otherwise.
 WORKDIR_VARIABLE = "TAO_DATA_IO_WORKDIR"
 DEFAULT_WORKDIR = "~/.tao-data-io/work"
-#: How often collect asks the backend while it waits (TAO users poll every few minutes; a local
-#: job can end in seconds).
-DEFAULT_POLL_SECONDS = 5.0
+#: The longest pause between two looks at a job while collect waits for its end: TAO jobs train
+#: for hours and may sit PENDING for long (a GPU to free up, an image to pull), so a few calls a
+#: minute is plenty. The pauses start at :data:`FIRST_POLL_SECONDS` and double up to it, so a job
+#: that ends in seconds (a local one, a failed start) is seen in seconds.
+DEFAULT_POLL_SECONDS = 30.0
+FIRST_POLL_SECONDS = 1.0
 #: Faster polling only loads the backend and the record store; slower leaves a job's end unseen.
 POLL_SECONDS_BOUNDS = (0.01, 3600.0)
 

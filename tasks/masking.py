@@ -47,6 +47,12 @@ def _installed() -> Redactor | None:
     return found[-1].redactor if found else None
 
 
+def run_mask() -> Redactor:
+    """The mask the running flow installed (:func:`mask_run_logs`), else the environment's: for
+    text that reaches the Prefect API other than as a log line (an artifact)."""
+    return _installed() or Redactor()
+
+
 def masking_failures(fn: F) -> F:
     """``fn``, whose exceptions leave it with every credential value in their text masked (see
     :func:`tao_data_io.credentials.masked`: our errors keep their type, whether a retry can help

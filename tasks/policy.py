@@ -8,7 +8,7 @@
 * **No cache, no persisted result.** A retry must redo the work against the world as it is
   now, never read a stale cached answer; and a task's result is never written to result storage
   (with ``NO_CACHE`` Prefect would not write it anyway, and a reader of the state would fail on
-  the missing file). Tasks return small JSON-able summaries that the flow uses in memory.
+  the missing file). Tasks return the core's models, which the verb passes on in memory.
 * **A timeout** per step, chosen by what the step waits on.
 * **A masked failure**: no credential value in the text Prefect stores of a failed attempt
   (:mod:`tasks.masking`).

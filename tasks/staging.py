@@ -1,5 +1,5 @@
 """The staging steps as tasks: one task run per input (its own progress, its own retries), the
-config, and the staging map with a table of what moved.
+config, and the staging map with a table of what moved — or, when the cluster stages, its plan.
 
 Why per input: a 40 GiB dataset and a 200 MiB model are separate things to watch and to retry;
 when the dataset's transfer hits a throttling storm, only it runs again — and the core's
@@ -8,59 +8,69 @@ when the dataset's transfer hits a throttling storm, only it runs again — and 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from prefect import get_run_logger
+from prefect import get_run_logger, runtime
 from prefect.artifacts import create_table_artifact
+from prefect.utilities.annotations import BaseAnnotation
 
-from blocks.credentials import CredentialSet
-from tao_data_io import steps
-from tao_data_io.launch.backend import Backend
+from tao_data_io.reporting import ProgressCallback
 from tao_data_io.request import JobRequest
+from tao_data_io.staging import stage
 from tao_data_io.staging.layout import PlannedInput
-from tao_data_io.staging.stage import publish_map, stage_config, stage_input
 from tao_data_io.staging.stage_map import StagedSource, StagingMap
+from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.shard import Shard
 from tasks.policy import CLUSTER, QUICK, TRANSFER, step
 from tasks.progress import ProgressArtifact
 from tasks.reports import staged_rows
 
 
-@step("stage-input", timeout_seconds=TRANSFER, task_run_name="stage-{job_id}-{planned[source]}")
-def stage_one(planned: dict[str, Any], workdir: Path, credentials: CredentialSet, job_id: str) -> dict[str, Any]:
-    """Stage one input under the job's workdir, showing its progress."""
-    one = PlannedInput.model_validate(planned)
-    with ProgressArtifact(f"staging {one.source} → {one.container_path}") as progress:
-        staged = stage_input(one, workdir, environ=credentials.environ(), progress=progress.callback)
+def _input_run_name() -> str:
+    """``stage-<job>-<source>``: the job is the staging directory's name (the parameters here are
+    as passed, still wrapped by the runner's ``opaque``)."""
+    parameters = {name: value.unwrap() if isinstance(value, BaseAnnotation) else value
+                  for name, value in runtime.task_run.parameters.items()}
+    return f"stage-{Path(parameters['workdir']).name}-{parameters['planned'].source}"
+
+
+@step("stage-input", timeout_seconds=TRANSFER, task_run_name=_input_run_name)
+def stage_input(planned: PlannedInput, workdir: Path, *,
+                engine: TransferEngine | Callable[[], TransferEngine] | None = None,
+                environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None,
+                shard: Shard | None = None) -> StagedSource:
+    """Stage one input under the job's staging directory, showing its progress."""
+    with ProgressArtifact(f"staging {planned.source} → {planned.container_path}") as shown:
+        staged = stage.stage_input(planned, workdir, engine=engine, environ=environ, progress=shown.callback,
+                                   shard=shard)
     get_run_logger().info("%s", staged.describe())
-    return staged.to_dict()
+    return staged
 
 
-@step("stage-config", timeout_seconds=QUICK, task_run_name="stage-config-{request[job_id]}")
-def stage_job_config(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
+@step("stage-config", timeout_seconds=QUICK, task_run_name="stage-config-{request.job_id}")
+def stage_config(request: JobRequest, workdir: Path, **options: Any) -> StagedSource:
     """Materialize the config with every remote URI rewritten to where the job sees it."""
-    staged = stage_config(JobRequest.model_validate(request), workdir)
+    staged = stage.stage_config(request, workdir, **options)
     get_run_logger().info("%s", staged.describe())
-    return staged.to_dict()
+    return staged
 
 
-@step("publish-staging-map", timeout_seconds=QUICK, task_run_name="staging-map-{request[job_id]}")
-def publish_staging_map(request: dict[str, Any], workdir: Path, sources: list[dict[str, Any]]) -> dict[str, Any]:
+@step("publish-staging-map", timeout_seconds=QUICK, task_run_name="staging-map-{request.job_id}")
+def publish_map(request: JobRequest, workdir: Path, sources: list[StagedSource], **options: Any) -> StagingMap:
     """Write the staging map and show what was staged, as a table."""
-    return _published(publish_map(JobRequest.model_validate(request), workdir,
-                                  [StagedSource.model_validate(source) for source in sources]))
+    return _shown(stage.publish_map(request, workdir, sources, **options))
 
 
-@step("plan-staging", timeout_seconds=CLUSTER, task_run_name="plan-staging-{request[job_id]}")
-def plan_staging(request: dict[str, Any], backend: Backend, workdir: Path,
-                 credentials: CredentialSet) -> dict[str, Any]:
+@step("plan-staging", timeout_seconds=CLUSTER, task_run_name="plan-staging-{request.job_id}")
+def plan_stage(request: JobRequest, workdir: Path, **options: Any) -> StagingMap:
     """For a backend that stages on the cluster: the map it will produce and the config, nothing moved."""
-    return _published(steps.stage_inputs(JobRequest.model_validate(request), backend, workdir,
-                                            environ=credentials.environ()))
+    return _shown(stage.plan_stage(request, workdir, **options))
 
 
-def _published(staging_map: StagingMap) -> dict[str, Any]:
+def _shown(staging_map: StagingMap) -> StagingMap:
     create_table_artifact(staged_rows(staging_map.sources), key=f"staged-{staging_map.job_id}",
                           description=f"Inputs of job {staging_map.job_id}: {staging_map.describe()}")
     get_run_logger().info("%s", staging_map.describe())
-    return staging_map.to_dict()
+    return staging_map

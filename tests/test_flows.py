@@ -28,6 +28,7 @@ from pydantic import Field
 
 from bench.latency_proxy import LatencyProxy
 from blocks import ComputeTarget, JobRecords, LocalTarget
+from flows import common
 from flows.collect import collect_tao_job
 from flows.resync import resync_tao_outputs
 from flows.submit import submit_tao_job
@@ -35,7 +36,9 @@ from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.launch.backend import Backend
 from tao_data_io.launch.fake import FakeBackend
 from tao_data_io.local.backend import LocalBackend
-from tao_data_io.steps import collect, submit
+from tao_data_io.runner import Runner, direct
+from tao_data_io.verbs import collect, resync, submit
+from tasks.runner import prefect_runner
 from tao_data_io.records import JobRecord, RecordStore
 from tao_data_io.request import parse_request
 
@@ -303,6 +306,57 @@ def test_overlapping_resyncs_are_safe(env: dict[str, str], bucket: str, s3_clien
     assert sum(entry["uploaded_files"] for entry in entries) == 200  # each file uploaded once
 
 
+# ----------------------------------------------------------------------------- one composition
+class Recording:
+    """A runner that notes each step's name, then runs it with ``inner``."""
+
+    def __init__(self, inner: Runner) -> None:
+        self.inner = inner
+        self.steps: list[str] = []
+
+    def __call__(self, step: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        self.steps.append(f"{step.__module__}.{step.__qualname__}")
+        return self.inner(step, *args, **kwargs)
+
+
+def test_the_flows_run_the_verbs_steps_each_as_its_task(env: dict[str, str], bucket: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's verbs (run directly) and the flows (the same verbs, with the Prefect runner) run the
+    same steps in the same order — and in a flow, every step is a task run of its own."""
+    direct_run = Recording(direct)
+    fake = FakeBackend(tmp_path / "cli-results", results={"checkpoint_epoch_1.pth": b"w"})
+    fake.stages_on_host = True
+    store = RecordStore(tmp_path / "cli-jobs")
+    submit(parse_request(fake_request(bucket, "steps-cli")), fake, store, staging_root=tmp_path / "cli-work",
+           run=direct_run)
+    collect("steps-cli", fake, store, poll_seconds=0.01, run=direct_run)
+    resync(store, fake, run=direct_run)
+
+    flow_run = Recording(prefect_runner)
+    monkeypatch.setattr(common, "RUN", flow_run)
+    target, records = fake_target(tmp_path), records_block(tmp_path / "jobs")
+    states = [submit_tao_job(fake_request(bucket, "steps-flow"), target=target, records=records, return_state=True),
+              collect_tao_job("steps-flow", target=target, records=records, poll_seconds=0.01, return_state=True),
+              resync_tao_outputs(target=target, records=records, return_state=True)]
+    assert all(state.is_completed() for state in states), [state.message for state in states]
+
+    assert flow_run.steps == direct_run.steps
+    assert "tao_data_io.staging.stage.stage_input" in flow_run.steps and "tao_data_io.steps.confirm" in flow_run.steps
+    with get_client(sync_client=True) as client:
+        ran = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(
+            any_=[state.state_details.flow_run_id for state in states])))
+    # The collect flow reads the record for its log mask before the verb starts: one task more.
+    assert len(ran) == len(flow_run.steps) + 1
+
+
+def test_a_step_without_a_task_is_refused_by_name() -> None:
+    def unwrapped_step() -> None:
+        """A step a verb might gain without its task."""
+
+    with pytest.raises(TypeError, match="unwrapped_step has no task in tasks.runner.TASKS"):
+        prefect_runner(unwrapped_step)
+
+
 # ----------------------------------------------------------------------------- the local frame
 def normalized(record: JobRecord, root: Path) -> dict[str, Any]:
     """A record with what must differ between two runs of one request taken out: the job id, times,
@@ -322,7 +376,7 @@ def test_the_cli_pipeline_and_the_flows_end_with_equivalent_records(env: dict[st
                                                                      sandbox: None, tmp_path: Path) -> None:
     cli, flow = tmp_path / "cli", tmp_path / "flow"
     cli_store, cli_backend = RecordStore(cli / "jobs"), LocalBackend(cli / "local")
-    submit(parse_request(stand_in_request(bucket, "same-cli")), cli_backend, cli_store, workdir_root=cli / "work")
+    submit(parse_request(stand_in_request(bucket, "same-cli")), cli_backend, cli_store, staging_root=cli / "work")
     assert collect("same-cli", cli_backend, cli_store, poll_seconds=0.05).state == "COMPLETE"
 
     target, records = local_target(flow), records_block(flow / "jobs")

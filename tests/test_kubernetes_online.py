@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tao_data_io import steps
+from tao_data_io import steps, verbs
 from tao_data_io.errors import BackendError, CredentialError, UsageError
 from tao_data_io.kubernetes.api import Api, ApiError, connect
 from tao_data_io.kubernetes.apply import kinds
@@ -101,8 +101,8 @@ def store_in(tmp_path: Path) -> RecordStore:
 
 
 def submit(tmp_path: Path, request: JobRequest, backend: KubernetesBackend,
-           environ: dict[str, str] | None = None) -> steps.Submitted:
-    return steps.submit(request, backend, store_in(tmp_path), workdir_root=tmp_path / "work",
+           environ: dict[str, str] | None = None) -> verbs.Submitted:
+    return verbs.submit(request, backend, store_in(tmp_path), staging_root=tmp_path / "work",
                            environ=ENV if environ is None else environ)
 
 
@@ -114,7 +114,7 @@ def launch_only(tmp_path: Path, request: JobRequest, backend: KubernetesBackend,
     store = store_in(tmp_path)
     record = steps.open_record(request, backend, store)
     decision = steps.decide_tier(request, backend, store, record.job_id)
-    staging_map = steps.stage_inputs(request, backend, tmp_path / "work" / record.job_id, environ=env)
+    staging_map = verbs.stage_inputs(request, backend, tmp_path / "work" / record.job_id, environ=env)
     record = steps.route_outputs(store, record.job_id, env)
     assert record.output_route is not None
     plan = build_plan(request, staging_map, decision, record, record.output_route, environ=env)
@@ -606,7 +606,7 @@ def test_cancel_deletes_the_job_in_the_foreground_and_keeps_a_pre_created_secret
     backend = make_backend(credential_secret="team-s3")
     done = submit(tmp_path, job_request(compute_shape={"gpus": 8, "nodes": 2}), backend)
     assert done.verdict.ok and "team-s3" not in ours(kube, "Secret") and ours(kube, "Service")
-    assert steps.cancel("job-1", backend, store_in(tmp_path)).state == "CANCELED"
+    assert verbs.cancel("job-1", backend, store_in(tmp_path)).record.state == "CANCELED"
     deleted = [r for r in kube.requests() if r.startswith("DELETE")]
     # The Service and ConfigMap are the Job's dependents: its foreground delete takes them first.
     assert deleted == ["DELETE /apis/batch/v1/namespaces/tao/jobs/job-1?propagationPolicy=Foreground"]
@@ -637,10 +637,10 @@ def test_cancel_of_a_finished_job_keeps_it_whole_for_collect(kube: KubeStandIn, 
     kube.server.control.scripts["job-1"] = [*TRAIN_SCRIPT, "succeeded"]
     backend = make_backend()
     done = submit(tmp_path, job_request(), backend)
-    assert steps.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01).state == "COMPLETE"
+    assert verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01).state == "COMPLETE"
     before = every_object_of_ours(kube)
     assert backend.cancel(done.backend_ref) is False
-    assert steps.cancel("job-1", backend, store_in(tmp_path)).state == "COMPLETE"
+    assert verbs.cancel("job-1", backend, store_in(tmp_path)).record.state == "COMPLETE"
     assert not [r for r in kube.requests() if r.startswith("DELETE")] and every_object_of_ours(kube) == before
 
 
@@ -648,7 +648,7 @@ def test_collect_after_an_error_returns_the_log_tail_and_the_analysis(kube: Kube
     kube.server.control.scripts["job-1"] = ["pulling", "staging", "verifying", "verified", "running", "oomkilled"]
     backend = make_backend()
     submit(tmp_path, job_request(), backend)
-    collected = steps.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01)
+    collected = verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01)
     assert collected.state == "ERROR" and collected.upload is None  # results left through the pod's sidecar
     assert collected.failure is not None and collected.failure.err_class == "ERR_INFRA"
     assert collected.logs_tail == "epoch 1\nKilled\n"
@@ -892,7 +892,7 @@ def test_e2e_a_gpu_free_tier_a_job_on_a_real_cluster(tmp_path: Path, monkeypatch
         backend = KubernetesBackend(namespace=namespace, pvc_claim=claim_name, verify_timeout=600,
                                     image_pull_timeout=900, poll_seconds=2.0, say=said.append)
         store = store_in(tmp_path)
-        done = steps.submit(request, backend, store, workdir_root=tmp_path / "work", environ={})
+        done = verbs.submit(request, backend, store, staging_root=tmp_path / "work", environ={})
         try:
             assert done.tier == "A" and done.verdict.ok, (done.verdict.describe(), said)
             assert store.get(job_id).state == "RUNNING"
@@ -909,7 +909,7 @@ def test_e2e_a_gpu_free_tier_a_job_on_a_real_cluster(tmp_path: Path, monkeypatch
                 time.sleep(1)
             assert "listing /data" in backend.logs(done.backend_ref, tail=20)
         finally:
-            stopped = steps.cancel(job_id, backend, store)
-        assert stopped.state == "CANCELED" and backend.status(done.backend_ref).state in ("CANCELED", "UNKNOWN")
-        collected = steps.collect(job_id, backend, store, wait=False)
+            stopped = verbs.cancel(job_id, backend, store)
+        assert stopped.record.state == "CANCELED" and backend.status(done.backend_ref).state in ("CANCELED", "UNKNOWN")
+        collected = verbs.collect(job_id, backend, store, wait=False)
         assert collected.state == "CANCELED" and store.get(job_id).state == "CANCELED"

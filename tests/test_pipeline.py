@@ -11,7 +11,8 @@ import pytest
 
 from tao_data_io.errors import UsageError
 from tao_data_io.launch.fake import FakeBackend
-from tao_data_io.steps import VerifyFailed, cancel, collect, current_status, submit
+from tao_data_io.steps import VerifyFailed, current_status
+from tao_data_io.verbs import cancel, collect, submit
 from tao_data_io.records import RecordStore, open_for
 from tao_data_io.request import parse_request
 
@@ -33,13 +34,13 @@ def test_submit_then_collect_uploads_results_without_tao_state(env: dict[str, st
     store = RecordStore(tmp_path / "jobs")
     backend = FakeBackend(tmp_path / "results", results={"checkpoint_epoch_1.pth": b"w", "scratch.tmp": b"x",
                                                           ".tao/state.json": b"{}", "sub/.tao/x": b"y"})
-    done = submit(_request(bucket, "job-ok"), backend, store, workdir_root=tmp_path / "work", environ=env)
+    done = submit(_request(bucket, "job-ok"), backend, store, staging_root=tmp_path / "work", environ=env)
     record = store.get("job-ok")
     assert (done.backend_ref, record.state, record.backend_ref) == ("fake/job-ok", "RUNNING", "fake/job-ok")
     assert record.storage_tier == "A" and record.verify is not None and record.verify["ok"] is True
     assert record.output_route is not None and record.output_route.destination == f"s3://{bucket}/results/job-ok/"
 
-    again = submit(_request(bucket, "job-ok"), backend, store, workdir_root=tmp_path / "work", environ=env)
+    again = submit(_request(bucket, "job-ok"), backend, store, staging_root=tmp_path / "work", environ=env)
     assert not again.started and backend.started == ["fake/job-ok"]  # a retried submit starts nothing
 
     collected = collect("job-ok", backend, store, poll_seconds=0.01, environ=env)
@@ -52,7 +53,7 @@ def test_a_failed_job_still_uploads_and_reports_the_tail_and_the_analysis(env: d
                                                                           s3_client: Any, tmp_path: Path) -> None:
     store = RecordStore(tmp_path / "jobs")
     backend = FakeBackend(tmp_path / "results", outcome="ERROR", exit_code=3)
-    submit(_request(bucket, "job-bad"), backend, store, workdir_root=tmp_path / "work", environ=env)
+    submit(_request(bucket, "job-bad"), backend, store, staging_root=tmp_path / "work", environ=env)
     collected = collect("job-bad", backend, store, poll_seconds=0.01, environ=env)
     assert collected.state == "ERROR" and collected.failure is not None and collected.logs_tail
     assert store.get("job-bad").state == "ERROR"
@@ -66,7 +67,7 @@ def test_a_verify_failure_stops_before_the_command_and_is_recorded(env: dict[str
     store = RecordStore(tmp_path / "jobs")
     backend = FakeBackend(tmp_path / "results", verify_ok=False)
     with pytest.raises(VerifyFailed, match="verify failed inside the frame"):
-        submit(_request(bucket, "job-unverified"), backend, store, workdir_root=tmp_path / "work", environ=env)
+        submit(_request(bucket, "job-unverified"), backend, store, staging_root=tmp_path / "work", environ=env)
     record = store.get("job-unverified")
     assert record.state == "ERROR" and record.verify is not None and record.verify["ok"] is False
     assert not (tmp_path / "results" / "job-unverified").exists()  # the command never ran
@@ -75,8 +76,8 @@ def test_a_verify_failure_stops_before_the_command_and_is_recorded(env: dict[str
 def test_cancel_is_final(env: dict[str, str], bucket: str, tmp_path: Path) -> None:
     store = RecordStore(tmp_path / "jobs")
     backend = FakeBackend(tmp_path / "results", polls_until_done=1000)
-    submit(_request(bucket, "job-cancel"), backend, store, workdir_root=tmp_path / "work", environ=env)
-    assert cancel("job-cancel", backend, store).state == "CANCELED"
+    submit(_request(bucket, "job-cancel"), backend, store, staging_root=tmp_path / "work", environ=env)
+    assert cancel("job-cancel", backend, store).record.state == "CANCELED"
     assert store.get("job-cancel").state == "CANCELED"
     assert collect("job-cancel", backend, store, poll_seconds=0.01, environ=env).state == "CANCELED"
 
@@ -85,11 +86,11 @@ def test_another_request_under_a_running_jobs_id_is_refused_before_anything_move
                                                                                  tmp_path: Path) -> None:
     store = RecordStore(tmp_path / "jobs")
     backend = FakeBackend(tmp_path / "results", polls_until_done=1000)
-    submit(_request(bucket, "job-same-id"), backend, store, workdir_root=tmp_path / "work", environ=env)
+    submit(_request(bucket, "job-same-id"), backend, store, staging_root=tmp_path / "work", environ=env)
     other = _request(bucket, "job-same-id").model_copy(update={"image": "tao:6"})  # same identity...
     other = other.model_copy(update={"environment": {"EPOCHS": "9"}})             # ...another request
     with pytest.raises(UsageError, match="already names a different job.*its request differs"):
-        submit(other, backend, store, workdir_root=tmp_path / "work", environ=env)
+        submit(other, backend, store, staging_root=tmp_path / "work", environ=env)
     record = store.get("job-same-id")
     assert record.state == "RUNNING" and record.backend_config == {"results_root": str(tmp_path / "results")}
 
@@ -110,9 +111,9 @@ def test_a_submit_whose_job_was_taken_over_by_a_changed_request_starts_nothing(e
 
     backend = Overtaken(tmp_path / "results", polls_until_done=1000)
     with pytest.raises(UsageError, match="another submit opened it for a changed request"):
-        submit(first, backend, store, workdir_root=tmp_path / "work", environ=env)
+        submit(first, backend, store, staging_root=tmp_path / "work", environ=env)
     assert backend.started == [] and store.get("job-taken-over").backend_config is None
-    done = submit(fixed, backend, store, workdir_root=tmp_path / "work", environ=env)
+    done = submit(fixed, backend, store, staging_root=tmp_path / "work", environ=env)
     assert done.started and store.get("job-taken-over").state == "RUNNING"
 
 
@@ -122,7 +123,7 @@ def test_status_from_a_backend_that_cannot_find_a_running_job_is_an_error(env: d
     another cluster), ``status`` says where to look instead of reporting UNKNOWN as an answer."""
     store = RecordStore(tmp_path / "jobs")
     submit(_request(bucket, "job-here"), FakeBackend(tmp_path / "results", polls_until_done=1000), store,
-           workdir_root=tmp_path / "work", environ=env)
+           staging_root=tmp_path / "work", environ=env)
     elsewhere = FakeBackend(tmp_path / "other-results")
     with pytest.raises(UsageError, match="has no trace of fake/job-here.*its record says"):
         current_status(store.get("job-here"), elsewhere, store)

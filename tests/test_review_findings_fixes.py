@@ -72,7 +72,7 @@ def test_a_job_whose_submit_failed_before_anything_ran_may_be_opened_again_for_a
     stuck under its id for good."""
     from tao_data_io.errors import CredentialError
     from tao_data_io.local.backend import LocalBackend
-    from tao_data_io.steps import submit
+    from tao_data_io.verbs import submit
     from tao_data_io.records import RecordStore
     from tao_data_io.request import parse_request
 
@@ -80,11 +80,11 @@ def test_a_job_whose_submit_failed_before_anything_ran_may_be_opened_again_for_a
     backend = LocalBackend(workdir_root=tmp_path / "local")
     first = parse_request(_args_request(job_id="job-fixed-env", forward_env=["TAO_ATTACK_UNSET_TOKEN"]), environ={})
     with pytest.raises(CredentialError, match="TAO_ATTACK_UNSET_TOKEN"):
-        submit(first, backend, store, workdir_root=tmp_path / "work", environ={})
+        submit(first, backend, store, staging_root=tmp_path / "work", environ={})
     record = store.get("job-fixed-env")
     assert record.state == "PENDING" and record.backend_ref is None  # nothing was launched
     fixed = parse_request(_args_request(job_id="job-fixed-env"), environ={})  # forward_env dropped: the fix
-    done = submit(fixed, backend, store, workdir_root=tmp_path / "work", environ={})
+    done = submit(fixed, backend, store, staging_root=tmp_path / "work", environ={})
     assert done.started
 
 

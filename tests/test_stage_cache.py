@@ -12,7 +12,7 @@ import pytest
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.fs import STATE_DIR_NAME
 from tao_data_io.request import JobRequest
-from tao_data_io.staging.cache import marker_path
+from tao_data_io.staging.cache import marker_path, stage_cached
 from tao_data_io.staging.stage import plan_stage, stage
 from tao_data_io.transfer.engine import TransferEngine
 from tao_data_io.transfer.shard import Shard
@@ -47,10 +47,10 @@ def test_a_second_job_on_the_same_dataset_moves_zero_bytes(s3_credentials: S3Cre
                                                            tmp_path: Path) -> None:
     cache = tmp_path / "volume" / "cache"
     with TransferEngine(s3_credentials) as engine:
-        first = stage(_request(dataset), cache, engine=engine, cache=True, map_path=tmp_path / "m1.json")
+        first = stage(_request(dataset), cache, engine=engine, stager=stage_cached, map_path=tmp_path / "m1.json")
         images = next(s for s in first.sources if s.kind == "folder")
         marker = json.loads(marker_path(cache, images.sub_path or "").read_text())
-        second = stage(_request(dataset, job_id="job-cache-2"), cache, engine=engine, cache=True,
+        second = stage(_request(dataset, job_id="job-cache-2"), cache, engine=engine, stager=stage_cached,
                        map_path=tmp_path / "m2.json")
     assert sum(s.transferred_files for s in first.sources if s.kind != "config") == 42
     assert [s.transferred_bytes for s in second.sources if s.kind != "config"] == [0, 0, 0]
@@ -66,9 +66,9 @@ def test_a_changed_source_is_staged_again(s3_credentials: S3Credentials, s3_clie
                                           tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     with TransferEngine(s3_credentials) as engine:
-        stage(_request(dataset), cache, engine=engine, cache=True)
+        stage(_request(dataset), cache, engine=engine, stager=stage_cached)
         s3_client.put_object(Bucket=dataset, Key="coco/images/img00.jpg", Body=b"changed")
-        second = stage(_request(dataset), cache, engine=engine, cache=True)
+        second = stage(_request(dataset), cache, engine=engine, stager=stage_cached)
     images = next(s for s in second.sources if s.kind == "folder")
     assert images.transferred_files == 1 and images.note != "stage cache hit: source unchanged"
     assert (cache / (images.sub_path or "") / "img00.jpg").read_bytes() == b"changed"
@@ -77,7 +77,7 @@ def test_a_changed_source_is_staged_again(s3_credentials: S3Credentials, s3_clie
 def test_n_shards_stage_exactly_what_one_run_stages(s3_credentials: S3Credentials, dataset: str, tmp_path: Path) -> None:
     with TransferEngine(s3_credentials) as engine:
         stage(_request(dataset), tmp_path / "one", engine=engine)
-        parts = [stage(_request(dataset), tmp_path / "sharded", engine=engine, cache=True, shard=Shard(i, 3),
+        parts = [stage(_request(dataset), tmp_path / "sharded", engine=engine, stager=stage_cached, shard=Shard(i, 3),
                        map_path=tmp_path / f"map-{i}.json") for i in range(3)]
     assert _data(tmp_path / "sharded") == _data(tmp_path / "one") and len(_data(tmp_path / "one")) == 42
     moved = [sum(s.transferred_files for s in part.sources if s.kind != "config") for part in parts]

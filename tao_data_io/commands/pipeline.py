@@ -1,5 +1,6 @@
 """``submit``, ``status``, ``logs``, ``cancel``, ``collect``: a TAO job through its whole life from
-a shell, composing the same step functions as the Prefect flows (:mod:`tao_data_io.steps`).
+a shell, running the same verbs as the Prefect flows (:mod:`tao_data_io.verbs`), each step called
+directly.
 
 Why verbs: not every user runs Prefect; a shell script, a CI job or an agent submits a request,
 polls it and collects its results with the same guarantees (verify inside the frame before the
@@ -95,10 +96,10 @@ def _config(platform: str, args: argparse.Namespace) -> dict[str, Any]:
     """The backend's settings from the command line (the Kubernetes backend reads its kubeconfig,
     TAO_K8S_CONTEXT and TAO_K8S_NAMESPACE itself; the verbs after submit find the job by the
     namespace in its backend_ref)."""
-    from ..steps import workdir_root
+    from ..steps import staging_root
 
     if platform == "local":
-        return {"workdir_root": workdir_root(args.workdir)}
+        return {"workdir_root": staging_root(args.workdir)}
     return {name: getattr(args, name) for name in _CLUSTER_SETTINGS if getattr(args, name, None) is not None}
 
 
@@ -120,15 +121,14 @@ def _job(args: argparse.Namespace, console: Console) -> tuple[RecordStore, Backe
 def _submit(args: argparse.Namespace, console: Console) -> int:
     from ..credentials import Redactor
     from ..launch.backend import backend_for
-    from ..steps import submit, workdir_root
     from ..records import RecordStore
     from ..request import load_request
+    from ..verbs import submit
 
     request = load_request(args.request)
     console.redact = Redactor(secret_names=request.forward_env)
     backend = backend_for(args.backend, _config(args.backend, args))
-    done = submit(request, backend, RecordStore(args.root), workdir_root=workdir_root(args.workdir),
-                  say=console.err)
+    done = submit(request, backend, RecordStore(args.root), staging_root=args.workdir, say=console.err)
     if args.json:
         console.json(done.to_dict())
     else:
@@ -154,21 +154,16 @@ def _logs(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cancel(args: argparse.Namespace, console: Console) -> int:
-    from ..steps import cancel
+    from ..verbs import cancel
 
     store, backend, job_id = _job(args, console)
-    before = store.get(job_id).state
-    record = cancel(job_id, backend, store)
-    if before in ("COMPLETE", "ERROR", "CANCELED"):
-        console.out(f"job {job_id} had already ended {before}; nothing to cancel")
-    else:
-        console.out(f"job {job_id} {record.state}" + (f" ({record.message})" if record.message else ""))
+    console.out(cancel(job_id, backend, store).describe())
     return 0
 
 
 def _collect(args: argparse.Namespace, console: Console) -> int:
-    from ..steps import collect
     from ..routing import loud_ephemeral_warning
+    from ..verbs import collect
 
     store, backend, job_id = _job(args, console)
     outcome = collect(job_id, backend, store, wait=args.wait, poll_seconds=args.poll_seconds, environ=os.environ,
@@ -187,7 +182,7 @@ def _collect(args: argparse.Namespace, console: Console) -> int:
             console.out(f"failure analysis: {outcome.failure.describe()}")
     if outcome.upload is not None and outcome.upload.status == "ephemeral":
         console.err(loud_ephemeral_warning(job_id))
-    if outcome.state not in ("COMPLETE", "ERROR", "CANCELED"):
+    if not outcome.finished:
         return 3  # not finished: a script polls again
     failed = outcome.upload is not None and outcome.upload.summary is not None and not outcome.upload.summary.ok
     return 1 if failed or outcome.state != "COMPLETE" else 0

@@ -40,6 +40,7 @@ def register(verbs: Any) -> None:
 
 def _run_stage(args: argparse.Namespace, console: Console) -> int:
     from ..request import load_request
+    from ..staging.cache import stage_cached
     from ..staging.stage import plan_stage, stage
 
     request = load_request(args.request)
@@ -48,7 +49,8 @@ def _run_stage(args: argparse.Namespace, console: Console) -> int:
             raise UsageError("--plan-only stages nothing, so --cache and --shard do not apply to it")
         staging_map = plan_stage(request, Path(args.workdir), map_path=args.map)
     else:
-        staging_map = stage(request, Path(args.workdir), cache=args.cache, shard=args.shard, map_path=args.map)
+        staging_map = stage(request, Path(args.workdir), stager=stage_cached if args.cache else None, shard=args.shard,
+                            map_path=args.map)
     if args.json:
         console.json(staging_map.model_dump())
         return 0

@@ -40,6 +40,7 @@ from ..transfer.listing import list_remote
 from ..transfer.shard import Shard
 from ..uris import is_s3_url, parse_s3_url
 from .layout import PlannedInput
+from .stage import _engines, resolve_kind, stage_input
 from .stage_map import StagedSource
 
 MARKER_VERSION = 1
@@ -54,8 +55,6 @@ def stage_cached(planned: PlannedInput, cache_root: Path, *,
                  environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None,
                  shard: Shard | None = None) -> StagedSource:
     """Stage ``planned`` into the cache at ``cache_root`` (see the module docstring)."""
-    from .stage import _engines, stage_input  # stage.stage() imports this module
-
     if not planned.remote:
         return stage_input(planned, cache_root)
     assert planned.sub_path is not None
@@ -80,8 +79,6 @@ def stage_cached(planned: PlannedInput, cache_root: Path, *,
 
 def _identity(planned: PlannedInput, engine: Callable[[], TransferEngine]) -> str | None:
     """The source's identity, or None when it has no cheap one (selective inputs, models)."""
-    from .stage import resolve_kind
-
     if not is_s3_url(planned.source):
         return None
     kind = resolve_kind(planned, engine)

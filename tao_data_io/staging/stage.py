@@ -29,6 +29,7 @@ from ..credentials import s3_credentials_from_env
 from ..errors import TransferError, UsageError
 from ..reporting import ProgressCallback
 from ..request import JobRequest
+from ..runner import Runner, direct
 from ..transfer.engine import TransferEngine, TransferOptions
 from ..transfer.filters import PathFilter
 from ..transfer.shard import Shard, shard_of
@@ -58,32 +59,38 @@ def check_air_gap(request: JobRequest) -> None:
                          "their mount paths instead:\n  " + "\n  ".join(problems))
 
 
+#: What stages one planned input under a staging root (idempotent): :func:`stage_input`, the
+#: tier B cache's :func:`~.cache.stage_cached`, or either run as an orchestrator's task.
+Stager = Callable[..., StagedSource]
+
+
 def stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPUTS_ROOT,
           environ: Mapping[str, str] | None = None, engine: TransferEngine | None = None,
           progress: Callable[[PlannedInput], ProgressCallback | None] | None = None,
-          cache: bool = False, shard: Shard | None = None, map_path: Path | None = None) -> StagingMap:
+          stager: Stager | None = None, run: Runner = direct, shard: Shard | None = None,
+          map_path: Path | None = None) -> StagingMap:
     """Stage every input of ``request`` under ``workdir`` and write the staging map (default
-    ``workdir/staging-map.json``).
+    ``workdir/staging-map.json``): the one loop the CLI, a flow and a tier B stage pod share.
 
-    ``progress(planned)`` may return a callback for that input's progress. ``cache``: ``workdir``
-    is a shared stage cache (a tier B volume's ``cache/``): each entry is staged under its lock
-    and skipped when its marker shows the source unchanged (:mod:`.cache`). ``shard``: stage only
+    ``stager`` stages each input (default :func:`stage_input`, or the cache's ``stage_cached`` when
+    ``workdir`` is a shared stage cache: each entry staged under its lock and skipped when its
+    marker shows the source unchanged); ``run`` runs each step (:func:`~tao_data_io.runner.direct`,
+    or an orchestrator's task per input — one engine, built lazily here, serves them all).
+    ``progress(planned)`` may return a callback for that input's progress. ``shard``: stage only
     this shard's part — the keys of a folder that hash to it, and each other input whose source
     URI does — so N shard runs together stage what one run would.
     """
     check_air_gap(request)
     workdir = Path(os.path.abspath(workdir))
     workdir.mkdir(parents=True, exist_ok=True)
-    from .cache import stage_cached  # the cache wraps stage_input
-
-    step = stage_cached if cache else stage_input
+    stage_one = stager or stage_input
     with _engines(engine, environ) as get_engine:
-        sources = [step(planned, workdir, engine=get_engine, environ=environ,
-                        progress=progress(planned) if progress else None, shard=shard)
+        sources = [run(stage_one, planned, workdir, engine=get_engine, environ=environ,
+                       progress=progress(planned) if progress else None, shard=shard)
                    for planned in plan_inputs(request, inputs_root)]
     if request.mode == "config":
-        sources.append(stage_config(request, workdir, inputs_root=inputs_root))
-    return publish_map(request, workdir, sources, inputs_root=inputs_root, map_path=map_path)
+        sources.append(run(stage_config, request, workdir, inputs_root=inputs_root))
+    return run(publish_map, request, workdir, sources, inputs_root=inputs_root, map_path=map_path)
 
 
 def plan_stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPUTS_ROOT,

@@ -1,0 +1,243 @@
+"""A job's life, composed once: ``submit`` (record → tier → stage → config → plan → preflight →
+launch → verify → RUNNING), ``collect`` (wait → record the end → upload with excludes → logs and
+failure analysis), ``resync`` (what is new in every RUNNING job's results) and ``cancel``.
+
+Why here, once: the CLI and the Prefect flows run the same verbs. Each verb runs its steps
+(:mod:`tao_data_io.steps`, the staging and launch modules) through a runner
+(:mod:`tao_data_io.runner`): the CLI's calls each step, the Prefect layer's runs each as its task.
+The order of the steps, what each passes to the next and every decision between them are
+written here and nowhere else, so a flow cannot drift from the CLI and a new step is added once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .launch.backend import Backend, FailureAnalysis, JobDocuments
+from .launch.plan import build_plan
+from .launch.probe import Verdict
+from .outputs import UploadOutcome
+from .records import TERMINAL_STATES, JobRecord, RecordStore
+from .request import JobRequest
+from .runner import Runner, direct
+from .staging.stage import plan_stage, stage
+from .staging.stage_map import StagingMap
+from .steps import (
+    Say,
+    VerifyFailed,
+    cancel_job,
+    confirm,
+    decide_tier,
+    failure_report,
+    identified,
+    look,
+    open_record,
+    read_record,
+    record_end,
+    resync_job,
+    route_outputs,
+    running_jobs,
+    staging_dir,
+    start,
+    upload_job_results,
+    wait_for_end,
+)
+from .vocabulary import DEFAULT_POLL_SECONDS
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What submit did, small enough for a flow's result."""
+
+    job_id: str
+    backend_ref: str
+    tier: str
+    started: bool
+    verdict: Verdict
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "backend_ref": self.backend_ref, "tier": self.tier, "started": self.started,
+                "verified_checks": len(self.verdict.checks)}
+
+    def describe(self) -> str:
+        return (f"job {self.job_id} {'running' if self.started else 'launched earlier'} as {self.backend_ref} "
+                f"(tier {self.tier}; {self.verdict.describe()})")
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What collect found and did: the job's state, the upload, and for an ERROR the log's tail
+    and the backend's analysis."""
+
+    job_id: str
+    state: str
+    message: str
+    upload: UploadOutcome | None
+    logs_tail: str | None = None
+    failure: FailureAnalysis | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "state": self.state, "message": self.message,
+                "upload": self.upload.to_dict() if self.upload else None,
+                "failure": self.failure.to_dict() if self.failure else None}
+
+    def describe(self) -> str:
+        moved = f"; {self.upload.describe()}" if self.upload is not None else ""
+        return f"job {self.job_id} {self.state}" + (f" ({self.message})" if self.message else "") + moved
+
+    def failure_summary(self) -> str:
+        """One line for a job that did not complete: why (the analysis, else the backend's
+        message), and where its results went — what a failed flow run says."""
+        why = self.failure.describe() if self.failure else (self.message or "the backend gave no reason")
+        kept = ""
+        if self.upload is not None:
+            kept = (f"; its results were uploaded to {self.upload.route.destination}"
+                    if self.upload.status == "uploaded" and self.upload.route else f"; results: {self.upload.message}")
+        return f"job {self.job_id} ended {self.state}: {why}{kept}"
+
+
+@dataclass(frozen=True)
+class Canceled:
+    """What cancel found (``was``) and left (``record``)."""
+
+    was: str
+    record: JobRecord
+
+    @property
+    def already_ended(self) -> bool:
+        return self.was in TERMINAL_STATES
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.record.job_id, "was": self.was, "state": self.record.state,
+                "message": self.record.message}
+
+    def describe(self) -> str:
+        if self.already_ended:
+            return f"job {self.record.job_id} had already ended {self.was}; nothing to cancel"
+        return f"job {self.record.job_id} {self.record.state}" + (f" ({self.record.message})"
+                                                                  if self.record.message else "")
+
+
+@dataclass(frozen=True)
+class Resynced:
+    """What a resync of every RUNNING job did: each resynced job's outcome (None when its backend
+    moves its results itself), each failed one's reason, and the RUNNING jobs of the platform the
+    backend has no trace of."""
+
+    outcomes: dict[str, UploadOutcome | None] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    elsewhere: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        statuses = [outcome.status if outcome else "backend uploads" for outcome in self.outcomes.values()]
+        return {"jobs": len(self.outcomes) + len(self.failed),
+                **{status: statuses.count(status) for status in sorted(set(statuses))},
+                **({"failed": len(self.failed)} if self.failed else {}), "not on this target": len(self.elsewhere),
+                "outcomes": {job_id: outcome.to_dict() if outcome else None
+                             for job_id, outcome in self.outcomes.items()}}
+
+    def describe(self) -> str:
+        failed = f", {len(self.failed)} failed ({', '.join(sorted(self.failed))})" if self.failed else ""
+        elsewhere = f", {len(self.elsewhere)} not on this target" if self.elsewhere else ""
+        return f"resynced {len(self.outcomes)} running jobs{failed}{elsewhere}"
+
+
+def submit(request: JobRequest, backend: Backend, store: RecordStore, *, staging_root: str | Path | None = None,
+           environ: Mapping[str, str] | None = None, source: str = "cli", run: Runner = direct,
+           say: Say | None = None) -> Submitted:
+    """Stage ``request``'s inputs, launch it, verify inside its frame and leave it RUNNING; a
+    retry of the same request resumes the same job (and a job already launched is not staged
+    again under it). Raises :class:`~tao_data_io.steps.VerifyFailed` when the verdict fails."""
+    tell = say or (lambda _: None)
+    request = identified(request)
+    record = run(open_record, request, backend, store, source=source)
+    launched = already_launched(record)
+    if launched is not None:
+        tell(launched.describe())
+        return launched
+    decision = run(decide_tier, request, backend, store, record.job_id)
+    tell(f"job {record.job_id}: {decision.describe()}")
+    staging_map = stage_inputs(request, backend, staging_dir(record.job_id, staging_root, environ), environ=environ,
+                               run=run)
+    tell(staging_map.describe())
+    record = run(route_outputs, store, record.job_id, environ)
+    assert record.output_route is not None
+    plan = run(build_plan, request, staging_map, decision, record, record.output_route, environ=environ)
+    submission = run(start, plan, backend, environ=environ, documents=JobDocuments(request, record), store=store)
+    verdict = run(confirm, plan, backend, store, submission, source=source)
+    return Submitted(record.job_id, submission.backend_ref, decision.tier, submission.started, verdict)
+
+
+def already_launched(record: JobRecord) -> Submitted | None:
+    """The submission of a job that was launched already (opened again by a retried submit of the
+    same request): staging again would change inputs under a running job, so nothing moves. A
+    job whose verify failed was never started, and its submit fails again the same way
+    (:class:`VerifyFailed`): a retried submit must not report a job that never ran as launched."""
+    if record.backend_ref is None:
+        return None
+    verdict = Verdict.model_validate(record.verify) if record.verify else Verdict(ok=True)
+    if not verdict.ok:
+        raise VerifyFailed(record.job_id, verdict)
+    return Submitted(record.job_id, record.backend_ref, record.storage_tier or "A", False, verdict)
+
+
+def stage_inputs(request: JobRequest, backend: Backend, workdir: Path, *, environ: Mapping[str, str] | None = None,
+                 run: Runner = direct) -> StagingMap:
+    """Stage on this host when the backend reads from it (the local frame), each input a step of
+    its own; otherwise only plan it and materialize the config here — the cluster stages (tier
+    B's stage Job, tier C's pod)."""
+    if backend.stages_on_host:
+        return stage(request, workdir, environ=environ, run=run)
+    return run(plan_stage, request, workdir, environ=environ)
+
+
+def collect(job_id: str, backend: Backend, store: RecordStore, *, wait: bool = True,
+            poll_seconds: float = DEFAULT_POLL_SECONDS, max_wait_seconds: float | None = None,
+            environ: Mapping[str, str] | None = None, source: str = "cli", run: Runner = direct,
+            say: Say | None = None) -> Collected:
+    """Wait for the end (when ``wait``; at most ``max_wait_seconds``) and record it, then upload
+    the results to the recorded route with the job's excludes — also after ERROR or CANCELED —
+    and, for an ERROR, return the log's tail and the failure analysis. A job not finished yet is
+    reported as it stands, nothing written."""
+    status = (run(wait_for_end, job_id, backend, store, poll_seconds=poll_seconds, timeout=max_wait_seconds, say=say)
+              if wait else run(look, job_id, backend, store))
+    if not status.terminal:
+        return Collected(job_id, status.state, status.message or "not finished; collect again later", None)
+    run(record_end, store, job_id, status, source=source)
+    upload = run(upload_job_results, job_id, backend, store, environ=environ, say=say)
+    tail = failure = None
+    if status.state == "ERROR":
+        tail, failure = run(failure_report, job_id, backend, store)
+    return Collected(job_id, status.state, status.message, upload, tail, failure)
+
+
+def resync(store: RecordStore, backend: Backend, *, settle_seconds: float | None = None,
+           environ: Mapping[str, str] | None = None, run: Runner = direct, say: Say | None = None) -> Resynced:
+    """What a schedule runs while jobs train: upload what is new in the results of every RUNNING
+    job the backend can see, one after another (each transfer is concurrent inside already). One
+    job's failure, after its runner's retries, does not keep the others from their resync: it is
+    reported in :attr:`Resynced.failed`, and the next run tries it again."""
+    seen, elsewhere = run(running_jobs, store, backend, say=say)
+    outcomes: dict[str, UploadOutcome | None] = {}
+    failed: dict[str, str] = {}
+    for job_id in seen:
+        try:
+            outcomes[job_id] = run(resync_job, job_id, backend, store, settle_seconds=settle_seconds, environ=environ)
+        except Exception as exc:  # noqa: BLE001 - reported per job; the others still resync
+            failed[job_id] = f"{type(exc).__name__}: {exc}"
+    return Resynced(outcomes, failed, elsewhere)
+
+
+def cancel(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli",
+           run: Runner = direct) -> Canceled:
+    """Stop the job and everything it started; the record says CANCELED. Of a job that already
+    ended, only what it left running is ended, and its record stays as it is."""
+    was = run(read_record, store, job_id).state
+    return Canceled(was, run(cancel_job, job_id, backend, store, source=source))

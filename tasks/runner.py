@@ -1,0 +1,63 @@
+"""The Prefect runner: each step a verb runs becomes its task run.
+
+Why a table: the verbs (:mod:`tao_data_io.verbs`) name the core's step functions; this maps
+each to the task that wraps it (its retries, timeout, run name, artifacts). A step without a
+task is refused by name rather than run untracked, so a step added to a verb is added here too
+(``tests/test_flows.py`` runs every verb through this runner).
+
+Why ``opaque``: Prefect walks a task's arguments looking for futures and states, descending
+into models and mappings — slow for a staging map, and wrong for a model with a field named
+``keys``. ``opaque`` resolves the value itself but does not walk into it, so a task still
+records the upstream task run whose result it received (the graph keeps its edges), which
+``quote`` would lose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, ParamSpec, TypeVar
+
+from prefect import Task
+from prefect.utilities.annotations import opaque
+
+from tao_data_io import steps
+from tao_data_io.launch import plan
+from tao_data_io.staging import stage
+from tasks import launch, outputs, records, staging
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: Every step a verb runs → its task.
+TASKS: Mapping[Callable[..., Any], Task[..., Any]] = {
+    steps.open_record: records.open_record,
+    steps.read_record: records.read_record,
+    steps.decide_tier: records.decide_tier,
+    steps.route_outputs: records.route_outputs,
+    steps.record_end: records.record_end,
+    stage.stage_input: staging.stage_input,
+    stage.stage_config: staging.stage_config,
+    stage.publish_map: staging.publish_map,
+    stage.plan_stage: staging.plan_stage,
+    plan.build_plan: launch.build_plan,
+    steps.start: launch.start,
+    steps.confirm: launch.confirm,
+    steps.wait_for_end: outputs.wait_for_end,
+    steps.look: outputs.look,
+    steps.upload_job_results: outputs.upload_job_results,
+    steps.failure_report: outputs.failure_report,
+    steps.running_jobs: outputs.running_jobs,
+    steps.resync_job: outputs.resync_job,
+    steps.cancel_job: outputs.cancel_job,
+}
+
+
+def prefect_runner(step: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run ``step`` as its task (in this flow run, on this thread: a task's timeout can interrupt
+    only the flow's main thread)."""
+    task = TASKS.get(step)
+    if task is None:
+        raise TypeError(f"step {step.__module__}.{step.__qualname__} has no task in tasks.runner.TASKS: wrap it "
+                        "in a task and add it there")
+    result: T = task(*(opaque(value) for value in args), **{name: opaque(value) for name, value in kwargs.items()})
+    return result
