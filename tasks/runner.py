@@ -59,5 +59,13 @@ def prefect_runner(step: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -
     if task is None:
         raise TypeError(f"step {step.__module__}.{step.__qualname__} has no task in tasks.runner.TASKS: wrap it "
                         "in a task and add it there")
-    result: T = task(*(opaque(value) for value in args), **{name: opaque(value) for name, value in kwargs.items()})
+    result: T = task(*(_opaque(value) for value in args), **{name: _opaque(value) for name, value in kwargs.items()})
     return result
+
+
+def _opaque(value: Any) -> Any:
+    """``value`` wrapped in ``opaque``; a list's items each (the staged sources a map is made of
+    are results of the stage tasks, and each edge belongs in the graph)."""
+    if isinstance(value, list):
+        return [opaque(item) for item in value]
+    return opaque(value)

@@ -347,6 +347,18 @@ def test_the_flows_run_the_verbs_steps_each_as_its_task(env: dict[str, str], buc
             any_=[state.state_details.flow_run_id for state in states])))
     # The collect flow reads the record for its log mask before the verb starts: one task more.
     assert len(ran) == len(flow_run.steps) + 1
+    # The graph's edges are what each step got from another: stage ∥ stage → map → plan → launch → verify.
+    by_name = {run.name: run for run in ran}
+
+    def upstream(name: str, parameter: str) -> set[str]:
+        ids = {item.id for item in by_name[name].task_inputs[parameter]}
+        return {run.name for run in ran if run.id in ids}
+
+    staged = {f"stage-steps-flow-s3://{bucket}/data/", f"stage-steps-flow-s3://{bucket}/models/model.bin"}
+    assert upstream("staging-map-steps-flow", "sources") == staged | {"stage-config-steps-flow"}
+    assert upstream("plan-launch-steps-flow", "staging_map") == {"staging-map-steps-flow"}
+    assert upstream("launch-steps-flow", "plan") == {"plan-launch-steps-flow"}
+    assert upstream("verify-steps-flow", "submission") == {"launch-steps-flow"}
 
 
 def test_a_step_without_a_task_is_refused_by_name() -> None:
