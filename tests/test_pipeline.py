@@ -128,3 +128,39 @@ def test_status_from_a_backend_that_cannot_find_a_running_job_is_an_error(env: d
     with pytest.raises(UsageError, match="has no trace of fake/job-here.*its record says"):
         current_status(store.get("job-here"), elsewhere, store)
     assert store.get("job-here").state == "RUNNING"
+
+
+def test_a_submit_that_fails_before_launch_says_why_in_the_record_and_a_retry_resumes_it(
+        env: dict[str, str], bucket: str, s3_client: Any, tmp_path: Path) -> None:
+    """A record left PENDING by a failed submit reads as a job about to start (and a collect of it
+    as nothing wrong): the record says ERROR with the reason, and the same request submitted again
+    — once the input exists — reopens it and runs the job under the same id."""
+    store = RecordStore(tmp_path / "jobs")
+    backend = FakeBackend(tmp_path / "results", polls_until_done=1000)
+    request = _request(bucket, "job-missing-input").model_copy(update={"inputs": [
+        parse_request({"schema_version": "1", "image": "i", "mode": "args", "command": "c",
+                       "inputs": [{"source": f"s3://{bucket}/later/", "kind": "folder", "target": "/data"}]},
+                      environ={}).inputs[0]]})
+    with pytest.raises(UsageError, match="holds no object"):
+        submit(request, backend, store, staging_root=tmp_path / "work", environ=env)
+    record = store.get("job-missing-input")
+    assert record.state == "ERROR" and record.backend_ref is None
+    assert record.message is not None and "holds no object" in record.message and "submit failed" in record.message
+
+    s3_client.put_object(Bucket=bucket, Key="later/part-0.bin", Body=b"now it exists")
+    done = submit(request, backend, store, staging_root=tmp_path / "work", environ=env)
+    record = store.get("job-missing-input")
+    assert done.started and record.state == "RUNNING" and backend.started == ["fake/job-missing-input"]
+    assert [entry.state for entry in record.history] == ["PENDING", "ERROR", "PENDING", "RUNNING"]
+
+
+def test_a_job_canceled_before_it_launched_is_not_launched_by_a_later_submit(env: dict[str, str], bucket: str,
+                                                                            tmp_path: Path) -> None:
+    store = RecordStore(tmp_path / "jobs")
+    backend = FakeBackend(tmp_path / "results", polls_until_done=1000)
+    request = _request(bucket, "job-canceled-early")
+    open_for(request, platform=backend.name, store=store)  # a submit that was canceled mid-staging
+    assert cancel("job-canceled-early", backend, store).record.state == "CANCELED"
+    with pytest.raises(UsageError, match="job-canceled-early was CANCELED before it launched"):
+        submit(request, backend, store, staging_root=tmp_path / "work", environ=env)
+    assert backend.started == [] and store.get("job-canceled-early").state == "CANCELED"
