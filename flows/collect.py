@@ -24,6 +24,11 @@ class JobFailed(TaoDataIOError):
     """The job ended ERROR; its results were uploaded and the failure is reported."""
 
 
+class JobNotFinished(TaoDataIOError):
+    """The job has not ended (never launched, or still running when the wait gave up): nothing
+    was collected, so the run is not Completed; a later collect picks it up."""
+
+
 @flow(name="collect-tao-job", flow_run_name="collect-{job_id}", persist_result=True, result_serializer="json")
 @masking_failures
 def collect_tao_job(job_id: str, target: str = DEFAULT_TARGET, records: str = DEFAULT_RECORDS,
@@ -46,6 +51,8 @@ def collect_tao_job(job_id: str, target: str = DEFAULT_TARGET, records: str = DE
     mask_run_logs(setup.credentials.environ(), secret_names=read_record(setup.store, job_id).forward_env)
     collected = collect(job_id, setup.backend, setup.store, poll_seconds=poll_seconds,
                         max_wait_seconds=max_wait_seconds, environ=setup.credentials, source=SOURCE, run=common.RUN)
+    if not collected.finished:
+        raise JobNotFinished(collected.describe())
     if collected.state == "ERROR":
         raise JobFailed(collected.failure_summary())
     return collected.to_dict()

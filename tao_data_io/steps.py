@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .credentials import Redactor
 from .errors import UsageError
 from .names import mint_job_id
 from .launch.backend import Backend, FailureAnalysis, JobDocuments, JobStatus, Submission, backend_for
@@ -72,6 +73,15 @@ def identified(request: JobRequest) -> JobRequest:
     if request.job_id is not None:
         return request
     return request.model_copy(update={"job_id": mint_job_id()})
+
+
+def fail_before_launch(store: RecordStore, job_id: str, request: JobRequest, error: BaseException, *,
+                       environ: Mapping[str, str] | None = None, source: str = "cli") -> JobRecord:
+    """Say in the record why the job's submit failed before it launched (ERROR with the reason,
+    credential values masked), unless the record has moved on; the same request submitted again
+    reopens it (:meth:`RecordStore.fail_before_launch`)."""
+    reason = Redactor(environ, secret_names=request.forward_env)(f"submit failed before launch: {error}")
+    return store.fail_before_launch(job_id, request_digest(request), reason, source=source)
 
 
 def read_record(store: RecordStore, job_id: str) -> JobRecord:
@@ -172,8 +182,9 @@ def _known(record: JobRecord, status: JobStatus, backend: Backend) -> None:
 def observe(record: JobRecord, backend: Backend) -> JobStatus:
     """The backend's view of the job, writing nothing; a job the backend has forgotten (UNKNOWN)
     defers to a final state in the record."""
-    if record.backend_ref is None:
-        return JobStatus(state=record.state, message="not launched yet")  # type: ignore[arg-type]
+    if record.backend_ref is None:  # never launched: the record says why (a failed submit) or nothing yet
+        said = record.message if record.state != "PENDING" and record.message else "not launched yet"
+        return JobStatus(state=record.state, message=said)  # type: ignore[arg-type]
     status = backend.status(record.backend_ref)
     if status.state == "UNKNOWN" and record.state in TERMINAL_STATES:
         return JobStatus(state=record.state, message=f"{status.message}; the record says {record.state}")  # type: ignore[arg-type]

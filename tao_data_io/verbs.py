@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import UsageError
 from .launch.backend import Backend, FailureAnalysis, JobDocuments
 from .launch.plan import build_plan
 from .launch.probe import Verdict
@@ -31,6 +32,7 @@ from .steps import (
     cancel_job,
     confirm,
     decide_tier,
+    fail_before_launch,
     failure_report,
     identified,
     look,
@@ -162,6 +164,23 @@ def submit(request: JobRequest, backend: Backend, store: RecordStore, *, staging
     if launched is not None:
         tell(launched.describe())
         return launched
+    try:
+        return _launch(request, backend, store, record, staging_root=staging_root, environ=environ, source=source,
+                       run=run, tell=tell)
+    except VerifyFailed:
+        raise  # recorded ERROR with the verdict already
+    except Exception as exc:  # the submit's failure, whatever it is, is what the record must say
+        try:
+            run(fail_before_launch, store, record.job_id, request, exc, environ=environ, source=source)
+        except Exception as unsaid:  # noqa: BLE001 - the first failure is the one to raise
+            exc.add_note(f"(its record could not say so: {unsaid})")
+        raise
+
+
+def _launch(request: JobRequest, backend: Backend, store: RecordStore, record: JobRecord, *,
+            staging_root: str | Path | None, environ: Mapping[str, str] | None, source: str, run: Runner,
+            tell: Say) -> Submitted:
+    """Submit's steps from the tier to the verdict, for a record opened and not launched yet."""
     decision = run(decide_tier, request, backend, store, record.job_id)
     tell(f"job {record.job_id}: {decision.describe()}")
     staging_map = stage_inputs(request, backend, staging_dir(record.job_id, staging_root, environ), environ=environ,
@@ -181,6 +200,9 @@ def already_launched(record: JobRecord) -> Submitted | None:
     job whose verify failed was never started, and its submit fails again the same way
     (:class:`VerifyFailed`): a retried submit must not report a job that never ran as launched."""
     if record.backend_ref is None:
+        if record.state == "CANCELED":
+            raise UsageError(f"job {record.job_id} was CANCELED before it launched ({record.message}); a canceled "
+                             "job stays canceled: submit the request under another job id, or without one")
         return None
     verdict = Verdict.model_validate(record.verify) if record.verify else Verdict(ok=True)
     if not verdict.ok:
@@ -209,7 +231,10 @@ def collect(job_id: str, backend: Backend, store: RecordStore, *, wait: bool = T
     status = (run(wait_for_end, job_id, backend, store, poll_seconds=poll_seconds, timeout=max_wait_seconds, say=say)
               if wait else run(look, job_id, backend, store))
     if not status.terminal:
-        return Collected(job_id, status.state, status.message or "not finished; collect again later", None)
+        waited = "" if max_wait_seconds is None or not wait else f" after waiting {max_wait_seconds:g} s"
+        why = f"{status.message}; " if status.message else ""
+        return Collected(job_id, status.state, f"still {status.state}{waited}: {why}it keeps running, collect again "
+                                               "later", None)
     run(record_end, store, job_id, status, source=source)
     upload = run(upload_job_results, job_id, backend, store, environ=environ, say=say)
     tail = failure = None

@@ -25,6 +25,15 @@ def open_record(request: JobRequest, backend: Backend, store: RecordStore, *, so
     return record
 
 
+@step("record-failure", timeout_seconds=QUICK, task_run_name="record-failure-{job_id}")
+def fail_before_launch(store: RecordStore, job_id: str, request: JobRequest, error: BaseException, *,
+                       environ: Mapping[str, str] | None = None, source: str) -> JobRecord:
+    """Say in the record why the submit failed before the job launched (ERROR, the reason masked)."""
+    record = steps.fail_before_launch(store, job_id, request, error, environ=environ, source=source)
+    get_run_logger().info("job %s: %s", job_id, record.state + (f" ({record.message})" if record.message else ""))
+    return record
+
+
 @step("read-record", timeout_seconds=QUICK, task_run_name="read-record-{job_id}")
 def read_record(store: RecordStore, job_id: str) -> JobRecord:
     """The job's record as it stands."""

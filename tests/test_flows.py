@@ -306,6 +306,28 @@ def test_overlapping_resyncs_are_safe(env: dict[str, str], bucket: str, s3_clien
     assert sum(entry["uploaded_files"] for entry in entries) == 200  # each file uploaded once
 
 
+def test_a_collect_of_a_job_that_never_launched_or_has_not_ended_is_not_completed(
+        env: dict[str, str], bucket: str, tmp_path: Path) -> None:
+    """A green collect means the job ended and its results were collected. A submit that failed
+    on a missing input, and a job still running when the wait gave up, fail the collect with the
+    reason (the job keeps running: collect again later)."""
+    target, records = fake_target(tmp_path, polls_until_done=10**6), records_block(tmp_path / "jobs")
+    missing = fake_request(bucket, "never-launched", inputs=[{"source": f"s3://{bucket}/nothing/", "kind": "folder",
+                                                               "target": "/data"}])
+    assert submit_tao_job(missing, target=target, records=records, return_state=True).is_failed()
+    assert RecordStore(tmp_path / "jobs").get("never-launched").state == "ERROR"
+    state = collect_tao_job("never-launched", target=target, records=records, poll_seconds=0.01, return_state=True)
+    assert state.is_failed() and "holds no object" in str(state.message), state.message
+
+    assert submit_tao_job(fake_request(bucket, "still-running"), target=target, records=records,
+                          return_state=True).is_completed()
+    state = collect_tao_job("still-running", target=target, records=records, poll_seconds=0.01,
+                            max_wait_seconds=0.2, return_state=True)
+    assert state.is_failed(), state.message
+    assert "still RUNNING" in str(state.message) and "collect again later" in str(state.message)
+    assert RecordStore(tmp_path / "jobs").get("still-running").state == "RUNNING"
+
+
 # ----------------------------------------------------------------------------- one composition
 class Recording:
     """A runner that notes each step's name, then runs it with ``inner``."""

@@ -138,7 +138,7 @@ def test_a_submit_that_fails_before_launch_says_why_in_the_record_and_a_retry_re
     store = RecordStore(tmp_path / "jobs")
     backend = FakeBackend(tmp_path / "results", polls_until_done=1000)
     request = _request(bucket, "job-missing-input").model_copy(update={"inputs": [
-        parse_request({"schema_version": "1", "image": "i", "mode": "args", "command": "c",
+        parse_request({"schema_version": "1", "image": "i", "mode": "args", "command": "c", "args": [],
                        "inputs": [{"source": f"s3://{bucket}/later/", "kind": "folder", "target": "/data"}]},
                       environ={}).inputs[0]]})
     with pytest.raises(UsageError, match="holds no object"):

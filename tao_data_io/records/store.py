@@ -7,7 +7,9 @@ state history, output route and uploads. Its rules hold whichever backend stores
 * ``open`` is idempotent on the identity fields: a retried submit gets the same record back,
   a different job under a taken id is refused;
 * ``mark`` follows the state machine: terminal states are final, so a late or retried report
-  can never resurrect a finished job; a report that changes nothing writes nothing;
+  can never resurrect a finished job; a report that changes nothing writes nothing. The one way
+  back is ``open`` of a job whose submit failed before anything of it launched
+  (:meth:`RecordStore.fail_before_launch`): nothing ran, so a retried or fixed request may run it;
 * ``set_tier`` decides the storage tier once (the record is opened before it is known);
 * ``update`` lets the routing and upload steps change their own fields and nothing else;
 * no field may hold a credential value (the model refuses it).
@@ -108,6 +110,8 @@ class RecordStore:
             if not (_unlaunched(existing) and existing.request_digest and record.request_digest):
                 raise self._different(existing, record)
             existing = self._modify(job_id, lambda current: self._replaced(current, record, source))
+        elif _failed_before_launch(existing):
+            existing = self._modify(job_id, lambda current: _reopened(current, source))
         if storage_tier is not None:
             return self.set_tier(job_id, storage_tier, storage_reason)
         return existing
@@ -133,9 +137,28 @@ class RecordStore:
         data.update({name: getattr(record, name) for name in IDENTITY_FIELDS})
         data.update(upload_excludes=record.upload_excludes, forward_env=record.forward_env, storage_tier=None,
                     storage_reason=None, output_route=None, verify=None, backend_config=None, updated_at=stamp,
-                    message="opened again for a changed request; the earlier one never launched")
+                    state="PENDING", message="opened again for a changed request; the earlier one never launched")
         data["history"].append(dict(at=stamp, state="PENDING", source=source, message=data["message"]))
         return data
+
+    def fail_before_launch(self, job_id: str, request_digest: str | None, reason: str, *,
+                           source: str) -> JobRecord:
+        """Mark ERROR, with ``reason``, a job whose submit failed before anything of it launched —
+        so its record does not read as a job about to start — unless the record has moved on
+        (it launched, ended, or another submit opened it for another request, which is that
+        submit's to run). ``open`` of the same or a fixed request reopens it."""
+
+        def change(record: JobRecord) -> dict[str, Any] | None:
+            ours = request_digest is None or record.request_digest in (None, request_digest)
+            if record.state != "PENDING" or record.backend_ref is not None or not ours:
+                return None
+            stamp = now()
+            data = record.model_dump()
+            data.update(state="ERROR", message=reason, updated_at=stamp)
+            data["history"].append(dict(at=stamp, state="ERROR", source=source, message=reason))
+            return data
+
+        return self._modify(job_id, change)
 
     def mark(self, job_id: str, state: str, *, source: str, backend_ref: str | None = None,
              message: str | None = None) -> JobRecord:
@@ -353,4 +376,26 @@ class RecordStore:
 def _unlaunched(record: JobRecord) -> bool:
     """Nothing of the job was launched: no backend object, no launch begun (``backend_config``
     is pinned just before a backend is asked to start it)."""
-    return record.state == "PENDING" and record.backend_ref is None and record.backend_config is None
+    return ((record.state == "PENDING" or _failed_before_launch(record)) and record.backend_ref is None
+            and record.backend_config is None)
+
+
+def _failed_before_launch(record: JobRecord) -> bool:
+    """ERROR from :meth:`RecordStore.fail_before_launch`: no backend object, no verdict (a failed
+    verify is an ERROR too, but of a job that was launched and refused inside its frame)."""
+    return record.state == "ERROR" and record.backend_ref is None and record.verify is None
+
+
+def _reopened(current: JobRecord, source: str) -> dict[str, Any] | None:
+    """``current``, which failed before launch, opened again by the same request: PENDING, with
+    what was decided before the failure decided again (the tier and the route may change with
+    the cluster or the environment); where a launch began is kept, so it resumes there."""
+    if not _failed_before_launch(current):
+        return None  # another open got here first
+    stamp = now()
+    message = f"opened again after its submit failed before launch ({current.message or 'no reason recorded'})"
+    data = current.model_dump()
+    data.update(state="PENDING", message=message, storage_tier=None, storage_reason=None, output_route=None,
+                updated_at=stamp)
+    data["history"].append(dict(at=stamp, state="PENDING", source=source, message=message))
+    return data
