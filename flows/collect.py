@@ -3,7 +3,9 @@
 ERROR, attach the log's tail and the failure analysis — then fail the flow run, so the UI and
 any automation see the job's failure.
 
-The flow is the verb :func:`tao_data_io.verbs.collect`, run with the Prefect runner.
+The flow is the verb :func:`tao_data_io.verbs.collect`, run with the Prefect runner. The run owns
+the job while it watches: canceling it cancels the job; a crash leaves the job running, and the
+next collect takes over.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from typing import Any
 from prefect import flow
 
 from flows import common
-from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, prepare
+from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, cancel_owned_job, prepare
 from tao_data_io.errors import TaoDataIOError
 from tao_data_io.verbs import DEFAULT_POLL_SECONDS, collect
 from tasks.masking import mask_run_logs, masking_failures
+from tasks.owners import this_run
 from tasks.records import read_record
 
 
@@ -29,7 +32,8 @@ class JobNotFinished(TaoDataIOError):
     was collected, so the run is not Completed; a later collect picks it up."""
 
 
-@flow(name="collect-tao-job", flow_run_name="collect-{job_id}", persist_result=True, result_serializer="json")
+@flow(name="collect-tao-job", flow_run_name="collect-{job_id}", persist_result=True, result_serializer="json",
+      on_cancellation=[cancel_owned_job])
 @masking_failures
 def collect_tao_job(job_id: str, target: str = DEFAULT_TARGET, records: str = DEFAULT_RECORDS,
                     s3_credentials: str | None = None, poll_seconds: float = DEFAULT_POLL_SECONDS,
@@ -50,7 +54,8 @@ def collect_tao_job(job_id: str, target: str = DEFAULT_TARGET, records: str = DE
     # Before any step logs: the job may print the values of what it is given, whatever their names.
     mask_run_logs(setup.credentials.environ(), secret_names=read_record(setup.store, job_id).forward_env)
     collected = collect(job_id, setup.backend, setup.store, poll_seconds=poll_seconds,
-                        max_wait_seconds=max_wait_seconds, environ=setup.credentials, source=SOURCE, run=common.RUN)
+                        max_wait_seconds=max_wait_seconds, environ=setup.credentials, source=SOURCE, owner=this_run(),
+                        run=common.RUN)
     if not collected.finished:
         raise JobNotFinished(collected.describe())
     if collected.state == "ERROR":

@@ -11,15 +11,18 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 from functools import cache
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from prefect.blocks.core import Block
+from prefect.client.schemas.objects import FlowRun
+from prefect.states import State
 
 from blocks.credentials import CredentialSet, HuggingFaceEnvCredentials, NGCEnvCredentials, S3EnvCredentials
 from blocks.records import JobRecords
 from blocks.targets import ComputeTarget
 from tao_data_io.errors import UsageError
-from tao_data_io.verbs import Backend, RecordStore, Runner
+from tao_data_io.runner import Runner, direct
+from tao_data_io.verbs import Backend, RecordStore, cancel
 from tasks.masking import mask_run_logs
 from tasks.runner import prefect_runner
 
@@ -30,6 +33,10 @@ SOURCE = "flow"
 #: How the flows run a verb's steps: each as its task. Read at call time (``common.RUN``), so a
 #: test can record the steps a flow runs.
 RUN: Runner = prefect_runner
+#: A submit or run flow's name until it knows its job's id; then ``submit-<id>`` / ``run-<id>``.
+NEW_RUN_NAME = "new-job"
+#: The flows whose runs own a job, by the word their run names start with.
+OWNING_FLOWS = ("submit", "run", "collect")
 
 B = TypeVar("B", bound=Block)
 
@@ -83,3 +90,29 @@ def load_block(name: str, kind: type[B], parameter: str) -> B:
         raise UsageError(f"{parameter} {name!r} is a {type(block).__name__}, not a {kind.__name__}: name a block "
                          "of the right type")
     return block
+
+
+def job_of(flow_run: FlowRun) -> str | None:
+    """The job a run of an owning flow is about: its ``job_id`` parameter, else the id in its name
+    (``submit-<id>``, ``run-<id>``: named once the request is read); None before that, when no
+    record was opened yet."""
+    given = flow_run.parameters.get("job_id")
+    if isinstance(given, str) and given:
+        return given
+    word, _, job_id = flow_run.name.partition("-")
+    return job_id if word in OWNING_FLOWS and job_id and job_id != NEW_RUN_NAME else None
+
+
+def cancel_owned_job(flow: Any, flow_run: FlowRun, state: State) -> None:
+    """``on_cancellation`` of the flows that own a job: the job is canceled through its backend,
+    with everything it started (idempotent; the record says which run was canceled). Runs in the
+    flow's process or in the worker's, after the run's own process is gone — so directly, not as
+    tasks. A crash is not a cancel and runs nothing (see :mod:`tasks.owners`)."""
+    job_id = job_of(flow_run)
+    if job_id is None:
+        return  # canceled before the request was read: no record, nothing launched
+    parameters = flow_run.parameters
+    setup = prepare(parameters.get("target") or DEFAULT_TARGET, parameters.get("records") or DEFAULT_RECORDS,
+                    parameters.get("s3_credentials"))
+    cancel(job_id, setup.backend, setup.store, source=SOURCE, reason=f"its flow run {flow_run.name} was canceled",
+           run=direct)

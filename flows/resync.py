@@ -17,10 +17,11 @@ from typing import Any
 from prefect import flow
 
 from flows import common
-from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, prepare
+from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, prepare
 from tao_data_io.errors import TaoDataIOError
 from tao_data_io.verbs import resync
 from tasks.masking import masking_failures
+from tasks.owners import canceled
 
 
 class ResyncFailed(TaoDataIOError):
@@ -32,7 +33,8 @@ class ResyncFailed(TaoDataIOError):
 def resync_tao_outputs(target: str = DEFAULT_TARGET, records: str = DEFAULT_RECORDS,
                        s3_credentials: str | None = None, settle_seconds: float | None = None) -> dict[str, Any]:
     """Upload what is new in the results of every RUNNING job on the target (a RUNNING job the
-    target has no trace of is counted, and named in the run's log, not resynced).
+    target has no trace of is counted, and named in the run's log, not resynced); a RUNNING job
+    whose owning flow run was canceled is canceled.
 
     Args:
         target: the compute target block whose jobs to resync.
@@ -42,7 +44,7 @@ def resync_tao_outputs(target: str = DEFAULT_TARGET, records: str = DEFAULT_RECO
     """
     setup = prepare(target, records, s3_credentials)
     resynced = resync(setup.store, setup.backend, settle_seconds=settle_seconds, environ=setup.credentials,
-                      run=common.RUN)
+                      abandoned=canceled, source=SOURCE, run=common.RUN)
     if resynced.failed:
         jobs = len(resynced.outcomes) + len(resynced.failed)
         raise ResyncFailed(f"the resync of {len(resynced.failed)} of {jobs} running jobs failed: "

@@ -4,28 +4,29 @@ verify → RUNNING, returning the job id.
 The flow is the verb :func:`tao_data_io.verbs.submit` — the CLI's own — run with the Prefect
 runner, so each step is its task: each input staged as its own task run (shown and retried on
 its own), progress and tables in the UI, retries of transient faults. A verify failure fails
-the flow before the job's command starts, with the verdict per path in the UI.
+the flow before the job's command starts, with the verdict per path in the UI. Canceling the run
+cancels the job (``on_cancellation``); a crash of the run leaves it to the next collect.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from prefect import flow, runtime
 from prefect.client.orchestration import get_client
 
 from flows import common
-from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, prepare
-from tao_data_io.request import read_request
-from tao_data_io.verbs import identified, submit
+from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, NEW_RUN_NAME, SOURCE, Setup, cancel_owned_job, prepare
+from tao_data_io.names import job_id_for_run
+from tao_data_io.request import JobRequest, read_request
+from tao_data_io.verbs import submit
 from tasks.masking import mask_run_logs, masking_failures
-
-#: The run's name until the request is read: a job id is shown only once it is known to hold no
-#: credential value, which takes the credential blocks the run loads (they may name any variable).
-NEW_RUN_NAME = "submit-new-job"
+from tasks.owners import this_run
 
 
-@flow(name="submit-tao-job", flow_run_name=NEW_RUN_NAME, persist_result=True, result_serializer="json")
+@flow(name="submit-tao-job", flow_run_name=f"submit-{NEW_RUN_NAME}", persist_result=True, result_serializer="json",
+      on_cancellation=[cancel_owned_job])
 @masking_failures
 def submit_tao_job(request: str | dict[str, Any], target: str = DEFAULT_TARGET, records: str = DEFAULT_RECORDS,
                    s3_credentials: str | None = None, hf_credentials: str | None = None,
@@ -42,11 +43,23 @@ def submit_tao_job(request: str | dict[str, Any], target: str = DEFAULT_TARGET, 
         ngc_credentials: an NGC credentials block; empty: NGC_KEY.
     """
     setup = prepare(target, records, s3_credentials, hf_credentials, ngc_credentials)
-    job = identified(read_request(request, environ=setup.credentials))  # the id every retry opens
-    mask_run_logs(setup.credentials.environ(), secret_names=job.forward_env)  # the job may print what it is given
-    _rename_run(f"submit-{job.job_id}")
+    job = identified_request(request, setup, "submit")
     return submit(job, setup.backend, setup.store, staging_root=setup.target.staging_root,
-                  environ=setup.credentials, source=SOURCE, run=common.RUN).to_dict()
+                  environ=setup.credentials, source=SOURCE, owner=this_run(), run=common.RUN).to_dict()
+
+
+def identified_request(request: str | Mapping[str, Any], setup: Setup, word: str) -> JobRequest:
+    """The request parameter read and checked against the credential blocks' values, with its
+    job id — its own, else the one the root run's id gives, the same for every retry of the run
+    (a retried run resumes its job rather than orphaning it) — its job's values masked in the
+    run's logs, and the run named ``<word>-<job id>`` (a job id is shown only once it is known to
+    hold no credential value)."""
+    job = read_request(request, environ=setup.credentials)
+    if job.job_id is None:
+        job = job.model_copy(update={"job_id": job_id_for_run(str(runtime.flow_run.root_flow_run_id))})
+    mask_run_logs(setup.credentials.environ(), secret_names=job.forward_env)  # the job may print what it is given
+    _rename_run(f"{word}-{job.job_id}")
+    return job
 
 
 def _rename_run(name: str) -> None:

@@ -73,6 +73,14 @@ def mint_job_id(now: datetime | None = None) -> str:
     return f"tao-{(now or datetime.now(timezone.utc)):%Y%m%d}-{secrets.token_hex(5)}"
 
 
+def job_id_for_run(run_id: str) -> str:
+    """The id of the job a run (a Prefect flow run: its root's id) submits when its request names
+    none: ``tao-<16 hex>``, the same for every retry of that run — a retried run resumes its job
+    rather than minting a second one and orphaning the first — and starting with a letter, which a
+    raw UUID (a digit first 10 times in 16) would not, and a Kubernetes Service name needs."""
+    return f"tao-{hashlib.sha256(run_id.encode()).hexdigest()[:16]}"
+
+
 def check_dns_label(value: str, *, what: str) -> str:
     """A Kubernetes DNS-1123 label (namespaces)."""
     if not _DNS_LABEL.fullmatch(value):

@@ -84,6 +84,12 @@ def fail_before_launch(store: RecordStore, job_id: str, request: JobRequest, err
     return store.fail_before_launch(job_id, request_digest(request), reason, source=source)
 
 
+def watch(store: RecordStore, job_id: str, owner: str) -> JobRecord:
+    """Record ``owner`` as who watches the job from now on (a retry writes nothing new)."""
+    return store.update(job_id, lambda record: record if record.owner == owner
+                        else record.model_copy(update={"owner": owner}))
+
+
 def read_record(store: RecordStore, job_id: str) -> JobRecord:
     """The job's record as it stands."""
     return store.get(job_id)
@@ -279,7 +285,8 @@ def resync_job(job_id: str, backend: Backend, store: RecordStore, *, settle_seco
                               progress=progress)
 
 
-def running_jobs(store: RecordStore, backend: Backend, *, say: Say | None = None) -> tuple[list[str], list[str]]:
+def running_jobs(store: RecordStore, backend: Backend, *,
+                 say: Say | None = None) -> tuple[list[JobRecord], list[str]]:
     """The RUNNING jobs of the backend's platform: those it can see (what a resync through it can
     reach), and those it has no trace of — submitted through another target (another work root,
     another namespace) or lost with their host. A store that does not exist yet holds no jobs
@@ -289,21 +296,25 @@ def running_jobs(store: RecordStore, backend: Backend, *, say: Say | None = None
         if say is not None:
             say(f"the records location {store.location} does not exist (yet): no job to resync")
         return [], []
-    seen: list[str] = []
+    seen: list[JobRecord] = []
     elsewhere: list[str] = []
     for record in store.list_records(state="RUNNING"):
         if record.platform == backend.name and record.backend_ref is not None:
-            known = backend.status(record.backend_ref).state != "UNKNOWN"
-            (seen if known else elsewhere).append(record.job_id)
+            if backend.status(record.backend_ref).state != "UNKNOWN":
+                seen.append(record)
+            else:
+                elsewhere.append(record.job_id)
     return seen, elsewhere
 
 
 
 
-def cancel_job(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli") -> JobRecord:
-    """Stop the job and everything it started and mark the record CANCELED — unless it already
-    ended (terminal states are final: the backend ends only what it left running) or the backend
-    cannot find it (see :func:`_known`). Returns the record as it now stands."""
+def cancel_job(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli",
+               reason: str | None = None) -> JobRecord:
+    """Stop the job and everything it started and mark the record CANCELED, saying ``reason`` —
+    unless it already ended (terminal states are final: the backend ends only what it left
+    running) or the backend cannot find it (see :func:`_known`). Returns the record as it now
+    stands."""
     record = store.get(job_id)
     if record.state in TERMINAL_STATES:
         if record.backend_ref is not None:
@@ -314,5 +325,5 @@ def cancel_job(job_id: str, backend: Backend, store: RecordStore, *, source: str
         stopped = backend.cancel(record.backend_ref)
     else:
         stopped = False
-    return store.mark(job_id, "CANCELED", source=source,
-                      message="canceled" + ("" if stopped else " (nothing was running)"))
+    said = f"canceled: {reason}" if reason else "canceled"
+    return store.mark(job_id, "CANCELED", source=source, message=said + ("" if stopped else " (nothing was running)"))

@@ -11,7 +11,7 @@ written here and nowhere else, so a flow cannot drift from the CLI and a new ste
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from .steps import (
     start,
     upload_job_results,
     wait_for_end,
+    watch,
 )
 from .vocabulary import DEFAULT_POLL_SECONDS
 
@@ -136,30 +137,39 @@ class Resynced:
     outcomes: dict[str, UploadOutcome | None] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     elsewhere: list[str] = field(default_factory=list)
+    #: RUNNING jobs canceled because their owner was.
+    canceled: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         statuses = [outcome.status if outcome else "backend uploads" for outcome in self.outcomes.values()]
-        return {"jobs": len(self.outcomes) + len(self.failed),
+        return {"jobs": len(self.outcomes) + len(self.failed) + len(self.canceled),
                 **{status: statuses.count(status) for status in sorted(set(statuses))},
-                **({"failed": len(self.failed)} if self.failed else {}), "not on this target": len(self.elsewhere),
+                **({"failed": len(self.failed)} if self.failed else {}),
+                **({"canceled": len(self.canceled)} if self.canceled else {}), "not on this target": len(self.elsewhere),
                 "outcomes": {job_id: outcome.to_dict() if outcome else None
                              for job_id, outcome in self.outcomes.items()}}
 
     def describe(self) -> str:
         failed = f", {len(self.failed)} failed ({', '.join(sorted(self.failed))})" if self.failed else ""
         elsewhere = f", {len(self.elsewhere)} not on this target" if self.elsewhere else ""
-        return f"resynced {len(self.outcomes)} running jobs{failed}{elsewhere}"
+        canceled = f", {len(self.canceled)} canceled (their owner was)" if self.canceled else ""
+        return f"resynced {len(self.outcomes)} running jobs{failed}{canceled}{elsewhere}"
 
 
 def submit(request: JobRequest, backend: Backend, store: RecordStore, *, staging_root: str | Path | None = None,
-           environ: Mapping[str, str] | None = None, source: str = "cli", run: Runner = direct,
-           say: Say | None = None) -> Submitted:
+           environ: Mapping[str, str] | None = None, source: str = "cli", owner: str | None = None,
+           run: Runner = direct, say: Say | None = None) -> Submitted:
     """Stage ``request``'s inputs, launch it, verify inside its frame and leave it RUNNING; a
     retry of the same request resumes the same job (and a job already launched is not staged
-    again under it). Raises :class:`~tao_data_io.steps.VerifyFailed` when the verdict fails."""
+    again under it). A failure before launch is said in the record (ERROR, and why), and the
+    same request submitted again resumes it. ``owner``: who watches the job from here (see
+    :attr:`~tao_data_io.records.JobRecord.owner`). Raises
+    :class:`~tao_data_io.steps.VerifyFailed` when the verdict fails."""
     tell = say or (lambda _: None)
     request = identified(request)
     record = run(open_record, request, backend, store, source=source)
+    if owner is not None:
+        record = run(watch, store, record.job_id, owner)
     launched = already_launched(record)
     if launched is not None:
         tell(launched.describe())
@@ -222,12 +232,15 @@ def stage_inputs(request: JobRequest, backend: Backend, workdir: Path, *, enviro
 
 def collect(job_id: str, backend: Backend, store: RecordStore, *, wait: bool = True,
             poll_seconds: float = DEFAULT_POLL_SECONDS, max_wait_seconds: float | None = None,
-            environ: Mapping[str, str] | None = None, source: str = "cli", run: Runner = direct,
-            say: Say | None = None) -> Collected:
+            environ: Mapping[str, str] | None = None, source: str = "cli", owner: str | None = None,
+            run: Runner = direct, say: Say | None = None) -> Collected:
     """Wait for the end (when ``wait``; at most ``max_wait_seconds``) and record it, then upload
     the results to the recorded route with the job's excludes — also after ERROR or CANCELED —
     and, for an ERROR, return the log's tail and the failure analysis. A job not finished yet is
-    reported as it stands, nothing written."""
+    reported as it stands, nothing written. ``owner``: who watches the job from here (a collect
+    that takes over from a crashed one)."""
+    if owner is not None:
+        run(watch, store, job_id, owner)
     status = (run(wait_for_end, job_id, backend, store, poll_seconds=poll_seconds, timeout=max_wait_seconds, say=say)
               if wait else run(look, job_id, backend, store))
     if not status.terminal:
@@ -244,25 +257,36 @@ def collect(job_id: str, backend: Backend, store: RecordStore, *, wait: bool = T
 
 
 def resync(store: RecordStore, backend: Backend, *, settle_seconds: float | None = None,
-           environ: Mapping[str, str] | None = None, run: Runner = direct, say: Say | None = None) -> Resynced:
+           environ: Mapping[str, str] | None = None, abandoned: Callable[[str], bool] | None = None,
+           source: str = "cli", run: Runner = direct, say: Say | None = None) -> Resynced:
     """What a schedule runs while jobs train: upload what is new in the results of every RUNNING
     job the backend can see, one after another (each transfer is concurrent inside already). One
     job's failure, after its runner's retries, does not keep the others from their resync: it is
-    reported in :attr:`Resynced.failed`, and the next run tries it again."""
+    reported in :attr:`Resynced.failed`, and the next run tries it again.
+
+    ``abandoned(owner)`` says whether a job's owner was canceled (its orchestrator knows): such a
+    job is canceled, not resynced — a cancel whose own hook did not get to the job (hooks are
+    best-effort) still stops it within one interval."""
     seen, elsewhere = run(running_jobs, store, backend, say=say)
     outcomes: dict[str, UploadOutcome | None] = {}
     failed: dict[str, str] = {}
-    for job_id in seen:
+    canceled: list[str] = []
+    for record in seen:
+        job_id = record.job_id
+        if abandoned is not None and record.owner is not None and abandoned(record.owner):
+            run(cancel_job, job_id, backend, store, source=source, reason=f"its owner {record.owner} was canceled")
+            canceled.append(job_id)
+            continue
         try:
             outcomes[job_id] = run(resync_job, job_id, backend, store, settle_seconds=settle_seconds, environ=environ)
         except Exception as exc:  # noqa: BLE001 - reported per job; the others still resync
             failed[job_id] = f"{type(exc).__name__}: {exc}"
-    return Resynced(outcomes, failed, elsewhere)
+    return Resynced(outcomes, failed, elsewhere, canceled)
 
 
-def cancel(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli",
+def cancel(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli", reason: str | None = None,
            run: Runner = direct) -> Canceled:
-    """Stop the job and everything it started; the record says CANCELED. Of a job that already
-    ended, only what it left running is ended, and its record stays as it is."""
+    """Stop the job and everything it started; the record says CANCELED (and ``reason``). Of a
+    job that already ended, only what it left running is ended, and its record stays as it is."""
     was = run(read_record, store, job_id).state
-    return Canceled(was, run(cancel_job, job_id, backend, store, source=source))
+    return Canceled(was, run(cancel_job, job_id, backend, store, source=source, reason=reason))

@@ -74,7 +74,7 @@ def failure_report(job_id: str, backend: Backend, store: RecordStore) -> tuple[s
 
 
 @step("running-jobs", timeout_seconds=QUICK, task_run_name="running-jobs")
-def running_jobs(store: RecordStore, backend: Backend, *, say: Any = None) -> tuple[list[str], list[str]]:
+def running_jobs(store: RecordStore, backend: Backend, *, say: Any = None) -> tuple[list[JobRecord], list[str]]:
     """The RUNNING jobs this backend can see, and those of its platform it has no trace of."""
     logger = get_run_logger()
     seen, elsewhere = steps.running_jobs(store, backend, say=logger.warning)
@@ -99,8 +99,9 @@ def resync_job(job_id: str, backend: Backend, store: RecordStore, *, settle_seco
 
 
 @step("cancel", timeout_seconds=QUICK, task_run_name="cancel-{job_id}")
-def cancel_job(job_id: str, backend: Backend, store: RecordStore, *, source: str) -> JobRecord:
+def cancel_job(job_id: str, backend: Backend, store: RecordStore, *, source: str,
+               reason: str | None = None) -> JobRecord:
     """Stop the job and everything it started; the record says CANCELED (unless it had ended)."""
-    record = steps.cancel_job(job_id, backend, store, source=source)
+    record = steps.cancel_job(job_id, backend, store, source=source, reason=reason)
     get_run_logger().info("job %s: %s", job_id, record.state + (f" ({record.message})" if record.message else ""))
     return record

@@ -34,6 +34,12 @@ def fail_before_launch(store: RecordStore, job_id: str, request: JobRequest, err
     return record
 
 
+@step("watch", timeout_seconds=QUICK, task_run_name="watch-{job_id}")
+def watch(store: RecordStore, job_id: str, owner: str) -> JobRecord:
+    """Record this run as who watches the job: if it is canceled, so is the job."""
+    return steps.watch(store, job_id, owner)
+
+
 @step("read-record", timeout_seconds=QUICK, task_run_name="read-record-{job_id}")
 def read_record(store: RecordStore, job_id: str) -> JobRecord:
     """The job's record as it stands."""

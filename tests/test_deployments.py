@@ -16,7 +16,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 FLOWS = {"submit-tao-job": "flows/submit.py:submit_tao_job", "collect-tao-job": "flows/collect.py:collect_tao_job",
-         "resync-tao-outputs": "flows/resync.py:resync_tao_outputs"}
+         "resync-tao-outputs": "flows/resync.py:resync_tao_outputs", "run-tao-job": "flows/run.py:run_tao_job",
+         "cancel-tao-job": "flows/cancel.py:cancel_tao_job"}
 
 
 def deployments(prefect_file: str) -> list[dict[str, Any]]:

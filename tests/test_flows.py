@@ -270,7 +270,8 @@ def test_a_non_retryable_error_fails_at_once(env: dict[str, str], bucket: str, t
     assert state.is_failed() and "does not exist (404)" in str(state.message)
     name_ = f"stage-job-missing-s3://{bucket}/no-such.bin"
     assert task_runs(state, name_)[name_].run_count == 1
-    assert RecordStore(tmp_path / "jobs").get("job-missing").state == "PENDING"  # a fixed request can rerun it
+    record = RecordStore(tmp_path / "jobs").get("job-missing")  # ERROR and why; a fixed request can rerun it
+    assert record.state == "ERROR" and "does not exist (404)" in (record.message or "")
 
 
 def test_overlapping_resyncs_are_safe(env: dict[str, str], bucket: str, s3_client: Any, tmp_path: Path) -> None:
@@ -350,8 +351,8 @@ def test_the_flows_run_the_verbs_steps_each_as_its_task(env: dict[str, str], buc
     fake.stages_on_host = True
     store = RecordStore(tmp_path / "cli-jobs")
     submit(parse_request(fake_request(bucket, "steps-cli")), fake, store, staging_root=tmp_path / "cli-work",
-           run=direct_run)
-    collect("steps-cli", fake, store, poll_seconds=0.01, run=direct_run)
+           owner="a-watcher", run=direct_run)  # a flow is its job's owner
+    collect("steps-cli", fake, store, poll_seconds=0.01, owner="a-watcher", run=direct_run)
     resync(store, fake, run=direct_run)
 
     flow_run = Recording(prefect_runner)
@@ -394,11 +395,12 @@ def test_a_step_without_a_task_is_refused_by_name() -> None:
 # ----------------------------------------------------------------------------- the local frame
 def normalized(record: JobRecord, root: Path) -> dict[str, Any]:
     """A record with what must differ between two runs of one request taken out: the job id, times,
-    who wrote each change, the directory each composition ran in, and the backend's own settings
-    (the local target allows no network by default, the CLI's backend does)."""
+    who wrote each change and who watches the job (a flow run), the directory each composition ran
+    in, and the backend's own settings (the local target allows no network by default, the CLI's
+    backend does)."""
     text = record.model_dump_json().replace(record.job_id, "job-x").replace(str(root), "/root-of-the-run")
     data = JobRecord.model_validate_json(text).model_dump(mode="json")
-    data.pop("created_at"), data.pop("updated_at"), data.pop("backend_config")
+    data.pop("created_at"), data.pop("updated_at"), data.pop("backend_config"), data.pop("owner")
     data["history"] = [(entry["state"], entry["message"]) for entry in data["history"]]
     for entry in data["uploads"]:
         for varying in ("at", "started_at", "results_dir"):

@@ -139,15 +139,14 @@ def test_the_cli_resubmit_of_a_job_whose_verify_failed_is_not_exit_0(sandbox: No
 
 def test_a_fixed_request_can_rerun_a_job_whose_staging_failed(
         prefect_harness: None, env: dict[str, str], bucket: str, tmp_path: Path) -> None:
-    """After a submit fails before launch (an input that does not exist: record PENDING, nothing
-    started), the fixed request under the same job id is refused ("its request differs"), so the
-    record stays PENDING for ever — tests/test_flows.py says "a fixed request can rerun it"."""
+    """After a submit fails before launch (an input that does not exist: record ERROR with the
+    reason, nothing started), the fixed request under the same job id runs it."""
     target, records = fake_target(tmp_path), records_block(tmp_path / "jobs")
     fixed = {**fake_request(bucket, "fix-and-rerun"), "spec": {"train": {"epochs": 1}}}
     bad = {**fixed, "inputs": [*fixed["inputs"], {"source": f"s3://{bucket}/no-such.bin", "kind": "file",
                                                   "target": "/extra/x.bin"}]}
     assert submit_tao_job(bad, target=target, records=records, return_state=True).is_failed()
-    assert RecordStore(tmp_path / "jobs").get("fix-and-rerun").state == "PENDING"
+    assert RecordStore(tmp_path / "jobs").get("fix-and-rerun").state == "ERROR"
     again = submit_tao_job(fixed, target=target, records=records, return_state=True)
     assert again.is_completed(), again.message
 

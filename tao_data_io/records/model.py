@@ -140,6 +140,10 @@ class JobRecord(_Stored):
     #: SHA-256 of the request this job was opened for: the same job id with another request is
     #: another job, refused at open, and a retried submit is recognised as the same one.
     request_digest: str | None = None
+    #: Who watches the job, as its orchestrator names it (``prefect-flow-run/<id>``: the root run
+    #: of the flow that submitted or last collects it). A watcher that was canceled means the job
+    #: should be; a watcher that crashed means nothing — the next collect takes over.
+    owner: str | None = None
 
     @model_validator(mode="after")
     def _no_credential_values(self) -> JobRecord:

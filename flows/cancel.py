@@ -1,0 +1,33 @@
+"""``cancel-tao-job``: stop a job and everything it started; its record says CANCELED and who
+asked. Of a job that already ended, only what it left running is ended.
+
+The flow is the verb :func:`tao_data_io.verbs.cancel`, run with the Prefect runner.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from flows import common
+from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, prepare
+from tao_data_io.verbs import cancel
+from tasks.masking import masking_failures
+
+
+@flow(name="cancel-tao-job", flow_run_name="cancel-{job_id}", persist_result=True, result_serializer="json")
+@masking_failures
+def cancel_tao_job(job_id: str, target: str = DEFAULT_TARGET, records: str = DEFAULT_RECORDS,
+                   reason: str | None = None) -> dict[str, Any]:
+    """Cancel a job: its frame or Kubernetes objects go, freeing what it holds.
+
+    Args:
+        job_id: the job, as submit-tao-job returned it.
+        target: the compute target block it runs on.
+        records: the job records block.
+        reason: why, for the record (empty: "canceled by flow run cancel-<job id>").
+    """
+    setup = prepare(target, records)
+    return cancel(job_id, setup.backend, setup.store, source=SOURCE,
+                  reason=reason or f"by flow run cancel-{job_id}", run=common.RUN).to_dict()

@@ -1,0 +1,43 @@
+"""Who owns a job, in Prefect's words, and whether that owner was canceled.
+
+Why the root flow run: a job belongs to the run a user started — ``submit-tao-job``,
+``collect-tao-job`` or ``run-tao-job`` with the other two as its subflows — and canceling that
+run must cancel the job. Prefect runs a flow's ``on_cancellation`` hooks on a best-effort basis
+(a worker that dies with the run runs none), so the record names its owner and the scheduled
+resync asks Prefect about it (:func:`canceled`). A crashed owner is not a canceled one: the
+watcher died (a worker redeploy, a node drain), the job keeps running, and the next collect
+takes it over.
+"""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from prefect import runtime
+from prefect.client.orchestration import get_client
+from prefect.exceptions import ObjectNotFound
+
+OWNER_PREFIX = "prefect-flow-run/"
+
+
+def this_run() -> str | None:
+    """The owner this flow run stands for: its root run (itself, unless it is a subflow)."""
+    root = runtime.flow_run.root_flow_run_id
+    return f"{OWNER_PREFIX}{root}" if root else None
+
+
+def canceled(owner: str) -> bool:
+    """Whether ``owner`` is a flow run that was canceled (or is being canceled). An owner that is
+    not a flow run, or one deleted since, is not a cancel."""
+    if not owner.startswith(OWNER_PREFIX):
+        return False
+    try:
+        run_id = UUID(owner.removeprefix(OWNER_PREFIX))
+    except ValueError:
+        return False
+    with get_client(sync_client=True) as client:
+        try:
+            state = client.read_flow_run(run_id).state
+        except ObjectNotFound:
+            return False
+    return state is not None and (state.is_cancelled() or state.is_cancelling())
