@@ -129,8 +129,9 @@ def served(tmp_path: Path) -> Any:
     runner = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=environ, start_new_session=True,
                               stdout=(tmp_path / "runner.log").open("w"), stderr=subprocess.STDOUT)
     yield runner
-    os.killpg(runner.pid, signal.SIGTERM)
-    runner.wait(30)
+    if runner.poll() is None:
+        os.killpg(runner.pid, signal.SIGTERM)
+        runner.wait(30)
 
 
 def test_canceling_a_collect_run_stops_the_job_in_the_local_frame(env: dict[str, str], bucket: str, sandbox: None,
@@ -157,6 +158,40 @@ def test_canceling_a_collect_run_stops_the_job_in_the_local_frame(env: dict[str,
     wait_for("the job's record to say so", lambda: store.get("long-job").state == "CANCELED" or None, deadline_s=30)
     assert f"its flow run {_name(run.id)} was canceled" in (store.get("long-job").message or "")
     wait_for("every process of the job to end", lambda: not job_processes(backend, "long-job") or None, deadline_s=30)
+
+
+def test_a_crashed_watcher_is_not_a_cancel_and_the_next_collect_takes_over(
+        env: dict[str, str], bucket: str, sandbox: None, tmp_path: Path, served: Any) -> None:
+    """The worker running a collect dies (a redeploy, a node drain): the job goes on, and the next
+    collect owns it and sees it through."""
+    from prefect.deployments import run_deployment
+
+    target, records = local_target(tmp_path), records_block(tmp_path / "jobs")
+    hold = tmp_path / "hold"
+    held = stand_in_request(bucket, "outlives-its-watcher", mounts=[
+        {"source": str(REPO / "examples" / "stand_in"), "target": "/stand-in"},
+        {"source": str(hold), "target": "/control"}], environment={"EPOCHS": "1", "EPOCH_SECONDS": "0",
+                                                                  "HOLD_FILE": "/control/go"})
+    hold.mkdir()
+    (hold / "waiting").touch()  # verify refuses an empty mount
+    assert submit_tao_job(held, target=target, records=records, return_state=True).is_completed()
+    deployment = wait_for("the served deployment", lambda: _deployment("collect-tao-job/cancel-test"))
+    run = run_deployment(deployment.id, parameters={"job_id": "outlives-its-watcher", "target": target,
+                                                    "records": records, "poll_seconds": 0.2}, timeout=0)
+    store = RecordStore(tmp_path / "jobs")
+    wait_for("the collect to own the job",
+             lambda: store.get("outlives-its-watcher").owner == f"prefect-flow-run/{run.id}" or None, deadline_s=60)
+    os.killpg(served.pid, signal.SIGKILL)  # the worker and its flow run process, without a word
+    served.wait(30)
+
+    backend = LocalBackend(tmp_path / "local")
+    assert store.get("outlives-its-watcher").state == "RUNNING" and job_processes(backend, "outlives-its-watcher")
+    (hold / "go").touch()
+    state = collect_tao_job("outlives-its-watcher", target=target, records=records, poll_seconds=0.2,
+                            return_state=True)
+    assert state.is_completed(), state.message
+    record = store.get("outlives-its-watcher")
+    assert record.state == "COMPLETE" and record.owner == f"prefect-flow-run/{state.state_details.flow_run_id}"
 
 
 def _deployment(name: str) -> Any:
