@@ -92,7 +92,7 @@ def claim(name: str = "tao-data", phase: str = "Bound", modes: tuple[str, ...] =
 
 
 def make_backend(said: list[str] | None = None, **settings: Any) -> KubernetesBackend:
-    return KubernetesBackend(**{"stager_image": STAGER, "poll_seconds": 0.001,
+    return KubernetesBackend(**{"stager_image": STAGER, "pod_poll_seconds": 0.001,
                                 "say": (said if said is not None else []).append, **settings})
 
 
@@ -890,7 +890,7 @@ def test_e2e_a_gpu_free_tier_a_job_on_a_real_cluster(tmp_path: Path, monkeypatch
     said: list[str] = []
     with HostPathClaim(namespace, "tao-e2e-data") as claim_name:
         backend = KubernetesBackend(namespace=namespace, pvc_claim=claim_name, verify_timeout=600,
-                                    image_pull_timeout=900, poll_seconds=2.0, say=said.append)
+                                    image_pull_timeout=900, pod_poll_seconds=2.0, say=said.append)
         store = store_in(tmp_path)
         done = steps.submit(request, backend, store, workdir_root=tmp_path / "work", environ={})
         try:

@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 #: in the progress messages long before this.
 DEFAULT_IMAGE_PULL_TIMEOUT_S = 1800.0
 #: The longest pause between two looks at a Job's pods while waiting (the first is shorter).
-DEFAULT_POLL_SECONDS = 2.0
+POD_POLL_SECONDS = 2.0
 #: What cancel deletes, in this order: the Jobs first (their pods hold the GPUs).
 _CANCEL_ORDER = ("Job", "Service", "ConfigMap", "Secret")
 
@@ -65,9 +65,9 @@ class KubernetesBackend:
                  verify_timeout: float = DEFAULT_VERIFY_TIMEOUT_S,
                  image_pull_timeout: float = DEFAULT_IMAGE_PULL_TIMEOUT_S, *, kubeconfig: str | None = None,
                  node_selector: Mapping[str, str] | None = None, tolerations: list[dict[str, Any]] | None = None,
-                 poll_seconds: float = DEFAULT_POLL_SECONDS, say: Callable[[str], None] | None = None) -> None:
+                 pod_poll_seconds: float = POD_POLL_SECONDS, say: Callable[[str], None] | None = None) -> None:
         for what, value in (("verify_timeout", verify_timeout), ("image_pull_timeout", image_pull_timeout),
-                            ("poll_seconds", poll_seconds)):
+                            ("pod_poll_seconds", pod_poll_seconds)):
             if not value > 0:
                 raise UsageError(f"{what} {value!r} must be a positive number of seconds")
         # Checked now (every refusal names the parameter); the namespace is known once connected.
@@ -78,7 +78,7 @@ class KubernetesBackend:
             tolerations=list(tolerations or []), records_url=records_url)
         self._cluster = {"namespace": namespace, "context": context, "kubeconfig": kubeconfig}
         self.verify_timeout, self.image_pull_timeout = verify_timeout, image_pull_timeout
-        self.poll_seconds = poll_seconds
+        self.pod_poll_seconds = pod_poll_seconds
         self.say = say or log.info
         self._connected: Api | None = None
 
@@ -156,7 +156,7 @@ class KubernetesBackend:
         create(api, stage, job_id)
         name = stage["metadata"]["name"]
         watch = PodWatch(api, namespace, name, job["metadata"]["name"], "stage",
-                         Budget(self.verify_timeout, self.image_pull_timeout), self.say, self.poll_seconds)
+                         Budget(self.verify_timeout, self.image_pull_timeout), self.say, self.pod_poll_seconds)
         try:
             wait_for_stage(watch)
         except StageFailed as exc:
@@ -179,7 +179,7 @@ class KubernetesBackend:
             checks = read_checklist((configmap.get("data") or {}).get("checklist", ""), plan)
             watch = PodWatch(api, namespace, name, name, "train",
                              Budget(timeout or self.verify_timeout, self.image_pull_timeout), self.say,
-                             self.poll_seconds)
+                             self.pod_poll_seconds)
             verdict = wait_for_verdict(watch, plan.nodes, checks)
         if not verdict.ok and self._delete_job(api, namespace, name):
             self.say(f"{namespace}/{name}: verify failed; the Job was deleted, which frees its GPUs")
