@@ -18,11 +18,12 @@ from ..records import JobRecord
 from ..request import JobRequest
 from ..schema import Strict
 from ..tier import ClusterFacts
+from ..vocabulary import TERMINAL_STATES, State
 from .plan import LaunchPlan
 from .probe import Verdict
 
-BackendState = Literal["PENDING", "RUNNING", "COMPLETE", "ERROR", "CANCELED", "UNKNOWN"]
-TERMINAL = frozenset({"COMPLETE", "ERROR", "CANCELED"})
+#: The record's states, and UNKNOWN: the backend has forgotten the job, and the record decides.
+BackendState = Literal[State, Literal["UNKNOWN"]]
 #: TAO's error classes: the program failed, or the infrastructure did (OOM, a lost node, a pull).
 ErrClass = Literal["ERR_PROGRAM", "ERR_INFRA"]
 DEFAULT_VERIFY_TIMEOUT_S = 600.0
@@ -36,7 +37,7 @@ class JobStatus(Strict):
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL
+        return self.state in TERMINAL_STATES
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
