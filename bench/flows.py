@@ -61,20 +61,20 @@ from flows.submit import submit_tao_job  # noqa: E402
 from tao_data_io import steps  # noqa: E402
 from tao_data_io.embedded.s3 import EmbeddedS3  # noqa: E402
 from tao_data_io.launch.backend import Backend  # noqa: E402
-from tao_data_io.launch.fake import FakeBackend  # noqa: E402
 from tao_data_io.local.backend import LocalBackend  # noqa: E402
 from tao_data_io.records import RecordStore  # noqa: E402
 from tao_data_io.request import parse_request  # noqa: E402
 from tao_data_io.transfer.engine import TransferEngine, TransferOptions  # noqa: E402
 from tao_data_io.uris import parse_s3_url  # noqa: E402
 from tasks.policy import step  # noqa: E402
+from tests.fake_backend import FakeBackend  # noqa: E402
 
 BUCKET = "bench-flows"
 RESYNC_JOB = "bench-resync"
 
 
 class BenchTarget(ComputeTarget):
-    """A target whose jobs' results are where the benchmark wrote them (the core's FakeBackend)."""
+    """A target whose jobs' results are where the benchmark wrote them (the tests' FakeBackend)."""
 
     _block_type_name = "TAO Bench Target"
     _block_type_slug = "tao-bench-target"

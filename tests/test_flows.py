@@ -33,12 +33,12 @@ from flows.resync import resync_tao_outputs
 from flows.submit import submit_tao_job
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.launch.backend import Backend
-from tao_data_io.launch.fake import FakeBackend
 from tao_data_io.local.backend import LocalBackend
 from tao_data_io.steps import collect, submit
 from tao_data_io.records import JobRecord, RecordStore
 from tao_data_io.request import parse_request
 
+from .fake_backend import FakeBackend
 from .helpers import wait_for
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -53,7 +53,7 @@ _CLUSTERS: dict[str, FakeBackend] = {}
 
 
 class FakeTarget(ComputeTarget):
-    """A compute target for the tests: the core's FakeBackend, told how to behave."""
+    """A compute target for the tests: the FakeBackend, told how to behave."""
 
     _block_type_name = "TAO Fake Target (tests)"
     _block_type_slug = "tao-fake-target"

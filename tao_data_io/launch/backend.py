@@ -1,6 +1,6 @@
 """The seam between the data mover and whatever runs the job: one protocol, a few small results.
 
-Why a protocol: the local sandbox, Kubernetes and the flow tests' fake must be interchangeable
+Why a protocol: the local sandbox, Kubernetes and the tests' fake must be interchangeable
 under the same steps (submit → verify → status → logs → cancel), so the CLI and the Prefect
 flows compose the same calls whatever runs the job. Results are small JSON-able models with
 ``to_dict()``/``describe()``, in the TAO vocabulary users know (PENDING, RUNNING, COMPLETE,
@@ -140,7 +140,7 @@ class Backend(Protocol):
 
 
 def backend_for(platform: str, config: Mapping[str, Any] | None = None) -> Backend:
-    """The backend for ``platform`` (``local``, ``kubernetes`` or ``fake``), configured by ``config``
+    """The backend for ``platform`` (``local`` or ``kubernetes``), configured by ``config``
     (the target's settings: a workdir root, a namespace…)."""
     settings = dict(config or {})
     if platform == "local":
@@ -151,8 +151,4 @@ def backend_for(platform: str, config: Mapping[str, Any] | None = None) -> Backe
         from ..kubernetes.backend import KubernetesBackend  # type: ignore[import-not-found]
 
         return KubernetesBackend(**settings)  # type: ignore[no-any-return]
-    if platform == "fake":
-        from .fake import FakeBackend
-
-        return FakeBackend(**settings)
-    raise UsageError(f"platform {platform!r} is not a backend: use local, kubernetes or fake")
+    raise UsageError(f"platform {platform!r} is not a backend: use local or kubernetes")
