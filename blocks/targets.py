@@ -19,7 +19,8 @@ from pydantic import AfterValidator, Field, model_validator
 
 from tao_data_io.errors import UsageError
 from tao_data_io.kubernetes.settings import DEFAULT_TTL_SECONDS, RenderSettings
-from tao_data_io.launch.backend import Backend, backend_for
+from tao_data_io.backends import backend_for
+from tao_data_io.launch.backend import Backend
 from tao_data_io.steps import workdir_for
 
 

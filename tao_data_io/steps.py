@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
-from .launch.backend import Backend, FailureAnalysis, JobDocuments, JobStatus, Submission, backend_for
+from .backends import backend_for
+from .launch.backend import Backend, FailureAnalysis, JobDocuments, JobStatus, Submission
 from .launch.plan import LaunchPlan, build_plan
 from .launch.probe import Verdict
 from .outputs import Kind, UploadOutcome, upload_results

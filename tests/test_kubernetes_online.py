@@ -25,7 +25,8 @@ from tao_data_io.kubernetes.api import Api, ApiError, connect
 from tao_data_io.kubernetes.apply import kinds
 from tao_data_io.kubernetes import pods as pod_reading
 from tao_data_io.kubernetes.backend import KubernetesBackend
-from tao_data_io.launch.backend import Backend, JobDocuments, Submission, backend_for
+from tao_data_io.backends import backend_for
+from tao_data_io.launch.backend import Backend, JobDocuments, Submission
 from tao_data_io.launch.plan import LaunchPlan, build_plan
 from tao_data_io.names import object_names
 from tao_data_io.records import RecordStore

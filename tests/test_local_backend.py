@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 
 from tao_data_io.errors import UsageError
-from tao_data_io.launch.backend import Backend, JobStatus, backend_for
+from tao_data_io.backends import backend_for
+from tao_data_io.launch.backend import Backend, JobStatus
 from tao_data_io.launch.plan import PROBE_DIR, LaunchPlan, build_plan
 from tao_data_io.launch.rendezvous import MASTER_PORT
 from tao_data_io.local.backend import LocalBackend

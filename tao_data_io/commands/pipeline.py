@@ -119,7 +119,7 @@ def _job(args: argparse.Namespace, console: Console) -> tuple[RecordStore, Backe
 
 def _submit(args: argparse.Namespace, console: Console) -> int:
     from ..credentials import Redactor
-    from ..launch.backend import backend_for
+    from ..backends import backend_for
     from ..steps import submit, workdir_root
     from ..records import RecordStore
     from ..request import load_request

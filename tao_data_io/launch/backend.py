@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from ..errors import UsageError
 from ..records import JobRecord
 from ..request import JobRequest
 from ..schema import Strict
@@ -98,7 +97,7 @@ class Backend(Protocol):
     stages_on_host: bool
 
     def config(self) -> dict[str, Any]:
-        """What ``backend_for(name, config)`` needs to rebuild this backend in another process
+        """What :func:`tao_data_io.backends.backend_for` needs to rebuild this backend in another process
         (kept in the job's record): names and paths only, never a credential."""
         ...
 
@@ -137,18 +136,3 @@ class Backend(Protocol):
         """Where this machine can read the job's results directory, or None when the backend
         moves the results itself (a tier C upload sidecar) or they live only in the cluster."""
         ...
-
-
-def backend_for(platform: str, config: Mapping[str, Any] | None = None) -> Backend:
-    """The backend for ``platform`` (``local`` or ``kubernetes``), configured by ``config``
-    (the target's settings: a workdir root, a namespace…)."""
-    settings = dict(config or {})
-    if platform == "local":
-        from ..local.backend import LocalBackend
-
-        return LocalBackend(**settings)
-    if platform == "kubernetes":
-        from ..kubernetes.backend import KubernetesBackend  # type: ignore[import-not-found]
-
-        return KubernetesBackend(**settings)  # type: ignore[no-any-return]
-    raise UsageError(f"platform {platform!r} is not a backend: use local or kubernetes")
