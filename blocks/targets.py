@@ -12,27 +12,17 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from prefect.blocks.core import Block
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import Field, model_validator
 
 from tao_data_io.errors import UsageError
 from tao_data_io.kubernetes.settings import DEFAULT_TTL_SECONDS, RenderSettings
 from tao_data_io.backends import backend_for
 from tao_data_io.launch.backend import Backend
+from tao_data_io.schema import AbsolutePath
 from tao_data_io.steps import workdir_for
-
-
-def _absolute(value: str) -> str:
-    # Relative would resolve against whatever directory a flow run happens to start in.
-    if not Path(value).expanduser().is_absolute():
-        raise ValueError(f"{value!r} is not absolute: give an absolute path (or ~/…)")
-    return value
-
-
-#: A directory on the worker.
-AbsolutePath = Annotated[str, AfterValidator(_absolute)]
 
 
 class ComputeTarget(Block, ABC):

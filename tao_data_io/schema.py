@@ -13,9 +13,10 @@ path, a name), and every message is masked by the credential redactor before it 
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
 
 
 class Strict(BaseModel):
@@ -35,6 +36,18 @@ class Strict(BaseModel):
                     hint = f"did you mean {close[0]!r}?" if close else f"known fields: {', '.join(sorted(known))}"
                     raise ValueError(f"unknown field {key!r}: {hint}")
         return data
+
+
+def _absolute(value: str) -> str:
+    # Relative would resolve against whatever directory a process happens to start in (a flow
+    # run's, a later CLI call's), not the one the setting was written for.
+    if not Path(value).expanduser().is_absolute():
+        raise ValueError(f"{value!r} is not absolute: give an absolute path (or ~/…)")
+    return value
+
+
+#: A directory setting on the host that uses it: absolute, or in a home (``~/…``).
+AbsolutePath = Annotated[str, AfterValidator(_absolute)]
 
 
 def describe_validation_error(exc: ValidationError, what: str) -> str:
