@@ -62,6 +62,7 @@ from tao_data_io import steps  # noqa: E402
 from tao_data_io.embedded.s3 import EmbeddedS3  # noqa: E402
 from tao_data_io.launch.backend import Backend  # noqa: E402
 from tao_data_io.local.backend import LocalBackend  # noqa: E402
+from tao_data_io.local.settings import LocalSettings  # noqa: E402
 from tao_data_io.records import RecordStore  # noqa: E402
 from tao_data_io.request import parse_request  # noqa: E402
 from tao_data_io.transfer.engine import TransferEngine, TransferOptions  # noqa: E402
@@ -132,9 +133,9 @@ def submit_comparison(work: Path, reps: int) -> list[str]:
     hub = ModelHub({MODEL_REPO: model})
     threading.Thread(target=hub.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
     os.environ.update({"HF_ENDPOINT": hub.url, "HF_HOME": str(work / "hf-home")})
-    LocalTarget(workdir_root=str(work / "flow-local"), staging_root=str(work / "flow-work")).save("bench", overwrite=True)
+    LocalTarget(settings=LocalSettings(run_root=str(work / "flow-local")), staging_root=str(work / "flow-work")).save("bench", overwrite=True)
     JobRecords(location=str(work / "flow-jobs")).save("bench", overwrite=True)
-    backend, store = LocalBackend(work / "cli-local"), RecordStore(work / "cli-jobs")
+    backend, store = LocalBackend(LocalSettings(run_root=str(work / "cli-local"))), RecordStore(work / "cli-jobs")
     times: dict[str, list[float]] = {"steps.submit": [], "submit-tao-job flow": [],
                                      "submit-tao-job flow, heartbeat off": []}
 

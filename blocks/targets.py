@@ -3,7 +3,9 @@ stages each job's inputs.
 
 Why blocks: a deployment names a target (``tao-local-target/local``,
 ``tao-kubernetes-target/prod``) and the same flow runs anywhere; the block holds settings only —
-paths, a namespace, a context *name* — never kubeconfig contents or a credential. The Kubernetes
+paths, a namespace, a context *name* — never kubeconfig contents or a credential. The local target
+embeds its backend's settings model (``settings``) rather than repeating its fields, so the
+block, the backend, the CLI and the job record share one declaration and its rules. The Kubernetes
 target finds its cluster the standard way at run time (in-cluster configuration inside a pod,
 else the kubeconfig's context), so nothing about access is stored in Prefect.
 """
@@ -12,15 +14,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from prefect.blocks.core import Block
 from pydantic import Field, model_validator
 
+from tao_data_io.backends import backend_for, backend_from
 from tao_data_io.errors import UsageError
 from tao_data_io.kubernetes.settings import DEFAULT_TTL_SECONDS, RenderSettings
-from tao_data_io.backends import backend_for
 from tao_data_io.launch.backend import Backend
+from tao_data_io.local.settings import LocalSettings
 from tao_data_io.schema import AbsolutePath
 from tao_data_io.steps import workdir_for
 
@@ -33,6 +36,23 @@ class ComputeTarget(Block, ABC):
         None, title="Staging root",
         description="Where the worker stages each job's inputs and writes its config, one directory per job. "
                     "Empty: $TAO_DATA_IO_WORKDIR, else ~/.tao-data-io/work.")
+
+    #: A target block saved before it embedded its backend's settings kept them at the top level,
+    #: some under older names (old name → settings field); they are moved into ``settings`` when
+    #: such a block is loaded (Prefect keeps unknown fields of a block, so they would be ignored).
+    _flat_settings: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_flat_settings(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not cls._flat_settings.keys() & data.keys():
+            return data
+        data = dict(data)
+        settings = dict(data.get("settings") or {})
+        for old, new in cls._flat_settings.items():
+            if old in data:
+                settings.setdefault(new, data.pop(old))
+        return {**data, "settings": settings}
 
     @abstractmethod
     def backend(self) -> Backend:
@@ -48,18 +68,14 @@ class LocalTarget(ComputeTarget):
     _block_type_slug = "tao-local-target"
     _description = ("Run each job on the worker's host in a bubblewrap sandbox that sees what a pod would: the "
                     "embedded default, for CPU work, tests and demos.")
+    _flat_settings = {"workdir_root": "run_root", "network": "allow_network"}
 
-    workdir_root: AbsolutePath | None = Field(
-        None, title="Run root",
-        description="Where each job's run directory and results live on the host. Empty: $TAO_DATA_IO_LOCAL_ROOT, "
-                    "else ~/.tao-data-io/local.")
-    network: bool = Field(
-        False, title="Network allowed",
-        description="Whether a job may use the host's network (the request asks with network: true). Off: such a "
-                    "request is refused before it starts; jobs always run without a network unless they ask.")
+    settings: LocalSettings = Field(
+        default_factory=LocalSettings, title="Local backend",
+        description="Where on the worker's host each job runs, and whether a job that asks may use its network.")
 
     def backend(self) -> Backend:
-        return backend_for("local", {"workdir_root": self.workdir_root, "allow_network": self.network})
+        return backend_from(self.settings)
 
 
 class KubernetesTarget(ComputeTarget):

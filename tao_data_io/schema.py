@@ -50,15 +50,15 @@ def _absolute(value: str) -> str:
 AbsolutePath = Annotated[str, AfterValidator(_absolute)]
 
 
-def describe_validation_error(exc: ValidationError, what: str) -> str:
-    """``<what>:`` then one ``field.path: problem`` line per error (``request:`` for a rule about the
-    whole document); never the input value."""
+def describe_validation_error(exc: ValidationError, what: str, *, whole: str | None = "request") -> str:
+    """``<what>:`` then one ``field.path: problem`` line per error (``<whole>:`` for a rule about the
+    whole document, or the problem alone when ``whole`` is None); never the input value."""
     lines = []
     for error in exc.errors(include_url=False, include_input=False):
         cause = (error.get("ctx") or {}).get("error")
         problem = str(cause) if isinstance(cause, Exception) else str(error["msg"]).removeprefix("Value error, ")
-        where = field_path(error["loc"])
-        lines.append(f"{where or 'request'}: {problem}")
+        where = field_path(error["loc"]) or whole
+        lines.append(f"{where}: {problem}" if where else problem)
     return f"{what}:\n  " + "\n  ".join(lines)
 
 

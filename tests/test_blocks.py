@@ -15,6 +15,7 @@ from blocks import (HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, Loc
 from blocks.credentials import CredentialSet
 from tao_data_io.errors import CredentialError, UsageError
 from tao_data_io.local.backend import LocalBackend
+from tao_data_io.local.settings import LocalSettings
 
 ALL_BLOCKS = [S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials, LocalTarget, KubernetesTarget,
               JobRecords]
@@ -81,13 +82,37 @@ def test_prefect_aws_credentials_are_built_in_memory_from_the_core_credentials()
 
 
 def test_the_local_target_builds_the_local_backend(tmp_path: Path) -> None:
-    backend = LocalTarget(workdir_root=str(tmp_path / "runs"), network=True).backend()
-    assert isinstance(backend, LocalBackend) and backend.workdir_root == tmp_path / "runs" and backend.allow_network
-    assert LocalTarget().backend().allow_network is False  # off unless the operator turns it on
+    target = LocalTarget(settings=LocalSettings(run_root=str(tmp_path / "runs"), allow_network=True))
+    backend = target.backend()
+    assert isinstance(backend, LocalBackend) and backend.run_root == tmp_path / "runs" and backend.settings.allow_network
+    assert LocalTarget().backend().settings.allow_network is False  # off unless the operator turns it on
     assert LocalTarget(staging_root=str(tmp_path / "work")).workdir("job-1") == tmp_path / "work" / "job-1"
-    for field in ("workdir_root", "staging_root"):
+    for bad in ({"staging_root": "relative/dir"}, {"settings": {"run_root": "relative/dir"}}):
         with pytest.raises(ValidationError, match="is not absolute"):
-            LocalTarget(**{field: "relative/dir"})
+            LocalTarget(**bad)
+
+
+@pytest.mark.parametrize(("target", "model"), [(LocalTarget, LocalSettings)])
+def test_a_target_embeds_its_backends_settings_model_and_adds_only_its_staging_root(target: type,
+                                                                                    model: type) -> None:
+    """The block declares no setting of its own backend: its fields are the staging root and the
+    settings model, whose fields each say what they are in the UI form."""
+    assert set(target.model_fields) == {"staging_root", "settings"}
+    assert target.model_fields["settings"].annotation is model
+    for name, field in model.model_fields.items():
+        assert field.title and field.description, name
+        assert SecretStr not in (getattr(field.annotation, "__args__", ()) or (field.annotation,)), name
+    schema = target.model_json_schema()
+    assert set(schema["definitions"][model.__name__]["properties"]) == set(model.model_fields)
+
+
+def test_a_target_saved_with_flat_settings_loads_with_them_nested() -> None:
+    """Blocks saved before the settings were embedded keep them at the top level (the local run
+    root as workdir_root, the network as network): Prefect keeps unknown fields of a block, so
+    without the move they would be ignored — a run root lost, a job run elsewhere."""
+    local = LocalTarget.model_validate({"workdir_root": "/srv/runs", "network": True, "staging_root": "/srv/work"})
+    assert local.settings == LocalSettings(run_root="/srv/runs", allow_network=True)
+    assert local.staging_root == "/srv/work" and "workdir_root" not in local.model_dump()
 
 
 def test_the_kubernetes_target_checks_its_settings_and_stores_no_access() -> None:

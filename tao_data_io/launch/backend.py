@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, Self, runtime_checkable
 
+from pydantic import ValidationError
+
+from ..errors import UsageError
 from ..records import JobRecord
 from ..request import JobRequest
-from ..schema import Strict
+from ..schema import Strict, describe_validation_error
 from ..tier import ClusterFacts
 from ..vocabulary import TERMINAL_STATES, State
 from .plan import LaunchPlan
@@ -26,6 +29,28 @@ BackendState = Literal[State, Literal["UNKNOWN"]]
 #: TAO's error classes: the program failed, or the infrastructure did (OOM, a lost node, a pull).
 ErrClass = Literal["ERR_PROGRAM", "ERR_INFRA"]
 DEFAULT_VERIFY_TIMEOUT_S = 600.0
+
+
+class BackendSettings(Strict):
+    """What a backend is built from, and what its ``config()`` gives back for the job record: one
+    model per backend, declared once, that the backend, its target block (which embeds it) and
+    the CLI (which fills it from flags) all use. Names and paths only, never a credential value:
+    the record and the block are shown wherever they are read."""
+
+    #: The platform name a job record keeps (``JobRecord.platform``) and the registry looks up.
+    platform: ClassVar[str]
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> Self:
+        """The settings ``values`` give, or a :class:`UsageError` naming each refused field, its
+        value and the fix: the one place a settings ``ValidationError`` becomes a usage error (a
+        CLI flag, a record's ``backend_config``, a plan's claim), so the CLI exits 2 with the
+        field translated to its flag and a task does not retry."""
+        try:
+            return cls.model_validate(dict(values))
+        except ValidationError as exc:
+            raise UsageError(describe_validation_error(exc, f"the {cls.platform} backend's settings",
+                                                 whole=None)) from None
 
 
 class JobStatus(Strict):
