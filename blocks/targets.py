@@ -3,7 +3,7 @@ stages each job's inputs.
 
 Why blocks: a deployment names a target (``tao-local-target/local``,
 ``tao-kubernetes-target/prod``) and the same flow runs anywhere; the block holds settings only —
-paths, a namespace, a context *name* — never kubeconfig contents or a credential. The local target
+paths, a namespace, a context *name* — never kubeconfig contents or a credential. Each target
 embeds its backend's settings model (``settings``) rather than repeating its fields, so the
 block, the backend, the CLI and the job record share one declaration and its rules. The Kubernetes
 target finds its cluster the standard way at run time (in-cluster configuration inside a pod,
@@ -19,9 +19,9 @@ from typing import Any, ClassVar
 from prefect.blocks.core import Block
 from pydantic import Field, model_validator
 
-from tao_data_io.backends import backend_for, backend_from
+from tao_data_io.backends import backend_from
 from tao_data_io.errors import UsageError
-from tao_data_io.kubernetes.settings import DEFAULT_TTL_SECONDS, RenderSettings
+from tao_data_io.kubernetes.settings import KubernetesSettings
 from tao_data_io.launch.backend import Backend
 from tao_data_io.local.settings import LocalSettings
 from tao_data_io.schema import AbsolutePath
@@ -84,47 +84,17 @@ class KubernetesTarget(ComputeTarget):
     _description = ("Run each job as a Kubernetes Job. The cluster is found at run time: in-cluster configuration "
                     "inside a pod, else the kubeconfig context named here (or the current one). Nothing about "
                     "access is stored in Prefect.")
+    _flat_settings = {name: name for name in ("namespace", "context", "pvc_claim", "stager_image",
+                                              "image_pull_secret", "ttl_seconds", "shm_size")}
 
-    namespace: str = Field("default", title="Namespace", description="The namespace the job's objects live in.")
-    context: str | None = Field(
-        None, title="Kubeconfig context",
-        description="The NAME of a context in the worker's kubeconfig ($KUBECONFIG or ~/.kube/config). Empty: "
-                    "in-cluster configuration when the worker runs in a pod, else the current context.")
-    pvc_claim: str | None = Field(
-        None, title="PersistentVolumeClaim",
-        description="A Bound claim: tier B stages into its cache/, pre-positioned inputs and results live on it. "
-                    "Empty: tier C (the pod fetches its inputs and uploads its results).")
-    stager_image: str | None = Field(
-        None, title="Stager image",
-        description="The image with tao-data-io (docker/stager/Dockerfile): tier B's stage Job, tier C's stager "
-                    "and the results sidecar run it.")
-    image_pull_secret: str | None = Field(
-        None, title="Image pull Secret", description="The NAME of a Secret in the namespace for pulling images "
-                                                     "(nvcr.io); its contents stay in the cluster.")
-    ttl_seconds: int = Field(DEFAULT_TTL_SECONDS, title="TTL after finished (s)",
-                             description="How long a finished Job and its logs stay; the job record outlives it.")
-    shm_size: str | None = Field(None, title="/dev/shm size",
-                                 description="Overrides the request's compute_shape.shm_size, e.g. 16Gi.")
-
-    @model_validator(mode="after")
-    def _settings(self) -> KubernetesTarget:
-        self.render_settings()  # the renderer's own rules, once
-        return self
-
-    def render_settings(self) -> RenderSettings:
-        return RenderSettings(namespace=self.namespace, pvc_claim=self.pvc_claim,
-                              image_pull_secret=self.image_pull_secret, stager_image=self.stager_image,
-                              ttl_seconds=self.ttl_seconds, shm_size=self.shm_size)
-
-    def backend_settings(self) -> dict[str, Any]:
-        return {"namespace": self.namespace, "context": self.context, "pvc_claim": self.pvc_claim,
-                "stager_image": self.stager_image,
-                "image_pull_secret": self.image_pull_secret, "ttl_seconds": self.ttl_seconds,
-                "shm_size": self.shm_size}
+    settings: KubernetesSettings = Field(
+        default_factory=KubernetesSettings, title="Kubernetes backend",
+        description="The namespace, the kubeconfig context's NAME, the claim, Secret NAMES, images, TTL and "
+                    "scheduling of each job's objects; names only, never the kubeconfig or a Secret's contents.")
 
     def backend(self) -> Backend:
         try:
-            return backend_for("kubernetes", self.backend_settings())
+            return backend_from(self.settings)
         except ImportError as exc:
             if exc.name == "kubernetes" or (exc.name or "").startswith("kubernetes."):
                 raise UsageError("the Kubernetes target needs the official client on the worker: install "

@@ -12,12 +12,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import UsageError
+from .kubernetes.settings import KubernetesSettings
 from .launch.backend import Backend
 from .local.settings import LocalSettings
 
-PlatformSettings = LocalSettings
+PlatformSettings = LocalSettings | KubernetesSettings
 #: Each platform's settings model, by the platform name a job record keeps.
-SETTINGS: dict[str, type[PlatformSettings]] = {model.platform: model for model in (LocalSettings,)}
+SETTINGS: dict[str, type[PlatformSettings]] = {model.platform: model
+                                               for model in (LocalSettings, KubernetesSettings)}
 #: Settings renamed since job records began keeping them (platform → old name → new name). A
 #: record written before a rename is migrated as it is read, so every verb still reaches its job.
 RENAMED: dict[str, dict[str, str]] = {"local": {"workdir_root": "run_root"}}
@@ -27,7 +29,7 @@ def settings_model(platform: str) -> type[PlatformSettings]:
     """The settings model of ``platform``; a platform no backend has is refused, naming those there are."""
     model = SETTINGS.get(platform)
     if model is None:
-        raise UsageError(f"platform {platform!r} is not a backend: use local or kubernetes")
+        raise UsageError(f"platform {platform!r} is not a backend: use {' or '.join(SETTINGS)}")
     return model
 
 
@@ -45,10 +47,6 @@ def settings_from(platform: str, config: Mapping[str, Any] | None = None) -> Pla
 def backend_for(platform: str, config: Mapping[str, Any] | None = None) -> Backend:
     """The backend of ``platform`` (``local`` or ``kubernetes``) built from ``config``: how a
     later verb rebuilds a recorded job's backend (``backend_config``), and how the CLI builds one."""
-    if platform == "kubernetes":
-        from .kubernetes.backend import KubernetesBackend
-
-        return KubernetesBackend(**dict(config or {}))
     return backend_from(settings_from(platform, config))
 
 
@@ -56,6 +54,10 @@ def backend_from(settings: PlatformSettings) -> Backend:
     """The backend these settings are for, built from them (how a target block builds its own).
     Each backend module is imported only here, when one is built: the Kubernetes backend needs
     the ``kubernetes`` extra, which a host that runs only local jobs need not have."""
-    from .local.backend import LocalBackend
+    if isinstance(settings, LocalSettings):
+        from .local.backend import LocalBackend
 
-    return LocalBackend(settings)
+        return LocalBackend(settings)
+    from .kubernetes.backend import KubernetesBackend
+
+    return KubernetesBackend(settings)

@@ -24,9 +24,10 @@ from tao_data_io.errors import BackendError, CredentialError, UsageError
 from tao_data_io.kubernetes.api import Api, ApiError, connect
 from tao_data_io.kubernetes.apply import kinds
 from tao_data_io.kubernetes import pods as pod_reading
-from tao_data_io.kubernetes.backend import KubernetesBackend
+from tao_data_io.kubernetes.backend import DEFAULT_IMAGE_PULL_TIMEOUT_S, KubernetesBackend
+from tao_data_io.kubernetes.settings import KubernetesSettings
 from tao_data_io.backends import backend_for
-from tao_data_io.launch.backend import Backend, JobDocuments, Submission
+from tao_data_io.launch.backend import DEFAULT_VERIFY_TIMEOUT_S, Backend, JobDocuments, Submission
 from tao_data_io.launch.plan import LaunchPlan, build_plan
 from tao_data_io.names import object_names
 from tao_data_io.records import RecordStore
@@ -92,9 +93,11 @@ def claim(name: str = "tao-data", phase: str = "Bound", modes: tuple[str, ...] =
                                           if phase == "Bound" else {})}}
 
 
-def make_backend(said: list[str] | None = None, **settings: Any) -> KubernetesBackend:
-    return KubernetesBackend(**{"stager_image": STAGER, "pod_poll_seconds": 0.001,
-                                "say": (said if said is not None else []).append, **settings})
+def make_backend(said: list[str] | None = None, *, verify_timeout: float = DEFAULT_VERIFY_TIMEOUT_S,
+                 image_pull_timeout: float = DEFAULT_IMAGE_PULL_TIMEOUT_S, **settings: Any) -> KubernetesBackend:
+    return KubernetesBackend(KubernetesSettings(**{"stager_image": STAGER, **settings}), verify_timeout=verify_timeout,
+                             image_pull_timeout=image_pull_timeout, pod_poll_seconds=0.001,
+                             say=(said if said is not None else []).append)
 
 
 def store_in(tmp_path: Path) -> RecordStore:
@@ -890,7 +893,7 @@ def test_e2e_a_gpu_free_tier_a_job_on_a_real_cluster(tmp_path: Path, monkeypatch
         "outputs": {"results_dir": "/results"}})
     said: list[str] = []
     with HostPathClaim(namespace, "tao-e2e-data") as claim_name:
-        backend = KubernetesBackend(namespace=namespace, pvc_claim=claim_name, verify_timeout=600,
+        backend = KubernetesBackend(KubernetesSettings(namespace=namespace, pvc_claim=claim_name), verify_timeout=600,
                                     image_pull_timeout=900, pod_poll_seconds=2.0, say=said.append)
         store = store_in(tmp_path)
         done = steps.submit(request, backend, store, workdir_root=tmp_path / "work", environ={})

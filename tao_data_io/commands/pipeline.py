@@ -92,22 +92,20 @@ def _add_job(sub: argparse.ArgumentParser) -> None:
     _add_common(sub)
 
 
-_CLUSTER_SETTINGS = ("namespace", "pvc_claim", "stager_image", "image_pull_secret", "credential_secret", "records_url")
-
-
 def _config(platform: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The backend's settings the command line gives: for the local backend, the options named
-    like a field of its settings model and its run root, which the CLI keeps beside its staging
-    directories under ``--workdir`` (the registry checks them: a refusal names the field, shown
+    """The backend's settings the command line gives: the options named like a field of the
+    platform's settings model, and a local job's run root, which the CLI keeps beside its staging
+    directories under ``--workdir``. The registry checks them (a refusal names the field, shown
     as its flag). The Kubernetes backend reads its kubeconfig, TAO_K8S_CONTEXT and
     TAO_K8S_NAMESPACE itself; the verbs after submit find the job by the namespace in its
     backend_ref."""
     from ..backends import settings_model
     from ..steps import workdir_root
 
-    if platform != "local":
-        return {name: getattr(args, name) for name in _CLUSTER_SETTINGS if getattr(args, name, None) is not None}
-    return {**given_fields(settings_model(platform), args), "run_root": str(workdir_root(args.workdir))}
+    given = given_fields(settings_model(platform), args)
+    if platform == "local":
+        given["run_root"] = str(workdir_root(args.workdir))
+    return given
 
 
 def _job(args: argparse.Namespace, console: Console) -> tuple[RecordStore, Backend, str]:
