@@ -49,8 +49,8 @@ class BackendSettings(Strict):
         try:
             return cls.model_validate(dict(values))
         except ValidationError as exc:
-            raise UsageError(describe_validation_error(exc, f"the {cls.platform} backend's settings",
-                                                 whole=None)) from None
+            what = f"the {cls.platform} backend's settings"
+            raise UsageError(describe_validation_error(exc, what, whole=None)) from None
 
 
 class JobStatus(Strict):
@@ -122,8 +122,9 @@ class Backend(Protocol):
     stages_on_host: bool
 
     def config(self) -> dict[str, Any]:
-        """What :func:`tao_data_io.backends.backend_for` needs to rebuild this backend in another process
-        (kept in the job's record): names and paths only, never a credential."""
+        """What :func:`tao_data_io.backends.backend_for` rebuilds this backend from in another
+        process (kept in the job's record): its settings' dump (a :class:`BackendSettings`), names
+        and paths only, never a credential."""
         ...
 
     def facts(self) -> ClusterFacts:
