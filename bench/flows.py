@@ -61,20 +61,21 @@ from flows.submit import submit_tao_job  # noqa: E402
 from tao_data_io import steps, verbs  # noqa: E402
 from tao_data_io.embedded.s3 import EmbeddedS3  # noqa: E402
 from tao_data_io.launch.backend import Backend  # noqa: E402
-from tao_data_io.launch.fake import FakeBackend  # noqa: E402
 from tao_data_io.local.backend import LocalBackend  # noqa: E402
+from tao_data_io.local.settings import LocalSettings  # noqa: E402
 from tao_data_io.records import RecordStore  # noqa: E402
 from tao_data_io.request import parse_request  # noqa: E402
 from tao_data_io.transfer.engine import TransferEngine, TransferOptions  # noqa: E402
 from tao_data_io.uris import parse_s3_url  # noqa: E402
 from tasks.policy import step  # noqa: E402
+from tests.fake_backend import FakeBackend  # noqa: E402
 
 BUCKET = "bench-flows"
 RESYNC_JOB = "bench-resync"
 
 
 class BenchTarget(ComputeTarget):
-    """A target whose jobs' results are where the benchmark wrote them (the core's FakeBackend)."""
+    """A target whose jobs' results are where the benchmark wrote them (the tests' FakeBackend)."""
 
     _block_type_name = "TAO Bench Target"
     _block_type_slug = "tao-bench-target"
@@ -132,9 +133,9 @@ def submit_comparison(work: Path, reps: int) -> list[str]:
     hub = ModelHub({MODEL_REPO: model})
     threading.Thread(target=hub.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
     os.environ.update({"HF_ENDPOINT": hub.url, "HF_HOME": str(work / "hf-home")})
-    LocalTarget(workdir_root=str(work / "flow-local"), staging_root=str(work / "flow-work")).save("bench", overwrite=True)
+    LocalTarget(settings=LocalSettings(run_root=str(work / "flow-local")), staging_root=str(work / "flow-work")).save("bench", overwrite=True)
     JobRecords(location=str(work / "flow-jobs")).save("bench", overwrite=True)
-    backend, store = LocalBackend(work / "cli-local"), RecordStore(work / "cli-jobs")
+    backend, store = LocalBackend(LocalSettings(run_root=str(work / "cli-local"))), RecordStore(work / "cli-jobs")
     times: dict[str, list[float]] = {"verbs.submit": [], "submit-tao-job flow": [],
                                      "submit-tao-job flow, heartbeat off": []}
 

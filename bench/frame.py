@@ -32,6 +32,7 @@ from tao_data_io.launch.plan import LaunchPlan, PlanMount
 from tao_data_io.local.backend import LocalBackend
 from tao_data_io.local.preflight import BWRAP_INSTALL, find_tool
 from tao_data_io.local.sandbox import Host, frame_argv, frame_env, host_system_dirs
+from tao_data_io.local.settings import LocalSettings
 from tao_data_io.records import OutputRoute
 
 STAND_IN = Path(__file__).resolve().parents[1] / "examples" / "stand_in"
@@ -68,7 +69,7 @@ def main() -> None:
         for index in range(10):
             (stage / "data" / f"part-{index}.bin").write_bytes(os.urandom(64 * 1024))
         (stage / "spec.yaml").write_text("train:\n  epochs: 1\n")
-        backend = LocalBackend(workdir_root=root / "local")
+        backend = LocalBackend(LocalSettings(run_root=str(root / "local")))
         host = Host(bwrap=find_tool("bwrap", BWRAP_INSTALL), system=host_system_dirs())
         counter = iter(range(10**6))
 

@@ -3,7 +3,9 @@ stages each job's inputs.
 
 Why blocks: a deployment names a target (``tao-local-target/local``,
 ``tao-kubernetes-target/prod``) and the same flow runs anywhere; the block holds settings only —
-paths, a namespace, a context *name* — never kubeconfig contents or a credential. The Kubernetes
+paths, a namespace, a context *name* — never kubeconfig contents or a credential. Each target
+embeds its backend's settings model (``settings``) rather than repeating its fields, so the
+block, the backend, the CLI and the job record share one declaration and its rules. The Kubernetes
 target finds its cluster the standard way at run time (in-cluster configuration inside a pod,
 else the kubeconfig's context), so nothing about access is stored in Prefect.
 """
@@ -11,27 +13,17 @@ else the kubeconfig's context), so nothing about access is stored in Prefect.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Any, ClassVar
 
 from prefect.blocks.core import Block
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import Field, model_validator
 
+from tao_data_io.backends import backend_from
 from tao_data_io.errors import UsageError
-from tao_data_io.kubernetes.settings import DEFAULT_TTL_SECONDS, RenderSettings
-from tao_data_io.launch.backend import Backend, backend_for
-from tao_data_io.steps import staging_dir
-
-
-def _absolute(value: str) -> str:
-    # Relative would resolve against whatever directory a flow run happens to start in.
-    if not Path(value).expanduser().is_absolute():
-        raise ValueError(f"{value!r} is not absolute: give an absolute path (or ~/…)")
-    return value
-
-
-#: A directory on the worker.
-AbsolutePath = Annotated[str, AfterValidator(_absolute)]
+from tao_data_io.kubernetes.settings import KubernetesSettings
+from tao_data_io.launch.backend import Backend
+from tao_data_io.local.settings import LocalSettings
+from tao_data_io.schema import AbsolutePath
 
 
 class ComputeTarget(Block, ABC):
@@ -43,13 +35,26 @@ class ComputeTarget(Block, ABC):
         description="Where the worker stages each job's inputs and writes its config, one directory per job. "
                     "Empty: $TAO_DATA_IO_WORKDIR, else ~/.tao-data-io/work.")
 
+    #: A target block saved before it embedded its backend's settings kept them at the top level,
+    #: some under older names (old name → settings field); they are moved into ``settings`` when
+    #: such a block is loaded (Prefect keeps unknown fields of a block, so they would be ignored).
+    _flat_settings: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_flat_settings(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not cls._flat_settings.keys() & data.keys():
+            return data
+        data = dict(data)
+        settings = dict(data.get("settings") or {})
+        for old, new in cls._flat_settings.items():
+            if old in data:
+                settings.setdefault(new, data.pop(old))
+        return {**data, "settings": settings}
+
     @abstractmethod
     def backend(self) -> Backend:
         """The core's backend for this target, built now (on the worker)."""
-
-    def workdir(self, job_id: str) -> Path:
-        """The job's staging directory on the worker."""
-        return staging_dir(job_id, self.staging_root)
 
 
 class LocalTarget(ComputeTarget):
@@ -57,18 +62,14 @@ class LocalTarget(ComputeTarget):
     _block_type_slug = "tao-local-target"
     _description = ("Run each job on the worker's host in a bubblewrap sandbox that sees what a pod would: the "
                     "embedded default, for CPU work, tests and demos.")
+    _flat_settings = {"workdir_root": "run_root", "network": "allow_network"}
 
-    workdir_root: AbsolutePath | None = Field(
-        None, title="Run root",
-        description="Where each job's run directory and results live on the host. Empty: $TAO_DATA_IO_LOCAL_ROOT, "
-                    "else ~/.tao-data-io/local.")
-    network: bool = Field(
-        False, title="Network allowed",
-        description="Whether a job may use the host's network (the request asks with network: true). Off: such a "
-                    "request is refused before it starts; jobs always run without a network unless they ask.")
+    settings: LocalSettings = Field(
+        default_factory=LocalSettings, title="Local backend",
+        description="Where on the worker's host each job runs, and whether a job that asks may use its network.")
 
     def backend(self) -> Backend:
-        return backend_for("local", {"workdir_root": self.workdir_root, "allow_network": self.network})
+        return backend_from(self.settings)
 
 
 class KubernetesTarget(ComputeTarget):
@@ -77,47 +78,17 @@ class KubernetesTarget(ComputeTarget):
     _description = ("Run each job as a Kubernetes Job. The cluster is found at run time: in-cluster configuration "
                     "inside a pod, else the kubeconfig context named here (or the current one). Nothing about "
                     "access is stored in Prefect.")
+    _flat_settings = {name: name for name in ("namespace", "context", "pvc_claim", "stager_image",
+                                              "image_pull_secret", "ttl_seconds", "shm_size")}
 
-    namespace: str = Field("default", title="Namespace", description="The namespace the job's objects live in.")
-    context: str | None = Field(
-        None, title="Kubeconfig context",
-        description="The NAME of a context in the worker's kubeconfig ($KUBECONFIG or ~/.kube/config). Empty: "
-                    "in-cluster configuration when the worker runs in a pod, else the current context.")
-    pvc_claim: str | None = Field(
-        None, title="PersistentVolumeClaim",
-        description="A Bound claim: tier B stages into its cache/, pre-positioned inputs and results live on it. "
-                    "Empty: tier C (the pod fetches its inputs and uploads its results).")
-    stager_image: str | None = Field(
-        None, title="Stager image",
-        description="The image with tao-data-io (docker/stager/Dockerfile): tier B's stage Job, tier C's stager "
-                    "and the results sidecar run it.")
-    image_pull_secret: str | None = Field(
-        None, title="Image pull Secret", description="The NAME of a Secret in the namespace for pulling images "
-                                                     "(nvcr.io); its contents stay in the cluster.")
-    ttl_seconds: int = Field(DEFAULT_TTL_SECONDS, title="TTL after finished (s)",
-                             description="How long a finished Job and its logs stay; the job record outlives it.")
-    shm_size: str | None = Field(None, title="/dev/shm size",
-                                 description="Overrides the request's compute_shape.shm_size, e.g. 16Gi.")
-
-    @model_validator(mode="after")
-    def _settings(self) -> KubernetesTarget:
-        self.render_settings()  # the renderer's own rules, once
-        return self
-
-    def render_settings(self) -> RenderSettings:
-        return RenderSettings(namespace=self.namespace, pvc_claim=self.pvc_claim,
-                              image_pull_secret=self.image_pull_secret, stager_image=self.stager_image,
-                              ttl_seconds=self.ttl_seconds, shm_size=self.shm_size)
-
-    def backend_settings(self) -> dict[str, Any]:
-        return {"namespace": self.namespace, "context": self.context, "pvc_claim": self.pvc_claim,
-                "stager_image": self.stager_image,
-                "image_pull_secret": self.image_pull_secret, "ttl_seconds": self.ttl_seconds,
-                "shm_size": self.shm_size}
+    settings: KubernetesSettings = Field(
+        default_factory=KubernetesSettings, title="Kubernetes backend",
+        description="The namespace, the kubeconfig context's NAME, the claim, Secret NAMES, images, TTL and "
+                    "scheduling of each job's objects; names only, never the kubeconfig or a Secret's contents.")
 
     def backend(self) -> Backend:
         try:
-            return backend_for("kubernetes", self.backend_settings())
+            return backend_from(self.settings)
         except ImportError as exc:
             if exc.name == "kubernetes" or (exc.name or "").startswith("kubernetes."):
                 raise UsageError("the Kubernetes target needs the official client on the worker: install "

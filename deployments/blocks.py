@@ -1,7 +1,7 @@
 """Register the block types and save the blocks prefect.yaml's deployments name.
 
-    .venv/bin/python -m deployments.blocks [--records LOCATION] [--local-root DIR]
-                                            [--staging-root DIR] [--network] [--overwrite]
+    .venv/bin/python -m deployments.blocks [--records LOCATION] [--run-root DIR]
+                                            [--staging-root DIR] [--allow-network] [--overwrite]
 
 Saves ``tao-local-target/local``, ``tao-job-records/local`` and the ``default`` credential blocks
 (the standard variable names: AWS_* with the legacy TAO names behind them, HF_TOKEN, NGC_KEY).
@@ -20,20 +20,22 @@ from prefect.blocks.core import Block
 
 from blocks import (HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, LocalTarget, NGCEnvCredentials,
                     S3EnvCredentials)
+from tao_data_io.local.settings import DEFAULT_ROOT, ROOT_VARIABLE, LocalSettings
 
 
 @dataclass(frozen=True)
 class Defaults:
     records: str | None = None
-    local_root: str | None = None
+    run_root: str | None = None
     staging_root: str | None = None
-    network: bool = False
+    allow_network: bool = False
 
     def blocks(self) -> dict[str, Block]:
         """``BLOCK-TYPE/NAME`` → the block to save there."""
         return {
-            "tao-local-target/local": LocalTarget(workdir_root=self.local_root, staging_root=self.staging_root,
-                                                  network=self.network),
+            "tao-local-target/local": LocalTarget(
+                staging_root=self.staging_root,
+                settings=LocalSettings(run_root=self.run_root, allow_network=self.allow_network)),
             "tao-job-records/local": JobRecords(location=self.records),
             "tao-s3-credentials/default": S3EnvCredentials(),
             "tao-hugging-face-credentials/default": HuggingFaceEnvCredentials(),
@@ -61,13 +63,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deployments.blocks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", help="job records: an absolute directory or s3://BUCKET/PREFIX/ "
                                           "(default: $TAO_DATA_IO_RECORDS, else ~/.tao-data-io/jobs on the worker)")
-    parser.add_argument("--local-root", help="the local target's run root (default ~/.tao-data-io/local)")
+    parser.add_argument("--run-root", help=f"the local target's run root (default: ${ROOT_VARIABLE}, else "
+                                           f"{DEFAULT_ROOT} on the worker)")
     parser.add_argument("--staging-root", help="where the worker stages inputs (default ~/.tao-data-io/work)")
-    parser.add_argument("--network", action="store_true", help="let local jobs that ask for it use the network")
+    parser.add_argument("--allow-network", action="store_true",
+                        help="let local jobs that ask for it (network: true) use the worker's network")
     parser.add_argument("--overwrite", action="store_true", help="replace blocks that exist")
     args = parser.parse_args(argv)
-    defaults = Defaults(records=args.records, local_root=args.local_root, staging_root=args.staging_root,
-                        network=args.network)
+    defaults = Defaults(records=args.records, run_root=args.run_root, staging_root=args.staging_root,
+                        allow_network=args.allow_network)
     for line in save_defaults(defaults, overwrite=args.overwrite):
         print(line)
     return 0

@@ -171,7 +171,7 @@ def prepare_prefect(bucket: str) -> None:
                                                    base_job_template=ProcessWorker.get_default_base_job_template()))
         except ObjectAlreadyExists:
             pass
-    save_defaults(Defaults(records=f"s3://{bucket}/{RECORDS_PREFIX}", local_root=str(DEMO / "local"),
+    save_defaults(Defaults(records=f"s3://{bucket}/{RECORDS_PREFIX}", run_root=str(DEMO / "local"),
                            staging_root=str(DEMO / "work")), overwrite=True)
 
 

@@ -13,9 +13,10 @@ path, a name), and every message is masked by the credential redactor before it 
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
 
 
 class Strict(BaseModel):
@@ -37,15 +38,27 @@ class Strict(BaseModel):
         return data
 
 
-def describe_validation_error(exc: ValidationError, what: str) -> str:
-    """``<what>:`` then one ``field.path: problem`` line per error (``request:`` for a rule about the
-    whole document); never the input value."""
+def _absolute(value: str) -> str:
+    # Relative would resolve against whatever directory a process happens to start in (a flow
+    # run's, a later CLI call's), not the one the setting was written for.
+    if not Path(value).expanduser().is_absolute():
+        raise ValueError(f"{value!r} is not absolute: give an absolute path (or ~/…)")
+    return value
+
+
+#: A directory setting on the host that uses it: absolute, or in a home (``~/…``).
+AbsolutePath = Annotated[str, AfterValidator(_absolute)]
+
+
+def describe_validation_error(exc: ValidationError, what: str, *, whole: str | None = "request") -> str:
+    """``<what>:`` then one ``field.path: problem`` line per error (``<whole>:`` for a rule about the
+    whole document, or the problem alone when ``whole`` is None); never the input value."""
     lines = []
     for error in exc.errors(include_url=False, include_input=False):
         cause = (error.get("ctx") or {}).get("error")
         problem = str(cause) if isinstance(cause, Exception) else str(error["msg"]).removeprefix("Value error, ")
-        where = field_path(error["loc"])
-        lines.append(f"{where or 'request'}: {problem}")
+        where = field_path(error["loc"]) or whole
+        lines.append(f"{where}: {problem}" if where else problem)
     return f"{what}:\n  " + "\n  ".join(lines)
 
 

@@ -19,9 +19,10 @@ from typing import Any
 
 from .credentials import Redactor
 from .errors import UsageError
-from .names import mint_job_id
-from .launch.backend import Backend, FailureAnalysis, JobDocuments, JobStatus, Submission, backend_for
+from .backends import backend_for
+from .launch.backend import Backend, FailureAnalysis, JobDocuments, JobStatus, Submission
 from .launch.plan import LaunchPlan
+from .names import mint_job_id
 from .launch.probe import Verdict
 from .outputs import Kind, UploadOutcome, upload_results
 from .records import TERMINAL_STATES, JobRecord, RecordStore, open_for

@@ -48,7 +48,7 @@ class VolumeFacts(Strict):
 class ClusterFacts(Strict):
     """What the compute side offers, as the tier decision needs it."""
 
-    backend: Literal["local", "kubernetes", "fake"]
+    backend: Literal["local", "kubernetes"]
     volumes: list[VolumeFacts] = Field(default_factory=list)
     #: StorageClasses that can provision a new volume (dynamic provisioning).
     storage_classes: list[str] = Field(default_factory=list)

@@ -14,7 +14,9 @@ from blocks import (HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, Loc
                     S3EnvCredentials)
 from blocks.credentials import CredentialSet
 from tao_data_io.errors import CredentialError, UsageError
+from tao_data_io.kubernetes.settings import KubernetesSettings
 from tao_data_io.local.backend import LocalBackend
+from tao_data_io.local.settings import LocalSettings
 
 ALL_BLOCKS = [S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials, LocalTarget, KubernetesTarget,
               JobRecords]
@@ -81,37 +83,62 @@ def test_prefect_aws_credentials_are_built_in_memory_from_the_core_credentials()
 
 
 def test_the_local_target_builds_the_local_backend(tmp_path: Path) -> None:
-    backend = LocalTarget(workdir_root=str(tmp_path / "runs"), network=True).backend()
-    assert isinstance(backend, LocalBackend) and backend.workdir_root == tmp_path / "runs" and backend.allow_network
-    assert LocalTarget().backend().allow_network is False  # off unless the operator turns it on
-    assert LocalTarget(staging_root=str(tmp_path / "work")).workdir("job-1") == tmp_path / "work" / "job-1"
-    for field in ("workdir_root", "staging_root"):
+    target = LocalTarget(settings=LocalSettings(run_root=str(tmp_path / "runs"), allow_network=True))
+    backend = target.backend()
+    assert isinstance(backend, LocalBackend) and backend.run_root == tmp_path / "runs" and backend.settings.allow_network
+    assert LocalTarget().backend().settings.allow_network is False  # off unless the operator turns it on
+    for bad in ({"staging_root": "relative/dir"}, {"settings": {"run_root": "relative/dir"}}):
         with pytest.raises(ValidationError, match="is not absolute"):
-            LocalTarget(**{field: "relative/dir"})
+            LocalTarget(**bad)
 
 
-def test_the_kubernetes_target_checks_its_settings_and_stores_no_access() -> None:
-    target = KubernetesTarget(namespace="tao", context="prod", pvc_claim="tao-data", image_pull_secret="ngc-pull")
-    assert set(target.model_dump()) == {"namespace", "context", "pvc_claim", "stager_image",
-                                        "image_pull_secret", "ttl_seconds", "shm_size", "staging_root",
-                                        "block_type_slug"}
+@pytest.mark.parametrize(("target", "model"), [(LocalTarget, LocalSettings), (KubernetesTarget, KubernetesSettings)])
+def test_a_target_embeds_its_backends_settings_model_and_adds_only_its_staging_root(target: type,
+                                                                                    model: type) -> None:
+    """The block declares no setting of its own backend: its fields are the staging root and the
+    settings model, whose fields each say what they are in the UI form."""
+    assert set(target.model_fields) == {"staging_root", "settings"}
+    assert target.model_fields["settings"].annotation is model
+    for name, field in model.model_fields.items():
+        assert field.title and field.description, name
+        assert SecretStr not in (getattr(field.annotation, "__args__", ()) or (field.annotation,)), name
+    schema = target.model_json_schema()
+    assert set(schema["definitions"][model.__name__]["properties"]) == set(model.model_fields)
+
+
+def test_a_target_saved_with_flat_settings_loads_with_them_nested() -> None:
+    """Blocks saved before the settings were embedded keep them at the top level (the local run
+    root as workdir_root, the network as network): Prefect keeps unknown fields of a block, so
+    without the move they would be ignored — a run root or a namespace lost, a job run elsewhere."""
+    local = LocalTarget.model_validate({"workdir_root": "/srv/runs", "network": True, "staging_root": "/srv/work"})
+    assert local.settings == LocalSettings(run_root="/srv/runs", allow_network=True)
+    assert local.staging_root == "/srv/work" and "workdir_root" not in local.model_dump()
+    old = {"namespace": "tao", "context": "prod", "pvc_claim": "tao-data", "stager_image": "registry/stager:1",
+           "image_pull_secret": "ngc-pull", "ttl_seconds": 60, "shm_size": "16Gi"}
+    assert KubernetesTarget.model_validate(old).settings == KubernetesSettings(**old)
+
+
+def test_the_kubernetes_target_checks_its_settings_by_the_renderers_rules() -> None:
     for bad, match in [({"namespace": "Not_A_Label"}, "namespace 'Not_A_Label' is not a DNS label"),
                        ({"ttl_seconds": -1}, "ttl_seconds -1 must be 0 to"),
                        ({"shm_size": "16GB"}, "shm_size '16GB' is not a binary quantity")]:
         with pytest.raises(ValidationError, match=match):
-            KubernetesTarget(**bad)
+            KubernetesTarget(settings=bad)
 
 
-def test_the_kubernetes_target_builds_the_kubernetes_backend_with_its_settings() -> None:
-    backend = KubernetesTarget(namespace="tao", pvc_claim="tao-data", stager_image="registry/stager:1",
-                               image_pull_secret="ngc-pull").backend()
+def test_the_kubernetes_target_builds_the_kubernetes_backend_from_its_settings() -> None:
+    target = KubernetesTarget(settings=KubernetesSettings(namespace="tao", context="prod", pvc_claim="tao-data",
+                                                          stager_image="registry/stager:1",
+                                                          image_pull_secret="ngc-pull"))
+    backend = target.backend()
     assert backend.name == "kubernetes" and not backend.stages_on_host
+    assert backend.config() == target.settings.model_dump(mode="json")
 
 
 def test_the_kubernetes_target_fails_clearly_without_a_kubernetes_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tao_data_io.kubernetes.backend", None)  # absent, whether or not it landed
     with pytest.raises(UsageError, match="no Kubernetes backend yet .*run the job on a local target"):
-        KubernetesTarget(namespace="tao").backend()
+        KubernetesTarget(settings=KubernetesSettings(namespace="tao")).backend()
 
 
 def test_the_records_block_opens_a_directory_or_a_bucket(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from flows.resync import resync_tao_outputs
 from flows.run import run_tao_job
 from flows.submit import submit_tao_job
 from tao_data_io.local.backend import LocalBackend
+from tao_data_io.local.settings import LocalSettings
 from tao_data_io.names import job_id_for_run
 from tao_data_io.records import RecordStore
 
@@ -143,7 +143,7 @@ def test_canceling_a_collect_run_stops_the_job_in_the_local_frame(env: dict[str,
     target, records = local_target(tmp_path), records_block(tmp_path / "jobs")
     long = stand_in_request(bucket, "long-job", environment={"EPOCHS": "1000", "EPOCH_SECONDS": "0.2"})
     assert submit_tao_job(long, target=target, records=records, return_state=True).is_completed()
-    backend = LocalBackend(tmp_path / "local")
+    backend = LocalBackend(LocalSettings(run_root=str(tmp_path / "local")))
     assert job_processes(backend, "long-job")
 
     deployment = wait_for("the served deployment", lambda: _deployment("collect-tao-job/cancel-test"))
@@ -184,7 +184,7 @@ def test_a_crashed_watcher_is_not_a_cancel_and_the_next_collect_takes_over(
     os.killpg(served.pid, signal.SIGKILL)  # the worker and its flow run process, without a word
     served.wait(30)
 
-    backend = LocalBackend(tmp_path / "local")
+    backend = LocalBackend(LocalSettings(run_root=str(tmp_path / "local")))
     assert store.get("outlives-its-watcher").state == "RUNNING" and job_processes(backend, "outlives-its-watcher")
     (hold / "go").touch()
     state = collect_tao_job("outlives-its-watcher", target=target, records=records, poll_seconds=0.2,

@@ -34,14 +34,15 @@ from flows.resync import resync_tao_outputs
 from flows.submit import submit_tao_job
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.launch.backend import Backend
-from tao_data_io.launch.fake import FakeBackend
 from tao_data_io.local.backend import LocalBackend
 from tao_data_io.runner import Runner, direct
 from tao_data_io.verbs import collect, resync, submit
 from tasks.runner import prefect_runner
+from tao_data_io.local.settings import LocalSettings
 from tao_data_io.records import JobRecord, RecordStore
 from tao_data_io.request import parse_request
 
+from .fake_backend import FakeBackend
 from .helpers import wait_for
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -56,7 +57,7 @@ _CLUSTERS: dict[str, FakeBackend] = {}
 
 
 class FakeTarget(ComputeTarget):
-    """A compute target for the tests: the core's FakeBackend, told how to behave."""
+    """A compute target for the tests: the FakeBackend, told how to behave."""
 
     _block_type_name = "TAO Fake Target (tests)"
     _block_type_slug = "tao-fake-target"
@@ -110,7 +111,7 @@ def records_block(root: Path) -> str:
 
 def local_target(tmp_path: Path) -> str:
     block = name()
-    LocalTarget(workdir_root=str(tmp_path / "local"), staging_root=str(tmp_path / "work")).save(block)
+    LocalTarget(settings=LocalSettings(run_root=str(tmp_path / "local")), staging_root=str(tmp_path / "work")).save(block)
     return f"tao-local-target/{block}"
 
 
@@ -411,7 +412,7 @@ def normalized(record: JobRecord, root: Path) -> dict[str, Any]:
 def test_the_cli_pipeline_and_the_flows_end_with_equivalent_records(env: dict[str, str], bucket: str,
                                                                      sandbox: None, tmp_path: Path) -> None:
     cli, flow = tmp_path / "cli", tmp_path / "flow"
-    cli_store, cli_backend = RecordStore(cli / "jobs"), LocalBackend(cli / "local")
+    cli_store, cli_backend = RecordStore(cli / "jobs"), LocalBackend(LocalSettings(run_root=str(cli / "local")))
     submit(parse_request(stand_in_request(bucket, "same-cli")), cli_backend, cli_store, staging_root=cli / "work")
     assert collect("same-cli", cli_backend, cli_store, poll_seconds=0.05).state == "COMPLETE"
 
@@ -500,7 +501,7 @@ def _no_stray_jobs(tmp_path: Path) -> Iterator[None]:
     """Nothing a failed test started in the local frame outlives it."""
     yield
     for root in (tmp_path / "local", tmp_path / "cli" / "local", tmp_path / "flow" / "local"):
-        backend = LocalBackend(root)
+        backend = LocalBackend(LocalSettings(run_root=str(root)))
         for run in root.glob("*/run"):
             backend.cancel(f"local/{run.parent.name}")
 

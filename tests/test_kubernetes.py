@@ -21,7 +21,7 @@ from tao_data_io.launch.plan import LaunchPlan, build_plan
 from tao_data_io.launch.probe import PROBE_SCRIPT, Check, parse_probe_output
 from tao_data_io.kubernetes.render import RenderedJob, literal, read_config, render_job
 from tao_data_io.kubernetes.scripts import SIDECAR_SCRIPT, VERIFY_SCRIPT
-from tao_data_io.kubernetes.settings import RenderSettings
+from tao_data_io.kubernetes.settings import KubernetesSettings
 from tao_data_io.records import JobRecord, OutputRoute
 from tao_data_io.request import JobRequest, load_request
 from tao_data_io.staging.stage import plan_stage
@@ -60,8 +60,8 @@ def render(request: JobRequest, tmp_path: Path, tier: str, *, route: OutputRoute
            environ: dict[str, str] | None = None, plan: LaunchPlan | None = None, **settings: Any) -> RenderedJob:
     built, record = _plan(request, tmp_path, tier, route, environ)
     plan = plan or built
-    return render_job(plan, RenderSettings(**{"stager_image": STAGER, **settings}), request=request, record=record,
-                      config=read_config(plan), environ=environ or {})
+    given = KubernetesSettings.from_mapping({"namespace": "default", "stager_image": STAGER, **settings})
+    return render_job(plan, given, request=request, record=record, config=read_config(plan), environ=environ or {})
 
 
 def validate(rendered: RenderedJob) -> None:
@@ -291,7 +291,8 @@ def test_a_config_whose_bytes_differ_from_its_digest_is_refused(tmp_path: Path) 
     request = req(mode="config", command="t {config_path}", args=None, config_format="yaml", spec={"a": 1})
     plan, record = _plan(request, tmp_path, "C")
     with pytest.raises(UsageError, match="does not hold the bytes its name promises"):
-        render_job(plan, RenderSettings(stager_image=STAGER), request=request, record=record, config=b"a: 2\n")
+        render_job(plan, KubernetesSettings(namespace="default", stager_image=STAGER), request=request, record=record,
+                   config=b"a: 2\n")
 
 
 @pytest.mark.parametrize(("settings", "fragment"), [
@@ -302,7 +303,8 @@ def test_a_config_whose_bytes_differ_from_its_digest_is_refused(tmp_path: Path) 
     ({"stager_image": None}, "stager_image is needed for tier C"),
     ({"shards": 2}, "shards 2 applies to tier B"),
     ({"node_selector": {"gpu": "a b"}}, "node_selector 'gpu' value 'a b'"),
-], ids=["ttl", "shm", "claim", "secret", "no-stager", "shards-not-b", "selector"])
+    ({"namespace": None}, "the objects are rendered into a namespace, and none was given: give namespace"),
+], ids=["ttl", "shm", "claim", "secret", "no-stager", "shards-not-b", "selector", "no-namespace"])
 def test_settings_refusals_name_the_parameter_and_value(settings: dict[str, Any], fragment: str, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=re.escape(fragment)):
         render(req(), tmp_path, "C", **settings)

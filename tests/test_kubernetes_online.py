@@ -24,8 +24,10 @@ from tao_data_io.errors import BackendError, CredentialError, UsageError
 from tao_data_io.kubernetes.api import Api, ApiError, connect
 from tao_data_io.kubernetes.apply import kinds
 from tao_data_io.kubernetes import pods as pod_reading
-from tao_data_io.kubernetes.backend import KubernetesBackend
-from tao_data_io.launch.backend import Backend, JobDocuments, Submission, backend_for
+from tao_data_io.kubernetes.backend import DEFAULT_IMAGE_PULL_TIMEOUT_S, KubernetesBackend
+from tao_data_io.kubernetes.settings import KubernetesSettings
+from tao_data_io.backends import backend_for
+from tao_data_io.launch.backend import DEFAULT_VERIFY_TIMEOUT_S, Backend, JobDocuments, Submission
 from tao_data_io.launch.plan import LaunchPlan, build_plan
 from tao_data_io.names import object_names
 from tao_data_io.records import RecordStore
@@ -91,9 +93,11 @@ def claim(name: str = "tao-data", phase: str = "Bound", modes: tuple[str, ...] =
                                           if phase == "Bound" else {})}}
 
 
-def make_backend(said: list[str] | None = None, **settings: Any) -> KubernetesBackend:
-    return KubernetesBackend(**{"stager_image": STAGER, "poll_seconds": 0.001,
-                                "say": (said if said is not None else []).append, **settings})
+def make_backend(said: list[str] | None = None, *, verify_timeout: float = DEFAULT_VERIFY_TIMEOUT_S,
+                 image_pull_timeout: float = DEFAULT_IMAGE_PULL_TIMEOUT_S, **settings: Any) -> KubernetesBackend:
+    return KubernetesBackend(KubernetesSettings(**{"stager_image": STAGER, **settings}), verify_timeout=verify_timeout,
+                             image_pull_timeout=image_pull_timeout, pod_poll_seconds=0.001,
+                             say=(said if said is not None else []).append)
 
 
 def store_in(tmp_path: Path) -> RecordStore:
@@ -220,7 +224,8 @@ def test_a_failed_stage_job_is_deleted_and_nothing_trains(kube: KubeStandIn, tmp
     # Nothing of the job is left behind: above all not the per-job Secret with the credential
     # values, which no Job owns yet (a later submit makes them again).
     assert every_object_of_ours(kube) == []
-    assert store_in(tmp_path).get("job-1").state == "PENDING"  # a later submit stages again
+    record = store_in(tmp_path).get("job-1")  # ERROR and why; a later submit reopens it and stages again
+    assert record.state == "ERROR" and record.backend_ref is None and "container stage exited 2" in (record.message or "")
 
 
 def test_multi_node_creates_the_headless_service_and_waits_for_every_rank(kube: KubeStandIn, tmp_path: Path) -> None:
@@ -317,7 +322,7 @@ def test_a_foreign_object_under_our_name_is_a_clear_error_and_nothing_is_deleted
         submit(tmp_path, job_request(), make_backend())
     assert creates(kube) == []  # refused by the dry run, before anything was created
     assert kube.server.alive("ConfigMap", NAMESPACE)["job-1-files"]["data"] == {"keep": "me"}
-    assert store_in(tmp_path).get("job-1").state == "PENDING"
+    assert store_in(tmp_path).get("job-1").state == "ERROR"  # and why: a later submit, once it is gone, reopens it
 
 
 @pytest.mark.parametrize(("claims", "other"), [
@@ -889,8 +894,8 @@ def test_e2e_a_gpu_free_tier_a_job_on_a_real_cluster(tmp_path: Path, monkeypatch
         "outputs": {"results_dir": "/results"}})
     said: list[str] = []
     with HostPathClaim(namespace, "tao-e2e-data") as claim_name:
-        backend = KubernetesBackend(namespace=namespace, pvc_claim=claim_name, verify_timeout=600,
-                                    image_pull_timeout=900, poll_seconds=2.0, say=said.append)
+        backend = KubernetesBackend(KubernetesSettings(namespace=namespace, pvc_claim=claim_name), verify_timeout=600,
+                                    image_pull_timeout=900, pod_poll_seconds=2.0, say=said.append)
         store = store_in(tmp_path)
         done = verbs.submit(request, backend, store, staging_root=tmp_path / "work", environ={})
         try:

@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 
 from tao_data_io.errors import UsageError
-from tao_data_io.launch.backend import Backend, JobStatus, backend_for
+from tao_data_io.backends import backend_for
+from tao_data_io.launch.backend import Backend, JobStatus
 from tao_data_io.launch.plan import PROBE_DIR, LaunchPlan, build_plan
 from tao_data_io.launch.rendezvous import MASTER_PORT
 from tao_data_io.local.backend import LocalBackend
@@ -36,6 +37,7 @@ from tao_data_io.local.process import proc_stat
 from tao_data_io.local.sandbox import (FRAME_PATH, MASTER_ADDR, Bind, Host, Namespaces, SystemDir, frame_argv,
                                        frame_binds, frame_env,
                                        host_system_dirs)
+from tao_data_io.local.settings import LocalSettings
 from tao_data_io.records import JobRecord, OutputRoute
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage_map import StagedSource, StagingMap
@@ -134,16 +136,16 @@ def live_processes() -> Iterator[tuple[int, str, str]]:
 def job_processes(backend: LocalBackend, job_id: str) -> dict[int, str]:
     """pid → argv of every live process of the job: the supervisor (its argv names the run
     directory) and every frame process (bubblewrap and all inside carry TAO_JOB_ID)."""
-    run_dir = str(backend.workdir_root / job_id / "run")
+    run_dir = str(backend.run_root / job_id / "run")
     return {pid: argv.replace("\0", " ") for pid, argv, environ in live_processes()
             if run_dir in argv or f"\0TAO_JOB_ID={job_id}\0" in f"\0{environ}"}
 
 
 @pytest.fixture
 def backend(tmp_path: Path, sandbox: None) -> Iterator[LocalBackend]:
-    backend = LocalBackend(workdir_root=tmp_path / "local")
+    backend = LocalBackend(LocalSettings(run_root=str(tmp_path / "local")))
     yield backend
-    for run in (backend.workdir_root.glob("*/run")):  # nothing a failed test started outlives it
+    for run in (backend.run_root.glob("*/run")):  # nothing a failed test started outlives it
         backend.cancel(f"local/{run.parent.name}")
 
 
@@ -275,7 +277,7 @@ def test_a_job_is_verified_then_runs_and_writes_its_results(tmp_path: Path, back
     status = finished(backend, submission.backend_ref)
     assert status.state == "COMPLETE" and status.exit_code == 0, status
     results = Path(str(backend.results_path(submission.backend_ref)))
-    assert results == backend.workdir_root / "job-1" / "results"
+    assert results == backend.run_root / "job-1" / "results"
     assert {p.name for p in results.iterdir()} == {"checkpoint_epoch_1.pth", "checkpoint_epoch_2.pth", "status.json",
                                                    "train.log", ".tao"}  # the persistence token was removed
     assert [json.loads(line)["status"] for line in (results / "status.json").read_text().splitlines()] == [
@@ -354,7 +356,7 @@ def test_verify_fails_and_the_command_never_starts(tmp_path: Path, backend: Loca
     assert not verdict.ok and [(c.path, c.detail) for c in verdict.failures][0] == (path, detail), verdict.describe()
     assert (status.state, status.err_class) == ("ERROR", "ERR_INFRA") and detail in status.message
     assert not (control(tmp_path) / "started").exists()  # the stand-in's first act: it never ran
-    assert not (backend.workdir_root / "job-1" / "run" / "rank-0.log").exists()
+    assert not (backend.run_root / "job-1" / "run" / "rank-0.log").exists()
     assert backend.cancel(ref) is False  # nothing is left running
 
 
@@ -369,8 +371,8 @@ def test_the_frame_sees_only_what_the_plan_declares(tmp_path: Path, backend: Loc
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     hidden = [str(home_file), str(REPO / "pyproject.toml"), str(Path(__file__)),
-              str(backend.workdir_root / "other-job" / "run" / "launch.json"),
-              str(backend.workdir_root / "other-job" / "results" / "checkpoint_epoch_1.pth"), str(tmp_path)]
+              str(backend.run_root / "other-job" / "run" / "launch.json"),
+              str(backend.run_root / "other-job" / "results" / "checkpoint_epoch_1.pth"), str(tmp_path)]
     script = """
         out=$TAO_RESULTS_DIR
         {visibility} > "$out/visibility"
@@ -421,7 +423,7 @@ def test_credentials_reach_the_frame_and_nowhere_else(tmp_path: Path, backend: L
     assert finished(backend, ref).state == "COMPLETE", backend.logs(ref)
     results = Path(str(backend.results_path(ref)))
     assert (results / "token.sha256").read_text().split()[0] == hashlib.sha256(secret.encode()).hexdigest()
-    written = [p for p in backend.workdir_root.rglob("*") if p.is_file()]
+    written = [p for p in backend.run_root.rglob("*") if p.is_file()]
     assert len(written) > 8 and not [p for p in written if secret.encode() in p.read_bytes()]
     assert secret not in backend.logs(ref)
 
@@ -474,7 +476,7 @@ def test_cancel_of_an_ended_job_ends_what_it_left_running(tmp_path: Path, backen
     plan = make_plan(tmp_path, environment={"HOLD_FILE": "/control/never"})
     ref = backend.submit(plan).backend_ref
     wait_for("the stand-in to start", lambda: (control(tmp_path) / "started").exists())
-    run = backend.workdir_root / "job-1" / "run"
+    run = backend.run_root / "job-1" / "run"
     os.kill(json.loads((run / "supervisor.json").read_text())["pid"], signal.SIGKILL)
     (run / "exit.json").write_text(json.dumps({"exit_code": 0}))
     assert backend.status(ref).state == "COMPLETE" and job_processes(backend, "job-1")
@@ -669,7 +671,7 @@ def test_cancel_ends_the_frames_of_a_supervisor_that_is_gone(tmp_path: Path, bac
     plan = make_plan(tmp_path, environment={"HOLD_FILE": "/control/never"})
     ref = backend.submit(plan).backend_ref
     wait_for("the stand-in to start", lambda: (control(tmp_path) / "started").exists())
-    supervisor = json.loads((backend.workdir_root / "job-1" / "run" / "supervisor.json").read_text())
+    supervisor = json.loads((backend.run_root / "job-1" / "run" / "supervisor.json").read_text())
     os.kill(supervisor["pid"], signal.SIGKILL)
     status = wait_state(backend, ref, "ERROR")
     assert status.err_class == "ERR_INFRA" and "supervisor ended" in status.message
@@ -688,7 +690,7 @@ def test_two_jobs_at_once_do_not_see_each_other(tmp_path: Path, backend: LocalBa
     """.format(visibility=VISIBILITY)
     refs = {}
     for me, peer in (("job-a", "job-b"), ("job-b", "job-a")):
-        peer_paths = [str(backend.workdir_root / peer / "run"), str(backend.workdir_root / peer / "results"),
+        peer_paths = [str(backend.run_root / peer / "run"), str(backend.run_root / peer / "results"),
                       str(control(tmp_path, peer))]
         refs[me] = backend.submit(make_plan(tmp_path, me, script=script, script_args=peer_paths)).backend_ref
     for job in refs:
@@ -709,10 +711,11 @@ def test_killing_the_submitting_process_does_not_kill_the_job(tmp_path: Path, ba
     code = ("import sys, time\n"
             "from tao_data_io.launch.plan import LaunchPlan\n"
             "from tao_data_io.local.backend import LocalBackend\n"
+            "from tao_data_io.local.settings import LocalSettings\n"
             "plan = LaunchPlan.model_validate_json(open(sys.argv[1]).read())\n"
-            "print(LocalBackend(sys.argv[2]).submit(plan).backend_ref, flush=True)\n"
+            "print(LocalBackend(LocalSettings(run_root=sys.argv[2])).submit(plan).backend_ref, flush=True)\n"
             "time.sleep(3600)\n")
-    submitter = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "plan.json"), str(backend.workdir_root)],
+    submitter = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "plan.json"), str(backend.run_root)],
                                  stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True,
                                  env={**os.environ, "PYTHONPATH": str(REPO)})
     assert submitter.stdout is not None
@@ -749,7 +752,7 @@ def test_two_ranks_run_with_the_rendezvous_variables(tmp_path: Path, backend: Lo
                 f"MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 PET_NNODES=2 PET_NPROC_PER_NODE=1 PET_NODE_RANK={rank} "
                 "PET_MASTER_ADDR=127.0.0.1 PET_MASTER_PORT=29500") in logs
     assert sorted((control(tmp_path) / "started").read_text().splitlines()) == ["rank 0 started", "rank 1 started"]
-    assert len(json.loads((backend.workdir_root / "job-1" / "run" / "ranks.json").read_text())["ranks"]) == 2
+    assert len(json.loads((backend.run_root / "job-1" / "run" / "ranks.json").read_text())["ranks"]) == 2
 
 
 RENDEZVOUS = """
@@ -839,17 +842,19 @@ def test_preflight_passes_a_good_plan_and_names_missing_sources(tmp_path: Path, 
         backend.preflight(make_plan(tmp_path, route=route))
 
 
-def test_a_backend_that_does_not_allow_the_network_refuses_a_request_for_it(tmp_path: Path) -> None:
-    closed = LocalBackend(workdir_root=tmp_path / "local", allow_network=False)
+def test_a_request_for_the_network_is_refused_unless_the_settings_allow_it(tmp_path: Path) -> None:
+    closed = LocalBackend(LocalSettings(run_root=str(tmp_path / "local")))  # the default: off
     closed.preflight(make_plan(tmp_path))
     with pytest.raises(UsageError, match=r"asks for the network \(network: true\).*allow_network is off"):
         closed.preflight(make_plan(tmp_path, network=True))
+    LocalBackend(LocalSettings(run_root=str(tmp_path / "local"), allow_network=True)).preflight(
+        make_plan(tmp_path, network=True))
     assert not (tmp_path / "local").exists()
 
 
 def test_preflight_says_how_to_install_bubblewrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    backend = LocalBackend(workdir_root=tmp_path / "local")
+    backend = LocalBackend(LocalSettings(run_root=str(tmp_path / "local")))
     for call in (lambda: backend.preflight(make_plan(tmp_path)), lambda: backend.submit(make_plan(tmp_path))):
         with pytest.raises(UsageError, match="apt-get install bubblewrap"):
             call()
@@ -864,11 +869,11 @@ def test_preflight_names_the_sysctl_when_namespaces_are_refused(tmp_path: Path,
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     with pytest.raises(UsageError, match="uid map: Permission denied.*sysctl user.max_user_namespaces"):
-        LocalBackend(workdir_root=tmp_path / "local").preflight(make_plan(tmp_path))
+        LocalBackend(LocalSettings(run_root=str(tmp_path / "local"))).preflight(make_plan(tmp_path))
 
 
 def test_unknown_and_foreign_refs(tmp_path: Path) -> None:
-    backend = LocalBackend(workdir_root=tmp_path)
+    backend = LocalBackend(LocalSettings(run_root=str(tmp_path)))
     status = backend.status("local/never-submitted")
     assert status.state == "UNKNOWN" and str(tmp_path) in status.message
     assert backend.cancel("local/never-submitted") is False and backend.results_path("local/never-submitted") is None
@@ -879,9 +884,10 @@ def test_unknown_and_foreign_refs(tmp_path: Path) -> None:
 
 
 def test_backend_for_local_and_its_facts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    backend = backend_for("local", {"workdir_root": str(tmp_path)})
-    assert isinstance(backend, LocalBackend) and isinstance(backend, Backend) and backend.workdir_root == tmp_path
+    backend = backend_for("local", {"run_root": str(tmp_path)})
+    assert isinstance(backend, LocalBackend) and isinstance(backend, Backend) and backend.run_root == tmp_path
     facts = backend.facts()
     assert (facts.backend, facts.supports_in_frame_fetch) == ("local", False)
-    monkeypatch.setenv("TAO_DATA_IO_LOCAL_ROOT", str(tmp_path / "from-env"))
-    assert LocalBackend().workdir_root == tmp_path / "from-env"
+    monkeypatch.setenv("TAO_DATA_IO_LOCAL_ROOT", "from-env")
+    monkeypatch.chdir(tmp_path)
+    assert LocalBackend(LocalSettings()).config() == {"run_root": str(tmp_path / "from-env"), "allow_network": False}

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from tao_data_io.kubernetes.apply import creation_order, secret_object
 from tao_data_io.kubernetes.render import render_job
-from tao_data_io.kubernetes.settings import RenderSettings
+from tao_data_io.kubernetes.settings import KubernetesSettings
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.names import mint_job_id
 from tao_data_io.records import JobRecord, RecordStore
@@ -46,8 +46,9 @@ def objects_of(job: tuple[JobRequest, LaunchPlan, JobRecord], job_id: str) -> li
     """Everything the backend would create for ``job`` under ``job_id``, the per-job Secret included."""
     request, plan, record = job
     rendered = render_job(plan.model_copy(update={"job_id": job_id}),
-                          RenderSettings(stager_image=STAGER, pvc_claim="tao-data", shards=4), request=request,
-                          record=record.model_copy(update={"job_id": job_id}), config=None, environ={})
+                          KubernetesSettings(namespace="default", stager_image=STAGER, pvc_claim="tao-data", shards=4),
+                          request=request, record=record.model_copy(update={"job_id": job_id}), config=None,
+                          environ={})
     return creation_order(rendered, secret_object(rendered, None))
 
 

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from tao_data_io.errors import UsageError
-from tao_data_io.launch.fake import FakeBackend
 from tao_data_io.steps import VerifyFailed, current_status
 from tao_data_io.verbs import cancel, collect, submit
 from tao_data_io.records import RecordStore, open_for
 from tao_data_io.request import parse_request
+
+from .fake_backend import FakeBackend
 
 
 def _request(bucket: str, job_id: str) -> Any:

@@ -66,6 +66,23 @@ def test_submit_then_collect_runs_the_job_and_uploads_its_results(env: dict[str,
     assert [t.state for t in record.history] == ["PENDING", "RUNNING", "COMPLETE"]
     status = run_cli("status", "--job-id", "cli-ok", env=env)
     assert status.returncode == 0 and status.stdout.startswith("COMPLETE")
+    assert record.backend_config == {"run_root": str(tmp_path / "work"), "allow_network": False}
+
+
+def test_a_job_gets_the_hosts_network_only_with_allow_network(env: dict[str, str], bucket: str,
+                                                              tmp_path: Path) -> None:
+    request = _request(tmp_path, bucket, "cli-net")
+    asking = yaml.safe_load(request.read_text())
+    request.write_text(yaml.safe_dump({**asking, "network": True}))
+    refused = run_cli("submit", "--request", str(request), env=env)
+    assert refused.returncode == 2 and "allow_network is off" in refused.stderr and "(--allow-network)" in refused.stderr
+    assert RecordStore(tmp_path / "jobs").get("cli-net").backend_ref is None  # nothing was launched
+    allowed = run_cli("submit", "--request", str(request), "--allow-network", env=env)
+    assert allowed.returncode == 0, allowed.stderr
+    assert RecordStore(tmp_path / "jobs").get("cli-net").backend_config == {"run_root": str(tmp_path / "work"),
+                                                                          "allow_network": True}
+    collected = run_cli("collect", "--job-id", "cli-net", "--wait", "--poll-seconds", "0.2", env=env)
+    assert collected.returncode == 0, collected.stderr
 
 
 def test_a_failing_job_still_uploads_and_collect_says_why(env: dict[str, str], bucket: str, s3_client: Any,

@@ -72,17 +72,19 @@ def test_a_job_whose_submit_failed_before_anything_ran_may_be_opened_again_for_a
     stuck under its id for good."""
     from tao_data_io.errors import CredentialError
     from tao_data_io.local.backend import LocalBackend
+    from tao_data_io.local.settings import LocalSettings
     from tao_data_io.verbs import submit
     from tao_data_io.records import RecordStore
     from tao_data_io.request import parse_request
 
     store = RecordStore(tmp_path / "jobs")
-    backend = LocalBackend(workdir_root=tmp_path / "local")
+    backend = LocalBackend(LocalSettings(run_root=str(tmp_path / "local")))
     first = parse_request(_args_request(job_id="job-fixed-env", forward_env=["TAO_ATTACK_UNSET_TOKEN"]), environ={})
     with pytest.raises(CredentialError, match="TAO_ATTACK_UNSET_TOKEN"):
         submit(first, backend, store, staging_root=tmp_path / "work", environ={})
     record = store.get("job-fixed-env")
-    assert record.state == "PENDING" and record.backend_ref is None  # nothing was launched
+    assert record.state == "ERROR" and record.backend_ref is None  # nothing was launched, and the record says why
+    assert "TAO_ATTACK_UNSET_TOKEN" in (record.message or "")
     fixed = parse_request(_args_request(job_id="job-fixed-env"), environ={})  # forward_env dropped: the fix
     done = submit(fixed, backend, store, staging_root=tmp_path / "work", environ={})
     assert done.started

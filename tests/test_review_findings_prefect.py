@@ -16,6 +16,7 @@ from blocks import LocalTarget
 from flows.collect import collect_tao_job
 from flows.resync import resync_tao_outputs
 from flows.submit import submit_tao_job
+from tao_data_io.local.settings import LocalSettings
 from tao_data_io.records import RecordStore
 
 from .helpers import run_cli
@@ -33,7 +34,7 @@ def _args_request(**extra: Any) -> dict[str, Any]:
 
 def _local(tmp_path: Path, sub: str = "local") -> str:
     block = name()
-    LocalTarget(workdir_root=str(tmp_path / sub), staging_root=str(tmp_path / f"work-{sub}")).save(block)
+    LocalTarget(settings=LocalSettings(run_root=str(tmp_path / sub)), staging_root=str(tmp_path / f"work-{sub}")).save(block)
     return f"tao-local-target/{block}"
 
 
@@ -222,8 +223,9 @@ def test_a_forwarded_credential_printed_by_the_job_is_masked_in_the_failure_arti
         assert value not in str(found[0].data)
     finally:
         from tao_data_io.local.backend import LocalBackend
+        from tao_data_io.local.settings import LocalSettings
 
-        LocalBackend(tmp_path / "local").cancel("local/loud-forward")
+        LocalBackend(LocalSettings(run_root=str(tmp_path / "local"))).cancel("local/loud-forward")
 
 
 def test_a_negative_poll_interval_of_the_collect_flow_names_the_parameter(

@@ -141,9 +141,9 @@ class _Meddling:
     def __init__(self, inner: Executor, meddle: Callable[[], None]) -> None:
         self.inner, self.meddle = inner, meddle
 
-    def run(self, jobs, on_done) -> None:  # type: ignore[no-untyped-def]
+    def run(self, batch, on_done) -> None:  # type: ignore[no-untyped-def]
         self.meddle()
-        self.inner.run(jobs, on_done)
+        self.inner.run(batch, on_done)
 
 
 def _engine_with(credentials: S3Credentials, meddle: Callable[[], None]) -> TransferEngine:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from .examples import add_verb
-from .record import add_root_option
+from .record import add_root_option, given_fields
 
 if TYPE_CHECKING:
     from ..console import Console
@@ -38,11 +38,11 @@ def register(verbs: Any) -> None:
                                                                  "keys (default: the per-job Secret)")
     render.add_argument("--image-pull-secret", metavar="S", help="a pre-created image pull secret")
     render.add_argument("--stager-image", metavar="I", help="the tao-data-io stager image (docker/stager)")
-    render.add_argument("--ttl-seconds", type=int, default=3600, metavar="N", help="ttlSecondsAfterFinished")
+    render.add_argument("--ttl-seconds", type=int, metavar="N", help="ttlSecondsAfterFinished")
     render.add_argument("--shm-size", metavar="Q", help="/dev/shm size, e.g. 32Gi (default: the request's)")
-    render.add_argument("--shards", type=int, default=1, metavar="N", help="tier B: pods of the stage Job")
+    render.add_argument("--shards", type=int, metavar="N", help="tier B: pods of the stage Job")
     render.add_argument("--records-url", metavar="U", help="a shared job record store (s3://…) for the pods")
-    render.add_argument("--results-budget", default="20Gi", metavar="Q",
+    render.add_argument("--results-budget", metavar="Q",
                         help="results the final upload must move after training (sizes the grace period)")
     add_root_option(render)
     render.set_defaults(run=_render)
@@ -95,7 +95,7 @@ def _facts(path: Path | None) -> ClusterFacts:
 
 def _render(args: argparse.Namespace, console: Console) -> int:
     from ..kubernetes.render import read_config, render_job
-    from ..kubernetes.settings import RenderSettings
+    from ..kubernetes.settings import KubernetesSettings
     from ..launch.plan import build_plan
     from ..outputs import resolve_route
     from ..records import RecordStore
@@ -111,11 +111,8 @@ def _render(args: argparse.Namespace, console: Console) -> int:
     record = RecordStore(args.root).get(args.job_id)
     decision = TierDecision(tier=record.storage_tier, reason=record.storage_reason or "recorded at open")
     plan = build_plan(request, staging_map, decision, record, resolve_route(record, os.environ))
-    settings = RenderSettings(
-        namespace=args.namespace, pvc_claim=args.pvc_claim or request.storage.pvc_claim,
-        credential_secret=args.credential_secret, image_pull_secret=args.image_pull_secret,
-        stager_image=args.stager_image, ttl_seconds=args.ttl_seconds, shm_size=args.shm_size, shards=args.shards,
-        records_url=args.records_url, results_budget=args.results_budget)
+    settings = KubernetesSettings.from_mapping({**given_fields(KubernetesSettings, args),
+                                                "pvc_claim": args.pvc_claim or request.storage.pvc_claim})
     rendered = render_job(plan, settings, request=request, record=record, config=read_config(plan))
     console.out(rendered.to_yaml().rstrip("\n"))
     for warning in rendered.warnings:

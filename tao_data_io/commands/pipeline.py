@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..vocabulary import DEFAULT_POLL_SECONDS, POLL_SECONDS_BOUNDS, WORKDIR_VARIABLE
 from .examples import add_verb
-from .record import add_root_option, seconds_type
+from .record import add_root_option, given_fields, seconds_type
 
 if TYPE_CHECKING:
     from ..console import Console
@@ -41,6 +41,10 @@ def register(verbs: Any) -> None:
     cluster.add_argument("--credential-secret", metavar="S",
                          help="a pre-created Secret holding the forward_env keys (default: a per-job Secret)")
     cluster.add_argument("--records-url", metavar="U", help="a shared job record store (s3://…) for the pods")
+    local = submit.add_argument_group("local (with --backend local)")
+    local.add_argument("--allow-network", action="store_true",
+                       help="let the job's frames use this host's network when its request asks (network: true); "
+                            "without it such a request is refused before anything starts")
     _add_common(submit)
     submit.add_argument("--json", action="store_true", help="print the submission as JSON")
     submit.set_defaults(run=_submit)
@@ -89,18 +93,20 @@ def _add_job(sub: argparse.ArgumentParser) -> None:
     _add_common(sub)
 
 
-_CLUSTER_SETTINGS = ("namespace", "pvc_claim", "stager_image", "image_pull_secret", "credential_secret", "records_url")
-
-
 def _config(platform: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The backend's settings from the command line (the Kubernetes backend reads its kubeconfig,
-    TAO_K8S_CONTEXT and TAO_K8S_NAMESPACE itself; the verbs after submit find the job by the
-    namespace in its backend_ref)."""
+    """The backend's settings the command line gives: the options named like a field of the
+    platform's settings model, and a local job's run root, which the CLI keeps beside its staging
+    directories under ``--workdir``. The registry checks them (a refusal names the field, shown
+    as its flag). The Kubernetes backend reads its kubeconfig, TAO_K8S_CONTEXT and
+    TAO_K8S_NAMESPACE itself; the verbs after submit find the job by the namespace in its
+    backend_ref."""
+    from ..backends import settings_model
     from ..steps import staging_root
 
+    given = given_fields(settings_model(platform), args)
     if platform == "local":
-        return {"workdir_root": staging_root(args.workdir)}
-    return {name: getattr(args, name) for name in _CLUSTER_SETTINGS if getattr(args, name, None) is not None}
+        given["run_root"] = str(staging_root(args.workdir))
+    return given
 
 
 def _job(args: argparse.Namespace, console: Console) -> tuple[RecordStore, Backend, str]:
@@ -120,7 +126,7 @@ def _job(args: argparse.Namespace, console: Console) -> tuple[RecordStore, Backe
 
 def _submit(args: argparse.Namespace, console: Console) -> int:
     from ..credentials import Redactor
-    from ..launch.backend import backend_for
+    from ..backends import backend_for
     from ..records import RecordStore
     from ..request import load_request
     from ..verbs import submit

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from contextlib import suppress
-from dataclasses import replace
 from typing import Any
 
 from ..credentials import forwarded_values
@@ -41,7 +40,7 @@ from .apply import adopt, create, creation_order, kinds, secret_object, step_of,
 from .facts import cluster_facts
 from .gates import check_access, check_claim, check_gpus, check_secrets, check_version, dry_run, needed_access
 from .render import JOB_ID_LABEL, MANAGED_BY, RenderedJob, read_config, render_job
-from .settings import DEFAULT_TTL_SECONDS, RenderSettings
+from .settings import KubernetesSettings
 from .waiting import Budget, PodWatch, StageFailed, list_pods, wait_for_stage, wait_for_verdict
 
 log = logging.getLogger(__name__)
@@ -49,47 +48,37 @@ log = logging.getLogger(__name__)
 #: in the progress messages long before this.
 DEFAULT_IMAGE_PULL_TIMEOUT_S = 1800.0
 #: The longest pause between two looks at a Job's pods while waiting (the first is shorter).
-DEFAULT_POLL_SECONDS = 2.0
+POD_POLL_SECONDS = 2.0
 #: What cancel deletes, in this order: the Jobs first (their pods hold the GPUs).
 _CANCEL_ORDER = ("Job", "Service", "ConfigMap", "Secret")
 
 
 class KubernetesBackend:
-    name = "kubernetes"
+    name = KubernetesSettings.platform
     stages_on_host = False
 
-    def __init__(self, namespace: str | None = None, context: str | None = None, pvc_claim: str | None = None,
-                 stager_image: str | None = None, image_pull_secret: str | None = None,
-                 credential_secret: str | None = None, ttl_seconds: int = DEFAULT_TTL_SECONDS,
-                 shm_size: str | None = None, shards: int = 1, records_url: str | None = None,
+    def __init__(self, settings: KubernetesSettings, *, kubeconfig: str | None = None,
                  verify_timeout: float = DEFAULT_VERIFY_TIMEOUT_S,
-                 image_pull_timeout: float = DEFAULT_IMAGE_PULL_TIMEOUT_S, *, kubeconfig: str | None = None,
-                 node_selector: Mapping[str, str] | None = None, tolerations: list[dict[str, Any]] | None = None,
-                 poll_seconds: float = DEFAULT_POLL_SECONDS, say: Callable[[str], None] | None = None) -> None:
+                 image_pull_timeout: float = DEFAULT_IMAGE_PULL_TIMEOUT_S, pod_poll_seconds: float = POD_POLL_SECONDS,
+                 say: Callable[[str], None] | None = None) -> None:
+        """``settings`` are what the job record keeps; the keyword arguments belong to this process
+        only: a kubeconfig path (of this machine, never recorded), the waits' budgets, the pause
+        between looks at pods, and where progress messages go."""
         for what, value in (("verify_timeout", verify_timeout), ("image_pull_timeout", image_pull_timeout),
-                            ("poll_seconds", poll_seconds)):
+                            ("pod_poll_seconds", pod_poll_seconds)):
             if not value > 0:
                 raise UsageError(f"{what} {value!r} must be a positive number of seconds")
-        # Checked now (every refusal names the parameter); the namespace is known once connected.
-        self.settings = RenderSettings(
-            namespace=namespace or "default", pvc_claim=pvc_claim, credential_secret=credential_secret,
-            image_pull_secret=image_pull_secret, stager_image=stager_image, ttl_seconds=ttl_seconds,
-            shm_size=shm_size, shards=shards, node_selector=dict(node_selector or {}),
-            tolerations=list(tolerations or []), records_url=records_url)
-        self._cluster = {"namespace": namespace, "context": context, "kubeconfig": kubeconfig}
+        self.settings = settings
+        self.kubeconfig = kubeconfig
         self.verify_timeout, self.image_pull_timeout = verify_timeout, image_pull_timeout
-        self.poll_seconds = poll_seconds
+        self.pod_poll_seconds = pod_poll_seconds
         self.say = say or log.info
         self._connected: Api | None = None
 
     def config(self) -> dict[str, Any]:
-        """The settings a later verb rebuilds this backend from (the kubeconfig itself, and any
-        path to it, stay on the machine that submits)."""
-        s = self.settings
-        return {"namespace": self._cluster["namespace"], "context": self._cluster["context"], "pvc_claim": s.pvc_claim,
-                "stager_image": s.stager_image, "image_pull_secret": s.image_pull_secret,
-                "credential_secret": s.credential_secret, "ttl_seconds": s.ttl_seconds, "shm_size": s.shm_size,
-                "shards": s.shards, "records_url": s.records_url}
+        """The settings a later verb rebuilds this backend from, as given (an empty namespace is
+        found again the same way); the kubeconfig, and any path to it, stay on this machine."""
+        return self.settings.model_dump(mode="json")
 
     # ------------------------------------------------------------------ before
     def facts(self) -> ClusterFacts:
@@ -156,7 +145,7 @@ class KubernetesBackend:
         create(api, stage, job_id)
         name = stage["metadata"]["name"]
         watch = PodWatch(api, namespace, name, job["metadata"]["name"], "stage",
-                         Budget(self.verify_timeout, self.image_pull_timeout), self.say, self.poll_seconds)
+                         Budget(self.verify_timeout, self.image_pull_timeout), self.say, self.pod_poll_seconds)
         try:
             wait_for_stage(watch)
         except StageFailed as exc:
@@ -179,7 +168,7 @@ class KubernetesBackend:
             checks = read_checklist((configmap.get("data") or {}).get("checklist", ""), plan)
             watch = PodWatch(api, namespace, name, name, "train",
                              Budget(timeout or self.verify_timeout, self.image_pull_timeout), self.say,
-                             self.poll_seconds)
+                             self.pod_poll_seconds)
             verdict = wait_for_verdict(watch, plan.nodes, checks)
         if not verdict.ok and self._delete_job(api, namespace, name):
             self.say(f"{namespace}/{name}: verify failed; the Job was deleted, which frees its GPUs")
@@ -259,17 +248,19 @@ class KubernetesBackend:
     # ------------------------------------------------------------------ helpers
     def _api(self) -> Api:
         if self._connected is None:
-            self._connected = Api(connect(**self._cluster))
+            self._connected = Api(connect(namespace=self.settings.namespace, context=self.settings.context,
+                                          kubeconfig=self.kubeconfig))
         return self._connected
 
     def _render(self, plan: LaunchPlan, documents: JobDocuments | None,
-                environ: Mapping[str, str] | None) -> tuple[RenderedJob, RenderSettings]:
+                environ: Mapping[str, str] | None) -> tuple[RenderedJob, KubernetesSettings]:
         if documents is None:
             raise UsageError("the Kubernetes backend ships the job's request and record to its pods, so preflight "
                              "and submit need documents (the request and record the plan was built from); "
                              "tao_data_io.steps.submit passes them")
-        claim = self._claim(documents)
-        settings = replace(self.settings, namespace=self._api().namespace, pvc_claim=claim)
+        # Checked again: the claim may be the request's, and the rules are the settings' own.
+        settings = KubernetesSettings.from_mapping({**self.settings.model_dump(), "namespace": self._api().namespace,
+                                                    "pvc_claim": self._claim(documents)})
         rendered = render_job(plan, settings, request=documents.request, record=documents.record,
                               config=read_config(plan), environ=environ)
         return rendered, settings

@@ -25,7 +25,7 @@ from .api import Api
 from .apply import RESOURCES, create
 from .facts import MULTI_NODE_VERSION, SIDECAR_VERSION, allocatable_gpus, server_version
 from .render import SecretRef
-from .settings import RenderSettings
+from .settings import KubernetesSettings
 
 PULL_SECRET_TYPES = frozenset({"kubernetes.io/dockerconfigjson", "kubernetes.io/dockercfg"})
 
@@ -100,7 +100,7 @@ def check_access(api: Api, needed: Sequence[Access]) -> None:
                          "the cluster's admin for a Role granting them and a RoleBinding to this identity")
 
 
-def check_claim(api: Api, plan: LaunchPlan, settings: RenderSettings) -> None:
+def check_claim(api: Api, plan: LaunchPlan, settings: KubernetesSettings) -> None:
     claim = settings.pvc_claim
     if claim is None:
         return
@@ -140,7 +140,7 @@ def _binds_on_first_use(api: Api, claim: Mapping[str, Any]) -> bool:
     return bool(found) and found.get("volumeBindingMode") == "WaitForFirstConsumer"
 
 
-def check_secrets(api: Api, settings: RenderSettings, secret: SecretRef | None) -> None:
+def check_secrets(api: Api, settings: KubernetesSettings, secret: SecretRef | None) -> None:
     """The image pull Secret and a pre-created credential Secret: there, of the right kind, with
     every key. Reads names and key names only."""
     if settings.image_pull_secret:

@@ -48,7 +48,7 @@ from ..records import JobRecord
 from ..request import JobRequest, check_container_path
 from ..tier import TIER_C_BYTES_PER_SECOND
 from .scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, VERIFY_SCRIPT
-from .settings import RenderSettings
+from .settings import KubernetesSettings
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tao-data-io"}
 JOB_ID_LABEL = "tao-data-io/job-id"
@@ -120,9 +120,10 @@ def read_config(plan: LaunchPlan) -> bytes | None:
         raise UsageError(f"config {str(path)!r} cannot be read ({exc.strerror}); stage the request again") from None
 
 
-def render_job(plan: LaunchPlan, settings: RenderSettings, *, request: JobRequest, record: JobRecord,
+def render_job(plan: LaunchPlan, settings: KubernetesSettings, *, request: JobRequest, record: JobRecord,
                config: bytes | None, environ: Mapping[str, str] | None = None) -> RenderedJob:
-    """The objects for ``plan`` on the cluster ``settings`` describe (see the module docstring).
+    """The objects for ``plan`` on the cluster ``settings`` describe (see the module docstring), in
+    ``settings.namespace``, which must be set (the backend sets its connection's).
 
     ``request`` is what a pod's stager stages (tiers B and C); ``record`` the job's record, of
     which the pods get a copy with the plan's route; ``config`` the materialized config's bytes
@@ -139,8 +140,10 @@ def render_job(plan: LaunchPlan, settings: RenderSettings, *, request: JobReques
 class _Job:
     """One render: the checks, then the objects. A class only to share the derived names."""
 
-    def __init__(self, plan: LaunchPlan, settings: RenderSettings, request: JobRequest, record: JobRecord,
+    def __init__(self, plan: LaunchPlan, settings: KubernetesSettings, request: JobRequest, record: JobRecord,
                  config: bytes | None) -> None:
+        if settings.namespace is None:
+            raise UsageError("the objects are rendered into a namespace, and none was given: give namespace")
         self.plan, self.settings, self.request, self.record, self.config = plan, settings, request, record, config
         self.names = object_names(plan.job_id)
         self.labels = {**MANAGED_BY, JOB_ID_LABEL: self.names.job}
@@ -431,7 +434,7 @@ def literal(text: str) -> str:
     return text.replace("$", "$$")
 
 
-def _check_plan(plan: LaunchPlan, settings: RenderSettings) -> None:
+def _check_plan(plan: LaunchPlan, settings: KubernetesSettings) -> None:
     """Paths absolute and normalised, none of ours taken, env names valid and never doubled."""
     for what, path in [("results_dir", plan.results_dir), *(("mount target", m.target) for m in plan.mounts)]:
         try:

@@ -1,17 +1,23 @@
-"""What a cluster adds to a launch plan: namespace, claim, Secrets, images, TTL, scheduling.
+"""What the Kubernetes backend is built from and adds to a launch plan: the namespace, the
+kubeconfig context's name, the claim, Secret names, images, TTL, scheduling.
 
-Why a checked dataclass and not pydantic: every refusal must be a
-:class:`~tao_data_io.errors.UsageError` naming the parameter, the value and the fix
-(``namespace 'Tao' is not a DNS label: …``), which the CLI turns into flag names.
+Declared once: :class:`~tao_data_io.kubernetes.backend.KubernetesBackend` is built from it, the
+renderer reads it, the ``tao-kubernetes-target`` block embeds it, the CLI fills it from its
+flags, and a job record keeps its dump. The renderer's rules are its validators, and each
+refusal is a :class:`~tao_data_io.errors.UsageError` naming the field, the value and the fix
+(``namespace 'Tao' is not a DNS label: …``), which the CLI turns into flag names. Names only:
+the kubeconfig, its path and every Secret's contents stay where they are.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import Field, ValidationInfo, field_validator
 
 from ..errors import UsageError
+from ..launch.backend import BackendSettings
 from ..names import check_dns_label, check_dns_subdomain
 from ..request import is_binary_quantity, quantity_bytes
 from ..uris import parse_s3_url
@@ -19,6 +25,7 @@ from ..uris import parse_s3_url
 DEFAULT_TTL_SECONDS = 3600
 MAX_TTL_SECONDS = 604800
 DEFAULT_RESYNC_SECONDS = 300
+RESYNC_SECONDS_BOUNDS = (10, 86400)
 DEFAULT_RESULTS_BUDGET = "20Gi"
 MAX_SHARDS = 1000
 _LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -34,67 +41,142 @@ def check_binary_quantity(value: str, *, what: str) -> str:
     return value
 
 
-@dataclass(frozen=True)
-class RenderSettings:
-    namespace: str = "default"
-    #: The PersistentVolumeClaim: tier B stages into its ``cache/``; pre-positioned mounts and
-    #: results live on it. None: results live in the pod and persist only through an upload.
-    pvc_claim: str | None = None
-    #: A pre-created Secret holding the forwarded credentials; None: the per-job Secret
-    #: ``<job>-credentials``, created with values at apply time.
-    credential_secret: str | None = None
-    image_pull_secret: str | None = None
-    #: The image with this package and its CLI (docker/stager/Dockerfile); needed by tier B's
-    #: stage Job, tier C's stager and every results sidecar.
-    stager_image: str | None = None
-    ttl_seconds: int = DEFAULT_TTL_SECONDS
-    #: Overrides the plan's ``shm_size``.
-    shm_size: str | None = None
-    #: Tier B: pods of the stage Job (an Indexed Job when more than one; the claim must then be
-    #: ReadWriteMany).
-    shards: int = 1
-    node_selector: dict[str, str] = field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = field(default_factory=list)
-    #: ``TAO_DATA_IO_RECORDS`` for the stager and the sidecar: a shared record store (s3://…).
-    records_url: str | None = None
-    resync_seconds: int = DEFAULT_RESYNC_SECONDS
-    #: The most results the final upload must move after training exits; sizes the pod's
-    #: terminationGracePeriodSeconds (see README, "Results of a tier C pod").
-    results_budget: str = DEFAULT_RESULTS_BUDGET
+class KubernetesSettings(BackendSettings):
+    """Where on a cluster each job runs, and what its pods get besides the launch plan."""
 
-    def __post_init__(self) -> None:
-        check_dns_label(self.namespace, what="namespace")
-        for name in ("pvc_claim", "credential_secret", "image_pull_secret"):
-            value = getattr(self, name)
-            if value is not None:
-                check_dns_subdomain(value, what=name)
-        if self.stager_image is not None and (not self.stager_image or any(c.isspace() for c in self.stager_image)):
-            raise UsageError(f"stager_image {self.stager_image!r} is not an image reference; give one such as "
+    platform: ClassVar[str] = "kubernetes"
+
+    namespace: str | None = Field(
+        None, title="Namespace",
+        description="The namespace the job's objects live in. Empty: $TAO_K8S_NAMESPACE, else the kubeconfig "
+                    "context's, else the pod's service account's, else default.")
+    context: str | None = Field(
+        None, title="Kubeconfig context",
+        description="The NAME of a context in the kubeconfig ($KUBECONFIG or ~/.kube/config) of the machine that "
+                    "runs the verb. Empty: $TAO_K8S_CONTEXT, else the kubeconfig's current context, else (no "
+                    "kubeconfig, inside a pod) the pod's service account.")
+    pvc_claim: str | None = Field(
+        None, title="PersistentVolumeClaim",
+        description="A Bound claim: tier B stages into its cache/, pre-positioned inputs and results live on it. "
+                    "Empty: the request's storage.pvc_claim, else none (tier C: the pod fetches its inputs, and "
+                    "results persist only through an upload).")
+    credential_secret: str | None = Field(
+        None, title="Credential Secret",
+        description="The NAME of a pre-created Secret in the namespace holding the request's forward_env keys. "
+                    "Empty: a per-job Secret <job>-credentials, created with the values at submit and deleted with "
+                    "the Job.")
+    image_pull_secret: str | None = Field(
+        None, title="Image pull Secret",
+        description="The NAME of a Secret in the namespace for pulling images (nvcr.io); its contents stay in the "
+                    "cluster.")
+    stager_image: str | None = Field(
+        None, title="Stager image",
+        description="The image with tao-data-io and its CLI (docker/stager/Dockerfile): tier B's stage Job, tier C's "
+                    "stager and the results sidecar run it.")
+    ttl_seconds: int = Field(
+        DEFAULT_TTL_SECONDS, title="TTL after finished (s)",
+        description=f"How long a finished Job and its logs stay (0 to {MAX_TTL_SECONDS}, 7 days); the job record "
+                    "outlives it.")
+    shm_size: str | None = Field(
+        None, title="/dev/shm size", description="Overrides the request's compute_shape.shm_size, e.g. 16Gi.")
+    shards: int = Field(
+        1, title="Stage shards",
+        description=f"Tier B: pods of the stage Job (1 to {MAX_SHARDS}); more than one makes it an Indexed Job, and "
+                    "the claim must then be ReadWriteMany.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, title="Node selector",
+        description="Labels a node must have to run the job's pods (the pod spec's nodeSelector).")
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, title="Tolerations",
+        description="The pods' tolerations, each with key, operator, value, effect and tolerationSeconds as the pod "
+                    "spec has them (e.g. for tainted GPU nodes).")
+    records_url: str | None = Field(
+        None, title="Shared job records",
+        description="TAO_DATA_IO_RECORDS for the pods' stager and results sidecar: a shared record store "
+                    "(s3://BUCKET/PREFIX/) they report into. Empty: the pods report nothing into a record.")
+    resync_seconds: int = Field(
+        DEFAULT_RESYNC_SECONDS, title="Results resync interval (s)",
+        description=f"How often the results sidecar uploads what the job wrote so far ({RESYNC_SECONDS_BOUNDS[0]} "
+                    f"to {RESYNC_SECONDS_BOUNDS[1]}).")
+    results_budget: str = Field(
+        DEFAULT_RESULTS_BUDGET, title="Results budget",
+        description="The most results the final upload must move after training exits (a binary quantity such as "
+                    "20Gi); sizes the pod's terminationGracePeriodSeconds (README: Results of a tier C pod).")
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str | None) -> str | None:
+        return value if value is None else check_dns_label(value, what="namespace")
+
+    @field_validator("pvc_claim", "credential_secret", "image_pull_secret")
+    @classmethod
+    def _object_name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return value if value is None else check_dns_subdomain(value, what=str(info.field_name))
+
+    @field_validator("stager_image")
+    @classmethod
+    def _stager_image(cls, value: str | None) -> str | None:
+        if value is not None and (not value or any(c.isspace() for c in value)):
+            raise UsageError(f"stager_image {value!r} is not an image reference; give one such as "
                              "registry.example.com/tao-data-io-stager:0.1.0")
-        if not 0 <= self.ttl_seconds <= MAX_TTL_SECONDS:
-            raise UsageError(f"ttl_seconds {self.ttl_seconds!r} must be 0 to {MAX_TTL_SECONDS} (7 days); the Job and "
-                             "its logs are deleted that long after it ends")
-        if self.shm_size is not None:
-            check_binary_quantity(self.shm_size, what="shm_size")
-        check_binary_quantity(self.results_budget, what="results_budget")
-        if not 1 <= self.shards <= MAX_SHARDS:
-            raise UsageError(f"shards {self.shards!r} must be 1 to {MAX_SHARDS}")
-        if not 10 <= self.resync_seconds <= 86400:
-            raise UsageError(f"resync_seconds {self.resync_seconds!r} must be 10 to 86400")
-        if self.records_url is not None:
-            parse_s3_url(self.records_url, field="records_url")
-        for key, value in self.node_selector.items():
+        return value
+
+    @field_validator("ttl_seconds")
+    @classmethod
+    def _ttl_seconds(cls, value: int) -> int:
+        if not 0 <= value <= MAX_TTL_SECONDS:
+            raise UsageError(f"ttl_seconds {value!r} must be 0 to {MAX_TTL_SECONDS} (7 days); the Job and its logs "
+                             "are deleted that long after it ends")
+        return value
+
+    @field_validator("shm_size", "results_budget")
+    @classmethod
+    def _quantity(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return value if value is None else check_binary_quantity(value, what=str(info.field_name))
+
+    @field_validator("shards")
+    @classmethod
+    def _shards(cls, value: int) -> int:
+        if not 1 <= value <= MAX_SHARDS:
+            raise UsageError(f"shards {value!r} must be 1 to {MAX_SHARDS}")
+        return value
+
+    @field_validator("resync_seconds")
+    @classmethod
+    def _resync_seconds(cls, value: int) -> int:
+        low, high = RESYNC_SECONDS_BOUNDS
+        if not low <= value <= high:
+            raise UsageError(f"resync_seconds {value!r} must be {low} to {high}")
+        return value
+
+    @field_validator("records_url")
+    @classmethod
+    def _records_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_s3_url(value, field="records_url")
+        return value
+
+    @field_validator("node_selector")
+    @classmethod
+    def _node_selector(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
             if not (_LABEL_KEY.fullmatch(key) and len(key.rpartition("/")[2]) <= 63):
                 raise UsageError(f"node_selector key {key!r} is not a label key: [prefix/]name, the name at most 63 "
                                  "letters, digits, '-', '_' or '.'")
-            if not isinstance(value, str) or not _LABEL_VALUE.fullmatch(value):
-                raise UsageError(f"node_selector {key!r} value {value!r} is not a label value: at most 63 letters, "
+            if not _LABEL_VALUE.fullmatch(label):
+                raise UsageError(f"node_selector {key!r} value {label!r} is not a label value: at most 63 letters, "
                                  "digits, '-', '_' or '.', starting and ending with a letter or digit")
-        for index, toleration in enumerate(self.tolerations):
+        return value
+
+    @field_validator("tolerations")
+    @classmethod
+    def _tolerations(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for index, toleration in enumerate(value):
             unknown = sorted(set(toleration) - _TOLERATION_FIELDS)
             if unknown:
                 raise UsageError(f"tolerations[{index}] has unknown fields {unknown}; use "
                                  f"{sorted(_TOLERATION_FIELDS)}")
+        return value
 
     @property
     def results_budget_bytes(self) -> int:

@@ -1,6 +1,6 @@
 """The seam between the data mover and whatever runs the job: one protocol, a few small results.
 
-Why a protocol: the local sandbox, Kubernetes and the flow tests' fake must be interchangeable
+Why a protocol: the local sandbox, Kubernetes and the tests' fake must be interchangeable
 under the same steps (submit → verify → status → logs → cancel), so the CLI and the Prefect
 flows compose the same calls whatever runs the job. Results are small JSON-able models with
 ``to_dict()``/``describe()``, in the TAO vocabulary users know (PENDING, RUNNING, COMPLETE,
@@ -11,21 +11,46 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, Self, runtime_checkable
+
+from pydantic import ValidationError
 
 from ..errors import UsageError
 from ..records import JobRecord
 from ..request import JobRequest
-from ..schema import Strict
+from ..schema import Strict, describe_validation_error
 from ..tier import ClusterFacts
+from ..vocabulary import TERMINAL_STATES, State
 from .plan import LaunchPlan
 from .probe import Verdict
 
-BackendState = Literal["PENDING", "RUNNING", "COMPLETE", "ERROR", "CANCELED", "UNKNOWN"]
-TERMINAL = frozenset({"COMPLETE", "ERROR", "CANCELED"})
+#: The record's states, and UNKNOWN: the backend has forgotten the job, and the record decides.
+BackendState = Literal[State, Literal["UNKNOWN"]]
 #: TAO's error classes: the program failed, or the infrastructure did (OOM, a lost node, a pull).
 ErrClass = Literal["ERR_PROGRAM", "ERR_INFRA"]
 DEFAULT_VERIFY_TIMEOUT_S = 600.0
+
+
+class BackendSettings(Strict):
+    """What a backend is built from, and what its ``config()`` gives back for the job record: one
+    model per backend, declared once, that the backend, its target block (which embeds it) and
+    the CLI (which fills it from flags) all use. Names and paths only, never a credential value:
+    the record and the block are shown wherever they are read."""
+
+    #: The platform name a job record keeps (``JobRecord.platform``) and the registry looks up.
+    platform: ClassVar[str]
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> Self:
+        """The settings ``values`` give, or a :class:`UsageError` naming each refused field, its
+        value and the fix: the one place a settings ``ValidationError`` becomes a usage error (a
+        CLI flag, a record's ``backend_config``, a plan's claim), so the CLI exits 2 with the
+        field translated to its flag and a task does not retry."""
+        try:
+            return cls.model_validate(dict(values))
+        except ValidationError as exc:
+            what = f"the {cls.platform} backend's settings"
+            raise UsageError(describe_validation_error(exc, what, whole=None)) from None
 
 
 class JobStatus(Strict):
@@ -36,7 +61,7 @@ class JobStatus(Strict):
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL
+        return self.state in TERMINAL_STATES
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -97,8 +122,9 @@ class Backend(Protocol):
     stages_on_host: bool
 
     def config(self) -> dict[str, Any]:
-        """What ``backend_for(name, config)`` needs to rebuild this backend in another process
-        (kept in the job's record): names and paths only, never a credential."""
+        """What :func:`tao_data_io.backends.backend_for` rebuilds this backend from in another
+        process (kept in the job's record): its settings' dump (a :class:`BackendSettings`), names
+        and paths only, never a credential."""
         ...
 
     def facts(self) -> ClusterFacts:
@@ -136,22 +162,3 @@ class Backend(Protocol):
         """Where this machine can read the job's results directory, or None when the backend
         moves the results itself (a tier C upload sidecar) or they live only in the cluster."""
         ...
-
-
-def backend_for(platform: str, config: Mapping[str, Any] | None = None) -> Backend:
-    """The backend for ``platform`` (``local``, ``kubernetes`` or ``fake``), configured by ``config``
-    (the target's settings: a workdir root, a namespace…)."""
-    settings = dict(config or {})
-    if platform == "local":
-        from ..local.backend import LocalBackend
-
-        return LocalBackend(**settings)
-    if platform == "kubernetes":
-        from ..kubernetes.backend import KubernetesBackend  # type: ignore[import-not-found]
-
-        return KubernetesBackend(**settings)  # type: ignore[no-any-return]
-    if platform == "fake":
-        from .fake import FakeBackend
-
-        return FakeBackend(**settings)
-    raise UsageError(f"platform {platform!r} is not a backend: use local, kubernetes or fake")

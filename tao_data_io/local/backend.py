@@ -5,7 +5,8 @@ bubblewrap and user namespaces — yet each job sees what a pod would (see :mod:
 verify probe runs inside that frame before the command, and credentials reach the frame the way
 a per-job Secret reaches a pod: by value into its environment, never into argv, a file or a log.
 
-On disk, under ``workdir_root`` (``$TAO_DATA_IO_LOCAL_ROOT``, else ``~/.tao-data-io/local``)::
+On disk, under the run root (:class:`.settings.LocalSettings`: ``run_root``, else
+``$TAO_DATA_IO_LOCAL_ROOT``, else ``~/.tao-data-io/local``)::
 
     <job id>/run/       the run directory (:mod:`.rundir`): records and logs
     <job id>/results/   the results directory, unless the route is a mount
@@ -43,10 +44,9 @@ from .preflight import (BWRAP_INSTALL, NSENTER_INSTALL, SourceRules, check_binds
 from .process import ProcessId
 from .rundir import Canceled, ExitRecord, Launch, RunDir
 from .sandbox import FRAME_LANG, FRAME_PATH, frame_binds, host_system_dirs
+from .settings import LocalSettings
 from .supervisor import credentials_env
 
-ROOT_VARIABLE = "TAO_DATA_IO_LOCAL_ROOT"
-DEFAULT_ROOT = "~/.tao-data-io/local"
 #: ``backend_ref`` is ``local/<job id>``: a valid NAMESPACE/NAME, as the job record requires.
 NAMESPACE = "local"
 #: How long cancel lets the supervisor end the frames itself before it kills what is left.
@@ -59,19 +59,16 @@ _LOG_LINES_IN_ERRORS = 5
 
 
 class LocalBackend:
-    name = "local"
+    name = LocalSettings.platform
     stages_on_host = True
 
-    def __init__(self, workdir_root: str | Path | None = None, *, allow_network: bool = True) -> None:
-        root = workdir_root if workdir_root is not None else os.environ.get(ROOT_VARIABLE) or DEFAULT_ROOT
-        # Absolute: bubblewrap binds host paths, and the supervisor runs in another directory.
-        self.workdir_root = Path(root).expanduser().absolute()
-        #: Whether a request may give its frames the host's network (``network: true``); an
-        #: operator turns it off for a host whose network jobs must never reach.
-        self.allow_network = allow_network
+    def __init__(self, settings: LocalSettings) -> None:
+        #: With the run root decided: what this backend runs with and the job record keeps.
+        self.settings = settings.resolved()
+        self.run_root = Path(str(self.settings.run_root))
 
     def config(self) -> dict[str, Any]:
-        return {"workdir_root": str(self.workdir_root), "allow_network": self.allow_network}
+        return self.settings.model_dump(mode="json")
 
     # ------------------------------------------------------------------ before
     def facts(self) -> ClusterFacts:
@@ -81,10 +78,10 @@ class LocalBackend:
 
     def preflight(self, plan: LaunchPlan, *, documents: JobDocuments | None = None) -> None:
         """``documents`` are not needed: the frame reads what this host staged."""
-        if plan.network and not self.allow_network:
+        if plan.network and not self.settings.allow_network:
             raise UsageError(f"job {plan.job_id} asks for the network (network: true), which this local backend does "
-                             "not allow (allow_network is off): drop network from the request, or run it where the "
-                             "network is allowed")
+                             "not allow (allow_network is off): drop network from the request, or, if the job may "
+                             "reach this host's network, let the backend allow it (allow_network)")
         check_sandbox(find_tool("bwrap", BWRAP_INSTALL), host_system_dirs())
         if needs_nsenter(plan):
             find_tool("nsenter", NSENTER_INSTALL)
@@ -92,13 +89,13 @@ class LocalBackend:
         check_binds(plan, frame_binds(plan, self._results_host(plan)), self._source_rules())
 
     def _source_rules(self) -> SourceRules:
-        """What no pre-positioned source may show (see :func:`.preflight.source_refusal`): the work
+        """What no pre-positioned source may show (see :func:`.preflight.source_refusal`): the run
         root (other jobs), the staging work directory, the job record directories and every home's
         hidden directories (credentials live there) are private; every home — the password
         database's, whatever ``HOME`` says, and ``HOME`` — and the results root are never mounted
         whole."""
         env = os.environ
-        private = [self.workdir_root]
+        private = [self.run_root]
         private += [Path(value).expanduser() for value in (env.get(RECORDS_VARIABLE), env.get(JOBS_DIR_VARIABLE),
                                                             DEFAULT_RECORDS_ROOT, env.get(WORKDIR_VARIABLE),
                                                             DEFAULT_WORKDIR)
@@ -144,7 +141,7 @@ class LocalBackend:
     def _results_host(self, plan: LaunchPlan) -> str:
         if plan.route.route == "mount":
             return plan.route.destination
-        return str(self.workdir_root / plan.job_id / "results")
+        return str(self.run_root / plan.job_id / "results")
 
     def _start_supervisor(self, run: RunDir, credentials: Mapping[str, str]) -> None:
         """Start the supervisor and wait until it has detached and is on record (see
@@ -168,7 +165,7 @@ class LocalBackend:
         verdict always means the command never started and nothing is left running."""
         run = self._known(ref)
         if run is None:
-            raise UsageError(f"{ref} is not known to the local backend under {self.workdir_root}; submit it first")
+            raise UsageError(f"{ref} is not known to the local backend under {self.run_root}; submit it first")
         for _ in _polls(timeout):
             alive = _alive(run.supervisor())  # before the records: a dead supervisor's records are final
             verdict = run.verdict()
@@ -187,7 +184,7 @@ class LocalBackend:
         run = self._known(ref)
         if run is None:
             return JobStatus(state="UNKNOWN", message=f"{ref} is not known to the local backend under "
-                                                      f"{self.workdir_root}")
+                                                      f"{self.run_root}")
         return self._outcome(run)[0]
 
     def failure_analysis(self, ref: str) -> FailureAnalysis | None:
@@ -199,7 +196,7 @@ class LocalBackend:
         (``tail`` lines per rank, as ``kubectl logs -l … --tail`` gives per pod)."""
         run = self._known(ref)
         if run is None:
-            raise UsageError(f"{ref} is not known to the local backend under {self.workdir_root}")
+            raise UsageError(f"{ref} is not known to the local backend under {self.run_root}")
         launch = run.launch()
         assert launch is not None
         if launch.plan.nodes == 1:
@@ -243,7 +240,7 @@ class LocalBackend:
         namespace, _, job_id = ref.partition("/")
         if namespace != NAMESPACE or not is_job_id(job_id):
             raise UsageError(f"backend ref {ref!r} is not the local backend's: it is {NAMESPACE}/<job id>")
-        return RunDir(self.workdir_root / job_id / "run")
+        return RunDir(self.run_root / job_id / "run")
 
     def _known(self, ref: str) -> RunDir | None:
         run = self._run_dir(ref)

@@ -91,7 +91,7 @@ class Canceled(Strict):
 
 
 class RunDir:
-    """Paths and records of ``<workdir_root>/<job id>/run``."""
+    """Paths and records of ``<run_root>/<job id>/run``."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

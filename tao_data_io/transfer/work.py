@@ -16,7 +16,7 @@ from ..fs import DestinationTree, TempFile
 
 
 @dataclass(frozen=True)
-class DownloadJob:
+class DownloadItem:
     bucket: str
     key: str
     size: int
@@ -34,7 +34,7 @@ class DownloadJob:
 
 
 @dataclass(frozen=True)
-class UploadJob:
+class UploadItem:
     source: Path
     bucket: str
     key: str
@@ -60,8 +60,8 @@ class Landed:
 
 
 @dataclass(frozen=True)
-class JobFailed:
-    """Why one job did not complete. ``missing`` is set by the executor when the object does not
+class ItemFailed:
+    """Why one item did not complete. ``missing`` is set by the executor when the object does not
     exist (404): selective staging treats a missing reference differently from a failed transfer,
     and that must not depend on how a message happens to be worded."""
 
@@ -72,16 +72,16 @@ class JobFailed:
     changed: bool = False
 
 
-Job = DownloadJob | UploadJob
-#: Called once per job, from any thread, with None on success or why it failed, and what the
+Item = DownloadItem | UploadItem
+#: Called once per item, from any thread, with None on success or why it failed, and what the
 #: server reported about the object when the executor knows it.
-JobDone = Callable[[Job, "JobFailed | None", "Landed | None"], None]
+ItemDone = Callable[[Item, "ItemFailed | None", "Landed | None"], None]
 
 
 class Executor(Protocol):
-    """Moves bytes for a batch of jobs with bounded concurrency, reporting each outcome."""
+    """Moves bytes for a batch of items with bounded concurrency, reporting each outcome."""
 
-    def run(self, jobs: Sequence[Job], on_done: JobDone) -> None: ...
+    def run(self, batch: Sequence[Item], on_done: ItemDone) -> None: ...
 
     def close(self) -> None:
         """Release threads, loops and connections; called once by the engine's owner."""

@@ -1,4 +1,6 @@
-"""A backend that runs nothing: for flow and pipeline tests that must not need a sandbox.
+"""A backend that runs nothing: for flow and pipeline tests (and bench/flows.py) that must not need
+a sandbox. It lives with the tests because the product must not know it: no platform name, no
+registry entry, no ``ClusterFacts.backend`` of its own.
 
 Why it is honest: it goes through the same protocol as the real backends, keeps per-job state,
 is idempotent on submit, writes the files a job would write into a real results directory on
@@ -12,11 +14,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import BackendError
-from ..tier import ClusterFacts
-from .backend import FailureAnalysis, JobDocuments, JobStatus, Submission
-from .plan import LaunchPlan
-from .probe import CheckResult, Verdict, checklist
+from tao_data_io.errors import BackendError
+from tao_data_io.launch.backend import FailureAnalysis, JobDocuments, JobStatus, Submission
+from tao_data_io.launch.plan import LaunchPlan
+from tao_data_io.launch.probe import CheckResult, Verdict, checklist
+from tao_data_io.tier import ClusterFacts
 
 
 class FakeBackend:
@@ -42,7 +44,9 @@ class FakeBackend:
         return {"results_root": str(self.results_root)}
 
     def facts(self) -> ClusterFacts:
-        return ClusterFacts(backend="fake")
+        """The facts of a host-like backend (no claims, no cluster): the tier decision treats the
+        fake as it treats the local frame, whichever way ``stages_on_host`` is set."""
+        return ClusterFacts(backend="local")
 
     def preflight(self, plan: LaunchPlan, *, documents: JobDocuments | None = None) -> None:
         return None

@@ -1,0 +1,104 @@
+"""The backend registry and the settings models it builds backends from: each backend's settings
+are declared once (the backend records them, the registry rebuilds from that record, the block
+embeds them), a job record written before ``workdir_root`` became ``run_root`` still reaches its
+job, and a bad setting is the same usage error whichever way it was given."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from blocks import KubernetesTarget
+from tao_data_io.backends import SETTINGS, backend_for, settings_from
+from tao_data_io.commands.pipeline import BACKENDS
+from tao_data_io.errors import UsageError
+from tao_data_io.kubernetes.backend import KubernetesBackend
+from tao_data_io.kubernetes.settings import KubernetesSettings
+from tao_data_io.local.backend import LocalBackend
+from tao_data_io.local.settings import LocalSettings
+from tao_data_io.names import DNS_LABEL_RULE
+from tao_data_io.records import RecordStore
+from tao_data_io.steps import backend_of
+
+from .helpers import run_cli
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+KUBERNETES = {"namespace": "tao", "context": "prod", "pvc_claim": "tao-data", "credential_secret": "team-s3",
+              "image_pull_secret": "ngc-pull", "stager_image": "registry.example.com/stager:1", "ttl_seconds": 60,
+              "shm_size": "16Gi", "shards": 2, "node_selector": {"gpu": "a100"},
+              "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+              "records_url": "s3://tao-records/jobs/", "resync_seconds": 60, "results_budget": "4Gi"}
+
+
+@pytest.mark.parametrize(("platform", "config"), [
+    ("local", {"run_root": "/srv/tao/runs", "allow_network": True}),
+    ("kubernetes", KUBERNETES),
+], ids=["local", "kubernetes"])
+def test_a_backends_recorded_config_is_its_settings_and_rebuilds_an_equal_backend(platform: str,
+                                                                                 config: dict[str, Any]) -> None:
+    backend = backend_for(platform, config)
+    assert backend.config() == config  # every setting recorded, none dropped, none added
+    again = backend_for(platform, backend.config())
+    assert type(again) is type(backend) and again.config() == backend.config()
+
+
+def test_the_backends_are_built_from_their_settings_model() -> None:
+    local, kubernetes = LocalSettings(run_root="/srv/runs"), KubernetesSettings(**KUBERNETES)
+    assert LocalBackend(local).settings == local and LocalBackend(local).config() == local.model_dump(mode="json")
+    assert KubernetesBackend(kubernetes).config() == kubernetes.model_dump(mode="json")
+    assert (LocalBackend.name, KubernetesBackend.name) == ("local", "kubernetes") == tuple(SETTINGS)
+
+
+def test_the_clis_backend_choices_are_the_registrys_platforms() -> None:
+    assert BACKENDS == tuple(SETTINGS)
+
+
+def test_an_old_local_record_with_workdir_root_rebuilds_its_backend(tmp_path: Path) -> None:
+    """Records written before the rename keep the run root as ``workdir_root``: migrated as they
+    are read; a run root given now (``--workdir`` on a later verb) wins over the recorded one."""
+    store = RecordStore(tmp_path / "jobs")
+    store.open(job_id="old-job", platform="local", image="tao", network_arch="dino", action="train",
+               results_dir="/results")
+    old = {"workdir_root": str(tmp_path / "runs"), "allow_network": True}
+    record = store.update("old-job", lambda current: current.model_copy(update={"backend_config": old}))
+    backend = backend_of(record)
+    assert isinstance(backend, LocalBackend)
+    assert backend.config() == {"run_root": str(tmp_path / "runs"), "allow_network": True}
+    assert backend_of(record, {"run_root": str(tmp_path / "elsewhere")}).config()["run_root"] == str(
+        tmp_path / "elsewhere")
+
+
+def test_the_fake_is_no_platform_of_the_product() -> None:
+    with pytest.raises(UsageError, match="platform 'fake' is not a backend: use local or kubernetes"):
+        backend_for("fake", {"results_root": "/tmp/results"})
+
+
+def test_a_bad_namespace_is_one_usage_error_from_the_registry_the_block_and_the_cli(tmp_path: Path) -> None:
+    refusal = f"namespace 'Tao' is not a DNS label: {DNS_LABEL_RULE}"
+    with pytest.raises(UsageError) as raised:
+        backend_for("kubernetes", {"namespace": "Tao"})
+    assert str(raised.value) == f"the kubernetes backend's settings:\n  namespace: {refusal}"
+    with pytest.raises(ValidationError) as in_block:  # Prefect builds blocks with pydantic: its error, our cause
+        KubernetesTarget(settings={"namespace": "Tao"})
+    cause = in_block.value.errors()[0]["ctx"]["error"]
+    assert isinstance(cause, UsageError) and str(cause) == refusal
+    shell = run_cli("submit", "--backend", "kubernetes", "--namespace", "Tao", "--request",
+                    str(EXAMPLES / "tier-c.yaml"), env={"HOME": str(tmp_path)})
+    assert shell.returncode == 2 and f"--{refusal}" in shell.stderr  # the field, shown as its flag
+
+
+def test_each_refused_setting_is_named_and_no_input_is_echoed() -> None:
+    with pytest.raises(UsageError) as raised:
+        settings_from("kubernetes", {"ttl_seconds": "an hour", "shards": 0})
+    message = str(raised.value)
+    assert "ttl_seconds: Input should be a valid integer" in message and "shards: shards 0 must be 1 to 1000" in message
+    assert "an hour" not in message
+    with pytest.raises(UsageError, match="unknown field 'kubeconfig'"):  # its path stays on the machine that submits
+        settings_from("kubernetes", {"kubeconfig": "/home/me/.kube/config"})
+    with pytest.raises(UsageError, match="run_root: 'runs' is not absolute"):
+        settings_from("local", {"run_root": "runs"})
+    with pytest.raises(UsageError, match="unknown field 'run_roots': did you mean 'run_root'"):
+        settings_from("local", {"run_roots": "/srv/runs"})
