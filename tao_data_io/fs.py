@@ -659,3 +659,31 @@ def file_digest(path: str | os.PathLike[str], algorithm: str) -> str:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def read_job_file(directory: Path, name: str, *, limit: int) -> bytes | None:
+    """The last ``limit`` bytes of the regular file ``name`` in ``directory``, a directory a job
+    writes (its results); None when there is no such regular file.
+
+    Why so careful: the job controls what is there. A symlink named ``name`` (to ``~/.aws/…``)
+    would make this process read — and a flow show — whatever it can read; a FIFO would block it
+    for good. So the directory is walked without following a link (:func:`open_directory_nofollow`),
+    the file is opened ``O_NOFOLLOW | O_NONBLOCK`` and read only if ``fstat`` says it is regular,
+    and never more than ``limit`` bytes."""
+    try:
+        directory_fd = open_directory_nofollow(directory, what="a job's results directory")
+    except (OSError, UnsafePathError):
+        return None
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory_fd)
+    except OSError:  # absent, a link (ELOOP), a socket (ENXIO)
+        return None
+    finally:
+        os.close(directory_fd)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        return os.pread(fd, limit, max(0, info.st_size - limit))
+    finally:
+        os.close(fd)

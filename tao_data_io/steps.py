@@ -11,6 +11,7 @@ and backend modules do.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -18,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from .credentials import Redactor
-from .errors import UsageError
+from .errors import TaoDataIOError, UsageError
 from .backends import backend_for
 from .launch.backend import Backend, FailureAnalysis, JobDocuments, JobStatus, Submission
 from .launch.plan import LaunchPlan
 from .names import mint_job_id
 from .launch.probe import Verdict
+from .launch.training import TrainingStatus, read_training_status
 from .outputs import Kind, UploadOutcome, upload_results
 from .records import TERMINAL_STATES, JobRecord, RecordStore, open_for
 from .records.from_request import request_digest
@@ -41,6 +43,10 @@ from .vocabulary import (
 )
 
 DEFAULT_LOG_TAIL = 100
+#: The most lines of a job's log one look shows (a job printing faster is shown its newest).
+MAX_LOG_LINES = 200
+
+log = logging.getLogger(__name__)
 
 Say = Callable[[str], None]
 
@@ -226,9 +232,14 @@ def look(job_id: str, backend: Backend, store: RecordStore) -> JobStatus:
 
 
 def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seconds: float = DEFAULT_POLL_SECONDS,
-                 timeout: float | None = None, say: Say | None = None) -> JobStatus:
+                 timeout: float | None = None, say: Say | None = None, on_log: Say | None = None,
+                 on_training: Callable[[TrainingStatus], None] | None = None) -> JobStatus:
     """Poll until the job is terminal (long PENDING is normal: no timeout unless one is given),
-    saying each change; writes nothing — :func:`record_end` records the end.
+    saying each change; records nothing of the end — :func:`record_end` does.
+
+    At each look, ``on_log`` gets what the job printed since the last (its cursor kept in the
+    record, so a restarted watcher goes on where this one stopped) and ``on_training`` what TAO's
+    ``status.json`` says when it changed (see :func:`watch_training`).
 
     ``poll_seconds`` is the longest pause between two looks: the pauses start at a second and
     double up to it, so a job that ends in seconds is seen in seconds and one that trains for
@@ -239,8 +250,10 @@ def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seco
     started = time.monotonic()
     last = None
     pause = min(FIRST_POLL_SECONDS, poll_seconds)
+    training: list[TrainingStatus | None] = [None]
     while True:
         status = look(job_id, backend, store)
+        watch_training(job_id, backend, store, on_log=on_log, on_training=on_training, shown=training)
         if status.terminal:
             return status
         if say is not None and status.describe() != last:
@@ -250,6 +263,42 @@ def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seco
             return status
         time.sleep(pause)
         pause = min(pause * 2, poll_seconds)
+
+
+def watch_training(job_id: str, backend: Backend, store: RecordStore, *, on_log: Say | None = None,
+                   on_training: Callable[[TrainingStatus], None] | None = None,
+                   shown: list[TrainingStatus | None] | None = None) -> None:
+    """One look at what the job is saying: the log since the record's cursor to ``on_log`` (at
+    most :data:`MAX_LOG_LINES` lines a look; the cursor then moves on in the record), and TAO's
+    progress to ``on_training`` when it differs from ``shown[0]``. Never raises over what it
+    reads: a display must not fail the watch of the job it describes."""
+    record = store.get(job_id)
+    if record.backend_ref is None:
+        return
+    try:
+        if on_log is not None:
+            chunk = backend.follow_logs(record.backend_ref, record.log_cursor)
+            if chunk.text:
+                on_log(_capped(job_id, chunk.text))
+            if chunk.cursor != record.log_cursor:
+                store.update(job_id, lambda current: current.model_copy(update={"log_cursor": chunk.cursor}))
+        if on_training is not None:
+            status = read_training_status(backend.training_status(record.backend_ref))
+            if status is not None and (shown is None or status != shown[0]):
+                on_training(status)
+                if shown is not None:
+                    shown[0] = status
+    except TaoDataIOError as exc:  # a pod not started yet, a log already gone: the next look tries again
+        log.debug("job %s: nothing to show this time: %s", job_id, exc)
+
+
+def _capped(job_id: str, text: str) -> str:
+    lines = text.splitlines()
+    if len(lines) <= MAX_LOG_LINES:
+        return "\n".join(lines)
+    skipped = len(lines) - MAX_LOG_LINES
+    return "\n".join([f"[{skipped:,} earlier lines of job {job_id} not shown here; its whole log has them]",
+                      *lines[-MAX_LOG_LINES:]])
 
 
 def upload_job_results(job_id: str, backend: Backend, store: RecordStore, *, kind: Kind = "upload",

@@ -20,18 +20,26 @@ from tao_data_io.outputs import UploadOutcome
 from tao_data_io.records import JobRecord, RecordStore
 from tasks.masking import run_mask
 from tasks.policy import QUICK, TRANSFER, WAIT, step
-from tasks.progress import ProgressArtifact
+from tasks.progress import ProgressArtifact, TrainingArtifacts
 from tasks.reports import failure_report as failure_markdown
 from tasks.reports import upload_report
 
 
 @step("wait-for-end", timeout_seconds=WAIT, task_run_name="wait-{job_id}")
 def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seconds: float,
-                 timeout: float | None = None, say: Any = None) -> JobStatus:
-    """Poll the backend every ``poll_seconds`` until the job is terminal (or ``timeout`` passed),
-    logging each change of state."""
+                 timeout: float | None = None, say: Any = None, on_log: Any = None,
+                 on_training: Any = None) -> JobStatus:
+    """Poll the backend until the job is terminal (or ``timeout`` passed), logging each change of
+    state and, as it arrives, what the job prints (masked by the run's log mask, like every run
+    log) — and keeping TAO's own progress current as artifacts."""
     logger = get_run_logger()
-    status = steps.wait_for_end(job_id, backend, store, poll_seconds=poll_seconds, timeout=timeout, say=logger.info)
+
+    def printed(text: str) -> None:
+        logger.info("job %s printed:\n%s", job_id, text)
+
+    with TrainingArtifacts(job_id) as training:
+        status = steps.wait_for_end(job_id, backend, store, poll_seconds=poll_seconds, timeout=timeout,
+                                    say=logger.info, on_log=printed, on_training=training.show)
     logger.info("job %s: %s", job_id, status.describe())
     return status
 

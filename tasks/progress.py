@@ -1,4 +1,5 @@
-"""A Prefect progress artifact fed by the core's progress callbacks — at most once a second.
+"""Prefect progress artifacts fed by the core: a transfer's, at most once a second, and a training
+job's own (:class:`TrainingArtifacts`, from TAO's ``status.json``).
 
 Why throttled: the core reports every completed file, possibly thousands a second, from its
 transfer threads; each artifact update is one HTTP call to the Prefect API (~9 ms against a
@@ -15,7 +16,10 @@ must never fail the transfer it describes.
 
 from __future__ import annotations
 
+import json
 import threading
+import time
+from collections.abc import Callable
 from types import TracebackType
 from uuid import UUID
 
@@ -24,7 +28,9 @@ from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
 from prefect.context import TaskRunContext
 
+from tao_data_io.launch.training import TrainingStatus
 from tao_data_io.reporting import Progress, ProgressCallback, human_size, throttled
+from tasks.reports import training_key
 
 UPDATES_PER_SECOND = 1.0
 
@@ -104,3 +110,75 @@ class ProgressArtifact:
         except Exception as exc:  # noqa: BLE001 - a progress bar never fails the transfer
             self._broken = True
             self._logger.warning("progress of %s is no longer shown: %s", self.what, exc)
+
+
+#: TAO's progress is shown at most this often: an epoch takes minutes, a look at the job seconds.
+TRAINING_UPDATE_SECONDS = 5.0
+
+
+class TrainingArtifacts:
+    """TAO's own progress while the job trains, from its ``status.json``: a progress artifact
+    (epochs done of max, time left, the newest KPIs) and a table artifact keyed
+    ``training-<job>`` with the KPIs epoch by epoch — created on the first report, then kept
+    current in place, at most once every :data:`TRAINING_UPDATE_SECONDS` (the newest report is
+    always shown on exit). Use as a context manager inside a task; pass :meth:`show` to the core.
+    Like :class:`ProgressArtifact`, a failed update is logged once and dropped."""
+
+    def __init__(self, job_id: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.job_id = job_id
+        self._clock = clock
+        context = TaskRunContext.get()
+        self._task_run_id = context.task_run.id if context else None
+        self._flow_run_id = context.task_run.flow_run_id if context else None
+        self._logger = get_run_logger()
+        self._client: SyncPrefectClient | None = None
+        self._progress_id: UUID | None = None
+        self._table_id: UUID | None = None
+        self._sent_at = float("-inf")
+        self._pending: TrainingStatus | None = None
+        self._broken = False
+
+    def __enter__(self) -> TrainingArtifacts:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._pending is not None:
+            self._send(self._pending)
+        if self._client is not None:
+            self._client.__exit__(None, None, None)
+            self._client = None
+
+    def show(self, status: TrainingStatus) -> None:
+        if self._clock() - self._sent_at < TRAINING_UPDATE_SECONDS:
+            self._pending = status
+            return
+        self._send(status)
+
+    def _send(self, status: TrainingStatus) -> None:
+        self._pending = None
+        self._sent_at = self._clock()
+        if self._broken:
+            return
+        line = f"training of job {self.job_id}: {status.describe()}"
+        rows = [{"epoch": epoch, **values} for epoch, values in sorted(status.kpi_by_epoch.items())]
+        try:
+            if self._client is None:
+                self._client = get_client(sync_client=True).__enter__()
+            percent = status.percent or 0.0
+            if self._progress_id is None:
+                self._progress_id = self._client.create_artifact(ArtifactCreate(
+                    type="progress", data=percent, description=line, task_run_id=self._task_run_id,
+                    flow_run_id=self._flow_run_id)).id
+            else:
+                self._client.update_artifact(self._progress_id, ArtifactUpdate(data=percent, description=line))
+            if rows and self._table_id is None:
+                self._table_id = self._client.create_artifact(ArtifactCreate(
+                    type="table", key=training_key(self.job_id), data=json.dumps(rows),
+                    description=f"KPIs of job {self.job_id}, epoch by epoch (TAO's status.json)",
+                    task_run_id=self._task_run_id, flow_run_id=self._flow_run_id)).id
+            elif rows and self._table_id is not None:
+                self._client.update_artifact(self._table_id, ArtifactUpdate(data=json.dumps(rows)))
+        except Exception as exc:  # noqa: BLE001 - a progress display never fails the job's watch
+            self._broken = True
+            self._logger.warning("the training progress of job %s is no longer shown: %s", self.job_id, exc)

@@ -63,6 +63,11 @@ def _short(text: str) -> str:
     return _DIGEST.sub(lambda match: match[0][:12] + "…", text)
 
 
+def training_key(job_id: str) -> str:
+    """The key of a job's KPI table artifact (the launch report names it)."""
+    return f"training-{job_id}"
+
+
 def launch_report(record: JobRecord, verdict: Verdict) -> str:
     """The tier and why, the output route, and the verify verdict per path."""
     lines = [f"# Job `{record.job_id}`: {'verified, running' if verdict.ok else 'NOT STARTED: verify failed'}", ""]
@@ -70,6 +75,9 @@ def launch_report(record: JobRecord, verdict: Verdict) -> str:
     route = record.output_route
     if route is not None:
         lines += ["", f"**Output route `{route.route}`** → `{route.destination}`: {route.reason or ''}"]
+    if verdict.ok:
+        lines += ["", f"**Training**: the collect run shows the job's log as it prints it, TAO's progress (epochs, "
+                      f"time left) and the KPIs epoch by epoch in the artifact `{training_key(record.job_id)}`"]
     said = verdict.describe()
     lines += ["", f"## {said[0].upper()}{said[1:]}", ""]
     if verdict.checks:

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from tao_data_io.errors import BackendError
-from tao_data_io.launch.backend import FailureAnalysis, JobDocuments, JobStatus, Submission
+from tao_data_io.fs import read_job_file
+from tao_data_io.launch.backend import FailureAnalysis, JobDocuments, JobStatus, LogChunk, Submission
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.launch.probe import CheckResult, Verdict, checklist
+from tao_data_io.launch.training import STATUS_FILE, STATUS_TAIL_BYTES
 from tao_data_io.tier import ClusterFacts
 
 
@@ -115,6 +117,17 @@ class FakeBackend:
 
     def results_path(self, ref: str) -> str | None:
         return str(self.results_root / ref.split("/", 1)[1])
+
+    def follow_logs(self, ref: str, cursor: str | None) -> LogChunk:
+        """One line per status poll so far: ``fake log line N``; the cursor is the lines shown."""
+        with self._lock:
+            printed = self._polls.get(ref, 0)
+        shown = int(cursor) if cursor and cursor.isdigit() else 0
+        return LogChunk(text="".join(f"fake log line {i}\n" for i in range(shown + 1, printed + 1)),
+                        cursor=str(max(shown, printed)))
+
+    def training_status(self, ref: str) -> bytes | None:
+        return read_job_file(Path(str(self.results_path(ref))), STATUS_FILE, limit=STATUS_TAIL_BYTES)
 
     def _write_results(self, ref: str) -> None:
         root = Path(str(self.results_path(ref)))

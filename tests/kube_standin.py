@@ -30,7 +30,7 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 import aiohttp.web
@@ -203,6 +203,9 @@ class ApiServer(kmock.KubernetesEmulator):
     control: ControlPlane = attrs.field(factory=lambda: ControlPlane())
     #: (namespace, pod, container) → its log.
     logs: dict[tuple[str, str, str], str] = attrs.field(factory=dict)
+    #: When each line of a log was written, as the kubelet stamps it (a line is stamped when the
+    #: stand-in first serves it; a log that grew gets later stamps for its new lines).
+    _log_times: dict[tuple[str, str, str], list[datetime]] = attrs.field(factory=dict)
     _versions: itertools.count = attrs.field(factory=lambda: itertools.count(1000))
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
@@ -296,8 +299,28 @@ class ApiServer(kmock.KubernetesEmulator):
                                               "reason": "BadRequest", "message": f'container "{container}" in pod '
                                               f'"{request.name}" is waiting to start: PodInitializing'}, status=400)
         lines = self.logs[key].splitlines(keepends=True)
+        times = self._log_times.setdefault(key, [])
+        while len(times) < len(lines):  # distinct, increasing stamps, as lines written one after another
+            times.append(max(datetime.now(timezone.utc), times[-1] + timedelta(microseconds=1)) if times
+                         else datetime.now(timezone.utc))
+        stamped = list(zip(times, lines))
+        # PodLogOptions (k8s.io/api/core/v1): sinceSeconds keeps lines written that recently,
+        # tailLines the last lines, timestamps prefixes each with its RFC 3339 time and a space,
+        # limitBytes cuts the answer at that many bytes (mid-line if it falls there).
+        since = request.params.get("sinceSeconds")
+        if since:
+            start = datetime.now(timezone.utc) - timedelta(seconds=int(since))
+            stamped = [(when, line) for when, line in stamped if when >= start]
         tail = request.params.get("tailLines")
-        return aiohttp.web.Response(text="".join(lines[-int(tail):] if tail else lines), content_type="text/plain")
+        if tail:
+            stamped = stamped[-int(tail):]
+        if request.params.get("timestamps") == "true":
+            text = "".join(f"{when.strftime('%Y-%m-%dT%H:%M:%S.%f')}Z {line}" for when, line in stamped)
+        else:
+            text = "".join(line for _, line in stamped)
+        limit = request.params.get("limitBytes")
+        body = text.encode()[:int(limit)] if limit else text.encode()
+        return aiohttp.web.Response(body=body, content_type="text/plain")
 
     async def _serve_list(self, request: kmock.Request) -> Any:
         result = await super()._serve_list(request)

@@ -396,12 +396,13 @@ def test_a_step_without_a_task_is_refused_by_name() -> None:
 # ----------------------------------------------------------------------------- the local frame
 def normalized(record: JobRecord, root: Path) -> dict[str, Any]:
     """A record with what must differ between two runs of one request taken out: the job id, times,
-    who wrote each change and who watches the job (a flow run), the directory each composition ran
+    who wrote each change, who watches the job and how far its log was followed (a flow does both),
+    the directory each composition ran
     in, and the backend's own settings (the local target allows no network by default, the CLI's
     backend does)."""
     text = record.model_dump_json().replace(record.job_id, "job-x").replace(str(root), "/root-of-the-run")
     data = JobRecord.model_validate_json(text).model_dump(mode="json")
-    data.pop("created_at"), data.pop("updated_at"), data.pop("backend_config"), data.pop("owner")
+    data.pop("created_at"), data.pop("updated_at"), data.pop("backend_config"), data.pop("owner"), data.pop("log_cursor")
     data["history"] = [(entry["state"], entry["message"]) for entry in data["history"]]
     for entry in data["uploads"]:
         for varying in ("at", "started_at", "results_dir"):

@@ -22,6 +22,7 @@ import yaml
 from tao_data_io import steps, verbs
 from tao_data_io.errors import BackendError, CredentialError, UsageError
 from tao_data_io.kubernetes.api import Api, ApiError, connect
+from tao_data_io.kubernetes.follow import new_lines
 from tao_data_io.kubernetes.apply import kinds
 from tao_data_io.kubernetes import pods as pod_reading
 from tao_data_io.kubernetes.backend import DEFAULT_IMAGE_PULL_TIMEOUT_S, KubernetesBackend
@@ -658,6 +659,30 @@ def test_collect_after_an_error_returns_the_log_tail_and_the_analysis(kube: Kube
     assert collected.failure is not None and collected.failure.err_class == "ERR_INFRA"
     assert collected.logs_tail == "epoch 1\nKilled\n"
     assert store_in(tmp_path).get("job-1").state == "ERROR"
+
+
+def test_following_the_log_shows_each_line_once_across_looks_and_watchers(kube: KubeStandIn, tmp_path: Path) -> None:
+    """The API server serves a log since a number of seconds, not from an offset: each look asks
+    a little more than the time since the newest line shown and keeps the newer lines only."""
+    kube.server.control.scripts["job-1"] = ["pulling", "staging", "verifying", "verified", "running"]
+    backend = make_backend()
+    done = submit(tmp_path, job_request(), backend)
+    pod = next(iter(ours(kube, "Pod")))
+    kube.server.logs[NAMESPACE, pod, "train"] = "".join(f"epoch {i}\n" for i in range(1, 4))
+    first = backend.follow_logs(done.backend_ref, None)
+    assert first.text == "epoch 1\nepoch 2\nepoch 3\n"
+    assert backend.follow_logs(done.backend_ref, first.cursor).text == ""  # nothing new: nothing again
+    kube.server.logs[NAMESPACE, pod, "train"] += "epoch 4\nepoch 5\n"
+    later = backend.follow_logs(done.backend_ref, first.cursor)  # another watcher, with the recorded cursor
+    assert later.text == "epoch 4\nepoch 5\n"
+
+
+def test_a_followed_line_cut_by_the_byte_limit_waits_for_the_next_look() -> None:
+    text = "2026-12-01T10:00:00.5Z one\n2026-12-01T10:00:01Z two\n2026-12-01T10:00:02.000000001Z thr"
+    assert new_lines(text, None) == (["one", "two"], "2026-12-01T10:00:01Z")
+    # Trailing zeros are dropped by the kubelet, so times compare as times, not as text.
+    assert new_lines("2026-12-01T10:00:00.5Z old\n2026-12-01T10:00:00.50001Z new\n", "2026-12-01T10:00:00.5Z") == (
+        ["new"], "2026-12-01T10:00:00.50001Z")
 
 
 # ----------------------------------------------------------------------------- reading pods (no server)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tao_data_io.errors import UsageError
-from tao_data_io.steps import VerifyFailed, current_status
+from tao_data_io.steps import VerifyFailed, current_status, wait_for_end
 from tao_data_io.verbs import cancel, collect, submit
 from tao_data_io.records import RecordStore, open_for
 from tao_data_io.request import parse_request
@@ -165,3 +165,17 @@ def test_a_job_canceled_before_it_launched_is_not_launched_by_a_later_submit(env
     with pytest.raises(UsageError, match="job-canceled-early was CANCELED before it launched"):
         submit(request, backend, store, staging_root=tmp_path / "work", environ=env)
     assert backend.started == [] and store.get("job-canceled-early").state == "CANCELED"
+
+
+def test_waiting_shows_what_the_job_prints_once_and_a_new_watcher_goes_on_where_the_last_stopped(
+        env: dict[str, str], bucket: str, tmp_path: Path) -> None:
+    store = RecordStore(tmp_path / "jobs")
+    backend = FakeBackend(tmp_path / "results", polls_until_done=6)
+    submit(_request(bucket, "job-watched"), backend, store, staging_root=tmp_path / "work", environ=env)
+    first: list[str] = []
+    wait_for_end("job-watched", backend, store, poll_seconds=0.01, timeout=0, on_log=first.append)
+    assert first == ["fake log line 1"]
+    assert store.get("job-watched").log_cursor == "1"
+    again: list[str] = []  # another watcher (a worker restarted): what is new, not the whole log again
+    assert wait_for_end("job-watched", backend, store, poll_seconds=0.01, on_log=again.append).state == "COMPLETE"
+    assert "\n".join(again).splitlines() == [f"fake log line {i}" for i in range(2, 7)]

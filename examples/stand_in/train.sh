@@ -83,11 +83,16 @@ if [ "$rank" = 0 ]; then
   mkdir -p "$results/.tao" || fail 2 "cannot write to the results directory $results"
 fi
 
-event() {  # status, epoch, message
+event() {  # status, epoch, message[, extra JSON members]: one line as TAO's status logger writes it
   $writer || return 0
-  printf '{"date": "%s", "status": "%s", "epoch": %s, "max_epoch": %s, "message": "%s"}\n' \
-    "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$1" "$2" "$epochs" "$3" >> "$results/status.json"
+  printf '{"date": "%s", "time": "%s", "status": "%s", "verbosity": "INFO", "epoch": %s, "max_epoch": %s, "message": "%s"%s}\n' \
+    "$(date -u +%-m/%-d/%Y)" "$(date -u +%-H:%-M:%-S)" "$1" "$2" "$epochs" "$3" "${4:-}" >> "$results/status.json"
   printf '%s %s epoch %s/%s: %s\n' "$(date -u +%H:%M:%S)" "$1" "$2" "$epochs" "$3" >> "$results/train.log"
+}
+
+kpis() {  # epoch: a loss that falls and an accuracy that rises, with the epoch's time and what is left
+  awk -v e="$1" -v n="$epochs" -v s="$epoch_seconds" 'BEGIN {
+    printf ", \"time_per_epoch\": %s, \"eta\": %s, \"kpi\": {\"loss\": %.4f, \"accuracy\": %.4f}", s, (n - e) * s, 1 / (e + 1), 1 - 1 / (e + 2) }'
 }
 
 event STARTED 0 "training started"
@@ -99,7 +104,7 @@ while [ "$epoch" -le "$epochs" ]; do
     mv "$results/.checkpoint.partial" "$results/checkpoint_epoch_$epoch.pth"
     printf '{"last_epoch": %s}\n' "$epoch" > "$results/.tao/state.json"
   fi
-  event RUNNING "$epoch" "epoch $epoch done"
+  event RUNNING "$epoch" "epoch $epoch done" "$(kpis "$epoch")"
   say "epoch $epoch/$epochs done"
   if [ "$epoch" = "${FAIL_AFTER_EPOCH:-}" ]; then
     event FAILURE "$epoch" "told to fail after epoch $epoch"

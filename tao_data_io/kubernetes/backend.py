@@ -22,14 +22,24 @@ upload sidecar or stay on the claim: ``results_path`` is None.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping
 from contextlib import suppress
+from datetime import datetime, timezone
 from typing import Any
 
 from ..credentials import forwarded_values
 from ..errors import UsageError, is_retryable
-from ..launch.backend import DEFAULT_VERIFY_TIMEOUT_S, FailureAnalysis, JobDocuments, JobStatus, Submission
+from ..launch.backend import (
+    DEFAULT_VERIFY_TIMEOUT_S,
+    FOLLOW_BYTES,
+    FailureAnalysis,
+    JobDocuments,
+    JobStatus,
+    LogChunk,
+    Submission,
+)
 from ..launch.plan import LaunchPlan
 from ..launch.probe import Verdict, read_checklist
 from ..names import check_backend_ref, object_names
@@ -38,6 +48,7 @@ from . import pods as pod_reading
 from .api import Api, ApiError, connect
 from .apply import adopt, create, creation_order, kinds, secret_object, step_of, training_job
 from .facts import cluster_facts
+from .follow import FIRST_LINES, new_lines, read_cursor, since_seconds
 from .gates import check_access, check_claim, check_gpus, check_secrets, check_version, dry_run, needed_access
 from .render import JOB_ID_LABEL, MANAGED_BY, RenderedJob, read_config, render_job
 from .settings import KubernetesSettings
@@ -216,6 +227,43 @@ class KubernetesBackend:
             prefix = f"[rank {pod_reading.rank(pod)}] " if indexed else ""
             parts += [prefix + line + "\n" for line in text.splitlines()]
         return "".join(parts)
+
+    def follow_logs(self, ref: str, cursor: str | None) -> LogChunk:
+        """What each training pod printed since ``cursor`` (the newest time shown per pod; see
+        :mod:`.follow`), ``[rank N]`` before every line of a multi-node job. A pod whose
+        container has not started yet, or is gone, gives nothing this time."""
+        namespace, name = self._ref(ref)
+        api = self._api()
+        shown = read_cursor(cursor)
+        found = list_pods(api, namespace, name, "train")
+        indexed = any(pod_reading.COMPLETION_INDEX in (p["metadata"].get("annotations") or {}) for p in found)
+        now = datetime.now(timezone.utc)
+        parts: list[str] = []
+        for pod in found:
+            pod_name = pod["metadata"]["name"]
+            last = shown.get(pod_name)
+            since = since_seconds(last, now)
+            window = {"since_seconds": since} if since is not None else {"tail_lines": FIRST_LINES}
+            try:
+                text = api.call(f"following the log of pod {namespace}/{pod_name}", api.core.read_namespaced_pod_log,
+                                pod_name, namespace, container=pod_reading.TRAIN, text=True, timestamps=True,
+                                limit_bytes=FOLLOW_BYTES, **window)
+            except ApiError as exc:
+                if exc.status in (400, 404):  # not started yet, or already gone
+                    continue
+                raise
+            lines, newest = new_lines(text, last)
+            if newest is not None:
+                shown[pod_name] = newest
+            prefix = f"[rank {pod_reading.rank(pod)}] " if indexed else ""
+            parts += [prefix + line + "\n" for line in lines]
+        return LogChunk(text="".join(parts), cursor=json.dumps(shown, sort_keys=True))
+
+    def training_status(self, ref: str) -> bytes | None:
+        """Not read from a cluster yet: ``status.json`` lives in the pod (or on the claim), and the
+        sidecar that would follow it into a log this process can read is still to come; the
+        collect run shows the job's own log meanwhile."""
+        return None
 
     def cancel(self, ref: str) -> bool:
         """Foreground delete of every object labelled with the job (the Jobs first; a pre-created

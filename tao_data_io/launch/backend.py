@@ -84,6 +84,22 @@ class FailureAnalysis(Strict):
         return f"{self.err_class}: {self.reason} — {self.suggestion}"
 
 
+#: The most of a job's log one look returns (per rank): a job that prints faster than the
+#: flow looks is shown in pieces, never all at once.
+FOLLOW_BYTES = 64 * 1024
+#: Where following a log starts when it has not been followed before: its last few lines.
+FOLLOW_START_BYTES = 8 * 1024
+
+
+class LogChunk(Strict):
+    """What a job printed since a cursor: whole lines (``[rank N]`` before each when there are
+    several ranks), and the cursor the next look starts from — opaque to the caller, kept in the
+    job's record so a watcher that restarts goes on where the last one stopped."""
+
+    text: str
+    cursor: str
+
+
 class Submission(Strict):
     """What ``submit`` made: the backend's handle on the job, recorded as ``backend_ref``."""
 
@@ -161,4 +177,15 @@ class Backend(Protocol):
     def results_path(self, ref: str) -> str | None:
         """Where this machine can read the job's results directory, or None when the backend
         moves the results itself (a tier C upload sidecar) or they live only in the cluster."""
+        ...
+
+    def follow_logs(self, ref: str, cursor: str | None) -> LogChunk:
+        """Whole lines the job printed since ``cursor`` (None: its last few lines), at most
+        :data:`FOLLOW_BYTES` per rank, and the cursor for the next look."""
+        ...
+
+    def training_status(self, ref: str) -> bytes | None:
+        """The tail of TAO's ``status.json`` in the job's results
+        (:data:`~tao_data_io.launch.training.STATUS_TAIL_BYTES` at most), or None while there is
+        none. The file is the job's: read without following a link or blocking on a FIFO."""
         ...

@@ -18,6 +18,7 @@ CLI call, a restarted Prefect worker — can follow a job submitted by another.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import signal
@@ -31,8 +32,18 @@ from typing import Any
 
 from ..credentials import forwarded_values
 from ..errors import BackendError, UsageError
-from ..fs import file_lock, remove_if_exists
-from ..launch.backend import DEFAULT_VERIFY_TIMEOUT_S, FailureAnalysis, JobDocuments, JobStatus, Submission
+from ..fs import file_lock, read_job_file, remove_if_exists
+from ..launch.backend import (
+    DEFAULT_VERIFY_TIMEOUT_S,
+    FOLLOW_BYTES,
+    FOLLOW_START_BYTES,
+    FailureAnalysis,
+    JobDocuments,
+    JobStatus,
+    LogChunk,
+    Submission,
+)
+from ..launch.training import STATUS_FILE, STATUS_TAIL_BYTES
 from ..launch.plan import LaunchPlan
 from ..launch.probe import Verdict
 from ..names import is_job_id
@@ -42,7 +53,7 @@ from ..vocabulary import DEFAULT_RECORDS_ROOT, DEFAULT_WORKDIR, JOBS_DIR_VARIABL
 from .preflight import (BWRAP_INSTALL, NSENTER_INSTALL, SourceRules, check_binds, check_paths, check_sandbox,
                         find_tool, needs_nsenter)
 from .process import ProcessId
-from .rundir import Canceled, ExitRecord, Launch, RunDir
+from .rundir import Canceled, ExitRecord, Launch, RunDir, lines_since
 from .sandbox import FRAME_LANG, FRAME_PATH, frame_binds, host_system_dirs
 from .settings import LocalSettings
 from .supervisor import credentials_env
@@ -211,6 +222,26 @@ class LocalBackend:
         launch = run.launch() if run is not None else None
         return launch.results_host if launch is not None else None
 
+    def follow_logs(self, ref: str, cursor: str | None) -> LogChunk:
+        """What each rank printed since ``cursor`` (a byte offset per rank's log, which lives in
+        the run directory, out of the job's reach)."""
+        run = self._known(ref)
+        if run is None:
+            raise UsageError(f"{ref} is not known to the local backend under {self.run_root}")
+        launch = run.launch()
+        assert launch is not None
+        offsets = _offsets(cursor)
+        parts: list[str] = []
+        for rank in range(launch.plan.nodes):
+            text, offsets[str(rank)] = lines_since(run.rank_log(rank), offsets.get(str(rank)), limit=FOLLOW_BYTES,
+                                                   start_bytes=FOLLOW_START_BYTES)
+            parts += [f"[rank {rank}] {line}\n" for line in text.splitlines()] if launch.plan.nodes > 1 else [text]
+        return LogChunk(text="".join(parts), cursor=json.dumps(offsets, sort_keys=True))
+
+    def training_status(self, ref: str) -> bytes | None:
+        results = self.results_path(ref)
+        return None if results is None else read_job_file(Path(results), STATUS_FILE, limit=STATUS_TAIL_BYTES)
+
     # ------------------------------------------------------------------ cancel
     def cancel(self, ref: str) -> bool:
         """Ask the supervisor to end every frame (SIGTERM) and wait for it; whatever is still
@@ -348,3 +379,12 @@ def _homes() -> list[Path]:
 
 def _real(path: Path) -> Path:
     return Path(os.path.realpath(path))
+
+
+def _offsets(cursor: str | None) -> dict[str, int]:
+    """A cursor of :meth:`LocalBackend.follow_logs` read back; anything else starts afresh."""
+    try:
+        data = json.loads(cursor) if cursor else {}
+    except ValueError:
+        return {}
+    return {str(k): v for k, v in data.items() if isinstance(v, int) and v >= 0} if isinstance(data, dict) else {}

@@ -161,6 +161,30 @@ class RunDir:
         return b"".join(kept).decode("utf-8", "replace")
 
 
+def lines_since(path: Path, offset: int | None, *, limit: int, start_bytes: int) -> tuple[str, int]:
+    """The whole lines of a log from byte ``offset`` (None: the last lines within ``start_bytes``)
+    up to ``limit`` bytes, and the offset after them. A line still being written waits for the
+    next look, unless it alone fills ``limit``; a log that shrank (replaced) is read from its start."""
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        return "", offset or 0
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        fresh = offset is None
+        start = max(0, size - start_bytes) if offset is None else offset if offset <= size else 0
+        handle.seek(start)
+        data = handle.read(limit)
+    if fresh and start > 0:  # the first line is cut by where the look starts
+        newline = data.find(b"\n")
+        start, data = (start + newline + 1, data[newline + 1:]) if newline >= 0 else (start + len(data), b"")
+    end = data.rfind(b"\n")
+    if end < 0 and len(data) < limit:
+        return "", start
+    taken = data if end < 0 else data[:end + 1]
+    return taken.decode("utf-8", "replace"), start + len(taken)
+
+
 def _read(path: Path, model: type[_Model]) -> _Model | None:
     try:
         data = path.read_bytes()

@@ -145,6 +145,9 @@ class JobRecord(_Stored):
     #: of the flow that submitted or last collects it). A watcher that was canceled means the job
     #: should be; a watcher that crashed means nothing — the next collect takes over.
     owner: str | None = None
+    #: Where following the job's log got to (the backend's cursor: byte offsets, timestamps), so a
+    #: watcher that restarts shows what is new, not the whole log again.
+    log_cursor: str | None = None
 
     @model_validator(mode="after")
     def _no_credential_values(self) -> JobRecord:

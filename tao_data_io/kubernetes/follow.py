@@ -1,0 +1,76 @@
+"""Following a pod's log between looks: which lines are new since the last one shown.
+
+Why timestamps: the API server serves a container's log from the start, the tail, or since a
+number of seconds — not from an offset. With ``timestamps=true`` each line starts with the
+kubelet's RFC 3339 time, so a look asks for a little more than the time since the last line it
+showed (clocks differ; a margin costs a few repeated lines, which are dropped here) and keeps
+only lines newer than that one. The cursor is the newest time shown per pod, kept in the job's
+record, so a watcher that restarts goes on where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timezone
+
+#: Seconds asked for beyond the time since the last line shown (clock skew, a slow look).
+MARGIN_SECONDS = 60
+#: Lines a first look at a pod shows: the latest few, not a day of output.
+FIRST_LINES = 50
+
+
+def stamp(text: str) -> tuple[datetime, int] | None:
+    """An RFC 3339 time as the kubelet writes it (nanoseconds, trailing zeros dropped, ``Z``),
+    as something that orders correctly; None when ``text`` is not one."""
+    if not text.endswith("Z"):
+        return None
+    whole, _, fraction = text[:-1].partition(".")
+    try:
+        when = datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+    if fraction and not fraction.isdigit():
+        return None
+    return when, int((fraction or "0").ljust(9, "0")[:9])
+
+
+def new_lines(text: str, last: str | None) -> tuple[list[str], str | None]:
+    """The lines of a ``timestamps=true`` log newer than ``last`` (without their time), and the
+    newest time among them (``last`` when none is newer). A line cut by ``limitBytes`` at the end
+    waits for the next look."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    elif lines:
+        lines.pop()  # no newline at the end: cut short
+    after = stamp(last) if last else None
+    shown: list[str] = []
+    newest = last
+    for line in lines:
+        head, _, rest = line.partition(" ")
+        when = stamp(head)
+        if when is None:
+            continue
+        if after is not None and when <= after:
+            continue
+        shown.append(rest)
+        newest, after = head, when
+    return shown, newest
+
+
+def since_seconds(last: str | None, now: datetime) -> int | None:
+    """What to ask for after ``last`` (None: a first look, which asks for the tail instead)."""
+    when = stamp(last) if last else None
+    if when is None:
+        return None
+    return max(1, math.ceil((now - when[0]).total_seconds()) + MARGIN_SECONDS)
+
+
+def read_cursor(cursor: str | None) -> dict[str, str]:
+    """Pod name → the newest time shown; anything else starts afresh."""
+    try:
+        data = json.loads(cursor) if cursor else {}
+    except ValueError:
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(data, dict) else {}

@@ -1,0 +1,54 @@
+"""Watching a job from Prefect while it trains: the collect run shows what the job prints as it
+prints it (in order, once) and TAO's own progress from its status.json — a progress artifact
+(epochs of max, time left, KPIs) and a KPI table epoch by epoch — for a real job in the local
+frame."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+from flows.collect import collect_tao_job
+from flows.submit import submit_tao_job
+from tasks.reports import training_key
+
+from .helpers import wait_for
+from .test_flows import artifacts, by_key, env, local_target, records_block, stand_in_request  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def test_the_collect_run_shows_the_jobs_log_and_taos_progress_while_it_trains(
+        env: dict[str, str], bucket: str, sandbox: None, tmp_path: Path) -> None:
+    target, records = local_target(tmp_path), records_block(tmp_path / "jobs")
+    request = stand_in_request(bucket, "watched-job")
+    request["environment"] = {**request["environment"], "EPOCHS": "6", "EPOCH_SECONDS": "0.4"}
+    assert submit_tao_job(request, target=target, records=records, return_state=True).is_completed()
+    state = collect_tao_job("watched-job", target=target, records=records, poll_seconds=0.3, return_state=True)
+    assert state.is_completed(), state.message
+
+    def printed_logs() -> list[str] | None:  # the run's logs reach the server a moment after the run returns
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
+                any_=[state.state_details.flow_run_id])))
+        found = [log.message for log in sorted(logs, key=lambda log: log.timestamp) if "printed:" in log.message]
+        return found if any("epoch 6/6 done" in message for message in found) else None
+
+    printed = wait_for("the job's last lines in the run's logs", printed_logs)
+    assert len(printed) >= 2  # shown as it came, not once at the end
+    lines = [line for message in printed for line in message.splitlines()[1:]]
+    epochs = [line for line in lines if "epoch" in line and "done" in line and line.startswith("train.sh")]
+    assert epochs == [f"train.sh[rank 0]: epoch {n}/6 done" for n in range(1, 7)]  # in order, each once
+
+    found = artifacts(state)
+    progress = [a for a in found if a.type == "progress" and "training of job watched-job" in (a.description or "")]
+    assert len(progress) == 1 and progress[0].data == 100.0
+    assert "epoch 6 of 6" in str(progress[0].description) and "SUCCESS" in str(progress[0].description)
+    table = json.loads(str(by_key(found, training_key("watched-job")).data))
+    assert [row["epoch"] for row in table] == [1, 2, 3, 4, 5, 6]
+    assert all(set(row) == {"epoch", "loss", "accuracy"} for row in table)
+    assert table[0]["loss"] > table[-1]["loss"]

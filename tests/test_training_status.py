@@ -1,0 +1,74 @@
+"""Reading TAO's status.json: what a container appends while it trains, folded into one status —
+the newest values winning, unknown fields ignored, a half-written last line left for the next
+read, and never an exception, whatever the job wrote there."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tao_data_io.launch.training import KPI_EPOCHS, read_training_status
+
+
+def lines(*events: dict[str, object]) -> bytes:
+    return b"".join(json.dumps(event).encode() + b"\n" for event in events)
+
+
+def test_the_newest_event_wins_and_kpis_are_kept_epoch_by_epoch() -> None:
+    status = read_training_status(lines(
+        {"date": "12/1/2026", "time": "9:5:3", "status": "STARTED", "verbosity": "INFO", "message": "Starting"},
+        {"status": "RUNNING", "epoch": 1, "max_epoch": 4, "time_per_epoch": "0:02:00", "kpi": {"loss": 0.9},
+         "graphical": {"mAP": 0.1}, "network_specific": {"ignored": [1, 2]}},
+        {"status": "RUNNING", "epoch": 2, "max_epoch": 4, "kpi": {"loss": 0.5, "mAP": 0.3}}))
+    assert status is not None
+    assert (status.status, status.epoch, status.max_epoch, status.percent) == ("RUNNING", 2, 4, 50.0)
+    assert status.kpi == {"loss": 0.5, "mAP": 0.3}
+    assert status.kpi_by_epoch == {1: {"loss": 0.9, "mAP": 0.1}, 2: {"loss": 0.5, "mAP": 0.3}}
+    assert status.eta_seconds == 240.0  # two epochs left at two minutes each
+    assert status.describe() == "epoch 2 of 4, about 4m left, loss 0.5, mAP 0.3 (RUNNING)"
+
+
+def test_the_networks_own_eta_wins_and_success_is_complete() -> None:
+    status = read_training_status(lines({"status": "RUNNING", "epoch": 3, "max_epoch": 10, "eta": "1 day, 2:00:00",
+                                         "time_per_epoch": 60}))
+    assert status is not None and status.eta_seconds == 93600.0
+    done = read_training_status(lines({"status": "SUCCESS", "epoch": 9, "max_epoch": 10,
+                                       "message": "Train finished successfully."}))
+    assert done is not None and done.percent == 100.0 and "about" not in done.describe()
+
+
+def test_a_half_written_last_line_and_noise_are_left_alone() -> None:
+    data = b'garbage\n[1, 2]\n{"status": "RUNNING", "epoch": 1, "max_epoch": 2}\n{"status": "RUNNING", "epo'
+    status = read_training_status(data)
+    assert status is not None and status.epoch == 1
+    assert read_training_status(b"") is None and read_training_status(None) is None
+    assert read_training_status(b"not json\n{}\n") is None  # nothing a status event holds
+
+
+def test_only_the_last_epochs_are_kept_for_the_table() -> None:
+    events = [{"epoch": epoch, "max_epoch": 500, "kpi": {"loss": 1 / epoch}} for epoch in range(1, 201)]
+    status = read_training_status(lines(*events))
+    assert status is not None and sorted(status.kpi_by_epoch) == list(range(201 - KPI_EPOCHS, 201))
+
+
+def test_values_a_job_may_write_are_bounded_and_never_numbers_that_are_not() -> None:
+    status = read_training_status(lines({"epoch": True, "max_epoch": -3, "message": "m" * 10_000,
+                                         "kpi": {"nan": float("nan"), "ok": 1, "flag": True, "x" * 500: "y" * 500}}))
+    assert status is not None and status.epoch is None and status.max_epoch is None
+    assert len(status.message or "") <= 160 and "nan" not in status.kpi and "flag" not in status.kpi
+    assert status.kpi["ok"] == 1.0 and all(len(name) <= 80 and len(str(v)) <= 80 for name, v in status.kpi.items())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=2000) | st.lists(st.dictionaries(
+    st.sampled_from(["status", "epoch", "max_epoch", "eta", "time_per_epoch", "kpi", "message", "date"]),
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+    | st.dictionaries(st.text(max_size=5), st.floats() | st.text(max_size=5), max_size=3)), max_size=5).map(
+        lambda events: lines(*events)))
+def test_whatever_the_file_holds_the_reader_never_raises(data: bytes) -> None:
+    status = read_training_status(data)
+    if status is not None:
+        status.describe()
+        assert status.percent is None or 0.0 <= status.percent <= 100.0
