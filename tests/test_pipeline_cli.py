@@ -113,3 +113,13 @@ def test_an_empty_input_fails_verify_and_the_command_never_starts(env: dict[str,
     request.write_text(yaml.safe_dump(data))
     result = run_cli("submit", "--request", str(request), env=env)
     assert result.returncode == 2 and "not-here" in result.stderr
+
+
+def test_logs_follow_shows_what_the_job_prints_until_it_ends(env: dict[str, str], bucket: str,
+                                                              tmp_path: Path) -> None:
+    request = _request(tmp_path, bucket, "cli-follow", EPOCHS="4", EPOCH_SECONDS="0.5")
+    assert run_cli("submit", "--request", str(request), env=env).returncode == 0
+    followed = run_cli("logs", "--job-id", "cli-follow", "--follow", env=env)
+    assert followed.returncode == 0, followed.stderr
+    epochs = [line for line in followed.stdout.splitlines() if line.startswith("train.sh") and "done" in line]
+    assert epochs == [f"train.sh[rank 0]: epoch {n}/4 done" for n in range(1, 5)] + ["train.sh[rank 0]: done"]

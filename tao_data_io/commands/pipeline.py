@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from ..launch.backend import Backend
     from ..records import RecordStore
 
+#: How often ``logs --follow`` looks for new output.
+FOLLOW_SECONDS = 1.0
 BACKENDS = ("local", "kubernetes")
 
 
@@ -58,6 +60,8 @@ def register(verbs: Any) -> None:
     logs = add_verb(verbs, "logs", help="the last lines of a job's output (per rank for multi-node jobs)")
     _add_job(logs)
     logs.add_argument("--tail", type=_whole_number, default=100, metavar="N", help="lines to show (default 100)")
+    logs.add_argument("--follow", action="store_true",
+                      help="after the last lines, show what the job prints until it ends")
     logs.set_defaults(run=_logs)
 
     cancel = add_verb(verbs, "cancel", help="stop a job and everything it started; the record says CANCELED")
@@ -155,8 +159,24 @@ def _status(args: argparse.Namespace, console: Console) -> int:
 def _logs(args: argparse.Namespace, console: Console) -> int:
     store, backend, job_id = _job(args, console)
     ref = store.get(job_id).backend_ref
-    console.out(backend.logs(ref, args.tail).rstrip("\n") if ref else f"job {job_id} was never launched")
-    return 0
+    if ref is None:
+        console.out(f"job {job_id} was never launched")
+        return 0
+    if not args.follow:
+        console.out(backend.logs(ref, args.tail).rstrip("\n"))
+        return 0
+    import time
+
+    cursor = None
+    while True:  # each look after the job's end shows its last lines before the loop ends
+        ended = backend.status(ref).state not in ("PENDING", "RUNNING")  # over, or no longer known there
+        chunk = backend.follow_logs(ref, cursor)
+        if chunk.text:
+            console.out(chunk.text.rstrip("\n"))
+        cursor = chunk.cursor
+        if ended:
+            return 0
+        time.sleep(FOLLOW_SECONDS)
 
 
 def _cancel(args: argparse.Namespace, console: Console) -> int:
