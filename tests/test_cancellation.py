@@ -210,3 +210,21 @@ def _state(run_id: Any) -> Any:
 def _name(run_id: Any) -> str:
     with get_client(sync_client=True) as client:
         return client.read_flow_run(run_id).name
+
+
+def test_the_hook_of_a_run_that_no_longer_owns_the_job_leaves_it_alone(env: dict[str, str], bucket: str,
+                                                                        tmp_path: Path) -> None:
+    """A watcher's run that died (a zombie, later canceled by someone tidying up) must not cancel
+    the job a newer collect took over."""
+    target, records = fake_target(tmp_path, polls_until_done=10**6), records_block(tmp_path / "jobs")
+    first = submit_tao_job(fake_request(bucket, "taken-over"), target=target, records=records, return_state=True)
+    assert first.is_completed(), first.message
+    later = collect_tao_job("taken-over", target=target, records=records, poll_seconds=0.01, max_wait_seconds=0,
+                            return_state=True)
+    store = RecordStore(tmp_path / "jobs")
+    assert store.get("taken-over").owner == f"prefect-flow-run/{later.state_details.flow_run_id}"
+
+    cancel_owned_job(submit_tao_job, flow_run_of(first), Cancelling())
+    assert store.get("taken-over").state == "RUNNING"
+    cancel_owned_job(collect_tao_job, flow_run_of(later), Cancelling())  # the owner's own cancel still works
+    assert store.get("taken-over").state == "CANCELED"

@@ -6,7 +6,9 @@ frame."""
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prefect.client.orchestration import get_client
@@ -52,3 +54,42 @@ def test_the_collect_run_shows_the_jobs_log_and_taos_progress_while_it_trains(
     assert [row["epoch"] for row in table] == [1, 2, 3, 4, 5, 6]
     assert all(set(row) == {"epoch", "loss", "accuracy"} for row in table)
     assert table[0]["loss"] > table[-1]["loss"]
+
+
+def test_what_the_job_writes_in_status_json_is_masked_before_it_becomes_an_artifact(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's log mask covers the training artifacts too: status.json is the job's, and a job
+    may write what it is given into a message or a KPI."""
+    import logging
+
+    import tasks.progress as progress
+    from tao_data_io.launch.training import read_training_status
+    from tasks.masking import mask_run_logs
+
+    secret = "hf_" + "k" * 34
+    sent: list[Any] = []
+
+    class RecordingClient:  # what reaches the Prefect API, recorded instead of sent
+        def __enter__(self) -> RecordingClient:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def create_artifact(self, artifact: Any) -> Any:
+            sent.append(artifact)
+            return type("Created", (), {"id": uuid.uuid4()})()
+
+        def update_artifact(self, artifact_id: Any, artifact: Any) -> None:
+            sent.append(artifact)
+
+    monkeypatch.setattr(progress, "get_client", lambda sync_client: RecordingClient())
+    monkeypatch.setattr(progress, "get_run_logger", lambda: logging.getLogger("test"))
+    mask_run_logs({"HF_TOKEN": secret}, secret_names=["HF_TOKEN"])  # what the collect flow installs
+    status = read_training_status((json.dumps({"epoch": 1, "max_epoch": 2, "status": "RUNNING",
+                                               "message": f"login {secret}", "kpi": {secret: secret}}) + "\n").encode())
+    assert status is not None
+    with progress.TrainingArtifacts("job-1") as training:
+        training.show(status)
+    shown = " ".join(f"{artifact.description} {artifact.data}" for artifact in sent)
+    assert len(sent) == 2 and secret not in shown and "login" in shown

@@ -683,6 +683,25 @@ def test_a_followed_line_cut_by_the_byte_limit_waits_for_the_next_look() -> None
     # Trailing zeros are dropped by the kubelet, so times compare as times, not as text.
     assert new_lines("2026-12-01T10:00:00.5Z old\n2026-12-01T10:00:00.50001Z new\n", "2026-12-01T10:00:00.5Z") == (
         ["new"], "2026-12-01T10:00:00.50001Z")
+    # Lines written in the same instant are all new after an older cursor.
+    same = "2026-12-01T10:00:03Z a\n2026-12-01T10:00:03Z b\n2026-12-01T10:00:04Z c\n"
+    assert new_lines(same, "2026-12-01T10:00:02Z") == (["a", "b", "c"], "2026-12-01T10:00:04Z")
+
+
+def test_following_a_chatty_pod_keeps_showing_its_newest_lines(kube: KubeStandIn, tmp_path: Path) -> None:
+    """A pod printing more between two looks than one read returns: the newest lines are shown
+    and the cursor moves on (a read of the oldest part of the window would never catch up)."""
+    kube.server.control.scripts["job-1"] = ["pulling", "staging", "verifying", "verified", "running"]
+    backend = make_backend()
+    done = submit(tmp_path, job_request(), backend)
+    pod = next(iter(ours(kube, "Pod")))
+    kube.server.logs[NAMESPACE, pod, "train"] = "start\n"
+    first = backend.follow_logs(done.backend_ref, None)
+    kube.server.logs[NAMESPACE, pod, "train"] += "".join(f"progress {i:06d} {'=' * 80}\n" for i in range(5000))
+    looks = [backend.follow_logs(done.backend_ref, first.cursor)]
+    looks.append(backend.follow_logs(done.backend_ref, looks[-1].cursor))
+    assert "progress 004999" in looks[0].text and looks[0].cursor != first.cursor
+    assert looks[1].text == ""
 
 
 # ----------------------------------------------------------------------------- reading pods (no server)

@@ -11,7 +11,7 @@ import pytest
 
 from tao_data_io.errors import UsageError
 from tao_data_io.steps import VerifyFailed, current_status, wait_for_end
-from tao_data_io.verbs import cancel, collect, submit
+from tao_data_io.verbs import cancel, collect, resync, submit
 from tao_data_io.records import RecordStore, open_for
 from tao_data_io.request import parse_request
 
@@ -179,3 +179,63 @@ def test_waiting_shows_what_the_job_prints_once_and_a_new_watcher_goes_on_where_
     again: list[str] = []  # another watcher (a worker restarted): what is new, not the whole log again
     assert wait_for_end("job-watched", backend, store, poll_seconds=0.01, on_log=again.append).state == "COMPLETE"
     assert "\n".join(again).splitlines() == [f"fake log line {i}" for i in range(2, 7)]
+
+
+def test_a_job_that_launched_is_never_recorded_as_failed_before_launch(env: dict[str, str], bucket: str,
+                                                                      tmp_path: Path) -> None:
+    """Once the backend has started the job, its record names it (backend_ref) whatever fails
+    next — a verdict that never comes, a timeout — so cancel and collect still reach it."""
+    store = RecordStore(tmp_path / "jobs")
+
+    class VerdictNeverComes(FakeBackend):
+        def verify(self, ref: str, plan: Any, *, timeout: float = 600.0) -> Any:
+            raise TimeoutError("the verdict did not come in time")
+
+    backend = VerdictNeverComes(tmp_path / "results", polls_until_done=1000)
+    with pytest.raises(TimeoutError):
+        submit(_request(bucket, "job-launched"), backend, store, staging_root=tmp_path / "work", environ=env)
+    record = store.get("job-launched")
+    assert record.backend_ref == "fake/job-launched" and record.state == "PENDING"
+    assert cancel("job-launched", backend, store).record.state == "CANCELED"
+    assert backend.status("fake/job-launched").state == "CANCELED"
+
+
+def test_a_job_canceled_while_its_submit_launches_it_does_not_run(env: dict[str, str], bucket: str,
+                                                                  tmp_path: Path) -> None:
+    store = RecordStore(tmp_path / "jobs")
+
+    class CanceledMidLaunch(FakeBackend):
+        def preflight(self, plan: Any, *, documents: Any = None) -> None:  # a cancel from elsewhere, now
+            cancel(plan.job_id, self, store)
+
+    backend = CanceledMidLaunch(tmp_path / "results", polls_until_done=1000)
+    with pytest.raises(UsageError, match="CANCELED"):
+        submit(_request(bucket, "job-raced"), backend, store, staging_root=tmp_path / "work", environ=env)
+    assert store.get("job-raced").state == "CANCELED" and backend.started == []
+
+    class CanceledWhileStarting(FakeBackend):
+        def submit(self, plan: Any, **kwargs: Any) -> Any:
+            done = super().submit(plan, **kwargs)
+            cancel(plan.job_id, self, store)  # lands after the backend started it, before the record knows
+            return done
+
+    starting = CanceledWhileStarting(tmp_path / "results-2", polls_until_done=1000)
+    with pytest.raises(UsageError, match="CANCELED"):
+        submit(_request(bucket, "job-raced-2"), starting, store, staging_root=tmp_path / "work", environ=env)
+    assert store.get("job-raced-2").state == "CANCELED"
+    assert starting.status("fake/job-raced-2").state == "CANCELED"  # what started was stopped
+
+
+def test_an_orchestrator_that_cannot_answer_does_not_stop_the_other_resyncs(env: dict[str, str], bucket: str,
+                                                                            tmp_path: Path) -> None:
+    store = RecordStore(tmp_path / "jobs")
+    backend = FakeBackend(tmp_path / "results", polls_until_done=1000)
+    for job_id in ("job-a", "job-b"):
+        submit(_request(bucket, job_id), backend, store, staging_root=tmp_path / "work", environ=env,
+               owner="prefect-flow-run/00000000-0000-0000-0000-000000000001")
+
+    def abandoned(owner: str) -> bool:
+        raise ConnectionError("the orchestrator's API is unreachable")
+
+    result = resync(store, backend, abandoned=abandoned, environ=env, settle_seconds=0)
+    assert sorted(result.outcomes) == ["job-a", "job-b"] and result.canceled == []  # resynced, nothing canceled

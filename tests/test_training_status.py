@@ -5,6 +5,7 @@ read, and never an exception, whatever the job wrote there."""
 from __future__ import annotations
 
 import json
+import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -72,3 +73,15 @@ def test_whatever_the_file_holds_the_reader_never_raises(data: bytes) -> None:
     if status is not None:
         status.describe()
         assert status.percent is None or 0.0 <= status.percent <= 100.0
+
+
+def test_a_status_file_built_to_break_the_reader_is_only_not_shown() -> None:
+    """Deep nesting (RecursionError in json), numbers that make an endless ETA: no exception, and
+    what is shown stays finite."""
+    assert read_training_status(b"[" * 200_000 + b"\n") is None
+    for event in ({"status": "RUNNING", "epoch": 1, "max_epoch": 100, "time_per_epoch": 1e307},
+                  {"status": "RUNNING", "epoch": 1, "max_epoch": 100, "eta": "1e308:0"}):
+        status = read_training_status(lines(event))
+        assert status is not None and status.epoch == 1
+        assert status.eta_seconds is None or math.isfinite(status.eta_seconds)
+        status.describe()  # shown without an OverflowError
