@@ -1,5 +1,5 @@
 """What Prefect costs on top of the core: per flow and per task, the submit flow against the same
-steps through ``tao_data_io.steps``, and the resync flow against ``tao-data-io resync``.
+verb run directly (``tao_data_io.verbs``), and the resync flow against ``tao-data-io resync``.
 
 Everything runs against a local Prefect server (the test harness's: the same server app on
 127.0.0.1 with SQLite, analytics off) and the embedded SeaweedFS server, on this machine, A/B
@@ -166,7 +166,7 @@ def submit_comparison(work: Path, reps: int) -> list[str]:
     finally:
         hub.shutdown()
     base = statistics.median(times["verbs.submit"])
-    rows = ["| composition | wall time | vs pipeline |", "|---|---|---|"]
+    rows = ["| composition | wall time | vs the verb run directly |", "|---|---|---|"]
     rows += [f"| {name} | {median(values)} | +{statistics.median(values) - base:.2f}s |" for name, values in times.items()]
     return rows
 

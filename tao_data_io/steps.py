@@ -120,22 +120,38 @@ def route_outputs(store: RecordStore, job_id: str, environ: Mapping[str, str] | 
 
 
 def start(plan: LaunchPlan, backend: Backend, *, environ: Mapping[str, str] | None = None,
-          documents: JobDocuments | None = None, store: RecordStore | None = None) -> Submission:
+          documents: JobDocuments | None = None, store: RecordStore | None = None,
+          source: str = "cli") -> Submission:
     """Preflight and submit (idempotent: a retry for a job already submitted starts nothing). The
     verify probe runs first inside the frame; :func:`confirm` waits for its verdict. ``documents``
     (the request and record the plan was built from) go to a backend whose pods stage for
-    themselves."""
+    themselves.
+
+    The record names the backend's object (``backend_ref``) the moment the backend has started
+    it, before anything else can fail (a verdict that never comes, a timeout): a job that
+    launched is always one cancel and collect can reach. A cancel that landed while the backend
+    was starting it stops what started."""
     backend.preflight(plan, documents=documents)
     if store is None:
         return backend.submit(plan, environ=environ, documents=documents)
     _claim_launch(store, plan.job_id, backend, documents)
     try:
-        return backend.submit(plan, environ=environ, documents=documents)
+        submission = backend.submit(plan, environ=environ, documents=documents)
     except UsageError:
         # Refused as bad input (a forwarded variable not set here, an object someone else owns):
         # nothing of the job runs, so the claim goes and a fixed request may take the job over.
         _release_launch(store, plan.job_id)
         raise
+    try:
+        store.mark(plan.job_id, "PENDING", source=source, backend_ref=submission.backend_ref,
+                   message=f"launched as {submission.backend_ref}; waiting for the verdict from inside its frame")
+    except UsageError:
+        if store.get(plan.job_id).state != "CANCELED":
+            raise
+        backend.cancel(submission.backend_ref)
+        raise UsageError(f"job {plan.job_id} was CANCELED while it was being launched; what had started as "
+                         f"{submission.backend_ref} was stopped") from None
+    return submission
 
 
 def _claim_launch(store: RecordStore, job_id: str, backend: Backend, documents: JobDocuments | None) -> None:
@@ -146,6 +162,8 @@ def _claim_launch(store: RecordStore, job_id: str, backend: Backend, documents: 
     digest = request_digest(documents.request) if documents is not None else None
 
     def claim(record: JobRecord) -> JobRecord:
+        if record.state != "PENDING":  # canceled (or ended) meanwhile: nothing may launch it now
+            raise UsageError(f"job {job_id} is {record.state} ({record.message}); this submit started nothing")
         if digest is not None and record.request_digest not in (None, digest):
             raise UsageError(f"job {job_id}: another submit opened it for a changed request while this one was "
                              "staging; that submit launches it, and this one started nothing")

@@ -199,7 +199,8 @@ def _launch(request: JobRequest, backend: Backend, store: RecordStore, record: J
     record = run(route_outputs, store, record.job_id, environ)
     assert record.output_route is not None
     plan = run(build_plan, request, staging_map, decision, record, record.output_route, environ=environ)
-    submission = run(start, plan, backend, environ=environ, documents=JobDocuments(request, record), store=store)
+    submission = run(start, plan, backend, environ=environ, documents=JobDocuments(request, record), store=store,
+                     source=source)
     verdict = run(confirm, plan, backend, store, submission, source=source)
     return Submitted(record.job_id, submission.backend_ref, decision.tier, submission.started, verdict)
 
@@ -209,6 +210,10 @@ def already_launched(record: JobRecord) -> Submitted | None:
     same request): staging again would change inputs under a running job, so nothing moves. A
     job whose verify failed was never started, and its submit fails again the same way
     (:class:`VerifyFailed`): a retried submit must not report a job that never ran as launched."""
+    if record.backend_ref is not None and record.state == "PENDING" and record.verify is None:
+        raise UsageError(f"job {record.job_id} was launched as {record.backend_ref}, but the submit that launched it "
+                         f"stopped before its verdict was recorded ({record.message}); it is not launched again: "
+                         "follow it with status or collect, or cancel it")
     if record.backend_ref is None:
         if record.state == "CANCELED":
             raise UsageError(f"job {record.job_id} was CANCELED before it launched ({record.message}); a canceled "
@@ -273,15 +278,28 @@ def resync(store: RecordStore, backend: Backend, *, settle_seconds: float | None
     canceled: list[str] = []
     for record in seen:
         job_id = record.job_id
-        if abandoned is not None and record.owner is not None and abandoned(record.owner):
-            run(cancel_job, job_id, backend, store, source=source, reason=f"its owner {record.owner} was canceled")
-            canceled.append(job_id)
-            continue
         try:
+            if _abandoned(record, abandoned, say):
+                run(cancel_job, job_id, backend, store, source=source, reason=f"its owner {record.owner} was canceled")
+                canceled.append(job_id)
+                continue
             outcomes[job_id] = run(resync_job, job_id, backend, store, settle_seconds=settle_seconds, environ=environ)
         except Exception as exc:  # noqa: BLE001 - reported per job; the others still resync
             failed[job_id] = f"{type(exc).__name__}: {exc}"
     return Resynced(outcomes, failed, elsewhere, canceled)
+
+
+def _abandoned(record: JobRecord, abandoned: Callable[[str], bool] | None, say: Say | None) -> bool:
+    """Whether ``record``'s owner was canceled; an owner that cannot be asked (the orchestrator's
+    API is down) is not a cancel: the job is resynced, and the next run asks again."""
+    if abandoned is None or record.owner is None:
+        return False
+    try:
+        return abandoned(record.owner)
+    except Exception as exc:  # noqa: BLE001 - only a cancel the orchestrator confirms cancels
+        if say is not None:
+            say(f"job {record.job_id}: could not ask whether its owner {record.owner} was canceled ({exc})")
+        return False
 
 
 def cancel(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli", reason: str | None = None,

@@ -36,10 +36,11 @@ def build_plan(request: JobRequest, staging_map: StagingMap, decision: TierDecis
 
 @step("launch", timeout_seconds=LAUNCH, task_run_name="launch-{plan.job_id}")
 def start(plan: LaunchPlan, backend: Backend, *, environ: Mapping[str, str] | None = None,
-          documents: JobDocuments | None = None, store: RecordStore | None = None) -> Submission:
+          documents: JobDocuments | None = None, store: RecordStore | None = None,
+          source: str = "cli") -> Submission:
     """Preflight and submit; credential values for the plan's ``forward_env`` are read here, on
     the worker, and go only to the frame."""
-    submission = steps.start(plan, backend, environ=environ, documents=documents, store=store)
+    submission = steps.start(plan, backend, environ=environ, documents=documents, store=store, source=source)
     get_run_logger().info("job %s: %s", plan.job_id, submission.describe())
     return submission
 

@@ -143,19 +143,23 @@ class RecordStore:
 
     def fail_before_launch(self, job_id: str, request_digest: str | None, reason: str, *,
                            source: str) -> JobRecord:
-        """Mark ERROR, with ``reason``, a job whose submit failed before anything of it launched —
-        so its record does not read as a job about to start — unless the record has moved on
-        (it launched, ended, or another submit opened it for another request, which is that
-        submit's to run). ``open`` of the same or a fixed request reopens it."""
+        """Mark ERROR, with ``reason``, a job whose submit failed before the backend was asked to
+        launch it — so its record does not read as a job about to start; ``open`` of the same or a
+        fixed request reopens it. Once a launch began (``backend_config`` pinned) the record stays
+        PENDING with the reason, and a retried submit resumes the launch. A record that moved on
+        (launched, ended, or opened by another submit for another request) is left alone."""
 
         def change(record: JobRecord) -> dict[str, Any] | None:
             ours = request_digest is None or record.request_digest in (None, request_digest)
             if record.state != "PENDING" or record.backend_ref is not None or not ours:
                 return None
+            # A launch that began (the backend was asked) may have left something behind: the
+            # record stays PENDING, saying why, and a retry resumes the launch where it is.
+            state = "PENDING" if record.backend_config is not None else "ERROR"
             stamp = now()
             data = record.model_dump()
-            data.update(state="ERROR", message=reason, updated_at=stamp)
-            data["history"].append(dict(at=stamp, state="ERROR", source=source, message=reason))
+            data.update(state=state, message=reason, updated_at=stamp)
+            data["history"].append(dict(at=stamp, state=state, source=source, message=reason))
             return data
 
         return self._modify(job_id, change)
