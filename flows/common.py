@@ -24,6 +24,7 @@ from tao_data_io.errors import UsageError
 from tao_data_io.runner import Runner, direct
 from tao_data_io.verbs import Backend, RecordStore, cancel
 from tasks.masking import mask_run_logs
+from tasks.owners import owner_of
 from tasks.runner import prefect_runner
 
 DEFAULT_TARGET = "tao-local-target/local"
@@ -107,7 +108,8 @@ def cancel_owned_job(flow: Any, flow_run: FlowRun, state: State) -> None:
     """``on_cancellation`` of the flows that own a job: the job is canceled through its backend,
     with everything it started (idempotent; the record says which run was canceled). Runs in the
     flow's process or in the worker's, after the run's own process is gone — so directly, not as
-    tasks. A crash is not a cancel and runs nothing (see :mod:`tasks.owners`)."""
+    tasks. Only a job this run's root still owns is canceled (a newer collect may have taken it
+    over). A crash is not a cancel and runs nothing (see :mod:`tasks.owners`)."""
     job_id = job_of(flow_run)
     if job_id is None:
         return  # canceled before the request was read: no record, nothing launched
@@ -115,4 +117,4 @@ def cancel_owned_job(flow: Any, flow_run: FlowRun, state: State) -> None:
     setup = prepare(parameters.get("target") or DEFAULT_TARGET, parameters.get("records") or DEFAULT_RECORDS,
                     parameters.get("s3_credentials"))
     cancel(job_id, setup.backend, setup.store, source=SOURCE, reason=f"its flow run {flow_run.name} was canceled",
-           run=direct)
+           owner=owner_of(flow_run), run=direct)

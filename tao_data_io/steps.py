@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .credentials import Redactor
-from .errors import TaoDataIOError, UsageError
+from .errors import UsageError
 from .backends import backend_for
 from .launch.backend import Backend, FailureAnalysis, JobDocuments, JobStatus, Submission
 from .launch.plan import LaunchPlan
@@ -32,6 +32,8 @@ from .records.from_request import request_digest
 from .reporting import ProgressCallback
 from .request import JobRequest
 from .routing import decide_route, record_route
+from .staging.stage_map import STAGING_MAP_NAME, StagingMap
+from .staging.stage_map import read_staging_map as read_map
 from .tier import TierDecision, choose_tier
 from .vocabulary import (
     DEFAULT_POLL_SECONDS,
@@ -95,6 +97,17 @@ def watch(store: RecordStore, job_id: str, owner: str) -> JobRecord:
     """Record ``owner`` as who watches the job from now on (a retry writes nothing new)."""
     return store.update(job_id, lambda record: record if record.owner == owner
                         else record.model_copy(update={"owner": owner}))
+
+
+def read_staging_map(staging_dir: Path) -> StagingMap:
+    """The staging map a submit published in the job's staging directory; a clear error when
+    there is none there (another staging root, or a directory cleaned up)."""
+    path = staging_dir / STAGING_MAP_NAME
+    try:
+        return read_map(path)
+    except FileNotFoundError:
+        raise UsageError(f"the staging map {path} is not there: give the staging root the job was submitted with "
+                         "(--workdir, or the target's staging_root)") from None
 
 
 def read_record(store: RecordStore, job_id: str) -> JobRecord:
@@ -288,8 +301,8 @@ def watch_training(job_id: str, backend: Backend, store: RecordStore, *, on_log:
                    shown: list[TrainingStatus | None] | None = None) -> None:
     """One look at what the job is saying: the log since the record's cursor to ``on_log`` (at
     most :data:`MAX_LOG_LINES` lines a look; the cursor then moves on in the record), and TAO's
-    progress to ``on_training`` when it differs from ``shown[0]``. Never raises over what it
-    reads: a display must not fail the watch of the job it describes."""
+    progress to ``on_training`` when it differs from ``shown[0]``. Never raises: a display must
+    not fail the watch of the job it describes (the record and the end are the watch's)."""
     record = store.get(job_id)
     if record.backend_ref is None:
         return
@@ -306,8 +319,8 @@ def watch_training(job_id: str, backend: Backend, store: RecordStore, *, on_log:
                 on_training(status)
                 if shown is not None:
                     shown[0] = status
-    except TaoDataIOError as exc:  # a pod not started yet, a log already gone: the next look tries again
-        log.debug("job %s: nothing to show this time: %s", job_id, exc)
+    except Exception as exc:  # noqa: BLE001 - a pod not started yet, a log gone, a display that failed
+        log.debug("job %s: nothing to show this time: %s", job_id, exc)  # the next look tries again
 
 
 def _capped(job_id: str, text: str) -> str:
@@ -378,12 +391,16 @@ def running_jobs(store: RecordStore, backend: Backend, *,
 
 
 def cancel_job(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli",
-               reason: str | None = None) -> JobRecord:
+               reason: str | None = None, owner: str | None = None) -> JobRecord:
     """Stop the job and everything it started and mark the record CANCELED, saying ``reason`` —
     unless it already ended (terminal states are final: the backend ends only what it left
     running) or the backend cannot find it (see :func:`_known`). Returns the record as it now
-    stands."""
+    stands. With ``owner``, only a job that owner watches (or nobody does) is canceled: a run
+    that lost its job to a newer watcher must not cancel it."""
     record = store.get(job_id)
+    if owner is not None and record.owner not in (None, owner):
+        log.info("job %s: not canceled for %s, which no longer watches it (%s does)", job_id, owner, record.owner)
+        return record
     if record.state in TERMINAL_STATES:
         if record.backend_ref is not None:
             backend.cancel(record.backend_ref)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
-from .launch.backend import Backend, FailureAnalysis, JobDocuments
+from .launch.backend import Backend, FailureAnalysis, JobDocuments, Submission
 from .launch.plan import build_plan
 from .launch.probe import Verdict
 from .outputs import UploadOutcome
@@ -38,6 +38,7 @@ from .steps import (
     look,
     open_record,
     read_record,
+    read_staging_map,
     record_end,
     resync_job,
     route_outputs,
@@ -170,6 +171,11 @@ def submit(request: JobRequest, backend: Backend, store: RecordStore, *, staging
     record = run(open_record, request, backend, store, source=source)
     if owner is not None:
         record = run(watch, store, record.job_id, owner)
+    if record.backend_ref is not None and record.state == "PENDING" and record.verify is None:
+        # Launched, and the submit that launched it stopped before the verdict: wait for it now,
+        # from what that submit staged and decided — nothing is staged again under the job.
+        return _confirm_launched(request, backend, store, record, staging_root=staging_root, environ=environ,
+                                 source=source, run=run)
     launched = already_launched(record)
     if launched is not None:
         tell(launched.describe())
@@ -205,15 +211,29 @@ def _launch(request: JobRequest, backend: Backend, store: RecordStore, record: J
     return Submitted(record.job_id, submission.backend_ref, decision.tier, submission.started, verdict)
 
 
+def _confirm_launched(request: JobRequest, backend: Backend, store: RecordStore, record: JobRecord, *,
+                      staging_root: str | Path | None, environ: Mapping[str, str] | None, source: str,
+                      run: Runner) -> Submitted:
+    """Submit's last step for a job launched by an earlier attempt: its plan rebuilt from the
+    staging map that attempt published, its tier (decided again: the same answer, written once)
+    and its recorded route; then the verdict."""
+    assert record.backend_ref is not None
+    if record.output_route is None:
+        raise UsageError(f"job {record.job_id} was launched as {record.backend_ref} without an output route in its "
+                         "record; follow it with status or collect, or cancel it")
+    decision = run(decide_tier, request, backend, store, record.job_id)
+    staging_map = run(read_staging_map, staging_dir(record.job_id, staging_root, environ))
+    plan = run(build_plan, request, staging_map, decision, record, record.output_route, environ=environ)
+    verdict = run(confirm, plan, backend, store, Submission(backend_ref=record.backend_ref, started=False),
+                  source=source)
+    return Submitted(record.job_id, record.backend_ref, decision.tier, False, verdict)
+
+
 def already_launched(record: JobRecord) -> Submitted | None:
     """The submission of a job that was launched already (opened again by a retried submit of the
     same request): staging again would change inputs under a running job, so nothing moves. A
     job whose verify failed was never started, and its submit fails again the same way
     (:class:`VerifyFailed`): a retried submit must not report a job that never ran as launched."""
-    if record.backend_ref is not None and record.state == "PENDING" and record.verify is None:
-        raise UsageError(f"job {record.job_id} was launched as {record.backend_ref}, but the submit that launched it "
-                         f"stopped before its verdict was recorded ({record.message}); it is not launched again: "
-                         "follow it with status or collect, or cancel it")
     if record.backend_ref is None:
         if record.state == "CANCELED":
             raise UsageError(f"job {record.job_id} was CANCELED before it launched ({record.message}); a canceled "
@@ -303,8 +323,9 @@ def _abandoned(record: JobRecord, abandoned: Callable[[str], bool] | None, say: 
 
 
 def cancel(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli", reason: str | None = None,
-           run: Runner = direct) -> Canceled:
+           owner: str | None = None, run: Runner = direct) -> Canceled:
     """Stop the job and everything it started; the record says CANCELED (and ``reason``). Of a
-    job that already ended, only what it left running is ended, and its record stays as it is."""
+    job that already ended, only what it left running is ended, and its record stays as it is.
+    ``owner``: cancel only if that owner still watches the job (a cancellation hook's)."""
     was = run(read_record, store, job_id).state
-    return Canceled(was, run(cancel_job, job_id, backend, store, source=source, reason=reason))
+    return Canceled(was, run(cancel_job, job_id, backend, store, source=source, reason=reason, owner=owner))

@@ -15,6 +15,7 @@ from uuid import UUID
 
 from prefect import runtime
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import FlowRun
 from prefect.exceptions import ObjectNotFound
 
 OWNER_PREFIX = "prefect-flow-run/"
@@ -24,6 +25,20 @@ def this_run() -> str | None:
     """The owner this flow run stands for: its root run (itself, unless it is a subflow)."""
     root = runtime.flow_run.root_flow_run_id
     return f"{OWNER_PREFIX}{root}" if root else None
+
+
+def owner_of(flow_run: FlowRun) -> str:
+    """The owner a flow run (as a hook gets it) stands for: its root run, found by walking up
+    through the task runs its subflows were called from."""
+    run_id = flow_run.id
+    parent = getattr(flow_run, "parent_task_run_id", None)
+    with get_client(sync_client=True) as client:
+        for _ in range(64):  # deeper nesting than any flow here; a loop is not a root
+            if parent is None:
+                break
+            run_id = client.read_task_run(parent).flow_run_id
+            parent = client.read_flow_run(run_id).parent_task_run_id
+    return f"{OWNER_PREFIX}{run_id}"
 
 
 def canceled(owner: str) -> bool:

@@ -30,6 +30,7 @@ from prefect.context import TaskRunContext
 
 from tao_data_io.launch.training import TrainingStatus
 from tao_data_io.reporting import Progress, ProgressCallback, human_size, throttled
+from tasks.masking import run_mask
 from tasks.reports import training_key
 
 UPDATES_PER_SECOND = 1.0
@@ -160,9 +161,13 @@ class TrainingArtifacts:
         self._sent_at = self._clock()
         if self._broken:
             return
-        line = f"training of job {self.job_id}: {status.describe()}"
-        rows = [{"epoch": epoch, **values} for epoch, values in sorted(status.kpi_by_epoch.items())]
         try:
+            # status.json is the job's: what it wrote passes the run's mask like its log lines do.
+            mask = run_mask()
+            line = mask(f"training of job {self.job_id}: {status.describe()}")
+            rows = [{"epoch": epoch, **{mask(name): mask(value) if isinstance(value, str) else value
+                                        for name, value in values.items()}}
+                    for epoch, values in sorted(status.kpi_by_epoch.items())]
             if self._client is None:
                 self._client = get_client(sync_client=True).__enter__()
             percent = status.percent or 0.0

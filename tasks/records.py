@@ -6,6 +6,7 @@ the record, tier, route or end already written and writes nothing new.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from prefect import get_run_logger
 
@@ -13,6 +14,7 @@ from tao_data_io import steps
 from tao_data_io.launch.backend import Backend, JobStatus
 from tao_data_io.records import JobRecord, RecordStore
 from tao_data_io.request import JobRequest
+from tao_data_io.staging.stage_map import StagingMap
 from tao_data_io.tier import TierDecision
 from tasks.policy import CLUSTER, QUICK, step
 
@@ -38,6 +40,12 @@ def fail_before_launch(store: RecordStore, job_id: str, request: JobRequest, err
 def watch(store: RecordStore, job_id: str, owner: str) -> JobRecord:
     """Record this run as who watches the job: if it is canceled, so is the job."""
     return steps.watch(store, job_id, owner)
+
+
+@step("read-staging-map", timeout_seconds=QUICK, task_run_name="read-staging-map")
+def read_staging_map(staging_dir: Path) -> StagingMap:
+    """The staging map an earlier attempt of the submit published."""
+    return steps.read_staging_map(staging_dir)
 
 
 @step("read-record", timeout_seconds=QUICK, task_run_name="read-record-{job_id}")

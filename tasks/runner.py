@@ -32,6 +32,7 @@ T = TypeVar("T")
 TASKS: Mapping[Callable[..., Any], Task[..., Any]] = {
     steps.open_record: records.open_record,
     steps.read_record: records.read_record,
+    steps.read_staging_map: records.read_staging_map,
     steps.watch: records.watch,
     steps.fail_before_launch: records.fail_before_launch,
     steps.decide_tier: records.decide_tier,

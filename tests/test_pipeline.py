@@ -200,6 +200,23 @@ def test_a_job_that_launched_is_never_recorded_as_failed_before_launch(env: dict
     assert cancel("job-launched", backend, store).record.state == "CANCELED"
     assert backend.status("fake/job-launched").state == "CANCELED"
 
+    # A retried submit of such a job waits for its verdict, staging and starting nothing again.
+    class VerdictLate(FakeBackend):
+        late = True
+
+        def verify(self, ref: str, plan: Any, *, timeout: float = 600.0) -> Any:
+            if self.late:
+                self.late = False
+                raise TimeoutError("the verdict did not come in time")
+            return super().verify(ref, plan, timeout=timeout)
+
+    late = VerdictLate(tmp_path / "results", polls_until_done=1000)
+    with pytest.raises(TimeoutError):
+        submit(_request(bucket, "job-resumed"), late, store, staging_root=tmp_path / "work", environ=env)
+    done = submit(_request(bucket, "job-resumed"), late, store, staging_root=tmp_path / "work", environ=env)
+    assert not done.started and done.verdict.ok and late.started == ["fake/job-resumed"]
+    assert store.get("job-resumed").state == "RUNNING"
+
 
 def test_a_job_canceled_while_its_submit_launches_it_does_not_run(env: dict[str, str], bucket: str,
                                                                   tmp_path: Path) -> None:

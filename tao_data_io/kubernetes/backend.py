@@ -48,7 +48,7 @@ from . import pods as pod_reading
 from .api import Api, ApiError, connect
 from .apply import adopt, create, creation_order, kinds, secret_object, step_of, training_job
 from .facts import cluster_facts
-from .follow import FIRST_LINES, new_lines, read_cursor, since_seconds
+from .follow import FIRST_LINES, LOOK_LINES, new_lines, read_cursor, since_seconds
 from .gates import check_access, check_claim, check_gpus, check_secrets, check_version, dry_run, needed_access
 from .render import JOB_ID_LABEL, MANAGED_BY, RenderedJob, read_config, render_job
 from .settings import KubernetesSettings
@@ -243,7 +243,8 @@ class KubernetesBackend:
             pod_name = pod["metadata"]["name"]
             last = shown.get(pod_name)
             since = since_seconds(last, now)
-            window = {"since_seconds": since} if since is not None else {"tail_lines": FIRST_LINES}
+            window = ({"since_seconds": since, "tail_lines": LOOK_LINES} if since is not None
+                      else {"tail_lines": FIRST_LINES})
             try:
                 text = api.call(f"following the log of pod {namespace}/{pod_name}", api.core.read_namespaced_pod_log,
                                 pod_name, namespace, container=pod_reading.TRAIN, text=True, timestamps=True,

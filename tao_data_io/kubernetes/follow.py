@@ -18,6 +18,11 @@ from datetime import datetime, timezone
 MARGIN_SECONDS = 60
 #: Lines a first look at a pod shows: the latest few, not a day of output.
 FIRST_LINES = 50
+#: The most lines a later look asks for: the API server applies ``sinceSeconds`` and then
+#: ``tailLines``, so a pod that printed more since the last look is shown its newest lines
+#: (reading the window from its start, a chatty pod's cursor would never catch up). As many as
+#: a look shows (:data:`~tao_data_io.steps.MAX_LOG_LINES`), so they fit the byte limit of a read.
+LOOK_LINES = 200
 
 
 def stamp(text: str) -> tuple[datetime, int] | None:
@@ -44,18 +49,17 @@ def new_lines(text: str, last: str | None) -> tuple[list[str], str | None]:
         lines.pop()
     elif lines:
         lines.pop()  # no newline at the end: cut short
-    after = stamp(last) if last else None
+    after = stamp(last) if last else None  # lines of one instant are all new after an older cursor
     shown: list[str] = []
-    newest = last
+    newest, newest_at = last, after
     for line in lines:
         head, _, rest = line.partition(" ")
         when = stamp(head)
-        if when is None:
-            continue
-        if after is not None and when <= after:
+        if when is None or (after is not None and when <= after):
             continue
         shown.append(rest)
-        newest, after = head, when
+        if newest_at is None or when > newest_at:
+            newest, newest_at = head, when
     return shown, newest
 
 

@@ -28,6 +28,8 @@ STATUS_TAIL_BYTES = 256 * 1024
 KPI_EPOCHS = 50
 #: What one KPI value may be, shown: numbers, and short strings.
 _MAX_TEXT = 80
+#: Longer than any training (ten years): a time beyond it is a number a job made up.
+MAX_SECONDS = 10 * 365 * 86400.0
 
 
 class TrainingStatus(BaseModel):
@@ -71,7 +73,15 @@ class TrainingStatus(BaseModel):
 
 def read_training_status(data: bytes | None) -> TrainingStatus | None:
     """The status the lines of ``data`` (the file, or its tail) tell; None when none of them is
-    an event (no file yet, an empty one, or nothing but noise)."""
+    an event (no file yet, an empty one, nothing but noise, or anything this reader cannot fold:
+    whatever the job wrote, this never raises)."""
+    try:
+        return _read(data)
+    except Exception:  # noqa: BLE001 - deep nesting (RecursionError) and whatever else a job can write
+        return None
+
+
+def _read(data: bytes | None) -> TrainingStatus | None:
     if not data:
         return None
     status = TrainingStatus()
@@ -129,6 +139,8 @@ def _fill_eta(status: TrainingStatus) -> None:
     if status.eta_seconds is None and status.time_per_epoch is not None and status.epoch is not None \
             and status.max_epoch:
         status.eta_seconds = max(0.0, (status.max_epoch - status.epoch) * status.time_per_epoch)
+    if status.eta_seconds is not None and not status.eta_seconds < MAX_SECONDS:
+        status.eta_seconds = None  # no such training: an overflow, not a time
 
 
 def _values(group: dict[str, Any]) -> dict[str, float | str]:
@@ -160,7 +172,7 @@ def _seconds(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return float(value) if math.isfinite(value) and value >= 0 else None
+        return float(value) if 0 <= value < MAX_SECONDS else None
     if not isinstance(value, str):
         return None
     days = 0.0
@@ -182,7 +194,8 @@ def _seconds(value: Any) -> float | None:
     seconds = 0.0
     for number in numbers:
         seconds = seconds * 60 + number
-    return days * 86400 + seconds
+    total = days * 86400 + seconds
+    return total if total < MAX_SECONDS else None
 
 
 def _duration(seconds: float) -> str:

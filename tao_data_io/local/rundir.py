@@ -182,7 +182,19 @@ def lines_since(path: Path, offset: int | None, *, limit: int, start_bytes: int)
     if end < 0 and len(data) < limit:
         return "", start
     taken = data if end < 0 else data[:end + 1]
+    if end < 0:  # a line longer than the limit, cut: not inside a UTF-8 character
+        taken = taken[:_whole_characters(taken)] or taken
     return taken.decode("utf-8", "replace"), start + len(taken)
+
+
+def _whole_characters(data: bytes) -> int:
+    """How many leading bytes of ``data`` end on a UTF-8 character boundary."""
+    lead = len(data) - 1
+    while lead > 0 and len(data) - lead < 4 and data[lead] & 0xC0 == 0x80:
+        lead -= 1
+    first = data[lead] if data else 0
+    size = 4 if first >= 0xF0 else 3 if first >= 0xE0 else 2 if first >= 0xC0 else 1
+    return len(data) if lead + size <= len(data) else lead
 
 
 def _read(path: Path, model: type[_Model]) -> _Model | None:
