@@ -4,7 +4,8 @@
   throttling, 5xx, dropped connections, a transfer whose complete files were kept), with
   exponential backoff and jitter. Bad input fails at once: the same request fails the same way.
   Each step is idempotent in the core (a retried stage moves nothing already staged, a retried
-  submit starts nothing, a retried mark writes nothing), so a retry is always safe.
+  submit starts nothing, a retried mark writes nothing), so a retry is safe for the job and its
+  record; what a retried task adds to the UI (a second progress artifact) stays beside the first.
 * **No cache, no persisted result.** A retry must redo the work against the world as it is
   now, never read a stale cached answer; and a task's result is never written to result storage
   (with ``NO_CACHE`` Prefect would not write it anyway, and a reader of the state would fail on
