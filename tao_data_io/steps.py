@@ -107,7 +107,7 @@ def read_staging_map(staging_dir: Path) -> StagingMap:
         return read_map(path)
     except FileNotFoundError:
         raise UsageError(f"the staging map {path} is not there: give the staging root the job was submitted with "
-                         "(--workdir, or the target's staging_root)") from None
+                         "(staging_root)") from None
 
 
 def read_record(store: RecordStore, job_id: str) -> JobRecord:

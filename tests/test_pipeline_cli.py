@@ -63,7 +63,7 @@ def test_submit_then_collect_runs_the_job_and_uploads_its_results(env: dict[str,
                                                       "status.json"]  # no .tao/, no train.log
     record = RecordStore(tmp_path / "jobs").get("cli-ok")
     assert record.state == "COMPLETE" and record.verify is not None and record.verify["ok"]
-    assert [t.state for t in record.history] == ["PENDING", "RUNNING", "COMPLETE"]
+    assert [t.state for t in record.history] == ["PENDING", "PENDING", "RUNNING", "COMPLETE"]  # opened, launched…
     status = run_cli("status", "--job-id", "cli-ok", env=env)
     assert status.returncode == 0 and status.stdout.startswith("COMPLETE")
     assert record.backend_config == {"run_root": str(tmp_path / "work"), "allow_network": False}
