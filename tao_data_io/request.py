@@ -25,6 +25,7 @@ from .documents import load_document, read_document
 from .errors import UsageError
 from .names import ENV_NAME_RULE, check_job_id, is_env_name
 from .schema import Strict, describe_validation_error
+from .spec import iter_strings
 from .uris import is_remote_uri, parse_s3_url, parse_uri, staging_location
 
 SCHEMA_VERSION = "1"
@@ -253,8 +254,6 @@ class JobRequest(Strict):
     def _spec(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value is not None:
             check_nested_spec(value)
-            from .staging.spec import iter_strings
-
             for where, text in iter_strings(value):
                 if is_remote_uri(text):
                     staging_location(parse_uri(text, field=where), field=where)

@@ -15,7 +15,7 @@ from tao_data_io.errors import UsageError
 from tao_data_io.request import JobRequest, load_request
 from tao_data_io.staging.config import materialize_config
 from tao_data_io.staging.layout import placements
-from tao_data_io.staging.spec import remote_uris, rewrite
+from tao_data_io.spec import remote_uris, rewrite
 
 from .helpers import run_cli
 

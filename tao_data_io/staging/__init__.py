@@ -1,3 +1,3 @@
-"""Staging a job's inputs: where each lives (:mod:`.layout`), the spec walked and the config
-materialized (:mod:`.spec`, :mod:`.config`), every input kind (:mod:`.selective`, :mod:`.archive`,
+"""Staging a job's inputs: where each lives (:mod:`.layout`), the config materialized
+(:mod:`.config`, over the spec walk of :mod:`tao_data_io.spec`), every input kind (:mod:`.selective`, :mod:`.archive`,
 :mod:`.pretrained`), composed per input by :mod:`.stage` into the staging map (:mod:`.stage_map`)."""

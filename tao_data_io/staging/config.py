@@ -23,7 +23,7 @@ from ..errors import UsageError
 from ..fs import atomic_write
 from ..request import JobRequest
 from .layout import DEFAULT_INPUTS_ROOT, config_location, placements
-from .spec import rewrite
+from ..spec import rewrite
 
 _EXTENSIONS = {"json": "json", "yaml": "yaml", "toml": "toml"}
 

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from ..errors import UsageError
 from ..request import CONFIG_MOUNT_DIR, InputSpec, JobRequest
 from ..uris import is_remote_uri, parse_uri, staging_location
-from .spec import remote_uris
+from ..spec import remote_uris
 
 #: Where inputs appear inside the compute frame unless a request input names a target.
 DEFAULT_INPUTS_ROOT = "/tao-inputs"
