@@ -12,7 +12,6 @@ path replaces ``{config_path}`` in the command).
 
 from __future__ import annotations
 
-import posixpath
 import re
 from pathlib import Path
 from collections.abc import Mapping
@@ -23,48 +22,13 @@ from pydantic import BeforeValidator, Field, ValidationError, field_validator, m
 from .credentials import Redactor, credential_value_fields, is_secret_name, masked
 from .documents import load_document, read_document
 from .errors import UsageError
+from .frame import check_container_path, check_frame_target
 from .names import ENV_NAME_RULE, check_job_id, is_env_name
 from .schema import Strict, describe_validation_error
 from .spec import iter_strings
 from .uris import is_remote_uri, parse_s3_url, parse_uri, staging_location
 
 SCHEMA_VERSION = "1"
-#: Where the materialized config is mounted read-only inside the compute frame.
-CONFIG_MOUNT_DIR = "/tao-action-config"
-#: Where the verify probe's script and checklist are mounted read-only inside the frame.
-PROBE_DIR = "/tao-data-io-verify"
-#: The frame's own directories: an input or results directory there would hide the system the
-#: command runs on (or our own mounts), so a target inside any of them is refused.
-SHADOWED_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys",
-                 "/usr", CONFIG_MOUNT_DIR, PROBE_DIR)
-
-
-def check_frame_target(value: str, *, what: str) -> str:
-    """A path the frame sees an input or results at: usable, and not over the frame's own."""
-    check_container_path(value, what=what)
-    shadowed = next((d for d in SHADOWED_DIRS if value == d or value.startswith(d + "/")), None)
-    if shadowed is not None:
-        raise ValueError(f"{what} {value!r} shadows {shadowed}, which the frame needs for itself; put it under a "
-                         "directory of its own such as /data")
-    return value
-
-
-def check_container_path(value: str, *, what: str) -> str:
-    """An absolute, normalised POSIX path that is not ``/`` (mount targets, results dirs)."""
-    problem = None
-    if not value.startswith("/"):
-        problem = "it is not absolute"
-    elif value == "/":
-        problem = "it is the root directory"
-    elif posixpath.normpath(value) != value or "//" in value:
-        problem = "it is not normalised (no '..', '.', '//' or trailing '/')"
-    elif any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
-        problem = "it contains a control character"
-    if problem:
-        raise ValueError(f"{what} {value!r} is not usable: {problem}; write an absolute path such as /data/coco")
-    return value
-
-
 #: A Kubernetes binary quantity such as ``16Gi`` (what ``/dev/shm`` sizes are written in).
 _BINARY_QUANTITY = re.compile(r"[1-9][0-9]{0,5}(Ki|Mi|Gi|Ti)")
 _QUANTITY_FACTORS = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4}

@@ -26,7 +26,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import UsageError
-from ..request import CONFIG_MOUNT_DIR, InputSpec, JobRequest
+from ..frame import CONFIG_MOUNT_DIR
+from ..request import InputSpec, JobRequest
 from ..uris import is_remote_uri, parse_uri, staging_location
 from ..spec import remote_uris
 
