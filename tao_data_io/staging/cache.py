@@ -39,8 +39,9 @@ from ..transfer.filters import PathFilter
 from ..transfer.listing import list_remote
 from ..transfer.shard import Shard
 from ..uris import is_s3_url, parse_s3_url
+from .engines import EngineSource, lease
+from .inputs import resolve_kind, stage_planned
 from .layout import PlannedInput
-from .stage import _engines, resolve_kind, stage_input
 from .stage_map import StagedSource
 
 MARKER_VERSION = 1
@@ -51,17 +52,18 @@ def marker_path(cache_root: Path, sub_path: str, shard: Shard | None = None) -> 
 
 
 def stage_cached(planned: PlannedInput, cache_root: Path, *,
-                 engine: TransferEngine | Callable[[], TransferEngine] | None = None,
+                 engine: EngineSource = None,
                  environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None,
                  shard: Shard | None = None) -> StagedSource:
     """Stage ``planned`` into the cache at ``cache_root`` (see the module docstring)."""
     if not planned.remote:
-        return stage_input(planned, cache_root)
+        with lease(engine, environ) as get_engine:  # nothing to stage: recorded as pre-positioned
+            return stage_planned(planned, cache_root, engine=get_engine)
     assert planned.sub_path is not None
     digest = hashlib.sha256(planned.sub_path.encode()).hexdigest()[:32]
     lock = cache_root / STATE_DIR_NAME / "locks" / f"{digest}{'.' + shard.label if shard else ''}.lock"
     marker = marker_path(cache_root, planned.sub_path, shard)
-    with _engines(engine, environ) as get_engine, file_lock(lock):
+    with lease(engine, environ) as get_engine, file_lock(lock):
         identity = _identity(planned, get_engine)
         previous = _read_marker(marker)
         now = datetime.now(timezone.utc).isoformat()
@@ -71,7 +73,7 @@ def stage_cached(planned: PlannedInput, cache_root: Path, *,
             return entry.model_copy(update={"local_path": str(cache_root / planned.sub_path), "transferred_files": 0,
                                             "transferred_bytes": 0, "unchanged_files": entry.files or 0,
                                             "seconds": 0.0, "note": "stage cache hit: source unchanged"})
-        staged = stage_input(planned, cache_root, engine=get_engine, environ=environ, progress=progress, shard=shard)
+        staged = stage_planned(planned, cache_root, engine=get_engine, environ=environ, progress=progress, shard=shard)
         _write_marker(marker, {"version": MARKER_VERSION, "source": planned.source, "identity": identity,
                                "staged_at": now, "last_used": now, "entry": staged.to_dict()})
         return staged
