@@ -3,18 +3,12 @@ pure function of the request.
 
 Why pure: ``materialize-config``, ``stage``, the launch plan and the renderer must agree on
 where each input is without talking to each other, and a rerun must produce the same config byte
-for byte (its name is its SHA-256). Locations come from :func:`tao_data_io.uris.staging_location`
-of the *parsed* URI, so the config, the staging map and the puller can never disagree again.
+for byte (its name is its SHA-256). Each remote source's sub-path comes from the one placement
+rule, :func:`tao_data_io.frame.place_sources` (which the request's validator applies at load
+time too), over the *parsed* URI, so the config, the staging map and the puller can never
+disagree again.
 
-Rules:
-
-* Each distinct remote source is staged once, at ``<staging root>/<sub_path>``, and appears in
-  the frame at its input's ``target`` or ``<inputs root>/<sub_path>``.
-* Archives and selective inputs get ``archive/`` and ``selective/`` sub-paths, so their trees
-  never nest inside a plain copy of the same prefix (``s3://b/p/`` as a folder and
-  ``s3://b/p/a.tar`` extracted would otherwise collide).
-* ``s3://b/p`` and ``s3://b/p/`` are one source. Two different sources that would share a
-  sub-path are refused: the renderer mounts one sub-path per source.
+* A remote source appears in the frame at its input's ``target`` or ``<inputs root>/<sub_path>``.
 * A local (pre-positioned, tier A) input has no sub-path: nothing moves, and its readability is
   proved inside the compute frame by the verify probe, never here.
 """
@@ -25,11 +19,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ..errors import UsageError
-from ..frame import CONFIG_MOUNT_DIR
+from ..frame import CONFIG_MOUNT_DIR, place_sources
 from ..request import InputSpec, JobRequest
-from ..uris import is_remote_uri, parse_uri, staging_location
-from ..spec import remote_uris
+from ..uris import is_remote_uri
 
 #: Where inputs appear inside the compute frame unless a request input names a target.
 DEFAULT_INPUTS_ROOT = "/tao-inputs"
@@ -64,33 +56,16 @@ class PlannedInput(BaseModel):
 def placements(request: JobRequest, inputs_root: str = DEFAULT_INPUTS_ROOT) -> dict[str, PlannedInput]:
     """Every spelling of every remote source in the request → its planned input (declared inputs
     first, then spec URIs). Two spellings of one prefix map to the same object."""
+    planned: dict[int, PlannedInput] = {}
     result: dict[str, PlannedInput] = {}
-    owners: dict[str, str] = {}
-
-    def add(source: str, prefix: str, declared: InputSpec | None, field: str) -> None:
-        if source in result:
-            return
-        parsed = parse_uri(source, field=field)
-        alias = source[:-1] if source.endswith("/") else source + "/"
-        if alias in result and source.startswith("s3://"):
-            result[source] = result[alias]  # the same prefix written two ways
-            return
-        sub_path = prefix + staging_location(parsed)
-        if sub_path in owners:
-            raise UsageError(f"{field}: {source!r} would be staged at the same place as {owners[sub_path]!r} "
-                             f"({sub_path}); declare only one of them")
-        owners[sub_path] = source
-        target = declared.target if declared is not None else None
-        result[source] = PlannedInput(source=source, sub_path=sub_path,
-                                      container_path=target or f"{inputs_root}/{sub_path}",
-                                      declared=declared, field=field)
-
-    for index, item in enumerate(request.inputs):
-        if is_remote_uri(item.source):
-            prefix = f"{item.kind}/" if item.kind in ("archive", "selective") else ""
-            add(item.source, prefix, item, f"inputs[{index}].source")
-    for field, uri in remote_uris(request.spec or {}):
-        add(uri, "", None, field)
+    for spelling, place in place_sources(request.remote_sources()).items():
+        if id(place) not in planned:
+            declared = place.named.declared
+            target = declared.target if declared is not None else None
+            planned[id(place)] = PlannedInput(source=place.named.source, sub_path=place.sub_path,
+                                              container_path=target or f"{inputs_root}/{place.sub_path}",
+                                              declared=declared, field=place.named.field)
+        result[spelling] = planned[id(place)]
     return result
 
 

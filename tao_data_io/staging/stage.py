@@ -30,11 +30,11 @@ from ..request import JobRequest
 from ..runner import Runner, direct
 from ..transfer.engine import TransferEngine
 from ..transfer.shard import Shard
-from ..uris import HFModelURI, NGCModelURI, is_remote_uri, parse_uri
+from ..uris import HFModelURI, NGCModelURI, parse_uri
 from .config import materialize_config
 from .engines import EngineSource, lease
 from .inputs import resolve_kind, stage_planned
-from .layout import CONFIG_DIR, DEFAULT_INPUTS_ROOT, PlannedInput, placements, plan_inputs
+from .layout import CONFIG_DIR, DEFAULT_INPUTS_ROOT, PlannedInput, plan_inputs
 from .stage_map import STAGING_MAP_NAME, Kind, StagedSource, StagingMap, write_staging_map
 
 __all__ = ["STAGING_MAP_NAME", "check_air_gap", "plan_inputs", "plan_stage", "publish_map", "stage", "stage_config",
@@ -45,10 +45,7 @@ def check_air_gap(request: JobRequest) -> None:
     """Refuse an air-gapped request that references anything remote, listing every such URI."""
     if not request.storage.air_gapped:
         return
-    problems = [f"{uri} ({planned.field})" for uri, planned in placements(request).items()]
-    for index, item in enumerate(request.inputs):
-        if item.annotation and is_remote_uri(item.annotation):
-            problems.append(f"{item.annotation} (inputs[{index}].annotation)")
+    problems = [f"{uri} ({field})" for uri, field in request.remote_references()]
     if problems:
         raise UsageError("storage.air_gapped is true, so nothing may be fetched: pre-position these and reference "
                          "their mount paths instead:\n  " + "\n  ".join(problems))
