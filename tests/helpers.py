@@ -1,5 +1,5 @@
 """Small helpers shared by tests: build trees, fingerprint trees, run the CLI as a user would, wait
-for something with a deadline, read an environment as torchrun does."""
+for something with a deadline, read an environment as torchrun does, count the URIs parsed."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -87,3 +88,23 @@ def torchrun_arguments(environ: Mapping[str, str], argv: Sequence[str]) -> argpa
     run = pytest.importorskip("torch.distributed.run", reason="torch is not installed (make test installs it)")
     with only_environment(environ):
         return run.get_args_parser().parse_args(list(argv))
+
+
+def count_uri_parses(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Every URI text the parsers of :mod:`tao_data_io.uris` read from now on, counted: ``s3://``
+    by ``parse_s3_url``, ``hf://`` and ``ngc://`` by ``parse_model_uri`` (``parse_uri`` calls
+    them) — wherever a module of the package imported them."""
+    from tao_data_io import uris
+
+    counts: Counter[str] = Counter()
+    for name in ("parse_s3_url", "parse_model_uri"):
+        original = getattr(uris, name)
+
+        def counting(text: str, *args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
+            counts[text] += 1
+            return _original(text, *args, **kwargs)
+
+        for module in [m for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith("tao_data_io")]:
+            if getattr(module, name, None) is original:
+                monkeypatch.setattr(module, name, counting)
+    return counts

@@ -102,11 +102,11 @@ class ExtractResult:
         return f"{self.archive} → {self.destination}: already extracted ({self.files} files, {self.bytes:,} bytes); nothing to do"
 
 
-def extract_archive(archive: str, destination: str | os.PathLike[str], *, strip_components: int = 0,
+def extract_archive(archive: str | S3Url, destination: str | os.PathLike[str], *, strip_components: int = 0,
                     engine: TransferEngine | None = None, environ: Mapping[str, str] | None = None,
                     progress: ProgressCallback | None = None, limits: ArchiveLimits | None = None) -> ExtractResult:
-    """Extract ``archive`` (a local path or ``s3://bucket/key``) so that ``destination`` holds
-    exactly its members, or leave ``destination`` as it was.
+    """Extract ``archive`` (a local path, ``s3://bucket/key``, or that URL already parsed) so that
+    ``destination`` holds exactly its members, or leave ``destination`` as it was.
 
     An ``s3://`` archive is read through ``engine`` (the caller's), or an engine built from
     ``environ``'s credentials and closed afterwards. ``progress`` sees files and bytes as they
@@ -114,7 +114,9 @@ def extract_archive(archive: str, destination: str | os.PathLike[str], *, strip_
     :class:`UsageError` (or its subclass :class:`UnsafePathError`) for a bad, hostile, corrupt or
     unsupported archive, naming it and the offending member.
     """
-    if is_s3_url(archive) and engine is None:
+    if isinstance(archive, str) and is_s3_url(archive):
+        archive = parse_s3_url(archive, field="archive")
+    if isinstance(archive, S3Url) and engine is None:
         with TransferEngine(s3_credentials_from_env(environ)) as own:
             return extract_archive(archive, destination, strip_components=strip_components, engine=own,
                                    progress=progress, limits=limits)
@@ -135,16 +137,16 @@ def marker_path(dest: Path) -> Path:
     return state_dir_for(Path(os.path.abspath(dest))) / MARKER_NAME
 
 
-def _extract_locked(archive: str, dest: Path, strip_components: int, engine: TransferEngine | None,
+def _extract_locked(archive: str | S3Url, dest: Path, strip_components: int, engine: TransferEngine | None,
                     progress: ProgressCallback | None, limits: ArchiveLimits, owner: str) -> ExtractResult:
     """Extract under the destination's lock, whose :func:`~tao_data_io.fs.lock_owner` is ``owner``
     (it names this extraction's temp directories, so only this lock's holders ever sweep them)."""
     marker = marker_path(dest)
     remove_stale_temps(dest, owner)  # what a killed extraction (or zip spool) left beside dest
     previous = _read_destination(dest, marker)
-    if is_s3_url(archive):
+    if isinstance(archive, S3Url):
         assert engine is not None
-        source = _s3_source(parse_s3_url(archive, field="archive"), engine.client)
+        source = _s3_source(archive, engine.client)
     else:
         source = _local_source(Path(archive), dest)
     reason = _reason_to_extract(previous, source.identity, strip_components, dest)

@@ -19,9 +19,10 @@ from ..errors import TransferError, UsageError
 from ..reporting import ProgressCallback
 from ..transfer.engine import TransferEngine, TransferOptions
 from ..transfer.filters import PathFilter
+from ..transfer.listing import RemoteListing
 from ..transfer.shard import Shard, shard_of
 from ..transfer.summary import Failure, TransferSummary
-from ..uris import HFModelURI, NGCModelURI, S3Url, model_root, parse_s3_url, parse_uri, staging_location
+from ..uris import HFModelURI, NGCModelURI, S3Url, model_root, staging_location
 from .archive import extract_archive
 from .layout import PlannedInput
 from .pretrained import pull_model
@@ -31,42 +32,50 @@ from .stage_map import Kind, StagedSource
 
 def stage_planned(planned: PlannedInput, workdir: Path, *, engine: Callable[[], TransferEngine],
                   environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None,
-                  shard: Shard | None = None) -> StagedSource:
+                  shard: Shard | None = None, listing: RemoteListing | None = None) -> StagedSource:
     """Stage one planned input under ``workdir`` (idempotent) and say what happened, with the
     engine ``engine()`` returns (leased by the caller: :func:`~.engines.lease`). With ``shard``,
-    only that shard's part is staged (see :func:`~.stage.stage`)."""
+    only that shard's part is staged (see :func:`~.stage.stage`). ``listing``: the folder's listing,
+    when the caller has just listed it (the stage cache, for the source's identity)."""
     if not planned.remote:
         return StagedSource(source=planned.source, kind="pre-positioned", sub_path=None,
                             container_path=planned.container_path, local_path=None, files=None, bytes=None)
-    assert planned.sub_path is not None
+    assert planned.sub_path is not None and planned.uri is not None
     started = time.monotonic()
-    local = Path(os.path.abspath(workdir)) / planned.sub_path
-    parsed = parse_uri(planned.source, field=planned.field)
-    kind = None if isinstance(parsed, HFModelURI | NGCModelURI) else resolve_kind(planned, engine)
-    if shard is not None and kind != "folder" and not shard.owns(planned.source):
-        return StagedSource(source=planned.source, kind=kind or "model", sub_path=planned.sub_path,
+    workdir = Path(os.path.abspath(workdir))
+    local = workdir / planned.sub_path
+    planned = resolved(planned, engine)
+    assert planned.kind is not None
+    if shard is not None and planned.kind != "folder" and not shard.owns(planned.source):
+        return StagedSource(source=planned.source, kind=planned.kind, sub_path=planned.sub_path,
                             container_path=planned.container_path, local_path=str(local), files=None, bytes=None,
                             note=f"staged by shard {shard_of(planned.source, shard.count)}/{shard.count}, not {shard}")
-    if isinstance(parsed, HFModelURI | NGCModelURI):
-        return _stage_model(planned, parsed, Path(os.path.abspath(workdir)), environ, progress, started)
-    assert kind is not None
-    return _stage_s3(planned, parsed, kind, local, engine(), progress, started, shard)
+    if isinstance(planned.uri, HFModelURI | NGCModelURI):
+        return _stage_model(planned, planned.uri, workdir, environ, progress, started)
+    return _stage_s3(planned, planned.uri, planned.kind, local, engine(), progress, started, shard, listing)
 
 
-
-def resolve_kind(planned: PlannedInput, engine: Callable[[], TransferEngine]) -> Kind:
-    """The declared kind of an s3:// input, or — for ``auto`` — what the bucket holds there
-    (``s3://b/p/`` is a folder without asking)."""
-    declared = planned.declared
-    if declared is not None and declared.kind != "auto":
-        return declared.kind
-    if parse_s3_url(planned.source, field=planned.field).is_prefix:
-        return "folder"
-    return _resolve_s3_kind(engine(), planned)
+def resolved(planned: PlannedInput, engine: Callable[[], TransferEngine]) -> PlannedInput:
+    """``planned`` with its kind: the plan's (:func:`~.layout.planned_kind`), or — for an ``auto``
+    ``s3://b/k`` — what the bucket holds there, asked once: a file if that object exists, else a
+    folder if anything lives under ``k/``; else the input does not exist."""
+    if planned.kind is not None:
+        return planned
+    url = planned.uri
+    assert isinstance(url, S3Url)
+    if engine().exists(url):
+        kind: Kind = "file"
+    elif engine().has_prefix(url.as_prefix()):
+        kind = "folder"
+    else:
+        raise UsageError(f"{planned.field}: {planned.source!r} does not exist: no object with that key and nothing "
+                         f"under {url.as_prefix()}")
+    return planned.model_copy(update={"kind": kind})
 
 
 def _stage_s3(planned: PlannedInput, url: S3Url, kind: Kind, local: Path, engine: TransferEngine,
-              progress: ProgressCallback | None, started: float, shard: Shard | None) -> StagedSource:
+              progress: ProgressCallback | None, started: float, shard: Shard | None,
+              listing: RemoteListing | None) -> StagedSource:
     declared = planned.declared
 
     def staged(summary: TransferSummary, files: int, note: str | None = None) -> StagedSource:
@@ -79,7 +88,8 @@ def _stage_s3(planned: PlannedInput, url: S3Url, kind: Kind, local: Path, engine
 
     if kind == "folder":
         rules = PathFilter.from_patterns(declared.excludes if declared else ())
-        summary = engine.download_prefix(url, local, TransferOptions(filter=rules, progress=progress, shard=shard))
+        summary = engine.download_prefix(url, local, TransferOptions(filter=rules, progress=progress, shard=shard),
+                                         listing=listing)
         files = summary.transferred_files + summary.unchanged_files
         empty_allowed = shard is not None or (declared is not None and declared.allow_empty)  # a shard may get no key
         if files == 0 and not summary.failed and not empty_allowed:
@@ -100,7 +110,7 @@ def _stage_s3(planned: PlannedInput, url: S3Url, kind: Kind, local: Path, engine
         note = f"{len(result.missing)} referenced objects missing (skipped)" if result.missing else None
         return staged(result.summary, result.references - len(result.missing), note)
     if kind == "archive":
-        extracted = extract_archive(planned.source, local, strip_components=declared.strip_components if declared else 0,
+        extracted = extract_archive(url, local, strip_components=declared.strip_components if declared else 0,
                                     engine=engine, progress=progress)
         return StagedSource(source=planned.source, kind=kind, sub_path=planned.sub_path,
                             container_path=planned.container_path, local_path=str(local), files=extracted.files,
@@ -118,26 +128,12 @@ def _stage_model(planned: PlannedInput, parsed: HFModelURI | NGCModelURI, workdi
     as the renderer requires). Both locations come from the one parser in :mod:`tao_data_io.uris`."""
     assert planned.sub_path is not None
     root = workdir / staging_location(model_root(parsed))
-    result = pull_model(planned.source, root, environ=environ, progress=progress)
+    result = pull_model(parsed, root, environ=environ, progress=progress)
     return StagedSource(source=planned.source, kind="model", sub_path=planned.sub_path,
                         container_path=planned.container_path, local_path=str(workdir / planned.sub_path),
                         files=len(result.files), bytes=result.bytes, transferred_files=len(result.fetched),
                         transferred_bytes=result.fetched_bytes, unchanged_files=len(result.files) - len(result.fetched),
                         seconds=time.monotonic() - started, note=f"revision {result.revision}")
-
-
-def _resolve_s3_kind(engine: TransferEngine, planned: PlannedInput) -> Kind:
-    """``s3://b/p/`` is a folder; ``s3://b/k`` is a file if that object exists, else a folder
-    if anything lives under ``k/``; else the input does not exist."""
-    url = parse_s3_url(planned.source, field=planned.field)
-    if url.is_prefix:
-        return "folder"
-    if engine.exists(url):
-        return "file"
-    if engine.has_prefix(url.as_prefix()):
-        return "folder"
-    raise UsageError(f"{planned.field}: {planned.source!r} does not exist: no object with that key and nothing "
-                     f"under {url.as_prefix()}")
 
 
 def _raise_failed(failed: list[Failure], planned: PlannedInput) -> None:

@@ -425,7 +425,7 @@ def _fetch_and_read(engine: TransferEngine, annotation: str, keys: Sequence[str]
     fmt = fmt or infer_format(name)
     with tempfile.TemporaryDirectory(prefix="tao-data-io-annotation-") as scratch:
         target = Path(scratch) / name
-        fetched = engine.copy(annotation, str(target), TransferOptions())
+        fetched = engine.download_object(url, target, TransferOptions())
         if not fetched.ok:
             failure = fetched.failed[0]
             if failure.missing:

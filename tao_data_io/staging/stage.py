@@ -30,12 +30,11 @@ from ..request import JobRequest
 from ..runner import Runner, direct
 from ..transfer.engine import TransferEngine
 from ..transfer.shard import Shard
-from ..uris import HFModelURI, NGCModelURI, parse_uri
 from .config import materialize_config
 from .engines import EngineSource, lease
-from .inputs import resolve_kind, stage_planned
+from .inputs import resolved, stage_planned
 from .layout import CONFIG_DIR, DEFAULT_INPUTS_ROOT, PlannedInput, plan_inputs
-from .stage_map import STAGING_MAP_NAME, Kind, StagedSource, StagingMap, write_staging_map
+from .stage_map import STAGING_MAP_NAME, StagedSource, StagingMap, write_staging_map
 
 __all__ = ["STAGING_MAP_NAME", "check_air_gap", "plan_inputs", "plan_stage", "publish_map", "stage", "stage_config",
            "stage_input"]
@@ -76,12 +75,13 @@ def stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPU
     workdir = Path(os.path.abspath(workdir))
     workdir.mkdir(parents=True, exist_ok=True)
     stage_one = stager or stage_input
+    plan = plan_inputs(request, inputs_root)  # every source parsed once, here
     with lease(engine, environ) as get_engine:
         sources = [run(stage_one, planned, workdir, engine=get_engine, environ=environ,
                        progress=progress(planned) if progress else None, shard=shard)
-                   for planned in plan_inputs(request, inputs_root)]
+                   for planned in plan]
     if request.mode == "config":
-        sources.append(run(stage_config, request, workdir, inputs_root=inputs_root))
+        sources.append(run(stage_config, request, workdir, inputs_root=inputs_root, plan=plan))
     return run(publish_map, request, workdir, sources, inputs_root=inputs_root, map_path=map_path)
 
 
@@ -95,19 +95,20 @@ def plan_stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT
     with one request (file or folder decides what the verify probe expects there)."""
     check_air_gap(request)
     workdir = Path(os.path.abspath(workdir))
+    plan = plan_inputs(request, inputs_root)
     sources = []
     with lease(engine, environ) as get_engine:
-        for planned in plan_inputs(request, inputs_root):
+        for planned in plan:
             if not planned.remote:
-                sources.append(stage_input(planned, workdir))
+                sources.append(stage_planned(planned, workdir, engine=get_engine))
                 continue
-            parsed = parse_uri(planned.source, field=planned.field)
-            kind: Kind = "model" if isinstance(parsed, HFModelURI | NGCModelURI) else resolve_kind(planned, get_engine)
+            kind = resolved(planned, get_engine).kind
+            assert kind is not None
             sources.append(StagedSource(source=planned.source, kind=kind, sub_path=planned.sub_path,
                                         container_path=planned.container_path, local_path=None, files=None,
                                         bytes=None, note="planned: staged on the cluster"))
     if request.mode == "config":
-        sources.append(stage_config(request, workdir, inputs_root=inputs_root))
+        sources.append(stage_config(request, workdir, inputs_root=inputs_root, plan=plan))
     return publish_map(request, workdir, sources, inputs_root=inputs_root, map_path=map_path)
 
 
@@ -122,10 +123,13 @@ def publish_map(request: JobRequest, workdir: Path, sources: list[StagedSource],
     return staging_map
 
 
-def stage_config(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPUTS_ROOT) -> StagedSource:
-    """Materialize the config under ``workdir/config`` and describe it as a staged source."""
+def stage_config(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPUTS_ROOT,
+                 plan: list[PlannedInput] | None = None) -> StagedSource:
+    """Materialize the config under ``workdir/config`` and describe it as a staged source.
+    ``plan``: the request's :func:`plan_inputs`, when the caller holds it (its URIs are not parsed
+    again)."""
     started = time.monotonic()
-    config = materialize_config(request, Path(workdir) / CONFIG_DIR, inputs_root)
+    config = materialize_config(request, Path(workdir) / CONFIG_DIR, inputs_root, plan=plan)
     size = config.path.stat().st_size
     return StagedSource(source=f"config:sha256:{config.sha256}", kind="config", sub_path=config.sub_path,
                         container_path=config.container_path, local_path=str(config.path), files=1, bytes=size,
