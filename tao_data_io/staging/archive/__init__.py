@@ -48,15 +48,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import IO, Any, Self
 
-from ..credentials import s3_credentials_from_env
-from ..errors import TransferError, UnsafePathError, UsageError
-from ..reporting import Progress, ProgressCallback
-from ..transfer.client import explained, head_or_none
-from ..transfer.engine import TransferEngine
-from ..fs import (atomic_write, check_relative, confined_path, destination_lock_path, file_digest, file_lock, is_within,
+from ...credentials import s3_credentials_from_env
+from ...errors import TransferError, UnsafePathError, UsageError
+from ...reporting import Progress, ProgressCallback
+from ...transfer.client import explained, head_or_none
+from ...transfer.engine import TransferEngine
+from ...fs import (atomic_write, check_relative, confined_path, destination_lock_path, file_digest, file_lock, is_within,
                   lock_owner, remove_if_exists, remove_stale_temps, state_dir_for, temp_path_for)
-from ..uris import S3Url, is_s3_url, parse_s3_url
-from ..vocabulary import ARCHIVE_FORMATS
+from ...uris import S3Url, is_s3_url, parse_s3_url
+from ...vocabulary import ARCHIVE_FORMATS
 
 #: The marker beside the destination (``fs.state_dir_for``), which says what was extracted there.
 MARKER_NAME = "extracted.json"

@@ -39,12 +39,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import TransferError, UnsafePathError, UsageError
-from ..transfer.engine import TransferEngine, TransferOptions
-from ..fs import DestinationTree, atomic_write, check_relative, remove_if_exists, state_dir_for
-from ..transfer.summary import TransferSummary
-from ..uris import is_s3_url, parse_s3_url
-from ..vocabulary import ANNOTATION_FORMATS, MISSING_MODES
+from ...errors import TransferError, UnsafePathError, UsageError
+from ...transfer.engine import TransferEngine, TransferOptions
+from ...fs import DestinationTree, atomic_write, check_relative, remove_if_exists, state_dir_for
+from ...transfer.summary import TransferSummary
+from ...uris import is_s3_url, parse_s3_url
+from ...vocabulary import ANNOTATION_FORMATS, MISSING_MODES
 
 #: Written beside the destination (``fs.state_dir_for``) by ``missing="skip"``: one missing key per line.
 MISSING_REPORT = "missing-references.txt"
