@@ -3,22 +3,25 @@
 Why each property, and how it is kept:
 
 * **Safe.** Every member is checked before a byte of it is written, the same way for tar and
-  zip, so an error names the member: its name must pass the package's one confinement check
-  (:func:`~tao_data_io.transfer.paths.check_relative`), symlink and hard-link targets must
-  stay inside the destination, devices, FIFOs, sockets and setuid/setgid bits are refused.
-  We never call ``tarfile.extract``/``zipfile.extract``: we write every file ourselves, with
-  ``O_EXCL`` and through :func:`~tao_data_io.transfer.paths.confined_path` (which never
-  follows a symlink on the way), and create symlinks only after all files, so nothing can be
-  written through one. Modes keep the execute bits but never group/other write.
+  zip (:mod:`.formats` turns both into one member shape), so an error names the member: its
+  name must pass the package's one confinement check (:func:`tao_data_io.fs.check_relative`),
+  symlink and hard-link targets must stay inside the destination, devices, FIFOs, sockets and
+  setuid/setgid bits are refused. We never call ``tarfile.extract``/``zipfile.extract``: the
+  extractor (:mod:`.extractor`) writes every file itself, with ``O_EXCL`` and through
+  :func:`tao_data_io.fs.confined_path` (which never follows a symlink on the way), and creates
+  symlinks only after all files, so nothing can be written through one. Modes keep the execute
+  bits but never group/other write. What one archive may expand to is bounded (:mod:`.limits`).
 * **Atomic.** Extraction happens in a fresh directory beside the destination (same parent, so
-  same filesystem) which is renamed into place only when complete, marker included. An
-  earlier tree is renamed aside, the new one renamed in, then the old one removed: the
-  destination is never half-written, and a corrupt or hostile archive leaves it untouched.
-* **Idempotent.** ``DEST/.extracted`` records the archive's identity (S3: bucket, key, size,
-  ETag from one HEAD; local: size and SHA-256), ``--strip-components`` and every file with its
-  size. A rerun with the same archive over a complete tree does nothing beyond the identity
-  check; a changed archive, or a damaged tree (a file missing or of another size), is
-  extracted again. Sizes, not contents, are checked: cheap enough to do on every run.
+  same filesystem) which is renamed into place only when complete. An earlier tree is renamed
+  aside, the new one renamed in, then the old one removed: the destination is never
+  half-written, and a corrupt or hostile archive leaves it untouched.
+* **Idempotent.** The marker (:mod:`.marker`), kept beside the tree and never inside it
+  (``PARENT/.tao-data-io/NAME/extracted.json``, :func:`tao_data_io.fs.state_dir_for`), records
+  the archive's identity (S3: bucket, key, size, ETag from one HEAD; local: size and SHA-256,
+  :mod:`.sources`), ``--strip-components`` and every file with its size. A rerun with the same
+  archive over a complete tree does nothing beyond the identity check; a changed archive, or a
+  damaged tree (a file missing or of another size), is extracted again. Sizes, not contents, are
+  checked: cheap enough to do on every run.
 * **One read of S3.** Tar formats are decompressed and untarred straight from the GET body.
   Zip needs random access, so its body is copied to a temp file beside the destination
   (still one GET) and removed afterwards. We decompress ourselves rather than use tarfile's

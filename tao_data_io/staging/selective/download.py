@@ -72,7 +72,8 @@ def selective_download(engine: TransferEngine, annotation: str, keys: Sequence[s
     Referenced objects that do not exist: with ``missing="error"`` the files this run created
     are removed again (files that were there before are kept) and
     :class:`MissingReferencesError` is raised; with ``missing="skip"`` the rest is staged and
-    the keys are written to ``dest/.tao-data-io/missing-references.txt``.
+    the keys are written beside it, to ``PARENT/.tao-data-io/NAME/missing-references.txt``
+    (:func:`tao_data_io.fs.state_dir_for`).
     """
     options = options or TransferOptions()
     keys = check_keys(keys)
