@@ -14,6 +14,7 @@ import tempfile
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,6 +99,24 @@ def s3_env(s3_server: EmbeddedS3, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
     return s3_server.env()
+
+
+@pytest.fixture
+def cli_env(s3_server: EmbeddedS3, bucket: str, s3_client: Any, tmp_path: Path) -> dict[str, str]:
+    """The environment a user runs the CLI in (:func:`tests.helpers.run_cli`): the S3 server's
+    credentials, a results bucket holding ``ds/input.txt``, and a record store, staging root and
+    home of the test's own."""
+    s3_client.put_object(Bucket=bucket, Key="ds/input.txt", Body=b"version-1\n")
+    return {**s3_server.env(), "S3_BUCKET_NAME": bucket, "TAO_DATA_IO_RECORDS": str(tmp_path / "jobs"),
+            "TAO_DATA_IO_WORKDIR": str(tmp_path / "work"), "HOME": str(tmp_path)}
+
+
+@pytest.fixture
+def no_cloud(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No results bucket, results mount, shared record store or attempt limit from this process's
+    environment reaches the test."""
+    for variable in ("S3_BUCKET_NAME", "TAO_RESULTS_ROOT", "TAO_DATA_IO_RECORDS", "AWS_MAX_ATTEMPTS"):
+        monkeypatch.delenv(variable, raising=False)
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,13 @@
-"""Small helpers shared by tests: build trees, fingerprint trees, run the CLI as a user would, wait
-for something with a deadline, read an environment as torchrun does, count the URIs parsed."""
+"""Small helpers shared by tests: build trees, fingerprint trees, run the CLI as a user would, write
+a request and wait for a job's state through it, wait for something with a deadline, read an
+environment as torchrun does, count the URIs parsed."""
 
 from __future__ import annotations
 
 import argparse
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import yaml
 
 from tao_data_io.fs import STATE_DIR_NAME, TEMP_PREFIX
 
@@ -23,6 +26,9 @@ from tao_data_io.fs import STATE_DIR_NAME, TEMP_PREFIX
 T = TypeVar("T")
 #: How long a test waits for something to happen before it fails (a deadline, never a timing assertion).
 DEADLINE_S = 60.0
+#: The training stand-in (``examples/stand_in/train.sh``) a local job mounts.
+STAND_IN = Path(__file__).resolve().parent.parent / "examples" / "stand_in"
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 
 def wait_for(what: str, probe: Callable[[], T | None], deadline_s: float = DEADLINE_S) -> T:
@@ -63,6 +69,41 @@ def run_cli(*args: str, env: Mapping[str, str], cwd: Path | None = None) -> subp
     full_env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **env}
     return subprocess.run([sys.executable, "-m", "tao_data_io.cli", *args], env=full_env, cwd=cwd,
                           capture_output=True, text=True, timeout=300)
+
+
+def args_request(**extra: Any) -> dict[str, Any]:
+    """An args-mode request of the host's ``true``, with ``extra`` fields."""
+    return {"schema_version": "1", "image": "local", "command": ["true"], "mode": "args", "args": [], **extra}
+
+
+def write_request(path: Path, request: Mapping[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(dict(request)))
+    return path
+
+
+def held_request(tmp_path: Path, bucket: str, job_id: str) -> Path:
+    """The stand-in, held RUNNING until ``tmp_path/hold/go`` exists, reading s3://bucket/ds/."""
+    (tmp_path / "hold").mkdir(exist_ok=True)
+    (tmp_path / "hold" / ".keep").write_text("")
+    return write_request(tmp_path / f"{job_id}.yaml", {
+        "schema_version": "1", "job_id": job_id, "image": "local", "mode": "config", "config_format": "json",
+        "command": "sh /stand-in/train.sh -e {config_path}", "spec": {"data": f"s3://{bucket}/ds/"},
+        "mounts": [{"source": str(STAND_IN), "target": "/stand-in"},
+                   {"source": str(tmp_path / "hold"), "target": "/hold"}],
+        "environment": {"EPOCHS": "1", "EPOCH_SECONDS": "0", "HOLD_FILE": "/hold/go"},
+    })
+
+
+def wait_cli_state(job_id: str, env: Mapping[str, str], state: str, *extra: str, timeout: float = 30) -> str:
+    """``tao-data-io status`` of ``job_id`` once it says ``state`` (``extra``: more flags)."""
+    deadline = time.monotonic() + timeout
+    out = ""
+    while time.monotonic() < deadline:
+        out = run_cli("status", "--job-id", job_id, *extra, env=env).stdout
+        if out.startswith(state):
+            return out
+        time.sleep(0.2)
+    raise AssertionError(f"{job_id} never reached {state}: {out}")
 
 
 @contextmanager

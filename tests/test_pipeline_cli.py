@@ -14,7 +14,7 @@ import yaml
 
 from tao_data_io.records import RecordStore
 
-from .helpers import run_cli
+from .helpers import args_request, held_request, needs_bwrap, run_cli, wait_cli_state, write_request
 
 STAND_IN = Path(__file__).resolve().parent.parent / "examples" / "stand_in"
 
@@ -113,3 +113,54 @@ def test_an_empty_input_fails_verify_and_the_command_never_starts(env: dict[str,
     request.write_text(yaml.safe_dump(data))
     result = run_cli("submit", "--request", str(request), env=env)
     assert result.returncode == 2 and "not-here" in result.stderr
+
+
+# ----------------------------------------------------------------------------- cancel and collect say what happened
+@needs_bwrap
+def test_cancel_with_the_wrong_workdir_does_not_record_a_running_job_canceled(
+        cli_env: dict[str, str], bucket: str, tmp_path: Path) -> None:
+    """``cancel`` without the job's ``--workdir`` finds no run directory; that is an error naming
+    where to look, never a final CANCELED recorded for a job that goes on running."""
+    workdir = str(tmp_path / "elsewhere")
+    request = held_request(tmp_path, bucket, "wd-cancel")
+    assert run_cli("submit", "--request", str(request), "--workdir", workdir, env=cli_env).returncode == 0
+    try:
+        wait_cli_state("wd-cancel", cli_env, "RUNNING", "--workdir", workdir)
+        canceled = run_cli("cancel", "--job-id", "wd-cancel", env=cli_env)  # forgot --workdir
+        still = run_cli("status", "--job-id", "wd-cancel", "--workdir", workdir, env=cli_env).stdout
+        record = RecordStore(tmp_path / "jobs").get("wd-cancel")
+        assert not (canceled.returncode == 0 and still.startswith("RUNNING")), (
+            f"cancel said {canceled.stdout.strip()!r} (exit 0) but the job is {still.strip()!r}")
+        assert record.state != "CANCELED" or not still.startswith("RUNNING")
+    finally:
+        run_cli("cancel", "--job-id", "wd-cancel", "--workdir", workdir, env=cli_env)
+
+
+@needs_bwrap
+def test_collect_names_the_files_that_failed_to_upload(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """``collect`` after a partial upload exits 1 and names each file that failed, with its reason,
+    and the out-of-tree symlink it skipped, as ``upload-results`` does."""
+    request = write_request(tmp_path / "bad-names.yaml", args_request(
+        job_id="bad-names", command=["sh", "-c", ("cd /results && echo ok > good.txt && printf x > \"$(printf 'bad\\nname')\""
+                                                  " && ln -s /etc/hostname escapes")]))
+    assert run_cli("submit", "--request", str(request), env=cli_env).returncode == 0
+    collected = run_cli("collect", "--job-id", "bad-names", "--wait", "--poll-seconds", "0.2", env=cli_env)
+    assert collected.returncode == 1, collected.stdout + collected.stderr
+    said = collected.stdout + collected.stderr
+    assert "bad\\nname" in said, f"the failed file is not named: {said!r}"
+    assert "escapes" in said, f"the skipped symlink is not reported: {said!r}"
+
+
+def test_cancel_of_a_completed_job_does_not_say_canceled(tmp_path: Path) -> None:
+    """``cancel`` of a job that already completed says so; it never prints CANCELED for it, and the
+    record stays COMPLETE."""
+    env = {"TAO_DATA_IO_RECORDS": str(tmp_path / "jobs"), "TAO_DATA_IO_WORKDIR": str(tmp_path / "work"),
+           "HOME": str(tmp_path)}
+    assert run_cli("record", "open", "--job-id", "done-1", "--platform", "local", "--image", "i", "--network-arch",
+                   "a", "--action", "b", "--results-dir", "/results", env=env).returncode == 0
+    assert run_cli("record", "mark", "done-1", "--state", "RUNNING", "--backend-ref", "local/done-1",
+                   env=env).returncode == 0
+    assert run_cli("record", "mark", "done-1", "--state", "COMPLETE", env=env).returncode == 0
+    canceled = run_cli("cancel", "--job-id", "done-1", env=env)
+    assert RecordStore(tmp_path / "jobs").get("done-1").state == "COMPLETE"
+    assert "CANCELED" not in canceled.stdout, canceled.stdout

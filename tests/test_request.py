@@ -12,14 +12,16 @@ import pytest
 import yaml
 
 from tao_data_io.errors import UsageError
-from tao_data_io.request import JobRequest, load_request
+from tao_data_io.request import JobRequest, load_request, parse_request
 from tao_data_io.staging.config import materialize_config
 from tao_data_io.staging.layout import placements
 from tao_data_io.spec import remote_uris, rewrite
 
-from .helpers import run_cli
+from .helpers import args_request, run_cli
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+#: A credential value as a careless user might paste it into a request.
+SECRET = "AttackSecretValue-7f3c9a1b2d"
 
 
 def request(**overrides: Any) -> dict[str, Any]:
@@ -141,3 +143,34 @@ def test_materialize_config_cli(tmp_path: Path) -> None:
     bad = write(tmp_path, request(spec={"train.lr": 0.1}), "bad.json")
     result = run_cli("materialize-config", "--request", str(bad), "--output-dir", str(tmp_path / "cfg"), env={})
     assert result.returncode == 2 and "must be nested" in result.stderr and "'train.lr'" in result.stderr
+
+
+# ----------------------------------------------------------------------------- what a request may not hold
+def test_a_targetless_local_input_cannot_shadow_proc() -> None:
+    """A local input without a target appears at its own source path, which must be a usable target
+    too: ``/proc`` as an input would bind the host's /proc over the frame's own (every host process
+    visible inside), so it is refused like ``target: /proc``."""
+    with pytest.raises(UsageError, match="shadows /proc"):
+        parse_request(args_request(inputs=[{"source": "/proc"}]), environ={})
+
+
+def test_a_credential_value_in_a_mount_target_is_refused() -> None:
+    """No literal value anywhere in a request may equal a credential of the environment — a mount's
+    target included (it would reach bubblewrap's argv, the launch plan and the probe's checklist); the
+    request is refused up front, naming the field, never the value."""
+    environ = {"AWS_SECRET_ACCESS_KEY": SECRET}
+    with pytest.raises(UsageError, match=r"mounts\[0\]\.target"):
+        parse_request(args_request(mounts=[{"source": "/tmp", "target": f"/data/{SECRET}"}]), environ=environ)
+
+
+def test_a_number_in_environment_is_its_text_and_a_list_names_the_fix() -> None:
+    """An unquoted number or boolean in ``environment`` (``EPOCHS: 3``) is its text, as YAML users
+    mean it; a value that cannot be text (a list) names the field and the fix; a misspelt field
+    names the one meant."""
+    assert parse_request(args_request(environment={"EPOCHS": 3, "AMP": True, "LR": 0.001}), environ={}).environment \
+        == {"EPOCHS": "3", "AMP": "true", "LR": "0.001"}
+    with pytest.raises(UsageError) as caught:
+        parse_request(args_request(environment={"GPUS": [0, 1]}), environ={})
+    assert "environment.GPUS" in str(caught.value) and "quote it" in str(caught.value)
+    with pytest.raises(UsageError, match="unknown field 'enviroment': did you mean 'environment'"):
+        parse_request({**args_request(), "enviroment": {}}, environ={})
