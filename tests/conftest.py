@@ -102,6 +102,20 @@ def s3_env(s3_server: EmbeddedS3, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
 
 
 @pytest.fixture
+def env(s3_env: dict[str, str], bucket: str, s3_client: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """A flow worker's environment (this process's, as the flow tests run their flows in it): the S3
+    server's credentials and a results bucket holding inputs (``data/part-N.bin``,
+    ``models/model.bin``)."""
+    monkeypatch.setenv("S3_BUCKET_NAME", bucket)
+    for monkey in ("AWS_MAX_ATTEMPTS", "TAO_RESULTS_ROOT", "TAO_DATA_IO_RECORDS", "HF_TOKEN", "NGC_KEY"):
+        monkeypatch.delenv(monkey, raising=False)
+    for index in range(3):
+        s3_client.put_object(Bucket=bucket, Key=f"data/part-{index}.bin", Body=os.urandom(2048))
+    s3_client.put_object(Bucket=bucket, Key="models/model.bin", Body=b"model weights")
+    return {**s3_env, "S3_BUCKET_NAME": bucket}
+
+
+@pytest.fixture
 def cli_env(s3_server: EmbeddedS3, bucket: str, s3_client: Any, tmp_path: Path) -> dict[str, str]:
     """The environment a user runs the CLI in (:func:`tests.helpers.run_cli`): the S3 server's
     credentials, a results bucket holding ``ds/input.txt``, and a record store, staging root and

@@ -1,6 +1,6 @@
 """Small helpers shared by tests: build trees, fingerprint trees, run the CLI as a user would, write
 a request and wait for a job's state through it, wait for something with a deadline, read an
-environment as torchrun does, count the URIs parsed."""
+environment as torchrun does, count the URIs parsed, find a local job's processes."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from tao_data_io.fs import STATE_DIR_NAME, TEMP_PREFIX
+from tao_data_io.local.process import proc_stat
 
 
 T = TypeVar("T")
@@ -149,3 +150,30 @@ def count_uri_parses(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
             if getattr(module, name, None) is original:
                 monkeypatch.setattr(module, name, counting)
     return counts
+
+
+def proc_text(pid: str, name: str) -> str:
+    """``/proc/<pid>/<name>`` as text ("" once the process is gone)."""
+    try:
+        return (Path("/proc") / pid / name).read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def live_processes() -> Iterator[tuple[int, str, str]]:
+    """(pid, argv, environment) of every running process on this host but zombies."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        stat = proc_stat(int(entry))
+        if stat is None or stat.state in ("Z", "X"):
+            continue
+        yield int(entry), proc_text(entry, "cmdline"), proc_text(entry, "environ")
+
+
+def job_processes(backend: Any, job_id: str) -> dict[int, str]:
+    """pid → argv of every live process of the job: the supervisor (its argv names the run
+    directory) and every frame process (bubblewrap and all inside carry TAO_JOB_ID)."""
+    run_dir = str(backend.run_root / job_id / "run")
+    return {pid: argv.replace("\0", " ") for pid, argv, environ in live_processes()
+            if run_dir in argv or f"\0TAO_JOB_ID={job_id}\0" in f"\0{environ}"}

@@ -34,7 +34,6 @@ from tao_data_io.launch.plan import PROBE_DIR, LaunchPlan, build_plan
 from tao_data_io.launch.rendezvous import MASTER_PORT
 from tao_data_io.local.backend import LocalBackend
 from tao_data_io.local.preflight import BWRAP_INSTALL, find_tool
-from tao_data_io.local.process import proc_stat
 from tao_data_io.local.sandbox import (FRAME_PATH, MASTER_ADDR, Bind, Host, Namespaces, SystemDir, frame_argv,
                                        frame_binds, frame_env,
                                        host_system_dirs)
@@ -44,7 +43,8 @@ from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage_map import StagedSource, StagingMap
 from tao_data_io.tier import TierDecision
 
-from .helpers import DEADLINE_S, args_request, needs_bwrap, run_cli, torchrun_arguments, wait_for, write_request
+from .helpers import (DEADLINE_S, args_request, job_processes, live_processes, needs_bwrap, proc_text, run_cli,
+                      torchrun_arguments, wait_for, write_request)
 
 REPO = Path(__file__).resolve().parents[1]
 STAND_IN = REPO / "examples" / "stand_in"
@@ -116,32 +116,6 @@ def wait_state(backend: LocalBackend, ref: str, *states: str) -> JobStatus:
 
 def finished(backend: LocalBackend, ref: str) -> JobStatus:
     return wait_state(backend, ref, "COMPLETE", "ERROR", "CANCELED")
-
-
-def _proc_text(pid: str, name: str) -> str:
-    try:
-        return (Path("/proc") / pid / name).read_bytes().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def live_processes() -> Iterator[tuple[int, str, str]]:
-    """(pid, argv, environment) of every running process on this host but zombies."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        stat = proc_stat(int(entry))
-        if stat is None or stat.state in ("Z", "X"):
-            continue
-        yield int(entry), _proc_text(entry, "cmdline"), _proc_text(entry, "environ")
-
-
-def job_processes(backend: LocalBackend, job_id: str) -> dict[int, str]:
-    """pid → argv of every live process of the job: the supervisor (its argv names the run
-    directory) and every frame process (bubblewrap and all inside carry TAO_JOB_ID)."""
-    run_dir = str(backend.run_root / job_id / "run")
-    return {pid: argv.replace("\0", " ") for pid, argv, environ in live_processes()
-            if run_dir in argv or f"\0TAO_JOB_ID={job_id}\0" in f"\0{environ}"}
 
 
 @pytest.fixture
@@ -421,7 +395,7 @@ def test_credentials_reach_the_frame_and_nowhere_else(tmp_path: Path, backend: L
     argvs = list(processes.values())
     assert any("tao_data_io.local.supervisor" in argv for argv in argvs), argvs
     assert any(argv.startswith(find_tool("bwrap", BWRAP_INSTALL)) for argv in argvs), argvs
-    assert all(secret not in _proc_text(str(pid), "cmdline") for pid in processes)
+    assert all(secret not in proc_text(str(pid), "cmdline") for pid in processes)
     (control(tmp_path) / "release").touch()
     assert finished(backend, ref).state == "COMPLETE", backend.logs(ref)
     results = Path(str(backend.results_path(ref)))

@@ -13,7 +13,7 @@ from prefect.client.orchestration import get_client
 
 from flows.submit import submit_tao_job
 
-from .test_flows import env, name, records_block  # noqa: F401 (env: a fixture)
+from .flow_helpers import name, records_block
 from .test_review_findings_prefect import _args_request, _local, no_cloud  # noqa: F401 (no_cloud: a fixture)
 
 #: A credential value with a backslash, as strong passwords and tokens may have.

@@ -20,7 +20,7 @@ from tao_data_io.local.settings import LocalSettings
 from tao_data_io.records import RecordStore
 
 from .helpers import run_cli
-from .test_flows import env, fake_request, fake_target, name, records_block  # noqa: F401 (env: a fixture)
+from .flow_helpers import fake_request, fake_target, name, records_block
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
