@@ -172,7 +172,7 @@ def test_a_single_node_submit_creates_secret_configmap_job_owned_by_the_job(kube
 
 
 def test_the_api_requests_of_a_single_node_submit(kube: KubeStandIn, tmp_path: Path) -> None:
-    """The figure for the README: what a tier C single-node submit asks the API server, step by
+    """The figure for docs/kubernetes.md: what a tier C single-node submit asks the API server, step by
     step (the verify polls depend on how fast the pod gets there: here four looks)."""
     submit(tmp_path, job_request(), make_backend())
     sent = kube.requests()
@@ -875,7 +875,7 @@ E2E_KUBECONFIG = os.environ.get("TAO_E2E_KUBECONFIG")
 
 
 @pytest.mark.skipif(not E2E_KUBECONFIG, reason="set TAO_E2E_KUBECONFIG to a kind or minikube cluster's kubeconfig "
-                                               "to run the real-cluster suite (README: Kubernetes, a real cluster)")
+                                               "to run the real-cluster suite (docs/kubernetes.md: a real cluster)")
 def test_e2e_a_gpu_free_tier_a_job_on_a_real_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """submit (gpus 0, tier A on a hostPath claim) → verify → status → logs → cancel → collect,
     on the cluster TAO_E2E_KUBECONFIG names, in namespace $TAO_E2E_NAMESPACE (default tao-e2e),

@@ -29,7 +29,7 @@ from .kube_standin import invalid
 from .test_kubernetes import STAGER, _plan, req
 from .test_kubernetes_online import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID
 
-#: The job id rule (README: 1-52 lowercase letters, digits or '-', a letter or digit at each end).
+#: The job id rule (docs/requests.md: 1-52 lowercase letters, digits or '-', a letter or digit at each end).
 JOB_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?")
 
 

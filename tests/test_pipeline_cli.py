@@ -57,6 +57,8 @@ def test_submit_then_collect_runs_the_job_and_uploads_its_results(env: dict[str,
 
     collected = run_cli("collect", "--job-id", "cli-ok", "--wait", "--poll-seconds", "0.2", "--json", env=env)
     assert collected.returncode == 0, collected.stderr
+    logs = run_cli("logs", "--job-id", "cli-ok", "--tail", "50", env=env)
+    assert logs.returncode == 0 and "epoch 2/2 done" in logs.stdout, logs.stdout + logs.stderr
     outcome = json.loads(collected.stdout)
     assert outcome["state"] == "COMPLETE" and outcome["upload"]["summary"]["transferred_files"] == 3
     assert _uploaded(s3_client, bucket, "cli-ok") == ["checkpoint_epoch_1.pth", "checkpoint_epoch_2.pth",
