@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +32,7 @@ from tao_data_io.names import object_names
 from tao_data_io.records import RecordStore
 from tao_data_io.request import JobRequest
 
+from .kube_helpers import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID
 from .kube_standin import RESOURCES, TRAIN_SCRIPT, Fault, KubeStandIn
 
 NAMESPACE = "tao"
@@ -357,14 +357,6 @@ def test_a_job_that_exists_with_another_pod_spec_is_refused(kube: KubeStandIn, t
 
 
 # ----------------------------------------------------------------------------- names the API server takes
-DNS_1035 = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
-#: Ids an earlier scheme gave one name: L's ConfigMap and Secret names, truncated to 52 with a
-#: hash of L, were ``M-files`` and ``M2-credentials`` for these valid ids M and M2.
-LONG_ID = "longjob-" + "a" * 44
-ITS_FILES_BASE = "longjob-aaaaaaaaaaaaaaaaaaaaaaaaaaa-92fb6e432f"
-ITS_CREDENTIALS_BASE = "longjob-aaaaaaaaaaaaaaaaaaaaa-92fb6e432f"
-
-
 def named(kind: str, name: str, **extra: Any) -> dict[str, Any]:
     """A minimal object of ``kind`` (a Job: one container, restartPolicy Never)."""
     obj: dict[str, Any] = {"apiVersion": "batch/v1" if kind == "Job" else "v1", "kind": kind,
