@@ -87,12 +87,12 @@ class KubernetesTarget(ComputeTarget):
                     "scheduling of each job's objects; names only, never the kubeconfig or a Secret's contents.")
 
     def backend(self) -> Backend:
+        """The Kubernetes backend; a worker without the official client (the ``kubernetes`` extra,
+        which a worker that runs only local jobs need not have) is told to install it."""
         try:
             return backend_from(self.settings)
         except ImportError as exc:
             if exc.name == "kubernetes" or (exc.name or "").startswith("kubernetes."):
                 raise UsageError("the Kubernetes target needs the official client on the worker: install "
                                  "tao-data-io[kubernetes]") from exc
-            raise UsageError("this installation of tao-data-io has no Kubernetes backend yet "
-                             f"({exc.name or 'tao_data_io.kubernetes.backend'} is missing): run the job on a local "
-                             "target, or upgrade tao-data-io on the worker") from exc
+            raise

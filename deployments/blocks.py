@@ -6,7 +6,7 @@
 Saves ``tao-local-target/local``, ``tao-job-records/local`` and the ``default`` credential blocks
 (the standard variable names: AWS_* with the legacy TAO names behind them, HF_TOKEN, NGC_KEY).
 Blocks that already exist are kept unless ``--overwrite``, so a rerun never undoes an edit made
-in the UI. Registration alone is ``prefect block register -m blocks`` (see the README).
+in the UI. Registration alone is ``prefect block register -m blocks`` (see docs/prefect.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Screenshot a flow run's page in the Prefect UI with one of its tabs open, in headless Chromium
-(Debian's ``chromium``), for the README. A plain ``chromium --screenshot URL`` always shows the
+(Debian's ``chromium``), for docs/prefect.md. A plain ``chromium --screenshot URL`` always shows the
 Logs tab (the page picks its tab before the run has loaded), so this drives the page over the
 DevTools protocol: load it, click the tab, wait, capture.
 

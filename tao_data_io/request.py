@@ -12,10 +12,10 @@ path replaces ``{config_path}`` in the command).
 
 from __future__ import annotations
 
-import posixpath
 import re
-from pathlib import Path
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
@@ -23,47 +23,13 @@ from pydantic import BeforeValidator, Field, ValidationError, field_validator, m
 from .credentials import Redactor, credential_value_fields, is_secret_name, masked
 from .documents import load_document, read_document
 from .errors import UsageError
+from .frame import check_container_path, check_frame_target, place_sources
 from .names import ENV_NAME_RULE, check_job_id, is_env_name
 from .schema import Strict, describe_validation_error
+from .spec import iter_strings, remote_uris
 from .uris import is_remote_uri, parse_s3_url, parse_uri, staging_location
 
 SCHEMA_VERSION = "1"
-#: Where the materialized config is mounted read-only inside the compute frame.
-CONFIG_MOUNT_DIR = "/tao-action-config"
-#: Where the verify probe's script and checklist are mounted read-only inside the frame.
-PROBE_DIR = "/tao-data-io-verify"
-#: The frame's own directories: an input or results directory there would hide the system the
-#: command runs on (or our own mounts), so a target inside any of them is refused.
-SHADOWED_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys",
-                 "/usr", CONFIG_MOUNT_DIR, PROBE_DIR)
-
-
-def check_frame_target(value: str, *, what: str) -> str:
-    """A path the frame sees an input or results at: usable, and not over the frame's own."""
-    check_container_path(value, what=what)
-    shadowed = next((d for d in SHADOWED_DIRS if value == d or value.startswith(d + "/")), None)
-    if shadowed is not None:
-        raise ValueError(f"{what} {value!r} shadows {shadowed}, which the frame needs for itself; put it under a "
-                         "directory of its own such as /data")
-    return value
-
-
-def check_container_path(value: str, *, what: str) -> str:
-    """An absolute, normalised POSIX path that is not ``/`` (mount targets, results dirs)."""
-    problem = None
-    if not value.startswith("/"):
-        problem = "it is not absolute"
-    elif value == "/":
-        problem = "it is the root directory"
-    elif posixpath.normpath(value) != value or "//" in value:
-        problem = "it is not normalised (no '..', '.', '//' or trailing '/')"
-    elif any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
-        problem = "it contains a control character"
-    if problem:
-        raise ValueError(f"{what} {value!r} is not usable: {problem}; write an absolute path such as /data/coco")
-    return value
-
-
 #: A Kubernetes binary quantity such as ``16Gi`` (what ``/dev/shm`` sizes are written in).
 _BINARY_QUANTITY = re.compile(r"[1-9][0-9]{0,5}(Ki|Mi|Gi|Ti)")
 _QUANTITY_FACTORS = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4}
@@ -213,6 +179,21 @@ def _env_text(value: Any) -> Any:
 EnvValue = Annotated[str, BeforeValidator(_env_text)]
 
 
+@dataclass(frozen=True)
+class NamedSource:
+    """A remote source where a request names it: a declared input's source, or a URI in the spec."""
+
+    source: str
+    #: ``inputs[N].source``, or the spec field path where the URI first appears.
+    field: str
+    #: The input that declares it; None for a URI only the spec names.
+    declared: InputSpec | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.declared.kind if self.declared is not None else "auto"
+
+
 class JobRequest(Strict):
     schema_version: Literal["1"]
     job_id: str | None = None
@@ -253,8 +234,6 @@ class JobRequest(Strict):
     def _spec(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value is not None:
             check_nested_spec(value)
-            from .staging.spec import iter_strings
-
             for where, text in iter_strings(value):
                 if is_remote_uri(text):
                     staging_location(parse_uri(text, field=where), field=where)
@@ -298,10 +277,25 @@ class JobRequest(Strict):
         if overlap:
             raise ValueError(f"{overlap} appear in both environment and forward_env; a credential is forwarded by name only")
         self._check_declarations()
-        from .staging.layout import placements
-
-        placements(self)  # two sources that would land in one place are refused at load time
+        place_sources(self.remote_sources())  # two sources that would land in one place are refused at load time
         return self
+
+    def remote_sources(self) -> list[NamedSource]:
+        """Every remote source the request stages, where it names it: the declared inputs in order,
+        then each URI of the spec where it first appears (placed by :func:`~.frame.place_sources`)."""
+        named = [NamedSource(item.source, f"inputs[{index}].source", item)
+                 for index, item in enumerate(self.inputs) if is_remote_uri(item.source)]
+        return named + [NamedSource(uri, field) for field, uri in remote_uris(self.spec or {})]
+
+    def remote_references(self) -> list[tuple[str, str]]:
+        """(URI, field) of everything remote the request references — each source it stages, once,
+        then the selective inputs' annotations: what an air-gapped job cannot have."""
+        found: dict[str, str] = {}
+        for named in self.remote_sources():
+            found.setdefault(named.source, named.field)
+        found |= {item.annotation: f"inputs[{index}].annotation" for index, item in enumerate(self.inputs)
+                  if item.annotation and is_remote_uri(item.annotation) and item.annotation not in found}
+        return list(found.items())
 
     def _check_declarations(self) -> None:
         """One declaration per source; one input per target; no target inside another (the outer

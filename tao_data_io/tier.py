@@ -22,14 +22,13 @@ from .errors import UsageError
 from .reporting import human_size
 from .request import JobRequest
 from .schema import Strict
-from .uris import is_remote_uri
 
 Tier = Literal["A", "B", "C"]
-#: Above this many input bytes, tier C gets the idle-GPU warning (see README: tier section).
+#: Above this many input bytes, tier C gets the idle-GPU warning (docs/kubernetes.md: Storage tiers).
 DEFAULT_TIER_C_WARN_BYTES = 2 * 1024**3
 #: Throughput of an in-pod fetch, used when the tier C warning converts bytes into idle GPU time
 #: and to size the results sidecar's grace period: the engine staging 2,000 × 16 KiB through
-#: 20 ms/request measured 10.6 MB/s (17.2 direct); bench/mount.py, README "Storage tiers". Small
+#: 20 ms/request measured 10.6 MB/s (17.2 direct); bench/mount.py, docs/benchmarks.md. Small
 #: files at real latency are the slow case, so this errs towards warning early.
 TIER_C_BYTES_PER_SECOND = 10 * 1024**2
 
@@ -80,20 +79,11 @@ class TierDecision(Strict):
         return f"tier {self.tier}: {self.reason}" + "".join(f" (warning: {w})" for w in self.warnings)
 
 
-def remote_sources(request: JobRequest) -> list[str]:
-    """Every remote URI the request references (inputs, annotations and the spec)."""
-    from .staging.layout import placements
-
-    found = list(placements(request))
-    found += [item.annotation for item in request.inputs if item.annotation and is_remote_uri(item.annotation)]
-    return found
-
-
 def choose_tier(request: JobRequest, facts: ClusterFacts, *,
                 tier_c_warn_bytes: int = DEFAULT_TIER_C_WARN_BYTES) -> TierDecision:
     """Decide the tier (see the module docstring). An explicit ``storage.tier`` is honoured unless
     impossible, which is an error saying why."""
-    remote = remote_sources(request)
+    remote = [uri for uri, _ in request.remote_references()]
     wanted = request.storage.tier
     air_gapped = request.storage.air_gapped or facts.air_gapped
     if air_gapped:

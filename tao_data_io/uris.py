@@ -7,7 +7,7 @@ scheme already disagreed once (``hf://org/repo@refs%2Fpr%2F3/onnx``: the config 
 ``…/refs%2Fpr%2F3/onnx`` while the model was pulled to ``…/refs/pr/3/onnx``). Everything parses
 here, and :func:`staging_location` derives the path from the *parsed* URI.
 
-``s3://`` semantics (documented in the README):
+``s3://`` semantics (documented in docs/cli.md and docs/requests.md):
 
 * ``s3://b/p/`` names the *prefix* ``p/``: everything under it, with paths relative to it.
 * ``s3://b/p`` given to ``sync`` is the same prefix ``p/`` (as ``aws s3 sync`` does) — a

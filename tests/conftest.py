@@ -14,6 +14,7 @@ import tempfile
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,6 +99,38 @@ def s3_env(s3_server: EmbeddedS3, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
     return s3_server.env()
+
+
+@pytest.fixture
+def env(s3_env: dict[str, str], bucket: str, s3_client: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """A flow worker's environment (this process's, as the flow tests run their flows in it): the S3
+    server's credentials and a results bucket holding inputs (``data/part-N.bin``,
+    ``models/model.bin``)."""
+    monkeypatch.setenv("S3_BUCKET_NAME", bucket)
+    for monkey in ("AWS_MAX_ATTEMPTS", "TAO_RESULTS_ROOT", "TAO_DATA_IO_RECORDS", "HF_TOKEN", "NGC_KEY"):
+        monkeypatch.delenv(monkey, raising=False)
+    for index in range(3):
+        s3_client.put_object(Bucket=bucket, Key=f"data/part-{index}.bin", Body=os.urandom(2048))
+    s3_client.put_object(Bucket=bucket, Key="models/model.bin", Body=b"model weights")
+    return {**s3_env, "S3_BUCKET_NAME": bucket}
+
+
+@pytest.fixture
+def cli_env(s3_server: EmbeddedS3, bucket: str, s3_client: Any, tmp_path: Path) -> dict[str, str]:
+    """The environment a user runs the CLI in (:func:`tests.helpers.run_cli`): the S3 server's
+    credentials, a results bucket holding ``ds/input.txt``, and a record store, staging root and
+    home of the test's own."""
+    s3_client.put_object(Bucket=bucket, Key="ds/input.txt", Body=b"version-1\n")
+    return {**s3_server.env(), "S3_BUCKET_NAME": bucket, "TAO_DATA_IO_RECORDS": str(tmp_path / "jobs"),
+            "TAO_DATA_IO_WORKDIR": str(tmp_path / "work"), "HOME": str(tmp_path)}
+
+
+@pytest.fixture
+def no_cloud(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No results bucket, results mount, shared record store or attempt limit from this process's
+    environment reaches the test."""
+    for variable in ("S3_BUCKET_NAME", "TAO_RESULTS_ROOT", "TAO_DATA_IO_RECORDS", "AWS_MAX_ATTEMPTS"):
+        monkeypatch.delenv(variable, raising=False)
 
 
 @pytest.fixture(scope="session")

@@ -1,27 +1,35 @@
-"""Small helpers shared by tests: build trees, fingerprint trees, run the CLI as a user would, wait
-for something with a deadline, read an environment as torchrun does."""
+"""Small helpers shared by tests: build trees, fingerprint trees, run the CLI as a user would, write
+a request and wait for a job's state through it, wait for something with a deadline, read an
+environment as torchrun does, count the URIs parsed, find a local job's processes."""
 
 from __future__ import annotations
 
 import argparse
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
+import yaml
 
 from tao_data_io.fs import STATE_DIR_NAME, TEMP_PREFIX
+from tao_data_io.local.process import proc_stat
 
 
 T = TypeVar("T")
 #: How long a test waits for something to happen before it fails (a deadline, never a timing assertion).
 DEADLINE_S = 60.0
+#: The training stand-in (``examples/stand_in/train.sh``) a local job mounts.
+STAND_IN = Path(__file__).resolve().parent.parent / "examples" / "stand_in"
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 
 def wait_for(what: str, probe: Callable[[], T | None], deadline_s: float = DEADLINE_S) -> T:
@@ -64,6 +72,41 @@ def run_cli(*args: str, env: Mapping[str, str], cwd: Path | None = None) -> subp
                           capture_output=True, text=True, timeout=300)
 
 
+def args_request(**extra: Any) -> dict[str, Any]:
+    """An args-mode request of the host's ``true``, with ``extra`` fields."""
+    return {"schema_version": "1", "image": "local", "command": ["true"], "mode": "args", "args": [], **extra}
+
+
+def write_request(path: Path, request: Mapping[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(dict(request)))
+    return path
+
+
+def held_request(tmp_path: Path, bucket: str, job_id: str) -> Path:
+    """The stand-in, held RUNNING until ``tmp_path/hold/go`` exists, reading s3://bucket/ds/."""
+    (tmp_path / "hold").mkdir(exist_ok=True)
+    (tmp_path / "hold" / ".keep").write_text("")
+    return write_request(tmp_path / f"{job_id}.yaml", {
+        "schema_version": "1", "job_id": job_id, "image": "local", "mode": "config", "config_format": "json",
+        "command": "sh /stand-in/train.sh -e {config_path}", "spec": {"data": f"s3://{bucket}/ds/"},
+        "mounts": [{"source": str(STAND_IN), "target": "/stand-in"},
+                   {"source": str(tmp_path / "hold"), "target": "/hold"}],
+        "environment": {"EPOCHS": "1", "EPOCH_SECONDS": "0", "HOLD_FILE": "/hold/go"},
+    })
+
+
+def wait_cli_state(job_id: str, env: Mapping[str, str], state: str, *extra: str, timeout: float = 30) -> str:
+    """``tao-data-io status`` of ``job_id`` once it says ``state`` (``extra``: more flags)."""
+    deadline = time.monotonic() + timeout
+    out = ""
+    while time.monotonic() < deadline:
+        out = run_cli("status", "--job-id", job_id, *extra, env=env).stdout
+        if out.startswith(state):
+            return out
+        time.sleep(0.2)
+    raise AssertionError(f"{job_id} never reached {state}: {out}")
+
+
 @contextmanager
 def only_environment(environ: Mapping[str, str]) -> Iterator[None]:
     """This process's environment is exactly ``environ`` inside the block, and as it was after."""
@@ -87,3 +130,50 @@ def torchrun_arguments(environ: Mapping[str, str], argv: Sequence[str]) -> argpa
     run = pytest.importorskip("torch.distributed.run", reason="torch is not installed (make test installs it)")
     with only_environment(environ):
         return run.get_args_parser().parse_args(list(argv))
+
+
+def count_uri_parses(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Every URI text the parsers of :mod:`tao_data_io.uris` read from now on, counted: ``s3://``
+    by ``parse_s3_url``, ``hf://`` and ``ngc://`` by ``parse_model_uri`` (``parse_uri`` calls
+    them) — wherever a module of the package imported them."""
+    from tao_data_io import uris
+
+    counts: Counter[str] = Counter()
+    for name in ("parse_s3_url", "parse_model_uri"):
+        original = getattr(uris, name)
+
+        def counting(text: str, *args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
+            counts[text] += 1
+            return _original(text, *args, **kwargs)
+
+        for module in [m for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith("tao_data_io")]:
+            if getattr(module, name, None) is original:
+                monkeypatch.setattr(module, name, counting)
+    return counts
+
+
+def proc_text(pid: str, name: str) -> str:
+    """``/proc/<pid>/<name>`` as text ("" once the process is gone)."""
+    try:
+        return (Path("/proc") / pid / name).read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def live_processes() -> Iterator[tuple[int, str, str]]:
+    """(pid, argv, environment) of every running process on this host but zombies."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        stat = proc_stat(int(entry))
+        if stat is None or stat.state in ("Z", "X"):
+            continue
+        yield int(entry), proc_text(entry, "cmdline"), proc_text(entry, "environ")
+
+
+def job_processes(backend: Any, job_id: str) -> dict[int, str]:
+    """pid → argv of every live process of the job: the supervisor (its argv names the run
+    directory) and every frame process (bubblewrap and all inside carry TAO_JOB_ID)."""
+    run_dir = str(backend.run_root / job_id / "run")
+    return {pid: argv.replace("\0", " ") for pid, argv, environ in live_processes()
+            if run_dir in argv or f"\0TAO_JOB_ID={job_id}\0" in f"\0{environ}"}

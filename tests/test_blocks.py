@@ -135,9 +135,12 @@ def test_the_kubernetes_target_builds_the_kubernetes_backend_from_its_settings()
     assert backend.config() == target.settings.model_dump(mode="json")
 
 
-def test_the_kubernetes_target_fails_clearly_without_a_kubernetes_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "tao_data_io.kubernetes.backend", None)  # absent, whether or not it landed
-    with pytest.raises(UsageError, match="no Kubernetes backend yet .*run the job on a local target"):
+def test_the_kubernetes_target_names_the_extra_on_a_worker_without_the_kubernetes_client(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # the client is not installed on this worker
+    for module in ("tao_data_io.kubernetes.backend", "tao_data_io.kubernetes.api"):  # imported afresh, without it
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    with pytest.raises(UsageError, match=r"needs the official client on the worker: install tao-data-io\[kubernetes\]"):
         KubernetesTarget(settings=KubernetesSettings(namespace="tao")).backend()
 
 

@@ -29,17 +29,8 @@ from tao_data_io.local.settings import LocalSettings
 from tao_data_io.names import job_id_for_run
 from tao_data_io.records import RecordStore
 
-from .helpers import wait_for
-from .test_flows import (  # noqa: F401 (env: a fixture)
-    REPO,
-    env,
-    fake_request,
-    fake_target,
-    local_target,
-    records_block,
-    stand_in_request,
-)
-from .test_local_backend import job_processes
+from .flow_helpers import REPO, fake_request, fake_target, local_target, records_block, stand_in_request
+from .helpers import job_processes, wait_for
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

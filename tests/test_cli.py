@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded.s3 import EmbeddedS3
 
-from .helpers import run_cli, tree_digest, write_tree
+from .helpers import held_request, needs_bwrap, run_cli, tree_digest, wait_cli_state, write_tree
 
 
 def test_sync_round_trip_with_json_summary(s3_server: EmbeddedS3, bucket: str, tmp_path: Path) -> None:
@@ -192,3 +196,71 @@ def test_a_closed_stdout_exits_quietly(s3_server: EmbeddedS3, bucket: str, tmp_p
     process.wait(timeout=120)
     assert first and stderr == ""
     assert process.returncode == 141
+
+
+# ----------------------------------------------------------------------------- paths, interrupts and intervals
+def test_an_empty_results_dir_is_refused_not_the_current_directory(
+        cli_env: dict[str, str], bucket: str, s3_client: Any, tmp_path: Path) -> None:
+    """An empty path argument is a usage error, never the current directory: ``upload-results
+    --results-dir "$RESULTS"`` with RESULTS unset uploads nothing (exit 2, ``error:`` naming it)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "id_rsa").write_text("-----BEGIN PRIVATE KEY-----\n")
+    opened = run_cli("record", "open", "--job-id", "empty-dir", "--platform", "local", "--image", "i",
+                     "--network-arch", "a", "--action", "b", "--results-dir", "/results", env=cli_env)
+    assert opened.returncode == 0, opened.stderr
+    result = run_cli("upload-results", "--job-id", "empty-dir", "--results-dir", "", env=cli_env, cwd=home)
+    listed = s3_client.list_objects_v2(Bucket=bucket, Prefix="results/empty-dir/").get("Contents", [])
+    assert not listed, f"uploaded the current directory: {[o['Key'] for o in listed]}"
+    assert result.returncode == 2 and "error:" in result.stderr
+
+
+def test_a_full_filesystem_while_writing_a_record_is_exit_2_naming_the_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A full filesystem while a record is written is exit 2 with the path and the fix, though the
+    kernel's error from fsync carries no file name."""
+    from tao_data_io import cli
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    code = cli.main(["record", "open", "--root", str(tmp_path / "jobs"), "--job-id", "full-disk", "--platform", "x",
+                     "--image", "i", "--network-arch", "a", "--action", "b", "--results-dir", "/results"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert str(tmp_path / "jobs") in err and "no space left" in err, err
+
+
+@needs_bwrap
+def test_ctrl_c_prints_no_traceback(cli_env: dict[str, str], bucket: str, tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) in the middle of a verb ends it with the CLI's one line, no Python traceback
+    (shown with ``collect --wait`` on a running job)."""
+    request = held_request(tmp_path, bucket, "ctrl-c")
+    assert run_cli("submit", "--request", str(request), env=cli_env).returncode == 0
+    try:
+        wait_cli_state("ctrl-c", cli_env, "RUNNING")
+        full_env = {"PATH": os.environ["PATH"], **cli_env}
+        child = subprocess.Popen([sys.executable, "-m", "tao_data_io.cli", "collect", "--job-id", "ctrl-c", "--wait",
+                                  "--poll-seconds", "0.2"], env=full_env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=30)
+        assert "Traceback" not in err, err
+    finally:
+        run_cli("cancel", "--job-id", "ctrl-c", env=cli_env)
+
+
+@needs_bwrap
+def test_a_negative_poll_interval_is_a_usage_error(cli_env: dict[str, str], bucket: str, tmp_path: Path) -> None:
+    """``collect --poll-seconds`` is checked up front: ``-1`` on a running job is exit 2 naming the flag
+    (as ``resync --settle-seconds`` is), never a ValueError from ``sleep`` after the first poll."""
+    request = held_request(tmp_path, bucket, "poll")
+    assert run_cli("submit", "--request", str(request), env=cli_env).returncode == 0
+    try:
+        wait_cli_state("poll", cli_env, "RUNNING")
+        collected = run_cli("collect", "--job-id", "poll", "--wait", "--poll-seconds", "-1", env=cli_env)
+        assert collected.returncode == 2 and "--poll-seconds" in collected.stderr, collected.stderr
+    finally:
+        run_cli("cancel", "--job-id", "poll", env=cli_env)

@@ -1,7 +1,7 @@
 """The deployment files, read as `prefect deploy` reads them: every entrypoint names a flow of
 that name, every parameter is one the flow takes, the resync deployment is scheduled and runs one
-at a time; the Kubernetes RBAC manifests are valid objects. (`prefect deploy --all` itself runs
-in `make demo`.)"""
+at a time; the blocks they name are the ones `python -m deployments.blocks` saves; the Kubernetes
+RBAC manifests are valid objects. (`prefect deploy --all` itself runs in `make demo`.)"""
 
 from __future__ import annotations
 
@@ -54,3 +54,21 @@ def test_the_rbac_manifests_are_valid_kubernetes_objects() -> None:
         kubernetes_validate.validate(document, "1.32", strict=True)
     kinds = {document["kind"] for document in documents}
     assert kinds == {"Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+
+
+def test_the_blocks_module_saves_every_block_the_local_deployments_name_and_a_rerun_keeps_them(
+        prefect_harness: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m deployments.blocks`` (what ``make demo`` does through the API) leaves every block
+    prefect.yaml's deployments name loadable, and a rerun keeps them: an edit made in the UI stays."""
+    from prefect.blocks.core import Block
+
+    from deployments import blocks
+
+    args = ["--records", str(tmp_path / "jobs"), "--run-root", str(tmp_path / "local")]
+    assert blocks.main(args) == 0
+    first = dict(line.split(" ", 2)[:2][::-1] for line in capsys.readouterr().out.splitlines())
+    named = {value for deployment in deployments("prefect.yaml") for value in deployment["parameters"].values()}
+    assert named <= set(first) and set(first.values()) <= {"saved", "kept"}
+    assert all(Block.load(slug_name) for slug_name in named)
+    assert blocks.main(args) == 0
+    assert all(line.startswith("kept ") for line in capsys.readouterr().out.splitlines())

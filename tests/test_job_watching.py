@@ -19,7 +19,7 @@ from flows.submit import submit_tao_job
 from tasks.reports import training_key
 
 from .helpers import wait_for
-from .test_flows import artifacts, by_key, env, local_target, records_block, stand_in_request  # noqa: F401
+from .flow_helpers import artifacts, by_key, local_target, records_block, stand_in_request
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -17,48 +16,28 @@ import pytest
 import yaml
 
 from tao_data_io.errors import UsageError
-from tao_data_io.launch.plan import LaunchPlan, build_plan
+from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.launch.probe import PROBE_SCRIPT, Check, parse_probe_output
 from tao_data_io.kubernetes.render import RenderedJob, literal, read_config, render_job
 from tao_data_io.kubernetes.scripts import SIDECAR_SCRIPT, VERIFY_SCRIPT
 from tao_data_io.kubernetes.settings import KubernetesSettings
-from tao_data_io.records import JobRecord, OutputRoute
+from tao_data_io.records import OutputRoute
 from tao_data_io.request import JobRequest, load_request
-from tao_data_io.staging.stage import plan_stage
-from tao_data_io.tier import TierDecision
 
 from .helpers import run_cli, torchrun_arguments
+from .kube_helpers import STAGER, plan_for, req
 from .kube_standin import invalid
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-S3_ROUTE = OutputRoute(route="s3", destination="s3://tao-results/results/{id}/", reason="S3_BUCKET_NAME is set")
-STAGER = "registry.example.com/tao-data-io-stager:0.1.0"
 SECRET_ENV = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEY12345", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI-very-secret",
               "AWS_ENDPOINT_URL": "http://s3.internal:8333", "NGC_KEY": "nvapi-secret-ngc-key-987"}
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
 
-def _record(job_id: str, tier: str) -> JobRecord:
-    now = datetime.now(timezone.utc)
-    return JobRecord(job_id=job_id, platform="kubernetes", image="img", network_arch="dino", action="train",
-                     storage_tier=tier, results_dir="/results", state="PENDING", created_at=now, updated_at=now)
-
-
-def _plan(request: JobRequest, tmp_path: Path, tier: str, route: OutputRoute | None = None,
-          environ: dict[str, str] | None = None) -> tuple[LaunchPlan, JobRecord]:
-    job_id = request.job_id or "example-job"
-    record = _record(job_id, tier)
-    staging_map = plan_stage(request, tmp_path / "plan", environ=environ or {})
-    route = route or S3_ROUTE.model_copy(update={"destination": f"s3://tao-results/results/{job_id}/"})
-    plan = build_plan(request, staging_map, TierDecision(tier=tier, reason="test"), record, route,
-                      environ=environ or {})
-    return plan, record
-
-
 def render(request: JobRequest, tmp_path: Path, tier: str, *, route: OutputRoute | None = None,
            environ: dict[str, str] | None = None, plan: LaunchPlan | None = None, **settings: Any) -> RenderedJob:
-    built, record = _plan(request, tmp_path, tier, route, environ)
+    built, record = plan_for(request, tmp_path, tier, route, environ)
     plan = plan or built
     given = KubernetesSettings.from_mapping({"namespace": "default", "stager_image": STAGER, **settings})
     return render_job(plan, given, request=request, record=record, config=read_config(plan), environ=environ or {})
@@ -81,13 +60,6 @@ def training_pod(rendered: RenderedJob) -> dict[str, Any]:
 
 def by_name(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {item["name"]: item for item in items}
-
-
-def req(**fields: Any) -> JobRequest:
-    base: dict[str, Any] = {"schema_version": "1", "job_id": "job-1", "image": "tao:6", "mode": "args",
-                            "command": ["train"], "args": [], "inputs": [{"source": "s3://bkt-1/data/"}],
-                            "forward_env": ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]}
-    return JobRequest.model_validate({**base, **fields})
 
 
 # ----------------------------------------------------------------------------- examples
@@ -171,7 +143,7 @@ def test_aliased_targets_share_one_source_subpath(tmp_path: Path) -> None:
     request = req(mode="config", command="t {config_path}", args=None, config_format="json",
                   spec={"a": "s3://bkt-1/data/", "b": "s3://bkt-1/data"},
                   inputs=[{"source": "s3://bkt-1/data/", "target": "/data/a"}])
-    plan, _ = _plan(request, tmp_path, "C")
+    plan, _ = plan_for(request, tmp_path, "C")
     alias = plan.mounts[0].model_copy(update={"target": "/data/alias"})
     plan = plan.model_copy(update={"mounts": [*plan.mounts, alias]})
     rendered = render(request, tmp_path, "C", plan=plan)
@@ -289,7 +261,7 @@ def test_a_secret_value_in_the_spec_never_reaches_a_configmap(tmp_path: Path) ->
 
 def test_a_config_whose_bytes_differ_from_its_digest_is_refused(tmp_path: Path) -> None:
     request = req(mode="config", command="t {config_path}", args=None, config_format="yaml", spec={"a": 1})
-    plan, record = _plan(request, tmp_path, "C")
+    plan, record = plan_for(request, tmp_path, "C")
     with pytest.raises(UsageError, match="does not hold the bytes its name promises"):
         render_job(plan, KubernetesSettings(namespace="default", stager_image=STAGER), request=request, record=record,
                    config=b"a: 2\n")
@@ -319,7 +291,7 @@ def test_s3_work_in_the_pod_needs_forwarded_s3_credentials(tmp_path: Path) -> No
 
 # ----------------------------------------------------------------------------- adversarial
 def test_adversarial_a_target_with_dotdot_is_refused(tmp_path: Path) -> None:
-    plan, _ = _plan(req(), tmp_path, "C")
+    plan, _ = plan_for(req(), tmp_path, "C")
     bad = plan.model_copy(update={"mounts": [plan.mounts[0].model_copy(update={"target": "/data/../etc"})]})
     with pytest.raises(UsageError, match=r"mount target '/data/\.\./etc' is not usable: it is not normalised"):
         render(req(), tmp_path, "C", plan=bad)
@@ -327,7 +299,7 @@ def test_adversarial_a_target_with_dotdot_is_refused(tmp_path: Path) -> None:
 
 def test_adversarial_a_subpath_reused_by_two_sources_is_refused(tmp_path: Path) -> None:
     request = req(inputs=[{"source": "s3://bkt-1/a/", "target": "/a"}, {"source": "s3://bkt-1/b/", "target": "/b"}])
-    plan, _ = _plan(request, tmp_path, "C")
+    plan, _ = plan_for(request, tmp_path, "C")
     first, second = plan.mounts[:2]
     # Two different inputs claiming one sub_path (a hand-edited staging map).
     bad = plan.model_copy(update={"mounts": [first, second.model_copy(update={"source": first.source})]})
@@ -336,14 +308,14 @@ def test_adversarial_a_subpath_reused_by_two_sources_is_refused(tmp_path: Path) 
 
 
 def test_adversarial_a_forward_env_name_also_in_environment_is_refused(tmp_path: Path) -> None:
-    plan, _ = _plan(req(), tmp_path, "C")
+    plan, _ = plan_for(req(), tmp_path, "C")
     bad = plan.model_copy(update={"env": {**plan.env, "AWS_ACCESS_KEY_ID": "placeholder"}})
     with pytest.raises(UsageError, match=r"forward_env names \['AWS_ACCESS_KEY_ID'\] are also in environment"):
         render(req(), tmp_path, "C", plan=bad)
 
 
 def test_adversarial_a_secret_smuggled_into_environment_is_refused_by_the_renderer(tmp_path: Path) -> None:
-    plan, _ = _plan(req(), tmp_path, "C")
+    plan, _ = plan_for(req(), tmp_path, "C")
     bad = plan.model_copy(update={"env": {**plan.env, "LEARNING_RATE": SECRET_ENV["AWS_SECRET_ACCESS_KEY"]}})
     with pytest.raises(UsageError, match="environment 'LEARNING_RATE' holds the value of a credential") as info:
         render(req(), tmp_path, "C", plan=bad, environ=dict(SECRET_ENV))
@@ -360,7 +332,7 @@ def test_adversarial_a_multi_node_jobs_environment_cannot_set_its_rendezvous(tmp
 def test_adversarial_a_plan_with_an_invalid_job_id_is_refused(tmp_path: Path) -> None:
     """Every name is derived from the job id, so a plan edited to carry an id the rule refuses is
     refused with the rule, before anything is rendered."""
-    plan, _ = _plan(req(), tmp_path, "C")
+    plan, _ = plan_for(req(), tmp_path, "C")
     with pytest.raises(UsageError, match=r"job id 'x{300}' is not a valid job id: use 1-52 lowercase letters"):
         render(req(), tmp_path, "C", plan=plan.model_copy(update={"job_id": "x" * 300, "nodes": 2}))
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +33,7 @@ from tao_data_io.names import object_names
 from tao_data_io.records import RecordStore
 from tao_data_io.request import JobRequest
 
+from .kube_helpers import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID
 from .kube_standin import RESOURCES, TRAIN_SCRIPT, Fault, KubeStandIn
 
 NAMESPACE = "tao"
@@ -173,7 +173,7 @@ def test_a_single_node_submit_creates_secret_configmap_job_owned_by_the_job(kube
 
 
 def test_the_api_requests_of_a_single_node_submit(kube: KubeStandIn, tmp_path: Path) -> None:
-    """The figure for the README: what a tier C single-node submit asks the API server, step by
+    """The figure for docs/kubernetes.md: what a tier C single-node submit asks the API server, step by
     step (the verify polls depend on how fast the pod gets there: here four looks)."""
     submit(tmp_path, job_request(), make_backend())
     sent = kube.requests()
@@ -359,14 +359,6 @@ def test_a_job_that_exists_with_another_pod_spec_is_refused(kube: KubeStandIn, t
 
 
 # ----------------------------------------------------------------------------- names the API server takes
-DNS_1035 = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
-#: Ids an earlier scheme gave one name: L's ConfigMap and Secret names, truncated to 52 with a
-#: hash of L, were ``M-files`` and ``M2-credentials`` for these valid ids M and M2.
-LONG_ID = "longjob-" + "a" * 44
-ITS_FILES_BASE = "longjob-aaaaaaaaaaaaaaaaaaaaaaaaaaa-92fb6e432f"
-ITS_CREDENTIALS_BASE = "longjob-aaaaaaaaaaaaaaaaaaaaa-92fb6e432f"
-
-
 def named(kind: str, name: str, **extra: Any) -> dict[str, Any]:
     """A minimal object of ``kind`` (a Job: one container, restartPolicy Never)."""
     obj: dict[str, Any] = {"apiVersion": "batch/v1" if kind == "Job" else "v1", "kind": kind,
@@ -920,7 +912,7 @@ E2E_KUBECONFIG = os.environ.get("TAO_E2E_KUBECONFIG")
 
 
 @pytest.mark.skipif(not E2E_KUBECONFIG, reason="set TAO_E2E_KUBECONFIG to a kind or minikube cluster's kubeconfig "
-                                               "to run the real-cluster suite (README: Kubernetes, a real cluster)")
+                                               "to run the real-cluster suite (docs/kubernetes.md: a real cluster)")
 def test_e2e_a_gpu_free_tier_a_job_on_a_real_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """submit (gpus 0, tier A on a hostPath claim) → verify → status → logs → cancel → collect,
     on the cluster TAO_E2E_KUBECONFIG names, in namespace $TAO_E2E_NAMESPACE (default tao-e2e),

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+import tao_data_io
 from tao_data_io.errors import UsageError
 from tao_data_io.backends import backend_for
 from tao_data_io.launch.backend import Backend, JobStatus
@@ -33,7 +34,6 @@ from tao_data_io.launch.plan import PROBE_DIR, LaunchPlan, build_plan
 from tao_data_io.launch.rendezvous import MASTER_PORT
 from tao_data_io.local.backend import LocalBackend
 from tao_data_io.local.preflight import BWRAP_INSTALL, find_tool
-from tao_data_io.local.process import proc_stat
 from tao_data_io.local.sandbox import (FRAME_PATH, MASTER_ADDR, Bind, Host, Namespaces, SystemDir, frame_argv,
                                        frame_binds, frame_env,
                                        host_system_dirs)
@@ -43,10 +43,13 @@ from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage_map import StagedSource, StagingMap
 from tao_data_io.tier import TierDecision
 
-from .helpers import DEADLINE_S, torchrun_arguments, wait_for
+from .helpers import (DEADLINE_S, args_request, job_processes, live_processes, needs_bwrap, proc_text, run_cli,
+                      torchrun_arguments, wait_for, write_request)
 
 REPO = Path(__file__).resolve().parents[1]
 STAND_IN = REPO / "examples" / "stand_in"
+#: Where the supervisor imports tao-data-io from.
+PACKAGE_ROOT = Path(tao_data_io.__file__).resolve().parents[1]
 CONFIG = "/tao-action-config/spec.yaml"
 DATA = "/tao-inputs/s3/bkt/data"
 S3_ROUTE = OutputRoute(route="s3", destination="s3://bkt/results/job-1/", reason="S3_BUCKET_NAME is set")
@@ -113,32 +116,6 @@ def wait_state(backend: LocalBackend, ref: str, *states: str) -> JobStatus:
 
 def finished(backend: LocalBackend, ref: str) -> JobStatus:
     return wait_state(backend, ref, "COMPLETE", "ERROR", "CANCELED")
-
-
-def _proc_text(pid: str, name: str) -> str:
-    try:
-        return (Path("/proc") / pid / name).read_bytes().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def live_processes() -> Iterator[tuple[int, str, str]]:
-    """(pid, argv, environment) of every running process on this host but zombies."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        stat = proc_stat(int(entry))
-        if stat is None or stat.state in ("Z", "X"):
-            continue
-        yield int(entry), _proc_text(entry, "cmdline"), _proc_text(entry, "environ")
-
-
-def job_processes(backend: LocalBackend, job_id: str) -> dict[int, str]:
-    """pid → argv of every live process of the job: the supervisor (its argv names the run
-    directory) and every frame process (bubblewrap and all inside carry TAO_JOB_ID)."""
-    run_dir = str(backend.run_root / job_id / "run")
-    return {pid: argv.replace("\0", " ") for pid, argv, environ in live_processes()
-            if run_dir in argv or f"\0TAO_JOB_ID={job_id}\0" in f"\0{environ}"}
 
 
 @pytest.fixture
@@ -418,7 +395,7 @@ def test_credentials_reach_the_frame_and_nowhere_else(tmp_path: Path, backend: L
     argvs = list(processes.values())
     assert any("tao_data_io.local.supervisor" in argv for argv in argvs), argvs
     assert any(argv.startswith(find_tool("bwrap", BWRAP_INSTALL)) for argv in argvs), argvs
-    assert all(secret not in _proc_text(str(pid), "cmdline") for pid in processes)
+    assert all(secret not in proc_text(str(pid), "cmdline") for pid in processes)
     (control(tmp_path) / "release").touch()
     assert finished(backend, ref).state == "COMPLETE", backend.logs(ref)
     results = Path(str(backend.results_path(ref)))
@@ -891,3 +868,47 @@ def test_backend_for_local_and_its_facts(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("TAO_DATA_IO_LOCAL_ROOT", "from-env")
     monkeypatch.chdir(tmp_path)
     assert LocalBackend(LocalSettings()).config() == {"run_root": str(tmp_path / "from-env"), "allow_network": False}
+
+
+# ----------------------------------------------------------------------------- what a job may not reach
+@needs_bwrap
+def test_a_request_cannot_bind_the_checkout_read_write(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """A job may not bind the checkout the supervisor imports its code from read-write: code planted
+    there would run outside every frame, in the next job's supervisor, with that job's forwarded
+    credentials. Submit refuses it (exit 2, an ``error:`` naming the mount) and nothing is written."""
+    planted = PACKAGE_ROOT / "tao_data_io" / "local" / "planted-by-a-job.planted"
+    request = write_request(tmp_path / "plant.yaml", args_request(
+        job_id="plant-checkout", command=["sh", "-c", "echo pwned > /checkout/tao_data_io/local/planted-by-a-job.planted"],
+        mounts=[{"source": str(PACKAGE_ROOT), "target": "/checkout", "read_only": False}]))
+    try:
+        submitted = run_cli("submit", "--request", str(request), env=cli_env)
+        if submitted.returncode == 0:
+            run_cli("collect", "--job-id", "plant-checkout", "--wait", "--poll-seconds", "0.2", env=cli_env)
+        assert not planted.exists(), "the job wrote into the checkout the supervisor imports its code from"
+        assert submitted.returncode == 2 and "error:" in submitted.stderr, submitted.stderr
+    finally:
+        planted.unlink(missing_ok=True)
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/etc/shadow"), reason="needs root and /etc/shadow")
+def test_the_frame_cannot_read_root_only_host_files(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """Run as root (a worker, a CI container), the frame's uid 0 still cannot read the host's
+    root-only files (``/etc/shadow``, SSH host keys) through the read-only ``/etc`` it sees."""
+    request = write_request(tmp_path / "shadow.yaml", args_request(
+        job_id="read-shadow", command=["sh", "-c", "head -c 16 /etc/shadow > /results/stolen"]))
+    assert run_cli("submit", "--request", str(request), env=cli_env).returncode == 0
+    run_cli("collect", "--job-id", "read-shadow", "--wait", "--poll-seconds", "0.2", env=cli_env)
+    stolen = tmp_path / "work" / "read-shadow" / "results" / "stolen"
+    assert not (stolen.exists() and stolen.stat().st_size > 0), "the job read the host's /etc/shadow"
+
+
+@needs_bwrap
+def test_a_request_that_sets_path_still_verifies(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """The verify probe finds its own tools (``mkdir``, ``dd``) whatever ``PATH`` the request sets for
+    its image (``/opt/conda/bin:…``, common for TAO images), so such a job verifies and runs."""
+    request = write_request(tmp_path / "path.yaml", args_request(
+        job_id="sets-path", command=["/bin/sh", "-c", "echo ran > /results/ran"],
+        environment={"PATH": "/opt/conda/bin:/usr/local/nvidia/bin"}))
+    submitted = run_cli("submit", "--request", str(request), env=cli_env)
+    assert submitted.returncode == 0, submitted.stderr

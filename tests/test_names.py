@@ -26,10 +26,9 @@ from tao_data_io.records import JobRecord, RecordStore
 from tao_data_io.request import JobRequest
 
 from .kube_standin import invalid
-from .test_kubernetes import STAGER, _plan, req
-from .test_kubernetes_online import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID
+from .kube_helpers import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID, STAGER, plan_for, req
 
-#: The job id rule (README: 1-52 lowercase letters, digits or '-', a letter or digit at each end).
+#: The job id rule (docs/requests.md: 1-52 lowercase letters, digits or '-', a letter or digit at each end).
 JOB_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?")
 
 
@@ -38,7 +37,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobRequest, LaunchPla
     """A job with every kind and role of object: tier B (a stage Job of 4 shards) of 2 nodes (a
     Service, an Indexed training Job), forwarding credentials (the per-job Secret)."""
     request = req(compute_shape={"gpus": 8, "nodes": 2}, inputs=[{"source": "s3://bkt-1/data/", "target": "/data"}])
-    plan, record = _plan(request, tmp_path_factory.mktemp("names"), "B")
+    plan, record = plan_for(request, tmp_path_factory.mktemp("names"), "B")
     return request, plan, record
 
 

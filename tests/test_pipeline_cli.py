@@ -14,7 +14,7 @@ import yaml
 
 from tao_data_io.records import RecordStore
 
-from .helpers import run_cli
+from .helpers import args_request, held_request, needs_bwrap, run_cli, wait_cli_state, write_request
 
 STAND_IN = Path(__file__).resolve().parent.parent / "examples" / "stand_in"
 
@@ -57,6 +57,8 @@ def test_submit_then_collect_runs_the_job_and_uploads_its_results(env: dict[str,
 
     collected = run_cli("collect", "--job-id", "cli-ok", "--wait", "--poll-seconds", "0.2", "--json", env=env)
     assert collected.returncode == 0, collected.stderr
+    logs = run_cli("logs", "--job-id", "cli-ok", "--tail", "50", env=env)
+    assert logs.returncode == 0 and "epoch 2/2 done" in logs.stdout, logs.stdout + logs.stderr
     outcome = json.loads(collected.stdout)
     assert outcome["state"] == "COMPLETE" and outcome["upload"]["summary"]["transferred_files"] == 3
     assert _uploaded(s3_client, bucket, "cli-ok") == ["checkpoint_epoch_1.pth", "checkpoint_epoch_2.pth",
@@ -123,3 +125,54 @@ def test_logs_follow_shows_what_the_job_prints_until_it_ends(env: dict[str, str]
     assert followed.returncode == 0, followed.stderr
     epochs = [line for line in followed.stdout.splitlines() if line.startswith("train.sh") and "done" in line]
     assert epochs == [f"train.sh[rank 0]: epoch {n}/4 done" for n in range(1, 5)] + ["train.sh[rank 0]: done"]
+
+
+# ----------------------------------------------------------------------------- cancel and collect say what happened
+@needs_bwrap
+def test_cancel_with_the_wrong_workdir_does_not_record_a_running_job_canceled(
+        cli_env: dict[str, str], bucket: str, tmp_path: Path) -> None:
+    """``cancel`` without the job's ``--workdir`` finds no run directory; that is an error naming
+    where to look, never a final CANCELED recorded for a job that goes on running."""
+    workdir = str(tmp_path / "elsewhere")
+    request = held_request(tmp_path, bucket, "wd-cancel")
+    assert run_cli("submit", "--request", str(request), "--workdir", workdir, env=cli_env).returncode == 0
+    try:
+        wait_cli_state("wd-cancel", cli_env, "RUNNING", "--workdir", workdir)
+        canceled = run_cli("cancel", "--job-id", "wd-cancel", env=cli_env)  # forgot --workdir
+        still = run_cli("status", "--job-id", "wd-cancel", "--workdir", workdir, env=cli_env).stdout
+        record = RecordStore(tmp_path / "jobs").get("wd-cancel")
+        assert not (canceled.returncode == 0 and still.startswith("RUNNING")), (
+            f"cancel said {canceled.stdout.strip()!r} (exit 0) but the job is {still.strip()!r}")
+        assert record.state != "CANCELED" or not still.startswith("RUNNING")
+    finally:
+        run_cli("cancel", "--job-id", "wd-cancel", "--workdir", workdir, env=cli_env)
+
+
+@needs_bwrap
+def test_collect_names_the_files_that_failed_to_upload(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """``collect`` after a partial upload exits 1 and names each file that failed, with its reason,
+    and the out-of-tree symlink it skipped, as ``upload-results`` does."""
+    request = write_request(tmp_path / "bad-names.yaml", args_request(
+        job_id="bad-names", command=["sh", "-c", ("cd /results && echo ok > good.txt && printf x > \"$(printf 'bad\\nname')\""
+                                                  " && ln -s /etc/hostname escapes")]))
+    assert run_cli("submit", "--request", str(request), env=cli_env).returncode == 0
+    collected = run_cli("collect", "--job-id", "bad-names", "--wait", "--poll-seconds", "0.2", env=cli_env)
+    assert collected.returncode == 1, collected.stdout + collected.stderr
+    said = collected.stdout + collected.stderr
+    assert "bad\\nname" in said, f"the failed file is not named: {said!r}"
+    assert "escapes" in said, f"the skipped symlink is not reported: {said!r}"
+
+
+def test_cancel_of_a_completed_job_does_not_say_canceled(tmp_path: Path) -> None:
+    """``cancel`` of a job that already completed says so; it never prints CANCELED for it, and the
+    record stays COMPLETE."""
+    env = {"TAO_DATA_IO_RECORDS": str(tmp_path / "jobs"), "TAO_DATA_IO_WORKDIR": str(tmp_path / "work"),
+           "HOME": str(tmp_path)}
+    assert run_cli("record", "open", "--job-id", "done-1", "--platform", "local", "--image", "i", "--network-arch",
+                   "a", "--action", "b", "--results-dir", "/results", env=env).returncode == 0
+    assert run_cli("record", "mark", "done-1", "--state", "RUNNING", "--backend-ref", "local/done-1",
+                   env=env).returncode == 0
+    assert run_cli("record", "mark", "done-1", "--state", "COMPLETE", env=env).returncode == 0
+    canceled = run_cli("cancel", "--job-id", "done-1", env=env)
+    assert RecordStore(tmp_path / "jobs").get("done-1").state == "COMPLETE"
+    assert "CANCELED" not in canceled.stdout, canceled.stdout

@@ -6,8 +6,10 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -294,3 +296,34 @@ def test_a_blank_row_in_a_one_column_csv_is_malformed(tmp_path: Path) -> None:
     annotation = write_csv(tmp_path / "ann.csv", "video", ["a.mp4", "", "b.mp4"])
     with pytest.raises(UsageError, match="line 3"):
         read_references(annotation, ["video"])
+
+
+# ----------------------------------------------------------------------------- the undo stays inside
+def test_selective_undo_never_removes_a_file_outside_the_destination(
+        s3_credentials: Any, s3_client: Any, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The undo of a selective download whose annotation references a missing object removes this
+    run's new files through directory descriptors: a directory inside the destination swapped for a
+    symlink before the undo never redirects a removal outside it."""
+    from tao_data_io.staging.selective import MissingReferencesError, selective_download
+    from tao_data_io.transfer.engine import TransferEngine
+
+    s3_client.put_object(Bucket=bucket, Key="ds/sub/a.mp4", Body=b"clip")
+    annotation = tmp_path / "ann.jsonl"
+    annotation.write_text('{"video": "sub/a.mp4"}\n{"video": "sub/missing.mp4"}\n')
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "a.mp4").write_bytes(b"someone else's file")
+    dest = tmp_path / "dest"
+    engine = TransferEngine(s3_credentials, concurrency=4)
+    real = engine.download_keys
+
+    def then_swap(*args: Any, **kwargs: Any) -> Any:
+        summary = real(*args, **kwargs)
+        shutil.rmtree(dest / "sub")          # a concurrent writer of dest swaps the directory
+        (dest / "sub").symlink_to(victim)    # for a symlink before the undo runs
+        return summary
+
+    monkeypatch.setattr(engine, "download_keys", then_swap)
+    with pytest.raises(MissingReferencesError):
+        selective_download(engine, str(annotation), ["video"], bucket, "ds", dest)
+    assert (victim / "a.mp4").exists(), "the undo followed a symlink and deleted a file outside the destination"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from tao_data_io.staging.stage import plan_stage, stage
 from tao_data_io.transfer.engine import TransferEngine
 from tao_data_io.transfer.shard import Shard
 
-from .helpers import tree_digest
+from .helpers import count_uri_parses, tree_digest
 
 
 @pytest.fixture
@@ -92,3 +93,24 @@ def test_plan_stage_moves_nothing_and_matches_the_real_layout(s3_credentials: S3
     assert [(s.source, s.kind, s.sub_path, s.container_path) for s in planned.sources] == \
         [(s.source, s.kind, s.sub_path, s.container_path) for s in real.sources]
     assert sorted(os.listdir(tmp_path / "plan")) == ["config", "staging-map.json"]
+
+
+def test_the_cache_resolves_a_kind_once_and_lists_a_folder_once(s3_credentials: S3Credentials, dataset: str,
+                                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the cache path the source's kind is asked of the bucket once (for its identity and for
+    staging alike), a folder is listed once (the listing its identity hashes is the one the sync
+    then uses), and each source is parsed once."""
+    folder, file = f"s3://{dataset}/coco/images", f"s3://{dataset}/coco/annotations.json"  # auto: the bucket says
+    request = _request(dataset, spec={"epochs": 1}, inputs=[{"source": folder}, {"source": file}])
+    counts = count_uri_parses(monkeypatch)
+    calls: Counter[str] = Counter()
+    with TransferEngine(s3_credentials) as engine:
+        for name in ("exists", "has_prefix", "list_prefix"):
+            def counted(*args: Any, _name: str = name, _method: Any = getattr(engine, name)) -> Any:
+                calls[_name] += 1
+                return _method(*args)
+            monkeypatch.setattr(engine, name, counted)
+        staged = stage(request, tmp_path / "cache", engine=engine, stager=stage_cached)
+    assert [(s.kind, s.transferred_files) for s in staged.sources] == [("folder", 40), ("file", 1), ("config", 1)]
+    assert calls == {"exists": 2, "has_prefix": 1, "list_prefix": 1}  # HEAD each key, LIST one; list the folder once
+    assert {source: counts[source] for source in (folder, file)} == {folder: 1, file: 1}

@@ -23,7 +23,7 @@ from tao_data_io.staging.stage_map import STAGING_MAP_NAME, read_staging_map
 from tao_data_io.transfer.engine import TransferEngine
 
 from .fake_registries import FakeRegistries
-from .helpers import run_cli
+from .helpers import count_uri_parses, run_cli
 
 
 def _tar_gz(files: dict[str, bytes]) -> bytes:
@@ -55,15 +55,19 @@ def _request(bucket: str, **extra: Any) -> JobRequest:
         "command": "dino train -e {config_path}",
         "spec": {"dataset": {"images": f"s3://{bucket}/coco/images/", "ann": f"s3://{bucket}/coco/annotations.json",
                              "again": [[f"s3://{bucket}/coco/images/"]]}},
-        "inputs": [
-            {"source": f"s3://{bucket}/clips/", "kind": "selective", "annotation": f"s3://{bucket}/clips/train.jsonl",
-             "keys": ["video"], "target": "/data/clips"},
-            {"source": f"s3://{bucket}/archives/calib.tar.gz", "kind": "archive", "strip_components": 1,
-             "target": "/data/calib"},
-        ],
+        "inputs": _inputs(bucket),
     }
     data.update(extra)
     return JobRequest.model_validate(data)
+
+
+def _inputs(bucket: str) -> list[dict[str, Any]]:
+    return [
+        {"source": f"s3://{bucket}/clips/", "kind": "selective", "annotation": f"s3://{bucket}/clips/train.jsonl",
+         "keys": ["video"], "target": "/data/clips"},
+        {"source": f"s3://{bucket}/archives/calib.tar.gz", "kind": "archive", "strip_components": 1,
+         "target": "/data/calib"},
+    ]
 
 
 def test_stage_every_s3_kind_writes_the_map_and_the_config(s3_credentials: S3Credentials, populated: str,
@@ -90,6 +94,30 @@ def test_stage_every_s3_kind_writes_the_map_and_the_config(s3_credentials: S3Cre
 
     on_disk = read_staging_map(tmp_path / "w" / STAGING_MAP_NAME)
     assert on_disk == staging_map and on_disk.schema_version == "1"
+
+
+def test_a_staging_run_parses_each_source_once(s3_credentials: S3Credentials, populated: str,
+                                               fake_hub: tuple[FakeRegistries, dict[str, str]], tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan parses every source once — each spelling of it once — and every later step (the kind
+    resolved from the bucket, each input staged, the config rewritten) reads the parsed URI."""
+    fake, env = fake_hub
+    fake.add_hub_repo("nvidia/tiny", {"main": {"weights/model.pth": b"w" * 10}})
+    images = f"s3://{populated}/coco/images/"
+    request = _request(populated, spec={"images": images, "same": images[:-1], "again": [images],
+                                        "ann": f"s3://{populated}/coco/annotations.json",
+                                        "model": "hf://nvidia/tiny/weights/model.pth"},
+                       inputs=[*_inputs(populated), {"source": str(tmp_path), "target": "/data/local"}])
+    counts = count_uri_parses(monkeypatch)
+
+    staging_map = stage(request, tmp_path / "w", engine=TransferEngine(s3_credentials), environ=env)
+
+    sources = [images, images[:-1], f"s3://{populated}/coco/annotations.json", "hf://nvidia/tiny/weights/model.pth",
+               f"s3://{populated}/clips/", f"s3://{populated}/archives/calib.tar.gz"]
+    assert {source: counts[source] for source in sources} == dict.fromkeys(sources, 1)
+    assert max(counts.values()) == 1, counts  # nor is an annotation or a bucket parsed twice
+    assert [entry.kind for entry in staging_map.sources] == ["selective", "archive", "folder", "file", "model",
+                                                              "pre-positioned", "config"]
 
 
 def test_rerun_moves_nothing(s3_credentials: S3Credentials, populated: str, tmp_path: Path) -> None:

@@ -28,7 +28,8 @@ def register(verbs: Any) -> None:
                                               "into a directory: safely, atomically, once")
     extract.add_argument("--archive", required=True, metavar="PATH_OR_S3_URI", help="a local file or s3://BUCKET/KEY")
     extract.add_argument("--dest", required=True, metavar="DIR",
-                         help="the directory to create or replace; it holds exactly the archive plus .extracted")
+                         help="the directory to create or replace; it holds exactly the archive's members (the marker "
+                              "that makes a rerun a no-op lives beside it, in PARENT/.tao-data-io/NAME/)")
     extract.add_argument("--strip-components", type=strip_components, default=0, metavar="N",
                          help="drop N leading path components from every member (shorter members are skipped)")
     extract.add_argument("--json", action="store_true", help="print the result as JSON")

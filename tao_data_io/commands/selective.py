@@ -40,7 +40,8 @@ def register(verbs: Any) -> None:
     sub.add_argument("--format", choices=ANNOTATION_FORMATS, help="annotation format (default: from the file extension)")
     sub.add_argument("--missing", choices=MISSING_MODES, default="error",
                      help="a referenced object that does not exist: fail and remove this run's new files (error, "
-                          "default) or stage the rest and list them in D/.tao-data-io/missing-references.txt (skip)")
+                          "default) or stage the rest and list them beside D, in PARENT/.tao-data-io/NAME/"
+                          "missing-references.txt (skip)")
     sub.add_argument("--concurrency", type=concurrency, default=DEFAULT_CONCURRENCY, metavar="N",
                      help=f"objects in flight at once (default {DEFAULT_CONCURRENCY})")
     sub.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -101,7 +101,8 @@ class KubernetesSettings(BackendSettings):
     results_budget: str = Field(
         DEFAULT_RESULTS_BUDGET, title="Results budget",
         description="The most results the final upload must move after training exits (a binary quantity such as "
-                    "20Gi); sizes the pod's terminationGracePeriodSeconds (README: Results of a tier C pod).")
+                    "20Gi); sizes the pod's terminationGracePeriodSeconds (docs/kubernetes.md: Results of a tier C "
+                    "pod).")
 
     @field_validator("namespace")
     @classmethod

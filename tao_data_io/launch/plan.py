@@ -25,7 +25,7 @@ from pydantic import Field
 from ..credentials import Redactor
 from ..errors import UsageError
 from ..records import JobRecord, OutputRoute
-from ..request import PROBE_DIR as PROBE_DIR  # where backends mount the probe's files
+from ..frame import PROBE_DIR as PROBE_DIR  # where backends mount the probe's files
 from ..request import JobRequest
 from ..schema import Strict
 from ..staging.stage_map import StagingMap

@@ -36,11 +36,12 @@ from ..reporting import ProgressCallback
 from ..transfer.client import head_or_none
 from ..transfer.engine import TransferEngine
 from ..transfer.filters import PathFilter
-from ..transfer.listing import list_remote
+from ..transfer.listing import RemoteListing
 from ..transfer.shard import Shard
-from ..uris import is_s3_url, parse_s3_url
+from ..uris import S3Url
+from .engines import EngineSource, lease
+from .inputs import resolved, stage_planned
 from .layout import PlannedInput
-from .stage import _engines, resolve_kind, stage_input
 from .stage_map import StagedSource
 
 MARKER_VERSION = 1
@@ -51,18 +52,20 @@ def marker_path(cache_root: Path, sub_path: str, shard: Shard | None = None) -> 
 
 
 def stage_cached(planned: PlannedInput, cache_root: Path, *,
-                 engine: TransferEngine | Callable[[], TransferEngine] | None = None,
+                 engine: EngineSource = None,
                  environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None,
                  shard: Shard | None = None) -> StagedSource:
     """Stage ``planned`` into the cache at ``cache_root`` (see the module docstring)."""
     if not planned.remote:
-        return stage_input(planned, cache_root)
+        with lease(engine, environ) as get_engine:  # nothing to stage: recorded as pre-positioned
+            return stage_planned(planned, cache_root, engine=get_engine)
     assert planned.sub_path is not None
     digest = hashlib.sha256(planned.sub_path.encode()).hexdigest()[:32]
     lock = cache_root / STATE_DIR_NAME / "locks" / f"{digest}{'.' + shard.label if shard else ''}.lock"
     marker = marker_path(cache_root, planned.sub_path, shard)
-    with _engines(engine, environ) as get_engine, file_lock(lock):
-        identity = _identity(planned, get_engine)
+    with lease(engine, environ) as get_engine, file_lock(lock):
+        planned = resolved(planned, get_engine)  # its kind asked (if at all) once, for identity and staging
+        identity, listing = _identity(planned, get_engine)
         previous = _read_marker(marker)
         now = datetime.now(timezone.utc).isoformat()
         if identity is not None and previous is not None and previous.get("identity") == identity:
@@ -71,31 +74,33 @@ def stage_cached(planned: PlannedInput, cache_root: Path, *,
             return entry.model_copy(update={"local_path": str(cache_root / planned.sub_path), "transferred_files": 0,
                                             "transferred_bytes": 0, "unchanged_files": entry.files or 0,
                                             "seconds": 0.0, "note": "stage cache hit: source unchanged"})
-        staged = stage_input(planned, cache_root, engine=get_engine, environ=environ, progress=progress, shard=shard)
+        staged = stage_planned(planned, cache_root, engine=get_engine, environ=environ, progress=progress, shard=shard,
+                               listing=listing)
         _write_marker(marker, {"version": MARKER_VERSION, "source": planned.source, "identity": identity,
                                "staged_at": now, "last_used": now, "entry": staged.to_dict()})
         return staged
 
 
-def _identity(planned: PlannedInput, engine: Callable[[], TransferEngine]) -> str | None:
-    """The source's identity, or None when it has no cheap one (selective inputs, models)."""
-    if not is_s3_url(planned.source):
-        return None
-    kind = resolve_kind(planned, engine)
-    url = parse_s3_url(planned.source, field=planned.field)
+def _identity(planned: PlannedInput, engine: Callable[[], TransferEngine]) -> tuple[str | None, RemoteListing | None]:
+    """The source's identity, or None when it has no cheap one (selective inputs, models); and a
+    folder's listing, which the identity was computed from and the sync then uses (listed once)."""
+    url = planned.uri
+    if not isinstance(url, S3Url):
+        return None, None
     declared = planned.declared
-    if kind == "folder":
+    if planned.kind == "folder":
         rules = PathFilter.from_patterns(declared.excludes if declared else ())
-        listing = list_remote(engine().client, url.as_prefix())
+        listing = engine().list_prefix(url)
         lines = sorted(f"{obj.key}\t{obj.etag}" for obj in listing.objects if rules(obj.relative))
-        return "folder:sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
-    if kind in ("file", "archive"):
+        return "folder:sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest(), listing
+    if planned.kind in ("file", "archive"):
         head = head_or_none(engine().client, url.bucket, url.key)
         if head is None:
-            return None  # let the stager report the missing object
-        strip = declared.strip_components if declared is not None and kind == "archive" else 0
-        return f"{kind}:etag:{head.get('ETag', '').strip(chr(34))}:size:{head.get('ContentLength')}:strip:{strip}"
-    return None
+            return None, None  # let the stager report the missing object
+        strip = declared.strip_components if declared is not None and planned.kind == "archive" else 0
+        return (f"{planned.kind}:etag:{head.get('ETag', '').strip(chr(34))}:size:{head.get('ContentLength')}"
+                f":strip:{strip}"), None
+    return None, None
 
 
 def _read_marker(path: Path) -> dict[str, object] | None:

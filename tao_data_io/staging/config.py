@@ -22,8 +22,8 @@ import yaml
 from ..errors import UsageError
 from ..fs import atomic_write
 from ..request import JobRequest
-from .layout import DEFAULT_INPUTS_ROOT, config_location, placements
-from .spec import rewrite
+from .layout import DEFAULT_INPUTS_ROOT, PlannedInput, config_location, placements
+from ..spec import rewrite
 
 _EXTENSIONS = {"json": "json", "yaml": "yaml", "toml": "toml"}
 
@@ -96,19 +96,22 @@ class MaterializedConfig:
         return f"{self.path} ({'written' if self.created else 'already there'}), mounted at {self.container_path}"
 
 
-def config_content(request: JobRequest, inputs_root: str = DEFAULT_INPUTS_ROOT) -> tuple[bytes, str, str, str]:
+def config_content(request: JobRequest, inputs_root: str = DEFAULT_INPUTS_ROOT, *,
+                   plan: list[PlannedInput] | None = None) -> tuple[bytes, str, str, str]:
     """(bytes, sha256, sub-path, path in the frame) of the request's config — pure, so a plan
-    can name the config's path without writing it."""
+    can name the config's path without writing it. ``plan``: the request's planned inputs, when
+    the caller holds them (a staging run), else planned here."""
     if request.mode != "config" or request.spec is None or request.config_format is None:
         raise UsageError("materialize-config needs a request with mode 'config', a nested 'spec' and 'config_format'")
-    mapping = {source: place.container_path for source, place in placements(request, inputs_root).items()}
+    mapping = {source: place.container_path for source, place in placements(request, inputs_root, plan=plan).items()}
     data = serialise(rewrite(request.spec, mapping), request.config_format)
     digest = hashlib.sha256(data).hexdigest()
     sub_path, container_path = config_location(digest, _EXTENSIONS[request.config_format])
     return data, digest, sub_path, container_path
 
 
-def materialize_config(request: JobRequest, output_dir: Path, inputs_root: str = DEFAULT_INPUTS_ROOT) -> MaterializedConfig:
+def materialize_config(request: JobRequest, output_dir: Path, inputs_root: str = DEFAULT_INPUTS_ROOT, *,
+                       plan: list[PlannedInput] | None = None) -> MaterializedConfig:
     """Write the request's spec, remote URIs rewritten, as a content-addressed file.
 
     The name is ``tao-action-config-<sha256>.<ext>``. The file is written to a temp name,
@@ -118,7 +121,7 @@ def materialize_config(request: JobRequest, output_dir: Path, inputs_root: str =
     name is random, so a rerun after a kill (the same PID again, in a container) or two threads
     at once never collide.
     """
-    data, digest, sub_path, container_path = config_content(request, inputs_root)
+    data, digest, sub_path, container_path = config_content(request, inputs_root, plan=plan)
     final = output_dir / Path(sub_path).name
     created = atomic_write(final, data, mode=0o600, replace=False)
     if not created:

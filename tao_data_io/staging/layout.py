@@ -3,43 +3,34 @@ pure function of the request.
 
 Why pure: ``materialize-config``, ``stage``, the launch plan and the renderer must agree on
 where each input is without talking to each other, and a rerun must produce the same config byte
-for byte (its name is its SHA-256). Locations come from :func:`tao_data_io.uris.staging_location`
-of the *parsed* URI, so the config, the staging map and the puller can never disagree again.
+for byte (its name is its SHA-256). Each remote source's sub-path comes from the one placement
+rule, :func:`tao_data_io.frame.place_sources` (which the request's validator applies at load
+time too), over the *parsed* URI, so the config, the staging map and the puller can never
+disagree again.
 
-Rules:
-
-* Each distinct remote source is staged once, at ``<staging root>/<sub_path>``, and appears in
-  the frame at its input's ``target`` or ``<inputs root>/<sub_path>``.
-* Archives and selective inputs get ``archive/`` and ``selective/`` sub-paths, so their trees
-  never nest inside a plain copy of the same prefix (``s3://b/p/`` as a folder and
-  ``s3://b/p/a.tar`` extracted would otherwise collide).
-* ``s3://b/p`` and ``s3://b/p/`` are one source. Two different sources that would share a
-  sub-path are refused: the renderer mounts one sub-path per source.
+* A remote source appears in the frame at its input's ``target`` or ``<inputs root>/<sub_path>``.
 * A local (pre-positioned, tier A) input has no sub-path: nothing moves, and its readability is
   proved inside the compute frame by the verify probe, never here.
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict
 
-from ..errors import UsageError
-from ..request import CONFIG_MOUNT_DIR, InputSpec, JobRequest
-from ..uris import is_remote_uri, parse_uri, staging_location
-from .spec import remote_uris
+from ..frame import CONFIG_MOUNT_DIR, place_sources
+from ..request import InputSpec, JobRequest
+from ..uris import HFModelURI, NGCModelURI, RemoteURI, is_remote_uri
+from .stage_map import Kind
 
 #: Where inputs appear inside the compute frame unless a request input names a target.
 DEFAULT_INPUTS_ROOT = "/tao-inputs"
 #: Where the materialized config is written, relative to the staging root.
 CONFIG_DIR = "config"
 
-Origin = Literal["input", "spec"]
-
 
 class PlannedInput(BaseModel):
-    """One distinct source to stage, where it goes, and the request's options for it.
+    """One distinct source to stage, where it goes, and the request's options for it — with its
+    URI parsed once, when it was planned, so no later step parses it again.
 
     JSON-able on purpose: an orchestrator hands one of these to each staging task.
     """
@@ -54,53 +45,62 @@ class PlannedInput(BaseModel):
     declared: InputSpec | None = None
     #: Where the request names it first: ``inputs[N]`` or a spec field path.
     field: str
+    #: The parsed source (None for a pre-positioned input: a path, not a URI).
+    uri: RemoteURI | None = None
+    #: What it is staged as. Known from the plan for every input but an ``auto`` s3:// key without
+    #: a trailing slash, which stays None until :func:`~.inputs.resolve_kind` asks the bucket.
+    kind: Kind | None = None
+    #: Other spellings of this source in the request (``s3://b/p`` beside ``s3://b/p/``).
+    aliases: tuple[str, ...] = ()
 
     @property
     def remote(self) -> bool:
         return self.sub_path is not None
 
+    @property
+    def spellings(self) -> tuple[str, ...]:
+        return (self.source, *self.aliases)
 
-def placements(request: JobRequest, inputs_root: str = DEFAULT_INPUTS_ROOT) -> dict[str, PlannedInput]:
-    """Every spelling of every remote source in the request → its planned input (declared inputs
-    first, then spec URIs). Two spellings of one prefix map to the same object."""
-    result: dict[str, PlannedInput] = {}
-    owners: dict[str, str] = {}
 
-    def add(source: str, prefix: str, declared: InputSpec | None, field: str) -> None:
-        if source in result:
-            return
-        parsed = parse_uri(source, field=field)
-        alias = source[:-1] if source.endswith("/") else source + "/"
-        if alias in result and source.startswith("s3://"):
-            result[source] = result[alias]  # the same prefix written two ways
-            return
-        sub_path = prefix + staging_location(parsed)
-        if sub_path in owners:
-            raise UsageError(f"{field}: {source!r} would be staged at the same place as {owners[sub_path]!r} "
-                             f"({sub_path}); declare only one of them")
-        owners[sub_path] = source
-        target = declared.target if declared is not None else None
-        result[source] = PlannedInput(source=source, sub_path=sub_path,
-                                      container_path=target or f"{inputs_root}/{sub_path}",
-                                      declared=declared, field=field)
-
-    for index, item in enumerate(request.inputs):
-        if is_remote_uri(item.source):
-            prefix = f"{item.kind}/" if item.kind in ("archive", "selective") else ""
-            add(item.source, prefix, item, f"inputs[{index}].source")
-    for field, uri in remote_uris(request.spec or {}):
-        add(uri, "", None, field)
-    return result
+def planned_kind(uri: RemoteURI, declared: InputSpec | None) -> Kind | None:
+    """The kind a remote source is staged as, when the request alone says it: a model URI is a
+    model, a declared kind is that kind, ``s3://b/p/`` is a folder; else None (ask the bucket)."""
+    if isinstance(uri, HFModelURI | NGCModelURI):
+        return "model"
+    if declared is not None and declared.kind != "auto":
+        return declared.kind
+    return "folder" if uri.is_prefix else None
 
 
 def plan_inputs(request: JobRequest, inputs_root: str = DEFAULT_INPUTS_ROOT) -> list[PlannedInput]:
-    """Every distinct input to stage, remote ones first (in request order), then pre-positioned ones."""
-    planned = list({id(item): item for item in placements(request, inputs_root).values()}.values())
+    """Every distinct input to stage, remote ones first (in request order), then pre-positioned
+    ones; each remote source parsed once, here."""
+    places = place_sources(request.remote_sources())
+    spellings: dict[int, list[str]] = {}
+    for spelling, place in places.items():
+        spellings.setdefault(id(place), []).append(spelling)
+    planned = []
+    for place in {id(place): place for place in places.values()}.values():
+        declared = place.named.declared
+        target = declared.target if declared is not None else None
+        planned.append(PlannedInput(source=place.named.source, sub_path=place.sub_path,
+                                    container_path=target or f"{inputs_root}/{place.sub_path}", declared=declared,
+                                    field=place.named.field, uri=place.uri, kind=planned_kind(place.uri, declared),
+                                    aliases=tuple(s for s in spellings[id(place)] if s != place.named.source)))
     for index, item in enumerate(request.inputs):
         if not is_remote_uri(item.source):
             planned.append(PlannedInput(source=item.source, sub_path=None, container_path=item.target or item.source,
-                                        declared=item, field=f"inputs[{index}].source"))
+                                        declared=item, field=f"inputs[{index}].source", kind="pre-positioned"))
     return planned
+
+
+def placements(request: JobRequest, inputs_root: str = DEFAULT_INPUTS_ROOT, *,
+               plan: list[PlannedInput] | None = None) -> dict[str, PlannedInput]:
+    """Every spelling of every remote source in the request → its planned input (declared inputs
+    first, then spec URIs); two spellings of one prefix map to the same object. From ``plan``, the
+    request's :func:`plan_inputs`, when the caller holds it (nothing is parsed again)."""
+    plan = plan_inputs(request, inputs_root) if plan is None else plan
+    return {spelling: planned for planned in plan if planned.remote for spelling in planned.spellings}
 
 
 def config_location(digest: str, extension: str) -> tuple[str, str]:

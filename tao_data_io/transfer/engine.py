@@ -208,14 +208,17 @@ class TransferEngine:
         return self.upload_file(path, url, options)
 
     # ----------------------------------------------------------------- download
-    def download_prefix(self, prefix: S3Url, dest: Path, options: TransferOptions) -> TransferSummary:
+    def download_prefix(self, prefix: S3Url, dest: Path, options: TransferOptions, *,
+                        listing: RemoteListing | None = None) -> TransferSummary:
+        """Sync ``prefix`` down into ``dest``. ``listing``: :meth:`list_prefix` of it, when the
+        caller has just listed it (it is not listed again)."""
         prefix = prefix.as_prefix()
         summary = TransferSummary(str(prefix), str(dest), dry_run=options.dry_run)
         started = time.monotonic()
         if dest.exists() and not dest.is_dir():
             raise UsageError(f"DST {str(dest)!r} exists and is not a directory; give a directory path")
         # Listed before the lock is taken, so a bad bucket or key creates nothing locally.
-        listing = self._list(prefix)
+        listing = self.list_prefix(prefix) if listing is None else listing
         summary.skipped += [Skipped(k, "folder marker (zero-byte key ending in '/'); nothing to download")
                             for k in listing.folder_markers]
         shard = options.shard
@@ -356,7 +359,7 @@ class TransferEngine:
                                                                                          what=options.untrusted_source)
         try:
             with ThreadPoolExecutor(max_workers=2) as pool:
-                listed = pool.submit(self._list, prefix)  # its round trips overlap the local scan and the cache load
+                listed = pool.submit(self.list_prefix, prefix)  # its round trips overlap the local scan and the cache load
                 if "executor" not in self.__dict__:
                     pool.submit(_import_data_path)  # and so does loading the data path, ~40 ms of a fresh process
                 scan = scan_local(source, root_fd=root_fd)
@@ -496,9 +499,10 @@ class TransferEngine:
         """Re-raise configuration failures (bucket, keys, endpoint) as errors naming the fix."""
         return explained(bucket, self.credentials.endpoint_url)
 
-    def _list(self, prefix: S3Url) -> RemoteListing:
-        """Every object under ``prefix``: one signed GET per page when that is plain (see
-        :mod:`signed_list`), else — and on any failure — through boto3, whose errors name the fix."""
+    def list_prefix(self, prefix: S3Url) -> RemoteListing:
+        """Every object under ``prefix`` (in folder form): one signed GET per page when that is plain
+        (see :mod:`signed_list`), else — and on any failure — through boto3, whose errors name the fix."""
+        prefix = prefix.as_prefix()
         pages = list_pages(self.credentials, prefix.bucket, prefix.key)
         if pages is not None:
             return listing_from_pages(pages, prefix.key)

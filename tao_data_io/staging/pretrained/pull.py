@@ -88,10 +88,10 @@ class PullResult:
         return f"revision {self.revision}: {len(self.files)} files ({human_size(self.bytes)}), {done}"
 
 
-def pull_model(uri: str, destination: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None,
+def pull_model(uri: str | HFModelURI | NGCModelURI, destination: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None,
                progress: ProgressCallback | None = None) -> PullResult:
-    """Make ``destination`` hold exactly-verified files of the model ``uri``; fetch only what is
-    missing or wrong.
+    """Make ``destination`` hold exactly-verified files of the model ``uri`` (the URI, or as
+    :func:`~tao_data_io.uris.parse_model_uri` parsed it); fetch only what is missing or wrong.
 
     Credentials and endpoints come from ``environ`` (default ``os.environ``). Raises
     :class:`UsageError` for bad input (malformed URI, unknown revision, a file name that would
@@ -100,7 +100,7 @@ def pull_model(uri: str, destination: str | os.PathLike[str], *, environ: Mappin
     rerun retries).
     """
     env = os.environ if environ is None else environ
-    parsed = parse_model_uri(uri)
+    parsed = parse_model_uri(uri) if isinstance(uri, str) else uri
     dest = Path(os.path.abspath(destination))
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"destination {str(dest)!r} exists and is not a directory; give a directory path")

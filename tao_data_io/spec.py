@@ -1,6 +1,7 @@
 """Walking a nested spec: every string leaf with its field path, the remote URIs among them, and a
-rewritten copy. Pure; where each URI goes is :mod:`.layout`'s business, serialising is
-:mod:`.config`'s.
+rewritten copy. Pure, and below the request (whose validator walks the spec) and staging (which
+rewrites it); where each URI goes is :mod:`tao_data_io.staging.layout`'s business, serialising is
+:mod:`tao_data_io.staging.config`'s.
 """
 
 from __future__ import annotations
@@ -8,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ..uris import is_remote_uri
-
+from .uris import is_remote_uri
 
 
 def iter_strings(value: Any, path: str = "spec") -> Iterator[tuple[str, str]]:

@@ -1,0 +1,96 @@
+"""What the flows take as parameters: a block that was never saved and a number of seconds out of
+range (or a bool) are refused naming the parameter and the fix; a target that has no trace of a
+job, and a records location not made yet, are told apart from a job that is lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.collect import collect_tao_job
+from flows.resync import resync_tao_outputs
+from flows.submit import submit_tao_job
+from tao_data_io.records import RecordStore
+
+from .flow_helpers import fake_target, local_target, records_block
+from .helpers import args_request
+
+
+def _running_record(root: Path, job_id: str) -> RecordStore:
+    """A job the record store says is RUNNING on the local platform (as a submit through another
+    target, or another worker, leaves it)."""
+    store = RecordStore(root)
+    store.open(platform="local", image="local", network_arch="true", action="run", results_dir="/results",
+               job_id=job_id, source="flow")
+    store.mark(job_id, "RUNNING", source="flow", backend_ref=f"local/{job_id}")
+    return store
+
+
+def test_a_missing_block_names_the_parameter_and_the_fix(prefect_harness: None, no_cloud: None,
+                                                          tmp_path: Path) -> None:
+    """A block parameter naming a block that was never saved fails naming the flow parameter and how
+    to fix it, not with Prefect's bare ValueError."""
+    state = submit_tao_job(args_request(), target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
+                           s3_credentials="tao-s3-credentials/never-saved", return_state=True)
+    assert state.is_failed()
+    message = str(state.message)
+    assert "ValueError" not in message and "s3_credentials" in message, message
+
+
+def test_a_negative_poll_interval_of_the_collect_flow_names_the_parameter(
+        prefect_harness: None, no_cloud: None, tmp_path: Path) -> None:
+    """collect-tao-job checks ``poll_seconds`` up front, as the CLI checks ``--poll-seconds``: ``-1``
+    fails naming the parameter, never with ``sleep``'s ValueError after the first poll."""
+    target, records = fake_target(tmp_path, polls_until_done=10**6), records_block(tmp_path / "jobs")
+    assert submit_tao_job(args_request(job_id="poll-negative"), target=target, records=records,
+                          return_state=True).is_completed()
+    state = collect_tao_job("poll-negative", target=target, records=records, poll_seconds=-1,
+                            max_wait_seconds=5, return_state=True)
+    assert state.is_failed()
+    assert "poll_seconds" in str(state.message), state.message
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_a_bool_is_not_a_number_of_seconds(value: bool) -> None:
+    """A bool is not a number of seconds: ``poll_seconds=True`` or ``settle_seconds=False`` from a core
+    caller is refused as a type mistake, though ``isinstance(True, int)`` holds."""
+    from tao_data_io.errors import UsageError
+    from tao_data_io.vocabulary import POLL_SECONDS_BOUNDS, SETTLE_SECONDS_BOUNDS, seconds_within
+
+    for bounds in (POLL_SECONDS_BOUNDS, SETTLE_SECONDS_BOUNDS):
+        if bounds[0] <= int(value):
+            with pytest.raises(UsageError, match="must be a number of seconds"):
+                seconds_within(value, bounds, name="poll_seconds")
+
+
+def test_collect_with_a_target_that_cannot_find_the_job_fails(prefect_harness: None, no_cloud: None,
+                                                               tmp_path: Path) -> None:
+    """collect-tao-job on a target that has no trace of a job its record says is RUNNING fails, as the
+    CLI's collect does, and leaves the record as it was: never an UNKNOWN that completes."""
+    store = _running_record(tmp_path / "jobs", "lost-job")
+    state = collect_tao_job("lost-job", target=local_target(tmp_path, "elsewhere"), records=records_block(tmp_path / "jobs"),
+                            poll_seconds=0.05, return_state=True)
+    assert store.get("lost-job").state == "RUNNING"
+    assert state.is_failed(), f"collect completed: {state.result(raise_on_failure=False)}"
+
+
+def test_resync_with_a_target_that_cannot_find_a_running_job_does_not_say_the_backend_uploads(
+        prefect_harness: None, no_cloud: None, tmp_path: Path) -> None:
+    """resync-tao-outputs picks RUNNING jobs by platform; a job its target cannot find (another local
+    target's root) is counted as not found, never as one whose backend uploads its results."""
+    _running_record(tmp_path / "jobs", "other-root-job")
+    outcome = resync_tao_outputs(target=local_target(tmp_path, "elsewhere"), records=records_block(tmp_path / "jobs"),
+                                 settle_seconds=0, return_state=True)
+    result = outcome.result(raise_on_failure=False)
+    assert not (outcome.is_completed() and isinstance(result, dict) and result.get("backend uploads")), result
+
+
+def test_the_scheduled_resync_before_any_job_does_not_fail(prefect_harness: None, no_cloud: None,
+                                                           tmp_path: Path) -> None:
+    """A records location not made yet (no submit so far) is zero jobs: the scheduled
+    resync-tao-outputs, running every 5 minutes from ``prefect deploy`` on, completes."""
+    state = resync_tao_outputs(target=local_target(tmp_path), records=records_block(tmp_path / "jobs-not-yet"),
+                               return_state=True)
+    assert state.is_completed(), state.message
+    assert state.result()["jobs"] == 0

@@ -1,0 +1,159 @@
+"""No credential value in Prefect: the values of the worker's credentials — those the blocks map
+and those a request forwards, whatever they are called — never reach a flow run's stored state,
+its name, its persisted result or an artifact, even when a user pastes one into the wrong field;
+what fails is still named (the field, the line), with the value masked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prefect.client.orchestration import get_client
+
+from flows.collect import collect_tao_job
+from flows.submit import submit_tao_job
+
+from .flow_helpers import local_target, name, records_block
+from .helpers import args_request
+
+#: A credential value as a careless user might paste it into the wrong field of a request.
+SECRET = "hf_AttackPrefectSecret7f3c9a1b"
+#: A credential value with a backslash, as strong passwords and tokens may have.
+BACKSLASH_SECRET = "pw_Attack\\Fix7f3c9a1bQz"
+
+
+def test_a_request_file_error_never_puts_a_credential_value_into_the_flow_run_state(
+        prefect_harness: None, no_cloud: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request file whose invalid field holds a credential value fails submit-tao-job naming the
+    field; the message Prefect stores as the flow run's state (where no log filter reaches) holds
+    the value masked."""
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    request = tmp_path / "request.yaml"
+    request.write_text(yaml.safe_dump(args_request(inputs=[{"source": SECRET}])))
+    state = submit_tao_job(str(request), target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
+                           return_state=True)
+    assert state.is_failed()
+    assert "inputs[0].source" in str(state.message)  # the field is named...
+    with get_client(sync_client=True) as client:
+        stored = client.read_flow_run(state.state_details.flow_run_id).state
+    assert stored is not None and SECRET not in str(stored.message)  # ...but the value must not be stored
+
+
+def test_a_yaml_syntax_error_never_puts_a_credential_value_into_the_flow_run_state(
+        prefect_harness: None, no_cloud: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PyYAML's error quotes the offending line; a syntax error on a line holding a credential value
+    fails the flow with the line and column, and no part of the value reaches the stored state."""
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    request = tmp_path / "request.yaml"
+    request.write_text(f"schema_version: '1'\nimage: local\nspec: {{note: {SECRET}\n")
+    state = submit_tao_job(str(request), target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
+                           return_state=True)
+    assert state.is_failed() and "not valid YAML" in str(state.message)
+    with get_client(sync_client=True) as client:
+        stored = client.read_flow_run(state.state_details.flow_run_id).state
+    assert stored is not None and SECRET[:16] not in str(stored.message)
+
+
+def test_a_credential_value_quoted_with_repr_is_still_masked_in_the_flow_run_state(
+        prefect_harness: None, no_cloud: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Messages quote values with ``!r`` (request field errors, KeyError, OSError file names), which
+    doubles a backslash: a credential value with one is masked in its quoted form too."""
+    monkeypatch.setenv("HF_TOKEN", BACKSLASH_SECRET)
+    request = tmp_path / "request.yaml"
+    request.write_text(yaml.safe_dump(args_request(inputs=[{"source": BACKSLASH_SECRET}])))
+    state = submit_tao_job(str(request), target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
+                           return_state=True)
+    assert state.is_failed()
+    assert "inputs[0].source" in str(state.message)
+    with get_client(sync_client=True) as client:
+        stored = client.read_flow_run(state.state_details.flow_run_id).state
+    assert stored is not None
+    assert "Fix7f3c9a1bQz" not in str(stored.message), stored.message
+
+
+def test_a_masked_failure_can_be_read_back_from_the_flow_runs_persisted_result(
+        prefect_harness: None, no_cloud: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flow persists its result as JSON, and Prefect rebuilds an exception from its message: a
+    failure whose message was masked reads back (a parent flow, ``run_deployment(...).result()``) as
+    the masked error."""
+    secret = "pw_AttackFixRoundTrip9c1e"
+    monkeypatch.setenv("HF_TOKEN", secret)
+
+    def boom(*args: Any) -> Any:
+        raise KeyError(secret)  # a library's error quoting a value, as any step might meet
+
+    monkeypatch.setattr("flows.submit.prepare", boom)
+    state = submit_tao_job(args_request(), target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
+                           return_state=True)
+    assert state.is_failed() and secret not in str(state.message)
+    with get_client(sync_client=True) as client:
+        stored = client.read_flow_run(state.state_details.flow_run_id).state
+    assert stored is not None
+    error = stored.result(raise_on_failure=False)
+    assert isinstance(error, Exception) and "KeyError" in str(error) and secret not in str(error)
+
+
+def test_a_job_id_equal_to_a_credential_value_never_names_the_flow_run(
+        prefect_harness: None, no_cloud: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The submit flow names its run from the request only once the request is checked against the
+    environment's credentials: a job id equal to a credential value is refused, and the stored run
+    name never holds it."""
+    value = "zz-credential-value-42"  # a lowercase secret (MinIO-style) is a valid job id
+    monkeypatch.setenv("MY_STORE_SECRET_KEY", value)
+    request = tmp_path / "request.yaml"
+    request.write_text(yaml.safe_dump(args_request(job_id=value)))
+    state = submit_tao_job(str(request), target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
+                           return_state=True)
+    assert state.is_failed() and "holds the value of a credential" in str(state.message)
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(state.state_details.flow_run_id)
+    assert value not in run.name
+
+
+def test_a_job_id_equal_to_a_block_mapped_credential_value_never_names_the_flow_run(
+        prefect_harness: None, no_cloud: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A credential whose variable only the S3 credentials block names (``TEAM_S3_SK``) is known once
+    the blocks load; a job id equal to its value is refused, and the stored run name never holds it."""
+    from blocks.credentials import S3EnvCredentials
+
+    value = "zz-team-store-value-42"  # a lowercase secret (MinIO-style) is a valid job id
+    monkeypatch.setenv("TEAM_S3_ID", "team-access-id-1")
+    monkeypatch.setenv("TEAM_S3_SK", value)
+    block = name()
+    S3EnvCredentials(access_key_id_env="TEAM_S3_ID", secret_access_key_env="TEAM_S3_SK").save(block)
+    request = tmp_path / "request.yaml"
+    request.write_text(yaml.safe_dump(args_request(job_id=value)))
+    state = submit_tao_job(str(request), target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
+                           s3_credentials=f"tao-s3-credentials/{block}", return_state=True)
+    assert state.is_failed() and "holds the value of a credential" in str(state.message)
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(state.state_details.flow_run_id)
+    assert value not in run.name
+
+
+def test_a_forwarded_credential_printed_by_the_job_is_masked_in_the_failure_artifact(
+        prefect_harness: None, no_cloud: None, sandbox: None, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failure report masks the job's log tail with every value the request forwards, whatever its
+    variable is called (``forward_env: [WANDB_KEY]``), not only names that look secret."""
+    value = "wandb-credential-0123456789"
+    monkeypatch.setenv("WANDB_KEY", value)
+    target, records = local_target(tmp_path), records_block(tmp_path / "jobs")
+    loud = args_request(job_id="loud-forward", command=["/bin/sh", "-c"], args=['echo "key is $WANDB_KEY"; exit 3'],
+                         forward_env=["WANDB_KEY"])
+    try:
+        assert submit_tao_job(loud, target=target, records=records, return_state=True).is_completed()
+        failed = collect_tao_job("loud-forward", target=target, records=records, poll_seconds=0.05,
+                                 return_state=True)
+        assert failed.is_failed()
+        with get_client(sync_client=True) as client:
+            found = [a for a in client.read_artifacts() if a.key == "failure-loud-forward"]
+        assert found and "key is" in str(found[0].data)
+        assert value not in str(found[0].data)
+    finally:
+        from tao_data_io.local.backend import LocalBackend
+        from tao_data_io.local.settings import LocalSettings
+
+        LocalBackend(LocalSettings(run_root=str(tmp_path / "local"))).cancel("local/loud-forward")

@@ -1,0 +1,105 @@
+"""Submitting a job again — a retried submit, a Prefect retry, a fixed request under the same id:
+a running job is left as it is (nothing restaged), a job whose verify failed fails the same way
+again, and a job that never launched runs once its request is fixed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from flows.submit import submit_tao_job
+from tao_data_io.records import RecordStore
+
+from .flow_helpers import fake_request, fake_target, records_block
+from .helpers import args_request, held_request, needs_bwrap, run_cli, wait_cli_state
+
+
+@needs_bwrap
+def test_a_resubmit_of_a_running_job_does_not_restage_its_inputs(
+        cli_env: dict[str, str], bucket: str, s3_client: Any, tmp_path: Path) -> None:
+    """Submitting a running job again starts nothing and moves no byte into its staging root: the
+    running job's read-only input stays what it was staged as, whatever the bucket holds now."""
+    request = held_request(tmp_path, bucket, "restage")
+    assert run_cli("submit", "--request", str(request), env=cli_env).returncode == 0
+    staged = tmp_path / "work" / "restage" / "s3" / bucket / "ds" / "input.txt"
+    try:
+        wait_cli_state("restage", cli_env, "RUNNING")
+        assert staged.read_bytes() == b"version-1\n"
+        s3_client.put_object(Bucket=bucket, Key="ds/input.txt", Body=b"version-2, changed under the job\n")
+        again = run_cli("submit", "--request", str(request), env=cli_env)
+        assert again.returncode == 0, again.stderr
+        assert staged.read_bytes() == b"version-1\n", "the running job's input was replaced by the resubmit"
+    finally:
+        run_cli("cancel", "--job-id", "restage", env=cli_env)
+
+
+def test_a_resubmit_of_a_job_whose_verify_failed_does_not_complete(
+        prefect_harness: None, no_cloud: None, tmp_path: Path) -> None:
+    """submit-tao-job run again for a job whose verify failed (record ERROR, the command never
+    started) fails again: a retried deployment run never reports success for a job that never ran."""
+    target, records = fake_target(tmp_path, verify_ok=False), records_block(tmp_path / "jobs")
+    request = args_request(job_id="verify-failed-twice")
+    assert submit_tao_job(request, target=target, records=records, return_state=True).is_failed()
+    assert RecordStore(tmp_path / "jobs").get("verify-failed-twice").state == "ERROR"
+    again = submit_tao_job(request, target=target, records=records, return_state=True)
+    assert not again.is_completed(), f"the rerun completed: {again.result(raise_on_failure=False)}"
+
+
+@needs_bwrap
+def test_the_cli_resubmit_of_a_job_whose_verify_failed_is_not_exit_0(sandbox: None, tmp_path: Path) -> None:
+    """``tao-data-io submit`` of the same request after a failed verify exits non-zero and never says
+    "already running": the job is ERROR and its command never started."""
+    (tmp_path / "empty").mkdir()
+    request = tmp_path / "request.yaml"
+    request.write_text(yaml.safe_dump(args_request(
+        job_id="verify-fails", command=["/bin/sh", "-c"], args=["ls /in"],
+        mounts=[{"source": str(tmp_path / "empty"), "target": "/in"}])))
+    env = {"TAO_DATA_IO_RECORDS": str(tmp_path / "jobs"), "TAO_DATA_IO_WORKDIR": str(tmp_path / "work"),
+           "HOME": str(tmp_path)}
+    first = run_cli("submit", "--request", str(request), env=env)
+    assert first.returncode == 2, first.stderr
+    second = run_cli("submit", "--request", str(request), env=env)
+    assert "already running" not in second.stderr, second.stderr
+    assert second.returncode != 0, second.stderr
+
+
+def test_a_fixed_request_can_rerun_a_job_whose_staging_failed(
+        prefect_harness: None, env: dict[str, str], bucket: str, tmp_path: Path) -> None:
+    """After a submit fails before launch (an input that does not exist: record ERROR with the
+    reason, nothing started), the fixed request under the same job id runs it."""
+    target, records = fake_target(tmp_path), records_block(tmp_path / "jobs")
+    fixed = {**fake_request(bucket, "fix-and-rerun"), "spec": {"train": {"epochs": 1}}}
+    bad = {**fixed, "inputs": [*fixed["inputs"], {"source": f"s3://{bucket}/no-such.bin", "kind": "file",
+                                                  "target": "/extra/x.bin"}]}
+    assert submit_tao_job(bad, target=target, records=records, return_state=True).is_failed()
+    assert RecordStore(tmp_path / "jobs").get("fix-and-rerun").state == "ERROR"
+    again = submit_tao_job(fixed, target=target, records=records, return_state=True)
+    assert again.is_completed(), again.message
+
+
+def test_a_job_whose_submit_failed_before_anything_ran_may_be_opened_again_for_a_fixed_request(
+        tmp_path: Path) -> None:
+    """A backend that refuses a submit before anything exists (a forward_env variable not set) leaves
+    the record ERROR with the reason and no backend_ref; the request fixed under the same job id is
+    then launched, not refused as already launched."""
+    from tao_data_io.errors import CredentialError
+    from tao_data_io.local.backend import LocalBackend
+    from tao_data_io.local.settings import LocalSettings
+    from tao_data_io.verbs import submit
+    from tao_data_io.records import RecordStore
+    from tao_data_io.request import parse_request
+
+    store = RecordStore(tmp_path / "jobs")
+    backend = LocalBackend(LocalSettings(run_root=str(tmp_path / "local")))
+    first = parse_request(args_request(job_id="job-fixed-env", forward_env=["TAO_ATTACK_UNSET_TOKEN"]), environ={})
+    with pytest.raises(CredentialError, match="TAO_ATTACK_UNSET_TOKEN"):
+        submit(first, backend, store, staging_root=tmp_path / "work", environ={})
+    record = store.get("job-fixed-env")
+    assert record.state == "ERROR" and record.backend_ref is None  # nothing was launched, and the record says why
+    assert "TAO_ATTACK_UNSET_TOKEN" in (record.message or "")
+    fixed = parse_request(args_request(job_id="job-fixed-env"), environ={})  # forward_env dropped: the fix
+    done = submit(fixed, backend, store, staging_root=tmp_path / "work", environ={})
+    assert done.started
