@@ -24,20 +24,30 @@ SECRET = "hf_AttackPrefectSecret7f3c9a1b"
 BACKSLASH_SECRET = "pw_Attack\\Fix7f3c9a1bQz"
 
 
+def _submit_file(tmp_path: Path, text: str) -> Any:
+    """submit-tao-job of a request file holding ``text``, on a local target: its final state."""
+    request = tmp_path / "request.yaml"
+    request.write_text(text)
+    return submit_tao_job(str(request), target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
+                          return_state=True)
+
+
+def _stored(state: Any) -> Any:
+    """The state Prefect stored for the flow run: what its API and database hold."""
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(state.state_details.flow_run_id).state
+
+
 def test_a_request_file_error_never_puts_a_credential_value_into_the_flow_run_state(
         prefect_harness: None, no_cloud: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A request file whose invalid field holds a credential value fails submit-tao-job naming the
     field; the message Prefect stores as the flow run's state (where no log filter reaches) holds
     the value masked."""
     monkeypatch.setenv("HF_TOKEN", SECRET)
-    request = tmp_path / "request.yaml"
-    request.write_text(yaml.safe_dump(args_request(inputs=[{"source": SECRET}])))
-    state = submit_tao_job(str(request), target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
-                           return_state=True)
+    state = _submit_file(tmp_path, yaml.safe_dump(args_request(inputs=[{"source": SECRET}])))
     assert state.is_failed()
     assert "inputs[0].source" in str(state.message)  # the field is named...
-    with get_client(sync_client=True) as client:
-        stored = client.read_flow_run(state.state_details.flow_run_id).state
+    stored = _stored(state)
     assert stored is not None and SECRET not in str(stored.message)  # ...but the value must not be stored
 
 
@@ -46,13 +56,9 @@ def test_a_yaml_syntax_error_never_puts_a_credential_value_into_the_flow_run_sta
     """PyYAML's error quotes the offending line; a syntax error on a line holding a credential value
     fails the flow with the line and column, and no part of the value reaches the stored state."""
     monkeypatch.setenv("HF_TOKEN", SECRET)
-    request = tmp_path / "request.yaml"
-    request.write_text(f"schema_version: '1'\nimage: local\nspec: {{note: {SECRET}\n")
-    state = submit_tao_job(str(request), target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
-                           return_state=True)
+    state = _submit_file(tmp_path, f"schema_version: '1'\nimage: local\nspec: {{note: {SECRET}\n")
     assert state.is_failed() and "not valid YAML" in str(state.message)
-    with get_client(sync_client=True) as client:
-        stored = client.read_flow_run(state.state_details.flow_run_id).state
+    stored = _stored(state)
     assert stored is not None and SECRET[:16] not in str(stored.message)
 
 
@@ -61,14 +67,10 @@ def test_a_credential_value_quoted_with_repr_is_still_masked_in_the_flow_run_sta
     """Messages quote values with ``!r`` (request field errors, KeyError, OSError file names), which
     doubles a backslash: a credential value with one is masked in its quoted form too."""
     monkeypatch.setenv("HF_TOKEN", BACKSLASH_SECRET)
-    request = tmp_path / "request.yaml"
-    request.write_text(yaml.safe_dump(args_request(inputs=[{"source": BACKSLASH_SECRET}])))
-    state = submit_tao_job(str(request), target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
-                           return_state=True)
+    state = _submit_file(tmp_path, yaml.safe_dump(args_request(inputs=[{"source": BACKSLASH_SECRET}])))
     assert state.is_failed()
     assert "inputs[0].source" in str(state.message)
-    with get_client(sync_client=True) as client:
-        stored = client.read_flow_run(state.state_details.flow_run_id).state
+    stored = _stored(state)
     assert stored is not None
     assert "Fix7f3c9a1bQz" not in str(stored.message), stored.message
 
@@ -88,8 +90,7 @@ def test_a_masked_failure_can_be_read_back_from_the_flow_runs_persisted_result(
     state = submit_tao_job(args_request(), target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
                            return_state=True)
     assert state.is_failed() and secret not in str(state.message)
-    with get_client(sync_client=True) as client:
-        stored = client.read_flow_run(state.state_details.flow_run_id).state
+    stored = _stored(state)
     assert stored is not None
     error = stored.result(raise_on_failure=False)
     assert isinstance(error, Exception) and "KeyError" in str(error) and secret not in str(error)
