@@ -322,7 +322,7 @@ class _Job:
 
     def grace_seconds(self) -> int:
         """Time for the final upload after training exits: the results budget at the measured
-        staging rate, plus a margin. Past it the kubelet kills the upload (README)."""
+        staging rate, plus a margin. Past it the kubelet kills the upload (docs/kubernetes.md)."""
         return GRACE_MARGIN_SECONDS + -(-self.settings.results_budget_bytes // TIER_C_BYTES_PER_SECOND)
 
     def _tool_env(self, env: list[dict[str, Any]]) -> list[dict[str, Any]]:
