@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 from uuid import UUID
 
 from prefect import get_run_logger
@@ -55,6 +56,36 @@ def progress_line(what: str, progress: Progress) -> str:
     return f"{what}: {files}, {size}{failed}"
 
 
+class _TaskArtifacts:
+    """Artifacts of the task run this is made in, created once and then updated in place through
+    one client (opened on the first write, closed by :meth:`close`). Why captured here: updates
+    may come from the core's transfer threads, which have no task run context of their own."""
+
+    def __init__(self) -> None:
+        context = TaskRunContext.get()
+        self._task_run_id = context.task_run.id if context else None
+        self._flow_run_id = context.task_run.flow_run_id if context else None
+        self._client: SyncPrefectClient | None = None
+
+    def put(self, artifact_id: UUID | None, *, kind: str, data: Any, description: str | None = None,
+            key: str | None = None) -> UUID:
+        """Create the artifact (``artifact_id`` None) or update it; returns its id."""
+        if self._client is None:
+            self._client = get_client(sync_client=True).__enter__()
+        if artifact_id is None:
+            return self._client.create_artifact(ArtifactCreate(
+                type=kind, key=key, data=data, description=description, task_run_id=self._task_run_id,
+                flow_run_id=self._flow_run_id)).id
+        changed = {"data": data, **({"description": description} if description is not None else {})}
+        self._client.update_artifact(artifact_id, ArtifactUpdate(**changed))
+        return artifact_id
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.__exit__(None, None, None)
+            self._client = None
+
+
 class ProgressArtifact:
     """Use as a context manager inside a task and pass :attr:`callback` to a core step. Updates
     may come from the core's transfer threads, so the artifact is attached to the task run
@@ -64,11 +95,8 @@ class ProgressArtifact:
         self.what = what
         self.artifact_id: UUID | None = None
         self.callback: ProgressCallback = throttled(self._report, per_second=UPDATES_PER_SECOND)
-        context = TaskRunContext.get()
-        self._task_run_id = context.task_run.id if context else None
-        self._flow_run_id = context.task_run.flow_run_id if context else None
+        self._artifacts = _TaskArtifacts()
         self._logger = get_run_logger()
-        self._client: SyncPrefectClient | None = None
         self._lock = threading.Lock()
         self._last: Progress | None = None
         self._broken = False
@@ -83,9 +111,7 @@ class ProgressArtifact:
             if exc is None and self.artifact_id is not None and last is not None and not last.finished:
                 self._send(Progress(last.files_total, last.bytes_total, last.files_done, last.bytes_done,
                                     last.files_failed, final=True))
-            if self._client is not None:
-                self._client.__exit__(None, None, None)
-                self._client = None
+            self._artifacts.close()
 
     def _report(self, progress: Progress) -> None:
         with self._lock:
@@ -97,17 +123,9 @@ class ProgressArtifact:
     def _send(self, progress: Progress) -> None:
         if self._broken:
             return
-        line = progress_line(self.what, progress)
         try:
-            if self._client is None:
-                self._client = get_client(sync_client=True).__enter__()
-            if self.artifact_id is None:
-                self.artifact_id = self._client.create_artifact(ArtifactCreate(
-                    type="progress", data=percent(progress), description=line, task_run_id=self._task_run_id,
-                    flow_run_id=self._flow_run_id)).id
-            else:
-                self._client.update_artifact(self.artifact_id, ArtifactUpdate(data=percent(progress),
-                                                                              description=line))
+            self.artifact_id = self._artifacts.put(self.artifact_id, kind="progress", data=percent(progress),
+                                                   description=progress_line(self.what, progress))
         except Exception as exc:  # noqa: BLE001 - a progress bar never fails the transfer
             self._broken = True
             self._logger.warning("progress of %s is no longer shown: %s", self.what, exc)
@@ -128,11 +146,8 @@ class TrainingArtifacts:
     def __init__(self, job_id: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.job_id = job_id
         self._clock = clock
-        context = TaskRunContext.get()
-        self._task_run_id = context.task_run.id if context else None
-        self._flow_run_id = context.task_run.flow_run_id if context else None
+        self._artifacts = _TaskArtifacts()
         self._logger = get_run_logger()
-        self._client: SyncPrefectClient | None = None
         self._progress_id: UUID | None = None
         self._table_id: UUID | None = None
         self._sent_at = float("-inf")
@@ -146,9 +161,7 @@ class TrainingArtifacts:
                  tb: TracebackType | None) -> None:
         if self._pending is not None:
             self._send(self._pending)
-        if self._client is not None:
-            self._client.__exit__(None, None, None)
-            self._client = None
+        self._artifacts.close()
 
     def show(self, status: TrainingStatus) -> None:
         if self._clock() - self._sent_at < TRAINING_UPDATE_SECONDS:
@@ -168,22 +181,13 @@ class TrainingArtifacts:
             rows = [{"epoch": epoch, **{mask(name): mask(value) if isinstance(value, str) else value
                                         for name, value in values.items()}}
                     for epoch, values in sorted(status.kpi_by_epoch.items())]
-            if self._client is None:
-                self._client = get_client(sync_client=True).__enter__()
-            percent = status.percent or 0.0
-            if self._progress_id is None:
-                self._progress_id = self._client.create_artifact(ArtifactCreate(
-                    type="progress", data=percent, description=line, task_run_id=self._task_run_id,
-                    flow_run_id=self._flow_run_id)).id
-            else:
-                self._client.update_artifact(self._progress_id, ArtifactUpdate(data=percent, description=line))
-            if rows and self._table_id is None:
-                self._table_id = self._client.create_artifact(ArtifactCreate(
-                    type="table", key=training_key(self.job_id), data=json.dumps(rows),
-                    description=f"KPIs of job {self.job_id}, epoch by epoch (TAO's status.json)",
-                    task_run_id=self._task_run_id, flow_run_id=self._flow_run_id)).id
-            elif rows and self._table_id is not None:
-                self._client.update_artifact(self._table_id, ArtifactUpdate(data=json.dumps(rows)))
+            self._progress_id = self._artifacts.put(self._progress_id, kind="progress",
+                                                    data=status.percent or 0.0, description=line)
+            if rows:
+                self._table_id = self._artifacts.put(
+                    self._table_id, kind="table", key=training_key(self.job_id), data=json.dumps(rows),
+                    description=None if self._table_id else f"KPIs of job {self.job_id}, epoch by epoch "
+                                                             "(TAO's status.json)")
         except Exception as exc:  # noqa: BLE001 - a progress display never fails the job's watch
             self._broken = True
             self._logger.warning("the training progress of job %s is no longer shown: %s", self.job_id, exc)
