@@ -225,13 +225,15 @@ def _known(record: JobRecord, status: JobStatus, backend: Backend) -> None:
 
 def observe(record: JobRecord, backend: Backend) -> JobStatus:
     """The backend's view of the job, writing nothing; a job the backend has forgotten (UNKNOWN)
-    defers to a final state in the record."""
+    defers to a final state in the record, and one it has no trace of while the record says it is
+    not over is a wrong place to look (:func:`_known` raises)."""
     if record.backend_ref is None:  # never launched: the record says why (a failed submit) or nothing yet
         said = record.message if record.state != "PENDING" and record.message else "not launched yet"
         return JobStatus(state=record.state, message=said)  # type: ignore[arg-type]
     status = backend.status(record.backend_ref)
     if status.state == "UNKNOWN" and record.state in TERMINAL_STATES:
         return JobStatus(state=record.state, message=f"{status.message}; the record says {record.state}")  # type: ignore[arg-type]
+    _known(record, status, backend)
     return status
 
 
@@ -245,21 +247,15 @@ def record_end(store: RecordStore, job_id: str, status: JobStatus, *, source: st
 
 
 def current_status(record: JobRecord, backend: Backend, store: RecordStore, *, source: str = "cli") -> JobStatus:
-    """:func:`observe`, with a terminal state recorded (:func:`record_end`); a job the backend has
-    no trace of while its record says it is not over is a wrong place to look (:func:`_known`)."""
+    """:func:`observe`, with a terminal state recorded (:func:`record_end`)."""
     status = observe(record, backend)
-    _known(record, status, backend)
     record_end(store, record.job_id, status, source=source)
     return status
 
 
 def look(job_id: str, backend: Backend, store: RecordStore) -> JobStatus:
-    """The job's status now, writing nothing (:func:`observe`); a job the backend has no trace of
-    while its record says it is not over is a wrong place to look (:func:`_known`)."""
-    record = store.get(job_id)
-    status = observe(record, backend)
-    _known(record, status, backend)
-    return status
+    """The job's status now, writing nothing (:func:`observe`)."""
+    return observe(store.get(job_id), backend)
 
 
 def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seconds: float = DEFAULT_POLL_SECONDS,
@@ -281,10 +277,12 @@ def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seco
     started = time.monotonic()
     last = None
     pause = min(FIRST_POLL_SECONDS, poll_seconds)
-    training: list[TrainingStatus | None] = [None]
+    shown: TrainingStatus | None = None
     while True:
-        status = look(job_id, backend, store)
-        watch_training(job_id, backend, store, on_log=on_log, on_training=on_training, shown=training)
+        record = store.get(job_id)  # one read a look, for the status and what the job says
+        status = observe(record, backend)
+        if on_log is not None or on_training is not None:
+            shown = watch_training(record, backend, store, on_log=on_log, on_training=on_training, shown=shown)
         if status.terminal:
             return status
         if say is not None and status.describe() != last:
@@ -296,16 +294,17 @@ def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seco
         pause = min(pause * 2, poll_seconds)
 
 
-def watch_training(job_id: str, backend: Backend, store: RecordStore, *, on_log: Say | None = None,
+def watch_training(record: JobRecord, backend: Backend, store: RecordStore, *, on_log: Say | None = None,
                    on_training: Callable[[TrainingStatus], None] | None = None,
-                   shown: list[TrainingStatus | None] | None = None) -> None:
-    """One look at what the job is saying: the log since the record's cursor to ``on_log`` (at
-    most :data:`MAX_LOG_LINES` lines a look; the cursor then moves on in the record), and TAO's
-    progress to ``on_training`` when it differs from ``shown[0]``. Never raises: a display must
-    not fail the watch of the job it describes (the record and the end are the watch's)."""
-    record = store.get(job_id)
+                   shown: TrainingStatus | None = None) -> TrainingStatus | None:
+    """One look at what the job of ``record`` is saying: the log since the record's cursor to
+    ``on_log`` (at most :data:`MAX_LOG_LINES` lines a look; the cursor then moves on in the
+    record), and TAO's progress to ``on_training`` when it differs from ``shown``, the last one
+    shown; returns the one shown now. Never raises: a display must not fail the watch of the job
+    it describes (the record and the end are the watch's)."""
+    job_id = record.job_id
     if record.backend_ref is None:
-        return
+        return shown
     try:
         if on_log is not None:
             chunk = backend.follow_logs(record.backend_ref, record.log_cursor)
@@ -315,12 +314,12 @@ def watch_training(job_id: str, backend: Backend, store: RecordStore, *, on_log:
                 store.update(job_id, lambda current: current.model_copy(update={"log_cursor": chunk.cursor}))
         if on_training is not None:
             status = read_training_status(backend.training_status(record.backend_ref))
-            if status is not None and (shown is None or status != shown[0]):
+            if status is not None and status != shown:
                 on_training(status)
-                if shown is not None:
-                    shown[0] = status
+                shown = status
     except Exception as exc:  # noqa: BLE001 - a pod not started yet, a log gone, a display that failed
         log.debug("job %s: nothing to show this time: %s", job_id, exc)  # the next look tries again
+    return shown
 
 
 def _capped(job_id: str, text: str) -> str:
