@@ -306,7 +306,9 @@ class ApiServer(kmock.KubernetesEmulator):
         stamped = list(zip(times, lines))
         # PodLogOptions (k8s.io/api/core/v1): sinceSeconds keeps lines written that recently,
         # tailLines the last lines, timestamps prefixes each with its RFC 3339 time and a space,
-        # limitBytes cuts the answer at that many bytes (mid-line if it falls there).
+        # limitBytes cuts the answer at that many bytes (mid-line if it falls there). The kubelet
+        # (pkg/kubelet/kuberuntime/logs, ReadLogs) seeks the tail first and then skips lines older
+        # than since; since the newer lines are a suffix of the log, filtering first is the same.
         since = request.params.get("sinceSeconds")
         if since:
             start = datetime.now(timezone.utc) - timedelta(seconds=int(since))

@@ -683,7 +683,9 @@ def test_a_followed_line_cut_by_the_byte_limit_waits_for_the_next_look() -> None
 
 def test_following_a_chatty_pod_keeps_showing_its_newest_lines(kube: KubeStandIn, tmp_path: Path) -> None:
     """A pod printing more between two looks than one read returns: the newest lines are shown
-    and the cursor moves on (a read of the oldest part of the window would never catch up)."""
+    and the cursor moves on (a read of the oldest part of the window would never catch up). Encodes
+    PodLogOptions as the kubelet applies it: tailLines and sinceSeconds together give the newest
+    lines of the window, and limitBytes cuts the answer."""
     kube.server.control.scripts["job-1"] = ["pulling", "staging", "verifying", "verified", "running"]
     backend = make_backend()
     done = submit(tmp_path, job_request(), backend)
