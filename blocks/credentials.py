@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated
 from prefect.blocks.core import Block
 from pydantic import AfterValidator, Field
 
+from blocks.picker import PICKABLE
 from tao_data_io.credentials import AWS_TO_LEGACY, S3Credentials, s3_credentials_from_env
 from tao_data_io.names import ENV_NAME_RULE, check_env_name
 
@@ -49,6 +50,8 @@ class _EnvCredentials(Block, ABC):
     """What the three credential blocks share: a table of (the name the core reads, the name this
     block says the worker uses), and the in-memory environment built from it. Abstract, so
     ``prefect block register`` passes it over."""
+
+    model_config = PICKABLE
 
     @abstractmethod
     def pairs(self) -> list[tuple[str, str | None]]:

@@ -15,11 +15,14 @@ from pathlib import Path
 from prefect.blocks.core import Block
 from pydantic import Field, field_validator
 
+from blocks.picker import PICKABLE
 from tao_data_io.records import RecordStore
 from tao_data_io.uris import is_s3_url, parse_s3_url
 
 
 class JobRecords(Block):
+    model_config = PICKABLE
+
     _block_type_name = "TAO Job Records"
     _block_type_slug = "tao-job-records"
     _description = ("Where job records live: a directory (one machine) or an s3:// prefix shared by every worker "

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from prefect.blocks.core import Block
 from pydantic import Field, model_validator
 
+from blocks.picker import PICKABLE
 from tao_data_io.backends import backend_from
 from tao_data_io.errors import UsageError
 from tao_data_io.kubernetes.settings import KubernetesSettings
@@ -29,6 +30,8 @@ from tao_data_io.schema import AbsolutePath
 class ComputeTarget(Block, ABC):
     """What every target has: a backend, and a staging root on the worker. Abstract, so
     ``prefect block register`` passes it over."""
+
+    model_config = PICKABLE
 
     staging_root: AbsolutePath | None = Field(
         None, title="Staging root",

@@ -7,7 +7,7 @@
 3. Prefect's server (SQLite under ``.demo/prefect``, UI on), the ``tao-local`` process pool, the
    blocks (:mod:`deployments.blocks`: the local target, job records in the bucket, credential
    blocks that name variables), a worker, and ``prefect deploy --all``;
-4. ``prefect deployment run submit-tao-job/local -p request=.demo/request.yaml`` — a config-mode
+4. ``prefect deployment run submit-tao-job/local -p request_path=.demo/request.yaml`` — a config-mode
    request whose command is the training stand-in (``examples/stand_in/train.sh``, mounted into
    the local frame) — then ``collect-tao-job/local``;
 5. the job's record, where its results are, what was left out, and the UI's address.
@@ -111,7 +111,7 @@ def run_demo(stack: Stack, clock: Clock) -> bool:
     job_id = f"demo-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     request = DEMO / "request.yaml"
     request.write_text(yaml.safe_dump(demo_request(job_id, bucket), sort_keys=False))
-    ran = run_deployment(clock, env, "submit-tao-job/local", f"request={request.relative_to(CHECKOUT)}")
+    ran = run_deployment(clock, env, "submit-tao-job/local", f"request_path={request.relative_to(CHECKOUT)}")
     if ran:
         ran = run_deployment(clock, env, "collect-tao-job/local", f"job_id={job_id}", "poll_seconds=1")
     report(job_id, bucket, credentials, api, clock)
@@ -262,10 +262,14 @@ def report(job_id: str, bucket: str, credentials: S3Credentials, api: str, clock
           "progress, the staged-inputs table, the launch report, the results report)")
 
 
+def _clipped(text: str, width: int = 96) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
 def record_summary(record: JobRecord, where: str) -> str:
-    lines = [f"  record: {where}",
-             f"  history: {' → '.join(entry.state for entry in record.history)}",
-             f"  tier {record.storage_tier}: {record.storage_reason}"]
+    lines = [f"  record: {where}", "  history (each state, who said it, and why):"]
+    lines += [f"      {entry.state:<9} {entry.source:<5} {_clipped(entry.message or '')}" for entry in record.history]
+    lines.append(f"  tier {record.storage_tier}: {record.storage_reason}")
     if record.verify is not None:
         checks = record.verify.get("checks") or []
         passed = sum(1 for check in checks if isinstance(check, dict) and check.get("ok"))

@@ -11,23 +11,25 @@ from typing import Any
 from prefect import flow
 
 from flows import common
-from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, prepare
+from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, Records, S3Credentials, Target, prepare
 from tao_data_io.verbs import cancel
 from tasks.masking import masking_failures
 
 
-@flow(name="cancel-tao-job", flow_run_name="cancel-{job_id}", persist_result=True, result_serializer="json")
+@flow(name="cancel-tao-job", flow_run_name="cancel-{job_id}", persist_result=True, result_serializer="json",
+      validate_parameters=False)
 @masking_failures
-def cancel_tao_job(job_id: str, target: str = DEFAULT_TARGET, records: str = DEFAULT_RECORDS,
-                   reason: str | None = None) -> dict[str, Any]:
+def cancel_tao_job(job_id: str, target: Target = DEFAULT_TARGET, records: Records = DEFAULT_RECORDS,
+                   s3_credentials: S3Credentials = None, reason: str | None = None) -> dict[str, Any]:
     """Cancel a job: its frame or Kubernetes objects go, freeing what it holds.
 
     Args:
         job_id: the job, as submit-tao-job returned it.
         target: the compute target block it runs on.
         records: the job records block.
+        s3_credentials: an S3 credentials block (records on S3); empty: the AWS names.
         reason: why, for the record (empty: "canceled by flow run cancel-<job id>").
     """
-    setup = prepare(target, records)
+    setup = prepare(target, records, s3_credentials)
     return cancel(job_id, setup.backend, setup.store, source=SOURCE,
                   reason=reason or f"by flow run cancel-{job_id}", run=common.RUN).to_dict()

@@ -1,9 +1,18 @@
 """What every flow does first: load the blocks its parameters name, and keep the worker's
-credential values out of the run's logs — and how every flow runs a verb's steps.
+credential values out of the run's logs and its stored parameters — and how every flow runs a
+verb's steps.
 
-Parameters name blocks as ``BLOCK-TYPE/NAME`` (``tao-local-target/local``), as Prefect's own
-``Block.load`` does. A credential parameter left empty means the standard variable names (the
-same as a credential block with its defaults), so a flow runs without any saved credential block.
+A block parameter is typed as its block classes, so the run form shows a block picker and the
+server checks a reference to a saved block; it may also be written ``BLOCK-TYPE/NAME``
+(``tao-local-target/local``), as Prefect's own ``Block.load`` reads it, which is what the
+deployment files and ``prefect deployment run -p`` use. A credential parameter left empty means
+the standard variable names (the same as a credential block with its defaults), so a flow runs
+without any saved credential block.
+
+Why the flows take their parameters unvalidated (``validate_parameters=False``) and load them
+here: Prefect would validate them before the flow's first line, and a failure's text — our
+validators name the value they refuse — would become the run's state message before any mask
+exists. The server has already checked them against the schema; the rest is checked here, masked.
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 from functools import cache
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from prefect.blocks.core import Block
@@ -19,11 +29,11 @@ from prefect.states import State
 
 from blocks.credentials import CredentialSet, HuggingFaceEnvCredentials, NGCEnvCredentials, S3EnvCredentials
 from blocks.records import JobRecords
-from blocks.targets import ComputeTarget
+from blocks.targets import ComputeTarget, KubernetesTarget, LocalTarget
 from tao_data_io.errors import UsageError
 from tao_data_io.runner import Runner, direct
 from tao_data_io.verbs import Backend, RecordStore, cancel
-from tasks.masking import mask_run_logs
+from tasks.masking import mask_run_logs, mask_stored_parameters
 from tasks.owners import owner_of
 from tasks.runner import prefect_runner
 
@@ -41,6 +51,13 @@ OWNING_FLOWS = ("submit", "run", "collect")
 
 B = TypeVar("B", bound=Block)
 
+#: The block parameters' types: a picker in the run form, or ``BLOCK-TYPE/NAME``.
+Target = LocalTarget | KubernetesTarget | str
+Records = JobRecords | str
+S3Credentials = S3EnvCredentials | str | None
+HFCredentials = HuggingFaceEnvCredentials | str | None
+NGCCredentials = NGCEnvCredentials | str | None
+
 
 @dataclass(frozen=True)
 class Setup:
@@ -50,9 +67,10 @@ class Setup:
     credentials: CredentialSet
 
 
-def prepare(target: str, records: str, s3_credentials: str | None = None, hf_credentials: str | None = None,
-            ngc_credentials: str | None = None) -> Setup:
-    """Load the blocks, mask the run logs, open the record store and build the backend. The
+def prepare(target: Target, records: Records, s3_credentials: S3Credentials = None,
+            hf_credentials: HFCredentials = None, ngc_credentials: NGCCredentials = None) -> Setup:
+    """Load the blocks, mask the run logs (and the run's stored parameters, should they hold a
+    credential value of this worker), open the record store and build the backend. The
     credentials are the environment the verb's steps see (names only; see :class:`CredentialSet`)."""
     _freeze_imports()
     credentials = CredentialSet.of([
@@ -63,6 +81,11 @@ def prepare(target: str, records: str, s3_credentials: str | None = None, hf_cre
     ])
     environ = credentials.environ()
     mask_run_logs(environ)
+    leaked = mask_stored_parameters(environ)
+    if leaked:
+        raise UsageError(f"parameter {', '.join(leaked)} holds the value of a credential variable of this worker; the "
+                         "run's stored parameters were masked. Parameters name credentials (blocks, forward_env), "
+                         "never hold them")
     compute = load_block(target, ComputeTarget, "target")
     return Setup(compute, compute.backend(), load_block(records, JobRecords, "records").store(environ), credentials)
 
@@ -77,20 +100,36 @@ def _freeze_imports() -> None:
     gc.freeze()
 
 
-def load_block(name: str, kind: type[B], parameter: str) -> B:
-    """The saved block ``BLOCK-TYPE/NAME`` that the flow parameter ``parameter`` names, which must
-    be a ``kind``."""
-    if name.count("/") != 1:
-        raise UsageError(f"{parameter} {name!r} must name a block as BLOCK-TYPE/NAME, such as {DEFAULT_TARGET!r}")
-    try:
-        block = Block.load(name)
-    except ValueError as exc:  # Prefect's word for a block (or block type) that is not saved
-        raise UsageError(f"{parameter} {name!r} names no saved block ({exc}): see the saved ones with `prefect block "
-                         "ls`, or save this project's with `python -m deployments.blocks`") from None
+def load_block(value: Block | str | Mapping[str, Any], kind: type[B], parameter: str) -> B:
+    """The block the flow parameter ``parameter`` gives, which must be a ``kind``: the block itself
+    (a flow called from Python), a saved block's ``BLOCK-TYPE/NAME``, or a reference to a saved
+    block (``{"$ref": {"block_document_id": …}}``, what the run form's picker sends)."""
+    if isinstance(value, Block):
+        block = value
+        shown = f"a {type(value).__name__}"
+    elif isinstance(value, str):
+        if value.count("/") != 1:
+            raise UsageError(f"{parameter} {value!r} must name a block as BLOCK-TYPE/NAME, such as {DEFAULT_TARGET!r}")
+        block = _loaded(parameter, value, lambda: Block.load(value))
+        shown = repr(value)
+    elif isinstance(value, Mapping) and isinstance(value.get("$ref"), Mapping | str) and len(value) == 1:
+        block = _loaded(parameter, str(value["$ref"]), lambda: Block.load_from_ref(value["$ref"]))
+        shown = "the block the form picked"
+    else:
+        raise UsageError(f"{parameter} must be a saved block: its BLOCK-TYPE/NAME, such as {DEFAULT_TARGET!r}, or "
+                         "the one the run form's picker chose; a block's fields are not accepted (save it first)")
     if not isinstance(block, kind):
-        raise UsageError(f"{parameter} {name!r} is a {type(block).__name__}, not a {kind.__name__}: name a block "
-                         "of the right type")
-    return block
+        raise UsageError(f"{parameter} {shown} is a {type(block).__name__}, not a {kind.__name__}: give a block of "
+                         "the right type")
+    return block  # type: ignore[return-value]
+
+
+def _loaded(parameter: str, shown: str, load: Any) -> Block:
+    try:
+        return load()
+    except ValueError as exc:  # Prefect's word for a block (or block type) that is not saved
+        raise UsageError(f"{parameter} {shown} names no saved block ({exc}): see the saved ones with `prefect block "
+                         "ls`, or save this project's with `python -m deployments.blocks`") from None
 
 
 def job_of(flow_run: FlowRun) -> str | None:

@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow
 
 from flows import common
-from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, prepare
+from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, Records, S3Credentials, Target, prepare
 from tao_data_io.errors import TaoDataIOError
 from tao_data_io.verbs import resync
 from tasks.masking import masking_failures
@@ -28,10 +28,11 @@ class ResyncFailed(TaoDataIOError):
     """Some running jobs could not be resynced; the others were."""
 
 
-@flow(name="resync-tao-outputs", flow_run_name="resync-outputs", persist_result=True, result_serializer="json")
+@flow(name="resync-tao-outputs", flow_run_name="resync-outputs", persist_result=True, result_serializer="json",
+      validate_parameters=False)
 @masking_failures
-def resync_tao_outputs(target: str = DEFAULT_TARGET, records: str = DEFAULT_RECORDS,
-                       s3_credentials: str | None = None, settle_seconds: float | None = None) -> dict[str, Any]:
+def resync_tao_outputs(target: Target = DEFAULT_TARGET, records: Records = DEFAULT_RECORDS,
+                       s3_credentials: S3Credentials = None, settle_seconds: float | None = None) -> dict[str, Any]:
     """Upload what is new in the results of every RUNNING job on the target (a RUNNING job the
     target has no trace of is counted, and named in the run's log, not resynced); a RUNNING job
     whose owning flow run was canceled is canceled.

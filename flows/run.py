@@ -10,25 +10,32 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow
+from prefect.utilities.annotations import opaque
 
 from flows.collect import collect_tao_job
-from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, NEW_RUN_NAME, cancel_owned_job, prepare
+from flows.common import (DEFAULT_RECORDS, DEFAULT_TARGET, NEW_RUN_NAME, HFCredentials, NGCCredentials, Records,
+                          S3Credentials, Target, cancel_owned_job, prepare)
 from flows.submit import identified_request, submit_tao_job
+from tao_data_io.forms import GuardedText
+from tao_data_io.request import JobRequest
 from tao_data_io.verbs import DEFAULT_POLL_SECONDS
 from tasks.masking import masking_failures
 
 
 @flow(name="run-tao-job", flow_run_name=f"run-{NEW_RUN_NAME}", persist_result=True, result_serializer="json",
-      on_cancellation=[cancel_owned_job])
+      on_cancellation=[cancel_owned_job], validate_parameters=False)
 @masking_failures
-def run_tao_job(request: str | dict[str, Any], target: str = DEFAULT_TARGET, records: str = DEFAULT_RECORDS,
-                s3_credentials: str | None = None, hf_credentials: str | None = None,
-                ngc_credentials: str | None = None, poll_seconds: float = DEFAULT_POLL_SECONDS,
+def run_tao_job(request: JobRequest | None = None, request_path: GuardedText | None = None,
+                target: Target = DEFAULT_TARGET, records: Records = DEFAULT_RECORDS,
+                s3_credentials: S3Credentials = None, hf_credentials: HFCredentials = None,
+                ngc_credentials: NGCCredentials = None, poll_seconds: float = DEFAULT_POLL_SECONDS,
                 max_wait_seconds: float | None = None) -> dict[str, Any]:
     """Submit a TAO job and collect it: stage, launch, verify, wait for the end, upload the results.
 
     Args:
-        request: a job request file on the worker (YAML or JSON) or the request itself, as a mapping.
+        request: the job request itself (the form), or empty to read request_path.
+        request_path: a job request file on the worker (YAML or JSON), when the request is not
+            given itself.
         target: the compute target block.
         records: the job records block.
         s3_credentials: an S3 credentials block; empty: the AWS names.
@@ -38,8 +45,9 @@ def run_tao_job(request: str | dict[str, Any], target: str = DEFAULT_TARGET, rec
         max_wait_seconds: give up waiting after this long (the job keeps running; collect later).
     """
     setup = prepare(target, records, s3_credentials, hf_credentials, ngc_credentials)
-    job = identified_request(request, setup, "run")
-    submitted = submit_tao_job(job.model_dump(mode="json", exclude_none=True), target=target, records=records,
+    job = identified_request(request, request_path, setup, "run")
+    # opaque: Prefect would walk into the request looking for futures (a field named keys trips it).
+    submitted = submit_tao_job(opaque(job), target=target, records=records,
                                s3_credentials=s3_credentials, hf_credentials=hf_credentials,
                                ngc_credentials=ngc_credentials)
     collected = collect_tao_job(submitted["job_id"], target=target, records=records, s3_credentials=s3_credentials,

@@ -10,14 +10,16 @@ cancels the job (``on_cancellation``); a crash of the run leaves it to the next 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from prefect import flow, runtime
 from prefect.client.orchestration import get_client
 
 from flows import common
-from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, NEW_RUN_NAME, SOURCE, Setup, cancel_owned_job, prepare
+from flows.common import (DEFAULT_RECORDS, DEFAULT_TARGET, NEW_RUN_NAME, SOURCE, HFCredentials, NGCCredentials,
+                          Records, S3Credentials, Setup, Target, cancel_owned_job, prepare)
+from tao_data_io.errors import UsageError
+from tao_data_io.forms import GuardedText
 from tao_data_io.names import job_id_for_run
 from tao_data_io.request import JobRequest, read_request
 from tao_data_io.verbs import submit
@@ -26,35 +28,45 @@ from tasks.owners import this_run
 
 
 @flow(name="submit-tao-job", flow_run_name=f"submit-{NEW_RUN_NAME}", persist_result=True, result_serializer="json",
-      on_cancellation=[cancel_owned_job])
+      on_cancellation=[cancel_owned_job], validate_parameters=False)
 @masking_failures
-def submit_tao_job(request: str | dict[str, Any], target: str = DEFAULT_TARGET, records: str = DEFAULT_RECORDS,
-                   s3_credentials: str | None = None, hf_credentials: str | None = None,
-                   ngc_credentials: str | None = None) -> dict[str, Any]:
+def submit_tao_job(request: JobRequest | None = None, request_path: GuardedText | None = None,
+                   target: Target = DEFAULT_TARGET, records: Records = DEFAULT_RECORDS,
+                   s3_credentials: S3Credentials = None, hf_credentials: HFCredentials = None,
+                   ngc_credentials: NGCCredentials = None) -> dict[str, Any]:
     """Stage a TAO job's inputs, launch it, verify inside its frame, and leave it RUNNING.
 
     Args:
-        request: a job request file on the worker (YAML or JSON, relative to the project
-            directory) or the request itself, as a mapping.
-        target: the compute target block (``tao-local-target/NAME`` or ``tao-kubernetes-target/NAME``).
-        records: the job records block (``tao-job-records/NAME``).
-        s3_credentials: an S3 credentials block (``tao-s3-credentials/NAME``); empty: the AWS names.
+        request: the job request itself (the form), or empty to read request_path.
+        request_path: a job request file on the worker (YAML or JSON, relative to the project
+            directory), when the request is not given itself.
+        target: the compute target block (or tao-local-target/NAME, tao-kubernetes-target/NAME).
+        records: the job records block (or tao-job-records/NAME).
+        s3_credentials: an S3 credentials block (or tao-s3-credentials/NAME); empty: the AWS names.
         hf_credentials: a Hugging Face credentials block; empty: HF_TOKEN.
         ngc_credentials: an NGC credentials block; empty: NGC_KEY.
     """
     setup = prepare(target, records, s3_credentials, hf_credentials, ngc_credentials)
-    job = identified_request(request, setup, "submit")
+    job = identified_request(request, request_path, setup, "submit")
     return submit(job, setup.backend, setup.store, staging_root=setup.target.staging_root,
                   environ=setup.credentials, source=SOURCE, owner=this_run(), run=common.RUN).to_dict()
 
 
-def identified_request(request: str | Mapping[str, Any], setup: Setup, word: str) -> JobRequest:
-    """The request parameter read and checked against the credential blocks' values, with its
-    job id — its own, else the one the root run's id gives, the same for every retry of the run
-    (a retried run resumes its job rather than orphaning it) — its job's values masked in the
-    run's logs, and the run named ``<word>-<job id>`` (a job id is shown only once it is known to
-    hold no credential value)."""
-    job = read_request(request, environ=setup.credentials)
+def identified_request(request: JobRequest | dict[str, Any] | None, request_path: str | None, setup: Setup,
+                       word: str) -> JobRequest:
+    """The request parameter — the request itself, or the file ``request_path`` names — read and
+    checked against the credential blocks' values, with its job id — its own, else the one the
+    root run's id gives, the same for every retry of the run (a retried run resumes its job rather
+    than orphaning it) — its job's values masked in the run's logs, and the run named
+    ``<word>-<job id>`` (a job id is shown only once it is known to hold no credential value)."""
+    if (request is None) == (request_path is None):
+        raise UsageError("give the job request itself (request) or the path of a request file on the worker "
+                         "(request_path), one of the two")
+    if isinstance(request, str):
+        raise UsageError("request holds text; give a request file's path as request_path, or the request itself "
+                         "as a mapping")
+    given = request.model_dump(mode="json", exclude_none=True) if isinstance(request, JobRequest) else request
+    job = read_request(request_path if given is None else given, environ=setup.credentials)
     if job.job_id is None:
         job = job.model_copy(update={"job_id": job_id_for_run(str(runtime.flow_run.root_flow_run_id))})
     mask_run_logs(setup.credentials.environ(), secret_names=job.forward_env)  # the job may print what it is given

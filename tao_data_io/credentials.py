@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -216,19 +216,42 @@ def credential_value_fields(value: Any, environ: Mapping[str, str] | None = None
     The one check behind "names and paths only" for requests, plans and job records; the paths
     are masked too (a dict key can be the secret itself), and no value is ever returned."""
     redact = Redactor(environ)
+    return _fields_where(value, lambda text: redact(text) != text, redact, where)
+
+
+#: The shapes of well-known credentials, whoever's they are: an AWS access key id, a Hugging Face
+#: token, an NVIDIA (NGC) personal key, a URL's ``user:password@``. Written once for both
+#: engines that apply it — Python's ``re`` and the ECMAScript of a JSON Schema ``pattern`` (what
+#: the Prefect server and its UI check a run's parameters with) — so only syntax the two share.
+CREDENTIAL_SHAPES = (r"\b(AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}\b|\bhf_[A-Za-z0-9]{30,}\b|\bnvapi-[A-Za-z0-9_-]{30,}"
+                     r"|[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#@:]*:[^/\s?#@]*@")
+_CREDENTIAL_SHAPE = re.compile(CREDENTIAL_SHAPES)
+#: What a field holding a credential shape is shown as: the shape's kind, never the text.
+_SHAPE_MASK = "***CREDENTIAL***"
+
+
+def credential_shape_fields(value: Any, *, where: str = "") -> list[str]:
+    """The field paths of every string in a JSON-shaped ``value`` (dict keys included) that holds
+    a well-known credential's shape (:data:`CREDENTIAL_SHAPES`), wherever it came from: a key
+    pasted into a request is refused even when this host does not hold it."""
+    return _fields_where(value, lambda text: _CREDENTIAL_SHAPE.search(text) is not None,
+                         lambda text: _CREDENTIAL_SHAPE.sub(_SHAPE_MASK, mask_userinfo(text)), where)
+
+
+def _fields_where(value: Any, holds: Callable[[str], bool], shown: Callable[[str], str], where: str) -> list[str]:
     found: list[str] = []
     stack: list[tuple[str, Any]] = [(where, value)]
     while stack:
         path, item = stack.pop()
         if isinstance(item, str):
-            if redact(item) != item:
-                found.append(redact(path) or "(value)")
+            if holds(item):
+                found.append(shown(path) or "(value)")
         elif isinstance(item, Mapping):
             for key, child in item.items():
                 child_path = f"{path}.{key}" if path else str(key)
                 stack.append((child_path, child))
-                if isinstance(key, str) and redact(key) != key:
-                    found.append(redact(child_path))
+                if isinstance(key, str) and holds(key):
+                    found.append(shown(child_path))
         elif isinstance(item, list | tuple):
             stack.extend((f"{path}[{index}]", child) for index, child in enumerate(item))
     return sorted(set(found))

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .credentials import Redactor, credential_value_fields, is_secret_name, masked
+from .credentials import Redactor, credential_shape_fields, credential_value_fields, is_secret_name, masked
 from .documents import load_document, read_document
 from .errors import UsageError
+from .forms import SpecMapping, guard_texts
 from .frame import check_container_path, check_frame_target, place_sources
 from .names import ENV_NAME_RULE, check_job_id, is_env_name
 from .schema import Strict, describe_validation_error
@@ -44,11 +45,21 @@ def quantity_bytes(quantity: str) -> int:
     return int(quantity[:-2]) * _QUANTITY_FACTORS[quantity[-2:]]
 
 
-class ComputeShape(Strict):
-    gpus: int = Field(default=1, ge=0, le=64)
-    nodes: int = Field(default=1, ge=1, le=512)
+class RequestPart(Strict):
+    """A part of the request: its JSON schema is also the run form, every text guarded
+    (:mod:`~tao_data_io.forms`), so every field has a description."""
+
+    model_config = ConfigDict(json_schema_extra=guard_texts)
+
+
+class ComputeShape(RequestPart):
+    """How much of a machine the job takes, and on how many."""
+
+    gpus: int = Field(default=1, ge=0, le=64, description="GPUs per node (0: CPU only).")
+    nodes: int = Field(default=1, ge=1, le=512, description="Nodes; more than one runs under torchrun's rendezvous.")
     #: Size of ``/dev/shm`` in the frame: data loaders and NCCL hang silently when it is small.
-    shm_size: str = "16Gi"
+    shm_size: str = Field(default="16Gi", description="Size of /dev/shm, a binary quantity such as 16Gi: data "
+                                                     "loaders and NCCL hang silently when it is small.")
 
     @field_validator("shm_size")
     @classmethod
@@ -59,26 +70,39 @@ class ComputeShape(Strict):
         return value
 
 
-class InputSpec(Strict):
+class InputSpec(RequestPart):
     """One input to stage. ``source`` is ``s3://``, ``hf://``, ``ngc://`` or a local absolute path
     (already readable from the compute frame: tier A). ``target`` is where the job sees it; when
     omitted it is derived from the source under the inputs root."""
 
-    source: str
-    kind: Literal["auto", "folder", "file", "selective", "archive", "model"] = "auto"
-    target: str | None = None
+    source: str = Field(description="s3://BUCKET/KEY or s3://BUCKET/PREFIX/, hf://ORG/REPO[@REVISION], "
+                                    "ngc://ORG/[TEAM/]MODEL:VERSION, or an absolute path already readable from the "
+                                    "compute frame (pre-positioned: tier A).")
+    kind: Literal["auto", "folder", "file", "selective", "archive", "model"] = Field(
+        default="auto", description="auto: asks the bucket whether an s3:// key is an object or a prefix; selective: "
+                                    "only the files an annotation references; archive: extracted; model: hf:// or "
+                                    "ngc://.")
+    target: str | None = Field(default=None, description="Where the job sees the input; empty: under /tao-inputs, "
+                                                         "derived from the source.")
     # annotation-selective
-    annotation: str | None = None
-    keys: list[str] = Field(default_factory=list)
-    annotation_format: Literal["parquet", "jsonl", "json", "csv"] | None = None
-    missing: Literal["error", "skip"] = "error"
+    annotation: str | None = Field(default=None, description="selective: the annotation file (a path or one "
+                                                             "s3:// object) whose keys name the files to stage.")
+    keys: list[str] = Field(default_factory=list, description="selective: the annotation's columns that hold "
+                                                              "file names, relative to the source prefix.")
+    annotation_format: Literal["parquet", "jsonl", "json", "csv"] | None = Field(
+        default=None, description="selective: the annotation's format; empty: from its extension.")
+    missing: Literal["error", "skip"] = Field(default="error", description="selective: what a referenced file "
+                                                                           "that is not in the bucket does.")
     # archive
-    strip_components: int = Field(default=0, ge=0, le=32)
+    strip_components: int = Field(default=0, ge=0, le=32, description="archive: leading path parts dropped from "
+                                                                       "each member, as tar's option.")
     # folder
-    excludes: list[str] = Field(default_factory=list)
+    excludes: list[str] = Field(default_factory=list, description="folder: aws-style patterns of keys not staged "
+                                                                  "(such as *.tmp).")
     #: A folder whose prefix holds no object is an error (a typo in the prefix, usually) unless
     #: this says an empty folder is expected.
-    allow_empty: bool = False
+    allow_empty: bool = Field(default=False, description="folder: an empty prefix is expected (otherwise an error: "
+                                                         "usually a typo).")
 
     @field_validator("source")
     @classmethod
@@ -129,9 +153,13 @@ class InputSpec(Strict):
         return self
 
 
-class OutputSpec(Strict):
-    results_dir: str = "/results"
-    upload_excludes: list[str] = Field(default_factory=list)
+class OutputSpec(RequestPart):
+    """Where the job writes its results, and what of them is not uploaded."""
+
+    results_dir: str = Field(default="/results", description="Where the job writes its results (TAO's "
+                                                             "results_dir).")
+    upload_excludes: list[str] = Field(default_factory=list, description="Patterns of results not uploaded; .tao/* "
+                                                                         "never is.")
 
     @field_validator("results_dir")
     @classmethod
@@ -139,12 +167,12 @@ class OutputSpec(Strict):
         return check_frame_target(value, what="results_dir")
 
 
-class MountSpec(Strict):
+class MountSpec(RequestPart):
     """A pre-positioned source (tier A): a host/PVC path mounted at ``target``."""
 
-    source: str
-    target: str
-    read_only: bool = True
+    source: str = Field(description="The absolute path on the host (local frame) or the volume (Kubernetes).")
+    target: str = Field(description="Where the job sees it.")
+    read_only: bool = Field(default=True, description="Mounted read-only unless false.")
 
     @field_validator("source")
     @classmethod
@@ -157,10 +185,14 @@ class MountSpec(Strict):
         return check_frame_target(value, what="target")
 
 
-class StoragePrefs(Strict):
-    tier: Literal["A", "B", "C"] | None = None
-    pvc_claim: str | None = None
-    air_gapped: bool = False
+class StoragePrefs(RequestPart):
+    """The storage tier, when the job's author wants a say in it."""
+
+    tier: Literal["A", "B", "C"] | None = Field(default=None, description="A: pre-positioned, B: a durable volume "
+                                                                          "filled by a stage Job, C: fetched in the "
+                                                                          "pod; empty: decided from the request.")
+    pvc_claim: str | None = Field(default=None, description="Tier B: the volume claim to fill and mount.")
+    air_gapped: bool = Field(default=False, description="Nothing may be fetched: every input must be pre-positioned.")
 
 
 def _env_text(value: Any) -> Any:
@@ -176,7 +208,7 @@ def _env_text(value: Any) -> Any:
     return value
 
 
-EnvValue = Annotated[str, BeforeValidator(_env_text)]
+EnvValue = Annotated[str, BeforeValidator(_env_text, json_schema_input_type=str | int | float | bool)]
 
 
 @dataclass(frozen=True)
@@ -194,10 +226,14 @@ class NamedSource:
         return self.declared.kind if self.declared is not None else "auto"
 
 
-class JobRequest(Strict):
-    schema_version: Literal["1"]
-    job_id: str | None = None
-    image: str = Field(min_length=1)
+class JobRequest(RequestPart):
+    """One TAO job: its image and command, its inputs, where its results go (docs/requests.md)."""
+
+    schema_version: Literal["1"] = Field(description="Always \"1\".")
+    job_id: str | None = Field(default=None, description="1-52 lowercase letters, digits and -; empty: derived "
+                                                         "from the run (a retry keeps it).")
+    image: str = Field(min_length=1, description="The TAO container image, such as "
+                                                 "nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt.")
 
     @field_validator("image")
     @classmethod
@@ -206,23 +242,32 @@ class JobRequest(Strict):
             raise ValueError(f"image {value!r} holds whitespace or a control character; write an image reference "
                              "such as nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt")
         return value
-    command: str | list[str]
-    mode: Literal["args", "config"]
-    args: list[str] | None = None
-    spec: dict[str, Any] | None = None
-    config_format: Literal["json", "yaml", "toml"] | None = None
-    compute_shape: ComputeShape = Field(default_factory=ComputeShape)
-    inputs: list[InputSpec] = Field(default_factory=list)
-    outputs: OutputSpec = Field(default_factory=OutputSpec)
-    mounts: list[MountSpec] = Field(default_factory=list)
+    command: str | list[str] = Field(description="The command, as a shell line or an argv list; config mode: with "
+                                                 "{config_path} where the config file goes.")
+    mode: Literal["args", "config"] = Field(description="args: native argv in command + args; config: a nested "
+                                                        "spec written as config_format to {config_path}.")
+    args: list[str] | None = Field(default=None, description="args mode: the arguments after the command.")
+    spec: SpecMapping | None = Field(default=None, description="config mode: the nested spec (TAO's experiment "
+                                                               "config); remote URIs in it are staged and rewritten "
+                                                               "to local paths.")
+    config_format: Literal["json", "yaml", "toml"] | None = Field(default=None, description="config mode: how the "
+                                                                                            "spec is written.")
+    compute_shape: ComputeShape = Field(default_factory=ComputeShape, description="GPUs, nodes and /dev/shm.")
+    inputs: list[InputSpec] = Field(default_factory=list, description="What to stage, each where the job sees it.")
+    outputs: OutputSpec = Field(default_factory=OutputSpec, description="The results directory and what is not "
+                                                                        "uploaded.")
+    mounts: list[MountSpec] = Field(default_factory=list, description="Pre-positioned paths mounted as they are.")
     #: Plain variables for the job. Numbers and booleans are written as YAML users write them
     #: (``EPOCHS: 3``) and passed as their text (``"3"``, ``"true"``).
-    environment: dict[str, EnvValue] = Field(default_factory=dict)
-    forward_env: list[str] = Field(default_factory=list)
-    storage: StoragePrefs = Field(default_factory=StoragePrefs)
+    environment: dict[str, EnvValue] = Field(default_factory=dict, description="Plain variables for the job "
+                                                                               "(never credentials).")
+    forward_env: list[str] = Field(default_factory=list, description="Names of the worker's variables handed to "
+                                                                     "the job: the only way a credential reaches it.")
+    storage: StoragePrefs = Field(default_factory=StoragePrefs, description="The storage tier and its volume.")
     #: Whether the job may use the network. The local frame runs without one unless this is
     #: true; a Kubernetes pod always has the cluster network.
-    network: bool = False
+    network: bool = Field(default=False, description="Local frame: give the job the host's network (a pod always "
+                                                     "has the cluster's).")
 
     @field_validator("job_id")
     @classmethod
@@ -369,9 +414,15 @@ def parse_request(data: Any, *, source: str = "request", environ: Mapping[str, s
     except ValidationError as exc:
         invalid = UsageError(describe_validation_error(exc, f"invalid job {source}"))
         raise masked(invalid, Redactor(environ)) from None  # the value may be a pasted credential
-    leaked = credential_value_fields(request.model_dump(mode="json"), environ)
+    dumped = request.model_dump(mode="json")
+    leaked = credential_value_fields(dumped, environ)
     if leaked:
         raise UsageError(f"invalid job {source}: {', '.join(leaked)} holds the value of a credential variable of this "
                          "environment; a request names credentials in forward_env and never holds their values")
+    shaped = credential_shape_fields(dumped)
+    if shaped:
+        raise UsageError(f"invalid job {source}: {', '.join(shaped)} holds what looks like a credential (an access "
+                         "key, a token or a URL's user:password@); a request names credentials in forward_env and "
+                         "never holds them")
     return request
 

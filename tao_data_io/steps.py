@@ -202,7 +202,8 @@ def confirm(plan: LaunchPlan, backend: Backend, store: RecordStore, submission: 
         store.mark(plan.job_id, "ERROR", source=source, backend_ref=submission.backend_ref,
                    message=f"verify failed: {verdict.describe()}")
         raise VerifyFailed(plan.job_id, verdict)
-    store.mark(plan.job_id, "RUNNING", source=source, backend_ref=submission.backend_ref)
+    store.mark(plan.job_id, "RUNNING", source=source, backend_ref=submission.backend_ref,
+               message=f"{verdict.describe()}; the command started")
     return verdict
 
 

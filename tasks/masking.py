@@ -1,10 +1,12 @@
 """Keeping the worker's credential values out of what Prefect stores about a run.
 
-Two channels reach the Prefect API from a run: its logs, and the text of the exception that
-failed it (stored as the run's state message in the database, and in a persisted result). A
-run's logs pass :func:`mask_run_logs`' filter; a failure passes :func:`masking_failures`, which
-every flow and every step wears. Nothing of ours puts a value in either — both are safety nets
-for a library's message, a job's output, or a credential pasted into the wrong request field.
+Three channels reach the Prefect API from a run: its logs, the text of the exception that
+failed it (stored as the run's state message in the database, and in a persisted result), and
+its parameters, stored when the run was created. A run's logs pass :func:`mask_run_logs`'
+filter; a failure passes :func:`masking_failures`, which every flow and every step wears; stored
+parameters that hold a worker's credential value are replaced by a masked copy
+(:func:`mask_stored_parameters`). Nothing of ours puts a value in any — they are safety nets for
+a library's message, a job's output, or a credential pasted into the wrong field.
 
 Which values: those of the worker's environment whose names look like credentials', plus what
 the running flow adds (the variables its credential blocks name, a job's ``forward_env``) —
@@ -18,7 +20,10 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from tao_data_io.credentials import RedactingFilter, Redactor, masked
+from prefect.client.orchestration import get_client
+from prefect.context import FlowRunContext
+
+from tao_data_io.credentials import RedactingFilter, Redactor, credential_value_fields, masked
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -51,6 +56,32 @@ def run_mask() -> Redactor:
     """The mask the running flow installed (:func:`mask_run_logs`), else the environment's: for
     text that reaches the Prefect API other than as a log line (an artifact)."""
     return _installed() or Redactor()
+
+
+def mask_stored_parameters(environ: Mapping[str, str]) -> list[str]:
+    """The running flow's stored parameters that hold a credential value of ``environ`` (field
+    paths, masked), after replacing the stored parameters with a masked copy through the API:
+    the server keeps a run's parameters for as long as it keeps the run, where no log filter
+    reaches. Nothing outside a flow run: nothing stored."""
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return []
+    stored = context.flow_run.parameters  # as the server holds them (the run's own are live objects)
+    leaked = credential_value_fields(stored, environ)
+    if leaked:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(context.flow_run.id, parameters=_masked(stored, Redactor(environ)))
+    return leaked
+
+
+def _masked(value: Any, redact: Redactor) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {redact(str(key)): _masked(child, redact) for key, child in value.items()}
+    if isinstance(value, list | tuple):
+        return [_masked(child, redact) for child in value]
+    return value
 
 
 def masking_failures(fn: F) -> F:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from prefect import get_run_logger
+from prefect.artifacts import create_markdown_artifact
 
 from tao_data_io import steps
 from tao_data_io.launch.backend import Backend, JobStatus
@@ -16,7 +17,9 @@ from tao_data_io.records import JobRecord, RecordStore
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage_map import StagingMap
 from tao_data_io.tier import TierDecision
+from tasks.masking import run_mask
 from tasks.policy import CLUSTER, QUICK, step
+from tasks.reports import request_report
 
 
 @step("open-record", timeout_seconds=QUICK, task_run_name="open-record-{request.job_id}")
@@ -24,6 +27,8 @@ def open_record(request: JobRequest, backend: Backend, store: RecordStore, *, so
     """Open (or re-open) the job's record; the request's job id is set, so a retry opens the same one."""
     record = steps.open_record(request, backend, store, source=source)
     get_run_logger().info("job %s: record in %s (%s)", record.job_id, store.location, record.state)
+    create_markdown_artifact(run_mask()(request_report(request)), key=f"request-{record.job_id}",
+                             description=f"the request job {record.job_id} runs")
     return record
 
 

@@ -11,16 +11,21 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+import yaml
+
 from tao_data_io.launch.backend import FailureAnalysis, JobStatus
 from tao_data_io.launch.probe import Verdict
 from tao_data_io.outputs import UploadOutcome
 from tao_data_io.records import JobRecord
 from tao_data_io.reporting import human_size
+from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage_map import StagedSource
 from tao_data_io.vocabulary import ALWAYS_EXCLUDED
 
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+#: A markdown code fence, and what one inside a fenced text is turned into (it would end the fence).
+FENCE, SAFE_FENCE = "```", "'''"
 
 
 def cell(value: object) -> str:
@@ -68,6 +73,14 @@ def training_key(job_id: str) -> str:
     return f"training-{job_id}"
 
 
+def request_report(request: JobRequest) -> str:
+    """The request as it runs (its job id filled in), for the run's audit: what a run was given
+    as a file path or a form is kept as what it read. It passed the credential checks, so it
+    holds names and paths only."""
+    text = yaml.safe_dump(request.model_dump(mode="json", exclude_none=True), sort_keys=False)
+    return f"# Request of job `{request.job_id}`\n\n```yaml\n{text.replace(FENCE, SAFE_FENCE)}```\n"
+
+
 def launch_report(record: JobRecord, verdict: Verdict) -> str:
     """The tier and why, the output route, and the verify verdict per path."""
     lines = [f"# Job `{record.job_id}`: {'verified, running' if verdict.ok else 'NOT STARTED: verify failed'}", ""]
@@ -110,5 +123,5 @@ def failure_report(job_id: str, status: JobStatus, analysis: FailureAnalysis | N
     if analysis is not None:
         lines += ["", f"**{analysis.err_class}**: {analysis.reason}", "", f"Fix: {analysis.suggestion}"]
     if tail:
-        lines += ["", "## Last lines of the log", "", "```", tail.rstrip("\n").replace("```", "'''"), "```"]
+        lines += ["", "## Last lines of the log", "", "```", tail.rstrip("\n").replace(FENCE, SAFE_FENCE), "```"]
     return "\n".join(lines) + "\n"

@@ -35,11 +35,12 @@ from tasks.runner import prefect_runner
 from tao_data_io.local.settings import LocalSettings
 from tao_data_io.records import JobRecord, RecordStore
 from tao_data_io.request import parse_request
+from tao_data_io import steps
 
 from .fake_backend import FakeBackend
 from .flow_helpers import (REPO, artifacts, by_key, fake_request, fake_target, local_target, name, records_block,
                            results_keys, stand_in_request, task_runs)
-from .helpers import wait_for
+from .helpers import args_request, wait_for
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -263,6 +264,29 @@ def test_the_flows_run_the_verbs_steps_each_as_its_task(env: dict[str, str], buc
     assert upstream("plan-launch-steps-flow", "staging_map") == {"staging-map-steps-flow"}
     assert upstream("launch-steps-flow", "plan") == {"plan-launch-steps-flow"}
     assert upstream("verify-steps-flow", "submission") == {"launch-steps-flow"}
+
+
+def test_no_link_to_a_task_survives_that_prefect_cannot_verify(prefect_harness: None, tmp_path: Path) -> None:
+    """Prefect links a result's fields to their task by ``id()``; a freed list's address reused by
+    another task's argument would draw an edge from the wrong task. After each step only the
+    links Prefect can verify (weak references to whole results) are left, and those still draw
+    the edge to the step that made the argument."""
+    from prefect import flow
+    from prefect.context import FlowRunContext
+
+    store = RecordStore(str(tmp_path / "jobs"))
+    unverified: list[int] = []
+
+    @flow
+    def reads() -> None:
+        request = parse_request(args_request(job_id="linked"))
+        record = prefect_runner(steps.open_record, request, FakeBackend(str(tmp_path / "r")), store, source="test")
+        links = FlowRunContext.get().run_results
+        unverified.append(sum(1 for entry in links.values() if entry[2] is None))
+        assert links[id(record)][2]() is record  # the whole result: linked, and checked
+
+    reads()
+    assert unverified == [0]
 
 
 def test_a_step_without_a_task_is_refused_by_name() -> None:

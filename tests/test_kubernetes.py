@@ -19,12 +19,12 @@ from tao_data_io.errors import UsageError
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.launch.probe import PROBE_SCRIPT, Check, parse_probe_output
 from tao_data_io.kubernetes.render import RenderedJob, literal, read_config, render_job
-from tao_data_io.kubernetes.scripts import SIDECAR_SCRIPT, VERIFY_SCRIPT
+from tao_data_io.kubernetes.scripts import SIDECAR_SCRIPT, STATUS_SCRIPT, VERIFY_SCRIPT
 from tao_data_io.kubernetes.settings import KubernetesSettings
 from tao_data_io.records import OutputRoute
 from tao_data_io.request import JobRequest, load_request
 
-from .helpers import run_cli, torchrun_arguments
+from .helpers import run_cli, torchrun_arguments, wait_for
 from .kube_helpers import STAGER, plan_for, req
 from .kube_standin import invalid
 
@@ -111,8 +111,8 @@ def test_single_pod_tier_c_shape(tmp_path: Path) -> None:
     job = rendered.objects[-1]
     assert (job["spec"]["backoffLimit"], job["spec"]["ttlSecondsAfterFinished"]) == (0, 3600)
     pod = training_pod(rendered)
-    assert [c["name"] for c in pod["initContainers"]] == ["stager", "results", "verify"]
-    stager, sidecar, verify = pod["initContainers"]
+    assert [c["name"] for c in pod["initContainers"]] == ["stager", "results", "status", "verify"]
+    stager, sidecar, _, verify = pod["initContainers"]
     assert sidecar["restartPolicy"] == "Always" and stager["image"] == sidecar["image"] == STAGER
     assert verify["image"] == request.image and verify["terminationMessagePath"] == "/dev/termination-log"
     assert verify["command"][:2] == ["/bin/sh", "/tao-data-io-verify/verify.sh"]
@@ -429,6 +429,49 @@ def test_sidecar_resyncs_then_uploads_once_on_sigterm(tmp_path: Path) -> None:
     calls = [line.split()[0] for line in log.read_text().splitlines()]
     assert code == 0 and calls == ["resync", "upload-results"]
     assert "--exclude .tao-data-io-verify" in log.read_text().splitlines()[-1]
+
+
+def test_the_status_sidecar_waits_for_status_json_then_follows_it_and_ends_on_sigterm(tmp_path: Path) -> None:
+    """The status sidecar as Kubernetes runs it: nothing until the job writes ``status.json``,
+    then every line of it, the ones appended later too, in its log (stdout); SIGTERM — sent once
+    training has exited — ends it with 0."""
+    results = tmp_path / "results"
+    results.mkdir()
+    (tmp_path / "status.sh").write_text(STATUS_SCRIPT)
+    env = {"PATH": os.environ["PATH"], "TAO_RESULTS_DIR": str(results), "TAO_DATA_IO_STATUS_FILE": "status.json",
+           "TAO_DATA_IO_STATUS_SECONDS": "0.05"}
+    out = tmp_path / "log"
+    with out.open("wb") as log:
+        proc = subprocess.Popen(["/bin/sh", str(tmp_path / "status.sh")], env=env, stdout=log)
+    try:
+        subprocess.run(["sleep", "0.3"], check=True)
+        assert out.read_bytes() == b""  # no file yet: nothing printed, still waiting
+        (results / "status.json").write_text('{"epoch": 1}\n')
+        wait_for("the first line", lambda: b'"epoch": 1' in out.read_bytes())
+        with (results / "status.json").open("a") as status:
+            status.write('{"epoch": 2}\n')
+        wait_for("the appended line", lambda: b'"epoch": 2' in out.read_bytes())
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert code == 0 and out.read_text().splitlines() == ['{"epoch": 1}', '{"epoch": 2}']
+
+
+@pytest.mark.parametrize("tier", ["A", "B", "C"])
+def test_every_training_pod_has_the_status_sidecar_with_the_results_read_only_and_no_credential(
+        tier: str, tmp_path: Path) -> None:
+    """On every tier, not only where results are uploaded: the progress artifacts need it."""
+    inputs = [{"source": "/lustre/coco", "target": "/data"}] if tier == "A" else [{"source": "s3://bkt-1/data/"}]
+    rendered = render(req(inputs=inputs), tmp_path, tier, environ=SECRET_ENV, pvc_claim="lustre")
+    validate(rendered)
+    pod = training_pod(rendered)
+    assert [c["name"] for c in pod["initContainers"]][-2:] == ["status", "verify"]  # runs while training does
+    status = pod["initContainers"][-2]
+    assert status["restartPolicy"] == "Always" and status["image"] == pod["containers"][0]["image"]
+    assert {m["mountPath"]: m.get("readOnly") for m in status["volumeMounts"]}["/results"] is True
+    assert not any("valueFrom" in e for e in status["env"])  # no credential: it only reads a file
+    assert "status.sh" in next(o for o in rendered.objects if o["kind"] == "ConfigMap")["data"]
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -25,10 +25,12 @@ from tao_data_io.kubernetes.follow import new_lines
 from tao_data_io.kubernetes.apply import kinds
 from tao_data_io.kubernetes import pods as pod_reading
 from tao_data_io.kubernetes.backend import DEFAULT_IMAGE_PULL_TIMEOUT_S, KubernetesBackend
+from tao_data_io.kubernetes.render import STEP_LABEL
 from tao_data_io.kubernetes.settings import KubernetesSettings
 from tao_data_io.backends import backend_for
 from tao_data_io.launch.backend import DEFAULT_VERIFY_TIMEOUT_S, Backend, JobDocuments, Submission
 from tao_data_io.launch.plan import LaunchPlan, build_plan
+from tao_data_io.launch.training import read_training_status
 from tao_data_io.names import object_names
 from tao_data_io.records import RecordStore
 from tao_data_io.request import JobRequest
@@ -177,12 +179,12 @@ def test_the_api_requests_of_a_single_node_submit(kube: KubeStandIn, tmp_path: P
     step (the verify polls depend on how fast the pod gets there: here four looks)."""
     submit(tmp_path, job_request(), make_backend())
     sent = kube.requests()
-    facts, gates, dry_runs = sent[:4], sent[4:16], sent[16:19]
-    applied, verify = sent[19:24], sent[24:]
+    facts, gates, dry_runs = sent[:4], sent[4:15], sent[15:18]
+    applied, verify = sent[18:23], sent[23:]
     assert facts == ["GET /version/", "GET /api/v1/nodes", "GET /api/v1/namespaces/tao/persistentvolumeclaims",
                      "GET /apis/storage.k8s.io/v1/storageclasses"]
-    assert gates[:2] == ["GET /api/v1/nodes", "GET /version/"]
-    assert gates[2:] == ["POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews"] * 10
+    assert gates[:1] == ["GET /api/v1/nodes"]  # the version is read once per connection
+    assert gates[1:] == ["POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews"] * 10
     assert [r.split("?")[0] for r in dry_runs] == ["POST /api/v1/namespaces/tao/secrets",
                                                    "POST /api/v1/namespaces/tao/configmaps",
                                                    "POST /apis/batch/v1/namespaces/tao/jobs"]
@@ -194,7 +196,7 @@ def test_the_api_requests_of_a_single_node_submit(kube: KubeStandIn, tmp_path: P
     looks = verify[1:]
     assert len(looks) == 2 * 4 and all(r.startswith(("GET /apis/batch/v1/namespaces/tao/jobs/job-1",
                                                      "GET /api/v1/namespaces/tao/pods?")) for r in looks)
-    assert len(sent) == 4 + 12 + 3 + 5 + 1 + 8
+    assert len(sent) == 4 + 11 + 3 + 5 + 1 + 8
 
 
 def test_tier_b_runs_the_stage_job_to_completion_before_the_training_job(kube: KubeStandIn, tmp_path: Path) -> None:
@@ -670,6 +672,22 @@ def test_following_the_log_shows_each_line_once_across_looks_and_watchers(kube: 
     assert later.text == "epoch 4\nepoch 5\n"
 
 
+def test_training_status_is_what_rank_0s_status_sidecar_printed(kube: KubeStandIn, tmp_path: Path) -> None:
+    """TAO's status.json reaches the collect run through the status sidecar's log: nothing before
+    the sidecar prints, then its newest lines, which the reader turns into progress."""
+    kube.server.control.scripts["job-1"] = ["pulling", "staging", "verifying", "verified", "running"]
+    backend = make_backend()
+    done = submit(tmp_path, job_request(), backend)
+    pod = next(iter(ours(kube, "Pod")))
+    kube.server.logs.pop((NAMESPACE, pod, "status"), None)
+    assert backend.training_status(done.backend_ref) is None  # the sidecar has not started
+    lines = [json.dumps({"epoch": epoch, "max_epoch": 3, "status": "RUNNING", "kpi": {"loss": 1.0 / epoch}})
+             for epoch in (1, 2)]
+    kube.server.logs[NAMESPACE, pod, "status"] = "".join(line + "\n" for line in lines)
+    status = read_training_status(backend.training_status(done.backend_ref))
+    assert status is not None and status.epoch == 2 and status.max_epoch == 3
+
+
 def test_a_followed_line_cut_by_the_byte_limit_waits_for_the_next_look() -> None:
     text = "2026-12-01T10:00:00.5Z one\n2026-12-01T10:00:01Z two\n2026-12-01T10:00:02.000000001Z thr"
     assert new_lines(text, None) == (["one", "two"], "2026-12-01T10:00:01Z")
@@ -775,6 +793,21 @@ def test_gate_kubernetes_version(kube: KubeStandIn, tmp_path: Path, minor: int, 
     kube.server.store(claim())
     request = job_request(storage={"pvc_claim": "tao-data", "tier": "B"}, **fields)
     gate_case(kube, tmp_path, request, make_backend(), fragment)
+
+
+def test_a_cluster_older_than_native_sidecars_runs_the_job_without_the_status_sidecar(
+        kube: KubeStandIn, tmp_path: Path) -> None:
+    """On 1.28 an initContainer with restartPolicy Always is not a sidecar (the SidecarContainers
+    feature is off before 1.29, KEP-753): one that never exits would keep training from starting.
+    A job that uploads nothing runs there, without progress; the results sidecar's gate above
+    still refuses a job that needs it."""
+    kube.server.minor = 28
+    kube.server.store(claim())
+    environ = {name: value for name, value in ENV.items() if name != "S3_BUCKET_NAME"}
+    request = job_request(storage={"pvc_claim": "tao-data", "tier": "B"})
+    launch_only(tmp_path, request, make_backend(), environ=environ)
+    pod = next(pod for pod in ours(kube, "Pod").values() if pod["metadata"]["labels"][STEP_LABEL] == "train")
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["verify"]
 
 
 def test_gate_access_lists_every_refusal_in_one_line(kube: KubeStandIn, tmp_path: Path) -> None:

@@ -138,6 +138,9 @@ class Api:
         self.storage = client.StorageV1Api(connection.client)
         self.authz = client.AuthorizationV1Api(connection.client)
         self.version = client.VersionApi(connection.client)
+        #: The server's (major, minor), once read (:func:`.facts.server_version`): the facts, the
+        #: gates and the renderer all ask, and one connection talks to one server.
+        self.known_version: tuple[int, int] | None = None
 
     def call(self, what: str, method: Callable[..., Any], *args: Any, text: bool = False, **kwargs: Any) -> Any:
         try:

@@ -42,12 +42,13 @@ from ..launch.backend import (
 )
 from ..launch.plan import LaunchPlan
 from ..launch.probe import Verdict, read_checklist
+from ..launch.training import STATUS_TAIL_BYTES
 from ..names import check_backend_ref, object_names
 from ..tier import ClusterFacts
 from . import pods as pod_reading
 from .api import Api, ApiError, connect
 from .apply import adopt, create, creation_order, kinds, secret_object, step_of, training_job
-from .facts import cluster_facts
+from .facts import SIDECAR_VERSION, cluster_facts, server_version
 from .follow import FIRST_LINES, LOOK_LINES, new_lines, read_cursor, since_seconds
 from .gates import check_access, check_claim, check_gpus, check_secrets, check_version, dry_run, needed_access
 from .render import JOB_ID_LABEL, MANAGED_BY, RenderedJob, read_config, render_job
@@ -60,6 +61,10 @@ log = logging.getLogger(__name__)
 DEFAULT_IMAGE_PULL_TIMEOUT_S = 1800.0
 #: The longest pause between two looks at a Job's pods while waiting (the first is shorter).
 POD_POLL_SECONDS = 2.0
+#: The status sidecar's lines read per look: TAO writes a line per epoch (and a few more), each
+#: well under 512 bytes, so this many fit the byte cap — which the kubelet applies from the
+#: start of the window, so the window must not be wider than the cap.
+STATUS_LINES = STATUS_TAIL_BYTES // 512
 #: What cancel deletes, in this order: the Jobs first (their pods hold the GPUs).
 _CANCEL_ORDER = ("Job", "Service", "ConfigMap", "Secret")
 
@@ -261,10 +266,26 @@ class KubernetesBackend:
         return LogChunk(text="".join(parts), cursor=json.dumps(shown, sort_keys=True))
 
     def training_status(self, ref: str) -> bytes | None:
-        """Not read from a cluster yet: ``status.json`` lives in the pod (or on the claim), and the
-        sidecar that would follow it into a log this process can read is still to come; the
-        collect run shows the job's own log meanwhile."""
-        return None
+        """The end of what rank 0's status sidecar has printed: ``status.json`` lives in the pod
+        (or on a claim) where this process cannot read it, and the sidecar follows it into its log
+        (:data:`.scripts.STATUS_SCRIPT`). The newest :data:`STATUS_LINES` lines, at most
+        :data:`~tao_data_io.launch.training.STATUS_TAIL_BYTES`; None while there is no pod, or its
+        sidecar has not started (or is gone with the pod)."""
+        namespace, name = self._ref(ref)
+        api = self._api()
+        found = [pod for pod in list_pods(api, namespace, name, "train") if pod_reading.rank(pod) == 0]
+        if not found:
+            return None
+        pod_name = found[0]["metadata"]["name"]
+        try:
+            text = api.call(f"reading the training status of pod {namespace}/{pod_name}",
+                            api.core.read_namespaced_pod_log, pod_name, namespace, container=pod_reading.STATUS,
+                            text=True, tail_lines=STATUS_LINES, limit_bytes=STATUS_TAIL_BYTES)
+        except ApiError as exc:
+            if exc.status in (400, 404):
+                return None
+            raise
+        return text.encode() or None
 
     def cancel(self, ref: str) -> bool:
         """Foreground delete of every object labelled with the job (the Jobs first; a pre-created
@@ -311,7 +332,8 @@ class KubernetesBackend:
         settings = KubernetesSettings.from_mapping({**self.settings.model_dump(), "namespace": self._api().namespace,
                                                     "pvc_claim": self._claim(documents)})
         rendered = render_job(plan, settings, request=documents.request, record=documents.record,
-                              config=read_config(plan), environ=environ)
+                              config=read_config(plan), environ=environ,
+                              status_sidecar=server_version(self._api()) >= SIDECAR_VERSION)
         return rendered, settings
 
     def _claim(self, documents: JobDocuments) -> str | None:

@@ -31,10 +31,13 @@ MULTI_NODE_VERSION = (1, 28)
 
 
 def server_version(api: Api) -> tuple[int, int]:
-    """(major, minor) of the API server; minor as digits (GKE and EKS write ``30+``)."""
-    info = api.call("reading the server version", api.version.get_code)
-    major, minor = (int(re.sub(r"\D.*", "", str(info.get(key, ""))) or 0) for key in ("major", "minor"))
-    return major, minor
+    """(major, minor) of the API server; minor as digits (GKE and EKS write ``30+``). Read once per
+    connection."""
+    if api.known_version is None:
+        info = api.call("reading the server version", api.version.get_code)
+        major, minor = (int(re.sub(r"\D.*", "", str(info.get(key, ""))) or 0) for key in ("major", "minor"))
+        api.known_version = (major, minor)
+    return api.known_version
 
 
 def allocatable_gpus(api: Api) -> dict[str, int] | None:

@@ -24,6 +24,8 @@ FATAL = frozenset({"InvalidImageName", "ErrImageNeverPull", "CreateContainerConf
                    "RunContainerError"})
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 VERIFY, STAGER, TRAIN = "verify", "stager", "train"
+#: The native sidecar that follows TAO's status.json into its log (see .scripts.STATUS_SCRIPT).
+STATUS = "status"
 OOM_EXIT = 137
 
 Phase = Literal["schedule", "pull", "stage", "probe", "running", "done", "failed", "fatal"]

@@ -16,9 +16,11 @@ says how, and why no two jobs share a name):
 * the training **Job** ``<id>``: one pod (or an Indexed Job of ``nodes`` pods), ``backoffLimit: 0``,
   ``restartPolicy: Never``, ``ttlSecondsAfterFinished``. Its initContainers, in order: the
   stager (tier C, or whenever results are uploaded), the results sidecar (a native sidecar,
-  whenever results are uploaded), and last the **verify probe** in the training image with the
-  training container's mounts and credentials; its verdict is the termination message and any
-  failure stops the pod before training starts.
+  whenever results are uploaded), the status sidecar (a native sidecar on every tier, in the
+  training image: it follows TAO's ``status.json`` into its log, for the collect run's progress
+  artifacts), and last the **verify probe** in the training image with the training container's
+  mounts and credentials; its verdict is the termination message and any failure stops the pod
+  before training starts.
 
 Credentials are ``secretKeyRef`` entries for exactly the plan's ``forward_env`` names, from the
 per-job Secret (created with values at apply time) or a pre-created one; the output never holds
@@ -43,11 +45,13 @@ from ..fs import check_relative
 from ..launch.plan import PROBE_DIR, LaunchPlan, PlanMount, refuse_smuggled_secrets
 from ..launch.probe import PROBE_SCRIPT, TOKEN_FILE, Check, checklist, checklist_text
 from ..launch.rendezvous import MASTER_PORT, RENDEZVOUS_NAMES, rendezvous_env
+from ..launch.training import STATUS_FILE
 from ..names import check_env_name, object_names
 from ..records import JobRecord
 from ..request import JobRequest, check_container_path
 from ..tier import TIER_C_BYTES_PER_SECOND
-from .scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, VERIFY_SCRIPT
+from .pods import STATUS
+from .scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, VERIFY_SCRIPT
 from .settings import KubernetesSettings
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tao-data-io"}
@@ -58,6 +62,8 @@ COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-ind
 TERMINATION_LOG = "/dev/termination-log"
 #: Our own paths inside a pod; no declared target may use them.
 FILES_DIR = "/tao-data-io/files"
+#: How often the status sidecar looks for status.json before the job has written it.
+STATUS_WAIT_SECONDS = 5
 STATE_DIR = "/tao-data-io/state"
 STAGE_ROOT = "/tao-data-io/staging"
 VOLUME_ROOT = "/tao-data-io/volume"
@@ -121,7 +127,8 @@ def read_config(plan: LaunchPlan) -> bytes | None:
 
 
 def render_job(plan: LaunchPlan, settings: KubernetesSettings, *, request: JobRequest, record: JobRecord,
-               config: bytes | None, environ: Mapping[str, str] | None = None) -> RenderedJob:
+               config: bytes | None, environ: Mapping[str, str] | None = None,
+               status_sidecar: bool = True) -> RenderedJob:
     """The objects for ``plan`` on the cluster ``settings`` describe (see the module docstring), in
     ``settings.namespace``, which must be set (the backend sets its connection's).
 
@@ -129,9 +136,11 @@ def render_job(plan: LaunchPlan, settings: KubernetesSettings, *, request: JobRe
     which the pods get a copy with the plan's route; ``config`` the materialized config's bytes
     (:func:`read_config`), refused unless they match the digest in its name. ``environ``
     (default ``os.environ``) is only read to refuse any credential value found in the output.
+    ``status_sidecar``: False on a cluster older than native sidecars (1.29), where an
+    initContainer that never exits would keep the pod from starting: no progress is shown there.
     """
     refuse_smuggled_secrets(plan.env, environ)
-    job = _Job(plan, settings, request, record, config)
+    job = _Job(plan, settings, request, record, config, status_sidecar)
     rendered = job.render()
     _refuse_values(rendered, environ)
     return rendered
@@ -141,10 +150,11 @@ class _Job:
     """One render: the checks, then the objects. A class only to share the derived names."""
 
     def __init__(self, plan: LaunchPlan, settings: KubernetesSettings, request: JobRequest, record: JobRecord,
-                 config: bytes | None) -> None:
+                 config: bytes | None, status_sidecar: bool = True) -> None:
         if settings.namespace is None:
             raise UsageError("the objects are rendered into a namespace, and none was given: give namespace")
         self.plan, self.settings, self.request, self.record, self.config = plan, settings, request, record, config
+        self.status_sidecar = status_sidecar
         self.names = object_names(plan.job_id)
         self.labels = {**MANAGED_BY, JOB_ID_LABEL: self.names.job}
         self.multi = plan.nodes > 1
@@ -234,7 +244,8 @@ class _Job:
                 "annotations": {JOB_ID_LABEL: self.plan.job_id}}
 
     def _configmap(self) -> dict[str, Any]:
-        data = {"probe.sh": PROBE_SCRIPT, "verify.sh": VERIFY_SCRIPT, "checklist": checklist_text(self.checks)}
+        data = {"probe.sh": PROBE_SCRIPT, "verify.sh": VERIFY_SCRIPT, "checklist": checklist_text(self.checks),
+                "status.sh": STATUS_SCRIPT}
         if self.config_key is not None:
             assert self.config is not None
             data[self.config_key] = self.config.decode()
@@ -310,6 +321,8 @@ class _Job:
         if self.uploads:
             init.append(self._sidecar(env))
             pod["terminationGracePeriodSeconds"] = self.grace_seconds()
+        if self.status_sidecar:
+            init.append(self._status_sidecar())
         init.append(verify)
         pod.update(initContainers=init, containers=[train], volumes=volumes)
         if self.multi:
@@ -353,6 +366,16 @@ class _Job:
                 "command": ["/bin/sh", f"{FILES_DIR}/sidecar.sh"], "env": [*self._tool_env(env), *extra],
                 "volumeMounts": [{"name": "files", "mountPath": FILES_DIR, "readOnly": True},
                                  {"name": "state", "mountPath": STATE_DIR}, self._results_mount(read_only=True)]}
+
+    def _status_sidecar(self) -> dict[str, Any]:
+        """No credential and no config: the results, read-only, and the script."""
+        env = [{"name": "TAO_RESULTS_DIR", "value": self.plan.results_dir},
+               {"name": "TAO_DATA_IO_STATUS_FILE", "value": STATUS_FILE},
+               {"name": "TAO_DATA_IO_STATUS_SECONDS", "value": str(STATUS_WAIT_SECONDS)}]
+        return {"name": STATUS, "image": self.plan.image, "restartPolicy": "Always",
+                "command": ["/bin/sh", f"{PROBE_DIR}/status.sh"], "env": env,
+                "volumeMounts": [{"name": "files", "mountPath": PROBE_DIR, "readOnly": True},
+                                 self._results_mount(read_only=True)]}
 
     # ----------------------------------------------------------------- env and mounts
     def _secret_env(self) -> list[dict[str, Any]]:
