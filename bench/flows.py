@@ -19,6 +19,13 @@ interleaved (the order alternates every repetition), medians of ``--reps``.
    the run's API calls) and in-process (heartbeat on and off), and ``steps.resync_job`` in-process
    (the core alone). Target: the flow adds a fixed start-up, not a per-file cost — the same
    difference at both sizes.
+4. **Watch.** A stand-in job of ``--job-seconds`` (an epoch a second, a line of log and of
+   ``status.json`` each) collected by ``verbs.collect`` directly (nothing shown) and by
+   ``collect-tao-job`` (its log streamed into the run, the progress and KPI artifacts kept
+   current): how long the job itself took (RUNNING to its end in its record), and the HTTP
+   requests the flow run's process sent to the Prefect API while the job ran, per minute of job
+   (the same flow on a job that had already ended is subtracted). Target: the same job time,
+   a few requests a minute.
 
     .venv/bin/python bench/flows.py --reps 5
 """
@@ -231,6 +238,96 @@ def resync_comparison(work: Path, reps: int, files: int, changed: int, size: int
     return rows
 
 
+class _Requests:
+    """Counts the HTTP requests this process sends through httpx (the Prefect client's, the log
+    worker's included), by wrapping ``send`` of both clients while it is entered."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._saved: list[tuple[type, Callable[..., object]]] = []
+
+    def __enter__(self) -> _Requests:
+        import httpx
+
+        for cls in (httpx.Client, httpx.AsyncClient):
+            original = cls.send
+            self._saved.append((cls, original))
+            if cls is httpx.Client:
+                def send(client, request, *a, _original=original, **k):  # type: ignore[no-untyped-def]
+                    self.count += 1
+                    return _original(client, request, *a, **k)
+            else:
+                async def send(client, request, *a, _original=original, **k):  # type: ignore[no-untyped-def]
+                    self.count += 1
+                    return await _original(client, request, *a, **k)
+            cls.send = send  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for cls, original in self._saved:
+            cls.send = original  # type: ignore[method-assign]
+
+
+def watch_comparison(work: Path, reps: int, job_seconds: int) -> list[str]:
+    from flows.collect import collect_tao_job
+    from tests.flow_helpers import stand_in_request
+
+    LocalTarget(settings=LocalSettings(run_root=str(work / "watch-local")), staging_root=str(work / "watch-work")).save(
+        "bench-watch", overwrite=True)
+    JobRecords(location=str(work / "watch-jobs")).save("bench-watch", overwrite=True)
+    with TransferEngine(s3_credentials()) as engine:
+        data = work / "watch-data"
+        (data / "data").mkdir(parents=True, exist_ok=True)
+        (data / "data" / "a.txt").write_text("a")
+        (data / "models").mkdir(exist_ok=True)
+        (data / "models" / "model.bin").write_bytes(b"m")
+        engine.upload_directory(data, parse_s3_url(f"s3://{BUCKET}/"), TransferOptions())
+    backend = LocalBackend(LocalSettings(run_root=str(work / "watch-local")))
+    store = RecordStore(work / "watch-jobs")
+    target, records = "tao-local-target/bench-watch", "tao-job-records/bench-watch"
+
+    def launched(job_id: str, seconds: int) -> str:
+        request = stand_in_request(BUCKET, job_id)
+        request["environment"] = {**request["environment"], "EPOCHS": str(max(seconds, 1)), "EPOCH_SECONDS": "1"}
+        verbs.submit(parse_request(request), backend, store, staging_root=work / "watch-work")
+        return job_id
+
+    def job_time(job_id: str) -> float:
+        history = store.get(job_id).history
+        started = next(entry.at for entry in history if entry.state == "RUNNING")
+        return (history[-1].at - started).total_seconds()
+
+    def by_verb(job_id: str) -> int:
+        verbs.collect(job_id, backend, store, poll_seconds=2)
+        return 0
+
+    def by_flow(job_id: str) -> int:
+        with _Requests() as requests:
+            state = collect_tao_job(job_id, target=target, records=records, poll_seconds=2, return_state=True)
+        assert state.is_completed(), state.message
+        return requests.count
+
+    ended = launched("watch-ended", 0)
+    by_verb(ended)  # ended before the flow looks: what a collect costs without a job to watch
+    idle = by_flow(ended)
+    times: dict[str, list[float]] = {"verbs.collect": [], "collect-tao-job": []}
+    calls: list[float] = []
+    for rep in range(reps):
+        order = [("verbs.collect", by_verb), ("collect-tao-job", by_flow)]
+        for number, (name, collect) in enumerate(order if rep % 2 == 0 else order[::-1]):
+            job_id = launched(f"watch-{rep}-{number}", job_seconds)
+            sent = collect(job_id)
+            times[name].append(job_time(job_id))
+            if name == "collect-tao-job":
+                calls.append((sent - idle) / (job_time(job_id) / 60))
+    rows = ["| watched by | the job's own time (RUNNING → end) | API requests per minute of job |", "|---|---|---|"]
+    rows.append(f"| verbs.collect (nothing shown) | {median(times['verbs.collect'])} | — |")
+    rows.append(f"| collect-tao-job (log + progress + KPIs) | {median(times['collect-tao-job'])} | "
+                f"{statistics.median(calls):.1f} |")
+    rows.append(f"\n(a collect of a job already ended sends {idle} requests: set-up, records, upload, report)")
+    return rows
+
+
 def s3_credentials():  # type: ignore[no-untyped-def]
     from tao_data_io.credentials import s3_credentials_from_env
 
@@ -244,8 +341,9 @@ def main() -> None:
     parser.add_argument("--files", default="1000,10000", help="comma-separated sizes of the results tree")
     parser.add_argument("--changed", type=int, default=50)
     parser.add_argument("--size", type=int, default=4096)
-    parser.add_argument("--only", choices=("overhead", "submit", "resync"), action="append",
-                        help="run only these parts (repeatable; default: all three)")
+    parser.add_argument("--job-seconds", type=int, default=30, help="how long the watched job trains")
+    parser.add_argument("--only", choices=("overhead", "submit", "resync", "watch"), action="append",
+                        help="run only these parts (repeatable; default: all)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tao-bench-flows-"))
     try:
@@ -257,7 +355,7 @@ def main() -> None:
 
 
 def run(work: Path, args: argparse.Namespace) -> None:
-    parts = set(args.only or ("overhead", "submit", "resync"))
+    parts = set(args.only or ("overhead", "submit", "resync", "watch"))
     with EmbeddedS3(work / "s3") as server, prefect_test_harness(server_startup_timeout=120):
         server.create_bucket(BUCKET)
         os.environ.update({**server.env(), "S3_BUCKET_NAME": BUCKET})
@@ -265,6 +363,8 @@ def run(work: Path, args: argparse.Namespace) -> None:
             print("\n".join(overhead(args.reps, args.tasks)), end="\n\n", flush=True)
         if "submit" in parts:
             print("\n".join(submit_comparison(work, args.reps)), end="\n\n", flush=True)
+        if "watch" in parts:
+            print("\n".join(watch_comparison(work, args.reps, args.job_seconds)), end="\n\n", flush=True)
         if "resync" in parts:
             for files in (int(count) for count in args.files.split(",")):
                 print("\n".join(resync_comparison(work, args.reps, files, args.changed, args.size)), end="\n\n",

@@ -15,10 +15,12 @@ from typing import Any
 from prefect import flow
 
 from flows import common
-from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, Records, S3Credentials, Target, cancel_owned_job, prepare
+from flows.common import (DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, Records, S3Credentials, Target, cancel_owned_job,
+                          prepare)
 from tao_data_io.errors import TaoDataIOError
+from tao_data_io.forms import GuardedText
 from tao_data_io.verbs import DEFAULT_POLL_SECONDS, collect
-from tasks.masking import mask_run_logs, masking_failures
+from tasks.masking import job_run_name, mask_run_logs, masking_failures
 from tasks.owners import this_run
 from tasks.records import read_record
 
@@ -32,10 +34,10 @@ class JobNotFinished(TaoDataIOError):
     was collected, so the run is not Completed; a later collect picks it up."""
 
 
-@flow(name="collect-tao-job", flow_run_name="collect-{job_id}", persist_result=True, result_serializer="json",
+@flow(name="collect-tao-job", flow_run_name=job_run_name("collect"), persist_result=True, result_serializer="json",
       on_cancellation=[cancel_owned_job], validate_parameters=False)
 @masking_failures
-def collect_tao_job(job_id: str, target: Target = DEFAULT_TARGET, records: Records = DEFAULT_RECORDS,
+def collect_tao_job(job_id: GuardedText, target: Target = DEFAULT_TARGET, records: Records = DEFAULT_RECORDS,
                     s3_credentials: S3Credentials = None, poll_seconds: float = DEFAULT_POLL_SECONDS,
                     max_wait_seconds: float | None = None) -> dict[str, Any]:
     """Wait for a submitted job to end, then upload its results and record what happened.

@@ -31,6 +31,7 @@ from blocks.credentials import CredentialSet, HuggingFaceEnvCredentials, NGCEnvC
 from blocks.records import JobRecords
 from blocks.targets import ComputeTarget, KubernetesTarget, LocalTarget
 from tao_data_io.errors import UsageError
+from tao_data_io.forms import GuardedText
 from tao_data_io.runner import Runner, direct
 from tao_data_io.verbs import Backend, RecordStore, cancel
 from tasks.masking import mask_run_logs, mask_stored_parameters
@@ -52,11 +53,11 @@ OWNING_FLOWS = ("submit", "run", "collect")
 B = TypeVar("B", bound=Block)
 
 #: The block parameters' types: a picker in the run form, or ``BLOCK-TYPE/NAME``.
-Target = LocalTarget | KubernetesTarget | str
-Records = JobRecords | str
-S3Credentials = S3EnvCredentials | str | None
-HFCredentials = HuggingFaceEnvCredentials | str | None
-NGCCredentials = NGCEnvCredentials | str | None
+Target = LocalTarget | KubernetesTarget | GuardedText
+Records = JobRecords | GuardedText
+S3Credentials = S3EnvCredentials | GuardedText | None
+HFCredentials = HuggingFaceEnvCredentials | GuardedText | None
+NGCCredentials = NGCEnvCredentials | GuardedText | None
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ def prepare(target: Target, records: Records, s3_credentials: S3Credentials = No
     credential value of this worker), open the record store and build the backend. The
     credentials are the environment the verb's steps see (names only; see :class:`CredentialSet`)."""
     _freeze_imports()
+    _refuse_credentials_in_parameters(None)  # before a block parameter's text reaches any message
     credentials = CredentialSet.of([
         load_block(s3_credentials, S3EnvCredentials, "s3_credentials") if s3_credentials else S3EnvCredentials(),
         (load_block(hf_credentials, HuggingFaceEnvCredentials, "hf_credentials") if hf_credentials
@@ -81,13 +83,20 @@ def prepare(target: Target, records: Records, s3_credentials: S3Credentials = No
     ])
     environ = credentials.environ()
     mask_run_logs(environ)
-    leaked = mask_stored_parameters(environ)
-    if leaked:
-        raise UsageError(f"parameter {', '.join(leaked)} holds the value of a credential variable of this worker; the "
-                         "run's stored parameters were masked. Parameters name credentials (blocks, forward_env), "
-                         "never hold them")
+    _refuse_credentials_in_parameters(environ)
     compute = load_block(target, ComputeTarget, "target")
     return Setup(compute, compute.backend(), load_block(records, JobRecords, "records").store(environ), credentials)
+
+
+def _refuse_credentials_in_parameters(environ: Mapping[str, str] | None) -> None:
+    """Fail the run when its stored parameters hold a credential — a value of the worker's
+    environment (``environ``, default its own; then again with the variables the credential
+    blocks name) or a well-known shape — once they have been replaced by a masked copy."""
+    leaked = mask_stored_parameters(environ)
+    if leaked:
+        raise UsageError(f"parameter {', '.join(leaked)} holds a credential (a value of this worker's credential "
+                         "variables, or a key's or token's shape); the run's stored parameters were masked. "
+                         "Parameters name credentials (blocks, forward_env), never hold them")
 
 
 @cache

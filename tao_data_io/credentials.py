@@ -220,10 +220,14 @@ def credential_value_fields(value: Any, environ: Mapping[str, str] | None = None
 
 
 #: The shapes of well-known credentials, whoever's they are: an AWS access key id, a Hugging Face
-#: token, an NVIDIA (NGC) personal key, a URL's ``user:password@``. Written once for both
-#: engines that apply it — Python's ``re`` and the ECMAScript of a JSON Schema ``pattern`` (what
-#: the Prefect server and its UI check a run's parameters with) — so only syntax the two share.
-CREDENTIAL_SHAPES = (r"\b(AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}\b|\bhf_[A-Za-z0-9]{30,}\b|\bnvapi-[A-Za-z0-9_-]{30,}"
+#: token, an NVIDIA (NGC) personal key, a GitHub token, a URL's ``user:password@``. (An AWS secret
+#: key or a legacy NGC key has no shape of its own: only the worker's values catch those.)
+#: Written once for both engines that apply it — Python's ``re`` and the ECMAScript of a JSON
+#: Schema ``pattern`` (what the Prefect server and its UI check a run's parameters with) — so
+#: only syntax the two share. The edges are ASCII lookarounds, not ``\b``: Python's ``\b`` is
+#: Unicode-aware and JavaScript's is not, and an underscore (``KEY_AKIA…``) must not hide a key.
+CREDENTIAL_SHAPES = ("(?<![A-Za-z0-9])(?:(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}|hf_[A-Za-z0-9]{30,}|nvapi-[A-Za-z0-9_-]{30,}"
+                     "|ghp_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{60,})(?![A-Za-z0-9])"
                      r"|[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#@:]*:[^/\s?#@]*@")
 _CREDENTIAL_SHAPE = re.compile(CREDENTIAL_SHAPES)
 #: What a field holding a credential shape is shown as: the shape's kind, never the text.
@@ -234,8 +238,13 @@ def credential_shape_fields(value: Any, *, where: str = "") -> list[str]:
     """The field paths of every string in a JSON-shaped ``value`` (dict keys included) that holds
     a well-known credential's shape (:data:`CREDENTIAL_SHAPES`), wherever it came from: a key
     pasted into a request is refused even when this host does not hold it."""
-    return _fields_where(value, lambda text: _CREDENTIAL_SHAPE.search(text) is not None,
-                         lambda text: _CREDENTIAL_SHAPE.sub(_SHAPE_MASK, mask_userinfo(text)), where)
+    return _fields_where(value, lambda text: _CREDENTIAL_SHAPE.search(text) is not None, mask_credential_shapes,
+                         where)
+
+
+def mask_credential_shapes(text: str) -> str:
+    """``text`` with every well-known credential's shape in it masked (and every URL's userinfo)."""
+    return _CREDENTIAL_SHAPE.sub(_SHAPE_MASK, mask_userinfo(text))
 
 
 def _fields_where(value: Any, holds: Callable[[str], bool], shown: Callable[[str], str], where: str) -> list[str]:

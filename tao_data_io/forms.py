@@ -9,7 +9,8 @@ parameters. The model's own validators still run on the worker (they say more, a
 no server): the schema only moves the common refusals earlier.
 
 Every text of the form carries ``not: {pattern: CREDENTIAL_SHAPES}``, including the free-form
-spec at any depth (:data:`SpecTree`, a recursive schema). The runtime check is the same pattern
+spec's values at any depth (:data:`SpecTree`, a recursive schema) and the keys of the request's
+mappings (``propertyNames``; a key deeper in the spec is refused by the worker). The runtime check is the same pattern
 (:func:`~tao_data_io.credentials.credential_shape_fields`), so the CLI refuses what the server does.
 """
 
@@ -59,6 +60,8 @@ def _guard(schema: Any) -> None:
         return
     if schema.get("type") == "string" and not any(key in schema for key in _FIXED) and "not" not in schema:
         schema.update(NO_CREDENTIAL)
+    if schema.get("type") == "object" and "propertyNames" not in schema:
+        schema["propertyNames"] = dict(NO_CREDENTIAL)  # a key can be the pasted credential
     for key in _NESTED_ONE:
         _guard(schema.get(key))
     for key in _NESTED_MANY:

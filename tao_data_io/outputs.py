@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Literal
 
 from .credentials import Redactor, s3_credentials_from_env
-from .errors import UsageError
+from .errors import TransferError, UsageError
 from .fs import is_within
 from .records import JobRecord, OutputRoute, RecordStore
 from .routing import decide_route, ephemeral_warning
@@ -97,11 +97,14 @@ def resolve_route(record: JobRecord, environ: Mapping[str, str]) -> OutputRoute:
 
 
 def final_upload(record: JobRecord, destination: str) -> dict[str, object] | None:
-    """The entry of a successful final upload to ``destination``, if the job is terminal and has one."""
+    """The entry of a successful final upload to ``destination``, if the job is terminal and has
+    one — of its latest attempt (an earlier attempt's final upload is not this one's)."""
     if record.state not in TERMINAL_STATES:
         return None
+    since = record.attempts[-1].started_at.isoformat() if record.attempts else ""
     return next((entry for entry in reversed(record.uploads)
-                 if entry.get("final") is True and entry.get("destination") == destination), None)
+                 if entry.get("final") is True and entry.get("destination") == destination
+                 and str(entry.get("started_at", "")) >= since), None)
 
 
 def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: Kind = "upload",
@@ -171,6 +174,24 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
     what = "final upload" if final else "upload"
     note = f"{what} recorded in job {job_id}'s uploads" if recorded else "nothing moved or failed; not recorded"
     return UploadOutcome("uploaded", note, route, summary, entry if recorded else None)
+
+
+def restore_results(source: str, results_dir: Path, *, environ: Mapping[str, str] | None = None) -> str:
+    """Download what earlier attempts of a job uploaded (``source``: its route's prefix) into
+    ``results_dir`` before its next attempt's command starts, so TAO resumes from its newest
+    checkpoint instead of epoch 0 — and the upload at the end does not overwrite the earlier
+    results with a restart's. A sync down: what is already there and the same is kept. Any file
+    that fails fails the launch (retryable): a resumed job must not start
+    from less than it had. Returns what was restored, for the attempt's record."""
+    prefix = parse_s3_url(source, field="restore_from")
+    with TransferEngine(s3_credentials_from_env(os.environ if environ is None else environ)) as engine:
+        summary = engine.download_prefix(prefix, results_dir, TransferOptions())
+    if summary.failed:
+        first = summary.failed[0]
+        raise TransferError(f"restoring the results of earlier attempts from {source}: {len(summary.failed)} "
+                            f"file(s) failed, first {first.name}: {first.reason}; submitting again resumes it")
+    return (f"{summary.transferred_files} file(s) ({human_size(summary.transferred_bytes)}) from {source}, "
+            f"{summary.unchanged_files} already there")
 
 
 #: The object an upload check puts (and deletes) under a job's results prefix.

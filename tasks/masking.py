@@ -20,10 +20,13 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from prefect import runtime
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 
-from tao_data_io.credentials import RedactingFilter, Redactor, credential_value_fields, masked
+from tao_data_io.credentials import (RedactingFilter, Redactor, credential_shape_fields, credential_value_fields,
+                                     mask_credential_shapes, masked)
+from tao_data_io.names import is_job_id
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -58,29 +61,49 @@ def run_mask() -> Redactor:
     return _installed() or Redactor()
 
 
-def mask_stored_parameters(environ: Mapping[str, str]) -> list[str]:
-    """The running flow's stored parameters that hold a credential value of ``environ`` (field
-    paths, masked), after replacing the stored parameters with a masked copy through the API:
-    the server keeps a run's parameters for as long as it keeps the run, where no log filter
-    reaches. Nothing outside a flow run: nothing stored."""
+def mask_stored_parameters(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The running flow's stored parameters that hold a credential value of ``environ`` (default
+    ``os.environ``) or a well-known credential's shape (field paths, masked), after replacing
+    the stored parameters — and the run's name, which may have been made from one — with a
+    masked copy through the API: the server keeps a run's parameters for as long as it keeps the
+    run, where no log filter reaches. Nothing outside a flow run: nothing stored."""
     context = FlowRunContext.get()
     if context is None or context.flow_run is None:
         return []
     stored = context.flow_run.parameters  # as the server holds them (the run's own are live objects)
-    leaked = credential_value_fields(stored, environ)
+    leaked = sorted({*credential_value_fields(stored, environ), *credential_shape_fields(stored)})
     if leaked:
+        redact = Redactor(environ)
+
+        def clean(text: str) -> str:
+            return mask_credential_shapes(redact(text))
+
         with get_client(sync_client=True) as client:
-            client.update_flow_run(context.flow_run.id, parameters=_masked(stored, Redactor(environ)))
+            client.update_flow_run(context.flow_run.id, parameters=_masked(stored, clean),
+                                   name=clean(context.flow_run.name))
     return leaked
 
 
-def _masked(value: Any, redact: Redactor) -> Any:
+def job_run_name(word: str) -> Callable[[], str]:
+    """The run name ``<word>-<job id>`` of a flow whose ``job_id`` parameter names its job,
+    made before the flow's first line (Prefect names the run then): the id is shown only when it
+    is one (a credential's shape never is) and holds no credential value of this worker."""
+
+    def name() -> str:
+        job_id = runtime.flow_run.parameters.get("job_id")
+        shown = isinstance(job_id, str) and is_job_id(job_id) and Redactor()(job_id) == job_id
+        return f"{word}-{job_id if shown else 'unnamed-job'}"
+
+    return name
+
+
+def _masked(value: Any, clean: Callable[[str], str]) -> Any:
     if isinstance(value, str):
-        return redact(value)
+        return clean(value)
     if isinstance(value, Mapping):
-        return {redact(str(key)): _masked(child, redact) for key, child in value.items()}
+        return {clean(str(key)): _masked(child, clean) for key, child in value.items()}
     if isinstance(value, list | tuple):
-        return [_masked(child, redact) for child in value]
+        return [_masked(child, clean) for child in value]
     return value
 
 

@@ -190,6 +190,61 @@ def test_a_parameter_holding_a_worker_credential_value_fails_and_the_stored_para
     assert "***MY_TEAM_TOKEN***" in repr(stored.parameters)
 
 
+@pytest.mark.parametrize(("flow_name", "parameters"), [
+    ("collect", {"job_id": ACCESS_KEY}), ("cancel", {"job_id": "j", "reason": f"rotated {HF_TOKEN}"}),
+    ("submit", {"target": f"tao-local-target/{NGC_KEY}"}),
+    ("submit", {"request": args_request(environment={ACCESS_KEY: "1"})}),  # a mapping's key
+])
+def test_a_credential_shape_in_any_parameter_is_refused_when_the_run_is_created(
+        prefect_harness: None, flow_name: str, parameters: dict[str, Any]) -> None:
+    from flows.cancel import cancel_tao_job
+    from flows.collect import collect_tao_job
+
+    flows = {"collect": collect_tao_job, "cancel": cancel_tao_job, "submit": submit_tao_job}
+    _refused(flows[flow_name].to_deployment(name=f"shapes-{name()}").apply(), **parameters)
+
+
+@pytest.mark.parametrize("text", ["KEY_" + ACCESS_KEY, "é" + ACCESS_KEY, f"token={HF_TOKEN}ä"])
+def test_a_credential_shape_next_to_any_character_but_a_letter_or_digit_is_found_by_both_engines(text: str) -> None:
+    """Python's ``\b`` knows Unicode letters and JavaScript's does not: the shapes' edges are
+    ASCII lookarounds, so the loader refuses what the server and the UI refuse."""
+    import re
+
+    from tao_data_io.credentials import CREDENTIAL_SHAPES, credential_shape_fields
+
+    assert credential_shape_fields({"note": text}) == ["note"]
+    assert re.search(CREDENTIAL_SHAPES, ACCESS_KEY + "X") is None  # a longer word is not a key
+
+
+def test_a_job_id_holding_a_worker_credential_never_names_the_collect_run(
+        prefect_harness: None, no_cloud: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefect names a run before its first line; a job id that is not a valid id, or is one of
+    the worker's credential values, is not shown in the name, and the stored parameters are masked."""
+    from flows.collect import collect_tao_job
+
+    secret = "abcdef-0123456789-team"  # a valid job id, and the worker's credential
+    monkeypatch.setenv("MY_TEAM_TOKEN", secret)
+    state = collect_tao_job(secret, target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
+                            return_state=True)
+    assert state.is_failed()
+    with get_client(sync_client=True) as client:
+        stored = client.read_flow_run(state.state_details.flow_run_id)
+    assert secret not in stored.name and secret not in repr(stored.parameters)
+    assert secret not in str(stored.state.message)
+
+
+def test_a_block_parameter_holding_a_worker_credential_is_masked_before_any_block_is_loaded(
+        prefect_harness: None, no_cloud: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "team-secret-9f8e7d6c5b4a"
+    monkeypatch.setenv("MY_TEAM_TOKEN", secret)
+    state = submit_tao_job(args_request(), target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
+                           s3_credentials=f"tao-s3-credentials/{secret}", return_state=True)
+    assert state.is_failed() and "s3_credentials" in str(state.message)
+    with get_client(sync_client=True) as client:
+        stored = client.read_flow_run(state.state_details.flow_run_id)
+    assert secret not in repr(stored.parameters) and secret not in str(stored.state.message)
+
+
 def test_a_request_given_both_ways_or_as_text_names_the_parameter_to_use(
         prefect_harness: None, no_cloud: None, tmp_path: Path) -> None:
     target, records = local_target(tmp_path), records_block(tmp_path / "jobs")

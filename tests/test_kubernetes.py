@@ -19,7 +19,7 @@ from tao_data_io.errors import UsageError
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.launch.probe import PROBE_SCRIPT, Check, parse_probe_output
 from tao_data_io.kubernetes.render import RenderedJob, literal, read_config, render_job
-from tao_data_io.kubernetes.scripts import SIDECAR_SCRIPT, STATUS_SCRIPT, VERIFY_SCRIPT
+from tao_data_io.kubernetes.scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, VERIFY_SCRIPT
 from tao_data_io.kubernetes.settings import KubernetesSettings
 from tao_data_io.records import OutputRoute
 from tao_data_io.request import JobRequest, load_request
@@ -429,6 +429,31 @@ def test_sidecar_resyncs_then_uploads_once_on_sigterm(tmp_path: Path) -> None:
     calls = [line.split()[0] for line in log.read_text().splitlines()]
     assert code == 0 and calls == ["resync", "upload-results"]
     assert "--exclude .tao-data-io-verify" in log.read_text().splitlines()[-1]
+
+
+@pytest.mark.parametrize(("rank", "restore_exit", "calls", "code"), [
+    ("0", 0, ["record", "restore-results", "stage"], 0),
+    ("1", 0, ["record", "stage"], 0),  # only rank 0 writes results, so only it restores them
+    ("0", 1, ["record", "restore-results"], 1),  # a failed restore stops the pod: no resume from less
+])
+def test_a_later_attempts_stager_restores_the_results_before_it_stages(
+        tmp_path: Path, rank: str, restore_exit: int, calls: list[str], code: int) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls"
+    fake = bin_dir / "tao-data-io"
+    fake.write_text(f'#!/bin/sh\necho "$1 $*" >> {log}\n[ "$1" = restore-results ] && exit {restore_exit}\nexit 0\n')
+    fake.chmod(0o755)
+    (tmp_path / "stager.sh").write_text(STAGER_SCRIPT)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "TAO_DATA_IO_FILES": str(tmp_path), "NODE_RANK": rank,
+           "TAO_DATA_IO_RESTORE_FROM": "s3://b/results/job-1/", "TAO_RESULTS_DIR": "/results",
+           "TAO_DATA_IO_STAGE_ROOT": "/tao-stage", "TAO_DATA_IO_STATE": str(tmp_path)}
+    done = subprocess.run(["/bin/sh", str(tmp_path / "stager.sh")], env=env, timeout=60)
+    assert done.returncode == code
+    assert [line.split()[0] for line in log.read_text().splitlines()] == calls
+    if "restore-results" in calls:
+        restore = next(line for line in log.read_text().splitlines() if line.startswith("restore-results"))
+        assert "--from s3://b/results/job-1/ --results-dir /results" in restore
 
 
 def test_the_status_sidecar_waits_for_status_json_then_follows_it_and_ends_on_sigterm(tmp_path: Path) -> None:

@@ -25,11 +25,12 @@ from tao_data_io.kubernetes.follow import new_lines
 from tao_data_io.kubernetes.apply import kinds
 from tao_data_io.kubernetes import pods as pod_reading
 from tao_data_io.kubernetes.backend import DEFAULT_IMAGE_PULL_TIMEOUT_S, KubernetesBackend
-from tao_data_io.kubernetes.render import STEP_LABEL
+from tao_data_io.kubernetes.render import ATTEMPT_ANNOTATION, STEP_LABEL
 from tao_data_io.kubernetes.settings import KubernetesSettings
 from tao_data_io.backends import backend_for
 from tao_data_io.launch.backend import DEFAULT_VERIFY_TIMEOUT_S, Backend, JobDocuments, Submission
 from tao_data_io.launch.plan import LaunchPlan, build_plan
+from tao_data_io.tier import TierDecision
 from tao_data_io.launch.training import read_training_status
 from tao_data_io.names import object_names
 from tao_data_io.records import RecordStore
@@ -654,6 +655,45 @@ def test_collect_after_an_error_returns_the_log_tail_and_the_analysis(kube: Kube
     assert collected.failure is not None and collected.failure.err_class == "ERR_INFRA"
     assert collected.logs_tail == "epoch 1\nKilled\n"
     assert store_in(tmp_path).get("job-1").state == "ERROR"
+
+
+def test_a_job_that_ran_and_failed_launches_again_as_its_next_attempt_with_its_results_restored_first(
+        kube: KubeStandIn, tmp_path: Path) -> None:
+    """Submitting again a job whose pod ran and failed: the ended Job of attempt 1 (a Job cannot
+    start again) and its objects are replaced by attempt 2's, whose stager restores the results
+    attempt 1 uploaded into the new pod's empty results directory before anything else runs."""
+    kube.server.control.scripts["job-1"] = ["pulling", "staging", "verifying", "verified", "running", "oomkilled"]
+    backend = make_backend()
+    first = submit(tmp_path, job_request(), backend)
+    assert verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01).state == "ERROR"
+    old_uid = ours(kube, "Job")["job-1"]["metadata"]["uid"]
+    again = submit(tmp_path, job_request(), make_backend())
+    assert (again.backend_ref, again.started) == (first.backend_ref, True)
+    job = ours(kube, "Job")["job-1"]
+    assert job["metadata"]["uid"] != old_uid and job["metadata"]["annotations"][ATTEMPT_ANNOTATION] == "2"
+    stager = job["spec"]["template"]["spec"]["initContainers"][0]
+    env = {item["name"]: item.get("value") for item in stager["env"]}
+    assert stager["name"] == "stager" and env["TAO_DATA_IO_RESTORE_FROM"] == "s3://tao-results/results/job-1/"
+    assert {m["mountPath"]: m.get("readOnly") for m in stager["volumeMounts"]}["/results"] is None  # writable
+    record = store_in(tmp_path).get("job-1")
+    assert [(a.number, a.state) for a in record.attempts] == [(1, "ERROR"), (2, None)]
+    assert record.state == "RUNNING" and "s3://tao-results/results/job-1/" in str(record.attempts[1].restored)
+    validate(every_object_of_ours(kube))
+
+
+def test_a_running_earlier_attempt_is_never_replaced(kube: KubeStandIn, tmp_path: Path) -> None:
+    kube.server.control.scripts["job-1"] = ["pulling", "staging", "verifying", "verified", "running"]
+    backend = make_backend()
+    done = submit(tmp_path, job_request(), backend)
+    plan = build_plan(job_request(), verbs.stage_inputs(job_request(), backend, tmp_path / "work" / "job-1",
+                                                        environ=ENV),
+                      TierDecision(tier="C", reason="test"), store_in(tmp_path).get("job-1"),
+                      store_in(tmp_path).get("job-1").output_route, environ=ENV)
+    later = plan.model_copy(update={"attempt": 2})
+    with pytest.raises(UsageError, match="attempt 1 of job job-1 still runs as tao/job-1; cancel it"):
+        backend.submit(later, environ=ENV, documents=JobDocuments(job_request(), store_in(tmp_path).get("job-1")))
+    assert ours(kube, "Job")["job-1"]["metadata"]["annotations"][ATTEMPT_ANNOTATION] == "1"
+    assert done.started
 
 
 def test_following_the_log_shows_each_line_once_across_looks_and_watchers(kube: KubeStandIn, tmp_path: Path) -> None:

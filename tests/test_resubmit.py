@@ -4,6 +4,7 @@ again, and a job that never launched runs once its request is fixed."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from flows.submit import submit_tao_job
+from tao_data_io.local.settings import LocalSettings
 from tao_data_io.records import RecordStore
 
 from .flow_helpers import fake_request, fake_target, records_block
@@ -103,3 +105,54 @@ def test_a_job_whose_submit_failed_before_anything_ran_may_be_opened_again_for_a
     fixed = parse_request(args_request(job_id="job-fixed-env"), environ={})  # forward_env dropped: the fix
     done = submit(fixed, backend, store, staging_root=tmp_path / "work", environ={})
     assert done.started
+
+
+def test_a_job_that_ran_and_failed_resumes_from_its_uploaded_results_in_its_next_attempt(
+        prefect_harness: None, no_cloud: None, env: dict[str, str], bucket: str, s3_client: Any, sandbox: None,
+        tmp_path: Path) -> None:
+    """run-tao-job of a job that fails after epoch 2 (its checkpoints uploaded), then run again —
+    a Prefect retry of the run, from another worker whose results directory starts empty, as a
+    new tier C pod's does: the second attempt starts with the first's results restored, TAO (the
+    stand-in) resumes at epoch 3 instead of 1, and the record keeps both attempts."""
+    from flows.run import run_tao_job
+    from tao_data_io.local.backend import LocalBackend
+
+    from .flow_helpers import local_target, stand_in_request
+
+    target, records = local_target(tmp_path), records_block(tmp_path / "jobs")
+    request = stand_in_request(bucket, "resumed")
+    request["environment"] = {**request["environment"], "EPOCHS": "4", "EPOCH_SECONDS": "0", "FAIL_AFTER_EPOCH": "2"}
+    assert run_tao_job(request, target=target, records=records, poll_seconds=0.1, return_state=True).is_failed()
+    store = RecordStore(tmp_path / "jobs")
+    assert store.get("resumed").state == "ERROR"
+    uploaded = {o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket, Prefix="results/resumed/")["Contents"]}
+    assert {"results/resumed/checkpoint_epoch_1.pth", "results/resumed/checkpoint_epoch_2.pth"} <= uploaded
+    results = tmp_path / "local" / "resumed" / "results"
+    shutil.rmtree(results)  # another worker: nothing of the first attempt on this host
+
+    again = run_tao_job(request, target=target, records=records, poll_seconds=0.1, return_state=True)
+    assert again.is_completed(), again.message
+    record = store.get("resumed")
+    assert record.state == "COMPLETE" and [(a.number, a.state) for a in record.attempts] == [(1, "ERROR"),
+                                                                                           (2, "COMPLETE")]
+    assert record.attempts[0].restored is None  # two checkpoints, status.json, train.log:
+    assert str(record.attempts[1].restored).startswith("4 file(s)")
+    log = LocalBackend(LocalSettings(run_root=str(tmp_path / "local"))).logs(str(record.backend_ref))
+    assert "resumed from checkpoint_epoch_2.pth" in log and "epoch 1/4 done" not in log
+    assert "epoch 3/4 done" in log and (results / "checkpoint_epoch_4.pth").exists()
+    assert (tmp_path / "local" / "resumed" / "run" / "attempts" / "1" / "launch.json").exists()  # kept, put away
+
+
+def test_a_completed_job_submitted_again_does_not_run_again(
+        prefect_harness: None, no_cloud: None, tmp_path: Path) -> None:
+    """Only a job that ended ERROR or CANCELED after it ran gets another attempt: a COMPLETE one
+    is done, and its submit reports it launched, starting nothing."""
+    target, records = fake_target(tmp_path), records_block(tmp_path / "jobs")
+    from flows.run import run_tao_job
+
+    request = fake_request("bucket-unused", "done-once")
+    request["inputs"], request["spec"] = [], {"train": {"epochs": 1}}
+    assert run_tao_job(request, target=target, records=records, poll_seconds=0.01, return_state=True).is_completed()
+    state = submit_tao_job(request, target=target, records=records, return_state=True)
+    assert state.is_completed() and state.result()["started"] is False
+    assert len(RecordStore(tmp_path / "jobs").get("done-once").attempts) == 1

@@ -10,7 +10,8 @@
 #   TAO_RESULTS_DIR    where results go (set by every launch plan)
 #   TRAIN_INPUTS       colon-separated paths to read in full before training, as a data loader would;
 #                      a missing, empty or unreadable one is a clear error (exit 2)
-#   EPOCHS             how many epochs (default 3); each writes checkpoint_epoch_N.pth
+#   EPOCHS             how many epochs (default 3); each writes checkpoint_epoch_N.pth, and a run that
+#                      finds checkpoints in the results directory resumes after the newest, as TAO does
 #   EPOCH_SECONDS      how long each epoch takes (default 1; fractions work where sleep takes them)
 #   FAIL_AFTER_EPOCH   fail after writing this epoch's checkpoint ...
 #   FAIL_EXIT_CODE     ... with this exit code (default 1)
@@ -95,8 +96,22 @@ kpis() {  # epoch: a loss that falls and an accuracy that rises, with the epoch'
     printf ", \"time_per_epoch\": %s, \"eta\": %s, \"kpi\": {\"loss\": %.4f, \"accuracy\": %.4f}", s, (n - e) * s, 1 / (e + 1), 1 - 1 / (e + 2) }'
 }
 
-event STARTED 0 "training started"
+# As TAO does: resume from the newest checkpoint in the results directory (a later attempt's,
+# restored there before the command starts).
 epoch=1
+for checkpoint in "$results"/checkpoint_epoch_*.pth; do
+  [ -f "$checkpoint" ] || continue
+  done_epoch=${checkpoint##*_epoch_}
+  done_epoch=${done_epoch%.pth}
+  case "$done_epoch" in *[!0-9]*|'') continue ;; esac
+  if [ "$done_epoch" -ge "$epoch" ]; then epoch=$((done_epoch + 1)); fi
+done
+if [ "$epoch" -gt 1 ]; then
+  event STARTED $((epoch - 1)) "resumed from checkpoint_epoch_$((epoch - 1)).pth"
+  say "resumed from checkpoint_epoch_$((epoch - 1)).pth"
+else
+  event STARTED 0 "training started"
+fi
 while [ "$epoch" -le "$epochs" ]; do
   sleep "$epoch_seconds"
   if $writer; then

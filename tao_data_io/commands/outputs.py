@@ -1,4 +1,5 @@
-"""``route-outputs``, ``upload-results`` and ``resync``: where a job's results go, and getting them there.
+"""``route-outputs``, ``upload-results``, ``resync`` and ``restore-results``: where a job's results go,
+getting them there, and getting them back for a job's next attempt.
 
 Why verbs: submit records the route with one shell line, collect uploads with another, and a
 scheduler (cron, a SLURM epilogue, a Prefect schedule) runs ``resync`` while the job writes.
@@ -49,6 +50,14 @@ def register(verbs: Any) -> None:
                                               f"(default {DEFAULT_SETTLE_SECONDS:g})")
     resync.set_defaults(run=lambda args, console: _upload(args, console, "resync"))
 
+    restore = add_verb(verbs, "restore-results", help="download what earlier attempts of a job uploaded into its "
+                                                      "results directory, before its next attempt's command starts")
+    restore.add_argument("--from", dest="source", required=True, metavar="S3_PREFIX",
+                         help="where the earlier attempts uploaded (the job's output route)")
+    restore.add_argument("--results-dir", required=True, metavar="DIR", type=Path,
+                         help="the directory the job writes its results to")
+    restore.set_defaults(run=_restore)
+
     check = add_verb(verbs, "check-upload", help="prove results can reach the job's S3 route from here: put and "
                                                  "delete one object under its results prefix")
     check.add_argument("--job-id", required=True, metavar="ID")
@@ -70,6 +79,13 @@ def _add_upload_arguments(sub: argparse.ArgumentParser, *, settle_help: str) -> 
                      help=settle_help)
     add_root_option(sub)
     sub.set_defaults(filter_rules=())
+
+
+def _restore(args: argparse.Namespace, console: Console) -> int:
+    from ..outputs import restore_results
+
+    console.out(f"restored {restore_results(args.source, args.results_dir)}")
+    return 0
 
 
 def _check_upload(args: argparse.Namespace, console: Console) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import BackendError, UsageError
 from .api import Api, ApiError
-from .render import JOB_ID_LABEL, MANAGED_BY, STEP_LABEL, RenderedJob
+from .render import ATTEMPT_ANNOTATION, JOB_ID_LABEL, MANAGED_BY, STEP_LABEL, RenderedJob
 
 SPEC_DIGEST = "tao-data-io/spec-sha256"
 #: What a Secret is given in a server-side dry run: the keys are real, the values are not needed.
@@ -106,6 +106,12 @@ def _digest(spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def _attempt(obj: Mapping[str, Any]) -> int:
+    """The attempt of the job that made ``obj`` (1 for an object from before attempts were kept)."""
+    text = str(((obj.get("metadata") or {}).get("annotations") or {}).get(ATTEMPT_ANNOTATION, "1"))
+    return int(text) if text.isdigit() else 1
+
+
 def _claims(obj: Mapping[str, Any]) -> tuple[str | None, str | None]:
     """(the job its ``tao-data-io/job-id`` label names, the job id its annotation names)."""
     metadata = obj.get("metadata") or {}
@@ -143,6 +149,11 @@ def create(api: Api, obj: dict[str, Any], job_id: str, *, dry_run: bool = False)
     existing = api.get(f"reading {describe(obj)}", kind.read, name, namespace)
     if existing is None:
         raise BackendError(f"{describe(obj)} was said to exist but cannot be read; try again", retryable=True)
+    if _attempt(existing) < _attempt(obj):  # an ended earlier attempt's, which the submit replaces
+        if dry_run:
+            return existing, False
+        raise BackendError(f"{describe(obj)} of attempt {_attempt(existing)} is still being deleted; try again",
+                           retryable=True)
     taken = _taken(existing, obj, job_id)
     if taken is not None:
         raise UsageError(f"{describe(obj)} already exists and {taken}; nothing was changed or deleted: remove or "

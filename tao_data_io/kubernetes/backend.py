@@ -44,6 +44,7 @@ from ..launch.plan import LaunchPlan
 from ..launch.probe import Verdict, read_checklist
 from ..launch.training import STATUS_TAIL_BYTES
 from ..names import check_backend_ref, object_names
+from ..vocabulary import TERMINAL_STATES
 from ..tier import ClusterFacts
 from . import pods as pod_reading
 from .api import Api, ApiError, connect
@@ -51,7 +52,7 @@ from .apply import adopt, create, creation_order, kinds, secret_object, step_of,
 from .facts import SIDECAR_VERSION, cluster_facts, server_version
 from .follow import FIRST_LINES, LOOK_LINES, new_lines, read_cursor, since_seconds
 from .gates import check_access, check_claim, check_gpus, check_secrets, check_version, dry_run, needed_access
-from .render import JOB_ID_LABEL, MANAGED_BY, RenderedJob, read_config, render_job
+from .render import ATTEMPT_ANNOTATION, JOB_ID_LABEL, MANAGED_BY, RenderedJob, read_config, render_job
 from .settings import KubernetesSettings
 from .waiting import Budget, PodWatch, StageFailed, list_pods, wait_for_stage, wait_for_verdict
 
@@ -126,6 +127,7 @@ class KubernetesBackend:
         objects = creation_order(rendered, secret_object(rendered, values))
         job = training_job(objects)
         name = job["metadata"]["name"]
+        self._replace_earlier_attempt(api, name, plan)
         made: list[dict[str, Any]] = []
         started = False
         try:
@@ -149,7 +151,27 @@ class KubernetesBackend:
             raise
         for dependent in made:
             adopt(api, dependent, job)
-        return Submission(backend_ref=f"{api.namespace}/{name}", started=started)
+        restored = (None if plan.restore_from is None else
+                    f"{plan.restore_from} into {plan.results_dir}, by rank 0's stager before the command starts")
+        return Submission(backend_ref=f"{api.namespace}/{name}", started=started, restored=restored)
+
+    def _replace_earlier_attempt(self, api: Api, name: str, plan: LaunchPlan) -> None:
+        """Delete an ended earlier attempt's objects (a Job cannot start again, and a finished
+        one is kept for its TTL) before this attempt makes its own under the same names; a
+        running one is refused. A delete the cluster has not finished makes the create that
+        follows retryable (:func:`.apply.create`)."""
+        if plan.attempt == 1:
+            return  # nothing before it: no request spent
+        earlier = self._get_job(api, api.namespace, name)
+        if earlier is None:
+            return
+        attempt = int((earlier["metadata"].get("annotations") or {}).get(ATTEMPT_ANNOTATION, "1"))
+        if attempt >= plan.attempt:
+            return
+        if self.status(f"{api.namespace}/{name}").state not in TERMINAL_STATES:
+            raise UsageError(f"attempt {attempt} of job {plan.job_id} still runs as {api.namespace}/{name}; cancel it "
+                             f"before launching attempt {plan.attempt}")
+        self._delete_labelled(api, api.namespace, name, f"attempt {attempt} of {api.namespace}/{name}")
 
     def _stage(self, api: Api, stage: dict[str, Any], job: dict[str, Any], job_id: str) -> None:
         """Tier B: run the stage Job to completion before the training Job exists (no GPU is held

@@ -62,6 +62,9 @@ COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-ind
 TERMINATION_LOG = "/dev/termination-log"
 #: Our own paths inside a pod; no declared target may use them.
 FILES_DIR = "/tao-data-io/files"
+#: Which attempt of the job made an object (``LaunchPlan.attempt``): a later attempt replaces an
+#: ended earlier one's objects instead of being refused as another request.
+ATTEMPT_ANNOTATION = "tao-data-io/attempt"
 #: How often the status sidecar looks for status.json before the job has written it.
 STATUS_WAIT_SECONDS = 5
 STATE_DIR = "/tao-data-io/state"
@@ -241,7 +244,7 @@ class _Job:
 
     def _meta(self, name: str, step: str) -> dict[str, Any]:
         return {"name": name, "namespace": self.settings.namespace, "labels": {**self.labels, STEP_LABEL: step},
-                "annotations": {JOB_ID_LABEL: self.plan.job_id}}
+                "annotations": {JOB_ID_LABEL: self.plan.job_id, ATTEMPT_ANNOTATION: str(self.plan.attempt)}}
 
     def _configmap(self) -> dict[str, Any]:
         data = {"probe.sh": PROBE_SCRIPT, "verify.sh": VERIFY_SCRIPT, "checklist": checklist_text(self.checks),
@@ -355,6 +358,9 @@ class _Job:
         if self.stages_in_pod:
             extra.append({"name": "TAO_DATA_IO_STAGE_ROOT", "value": STAGE_ROOT})
             mounts.append({"name": "staging", "mountPath": STAGE_ROOT})
+        if self.plan.restore_from is not None:  # a later attempt: the results come back first
+            extra.append({"name": "TAO_DATA_IO_RESTORE_FROM", "value": self.plan.restore_from})
+            mounts.append(self._results_mount())
         return {"name": "stager", "image": self.settings.stager_image, "command": ["/bin/sh", f"{FILES_DIR}/stager.sh"],
                 "env": [*self._tool_env(env), *extra], "volumeMounts": mounts,
                 "terminationMessagePolicy": "FallbackToLogsOnError"}

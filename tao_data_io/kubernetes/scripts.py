@@ -46,9 +46,11 @@ exit "$code"
 
 #: The first initContainer of a pod that stages its inputs (tier C) or uploads its results
 #: (stager image): adopts the job record from the ConfigMap, proves uploads work with the pod's
-#: own credentials (rank 0 only; the verdict file joins the probe's verdict), then stages.
+#: own credentials (rank 0 only; the verdict file joins the probe's verdict), restores what
+#: earlier attempts uploaded into the results (a later attempt's rank 0: TAO resumes from the
+#: newest checkpoint), then stages.
 STAGER_SCRIPT = r"""#!/bin/sh
-# tao-data-io pod stager: the job record, the upload check, the inputs.
+# tao-data-io pod stager: the job record, the upload check, earlier attempts' results, the inputs.
 set -u
 tao-data-io record import "$TAO_DATA_IO_FILES/job-record.json" || exit 1
 if [ -n "${TAO_DATA_IO_UPLOAD_CHECK:-}" ]; then
@@ -57,6 +59,9 @@ if [ -n "${TAO_DATA_IO_UPLOAD_CHECK:-}" ]; then
   else
     printf 'ok\trank %s does not upload: rank 0 does\n' "$NODE_RANK" > "$TAO_DATA_IO_UPLOAD_CHECK"
   fi
+fi
+if [ -n "${TAO_DATA_IO_RESTORE_FROM:-}" ] && [ "${NODE_RANK:-0}" = 0 ]; then
+  tao-data-io restore-results --from "$TAO_DATA_IO_RESTORE_FROM" --results-dir "$TAO_RESULTS_DIR" || exit 1
 fi
 if [ -n "${TAO_DATA_IO_STAGE_ROOT:-}" ]; then
   exec tao-data-io stage --request "$TAO_DATA_IO_FILES/request.json" --workdir "$TAO_DATA_IO_STAGE_ROOT" \

@@ -106,6 +106,9 @@ class Submission(Strict):
     backend_ref: str
     #: False when a retried submit found the job already running and started nothing.
     started: bool = True
+    #: What was (or, in the job's own pods, will be) restored into the results directory before
+    #: the command starts: a later attempt's (:attr:`LaunchPlan.restore_from`); None for nothing.
+    restored: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -79,6 +79,13 @@ class LaunchPlan(Strict):
     nodes: int
     shm_size: str
     network: bool = False
+    #: Which launch of the job this is (:class:`~tao_data_io.records.Attempt`): 2 and later are a
+    #: job that ran, ended and was submitted again.
+    attempt: int = Field(default=1, ge=1)
+    #: Where earlier attempts uploaded their results (the route's prefix), restored into the
+    #: results directory before the command starts so training resumes from its last checkpoint;
+    #: None for a first attempt, or when the results persist where they are (a mount).
+    restore_from: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         return self.model_dump(mode="json")
@@ -131,7 +138,9 @@ def build_plan(request: JobRequest, staging_map: StagingMap, decision: TierDecis
                                 read_only=mount.read_only, expect="any", input=mount.source))
     _check_targets(mounts, request.outputs.results_dir)
     env = {**request.environment, "TAO_JOB_ID": record.job_id, "TAO_RESULTS_DIR": request.outputs.results_dir}
-    return LaunchPlan(job_id=record.job_id, image=request.image, argv=argv, shell=shell, env=env,
+    attempt = sum(1 for earlier in record.attempts if earlier.ended_at is not None) + 1
+    restore_from = route.destination if attempt > 1 and route.route == "s3" else None
+    return LaunchPlan(attempt=attempt, restore_from=restore_from, job_id=record.job_id, image=request.image, argv=argv, shell=shell, env=env,
                       forward_env=list(request.forward_env), mounts=mounts, staging_root=staging_map.workdir,
                       results_dir=request.outputs.results_dir, config_path=config_path, route=route,
                       tier=decision.tier, gpus=request.compute_shape.gpus, nodes=request.compute_shape.nodes,

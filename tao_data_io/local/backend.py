@@ -47,9 +47,11 @@ from ..launch.training import STATUS_FILE, STATUS_TAIL_BYTES
 from ..launch.plan import LaunchPlan
 from ..launch.probe import Verdict
 from ..names import is_job_id
+from ..outputs import restore_results
 from ..tier import ClusterFacts
 from ..routing import RESULTS_ROOT_VARIABLE
-from ..vocabulary import DEFAULT_RECORDS_ROOT, DEFAULT_WORKDIR, JOBS_DIR_VARIABLE, RECORDS_VARIABLE, WORKDIR_VARIABLE
+from ..vocabulary import (DEFAULT_RECORDS_ROOT, DEFAULT_WORKDIR, JOBS_DIR_VARIABLE, RECORDS_VARIABLE, TERMINAL_STATES,
+                          WORKDIR_VARIABLE)
 from .preflight import (BWRAP_INSTALL, NSENTER_INSTALL, SourceRules, check_binds, check_paths, check_sandbox,
                         find_tool, needs_nsenter)
 from .process import ProcessId
@@ -132,22 +134,42 @@ class LocalBackend:
         run.create()
         with file_lock(run.lock):
             existing = run.launch()
+            if existing is not None and existing.plan.attempt < plan.attempt:
+                self._put_away(run, existing, ref)
+                existing = None
             if existing is not None:
                 if existing.plan != plan:
                     raise UsageError(f"job {plan.job_id} was already submitted to the local backend with another "
                                      f"plan ({run.launch_file}); submit this one under a new job id")
-                return Submission(backend_ref=ref, started=False)
+                return Submission(backend_ref=ref, started=False, restored=existing.restored)
             results_host = self._results_host(plan)
             Path(results_host).mkdir(parents=True, exist_ok=True)
+            restored = (None if plan.restore_from is None else
+                        restore_results(plan.restore_from, Path(results_host), environ=environ))
             sources = check_binds(plan, frame_binds(plan, results_host), self._source_rules())
             run.write(run.launch_file, Launch(plan=plan, results_host=results_host, bwrap=bwrap, nsenter=nsenter,
-                                              submitted_at=datetime.now(timezone.utc), sources=sources))
+                                              submitted_at=datetime.now(timezone.utc), sources=sources,
+                                              restored=restored))
             try:
                 self._start_supervisor(run, credentials)
             except BaseException:
                 remove_if_exists(run.launch_file)  # nothing runs: a retry may start it
                 raise
-        return Submission(backend_ref=ref)
+        return Submission(backend_ref=ref, restored=restored)
+
+    def _put_away(self, run: RunDir, earlier: Launch, ref: str) -> None:
+        """Move an earlier attempt's run files into ``attempts/<n>/`` for the next attempt to start
+        clean; its results directory stays (the next attempt continues in it). Only once it has
+        ended: two attempts of one job never run at once."""
+        state = self._outcome(run)[0].state
+        if state not in TERMINAL_STATES:
+            raise UsageError(f"attempt {earlier.plan.attempt} of {ref} is still {state}; cancel it before launching "
+                             "the next attempt")
+        kept = run.path / "attempts" / str(earlier.plan.attempt)
+        kept.mkdir(parents=True, exist_ok=True)
+        for entry in run.path.iterdir():
+            if entry.name not in (run.lock.name, "attempts"):
+                entry.rename(kept / entry.name)
 
     def _results_host(self, plan: LaunchPlan) -> str:
         if plan.route.route == "mount":

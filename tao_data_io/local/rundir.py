@@ -56,6 +56,8 @@ class Launch(Strict):
     #: target → the object submit checked for each bind; the supervisor binds these and nothing
     #: else (:mod:`.binding`). Empty in the launch of a version before binds were checked.
     sources: dict[str, BoundSource] = Field(default_factory=dict)
+    #: What was restored into the results before the command started (a later attempt's).
+    restored: str | None = None
 
 
 class RankProcesses(Strict):

@@ -94,6 +94,22 @@ class Transition(_Stored):
     message: str | None = None
 
 
+class Attempt(_Stored):
+    """One launch of the job: a retried or resubmitted job that had run and ended launches again,
+    as the next attempt, with what the earlier ones uploaded restored into its results directory
+    first (TAO resumes from the newest checkpoint there)."""
+
+    number: Annotated[int, Field(ge=1)]
+    started_at: UtcDatetime
+    #: The backend object of this attempt.
+    backend_ref: str | None = None
+    #: What was restored before its command started (None: nothing, as for a first attempt).
+    restored: str | None = None
+    ended_at: UtcDatetime | None = None
+    #: Its terminal state, once it ended.
+    state: State | None = None
+
+
 class OutputRoute(_Stored):
     """Where a job's results go and why (set at submit by the routing step)."""
 
@@ -148,6 +164,8 @@ class JobRecord(_Stored):
     #: Where following the job's log got to (the backend's cursor: byte offsets, timestamps), so a
     #: watcher that restarts shows what is new, not the whole log again.
     log_cursor: str | None = None
+    #: Every launch of the job, oldest first (see :class:`Attempt`).
+    attempts: list[Attempt] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _no_credential_values(self) -> JobRecord:

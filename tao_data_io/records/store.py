@@ -112,6 +112,8 @@ class RecordStore:
             existing = self._modify(job_id, lambda current: self._replaced(current, record, source))
         elif _failed_before_launch(existing):
             existing = self._modify(job_id, lambda current: _reopened(current, source))
+        elif _ran_and_ended(existing):
+            existing = self._modify(job_id, lambda current: _relaunched(current, source))
         if storage_tier is not None:
             return self.set_tier(job_id, storage_tier, storage_reason)
         return existing
@@ -165,13 +167,16 @@ class RecordStore:
         return self._modify(job_id, change)
 
     def mark(self, job_id: str, state: str, *, source: str, backend_ref: str | None = None,
-             message: str | None = None) -> JobRecord:
+             message: str | None = None, restored: str | None = None) -> JobRecord:
         """Record a state report and return the record.
 
         Terminal states are final: re-marking the same terminal state changes nothing (a
         retried report is harmless); any other state is refused. A report that would change
         nothing (same state, no new message or backend ref) is a no-op too, so repeated
         "still RUNNING" reports do not flood the history.
+
+        The first backend ref of a launch opens the job's next attempt (with ``restored``: what
+        was restored into its results first); a terminal state ends it.
         """
         check_state(state)
         if backend_ref is not None:
@@ -192,6 +197,12 @@ class RecordStore:
             data = record.model_dump()
             data.update(state=state, message=message, backend_ref=backend_ref or record.backend_ref, updated_at=stamp)
             data["history"].append(dict(at=stamp, state=state, source=source, message=message))
+            attempts = data["attempts"]
+            if backend_ref and not record.backend_ref:
+                attempts.append(dict(number=len(attempts) + 1, started_at=stamp, backend_ref=backend_ref,
+                                     restored=restored))
+            if state in TERMINAL_STATES and attempts and attempts[-1]["ended_at"] is None:
+                attempts[-1].update(ended_at=stamp, state=state)
             return data
 
         return self._modify(job_id, change)
@@ -388,6 +399,36 @@ def _failed_before_launch(record: JobRecord) -> bool:
     """ERROR from :meth:`RecordStore.fail_before_launch`: no backend object, no verdict (a failed
     verify is an ERROR too, but of a job that was launched and refused inside its frame)."""
     return record.state == "ERROR" and record.backend_ref is None and record.verify is None
+
+
+def _ran_and_ended(record: JobRecord) -> bool:
+    """The job's command ran (it was launched and its verdict passed) and it ended ERROR or
+    CANCELED: the same request submitted again — a retry of the run that owns it — runs it
+    again, as its next attempt. A COMPLETE job is done; one whose verify failed never ran, and
+    its submit fails the same way until the job id changes."""
+    verified = record.verify is None or record.verify.get("ok") is True
+    return record.state in ("ERROR", "CANCELED") and record.backend_ref is not None and verified
+
+
+def _relaunched(current: JobRecord, source: str) -> dict[str, Any] | None:
+    """``current``, which ran and ended, opened for its next attempt: PENDING, not launched, with
+    its attempts, uploads and history kept (what earlier attempts uploaded is restored before
+    the next command starts); the tier and the route are decided again, as for a new job."""
+    if not _ran_and_ended(current):
+        return None  # another open got here first
+    stamp = now()
+    ended = current.attempts[-1].number if current.attempts else 1
+    why = current.message or "no reason recorded"
+    message = (f"attempt {ended + 1}: attempt {ended} ended {current.state} ({why}); launched again with the "
+               "results it uploaded restored first")
+    data = current.model_dump()
+    if not data["attempts"]:  # a record from before attempts were kept: its one launch
+        data["attempts"] = [dict(number=1, started_at=current.created_at, backend_ref=current.backend_ref,
+                                 ended_at=current.updated_at, state=current.state)]
+    data.update(state="PENDING", message=message, backend_ref=None, verify=None, backend_config=None,
+                log_cursor=None, storage_tier=None, storage_reason=None, output_route=None, updated_at=stamp)
+    data["history"].append(dict(at=stamp, state="PENDING", source=source, message=message))
+    return data
 
 
 def _reopened(current: JobRecord, source: str) -> dict[str, Any] | None:
