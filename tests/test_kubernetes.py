@@ -404,15 +404,21 @@ def test_verify_wrapper_passes_a_good_frame(tmp_path: Path) -> None:
     assert (tmp_path / "log").read_text().splitlines()[1].startswith("TAO-VERIFY\tok\tpersistent")
 
 
+def fake_tao_data_io(tmp_path: Path, then: str = "") -> tuple[Path, Path]:
+    """A ``tao-data-io`` on a PATH of its own that logs each call's verb and arguments, then runs
+    ``then``: (its directory, the log)."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    fake = bin_dir / "tao-data-io"
+    fake.write_text(f'#!/bin/sh\necho "$1 $*" >> {log}\n{then}')
+    fake.chmod(0o755)
+    return bin_dir, log
+
+
 def test_sidecar_resyncs_then_uploads_once_on_sigterm(tmp_path: Path) -> None:
     """The sidecar with a stand-in ``tao-data-io`` that logs its verbs: SIGTERM (what Kubernetes
     sends once training has exited) ends the resync loop with exactly one final upload."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "calls"
-    fake = bin_dir / "tao-data-io"
-    fake.write_text(f'#!/bin/sh\necho "$1 $*" >> {log}\n')
-    fake.chmod(0o755)
+    bin_dir, log = fake_tao_data_io(tmp_path)
     (tmp_path / "sidecar.sh").write_text(SIDECAR_SCRIPT)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "TAO_JOB_ID": "job-1", "TAO_RESULTS_DIR": "/results",
            "TAO_DATA_IO_RESYNC_SECONDS": "3600", "TAO_DATA_IO_VERIFY_FILE": ".tao-data-io-verify"}
@@ -438,12 +444,7 @@ def test_sidecar_resyncs_then_uploads_once_on_sigterm(tmp_path: Path) -> None:
 ])
 def test_a_later_attempts_stager_restores_the_results_before_it_stages(
         tmp_path: Path, rank: str, restore_exit: int, calls: list[str], code: int) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "calls"
-    fake = bin_dir / "tao-data-io"
-    fake.write_text(f'#!/bin/sh\necho "$1 $*" >> {log}\n[ "$1" = restore-results ] && exit {restore_exit}\nexit 0\n')
-    fake.chmod(0o755)
+    bin_dir, log = fake_tao_data_io(tmp_path, f'[ "$1" = restore-results ] && exit {restore_exit}\nexit 0\n')
     (tmp_path / "stager.sh").write_text(STAGER_SCRIPT)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "TAO_DATA_IO_FILES": str(tmp_path), "NODE_RANK": rank,
            "TAO_DATA_IO_RESTORE_FROM": "s3://b/results/job-1/", "TAO_RESULTS_DIR": "/results",
