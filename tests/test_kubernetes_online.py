@@ -1030,3 +1030,66 @@ def test_e2e_a_gpu_free_tier_a_job_on_a_real_cluster(tmp_path: Path, monkeypatch
         assert stopped.record.state == "CANCELED" and backend.status(done.backend_ref).state in ("CANCELED", "UNKNOWN")
         collected = verbs.collect(job_id, backend, store, wait=False)
         assert collected.state == "CANCELED" and store.get(job_id).state == "CANCELED"
+
+
+# ----------------------------------------------------------------------------- least privilege
+#: Requests every authenticated identity may make (the API server's discovery and self-review).
+_ALWAYS_ALLOWED = ("/version", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
+
+
+def _access(request: str) -> tuple[str, str, str] | None:
+    """(verb, API group, resource) RBAC checks for ``METHOD path?query``, as the API server's
+    request-info resolver derives them (k8s.io/apiserver pkg/endpoints/request/requestinfo.go): a
+    GET of a collection is ``list`` (``watch`` with ?watch), of a name ``get``; a subresource is
+    ``resource/sub``. None for what needs no grant."""
+    method, _, url = request.partition(" ")
+    path, _, query = url.partition("?")
+    if path.rstrip("/").startswith(_ALWAYS_ALLOWED):
+        return None
+    parts = path.strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    resource, named = rest[0], len(rest) > 1
+    if len(rest) > 2:
+        resource += "/" + rest[2]
+    verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(method)
+    if verb is None:
+        verb = "get" if named else ("watch" if "watch=true" in query else "list")
+    return verb, group, resource
+
+
+def _granted() -> set[tuple[str, str, str]]:
+    documents = yaml.safe_load_all((Path(__file__).resolve().parents[1] / "deployments" / "kubernetes-rbac.yaml").read_text())
+    return {(verb, group, resource) for doc in documents if doc["kind"] in ("Role", "ClusterRole")
+            for rule in doc["rules"] for group in rule["apiGroups"] for resource in rule["resources"]
+            for verb in rule["verbs"]}
+
+
+def test_the_role_grants_exactly_the_calls_the_backend_makes(kube: KubeStandIn, tmp_path: Path) -> None:
+    """Every path of the backend once — a tier C submit that is followed, read and canceled; a
+    multi-node tier B submit whose stage Job runs first; a later attempt that replaces an ended
+    one — and the RBAC file must grant each call it made, and nothing it never makes (a Role
+    that lists Secrets can read every credential of the namespace)."""
+    kube.server.control.scripts["job-1"] = ["pulling", "staging", "verifying", "verified", "running", "oomkilled"]
+    backend = make_backend()
+    done = submit(tmp_path, job_request(), backend)
+    backend.follow_logs(done.backend_ref, None), backend.training_status(done.backend_ref)
+    backend.logs(done.backend_ref, tail=10), backend.failure_analysis(done.backend_ref)
+    assert verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01).state == "ERROR"
+    submit(tmp_path, job_request(), make_backend())  # attempt 2 replaces attempt 1's objects
+    backend.cancel(done.backend_ref)
+    kube.server.store(claim())
+    multi = job_request(job_id="job-2", storage={"pvc_claim": "tao-data", "tier": "B"},
+                        compute_shape={"gpus": 1, "nodes": 2})
+    kube.server.control.scripts["job-2"] = ["pulling", "staging", "verifying", "verified", "running"]
+    _, plan = launch_only(tmp_path / "two", multi, make_backend())
+    documents = JobDocuments(multi, store_in(tmp_path / "two").get("job-2"))
+    make_backend().submit(plan, environ=ENV, documents=documents)  # a retried launch: each create reads back
+    kube.server.control.scripts[object_names("job-3").stage] = ["pulling", "failed"]
+    with pytest.raises(BackendError):  # the stage fails: what submit made is swept, the Secret by its name
+        submit(tmp_path / "three", job_request(job_id="job-3", storage={"pvc_claim": "tao-data"},
+                                               compute_shape={"gpus": 1, "nodes": 2}), make_backend())
+    made = {access for access in map(_access, kube.requests()) if access is not None}
+    assert made == _granted(), (f"granted, never used: {sorted(_granted() - made)}; "
+                                f"used, not granted: {sorted(made - _granted())}")

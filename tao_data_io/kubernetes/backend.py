@@ -324,12 +324,22 @@ class KubernetesBackend:
 
     @staticmethod
     def _delete_labelled(api: Api, namespace: str, name: str, what: str) -> None:
-        """Foreground delete of every object labelled with the job ``name`` (the Jobs first)."""
-        selector = ",".join(f"{k}={v}" for k, v in {**MANAGED_BY, JOB_ID_LABEL: name}.items())
+        """Foreground delete of every object labelled with the job ``name`` (the Jobs first). The
+        per-job Secret is found by its name, never by listing: an identity that may list Secrets
+        may read every credential in the namespace, so the Role grants no ``list`` on them."""
+        labels = {**MANAGED_BY, JOB_ID_LABEL: name}
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
         table = kinds(api)
         for kind in _CANCEL_ORDER:
-            listed = api.call(f"listing the {kind}s of {what}", table[kind].list, namespace, label_selector=selector)
-            for item in listed.get("items", []):
+            if kind == "Secret":
+                secret = object_names(name).credentials
+                found = api.get(f"reading Secret {namespace}/{secret} of {what}", table[kind].read, secret, namespace)
+                items = [found] if found is not None and all(
+                    (found["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items()) else []
+            else:
+                items = api.call(f"listing the {kind}s of {what}", table[kind].list, namespace,
+                                 label_selector=selector).get("items", [])
+            for item in items:
                 item_name = item["metadata"]["name"]
                 api.delete(f"deleting {kind} {namespace}/{item_name}", table[kind].delete, item_name, namespace,
                            propagation_policy="Foreground")
