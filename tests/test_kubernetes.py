@@ -500,7 +500,43 @@ def test_every_training_pod_has_the_status_sidecar_with_the_results_read_only_an
     assert "status.sh" in next(o for o in rendered.objects if o["kind"] == "ConfigMap")["data"]
 
 
+def test_results_kept_on_the_claim_are_never_called_ephemeral(tmp_path: Path) -> None:
+    """The air-gapped example uploads nothing, but its results are mounted from the claim: the
+    render says where they stay, and calls results ephemeral only when nothing keeps them."""
+    request = load_request(EXAMPLES / "air-gapped.yaml")
+    ephemeral = OutputRoute(route="ephemeral", destination="(none)", reason="test")
+    on_claim = render(request, tmp_path / "a", "A", route=ephemeral, pvc_claim="lustre")
+    assert on_claim.warnings == ["results of job example-job are not uploaded: they stay on claim 'lustre' under "
+                                 "results/example-job/"]
+    tier_c = req(outputs={"results_dir": "/results"})
+    assert "ephemeral" in render(tier_c, tmp_path / "b", "C", route=ephemeral).warnings[0]
+
+
+@pytest.mark.parametrize("tier", ["B", "C"])
+def test_no_pod_of_a_job_carries_a_service_account_token(tier: str, tmp_path: Path) -> None:
+    """The API server mounts the service account's token into every pod unless told not to
+    (ServiceAccount admission, plugin/pkg/admission/serviceaccount): a job's pods never call the
+    API, so a compromised training command must not find a token at
+    /var/run/secrets/kubernetes.io/serviceaccount."""
+    rendered = render(req(), tmp_path, tier, pvc_claim="lustre")
+    pods = [o["spec"]["template"]["spec"] for o in rendered.objects if o["kind"] == "Job"]
+    assert pods and all(pod["automountServiceAccountToken"] is False for pod in pods)
+
+
 # ----------------------------------------------------------------------------- CLI
+def test_render_job_of_a_record_without_a_tier_names_the_fix_not_a_validation_trace(tmp_path: Path) -> None:
+    env = {"TAO_DATA_IO_JOBS_DIR": str(tmp_path / "records"), "S3_BUCKET_NAME": "tao-results", **SECRET_ENV}
+    assert run_cli("record", "open", "--job-id", "dino-tier-c", "--platform", "kubernetes", "--image", "i",
+                   "--network-arch", "dino", "--action", "train", "--results-dir", "/results", env=env).returncode == 0
+    assert run_cli("stage", "--request", str(EXAMPLES / "tier-c.yaml"), "--workdir", str(tmp_path / "p"),
+                   "--plan-only", env=env).returncode == 0
+    done = run_cli("render-job", "--request", str(EXAMPLES / "tier-c.yaml"), "--staging-map",
+                   str(tmp_path / "p" / "staging-map.json"), "--job-id", "dino-tier-c", "--stager-image", STAGER,
+                   env=env)
+    assert done.returncode == 2 and "has no storage tier in its record yet" in done.stderr
+    assert "--storage-tier" in done.stderr and "ValidationError" not in done.stderr and "pydantic" not in done.stderr
+
+
 def test_render_job_cli_prints_valid_yaml_and_translates_parameters_to_flags(tmp_path: Path) -> None:
     env = {"TAO_DATA_IO_JOBS_DIR": str(tmp_path / "records"), "S3_BUCKET_NAME": "tao-results", **SECRET_ENV}
     opened = run_cli("record", "open", "--job-id", "dino-tier-c", "--platform", "kubernetes", "--image", "i",

@@ -109,6 +109,10 @@ def _render(args: argparse.Namespace, console: Console) -> int:
                          "job the request names")
     staging_map = read_staging_map(args.staging_map)
     record = RecordStore(args.root).get(args.job_id)
+    if record.storage_tier is None:
+        raise UsageError(f"job {args.job_id!r} has no storage tier in its record yet, and the manifests depend on it: "
+                         "open the record with --storage-tier A, B or C (`tao-data-io record open … --storage-tier "
+                         "C`), or let `tao-data-io submit` decide it")
     decision = TierDecision(tier=record.storage_tier, reason=record.storage_reason or "recorded at open")
     plan = build_plan(request, staging_map, decision, record, resolve_route(record, os.environ))
     settings = KubernetesSettings.from_mapping({**given_fields(KubernetesSettings, args),

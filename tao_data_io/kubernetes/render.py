@@ -234,8 +234,11 @@ class _Job:
         if self.multi:
             objects.append(self._service())
         objects.append(self._training_job())
-        if self.plan.route.route == "ephemeral":
+        if self.plan.route.route == "ephemeral" and not self.results_on_claim:
             warnings.append(f"results of job {self.plan.job_id} are ephemeral: nothing keeps them after the pod ends")
+        elif self.plan.route.route == "ephemeral":  # nothing uploads them, but the claim keeps them
+            warnings.append(f"results of job {self.plan.job_id} are not uploaded: they stay on claim "
+                            f"{self.settings.pvc_claim!r} under results/{self.names.job}/")
         size = sum(len(v.encode()) for v in objects[0]["data"].values())
         if size > CONFIGMAP_LIMIT:
             raise UsageError(f"the job's files come to {size} bytes, more than a ConfigMap holds (1 MiB); shrink the "
@@ -269,7 +272,10 @@ class _Job:
                          "ports": [{"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT}]}}
 
     def _pod_basics(self) -> dict[str, Any]:
-        spec: dict[str, Any] = {"restartPolicy": "Never", "enableServiceLinks": False}
+        # No pod of a job talks to the Kubernetes API (the stager and sidecars reach S3 only), so
+        # none carries the namespace's service-account token a compromised job could use.
+        spec: dict[str, Any] = {"restartPolicy": "Never", "enableServiceLinks": False,
+                                "automountServiceAccountToken": False}
         if self.settings.image_pull_secret:
             spec["imagePullSecrets"] = [{"name": self.settings.image_pull_secret}]
         if self.settings.node_selector:
