@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from .credentials import Redactor, credential_shape_fields, credential_value_fields, is_secret_name, masked
 from .documents import load_document, read_document
@@ -34,6 +35,8 @@ SCHEMA_VERSION = "1"
 #: A Kubernetes binary quantity such as ``16Gi`` (what ``/dev/shm`` sizes are written in).
 _BINARY_QUANTITY = re.compile(r"[1-9][0-9]{0,5}(Ki|Mi|Gi|Ti)")
 _QUANTITY_FACTORS = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4}
+#: A Kubernetes CPU quantity: whole or decimal cores, or millicores.
+_CPU_QUANTITY = re.compile(r"[1-9][0-9]{0,5}m|[1-9][0-9]{0,3}|[0-9]{1,3}\.[0-9]{1,3}")
 
 
 def is_binary_quantity(value: str) -> bool:
@@ -60,14 +63,40 @@ class ComputeShape(RequestPart):
     #: Size of ``/dev/shm`` in the frame: data loaders and NCCL hang silently when it is small.
     shm_size: str = Field(default="16Gi", description="Size of /dev/shm, a binary quantity such as 16Gi: data "
                                                      "loaders and NCCL hang silently when it is small.")
+    #: What the job's container asks for and may use beyond its GPUs. Without any, a Kubernetes
+    #: pod would be BestEffort — evicted first under memory pressure, given a LimitRange's
+    #: defaults, refused by a ResourceQuota on requests — so memory is always requested, at
+    #: least the shm size (a memory-backed /dev/shm counts against it).
+    cpu: str | None = Field(default=None, description="CPU cores per node, requested and the limit (such as 8 "
+                                                      "or 7500m); empty: no CPU request or limit.")
+    memory: str | None = Field(default=None, description="Memory per node, a binary quantity, requested and the "
+                                                         "limit (at least shm_size); empty: shm_size requested, no "
+                                                         "limit.")
+    ephemeral_storage: str | None = Field(default=None, description="Node-local disk per node (a binary quantity), "
+                                                                    "requested and the limit; empty: none set.")
 
-    @field_validator("shm_size")
+    @field_validator("shm_size", "memory", "ephemeral_storage")
     @classmethod
-    def _shm_size(cls, value: str) -> str:
-        if not is_binary_quantity(value):
-            raise ValueError(f"shm_size {value!r} is not a binary quantity: write a whole number with Ki, Mi, Gi "
-                             "or Ti, such as 16Gi")
+    def _binary(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and not is_binary_quantity(value):
+            raise ValueError(f"{info.field_name} {value!r} is not a binary quantity: write a whole number with Ki, "
+                             "Mi, Gi or Ti, such as 16Gi")
         return value
+
+    @field_validator("cpu")
+    @classmethod
+    def _cpu(cls, value: str | None) -> str | None:
+        if value is not None and not _CPU_QUANTITY.fullmatch(value):
+            raise ValueError(f"cpu {value!r} is not a CPU quantity: write whole cores (8), a decimal (7.5) or "
+                             "millicores (7500m)")
+        return value
+
+    @model_validator(mode="after")
+    def _memory_holds_shm(self) -> ComputeShape:
+        if self.memory is not None and quantity_bytes(self.memory) < quantity_bytes(self.shm_size):
+            raise ValueError(f"memory {self.memory!r} is less than shm_size {self.shm_size!r}, which a memory-backed "
+                             "/dev/shm takes from it: raise memory or lower shm_size")
+        return self
 
 
 class InputSpec(RequestPart):

@@ -72,3 +72,16 @@ def test_the_blocks_module_saves_every_block_the_local_deployments_name_and_a_re
     assert all(Block.load(slug_name) for slug_name in named)
     assert blocks.main(args) == 0
     assert all(line.startswith("kept ") for line in capsys.readouterr().out.splitlines())
+
+
+def test_every_request_path_the_kubernetes_docs_run_is_in_the_flows_image() -> None:
+    """A flow-run pod reads ``request_path`` inside the flows image: each one the Kubernetes
+    deployment file and docs name must be copied into it."""
+    import re
+
+    copied = {line.split()[1] for line in (REPO / "docker" / "flows" / "Dockerfile").read_text().splitlines()
+              if line.startswith("COPY ")}
+    texts = [(REPO / "deployments" / "kubernetes.yaml").read_text(), (REPO / "docs" / "prefect.md").read_text()]
+    named = {match for text in texts for match in re.findall(r"request_path=([\w./-]+\.ya?ml)", text)}
+    kubernetes = {path for path in named if path.startswith("examples/")}
+    assert kubernetes and all(path.split("/")[0] in copied and (REPO / path).is_file() for path in kubernetes)

@@ -13,6 +13,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from pydantic import ValidationError
 import yaml
 
 from tao_data_io.errors import UsageError
@@ -36,11 +37,13 @@ COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-ind
 
 
 def render(request: JobRequest, tmp_path: Path, tier: str, *, route: OutputRoute | None = None,
-           environ: dict[str, str] | None = None, plan: LaunchPlan | None = None, **settings: Any) -> RenderedJob:
+           environ: dict[str, str] | None = None, plan: LaunchPlan | None = None, suspend_training: bool = False,
+           **settings: Any) -> RenderedJob:
     built, record = plan_for(request, tmp_path, tier, route, environ)
     plan = plan or built
     given = KubernetesSettings.from_mapping({"namespace": "default", "stager_image": STAGER, **settings})
-    return render_job(plan, given, request=request, record=record, config=read_config(plan), environ=environ or {})
+    return render_job(plan, given, request=request, record=record, config=read_config(plan), environ=environ or {},
+                      suspend_training=suspend_training)
 
 
 def validate(rendered: RenderedJob) -> None:
@@ -117,7 +120,8 @@ def test_single_pod_tier_c_shape(tmp_path: Path) -> None:
     assert verify["image"] == request.image and verify["terminationMessagePath"] == "/dev/termination-log"
     assert verify["command"][:2] == ["/bin/sh", "/tao-data-io-verify/verify.sh"]
     train = pod["containers"][0]
-    assert train["resources"] == {"limits": {"nvidia.com/gpu": "2"}} and train["command"][:3] == ["dino", "train", "-e"]
+    assert train["resources"] == {"requests": {"memory": "8Gi"}, "limits": {"nvidia.com/gpu": "2"}}
+    assert train["command"][:3] == ["dino", "train", "-e"]
     mounts = by_name_list(train["volumeMounts"])
     config_path = train["command"][3]
     assert mounts[config_path] == {"name": "files", "mountPath": config_path, "subPath": config_path.rsplit("/", 1)[1],
@@ -500,6 +504,33 @@ def test_every_training_pod_has_the_status_sidecar_with_the_results_read_only_an
     assert "status.sh" in next(o for o in rendered.objects if o["kind"] == "ConfigMap")["data"]
 
 
+def test_the_training_pod_is_never_best_effort_and_takes_the_requests_cpu_memory_and_disk(tmp_path: Path) -> None:
+    """A pod with no requests is BestEffort (pkg/apis/core/v1/helper/qos: no container requests
+    or limits any of cpu and memory) — evicted first under memory pressure, and refused outright
+    by a ResourceQuota on requests.memory (plugin/pkg/admission/resourcequota: "must specify
+    requests.memory"). Memory is always requested: what the request says, else its /dev/shm."""
+    shaped = req(compute_shape={"gpus": 1, "shm_size": "8Gi", "cpu": "7500m", "memory": "96Gi",
+                                "ephemeral_storage": "200Gi"})
+    rendered = render(shaped, tmp_path / "a", "C")
+    validate(rendered)
+    assert training_pod(rendered)["containers"][0]["resources"] == {
+        "requests": {"memory": "96Gi", "cpu": "7500m", "ephemeral-storage": "200Gi"},
+        "limits": {"nvidia.com/gpu": "1", "cpu": "7500m", "memory": "96Gi", "ephemeral-storage": "200Gi"}}
+    plain = training_pod(render(req(compute_shape={"gpus": 0}), tmp_path / "b", "C"))["containers"][0]
+    assert plain["resources"] == {"requests": {"memory": "16Gi"}}  # Burstable, and a quota can count it
+    with pytest.raises(UsageError, match="compute_shape.memory '16Gi' is less than the target's shm_size '32Gi'"):
+        render(req(compute_shape={"memory": "16Gi"}), tmp_path / "c", "C", shm_size="32Gi")
+
+
+@pytest.mark.parametrize(("shape", "fragment"), [
+    ({"cpu": "lots"}, "cpu 'lots' is not a CPU quantity"), ({"memory": "64GB"}, "memory '64GB' is not a binary"),
+    ({"memory": "8Gi"}, "memory '8Gi' is less than shm_size '16Gi'"),
+])
+def test_a_resource_the_cluster_would_refuse_is_refused_in_the_request(shape: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(ValidationError, match=fragment):
+        req(compute_shape=shape)
+
+
 def test_results_kept_on_the_claim_are_never_called_ephemeral(tmp_path: Path) -> None:
     """The air-gapped example uploads nothing, but its results are mounted from the claim: the
     render says where they stay, and calls results ephemeral only when nothing keeps them."""
@@ -524,6 +555,35 @@ def test_no_pod_of_a_job_carries_a_service_account_token(tier: str, tmp_path: Pa
 
 
 # ----------------------------------------------------------------------------- CLI
+def test_the_stage_pod_is_scheduled_where_the_training_pods_may_run(tmp_path: Path) -> None:
+    """A WaitForFirstConsumer claim is bound where its first pod lands (the volume binder,
+    pkg/scheduler/framework/plugins/volumebinding): were the GPU-less stage pod free to land on
+    any node, the volume could be pinned where no GPU pod fits (a volume node-affinity conflict).
+    It gets the training pod's node selector and tolerations."""
+    placement = {"node_selector": {"gpu": "a100"},
+                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
+    rendered = render(req(storage={"pvc_claim": "lustre"}), tmp_path, "B", pvc_claim="lustre", **placement)
+    stage, training = [o["spec"]["template"]["spec"] for o in rendered.objects if o["kind"] == "Job"]
+    for key in ("nodeSelector", "tolerations"):
+        assert stage[key] == training[key] and stage[key]
+
+
+def test_render_job_suspends_tier_bs_training_until_its_stage_has_run(tmp_path: Path) -> None:
+    """Applied at once, a training pod that starts before the stage Job has filled the cache gets
+    every missing subPath created as an empty directory by the kubelet (pkg/kubelet/kubelet_pods.go,
+    makeMounts: subPath directories are created when absent). Rendered for kubectl, tier B's
+    training Job waits suspended (batch/v1 JobSpec.suspend); the stage Job runs at once."""
+    request = req(storage={"pvc_claim": "lustre"})
+    suspended = render(request, tmp_path / "b", "B", suspend_training=True, pvc_claim="lustre")
+    validate(suspended)
+    stage, training = [o for o in suspended.objects if o["kind"] == "Job"]
+    assert training["spec"]["suspend"] is True and "suspend" not in stage["spec"]
+    direct = render(request, tmp_path / "d", "B", pvc_claim="lustre")
+    assert "suspend" not in direct.objects[-1]["spec"]  # the backend creates it after the stage instead
+    tier_c = render(req(), tmp_path / "c", "C", suspend_training=True)
+    assert "suspend" not in tier_c.objects[-1]["spec"]  # no stage Job: nothing to wait for
+
+
 def test_render_job_of_a_record_without_a_tier_names_the_fix_not_a_validation_trace(tmp_path: Path) -> None:
     env = {"TAO_DATA_IO_JOBS_DIR": str(tmp_path / "records"), "S3_BUCKET_NAME": "tao-results", **SECRET_ENV}
     assert run_cli("record", "open", "--job-id", "dino-tier-c", "--platform", "kubernetes", "--image", "i",

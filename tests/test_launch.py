@@ -65,12 +65,13 @@ def _record() -> JobRecord:
 ROUTE = OutputRoute(route="s3", destination="s3://bkt-1/results/job-1/", reason="S3_BUCKET_NAME is set")
 FOLDER = StagedSource(source="s3://bkt-1/coco/", kind="folder", sub_path="s3/bkt-1/coco",
                       container_path="/tao-inputs/s3/bkt-1/coco", local_path="/w/s3/bkt-1/coco", files=3, bytes=10)
+COCO = {"source": "s3://bkt-1/coco/", "kind": "folder"}
 CONFIG_SOURCE = StagedSource(source="config:sha256:abc", kind="config", sub_path="config/tao-action-config-abc.yaml",
                              container_path=CONFIG, local_path="/w/config/x.yaml", files=1, bytes=10)
 
 
 def test_build_plan_mounts_every_source_and_holds_no_secret_value(tmp_path: Path) -> None:
-    request = config_req(environment={"EPOCHS": "3"}, forward_env=["AWS_SECRET_ACCESS_KEY"],
+    request = config_req(environment={"EPOCHS": "3"}, forward_env=["AWS_SECRET_ACCESS_KEY"], inputs=[COCO],
                          mounts=[{"source": "/lustre/pretrained", "target": "/pretrained"}])
     env = {"AWS_SECRET_ACCESS_KEY": "very-secret-value-123"}
     plan = build_plan(request, _map(tmp_path, FOLDER, CONFIG_SOURCE), TierDecision(tier="B", reason="r"), _record(),
@@ -85,6 +86,18 @@ def test_build_plan_mounts_every_source_and_holds_no_secret_value(tmp_path: Path
     assert "very-secret-value-123" not in plan.model_dump_json()
 
 
+def test_a_staging_map_entry_the_request_does_not_declare_never_becomes_a_mount(tmp_path: Path) -> None:
+    """The renderer contract's "no undeclared sources": the staging map is a file between steps and
+    machines, and a source added to it by hand would be mounted into the job."""
+    smuggled = FOLDER.model_copy(update={"source": "s3://bkt-1/someone-elses/", "container_path": "/etc-data"})
+    with pytest.raises(UsageError, match=r"sources\[1\] \('s3://bkt-1/someone-elses/' at '/etc-data'\) is not an input"):
+        build_plan(config_req(inputs=[COCO]), _map(tmp_path, FOLDER, smuggled, CONFIG_SOURCE),
+                   TierDecision(tier="B", reason="r"), _record(), ROUTE)
+    declared = config_req(inputs=[{"source": "s3://bkt-1/coco"}])  # the prefix without its slash: the same source
+    assert build_plan(declared, _map(tmp_path, FOLDER, CONFIG_SOURCE), TierDecision(tier="B", reason="r"), _record(),
+                      ROUTE).mounts[0].source == "s3/bkt-1/coco"
+
+
 def test_a_secret_smuggled_into_environment_under_an_innocent_name_is_refused(tmp_path: Path) -> None:
     request = config_req(environment={"LEARNING_RATE": "very-secret-value-123"})
     with pytest.raises(UsageError, match="environment 'LEARNING_RATE'") as info:
@@ -94,7 +107,7 @@ def test_a_secret_smuggled_into_environment_under_an_innocent_name_is_refused(tm
 
 
 def test_results_inside_a_read_only_input_is_refused(tmp_path: Path) -> None:
-    request = config_req(outputs={"results_dir": "/tao-inputs/s3/bkt-1/coco/out"})
+    request = config_req(outputs={"results_dir": "/tao-inputs/s3/bkt-1/coco/out"}, inputs=[COCO])
     with pytest.raises(UsageError, match="read-only input"):
         build_plan(request, _map(tmp_path, FOLDER, CONFIG_SOURCE), TierDecision(tier="B", reason="r"), _record(),
                    ROUTE)
@@ -170,7 +183,7 @@ def test_persistence_is_its_own_check() -> None:
 
 
 def test_checklist_dedupes_aliased_targets_and_ends_with_results(tmp_path: Path) -> None:
-    plan = build_plan(config_req(), _map(tmp_path, FOLDER, CONFIG_SOURCE), TierDecision(tier="B", reason="r"),
+    plan = build_plan(config_req(inputs=[COCO]), _map(tmp_path, FOLDER, CONFIG_SOURCE), TierDecision(tier="B", reason="r"),
                       _record(), ROUTE)
     checks, token = checklist(plan)
     assert [c.kind for c in checks] == ["dir-nonempty", "file", "results-writable"]

@@ -117,7 +117,8 @@ def _render(args: argparse.Namespace, console: Console) -> int:
     plan = build_plan(request, staging_map, decision, record, resolve_route(record, os.environ))
     settings = KubernetesSettings.from_mapping({**given_fields(KubernetesSettings, args),
                                                 "pvc_claim": args.pvc_claim or request.storage.pvc_claim})
-    rendered = render_job(plan, settings, request=request, record=record, config=read_config(plan))
+    rendered = render_job(plan, settings, request=request, record=record, config=read_config(plan),
+                          suspend_training=True)
     console.out(rendered.to_yaml().rstrip("\n"))
     for warning in rendered.warnings:
         console.err(f"warning: {warning}")

@@ -48,7 +48,7 @@ from ..launch.rendezvous import MASTER_PORT, RENDEZVOUS_NAMES, rendezvous_env
 from ..launch.training import STATUS_FILE
 from ..names import check_env_name, object_names
 from ..records import JobRecord
-from ..request import JobRequest, check_container_path
+from ..request import JobRequest, check_container_path, quantity_bytes
 from ..tier import TIER_C_BYTES_PER_SECOND
 from .pods import STATUS
 from .scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, VERIFY_SCRIPT
@@ -131,7 +131,7 @@ def read_config(plan: LaunchPlan) -> bytes | None:
 
 def render_job(plan: LaunchPlan, settings: KubernetesSettings, *, request: JobRequest, record: JobRecord,
                config: bytes | None, environ: Mapping[str, str] | None = None,
-               status_sidecar: bool = True) -> RenderedJob:
+               status_sidecar: bool = True, suspend_training: bool = False) -> RenderedJob:
     """The objects for ``plan`` on the cluster ``settings`` describe (see the module docstring), in
     ``settings.namespace``, which must be set (the backend sets its connection's).
 
@@ -141,9 +141,12 @@ def render_job(plan: LaunchPlan, settings: KubernetesSettings, *, request: JobRe
     (default ``os.environ``) is only read to refuse any credential value found in the output.
     ``status_sidecar``: False on a cluster older than native sidecars (1.29), where an
     initContainer that never exits would keep the pod from starting: no progress is shown there.
+    ``suspend_training``: tier B's training Job is rendered ``suspend: true`` (``render-job``, for
+    a ``kubectl apply`` of everything at once): it starts only when resumed after the stage Job
+    completed, so the kubelet never makes a missing subPath of the cache an empty directory.
     """
     refuse_smuggled_secrets(plan.env, environ)
-    job = _Job(plan, settings, request, record, config, status_sidecar)
+    job = _Job(plan, settings, request, record, config, status_sidecar, suspend_training)
     rendered = job.render()
     _refuse_values(rendered, environ)
     return rendered
@@ -153,11 +156,12 @@ class _Job:
     """One render: the checks, then the objects. A class only to share the derived names."""
 
     def __init__(self, plan: LaunchPlan, settings: KubernetesSettings, request: JobRequest, record: JobRecord,
-                 config: bytes | None, status_sidecar: bool = True) -> None:
+                 config: bytes | None, status_sidecar: bool = True, suspend_training: bool = False) -> None:
         if settings.namespace is None:
             raise UsageError("the objects are rendered into a namespace, and none was given: give namespace")
         self.plan, self.settings, self.request, self.record, self.config = plan, settings, request, record, config
         self.status_sidecar = status_sidecar
+        self.suspend_training = suspend_training and plan.tier == "B"
         self.names = object_names(plan.job_id)
         self.labels = {**MANAGED_BY, JOB_ID_LABEL: self.names.job}
         self.multi = plan.nodes > 1
@@ -314,9 +318,8 @@ class _Job:
         plan = self.plan
         mounts, volumes = self._mounts_and_volumes()
         env = self._env()
-        gpus = {"limits": {"nvidia.com/gpu": str(plan.gpus)}} if plan.gpus else {}
         train = {"name": "train", "image": plan.image, "command": [literal(arg) for arg in plan.argv], "env": env,
-                 "volumeMounts": mounts, **({"resources": gpus} if gpus else {})}
+                 "volumeMounts": mounts, "resources": self._resources()}
         verify = {"name": "verify", "image": plan.image,
                   "command": ["/bin/sh", f"{PROBE_DIR}/verify.sh", f"{PROBE_DIR}/probe.sh", f"{PROBE_DIR}/checklist",
                               TERMINATION_LOG],
@@ -340,7 +343,26 @@ class _Job:
                                 "template": {"metadata": {"labels": {**self.labels, STEP_LABEL: "train"}}, "spec": pod}}
         if self.multi:
             spec.update(completionMode="Indexed", completions=plan.nodes, parallelism=plan.nodes)
+        if self.suspend_training:
+            spec["suspend"] = True
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(self.names.job, "train"), "spec": spec}
+
+    def _resources(self) -> dict[str, Any]:
+        """The training container's requests and limits: never BestEffort (evicted first, given a
+        LimitRange's defaults, refused by a quota on requests), so memory is always requested —
+        what the request says, else the /dev/shm it takes from the pod's memory; what the request
+        sets is also the limit (a GPU is a limit only: the API server makes it the request)."""
+        plan = self.plan
+        shm = self.settings.shm_size or plan.shm_size
+        if plan.memory is not None and quantity_bytes(plan.memory) < quantity_bytes(shm):
+            raise UsageError(f"compute_shape.memory {plan.memory!r} is less than the target's shm_size {shm!r}, which "
+                             "a memory-backed /dev/shm takes from it: raise memory or lower the target's shm_size")
+        requests: dict[str, str] = {"memory": plan.memory or shm}
+        limits: dict[str, str] = {"nvidia.com/gpu": str(plan.gpus)} if plan.gpus else {}
+        for name, value in (("cpu", plan.cpu), ("memory", plan.memory), ("ephemeral-storage", plan.ephemeral_storage)):
+            if value is not None:
+                requests[name] = limits[name] = value
+        return {"requests": requests, **({"limits": limits} if limits else {})}
 
     def grace_seconds(self) -> int:
         """Time for the final upload after training exits: the results budget at the measured

@@ -78,6 +78,10 @@ class LaunchPlan(Strict):
     gpus: int
     nodes: int
     shm_size: str
+    #: The request's ``compute_shape.cpu``, ``memory`` and ``ephemeral_storage`` (None: not set).
+    cpu: str | None = None
+    memory: str | None = None
+    ephemeral_storage: str | None = None
     network: bool = False
     #: Which launch of the job this is (:class:`~tao_data_io.records.Attempt`): 2 and later are a
     #: job that ran, ended and was submitted again.
@@ -132,6 +136,7 @@ def build_plan(request: JobRequest, staging_map: StagingMap, decision: TierDecis
         raise UsageError("the request is in config mode but the staging map has no materialized config; "
                          "stage the request again")
     argv, shell = command_argv(request, config_path)
+    _refuse_undeclared(request, staging_map)
     mounts = [_mount_for(source) for source in staging_map.sources]
     for mount in request.mounts:
         mounts.append(PlanMount(origin="pre-positioned", source=mount.source, target=mount.target,
@@ -140,11 +145,33 @@ def build_plan(request: JobRequest, staging_map: StagingMap, decision: TierDecis
     env = {**request.environment, "TAO_JOB_ID": record.job_id, "TAO_RESULTS_DIR": request.outputs.results_dir}
     attempt = sum(1 for earlier in record.attempts if earlier.ended_at is not None) + 1
     restore_from = route.destination if attempt > 1 and route.route == "s3" else None
-    return LaunchPlan(attempt=attempt, restore_from=restore_from, job_id=record.job_id, image=request.image, argv=argv, shell=shell, env=env,
+    return LaunchPlan(job_id=record.job_id, image=request.image, argv=argv, shell=shell, env=env,
+                      attempt=attempt, restore_from=restore_from,
                       forward_env=list(request.forward_env), mounts=mounts, staging_root=staging_map.workdir,
                       results_dir=request.outputs.results_dir, config_path=config_path, route=route,
                       tier=decision.tier, gpus=request.compute_shape.gpus, nodes=request.compute_shape.nodes,
-                      shm_size=request.compute_shape.shm_size, network=request.network)
+                      shm_size=request.compute_shape.shm_size, cpu=request.compute_shape.cpu,
+                      memory=request.compute_shape.memory, ephemeral_storage=request.compute_shape.ephemeral_storage,
+                      network=request.network)
+
+
+def _refuse_undeclared(request: JobRequest, staging_map: StagingMap) -> None:
+    """Every source of the staging map is one the request declares (an input, or a URI of its
+    spec), besides its config: the map is a file between steps — and between machines — so an
+    entry added to it by hand would otherwise become a mount of the job (the renderer contract:
+    no undeclared sources)."""
+    declared = {_spelled(item.source) for item in request.inputs}
+    declared |= {_spelled(named.source) for named in request.remote_sources()}
+    for index, source in enumerate(staging_map.sources):
+        if source.kind != "config" and _spelled(source.source) not in declared:
+            raise UsageError(f"staging map entry sources[{index}] ({source.source!r} at {source.container_path!r}) is "
+                             "not an input or a URI of the request: stage the request again instead of editing "
+                             "its staging map")
+
+
+def _spelled(source: str) -> str:
+    """A source as it is compared: an s3:// prefix with or without its slash is one source."""
+    return source.rstrip("/") if source.startswith("s3://") else source
 
 
 def _mount_for(source: object) -> PlanMount:
