@@ -555,6 +555,68 @@ def test_no_pod_of_a_job_carries_a_service_account_token(tier: str, tmp_path: Pa
 
 
 # ----------------------------------------------------------------------------- CLI
+def _restricted_violations(pod: dict[str, Any], names: set[str] | None = None) -> list[str]:
+    """What the 'restricted' Pod Security Standard refuses in ``pod``'s containers (all, or those
+    ``names``), rule by rule as k8s.io/pod-security-admission/policy states them:
+    check_allowPrivilegeEscalation (false), check_capabilities_restricted (drop ALL),
+    check_runAsNonRoot (true at the container or the pod), check_runAsUser (not 0),
+    check_seccompProfile_restricted (RuntimeDefault or Localhost), check_restrictedVolumes (only
+    configMap, emptyDir, PVC, secret, projected, downwardAPI, csi, ephemeral)."""
+    found = []
+    pod_context = pod.get("securityContext") or {}
+    for container in [*pod.get("initContainers", []), *pod["containers"]]:
+        if names is not None and container["name"] not in names:
+            continue
+        context = {**pod_context, **(container.get("securityContext") or {})}
+        name = container["name"]
+        if context.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{name}: allowPrivilegeEscalation")
+        if "ALL" not in ((context.get("capabilities") or {}).get("drop") or []):
+            found.append(f"{name}: capabilities")
+        if context.get("runAsNonRoot") is not True or context.get("runAsUser") == 0:
+            found.append(f"{name}: runAsNonRoot")
+        if (context.get("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+            found.append(f"{name}: seccompProfile")
+    allowed = {"configMap", "emptyDir", "persistentVolumeClaim", "secret", "projected", "downwardAPI", "csi",
+               "ephemeral", "name"}
+    found += [f"volume {v['name']}" for v in pod.get("volumes", []) if set(v) - allowed]
+    return found
+
+
+@pytest.mark.parametrize("tier", ["B", "C"])
+def test_our_own_containers_run_under_the_restricted_pod_security_standard(tier: str, tmp_path: Path) -> None:
+    """A namespace enforcing 'restricted' refuses every pod that breaks it — and admission applies
+    to pods, not Jobs, so the Job's own dry run passes and its controller loops on FailedCreate.
+    The stager, the sidecars and the stage Job never need more than 'restricted'; the training
+    container and the probe run as the target says: the image's user (TAO's is root), or
+    'restricted' with a non-root user, where the whole pod passes."""
+    ours = {"stager", "results", "status", "stage"}
+    rendered = render(req(storage={"pvc_claim": "lustre"}), tmp_path / "i", tier, pvc_claim="lustre")
+    pods = [o["spec"]["template"]["spec"] for o in rendered.objects if o["kind"] == "Job"]
+    assert all(_restricted_violations(pod, ours) == [] for pod in pods)
+    assert _restricted_violations(pods[-1]) == ["verify: allowPrivilegeEscalation", "verify: capabilities",
+                                                "verify: runAsNonRoot", "verify: seccompProfile",
+                                                "train: allowPrivilegeEscalation", "train: capabilities",
+                                                "train: runAsNonRoot", "train: seccompProfile"]
+    strict = render(req(storage={"pvc_claim": "lustre"}), tmp_path / "r", tier, pvc_claim="lustre",
+                    training_security="restricted", training_user=1000)
+    validate(strict)
+    assert all(_restricted_violations(o["spec"]["template"]["spec"]) == [] for o in strict.objects if o["kind"] == "Job")
+    train = training_pod(strict)["containers"][0]
+    assert train["securityContext"]["runAsUser"] == 1000
+
+
+def test_the_stage_pod_makes_a_new_claim_writable_for_the_stager_where_the_volume_applies_fsgroup(
+        tmp_path: Path) -> None:
+    """The root of a new block volume is root:root 0755; the stager runs as UID 1000. The stage pod
+    asks the kubelet to give the volume its group (fsGroup; OnRootMismatch: only a new volume's
+    root is walked, not a filled cache on every start). In-tree NFS and CSI drivers whose
+    fsGroupPolicy skips RWX claims ignore it: docs/kubernetes.md says what to pre-create there."""
+    rendered = render(req(storage={"pvc_claim": "lustre"}), tmp_path, "B", pvc_claim="lustre")
+    stage = [o for o in rendered.objects if o["kind"] == "Job"][0]["spec"]["template"]["spec"]
+    assert stage["securityContext"] == {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
+
+
 def test_the_stage_pod_is_scheduled_where_the_training_pods_may_run(tmp_path: Path) -> None:
     """A WaitForFirstConsumer claim is bound where its first pod lands (the volume binder,
     pkg/scheduler/framework/plugins/volumebinding): were the GPU-less stage pod free to land on

@@ -90,7 +90,7 @@ def make_plan(tmp_path: Path, job_id: str = "job-1", *, script: str | None = Non
     request = JobRequest.model_validate({
         "schema_version": "1", "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt", **fields,
         "environment": environment or {}, "forward_env": forward_env or [], "network": network,
-        "outputs": {"results_dir": results_dir},
+        "outputs": {"results_dir": results_dir}, "inputs": [{"source": "s3://bkt/data/", "kind": "folder"}],
         "compute_shape": {"gpus": 1, "nodes": nodes, "shm_size": "64Mi"},
         "mounts": [{"source": str(STAND_IN), "target": "/stand-in"},
                    {"source": str(control), "target": "/control", "read_only": False}, *(mounts or [])]})

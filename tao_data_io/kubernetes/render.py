@@ -62,6 +62,17 @@ COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-ind
 TERMINATION_LOG = "/dev/termination-log"
 #: Our own paths inside a pod; no declared target may use them.
 FILES_DIR = "/tao-data-io/files"
+#: The container securityContext of the 'restricted' Pod Security Standard (pod-security-admission
+#: policy: allowPrivilegeEscalation, capabilities, runAsNonRoot, seccompProfile), which our own
+#: containers — the stager, the sidecars, the stage Job's — always run under: a namespace that
+#: enforces it admits them, and none of them needs more.
+RESTRICTED: dict[str, Any] = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                              "seccompProfile": {"type": "RuntimeDefault"}}
+#: The stager image's user (docker/stager/Dockerfile): the stage pod's fsGroup, so a new claim's
+#: root-owned directory is made writable for it where the volume applies fsGroup.
+STAGER_UID = 1000
+#: Who the status sidecar runs as in the training image, whose own user is root: it only reads.
+NOBODY = 65534
 #: Which attempt of the job made an object (``LaunchPlan.attempt``): a later attempt replaces an
 #: ended earlier one's objects instead of being refused as another request.
 ATTEMPT_ANNOTATION = "tao-data-io/attempt"
@@ -302,10 +313,12 @@ class _Job:
         else:
             command.append(f"{map_path}.json")
         container = {"name": "stage", "image": self.settings.stager_image, "command": command, "env": env,
+                     "securityContext": RESTRICTED,
                      "volumeMounts": [{"name": "data", "mountPath": VOLUME_ROOT},
                                       {"name": "files", "mountPath": FILES_DIR, "readOnly": True}],
                      "terminationMessagePolicy": "FallbackToLogsOnError"}
         pod = {**self._pod_basics(), "containers": [container],
+               "securityContext": {"fsGroup": STAGER_UID, "fsGroupChangePolicy": "OnRootMismatch"},
                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": self.settings.pvc_claim}},
                            {"name": "files", "configMap": {"name": self.names.files}}]}
         spec: dict[str, Any] = {"backoffLimit": 2 * shards, "ttlSecondsAfterFinished": self.settings.ttl_seconds,
@@ -325,6 +338,9 @@ class _Job:
                               TERMINATION_LOG],
                   "env": env, "terminationMessagePath": TERMINATION_LOG, "terminationMessagePolicy": "File",
                   "volumeMounts": [*mounts, {"name": "files", "mountPath": PROBE_DIR, "readOnly": True}]}
+        training_security = self._training_security()
+        if training_security is not None:  # the probe proves what training can read: as the same user
+            train["securityContext"] = verify["securityContext"] = training_security
         init: list[dict[str, Any]] = []
         pod = self._pod_basics()
         if self.needs_stager:
@@ -346,6 +362,15 @@ class _Job:
         if self.suspend_training:
             spec["suspend"] = True
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(self.names.job, "train"), "spec": spec}
+
+    def _training_security(self) -> dict[str, Any] | None:
+        """The training container's (and the probe's) securityContext: the target's choice. TAO
+        images run as root, which only a namespace at the 'baseline' or 'privileged' level admits;
+        'restricted' runs them as the target's non-root user."""
+        if self.settings.training_security == "image":
+            return None
+        user = self.settings.training_user
+        return {**RESTRICTED, **({"runAsUser": user} if user is not None else {})}
 
     def _resources(self) -> dict[str, Any]:
         """The training container's requests and limits: never BestEffort (evicted first, given a
@@ -390,6 +415,7 @@ class _Job:
             extra.append({"name": "TAO_DATA_IO_RESTORE_FROM", "value": self.plan.restore_from})
             mounts.append(self._results_mount())
         return {"name": "stager", "image": self.settings.stager_image, "command": ["/bin/sh", f"{FILES_DIR}/stager.sh"],
+                "securityContext": RESTRICTED,
                 "env": [*self._tool_env(env), *extra], "volumeMounts": mounts,
                 "terminationMessagePolicy": "FallbackToLogsOnError"}
 
@@ -397,6 +423,7 @@ class _Job:
         extra = [{"name": "TAO_DATA_IO_RESYNC_SECONDS", "value": str(self.settings.resync_seconds)},
                  {"name": "TAO_DATA_IO_VERIFY_FILE", "value": TOKEN_FILE}]
         return {"name": "results", "image": self.settings.stager_image, "restartPolicy": "Always",
+                "securityContext": RESTRICTED,
                 "command": ["/bin/sh", f"{FILES_DIR}/sidecar.sh"], "env": [*self._tool_env(env), *extra],
                 "volumeMounts": [{"name": "files", "mountPath": FILES_DIR, "readOnly": True},
                                  {"name": "state", "mountPath": STATE_DIR}, self._results_mount(read_only=True)]}
@@ -407,6 +434,7 @@ class _Job:
                {"name": "TAO_DATA_IO_STATUS_FILE", "value": STATUS_FILE},
                {"name": "TAO_DATA_IO_STATUS_SECONDS", "value": str(STATUS_WAIT_SECONDS)}]
         return {"name": STATUS, "image": self.plan.image, "restartPolicy": "Always",
+                "securityContext": {**RESTRICTED, "runAsUser": NOBODY},
                 "command": ["/bin/sh", f"{PROBE_DIR}/status.sh"], "env": env,
                 "volumeMounts": [{"name": "files", "mountPath": PROBE_DIR, "readOnly": True},
                                  self._results_mount(read_only=True)]}

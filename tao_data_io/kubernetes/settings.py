@@ -12,7 +12,7 @@ the kubeconfig, its path and every Secret's contents stay where they are.
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from typing import Any, Literal, ClassVar
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -90,6 +90,14 @@ class KubernetesSettings(BackendSettings):
         default_factory=list, title="Tolerations",
         description="The pods' tolerations, each with key, operator, value, effect and tolerationSeconds as the pod "
                     "spec has them (e.g. for tainted GPU nodes).")
+    training_security: Literal["image", "restricted"] = Field(
+        "image", title="Training container security",
+        description="image: the training image's own user (TAO images run as root), for namespaces whose Pod "
+                    "Security level allows it; restricted: the 'restricted' Pod Security Standard for the training "
+                    "container and the verify probe too (the image must run as a non-root user, or set training_user).")
+    training_user: int | None = Field(
+        None, ge=1, le=2**31 - 1, title="Training user",
+        description="With restricted: the UID the training container and the probe run as (runAsUser).")
     records_url: str | None = Field(
         None, title="Shared job records",
         description="TAO_DATA_IO_RECORDS for the pods' stager and results sidecar: a shared record store "
