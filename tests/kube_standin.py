@@ -141,6 +141,40 @@ def _labels(labels: dict[str, str], where: str) -> list[str]:
     return problems
 
 
+def pod_security_violations(pod: dict[str, Any], level: str) -> list[str]:
+    """What Pod Security admission refuses in ``pod`` at ``level``, as k8s.io/pod-security-admission
+    words it (policy/check_*.go: "<check> (<what>)"). ``baseline``: privileged containers and
+    hostPath volumes (check_privileged, check_hostPathVolumes); ``restricted`` adds
+    check_allowPrivilegeEscalation (false), check_capabilities_restricted (drop ALL),
+    check_runAsNonRoot (true, at the container or the pod) and check_seccompProfile_restricted
+    (RuntimeDefault or Localhost) — the checks a job's pods can fail."""
+    spec = pod.get("spec") or {}
+    containers = [*spec.get("initContainers", []), *spec.get("containers", [])]
+    pod_context = spec.get("securityContext") or {}
+    found: list[str] = []
+
+    def failing(check: str, rule: Callable[[dict[str, Any]], bool], must: str) -> None:
+        names = [c["name"] for c in containers if not rule({**pod_context, **(c.get("securityContext") or {})})]
+        if names:
+            found.append(f"{check} (container{'s' if len(names) > 1 else ''} "
+                         f"{', '.join(repr(n).replace(chr(39), chr(34)) for n in names)} must {must})")
+
+    failing("privileged", lambda c: c.get("privileged") is not True, "not set securityContext.privileged=true")
+    if any("hostPath" in volume for volume in spec.get("volumes", [])):
+        found.append("hostPath volumes")
+    if level == "restricted":
+        failing("allowPrivilegeEscalation != false", lambda c: c.get("allowPrivilegeEscalation") is False,
+                "set securityContext.allowPrivilegeEscalation=false")
+        failing("unrestricted capabilities", lambda c: "ALL" in ((c.get("capabilities") or {}).get("drop") or []),
+                'set securityContext.capabilities.drop=["ALL"]')
+        failing("runAsNonRoot != true", lambda c: c.get("runAsNonRoot") is True and c.get("runAsUser") != 0,
+                "set securityContext.runAsNonRoot=true")
+        failing("seccompProfile", lambda c: (c.get("seccompProfile") or {}).get("type") in ("RuntimeDefault",
+                                                                                             "Localhost"),
+                'set securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"')
+    return found
+
+
 def invalid(obj: dict[str, Any]) -> list[str]:
     """Why a real API server refuses to create ``obj`` (empty: it does not) — for what this
     project creates: each kind's name rule (:data:`NAME_RULES`); labels (``ValidateLabels``) and
@@ -198,6 +232,9 @@ class ApiServer(kmock.KubernetesEmulator):
     fault: Fault | None = None
     #: What an injected 500 says.
     fault_message: str = "injected: etcd timeout"
+    #: The Pod Security level the namespaces enforce (``pod-security.kubernetes.io/enforce``):
+    #: a pod that breaks it is refused at create, in a dry run too (403), as admission does.
+    pod_security: str | None = None
     #: Resource plural → why admission refuses a create of it (422, in a dry run too).
     admission: dict[str, str] = attrs.field(factory=dict)
     control: ControlPlane = attrs.field(factory=lambda: ControlPlane())
@@ -255,6 +292,14 @@ class ApiServer(kmock.KubernetesEmulator):
                                                   "reason": "Invalid",
                                                   "message": f"{kind} {name!r} is invalid: {'; '.join(problems)}"},
                                                  status=422)
+        if request.action == kmock.action.CREATE and resource.plural == "pods" and self.pod_security:
+            violations = pod_security_violations(request.data, self.pod_security)
+            if violations:
+                name = (request.data.get("metadata") or {}).get("name")
+                message = (f'pods "{name}" is forbidden: violates PodSecurity "{self.pod_security}:latest": '
+                           + ", ".join(violations))
+                return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                                                  "code": 403, "reason": "Forbidden", "message": message}, status=403)
         if request.action == kmock.action.CREATE and resource.plural in self.admission:
             return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422,
                                               "reason": "Invalid", "message": self.admission[resource.plural]},

@@ -180,15 +180,16 @@ def test_the_api_requests_of_a_single_node_submit(kube: KubeStandIn, tmp_path: P
     step (the verify polls depend on how fast the pod gets there: here four looks)."""
     submit(tmp_path, job_request(), make_backend())
     sent = kube.requests()
-    facts, gates, dry_runs = sent[:4], sent[4:15], sent[15:18]
-    applied, verify = sent[18:23], sent[23:]
+    facts, gates, dry_runs = sent[:4], sent[4:16], sent[16:20]
+    applied, verify = sent[20:25], sent[25:]
     assert facts == ["GET /version/", "GET /api/v1/nodes", "GET /api/v1/namespaces/tao/persistentvolumeclaims",
                      "GET /apis/storage.k8s.io/v1/storageclasses"]
     assert gates[:1] == ["GET /api/v1/nodes"]  # the version is read once per connection
-    assert gates[1:] == ["POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews"] * 10
+    assert gates[1:] == ["POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews"] * 11
     assert [r.split("?")[0] for r in dry_runs] == ["POST /api/v1/namespaces/tao/secrets",
                                                    "POST /api/v1/namespaces/tao/configmaps",
-                                                   "POST /apis/batch/v1/namespaces/tao/jobs"]
+                                                   "POST /apis/batch/v1/namespaces/tao/jobs",
+                                                   "POST /api/v1/namespaces/tao/pods"]  # admission's, of a pod
     assert applied == ["POST /api/v1/namespaces/tao/secrets", "POST /api/v1/namespaces/tao/configmaps",
                        "POST /apis/batch/v1/namespaces/tao/jobs",
                        "PATCH /api/v1/namespaces/tao/secrets/job-1-credentials",
@@ -197,7 +198,7 @@ def test_the_api_requests_of_a_single_node_submit(kube: KubeStandIn, tmp_path: P
     looks = verify[1:]
     assert len(looks) == 2 * 4 and all(r.startswith(("GET /apis/batch/v1/namespaces/tao/jobs/job-1",
                                                      "GET /api/v1/namespaces/tao/pods?")) for r in looks)
-    assert len(sent) == 4 + 11 + 3 + 5 + 1 + 8
+    assert len(sent) == 4 + 12 + 4 + 5 + 1 + 8
 
 
 def test_tier_b_runs_the_stage_job_to_completion_before_the_training_job(kube: KubeStandIn, tmp_path: Path) -> None:
@@ -848,6 +849,24 @@ def test_a_cluster_older_than_native_sidecars_runs_the_job_without_the_status_si
     launch_only(tmp_path, request, make_backend(), environ=environ)
     pod = next(pod for pod in ours(kube, "Pod").values() if pod["metadata"]["labels"][STEP_LABEL] == "train")
     assert [c["name"] for c in pod["spec"]["initContainers"]] == ["verify"]
+
+
+def test_a_namespace_enforcing_restricted_refuses_the_image_user_before_anything_is_created(
+        kube: KubeStandIn, tmp_path: Path) -> None:
+    """Pod Security admission judges pods, not Jobs: the Job's dry run passes, and created, its
+    controller would loop on FailedCreate while verify waited 600 s. The gate dry-runs a Pod of the
+    Job and names the level, the checks and the fix; a target running training as a non-root user
+    passes, and so does the image's user where the level is baseline."""
+    kube.server.pod_security = "restricted"
+    message = gate_case(kube, tmp_path, job_request(), make_backend(),
+                        "namespace 'tao' enforces the 'restricted' Pod Security level (latest)")
+    assert 'allowPrivilegeEscalation != false (containers "verify", "train"' in message
+    assert "training_security: restricted" in message
+    done = submit(tmp_path / "strict", job_request(), make_backend(training_security="restricted",
+                                                                    training_user=1000))
+    assert done.verdict.ok
+    kube.server.pod_security = "baseline"
+    assert submit(tmp_path / "baseline", job_request(job_id="job-2"), make_backend()).verdict.ok
 
 
 def test_gate_access_lists_every_refusal_in_one_line(kube: KubeStandIn, tmp_path: Path) -> None:

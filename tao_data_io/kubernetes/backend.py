@@ -51,7 +51,8 @@ from .api import Api, ApiError, connect
 from .apply import adopt, create, creation_order, kinds, secret_object, step_of, training_job
 from .facts import SIDECAR_VERSION, cluster_facts, server_version
 from .follow import FIRST_LINES, LOOK_LINES, new_lines, read_cursor, since_seconds
-from .gates import check_access, check_claim, check_gpus, check_secrets, check_version, dry_run, needed_access
+from .gates import (admit_pods, check_access, check_claim, check_gpus, check_secrets, check_version, dry_run,
+                    needed_access)
 from .render import ATTEMPT_ANNOTATION, JOB_ID_LABEL, MANAGED_BY, RenderedJob, read_config, render_job
 from .settings import KubernetesSettings
 from .waiting import Budget, PodWatch, StageFailed, list_pods, wait_for_stage, wait_for_verdict
@@ -115,6 +116,7 @@ class KubernetesBackend:
         check_claim(api, plan, settings)
         check_secrets(api, settings, rendered.secret)
         dry_run(api, objects, plan.job_id)
+        admit_pods(api, objects)
 
     # ------------------------------------------------------------------ submit
     def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None,

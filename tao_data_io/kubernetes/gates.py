@@ -11,9 +11,13 @@ user fixes things, each failure one line naming what and the fix.
    job's pods need; the image pull Secret and a pre-created credential Secret exist (the latter
    with every key the job forwards).
 5. A server-side dry run of every object, which also finds a name taken by someone else.
+6. A server-side dry run of a Pod of each Job: admission (Pod Security, webhooks, quotas)
+   judges pods, not Jobs.
 """
 
 from __future__ import annotations
+
+import re
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,7 +25,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..launch.plan import LaunchPlan
-from .api import Api
+from .api import Api, ApiError
 from .apply import RESOURCES, create
 from .facts import MULTI_NODE_VERSION, SIDECAR_VERSION, allocatable_gpus, server_version
 from .render import SecretRef
@@ -43,7 +47,7 @@ class Access:
 def needed_access(objects: Sequence[Mapping[str, Any]], reads_secrets: bool) -> list[Access]:
     """What submit and verify do: create each kind (and read it back after a conflict), adopt the
     dependents (patch), follow the pods (list), delete the Job when its verdict fails."""
-    found: set[Access] = {Access("list", "", "pods")}
+    found: set[Access] = {Access("list", "", "pods"), Access("create", "", "pods")}  # create: admission's dry run
     for obj in objects:
         group, resource = RESOURCES[obj["kind"]]
         found |= {Access("create", group, resource), Access("get", group, resource)}
@@ -175,3 +179,34 @@ def dry_run(api: Api, objects: Sequence[dict[str, Any]], job_id: str) -> None:
     of this job created passes, anyone else's is refused (see :func:`.apply.create`)."""
     for obj in objects:
         create(api, obj, job_id, dry_run=True)
+
+
+#: What Pod Security admission says when it refuses a pod ("violates PodSecurity "LEVEL:VERSION": …").
+_POD_SECURITY = re.compile(r'violates PodSecurity "(?P<level>[a-z]+):(?P<version>[^"]+)": (?P<why>.*)')
+
+
+def admit_pods(api: Api, objects: Sequence[dict[str, Any]]) -> None:
+    """A server-side dry run of a Pod made from each Job's template, before anything is created.
+    Why: admission — Pod Security, policy webhooks, quotas — judges pods, not Jobs, so the Job's
+    own dry run passes and, created, its controller would loop on FailedCreate while verify
+    waits for a pod that never comes. A refusal names the level, the fields and the fix."""
+    for job in (obj for obj in objects if obj["kind"] == "Job"):
+        template = job["spec"]["template"]
+        name = job["metadata"]["name"]
+        pod = {"apiVersion": "v1", "kind": "Pod", "spec": template["spec"],
+               "metadata": {"name": f"{name}-admission-check", "namespace": api.namespace,
+                            "labels": template["metadata"].get("labels", {})}}
+        try:
+            api.call(f"a dry run of creating a pod of Job {api.namespace}/{name}", api.core.create_namespaced_pod,
+                     api.namespace, pod, dry_run="All")
+        except ApiError as exc:
+            security = _POD_SECURITY.search(str(exc))
+            if security is not None:
+                raise UsageError(f"namespace {api.namespace!r} enforces the {security['level']!r} Pod Security level "
+                                 f"({security['version']}), which refuses the pods of Job {name}: {security['why']}; "
+                                 "run the training container as the level allows (the target's training_security: "
+                                 "restricted with a non-root training_user), or use a namespace whose level admits "
+                                 "the image's user") from None
+            if exc.status in (403, 422):
+                raise UsageError(f"admission refuses the pods of Job {name}: {exc}") from None
+            raise

@@ -102,14 +102,21 @@ done
 #: collect run reads like any pod log — the file lives in the pod (or on a claim) where the
 #: worker cannot read it. Waits for the file to appear; ``tail -F`` follows it through a rewrite.
 #: It only prints what the job wrote, and the worker parses that with the same limits as a local
-#: job's file (:mod:`tao_data_io.launch.training`). Kubernetes ends it once training has exited.
+#: job's file (:mod:`tao_data_io.launch.training`). Kubernetes ends it once training has exited;
+#: its SIGTERM ends the ``tail`` (or the ``sleep``) too, never leaving one behind.
 STATUS_SCRIPT = r"""#!/bin/sh
 # tao-data-io status sidecar: TAO's status.json, line by line, into this container's log.
 PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin${PATH:+:$PATH}"
 export PATH
-trap 'exit 0' TERM INT
+child=
+trap 'if [ -n "$child" ]; then kill "$child" 2>/dev/null; fi; exit 0' TERM INT
 file="$TAO_RESULTS_DIR/$TAO_DATA_IO_STATUS_FILE"
-while [ ! -f "$file" ]; do sleep "$TAO_DATA_IO_STATUS_SECONDS" & wait $!; done
+while [ ! -f "$file" ]; do
+  sleep "$TAO_DATA_IO_STATUS_SECONDS" &
+  child=$!
+  wait "$child"
+done
 tail -n +1 -F "$file" 2>/dev/null &
-wait $!
+child=$!
+wait "$child"
 """
