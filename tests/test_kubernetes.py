@@ -659,6 +659,7 @@ def test_render_job_cli_prints_valid_yaml_and_translates_parameters_to_flags(tmp
     for doc in docs:
         kubernetes_validate.validate(doc, "1.32", strict=True)
     assert not any(v in done.stdout for v in SECRET_ENV.values())
+    assert not re.search(r"[&*]id\d+", done.stdout)  # no YAML anchors or aliases: each object reads whole
     bad = run_cli(*args, "--namespace", "Tao", env=env)
     assert bad.returncode == 2 and "--namespace 'Tao' is not a DNS label" in bad.stderr
     shown = run_cli("plan", "--request", str(EXAMPLES / "tier-c.yaml"), env=env)

@@ -121,7 +121,12 @@ class RenderedJob:
 
 
 class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (scripts, the config) as ``|`` blocks, so the manifest reads as written."""
+    """Multi-line strings (scripts, the config) as ``|`` blocks, so the manifest reads as written;
+    no anchors or aliases (``&id001``/``*id001`` where two containers share an env list or a
+    securityContext): a GitOps diff, a reviewer and some tools read each object whole."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
 
 
 _Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
