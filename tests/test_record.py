@@ -213,7 +213,7 @@ def test_history_is_in_report_order_and_repeated_reports_do_not_flood_it(place: 
     store.mark(job_id, "CANCELED", source="flow")
     record = store.get(job_id)
     assert [(s.state, s.source, s.message) for s in record.history] == [
-        ("PENDING", "flow", None), ("RUNNING", "agent", None), ("RUNNING", "agent", "epoch 3/10"),
+        ("PENDING", "flow", "opened"), ("RUNNING", "agent", None), ("RUNNING", "agent", "epoch 3/10"),
         ("CANCELED", "cli", "stopped by user")]
     assert [s.at for s in record.history] == sorted(s.at for s in record.history)
     assert record.updated_at == record.history[-1].at and record.message == "stopped by user"

@@ -102,7 +102,8 @@ class RecordStore:
             storage_tier=storage_tier, storage_reason=storage_reason, results_dir=results_dir,
             upload_excludes=list(upload_excludes), forward_env=list(forward_env), request_digest=request_digest,
             state="PENDING",
-            created_at=stamp, updated_at=stamp, history=[dict(at=stamp, state="PENDING", source=source)]))
+            created_at=stamp, updated_at=stamp,
+            history=[dict(at=stamp, state="PENDING", source=source, message="opened")]))
         existing = self._create(record)
         if existing is None:
             return record
