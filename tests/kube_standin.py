@@ -235,6 +235,10 @@ class ApiServer(kmock.KubernetesEmulator):
     #: The Pod Security level the namespaces enforce (``pod-security.kubernetes.io/enforce``):
     #: a pod that breaks it is refused at create, in a dry run too (403), as admission does.
     pod_security: str | None = None
+    #: The resources a namespace ResourceQuota constrains (``requests.cpu``, ``requests.memory``):
+    #: a pod any of whose containers does not request one is refused at create, in a dry run too
+    #: (403, "must specify"), as quota admission does (enforcePodContainerConstraints).
+    quota: set[str] = attrs.field(factory=set)
     #: Resource plural → why admission refuses a create of it (422, in a dry run too).
     admission: dict[str, str] = attrs.field(factory=dict)
     control: ControlPlane = attrs.field(factory=lambda: ControlPlane())
@@ -298,6 +302,16 @@ class ApiServer(kmock.KubernetesEmulator):
                 name = (request.data.get("metadata") or {}).get("name")
                 message = (f'pods "{name}" is forbidden: violates PodSecurity "{self.pod_security}:latest": '
                            + ", ".join(violations))
+                return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                                                  "code": 403, "reason": "Forbidden", "message": message}, status=403)
+        if request.action == kmock.action.CREATE and resource.plural == "pods" and self.quota:
+            spec = request.data.get("spec") or {}
+            containers = [*spec.get("initContainers", []), *spec.get("containers", [])]
+            missing = sorted(need for need in self.quota for c in containers
+                             if need.partition(".")[2] not in ((c.get("resources") or {}).get("requests") or {}))
+            if missing:
+                name = (request.data.get("metadata") or {}).get("name")
+                message = f'pods "{name}" is forbidden: failed quota: compute: must specify {",".join(dict.fromkeys(missing))}'
                 return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure",
                                                   "code": 403, "reason": "Forbidden", "message": message}, status=403)
         if request.action == kmock.action.CREATE and resource.plural in self.admission:

@@ -869,6 +869,19 @@ def test_a_namespace_enforcing_restricted_refuses_the_image_user_before_anything
     assert submit(tmp_path / "baseline", job_request(job_id="job-2"), make_backend()).verdict.ok
 
 
+def test_a_namespace_quota_on_requests_refuses_only_what_the_request_leaves_unset(
+        kube: KubeStandIn, tmp_path: Path) -> None:
+    """A ResourceQuota on requests.cpu and requests.memory refuses a pod any of whose containers
+    requests neither: ours always request both, the training container memory always; its cpu is
+    the request's to give — left out, the admission gate names what is missing before anything
+    is created."""
+    kube.server.quota = {"requests.cpu", "requests.memory"}
+    message = gate_case(kube, tmp_path, job_request(), make_backend(), "admission refuses the pods of Job job-1")
+    assert "must specify requests.cpu" in message and "requests.memory" not in message
+    shaped = job_request(compute_shape={"gpus": 1, "cpu": "8"})
+    assert submit(tmp_path / "shaped", shaped, make_backend()).verdict.ok
+
+
 def test_gate_access_lists_every_refusal_in_one_line(kube: KubeStandIn, tmp_path: Path) -> None:
     kube.server.denied |= {("create", "batch", "jobs"), ("patch", "", "secrets")}
     gate_case(kube, tmp_path, job_request(), make_backend(),

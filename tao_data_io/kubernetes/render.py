@@ -73,6 +73,16 @@ RESTRICTED: dict[str, Any] = {"runAsNonRoot": True, "allowPrivilegeEscalation": 
 STAGER_UID = 1000
 #: Who the status sidecar runs as in the training image, whose own user is root: it only reads.
 NOBODY = 65534
+#: What our own containers request (no limits: an upload must not be OOM-killed). Why at all: a
+#: ResourceQuota on requests.cpu or requests.memory refuses a pod any of whose containers, init
+#: containers included, does not request them (pkg/quota/v1/evaluator/core/pods.go,
+#: enforcePodContainerConstraints) — ours must never be the reason a job's pod is refused.
+OWN_REQUESTS: dict[str, dict[str, Any]] = {
+    "stage": {"requests": {"cpu": "250m", "memory": "512Mi"}},
+    "results": {"requests": {"cpu": "50m", "memory": "256Mi"}},
+    "status": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+    "verify": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+}
 #: Which attempt of the job made an object (``LaunchPlan.attempt``): a later attempt replaces an
 #: ended earlier one's objects instead of being refused as another request.
 ATTEMPT_ANNOTATION = "tao-data-io/attempt"
@@ -318,7 +328,7 @@ class _Job:
         else:
             command.append(f"{map_path}.json")
         container = {"name": "stage", "image": self.settings.stager_image, "command": command, "env": env,
-                     "securityContext": RESTRICTED,
+                     "securityContext": RESTRICTED, "resources": OWN_REQUESTS["stage"],
                      "volumeMounts": [{"name": "data", "mountPath": VOLUME_ROOT},
                                       {"name": "files", "mountPath": FILES_DIR, "readOnly": True}],
                      "terminationMessagePolicy": "FallbackToLogsOnError"}
@@ -342,6 +352,7 @@ class _Job:
                   "command": ["/bin/sh", f"{PROBE_DIR}/verify.sh", f"{PROBE_DIR}/probe.sh", f"{PROBE_DIR}/checklist",
                               TERMINATION_LOG],
                   "env": env, "terminationMessagePath": TERMINATION_LOG, "terminationMessagePolicy": "File",
+                  "resources": OWN_REQUESTS["verify"],
                   "volumeMounts": [*mounts, {"name": "files", "mountPath": PROBE_DIR, "readOnly": True}]}
         training_security = self._training_security()
         if training_security is not None:  # the probe proves what training can read: as the same user
@@ -420,7 +431,7 @@ class _Job:
             extra.append({"name": "TAO_DATA_IO_RESTORE_FROM", "value": self.plan.restore_from})
             mounts.append(self._results_mount())
         return {"name": "stager", "image": self.settings.stager_image, "command": ["/bin/sh", f"{FILES_DIR}/stager.sh"],
-                "securityContext": RESTRICTED,
+                "securityContext": RESTRICTED, "resources": OWN_REQUESTS["stage"],
                 "env": [*self._tool_env(env), *extra], "volumeMounts": mounts,
                 "terminationMessagePolicy": "FallbackToLogsOnError"}
 
@@ -428,7 +439,7 @@ class _Job:
         extra = [{"name": "TAO_DATA_IO_RESYNC_SECONDS", "value": str(self.settings.resync_seconds)},
                  {"name": "TAO_DATA_IO_VERIFY_FILE", "value": TOKEN_FILE}]
         return {"name": "results", "image": self.settings.stager_image, "restartPolicy": "Always",
-                "securityContext": RESTRICTED,
+                "securityContext": RESTRICTED, "resources": OWN_REQUESTS["results"],
                 "command": ["/bin/sh", f"{FILES_DIR}/sidecar.sh"], "env": [*self._tool_env(env), *extra],
                 "volumeMounts": [{"name": "files", "mountPath": FILES_DIR, "readOnly": True},
                                  {"name": "state", "mountPath": STATE_DIR}, self._results_mount(read_only=True)]}
@@ -439,7 +450,7 @@ class _Job:
                {"name": "TAO_DATA_IO_STATUS_FILE", "value": STATUS_FILE},
                {"name": "TAO_DATA_IO_STATUS_SECONDS", "value": str(STATUS_WAIT_SECONDS)}]
         return {"name": STATUS, "image": self.plan.image, "restartPolicy": "Always",
-                "securityContext": {**RESTRICTED, "runAsUser": NOBODY},
+                "securityContext": {**RESTRICTED, "runAsUser": NOBODY}, "resources": OWN_REQUESTS["status"],
                 "command": ["/bin/sh", f"{PROBE_DIR}/status.sh"], "env": env,
                 "volumeMounts": [{"name": "files", "mountPath": PROBE_DIR, "readOnly": True},
                                  self._results_mount(read_only=True)]}
