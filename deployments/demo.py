@@ -79,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ok = run_demo(stack, clock)
     finally:
         if args.keep:
-            print(f"\nThe stack is still running (KEEP=1). Stop it with: make demo-stop   (logs: {DEMO}/*.log)")
+            print(f"\nThe stack is still running (KEEP=1). Talk to it from a shell: source {DEMO / 'prefect.env'}  "
+                  f"(then .venv/bin/prefect deployment ls). Stop it with: make demo-stop   (logs: {DEMO}/*.log)")
         else:
             clock.say("stopped everything the demo started: " + ", ".join(stack.stop()))
     return 0 if ok else 1
@@ -100,6 +101,9 @@ def run_demo(stack: Stack, clock: Clock) -> bool:
     os.environ.update({name: value for name, value in env.items() if name.startswith("PREFECT_")})
     api = stack.start_prefect_server(without_credentials(env), port)  # only the worker reads credentials
     clock.say(f"Prefect server on {api} (SQLite in {DEMO / 'prefect'}; UI on)")
+    # What a shell needs to talk to this server (KEEP=1): without it, `prefect deployment ls`
+    # silently starts a server of its own on the same SQLite file and lists nothing.
+    (DEMO / "prefect.env").write_text("".join(f"export {name}={env[name]}\n" for name in PREFECT_SHELL))
     prepare_prefect(bucket)
     clock.say(f"work pool {POOL!r}; block types registered; blocks saved: tao-local-target/local, "
               f"tao-job-records/local (s3://{bucket}/{RECORDS_PREFIX}), the default credential blocks (names only)")
@@ -137,6 +141,10 @@ def without_credentials(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` less every variable named like a credential: what a service that reads no
     credential (Prefect's server, the model hub stand-in) is started with."""
     return {name: value for name, value in env.items() if not is_secret_name(name)}
+
+
+#: The settings a user's shell needs to reach the demo's Prefect server.
+PREFECT_SHELL = ("PREFECT_API_URL", "PREFECT_HOME")
 
 
 def worker_environment(credentials: S3Credentials, bucket: str, hub: str, port: int) -> dict[str, str]:

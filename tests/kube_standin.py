@@ -577,7 +577,9 @@ class ControlPlane:
                 {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
                  "message": "Job has reached the specified backoff limit"}])
         elif succeeded == len(phases) and phases:
-            status.update(succeeded=succeeded, completionTime=now(), conditions=[
+            # Set once, as the Job controller does (a later look at a finished Job changes nothing).
+            completed = job.raw.get("status", {}).get("completionTime") or now()
+            status.update(succeeded=succeeded, completionTime=completed, conditions=[
                 {"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}])
         else:
             status.update(active=len(phases) - succeeded, ready=phases.count("Running"))
