@@ -184,7 +184,7 @@ def restore_results(source: str, results_dir: Path, *, environ: Mapping[str, str
     that fails fails the launch (retryable): a resumed job must not start
     from less than it had. Returns what was restored, for the attempt's record."""
     prefix = parse_s3_url(source, field="restore_from")
-    with TransferEngine(s3_credentials_from_env(os.environ if environ is None else environ)) as engine:
+    with TransferEngine(s3_credentials_from_env(environ)) as engine:
         summary = engine.download_prefix(prefix, results_dir, TransferOptions())
     if summary.failed:
         first = summary.failed[0]

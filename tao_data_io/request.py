@@ -376,7 +376,7 @@ class JobRequest(RequestPart):
         mount would hide or be hidden by the inner one); results not inside an input."""
         sources: dict[str, str] = {}
         for index, item in enumerate(self.inputs):
-            spelled = item.source.rstrip("/") if item.source.startswith("s3://") else item.source
+            spelled = spelled_source(item.source)
             if spelled in sources:
                 raise ValueError(f"inputs[{index}].source {item.source!r} is declared twice (also {sources[spelled]}); "
                                  "declare each source once")
@@ -396,6 +396,11 @@ class JobRequest(RequestPart):
             if results == target or results.startswith(target + "/"):
                 raise ValueError(f"outputs.results_dir {results!r} lies inside the input at {field} {target!r}; "
                                  "write results to a directory of their own")
+
+
+def spelled_source(source: str) -> str:
+    """A source as sources are compared: an s3:// prefix with or without its slash is one source."""
+    return source.rstrip("/") if source.startswith("s3://") else source
 
 
 def check_nested_spec(spec: dict[str, Any]) -> None:

@@ -106,7 +106,7 @@ def _digest(spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _attempt(obj: Mapping[str, Any]) -> int:
+def attempt_of(obj: Mapping[str, Any]) -> int:
     """The attempt of the job that made ``obj`` (1 for an object from before attempts were kept)."""
     text = str(((obj.get("metadata") or {}).get("annotations") or {}).get(ATTEMPT_ANNOTATION, "1"))
     return int(text) if text.isdigit() else 1
@@ -149,10 +149,10 @@ def create(api: Api, obj: dict[str, Any], job_id: str, *, dry_run: bool = False)
     existing = api.get(f"reading {describe(obj)}", kind.read, name, namespace)
     if existing is None:
         raise BackendError(f"{describe(obj)} was said to exist but cannot be read; try again", retryable=True)
-    if _attempt(existing) < _attempt(obj):  # an ended earlier attempt's, which the submit replaces
+    if attempt_of(existing) < attempt_of(obj):  # an ended earlier attempt's, which the submit replaces
         if dry_run:
             return existing, False
-        raise BackendError(f"{describe(obj)} of attempt {_attempt(existing)} is still being deleted; try again",
+        raise BackendError(f"{describe(obj)} of attempt {attempt_of(existing)} is still being deleted; try again",
                            retryable=True)
     taken = _taken(existing, obj, job_id)
     if taken is not None:

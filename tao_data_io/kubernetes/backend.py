@@ -48,12 +48,12 @@ from ..vocabulary import TERMINAL_STATES
 from ..tier import ClusterFacts
 from . import pods as pod_reading
 from .api import Api, ApiError, connect
-from .apply import adopt, create, creation_order, kinds, secret_object, step_of, training_job
+from .apply import adopt, attempt_of, create, creation_order, kinds, secret_object, step_of, training_job
 from .facts import SIDECAR_VERSION, cluster_facts, server_version
 from .follow import FIRST_LINES, LOOK_LINES, new_lines, read_cursor, since_seconds
 from .gates import (admit_pods, check_access, check_claim, check_gpus, check_secrets, check_version, dry_run,
                     needed_access)
-from .render import ATTEMPT_ANNOTATION, JOB_ID_LABEL, MANAGED_BY, RenderedJob, read_config, render_job
+from .render import JOB_ID_LABEL, MANAGED_BY, RenderedJob, read_config, render_job
 from .settings import KubernetesSettings
 from .waiting import Budget, PodWatch, StageFailed, list_pods, wait_for_stage, wait_for_verdict
 
@@ -167,7 +167,7 @@ class KubernetesBackend:
         earlier = self._get_job(api, api.namespace, name)
         if earlier is None:
             return
-        attempt = int((earlier["metadata"].get("annotations") or {}).get(ATTEMPT_ANNOTATION, "1"))
+        attempt = attempt_of(earlier)
         if attempt >= plan.attempt:
             return
         if self.status(f"{api.namespace}/{name}").state not in TERMINAL_STATES:

@@ -26,7 +26,7 @@ from ..credentials import Redactor
 from ..errors import UsageError
 from ..records import JobRecord, OutputRoute
 from ..frame import PROBE_DIR as PROBE_DIR  # where backends mount the probe's files
-from ..request import JobRequest
+from ..request import JobRequest, spelled_source
 from ..schema import Strict
 from ..staging.stage_map import StagingMap
 from ..tier import Tier, TierDecision
@@ -160,18 +160,13 @@ def _refuse_undeclared(request: JobRequest, staging_map: StagingMap) -> None:
     spec), besides its config: the map is a file between steps — and between machines — so an
     entry added to it by hand would otherwise become a mount of the job (the renderer contract:
     no undeclared sources)."""
-    declared = {_spelled(item.source) for item in request.inputs}
-    declared |= {_spelled(named.source) for named in request.remote_sources()}
+    declared = {spelled_source(item.source) for item in request.inputs}
+    declared |= {spelled_source(named.source) for named in request.remote_sources()}
     for index, source in enumerate(staging_map.sources):
-        if source.kind != "config" and _spelled(source.source) not in declared:
+        if source.kind != "config" and spelled_source(source.source) not in declared:
             raise UsageError(f"staging map entry sources[{index}] ({source.source!r} at {source.container_path!r}) is "
                              "not an input or a URI of the request: stage the request again instead of editing "
                              "its staging map")
-
-
-def _spelled(source: str) -> str:
-    """A source as it is compared: an s3:// prefix with or without its slash is one source."""
-    return source.rstrip("/") if source.startswith("s3://") else source
 
 
 def _mount_for(source: object) -> PlanMount:
