@@ -23,6 +23,12 @@ import errno
 import os
 
 
+#: The exit status of a command refused for its input (a :class:`UsageError`, a path it cannot
+#: use): a rerun of the same command fails the same way, so a Job's pod failure policy ends the
+#: Job on it instead of retrying.
+USAGE_EXIT = 2
+
+
 class TaoDataIOError(Exception):
     """Base class for every error this package raises on purpose."""
 

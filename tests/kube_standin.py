@@ -26,7 +26,9 @@ import asyncio
 import copy
 import hashlib
 import itertools
+import posixpath
 import re
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +40,9 @@ import attrs
 import kmock
 
 from tao_data_io.launch.probe import CheckResult, Verdict
+from tao_data_io.staging.writable import unwritable_message
+
+from .kube_volumes import Volume, identity_of, supports_fs_group
 
 T = TypeVar("T")
 JOBS = kmock.resource("batch", "v1", "jobs")
@@ -46,7 +51,8 @@ RESOURCES = {kind: kmock.resource(*parts) for kind, parts in {
     "Secret": ("", "v1", "secrets"), "ConfigMap": ("", "v1", "configmaps"), "Service": ("", "v1", "services"),
     "Job": ("batch", "v1", "jobs"), "Pod": ("", "v1", "pods"), "Event": ("", "v1", "events"),
     "Node": ("", "v1", "nodes"), "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
-    "StorageClass": ("storage.k8s.io", "v1", "storageclasses")}.items()}
+    "PersistentVolume": ("", "v1", "persistentvolumes"), "StorageClass": ("storage.k8s.io", "v1", "storageclasses"),
+    "CSIDriver": ("storage.k8s.io", "v1", "csidrivers")}.items()}
 #: Resource plural → kind, for the kinds the backend creates (what :func:`invalid` checks).
 KINDS = {"secrets": "Secret", "configmaps": "ConfigMap", "services": "Service", "jobs": "Job"}
 GPU_UNSCHEDULABLE = ("0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: 0/2 nodes are available: "
@@ -465,7 +471,17 @@ class ControlPlane:
     unschedulable_message: str = GPU_UNSCHEDULABLE
     #: Whether the scheduler's reason is on the pod's condition too, or only in an event.
     condition_messages: bool = True
+    #: Image → the (uid, gid) its containers run as unless the pod says otherwise (else root).
+    image_users: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: PersistentVolume name → its filesystem (made when a pod first mounts it; a test may seed
+    #: one): see :mod:`.kube_volumes`. A claim without a PersistentVolume is not modelled.
+    volumes: dict[str, Volume] = field(default_factory=dict)
     _position: dict[str, int] = field(default_factory=dict)
+    #: Pods mounted (fsGroup applied), containers started (subPaths made, a stage's writes done).
+    _mounted: set[str] = field(default_factory=set)
+    _started: set[tuple[str, str]] = field(default_factory=set)
+    #: Pod → why its stage container exited 2 (what ``tao-data-io stage`` printed last).
+    _refusals: dict[str, str] = field(default_factory=dict)
     _events: itertools.count = field(default_factory=itertools.count)
 
     def created(self, server: ApiServer, job: dict[str, Any]) -> None:
@@ -505,6 +521,73 @@ class ControlPlane:
             self._apply(server, namespace, pod, script[position])
         self._job_status(server, namespace, job)
 
+    # ----------------------------------------------------------------- volumes, as the kubelet has them
+    def _volume(self, server: ApiServer, namespace: str, pod_spec: dict[str, Any], name: str) -> Volume | None:
+        """The modelled filesystem behind the pod's volume ``name`` (a claim bound to a PersistentVolume)."""
+        source = next((v for v in pod_spec.get("volumes", []) if v["name"] == name), {})
+        claim_name = (source.get("persistentVolumeClaim") or {}).get("claimName")
+        claim = server.alive("PersistentVolumeClaim", namespace).get(claim_name or "") or {}
+        pv = server.alive("PersistentVolume").get((claim.get("spec") or {}).get("volumeName") or "")
+        if pv is None:
+            return None
+        volume_name = pv["metadata"]["name"]
+        if volume_name not in self.volumes:
+            self.volumes[volume_name] = Volume(ownership=supports_fs_group(pv, server.alive("CSIDriver")))
+        return self.volumes[volume_name]
+
+    def _mount(self, server: ApiServer, namespace: str, raw: dict[str, Any]) -> None:
+        """The kubelet sets a pod's volumes up once, before its first container: fsGroup."""
+        name, spec = raw["metadata"]["name"], raw["spec"]
+        if name in self._mounted:
+            return
+        self._mounted.add(name)
+        context = spec.get("securityContext") or {}
+        for source in spec.get("volumes", []):
+            volume = self._volume(server, namespace, spec, source["name"])
+            if volume is not None and "fsGroup" in context:
+                volume.apply_fs_group(context["fsGroup"], context.get("fsGroupChangePolicy"))
+
+    def _start(self, server: ApiServer, namespace: str, raw: dict[str, Any], container: dict[str, Any]) -> None:
+        """A container starts: the kubelet makes its missing subPaths; a stage container makes
+        the directories its command names (``--workdir``, the ``--map``'s), as its user may."""
+        name, spec = raw["metadata"]["name"], raw["spec"]
+        if (name, container["name"]) in self._started:
+            return
+        self._started.add((name, container["name"]))
+        for mount in container.get("volumeMounts", []):
+            volume = self._volume(server, namespace, spec, mount["name"])
+            if volume is not None and mount.get("subPath"):
+                volume.make_subpath(mount["subPath"])
+        if container["name"] != "stage":
+            return
+        command = container.get("command", [])
+        wanted = [command[command.index("--workdir") + 1], posixpath.dirname(command[command.index("--map") + 1])]
+        who = identity_of(spec, container, self.image_users)
+        for path in wanted:
+            mount, volume = self._mount_of(server, namespace, spec, container, path)
+            if volume is None:
+                continue
+            inside = posixpath.relpath(path, mount["mountPath"])
+            refused = volume.make_dirs(posixpath.join(mount.get("subPath", ""), inside), who)
+            if refused is not None:
+                blocker = volume.tree[refused]
+                what = "the staging root" if path == wanted[0] else "the staging map's directory"
+                self._refusals[name] = "error: " + unwritable_message(
+                    what=what, directory=path, blocker=posixpath.join(mount["mountPath"], refused).rstrip("/"),
+                    owner=(blocker.uid, blocker.gid), mode=stat.S_IMODE(blocker.mode), uid=who.uid,
+                    groups=list(dict.fromkeys([who.gid, *sorted(who.groups)]))) + "\n"
+                return
+
+    def _mount_of(self, server: ApiServer, namespace: str, spec: dict[str, Any], container: dict[str, Any],
+                  path: str) -> tuple[dict[str, Any], Volume | None]:
+        """The container's mount ``path`` lies under (the deepest), and its modelled volume."""
+        under = [m for m in container.get("volumeMounts", [])
+                 if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
+        if not under:
+            return {}, None
+        mount = max(under, key=lambda m: len(m["mountPath"]))
+        return mount, self._volume(server, namespace, spec, mount["name"])
+
     def _apply(self, server: ApiServer, namespace: str, pod: Any, step: str) -> None:
         raw = pod.raw
         name, spec = raw["metadata"]["name"], raw["spec"]
@@ -522,34 +605,54 @@ class ControlPlane:
         if target not in order:  # no stager (tier A), or "main": the next container that is there
             target = "verify" if target == "stager" and "verify" in order else main[0]["name"]
         current = order.index(target)
+        verify_at = order.index("verify") if "verify" in order else None
+        if verify_at is not None and current > verify_at and not self._verdict(server, namespace, spec).ok:
+            # verify.sh exits 1 on a failed verdict: the pod fails there, and no later container starts
+            current, phase, state_of = verify_at, "Failed", (lambda c: _terminated(1, "Error"))
+        if step != "pulling":
+            self._mount(server, namespace, raw)
+            for container in [*init, *main][:current + 1]:
+                self._start(server, namespace, raw, container)
+        if name in self._refusals:  # the stage could not write its volume: it exited 2 at once
+            state_of, phase = (lambda c: _terminated(2, "Error", self._refusals[name])), "Failed"
         statuses = []
         for position, container in enumerate([*init, *main]):
             sidecar = container.get("restartPolicy") == "Always"
             if position < current:
                 state = _running() if sidecar and phase in ("Pending", "Running") else _terminated(
-                    0, "Completed", self._verdict(server, namespace, spec) if container["name"] == "verify" else None)
+                    0, "Completed",
+                    self._verdict(server, namespace, spec).termination_message() if container["name"] == "verify"
+                    else None)
             elif position == current:
                 state = state_of(container)
                 if container["name"] == "verify" and "terminated" in state:
-                    state["terminated"]["message"] = self._verdict(server, namespace, spec)
+                    state["terminated"]["message"] = self._verdict(server, namespace, spec).termination_message()
             else:
                 state = _waiting("PodInitializing")
             statuses.append({"name": container["name"], "image": container["image"], "imageID": "", "ready": False,
                              "restartCount": 0, "started": "running" in state, "state": state})
             self._logs(server, namespace, name, container["name"], state)
+        if name in self._refusals:
+            server.logs[namespace, name, "stage"] = self._refusals[name]
         pod["status"] = {"phase": phase, "conditions": [{"type": "PodScheduled", "status": "True"}],
                          "initContainerStatuses": statuses[:len(init)], "containerStatuses": statuses[len(init):]}
 
-    def _verdict(self, server: ApiServer, namespace: str, spec: dict[str, Any]) -> str:
-        """The verify container's termination message for the checklist in the job's ConfigMap."""
+    def _verdict(self, server: ApiServer, namespace: str, spec: dict[str, Any]) -> Verdict:
+        """The verify container's verdict on the checklist in the job's ConfigMap: what a test said
+        fails (``verify_failures``), and an input missing from a volume whose contents are modelled."""
         files = next(v["configMap"]["name"] for v in spec["volumes"] if v["name"] == "files")
         checklist = server.objects[RESOURCES["ConfigMap"], namespace, files].raw["data"]["checklist"]
+        verify = next(c for c in spec.get("initContainers", []) if c["name"] == "verify")
         results = []
         for line in checklist.splitlines():
             kind, path, _ = line.split("\t")
             failure = self.verify_failures.get(path)
+            mount, volume = self._mount_of(server, namespace, spec, verify, path)
+            if failure is None and volume is not None and volume.contents and kind != "results-writable":
+                on_volume = posixpath.join(mount.get("subPath", ""), posixpath.relpath(path, mount["mountPath"]))
+                failure = None if volume.exists(on_volume) else "does not exist"
             results.append(CheckResult(kind=kind, path=path, ok=failure is None, detail=failure or "readable"))  # type: ignore[arg-type]
-        return Verdict(ok=not any(not r.ok for r in results), checks=results).termination_message()
+        return Verdict(ok=not any(not r.ok for r in results), checks=results)
 
     def _logs(self, server: ApiServer, namespace: str, pod: str, container: str, state: dict[str, Any]) -> None:
         key = (namespace, pod, container)

@@ -16,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 import yaml
 
-from tao_data_io.errors import UsageError
+from tao_data_io.errors import USAGE_EXIT, UsageError
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.launch.probe import PROBE_SCRIPT, Check, parse_probe_output
 from tao_data_io.kubernetes.render import RenderedJob, literal, read_config, render_job
@@ -600,6 +600,19 @@ def test_the_stage_pod_makes_a_new_claim_writable_for_the_stager_where_the_volum
     assert stage["securityContext"] == {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
 
 
+def test_a_stage_refused_for_its_input_ends_its_job_at_once(tmp_path: Path) -> None:
+    """Exit 2 is the stage's refusal of its input (a volume it cannot write: its write probe), which
+    fails the same way on every retry: the pod failure policy (batch/v1 PodFailurePolicy; its
+    rules need restartPolicy Never, pkg/apis/batch/validation) ends the Job instead of spending
+    backoffLimit on it; any other exit is retried."""
+    rendered = render(req(storage={"pvc_claim": "lustre"}), tmp_path, "B", pvc_claim="lustre")
+    stage = [o for o in rendered.objects if o["kind"] == "Job"][0]["spec"]
+    assert stage["podFailurePolicy"] == {"rules": [{"action": "FailJob", "onExitCodes": {
+        "containerName": "stage", "operator": "In", "values": [USAGE_EXIT]}}]}
+    assert stage["template"]["spec"]["restartPolicy"] == "Never" and stage["backoffLimit"] > 0
+    validate(rendered)
+
+
 def test_the_stage_pod_is_scheduled_where_the_training_pods_may_run(tmp_path: Path) -> None:
     """A WaitForFirstConsumer claim is bound where its first pod lands (the volume binder,
     pkg/scheduler/framework/plugins/volumebinding): were the GPU-less stage pod free to land on
@@ -627,6 +640,24 @@ def test_render_job_suspends_tier_bs_training_until_its_stage_has_run(tmp_path: 
     assert "suspend" not in direct.objects[-1]["spec"]  # the backend creates it after the stage instead
     tier_c = render(req(), tmp_path / "c", "C", suspend_training=True)
     assert "suspend" not in tier_c.objects[-1]["spec"]  # no stage Job: nothing to wait for
+
+
+def test_the_probe_reads_claim_inputs_through_the_claims_root_never_by_their_subpath(tmp_path: Path) -> None:
+    """A container that mounts a missing subPath has the kubelet create it (makeMounts): the verify
+    probe mounts the claim's root read-only and checks each input the claim serves at its subPath
+    there; only the training container mounts the inputs by subPath, and it starts after the probe
+    passed. The results directory is the job's own, so the probe mounts it as training does."""
+    rendered = render(req(storage={"pvc_claim": "lustre"}), tmp_path, "B", pvc_claim="lustre")
+    pod = rendered.objects[-1]["spec"]["template"]["spec"]
+    verify = by_name(pod["initContainers"])["verify"]
+    train = pod["containers"][0]
+    inputs = {m["subPath"] for m in train["volumeMounts"] if m["name"] == "data" and m["subPath"].startswith("cache/")}
+    assert inputs
+    probe_claim = [m for m in verify["volumeMounts"] if m["name"] == "data"]
+    assert {"name": "data", "mountPath": "/tao-data-io/volume", "readOnly": True} in probe_claim
+    assert not {m.get("subPath") for m in probe_claim} & inputs
+    checklist = next(o for o in rendered.objects if o["kind"] == "ConfigMap")["data"]["checklist"]
+    assert {f"/tao-data-io/volume/{sub}" for sub in inputs} <= {line.split("\t")[1] for line in checklist.splitlines()}
 
 
 def test_render_job_of_a_record_without_a_tier_names_the_fix_not_a_validation_trace(tmp_path: Path) -> None:

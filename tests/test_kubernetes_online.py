@@ -38,6 +38,7 @@ from tao_data_io.request import JobRequest
 
 from .kube_helpers import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID
 from .kube_standin import RESOURCES, TRAIN_SCRIPT, Fault, KubeStandIn
+from .kube_volumes import Inode, Volume
 
 NAMESPACE = "tao"
 STAGER = "registry.example.com/tao-data-io-stager:0.1.0"
@@ -232,6 +233,77 @@ def test_a_failed_stage_job_is_deleted_and_nothing_trains(kube: KubeStandIn, tmp
     record = store_in(tmp_path).get("job-1")  # why, and (a launch began) PENDING: a later submit stages again
     assert record.state == "PENDING" and record.backend_ref is None
     assert "container stage exited 2" in (record.message or "")
+
+
+#: A PersistentVolume's source by kind, for :func:`bound_claim`; what the kubelet does with a
+#: pod's fsGroup on each is in tests/kube_volumes.py.
+VOLUME_SOURCES: dict[str, dict[str, Any]] = {
+    "nfs": {"nfs": {"server": "nfs.example.com", "path": "/exports/tao"}},
+    "hostPath": {"hostPath": {"path": "/srv/tao"}},
+    "csi-file": {"csi": {"driver": "file.csi.example.com", "volumeHandle": "v-1"}},
+    "csi-none": {"csi": {"driver": "none.csi.example.com", "volumeHandle": "v-1"}},
+    "csi-default-rwx": {"csi": {"driver": "block.csi.example.com", "volumeHandle": "v-1", "fsType": "ext4"}},
+    "csi-default-rwo": {"csi": {"driver": "block.csi.example.com", "volumeHandle": "v-1", "fsType": "ext4"}},
+}
+DRIVER_POLICIES = {"file.csi.example.com": "File", "none.csi.example.com": "None", "block.csi.example.com": None}
+
+
+def bound_claim(kube: KubeStandIn, kind: str, name: str = "tao-data") -> str:
+    """A claim bound to a fresh PersistentVolume of ``kind`` (its root ``root:root 0755``), with
+    the CSIDriver objects that say what each driver does with fsGroup; the stager image runs as
+    its Dockerfile's user, 1000."""
+    modes = ("ReadWriteOnce",) if kind.endswith("-rwo") else ("ReadWriteMany",)
+    volume = f"pv-{name}"
+    for driver, policy in DRIVER_POLICIES.items():
+        kube.server.store({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": driver},
+                           "spec": {**({"fsGroupPolicy": policy} if policy else {})}})
+    kube.server.store({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+                       "spec": {"accessModes": list(modes), "capacity": {"storage": "100Gi"}, **VOLUME_SOURCES[kind]}})
+    bound = claim(name, modes=modes)
+    bound["spec"]["volumeName"] = volume
+    kube.server.store(bound)
+    kube.server.control.image_users[STAGER] = (1000, 1000)
+    return volume
+
+
+@pytest.mark.parametrize("kind", ["csi-file", "csi-default-rwo"])
+def test_a_fresh_volume_that_applies_fs_group_is_written_through_the_stage_pods_fs_group(
+        kube: KubeStandIn, tmp_path: Path, kind: str) -> None:
+    volume = bound_claim(kube, kind)
+    done = submit(tmp_path, job_request(storage={"pvc_claim": "tao-data"}), make_backend())
+    assert done.tier == "B" and done.verdict.ok
+    tree = kube.server.control.volumes[volume].tree
+    assert tree[""].gid == 1000 and tree[""].mode & 0o2070 == 0o2070  # the kubelet applied fsGroup 1000
+    assert tree["cache"].uid == 1000 and tree["jobs/job-1"].gid == 1000
+
+
+@pytest.mark.parametrize("kind", ["nfs", "hostPath", "csi-none", "csi-default-rwx"])
+def test_a_claim_whose_volume_ignores_fs_group_refuses_the_stage_with_the_fix(kube: KubeStandIn, tmp_path: Path,
+                                                                               kind: str) -> None:
+    volume = bound_claim(kube, kind)
+    with pytest.raises(BackendError) as info:
+        submit(tmp_path, job_request(storage={"pvc_claim": "tao-data"}), make_backend())
+    said = str(info.value)
+    assert "container stage exited 2" in said and not info.value.retryable
+    assert ("the staging root /tao-data-io/volume/cache cannot be written by this stage (uid 1000, groups 1000)"
+            in said), said
+    assert "/tao-data-io/volume is owned by 0:0 with mode 0755" in said and "chmod 2775 DIR" in said
+    assert "the stage pod mounts claim 'tao-data' at /tao-data-io/volume" in said
+    assert set(kube.server.control.volumes[volume].tree) == {""}  # nothing was written
+    assert ours(kube, "Job") == {}
+    assert "cannot be written by this stage" in (store_in(tmp_path).get("job-1").message or "")
+
+
+def test_a_pre_created_group_writable_cache_and_jobs_on_an_nfs_export_is_the_fix(kube: KubeStandIn,
+                                                                                 tmp_path: Path) -> None:
+    volume = bound_claim(kube, "nfs")
+    tree = kube.server.control.volumes.setdefault(volume, Volume(ownership=False)).tree
+    for directory in ("cache", "jobs"):  # what the refusal says to run on the export
+        tree[directory] = Inode(0, 1000, 0o2775)
+    done = submit(tmp_path, job_request(storage={"pvc_claim": "tao-data"}), make_backend())
+    assert done.tier == "B" and done.verdict.ok
+    assert tree[""].gid == 0  # NFS: the kubelet changed nothing
+    assert tree["jobs/job-1"].gid == 1000  # the setgid directory handed its group on
 
 
 def test_multi_node_creates_the_headless_service_and_waits_for_every_rank(kube: KubeStandIn, tmp_path: Path) -> None:
@@ -556,7 +628,8 @@ def test_status_maps_the_reference_table_with_the_reason(kube: KubeStandIn, tmp_
         plane.refused["job-1"] = ('pods "job-1-x" is forbidden: exceeded quota: gpu-quota, requested: '
                                   "requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=8")
     plane.scripts["job-1"] = [step]
-    plane.verify_failures["/data"] = "does not exist"
+    if step == "verify-failed":  # a failed verdict ends the pod there: no later step could be reached
+        plane.verify_failures["/data"] = "does not exist"
     backend = make_backend()
     submission, _ = launch_only(tmp_path, job_request(), backend)
     status = backend.status(submission.backend_ref)
@@ -908,6 +981,28 @@ def test_gate_the_claim(kube: KubeStandIn, tmp_path: Path, seeded: dict[str, Any
     if seeded is not None:
         kube.server.store(seeded)
     gate_case(kube, tmp_path, job_request(**fields), make_backend(pvc_claim="tao-data", **settings), fragment)
+
+
+def test_an_input_missing_on_the_claim_fails_verify_and_is_never_made_an_empty_directory(kube: KubeStandIn,
+                                                                                         tmp_path: Path) -> None:
+    """The kubelet creates a missing subPath, root-owned and empty, when a container that mounts it
+    starts (pkg/kubelet/kubelet_pods.go makeMounts; tests/kube_volumes.py). The probe reads each
+    claim input through the claim's root, so a pre-positioned source that is not there fails
+    verify, and nothing mounts it by subPath: the claim is left as it was."""
+    volume = bound_claim(kube, "csi-file")
+    seeded = kube.server.control.volumes[volume] = Volume(ownership=True, contents=True)
+    seeded.tree.update({"datasets": Inode(), "datasets/coco": Inode(), "datasets/coco/a.jpg": Inode(directory=False)})
+    before = set(seeded.tree)
+    mounts = [{"source": "/datasets/coco", "target": "/data", "read_only": True},
+              {"source": "/datasets/coco-annotations.json", "target": "/ann.json", "read_only": True}]
+    with pytest.raises(steps.VerifyFailed, match="datasets/coco-annotations.json: does not exist") as info:
+        submit(tmp_path, job_request(inputs=[], mounts=mounts), make_backend(pvc_claim="tao-data"))
+    assert "/tao-data-io/volume/datasets/coco:" not in str(info.value)  # the one that is there passed
+    # No empty directory where the annotation file was expected; only the job's own results
+    # directory was made (the probe mounts it by subPath to prove it persists).
+    assert set(seeded.tree) - before == {"results", "results/job-1"}
+    checks = {c["path"]: c for c in store_in(tmp_path).get("job-1").verify["checks"]}  # type: ignore[index, union-attr]
+    assert checks["/tao-data-io/volume/datasets/coco"]["subject"] == "/datasets/coco"
 
 
 def test_gate_a_claim_that_waits_for_its_first_consumer_passes(kube: KubeStandIn, tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ from .facts import SIDECAR_VERSION, cluster_facts, server_version
 from .follow import FIRST_LINES, LOOK_LINES, new_lines, read_cursor, since_seconds
 from .gates import (admit_pods, check_access, check_claim, check_gpus, check_secrets, check_version, dry_run,
                     needed_access)
-from .render import JOB_ID_LABEL, MANAGED_BY, RenderedJob, read_config, render_job
+from .render import JOB_ID_LABEL, MANAGED_BY, VOLUME_ROOT, RenderedJob, claim_paths, read_config, render_job
 from .settings import KubernetesSettings
 from .waiting import Budget, PodWatch, StageFailed, list_pods, wait_for_stage, wait_for_verdict
 
@@ -190,7 +190,10 @@ class KubernetesBackend:
             wait_for_stage(watch)
         except StageFailed as exc:
             self._delete_job(api, namespace, name)
-            raise StageFailed(f"{exc}; the stage Job was deleted, so the next submit stages again") from None
+            claim = next(v["persistentVolumeClaim"]["claimName"] for v in stage["spec"]["template"]["spec"]["volumes"]
+                         if "persistentVolumeClaim" in v)
+            raise StageFailed(f"{exc} (the stage pod mounts claim {claim!r} at {VOLUME_ROOT}); the stage Job was "
+                              "deleted, so the next submit stages again") from None
 
     # ------------------------------------------------------------------ follow
     def verify(self, ref: str, plan: LaunchPlan, *, timeout: float | None = None) -> Verdict:
@@ -205,7 +208,7 @@ class KubernetesBackend:
         if configmap is None:
             verdict = Verdict(ok=False, error=f"ConfigMap {namespace}/{files}, which holds the checklist, is gone")
         else:
-            checks = read_checklist((configmap.get("data") or {}).get("checklist", ""), plan)
+            checks = read_checklist((configmap.get("data") or {}).get("checklist", ""), plan, claim_paths(plan))
             watch = PodWatch(api, namespace, name, name, "train",
                              Budget(timeout or self.verify_timeout, self.image_pull_timeout), self.say,
                              self.pod_poll_seconds)

@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 from ..credentials import AWS_TO_LEGACY, Redactor
-from ..errors import UsageError
+from ..errors import USAGE_EXIT, UsageError
 from ..fs import check_relative
 from ..launch.plan import PROBE_DIR, LaunchPlan, PlanMount, refuse_smuggled_secrets
 from ..launch.probe import PROBE_SCRIPT, TOKEN_FILE, Check, checklist, checklist_text
@@ -249,7 +249,7 @@ class _Job:
 
     def _checks(self) -> list[Check]:
         token = hashlib.sha256(f"tao-data-io-verify:{self.plan.job_id}".encode()).hexdigest()[:32]
-        checks, _ = checklist(self.plan, token)
+        checks, _ = checklist(self.plan, token, claim_paths(self.plan))
         if self.uploads and not self.results_on_claim:
             checks.append(Check(kind="persistent", path=self.plan.results_dir, subject="results",
                                 argument=f"{STATE_DIR}/upload-check"))
@@ -336,7 +336,12 @@ class _Job:
                "securityContext": {"fsGroup": STAGER_UID, "fsGroupChangePolicy": "OnRootMismatch"},
                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": self.settings.pvc_claim}},
                            {"name": "files", "configMap": {"name": self.names.files}}]}
+        # A stage refused for its input (exit 2: a volume it cannot write, a bad request) fails the
+        # same way again: the Job ends at once instead of spending its retries on it.
+        refused = {"action": "FailJob", "onExitCodes": {"containerName": "stage", "operator": "In",
+                                                        "values": [USAGE_EXIT]}}
         spec: dict[str, Any] = {"backoffLimit": 2 * shards, "ttlSecondsAfterFinished": self.settings.ttl_seconds,
+                                "podFailurePolicy": {"rules": [refused]},
                                 "template": {"metadata": {"labels": {**self.labels, STEP_LABEL: "stage"}}, "spec": pod}}
         if shards > 1:
             spec.update(completionMode="Indexed", completions=shards, parallelism=shards)
@@ -348,12 +353,16 @@ class _Job:
         env = self._env()
         train = {"name": "train", "image": plan.image, "command": [literal(arg) for arg in plan.argv], "env": env,
                  "volumeMounts": mounts, "resources": self._resources()}
+        located = claim_paths(plan)  # read through the claim's root: see claim_paths
+        probe_mounts = [m for m in mounts if m["mountPath"] not in located]
+        if located:
+            probe_mounts.append({"name": "data", "mountPath": VOLUME_ROOT, "readOnly": True})
         verify = {"name": "verify", "image": plan.image,
                   "command": ["/bin/sh", f"{PROBE_DIR}/verify.sh", f"{PROBE_DIR}/probe.sh", f"{PROBE_DIR}/checklist",
                               TERMINATION_LOG],
                   "env": env, "terminationMessagePath": TERMINATION_LOG, "terminationMessagePolicy": "File",
                   "resources": OWN_REQUESTS["verify"],
-                  "volumeMounts": [*mounts, {"name": "files", "mountPath": PROBE_DIR, "readOnly": True}]}
+                  "volumeMounts": [*probe_mounts, {"name": "files", "mountPath": PROBE_DIR, "readOnly": True}]}
         training_security = self._training_security()
         if training_security is not None:  # the probe proves what training can read: as the same user
             train["securityContext"] = verify["securityContext"] = training_security
@@ -519,13 +528,33 @@ class _Job:
         if mount.origin == "config":
             assert self.config_key is not None
             return "files", self.config_key
-        if mount.origin == "pre-positioned":
-            relative = mount.source.lstrip("/")
-            return "data", check_relative(relative, what=f"pre-positioned mount source {mount.source!r} as subPath")
-        relative = check_relative(mount.source, what=f"staging map sub_path of {mount.input!r}")
-        if self.plan.tier == "B":
-            return "data", f"{CACHE_DIR}/{relative}"
-        return "staging", relative
+        on_claim = claim_sub_path(self.plan, mount)
+        if on_claim is not None:
+            return "data", on_claim
+        return "staging", check_relative(mount.source, what=f"staging map sub_path of {mount.input!r}")
+
+
+def claim_sub_path(plan: LaunchPlan, mount: PlanMount) -> str | None:
+    """Where on the claim ``mount``'s input is (its subPath), or None when the claim does not serve it."""
+    if mount.origin == "pre-positioned":
+        relative = mount.source.lstrip("/")
+        return check_relative(relative, what=f"pre-positioned mount source {mount.source!r} as subPath")
+    if mount.origin == "staged" and plan.tier == "B":
+        return f"{CACHE_DIR}/{check_relative(mount.source, what=f'staging map sub_path of {mount.input!r}')}"
+    return None
+
+
+def claim_paths(plan: LaunchPlan) -> dict[str, str]:
+    """Target → where the verify probe reads each input the claim serves: through the claim's root
+    (mounted read-only at :data:`VOLUME_ROOT`), never through the subPath the training container
+    mounts. The kubelet creates a missing subPath — an empty root-owned directory — when a
+    container that mounts it starts (pkg/kubelet/kubelet_pods.go makeMounts): a probe that mounted
+    it would turn a tier A source that is not there into an empty dataset, and a cached file the
+    stage never wrote into a directory in the shared cache that breaks every later stage. Read
+    through the root, a missing input fails the probe, and the training container, the only one
+    that mounts the subPath, never starts."""
+    return {mount.target: f"{VOLUME_ROOT}/{sub}" for mount in plan.mounts
+            if (sub := claim_sub_path(plan, mount)) is not None}
 
 
 def literal(text: str) -> str:

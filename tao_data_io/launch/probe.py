@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import Field
@@ -158,8 +159,12 @@ class Verdict(Strict):
         return "".join(lines)
 
 
-def checklist(plan: LaunchPlan, token: str | None = None) -> tuple[list[Check], str]:
-    """The checks for ``plan`` and the persistence token the results check writes."""
+def checklist(plan: LaunchPlan, token: str | None = None,
+              located: Mapping[str, str] | None = None) -> tuple[list[Check], str]:
+    """The checks for ``plan`` and the persistence token the results check writes. ``located``
+    maps a mount target to where the probe reads it instead (a Kubernetes claim's input, read
+    through the claim's root: a container that mounted the subPath would have the kubelet create
+    it when missing); by default the probe reads each input where the job will."""
     token = token or secrets.token_hex(16)
     checks: list[Check] = []
     seen: set[str] = set()
@@ -170,7 +175,8 @@ def checklist(plan: LaunchPlan, token: str | None = None) -> tuple[list[Check], 
         kind: CheckKind = {"dir": "dir-nonempty", "file": "file", "any": "readable"}[mount.expect]
         if mount.expect == "any" and not mount.read_only:
             kind = "present"  # a writable mount is somewhere the job writes: it may start empty
-        checks.append(Check(kind=kind, path=mount.target, subject=mount.input))
+        path = (located or {}).get(mount.target, mount.target)
+        checks.append(Check(kind=kind, path=path, subject=mount.input))
     checks.append(Check(kind="results-writable", path=plan.results_dir, subject="results", argument=token))
     return checks, token
 
@@ -180,10 +186,11 @@ def checklist_text(checks: list[Check]) -> str:
     return "".join(f"{check.kind}\t{check.path}\t{check.argument}\n" for check in checks)
 
 
-def read_checklist(text: str, plan: LaunchPlan) -> list[Check]:
-    """The checks of a checklist file (:func:`checklist_text`), their subjects from ``plan`` — what
-    a frame was actually told to check, for a backend that reads the list back from the frame."""
-    subjects = {mount.target: mount.input for mount in plan.mounts}
+def read_checklist(text: str, plan: LaunchPlan, located: Mapping[str, str] | None = None) -> list[Check]:
+    """The checks of a checklist file (:func:`checklist_text`), their subjects from ``plan`` (and
+    ``located``, as :func:`checklist` was given it) — what a frame was actually told to check, for
+    a backend that reads the list back from the frame."""
+    subjects = {(located or {}).get(mount.target, mount.target): mount.input for mount in plan.mounts}
     checks = []
     for line in text.splitlines():
         kind, path, argument = (line.split("\t") + ["", ""])[:3]

@@ -35,6 +35,7 @@ from .engines import EngineSource, lease
 from .inputs import resolved, stage_planned
 from .layout import CONFIG_DIR, DEFAULT_INPUTS_ROOT, PlannedInput, plan_inputs
 from .stage_map import STAGING_MAP_NAME, StagedSource, StagingMap, write_staging_map
+from .writable import prove_writable
 
 __all__ = ["STAGING_MAP_NAME", "check_air_gap", "plan_inputs", "plan_stage", "publish_map", "stage", "stage_config",
            "stage_input"]
@@ -62,6 +63,7 @@ def stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPU
           map_path: Path | None = None) -> StagingMap:
     """Stage every input of ``request`` under ``workdir`` and write the staging map (default
     ``workdir/staging-map.json``): the one loop the CLI, a flow and a tier B stage pod share.
+    It first proves it can write both directories (:mod:`.writable`), before a byte moves.
 
     ``stager`` stages each input (default :func:`stage_input`, or the cache's ``stage_cached`` when
     ``workdir`` is a shared stage cache: each entry staged under its lock and skipped when its
@@ -73,7 +75,9 @@ def stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPU
     """
     check_air_gap(request)
     workdir = Path(os.path.abspath(workdir))
-    workdir.mkdir(parents=True, exist_ok=True)
+    prove_writable(workdir, what="the staging root")
+    if map_path is not None and map_path.parent != workdir:
+        prove_writable(Path(os.path.abspath(map_path.parent)), what="the staging map's directory")
     stage_one = stager or stage_input
     plan = plan_inputs(request, inputs_root)  # every source parsed once, here
     with lease(engine, environ) as get_engine:
