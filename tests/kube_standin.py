@@ -43,6 +43,7 @@ from tao_data_io.launch.probe import CheckResult, Verdict
 from tao_data_io.staging.writable import unwritable_message
 
 from .kube_volumes import Volume, identity_of, supports_fs_group
+from .pod_security import pod_security_violations
 
 T = TypeVar("T")
 JOBS = kmock.resource("batch", "v1", "jobs")
@@ -145,40 +146,6 @@ def _labels(labels: dict[str, str], where: str) -> list[str]:
         if problem := _broken(str(value), _LABEL_VALUE):
             problems.append(f"{where}: Invalid value: {value!r}: {problem}")
     return problems
-
-
-def pod_security_violations(pod: dict[str, Any], level: str) -> list[str]:
-    """What Pod Security admission refuses in ``pod`` at ``level``, as k8s.io/pod-security-admission
-    words it (policy/check_*.go: "<check> (<what>)"). ``baseline``: privileged containers and
-    hostPath volumes (check_privileged, check_hostPathVolumes); ``restricted`` adds
-    check_allowPrivilegeEscalation (false), check_capabilities_restricted (drop ALL),
-    check_runAsNonRoot (true, at the container or the pod) and check_seccompProfile_restricted
-    (RuntimeDefault or Localhost) — the checks a job's pods can fail."""
-    spec = pod.get("spec") or {}
-    containers = [*spec.get("initContainers", []), *spec.get("containers", [])]
-    pod_context = spec.get("securityContext") or {}
-    found: list[str] = []
-
-    def failing(check: str, rule: Callable[[dict[str, Any]], bool], must: str) -> None:
-        names = [c["name"] for c in containers if not rule({**pod_context, **(c.get("securityContext") or {})})]
-        if names:
-            found.append(f"{check} (container{'s' if len(names) > 1 else ''} "
-                         f"{', '.join(repr(n).replace(chr(39), chr(34)) for n in names)} must {must})")
-
-    failing("privileged", lambda c: c.get("privileged") is not True, "not set securityContext.privileged=true")
-    if any("hostPath" in volume for volume in spec.get("volumes", [])):
-        found.append("hostPath volumes")
-    if level == "restricted":
-        failing("allowPrivilegeEscalation != false", lambda c: c.get("allowPrivilegeEscalation") is False,
-                "set securityContext.allowPrivilegeEscalation=false")
-        failing("unrestricted capabilities", lambda c: "ALL" in ((c.get("capabilities") or {}).get("drop") or []),
-                'set securityContext.capabilities.drop=["ALL"]')
-        failing("runAsNonRoot != true", lambda c: c.get("runAsNonRoot") is True and c.get("runAsUser") != 0,
-                "set securityContext.runAsNonRoot=true")
-        failing("seccompProfile", lambda c: (c.get("seccompProfile") or {}).get("type") in ("RuntimeDefault",
-                                                                                             "Localhost"),
-                'set securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"')
-    return found
 
 
 def invalid(obj: dict[str, Any]) -> list[str]:

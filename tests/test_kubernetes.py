@@ -27,7 +27,7 @@ from tao_data_io.request import JobRequest, load_request
 
 from .helpers import run_cli, torchrun_arguments, wait_for
 from .kube_helpers import STAGER, plan_for, req
-from .kube_standin import pod_security_violations
+from .pod_security import pod_security_violations
 from .kube_standin import invalid
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
