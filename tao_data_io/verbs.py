@@ -49,6 +49,7 @@ from .steps import (
     wait_for_end,
     watch,
 )
+from .tier import Tier
 from .vocabulary import DEFAULT_POLL_SECONDS
 
 
@@ -199,8 +200,8 @@ def _launch(request: JobRequest, backend: Backend, store: RecordStore, record: J
     """Submit's steps from the tier to the verdict, for a record opened and not launched yet."""
     decision = run(decide_tier, request, backend, store, record.job_id)
     tell(f"job {record.job_id}: {decision.describe()}")
-    staging_map = stage_inputs(request, backend, staging_dir(record.job_id, staging_root, environ), environ=environ,
-                               run=run)
+    staging_map = stage_inputs(request, backend, staging_dir(record.job_id, staging_root, environ),
+                               tier=decision.tier, environ=environ, run=run)
     tell(staging_map.describe())
     record = run(route_outputs, store, record.job_id, environ)
     assert record.output_route is not None
@@ -245,14 +246,14 @@ def already_launched(record: JobRecord) -> Submitted | None:
     return Submitted(record.job_id, record.backend_ref, record.storage_tier or "A", False, verdict)
 
 
-def stage_inputs(request: JobRequest, backend: Backend, workdir: Path, *, environ: Mapping[str, str] | None = None,
-                 run: Runner = direct) -> StagingMap:
+def stage_inputs(request: JobRequest, backend: Backend, workdir: Path, *, tier: Tier,
+                 environ: Mapping[str, str] | None = None, run: Runner = direct) -> StagingMap:
     """Stage on this host when the backend reads from it (the local frame), each input a step of
     its own; otherwise only plan it and materialize the config here — the cluster stages (tier
-    B's stage Job, tier C's pod)."""
+    B's stage Job, tier C's pod, whose own disk must hold the inputs: they are sized first)."""
     if backend.stages_on_host:
         return stage(request, workdir, environ=environ, run=run)
-    return run(plan_stage, request, workdir, environ=environ)
+    return run(plan_stage, request, workdir, environ=environ, size=tier == "C")
 
 
 def collect(job_id: str, backend: Backend, store: RecordStore, *, wait: bool = True,

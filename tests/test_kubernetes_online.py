@@ -25,7 +25,8 @@ from tao_data_io.kubernetes.follow import new_lines
 from tao_data_io.kubernetes.apply import kinds
 from tao_data_io.kubernetes import pods as pod_reading
 from tao_data_io.kubernetes.backend import DEFAULT_IMAGE_PULL_TIMEOUT_S, KubernetesBackend
-from tao_data_io.kubernetes.render import ATTEMPT_ANNOTATION, STEP_LABEL
+from tao_data_io.kubernetes.render import ATTEMPT_ANNOTATION, STEP_LABEL, staging_quantity
+from tao_data_io.staging.sizing import BLOCK_BYTES
 from tao_data_io.kubernetes.settings import KubernetesSettings
 from tao_data_io.backends import backend_for
 from tao_data_io.launch.backend import DEFAULT_VERIFY_TIMEOUT_S, Backend, JobDocuments, Submission
@@ -34,7 +35,9 @@ from tao_data_io.tier import TierDecision
 from tao_data_io.launch.training import read_training_status
 from tao_data_io.names import object_names
 from tao_data_io.records import RecordStore
+from tao_data_io.credentials import S3Credentials
 from tao_data_io.request import JobRequest
+from tao_data_io.transfer.client import make_s3_client
 
 from .kube_helpers import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID
 from .kube_standin import RESOURCES, TRAIN_SCRIPT, Fault, KubeStandIn
@@ -56,10 +59,28 @@ def job_request(**fields: Any) -> JobRequest:
     return JobRequest.model_validate({**base, **fields})
 
 
+#: What the jobs' S3 input holds (moto's S3 server over HTTP, which takes any key): tier C sizes
+#: it before submit (tao_data_io.staging.sizing).
+INPUT_OBJECTS = {"data/train/0001.jpg": 3000, "data/train/0002.jpg": 5000, "data/labels.json": 192}
+
+
+@pytest.fixture(scope="module")
+def input_bucket(moto_credentials: S3Credentials) -> str:
+    client = make_s3_client(S3Credentials(SECRETS["AWS_ACCESS_KEY_ID"], SECRETS["AWS_SECRET_ACCESS_KEY"],
+                                          endpoint_url=moto_credentials.endpoint_url))
+    client.create_bucket(Bucket="bkt-1")
+    for key, size in INPUT_OBJECTS.items():
+        client.put_object(Bucket="bkt-1", Key=key, Body=b"x" * size)
+    assert moto_credentials.endpoint_url is not None
+    return moto_credentials.endpoint_url
+
+
 @contextmanager
-def seeded_cluster(where: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeStandIn]:
+def seeded_cluster(where: Path, monkeypatch: pytest.MonkeyPatch, s3_endpoint: str) -> Iterator[KubeStandIn]:
     """The stand-in with two 8-GPU nodes and a StorageClass, and a kubeconfig context for it
-    (namespace ``tao``) in $KUBECONFIG, as a user would have it."""
+    (namespace ``tao``) in $KUBECONFIG, as a user would have it; the jobs' environment reaches
+    the S3 server holding their input."""
+    monkeypatch.setitem(ENV, "AWS_ENDPOINT_URL", s3_endpoint)
     with KubeStandIn() as stand_in:
         write_kubeconfig(where / "kubeconfig", stand_in.url)
         monkeypatch.setenv("KUBECONFIG", str(where / "kubeconfig"))
@@ -75,8 +96,8 @@ def seeded_cluster(where: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Kub
 
 
 @pytest.fixture
-def kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeStandIn]:
-    with seeded_cluster(tmp_path, monkeypatch) as stand_in:
+def kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, input_bucket: str) -> Iterator[KubeStandIn]:
+    with seeded_cluster(tmp_path, monkeypatch, input_bucket) as stand_in:
         yield stand_in
 
 
@@ -123,7 +144,8 @@ def launch_only(tmp_path: Path, request: JobRequest, backend: KubernetesBackend,
     store = store_in(tmp_path)
     record = steps.open_record(request, backend, store)
     decision = steps.decide_tier(request, backend, store, record.job_id)
-    staging_map = verbs.stage_inputs(request, backend, tmp_path / "work" / record.job_id, environ=env)
+    staging_map = verbs.stage_inputs(request, backend, tmp_path / "work" / record.job_id, tier=decision.tier,
+                                     environ=env)
     record = steps.route_outputs(store, record.job_id, env)
     assert record.output_route is not None
     plan = build_plan(request, staging_map, decision, record, record.output_route, environ=env)
@@ -233,6 +255,21 @@ def test_a_failed_stage_job_is_deleted_and_nothing_trains(kube: KubeStandIn, tmp
     record = store_in(tmp_path).get("job-1")  # why, and (a launch began) PENDING: a later submit stages again
     assert record.state == "PENDING" and record.backend_ref is None
     assert "container stage exited 2" in (record.message or "")
+
+
+def test_tier_c_sizes_its_staging_volume_from_the_inputs_listing(kube: KubeStandIn, tmp_path: Path) -> None:
+    """Tier C's inputs land in the pod's emptyDir: bounded from the bucket's listing before submit,
+    that bound is the volume's sizeLimit and the stager's ephemeral-storage request — an init
+    container's request counts in the pod's effective request, so the scheduler reserves the disk
+    on the node it picks (core/v1 ResourceRequirements; the kubelet evicts a pod whose emptyDir
+    outgrows its sizeLimit)."""
+    assert submit(tmp_path, job_request(), make_backend()).tier == "C"
+    pod = ours(kube, "Job")["job-1"]["spec"]["template"]["spec"]
+    expected = staging_quantity(sum(INPUT_OBJECTS.values()) + len(INPUT_OBJECTS) * BLOCK_BYTES)
+    assert next(v for v in pod["volumes"] if v["name"] == "staging")["emptyDir"] == {"sizeLimit": expected}
+    stager = next(c for c in pod["initContainers"] if c["name"] == "stager")
+    assert stager["resources"]["requests"]["ephemeral-storage"] == expected
+    validate(every_object_of_ours(kube))
 
 
 #: A PersistentVolume's source by kind, for :func:`bound_claim`; what the kubelet does with a
@@ -353,18 +390,18 @@ def test_a_missing_forwarded_credential_creates_nothing(kube: KubeStandIn, tmp_p
 
 
 # ----------------------------------------------------------------------------- faults and retries
-def test_a_fault_on_any_one_call_of_a_submit_then_a_retry_converges(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_fault_on_any_one_call_of_a_submit_then_a_retry_converges(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    input_bucket: str) -> None:
     """A 500 (not applied) or a dropped connection (applied, the reply lost) on each request of a
     submit in turn; a second submit then leaves exactly one set of objects and one RUNNING."""
-    with seeded_cluster(tmp_path, monkeypatch) as clean:
+    with seeded_cluster(tmp_path, monkeypatch, input_bucket) as clean:
         submit(tmp_path / "clean", job_request(), make_backend())
         total = len(clean.requests())
     for kind in ("500", "drop"):
         for at in range(total):
             run = tmp_path / f"{kind}-{at}"
             run.mkdir()
-            with seeded_cluster(run, monkeypatch) as kube:
+            with seeded_cluster(run, monkeypatch, input_bucket) as kube:
                 kube.server.fault = fault = Fault(at=at, kind=kind)
                 try:
                     submit(run, job_request(), make_backend())
@@ -760,7 +797,7 @@ def test_a_running_earlier_attempt_is_never_replaced(kube: KubeStandIn, tmp_path
     backend = make_backend()
     done = submit(tmp_path, job_request(), backend)
     plan = build_plan(job_request(), verbs.stage_inputs(job_request(), backend, tmp_path / "work" / "job-1",
-                                                        environ=ENV),
+                                                        tier="C", environ=ENV),
                       TierDecision(tier="C", reason="test"), store_in(tmp_path).get("job-1"),
                       store_in(tmp_path).get("job-1").output_route, environ=ENV)
     later = plan.model_copy(update={"attempt": 2})

@@ -23,6 +23,9 @@ def register(verbs: Any) -> None:
     sub.add_argument("--plan-only", action="store_true",
                      help="write the staging map the cluster's stage step will produce, and the config; move "
                           "nothing (for render-job in tiers B and C)")
+    sub.add_argument("--size", action="store_true",
+                     help="with --plan-only: bound the inputs' staged size from their listings (tier C: the pod's "
+                          "staging volume is sized to it)")
     sub.add_argument("--cache", action="store_true",
                      help="WORKDIR is a shared stage cache (a tier B volume's cache/): stage each entry under its "
                           "lock, skip it when its marker shows the source unchanged")
@@ -47,8 +50,11 @@ def _run_stage(args: argparse.Namespace, console: Console) -> int:
     if args.plan_only:
         if args.cache or args.shard:
             raise UsageError("--plan-only stages nothing, so --cache and --shard do not apply to it")
-        staging_map = plan_stage(request, Path(args.workdir), map_path=args.map)
+        staging_map = plan_stage(request, Path(args.workdir), map_path=args.map, size=args.size)
     else:
+        if args.size:
+            raise UsageError("--size bounds what a cluster will stage; it goes with --plan-only (a stage here "
+                             "measures what it writes)")
         staging_map = stage(request, Path(args.workdir), stager=stage_cached if args.cache else None, shard=args.shard,
                             map_path=args.map)
     if args.json:

@@ -83,6 +83,8 @@ OWN_REQUESTS: dict[str, dict[str, Any]] = {
     "status": {"requests": {"cpu": "10m", "memory": "16Mi"}},
     "verify": {"requests": {"cpu": "50m", "memory": "64Mi"}},
 }
+#: What tier C's staging volume holds besides the inputs: the config and the stager's state.
+STAGING_MARGIN = 256 * 2**20
 #: Which attempt of the job made an object (``LaunchPlan.attempt``): a later attempt replaces an
 #: ended earlier one's objects instead of being refused as another request.
 ATTEMPT_ANNOTATION = "tao-data-io/attempt"
@@ -195,6 +197,8 @@ class _Job:
         self.results_on_claim = settings.pvc_claim is not None
         self.uploads = plan.route.route == "s3"
         self.stages_in_pod = plan.tier == "C"
+        #: Tier C's staging volume, sized to hold what its stager writes (None: unknown, no limit).
+        self.staging_size = staging_quantity(plan.staging_bytes) if plan.staging_bytes is not None else None
         self.needs_stager = self.stages_in_pod or self.uploads
         self.secret = self._secret()
         _check_plan(plan, settings)
@@ -433,14 +437,17 @@ class _Job:
         if self.uploads and not self.results_on_claim:
             extra.append({"name": "TAO_DATA_IO_UPLOAD_CHECK", "value": f"{STATE_DIR}/upload-check"})
         mounts = [{"name": "files", "mountPath": FILES_DIR, "readOnly": True}, {"name": "state", "mountPath": STATE_DIR}]
+        resources = OWN_REQUESTS["stage"]
         if self.stages_in_pod:
             extra.append({"name": "TAO_DATA_IO_STAGE_ROOT", "value": STAGE_ROOT})
             mounts.append({"name": "staging", "mountPath": STAGE_ROOT})
+            if self.staging_size is not None:  # the scheduler finds a node with the disk for the inputs
+                resources = {"requests": {**resources["requests"], "ephemeral-storage": self.staging_size}}
         if self.plan.restore_from is not None:  # a later attempt: the results come back first
             extra.append({"name": "TAO_DATA_IO_RESTORE_FROM", "value": self.plan.restore_from})
             mounts.append(self._results_mount())
         return {"name": "stager", "image": self.settings.stager_image, "command": ["/bin/sh", f"{FILES_DIR}/stager.sh"],
-                "securityContext": RESTRICTED, "resources": OWN_REQUESTS["stage"],
+                "securityContext": RESTRICTED, "resources": resources,
                 "env": [*self._tool_env(env), *extra], "volumeMounts": mounts,
                 "terminationMessagePolicy": "FallbackToLogsOnError"}
 
@@ -518,7 +525,8 @@ class _Job:
         else:
             volumes.append({"name": "results", "emptyDir": {}})
         if self.stages_in_pod:
-            volumes.append({"name": "staging", "emptyDir": {}})
+            volumes.append({"name": "staging", "emptyDir": {} if self.staging_size is None
+                            else {"sizeLimit": self.staging_size}})
         if self.needs_stager:
             volumes.append({"name": "state", "emptyDir": {}})
         return mounts, volumes
@@ -532,6 +540,12 @@ class _Job:
         if on_claim is not None:
             return "data", on_claim
         return "staging", check_relative(mount.source, what=f"staging map sub_path of {mount.input!r}")
+
+
+def staging_quantity(staged_bytes: int) -> str:
+    """A quantity for tier C's staging volume: the inputs' bound (:mod:`~tao_data_io.staging.sizing`)
+    plus :data:`STAGING_MARGIN` (the config, the stager's own state), in whole MiB, rounded up."""
+    return f"{-(-(staged_bytes + STAGING_MARGIN) // 2**20)}Mi"
 
 
 def claim_sub_path(plan: LaunchPlan, mount: PlanMount) -> str | None:

@@ -82,6 +82,9 @@ class LaunchPlan(Strict):
     cpu: str | None = None
     memory: str | None = None
     ephemeral_storage: str | None = None
+    #: At most how many bytes staging writes in the frame (the staging map's bound; None: unknown):
+    #: tier C's pod sizes its staging volume to it.
+    staging_bytes: int | None = None
     network: bool = False
     #: Which launch of the job this is (:class:`~tao_data_io.records.Attempt`): 2 and later are a
     #: job that ran, ended and was submitted again.
@@ -152,7 +155,7 @@ def build_plan(request: JobRequest, staging_map: StagingMap, decision: TierDecis
                       tier=decision.tier, gpus=request.compute_shape.gpus, nodes=request.compute_shape.nodes,
                       shm_size=request.compute_shape.shm_size, cpu=request.compute_shape.cpu,
                       memory=request.compute_shape.memory, ephemeral_storage=request.compute_shape.ephemeral_storage,
-                      network=request.network)
+                      staging_bytes=staging_map.planned_bytes, network=request.network)
 
 
 def _refuse_undeclared(request: JobRequest, staging_map: StagingMap) -> None:

@@ -35,6 +35,7 @@ from .engines import EngineSource, lease
 from .inputs import resolved, stage_planned
 from .layout import CONFIG_DIR, DEFAULT_INPUTS_ROOT, PlannedInput, plan_inputs
 from .stage_map import STAGING_MAP_NAME, StagedSource, StagingMap, write_staging_map
+from .sizing import staged_bytes_bound
 from .writable import prove_writable
 
 __all__ = ["STAGING_MAP_NAME", "check_air_gap", "plan_inputs", "plan_stage", "publish_map", "stage", "stage_config",
@@ -91,38 +92,44 @@ def stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPU
 
 def plan_stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPUTS_ROOT,
                environ: Mapping[str, str] | None = None, engine: TransferEngine | None = None,
-               map_path: Path | None = None) -> StagingMap:
+               map_path: Path | None = None, size: bool = False) -> StagingMap:
     """The staging map a stage run *will* produce, without moving a byte, and the materialized
     config — for tiers B and C, where the cluster stages: the renderer needs every source's kind
     and place (the same sub-paths, by :func:`plan_inputs`) and the config's bytes for its
     ConfigMap. Offline, except that an ``auto`` s3:// key without a trailing slash is resolved
-    with one request (file or folder decides what the verify probe expects there)."""
+    with one request (file or folder decides what the verify probe expects there) — and, with
+    ``size`` (tier C, whose pod stages into its own disk), the inputs are sized from their
+    listings (:mod:`.sizing`) into the map's ``planned_bytes``."""
     check_air_gap(request)
     workdir = Path(os.path.abspath(workdir))
     plan = plan_inputs(request, inputs_root)
     sources = []
+    bound = None
     with lease(engine, environ) as get_engine:
+        plan = [resolved(planned, get_engine) if planned.remote else planned for planned in plan]
         for planned in plan:
             if not planned.remote:
                 sources.append(stage_planned(planned, workdir, engine=get_engine))
                 continue
-            kind = resolved(planned, get_engine).kind
-            assert kind is not None
-            sources.append(StagedSource(source=planned.source, kind=kind, sub_path=planned.sub_path,
+            assert planned.kind is not None
+            sources.append(StagedSource(source=planned.source, kind=planned.kind, sub_path=planned.sub_path,
                                         container_path=planned.container_path, local_path=None, files=None,
                                         bytes=None, note="planned: staged on the cluster"))
+        if size:
+            bound = staged_bytes_bound(plan, get_engine)
     if request.mode == "config":
         sources.append(stage_config(request, workdir, inputs_root=inputs_root, plan=plan))
-    return publish_map(request, workdir, sources, inputs_root=inputs_root, map_path=map_path)
+    return publish_map(request, workdir, sources, inputs_root=inputs_root, map_path=map_path, planned_bytes=bound)
 
 
 def publish_map(request: JobRequest, workdir: Path, sources: list[StagedSource], *,
-                inputs_root: str = DEFAULT_INPUTS_ROOT, map_path: Path | None = None) -> StagingMap:
+                inputs_root: str = DEFAULT_INPUTS_ROOT, map_path: Path | None = None,
+                planned_bytes: int | None = None) -> StagingMap:
     """The staging map of ``sources`` — every input's entry in :func:`plan_inputs` order, then the
     config's — written atomically (default ``workdir/staging-map.json``). The last step of
     :func:`stage` and :func:`plan_stage`, and of an orchestrator that staged each input itself."""
     staging_map = StagingMap(job_id=request.job_id, workdir=str(Path(os.path.abspath(workdir))),
-                             inputs_root=inputs_root, sources=sources)
+                             inputs_root=inputs_root, sources=sources, planned_bytes=planned_bytes)
     write_staging_map(staging_map, map_path or Path(staging_map.workdir) / STAGING_MAP_NAME)
     return staging_map
 

@@ -74,6 +74,9 @@ class StagingMap(BaseModel):
     workdir: str
     inputs_root: str
     sources: list[StagedSource]
+    #: For a map planned for the cluster: at most how many bytes its stage writes, when that could
+    #: be bounded (:mod:`.sizing`); tier C's pod gets a staging volume of that size.
+    planned_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

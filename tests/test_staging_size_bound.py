@@ -1,0 +1,80 @@
+"""Tier C stages into the pod's own disk, so before submit the inputs are sized from what the
+bucket lists (tao_data_io.staging.sizing), into the planned staging map: an upper bound — never
+less than what the stage writes, since too small a limit evicts the job — or nothing at all when
+an input's staged size cannot be bounded. Real HTTP against the session's SeaweedFS."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tao_data_io.request import JobRequest
+from tao_data_io.staging.sizing import BLOCK_BYTES
+from tao_data_io.staging.stage import plan_stage, stage
+from tao_data_io.staging.stage_map import read_staging_map
+
+
+def request(bucket: str, inputs: list[dict[str, Any]]) -> JobRequest:
+    return JobRequest.model_validate({"schema_version": "1", "job_id": "job-size", "image": "tao:6", "mode": "args",
+                                      "command": ["dino", "train"], "args": [], "inputs": inputs})
+
+
+@pytest.fixture
+def dataset(s3_client: Any, bucket: str) -> dict[str, int]:
+    sizes = {"coco/images/a.jpg": 70_000, "coco/images/b.jpg": 1, "coco/images/sub/c.jpg": 12_345,
+             "coco/annotations.json": 900, "weights/model.pth": 2_000_000}
+    for key, size in sizes.items():
+        s3_client.put_object(Bucket=bucket, Key=key, Body=b"\0" * size)
+    return sizes
+
+
+def bound(sizes: list[int]) -> int:
+    return sum(sizes) + len(sizes) * BLOCK_BYTES
+
+
+def test_a_folder_and_a_file_are_bounded_by_their_listing_and_the_stage_stays_within(
+        tmp_path: Path, bucket: str, dataset: dict[str, int], env: dict[str, str]) -> None:
+    inputs = [{"source": f"s3://{bucket}/coco/images/", "target": "/data/images"},
+              {"source": f"s3://{bucket}/weights/model.pth", "kind": "auto", "target": "/weights/model.pth"}]
+    planned = plan_stage(request(bucket, inputs), tmp_path / "plan", size=True, environ=env)
+    images = [size for key, size in dataset.items() if key.startswith("coco/images/")]
+    assert planned.planned_bytes == bound([*images, dataset["weights/model.pth"]])
+    assert read_staging_map(tmp_path / "plan" / "staging-map.json").planned_bytes == planned.planned_bytes
+    staged = stage(request(bucket, inputs), tmp_path / "real", environ=env)
+    written = sum(path.stat().st_blocks * 512 for path in (tmp_path / "real").rglob("*") if path.is_file()
+                  and ".tao-data-io" not in path.parts and path.name != "staging-map.json")
+    assert sum(source.bytes or 0 for source in staged.sources) <= planned.planned_bytes
+    assert written <= planned.planned_bytes  # what the disk holds, blocks and all
+
+
+def test_a_selective_input_is_bounded_by_its_prefix_and_its_annotation(
+        tmp_path: Path, bucket: str, dataset: dict[str, int], env: dict[str, str]) -> None:
+    inputs = [{"source": f"s3://{bucket}/coco/images/", "target": "/data/images", "kind": "selective",
+               "annotation": f"s3://{bucket}/coco/annotations.json", "annotation_format": "json", "keys": ["images[].file_name"]}]
+    planned = plan_stage(request(bucket, inputs), tmp_path, size=True, environ=env)
+    images = [size for key, size in dataset.items() if key.startswith("coco/images/")]
+    assert planned.planned_bytes == bound([*images, dataset["coco/annotations.json"]])
+
+
+@pytest.mark.parametrize("unbounded", [
+    {"source": "s3://{bucket}/weights/model.tar.gz", "kind": "archive", "target": "/weights"},
+    {"source": "hf://nvidia/some-model", "target": "/models/m"},
+], ids=["archive: its extracted size", "model: the Hub's files"])
+def test_an_input_whose_staged_size_is_not_listed_leaves_the_request_unbounded(
+        tmp_path: Path, bucket: str, dataset: dict[str, int], env: dict[str, str], unbounded: dict[str, Any]) -> None:
+    inputs = [{"source": f"s3://{bucket}/coco/images/", "target": "/data/images"},
+              {**unbounded, "source": unbounded["source"].format(bucket=bucket)}]
+    assert plan_stage(request(bucket, inputs), tmp_path, size=True, environ=env).planned_bytes is None
+
+
+def test_a_folder_past_the_object_budget_is_unbounded_and_only_a_sizing_plan_lists(
+        tmp_path: Path, bucket: str, dataset: dict[str, int], env: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tao_data_io.staging import sizing
+
+    inputs = [{"source": f"s3://{bucket}/coco/images/", "target": "/data/images"}]
+    monkeypatch.setattr(sizing, "MOST_OBJECTS", 2)  # the folder holds 3
+    assert plan_stage(request(bucket, inputs), tmp_path / "big", size=True, environ=env).planned_bytes is None
+    assert plan_stage(request(bucket, inputs), tmp_path / "off", environ=env).planned_bytes is None  # tier B: not asked
