@@ -170,7 +170,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 #: they call — talks to a server (S3, moto, the fake registries) or runs the CLI as a process.
 _HTTP_NAMES = frozenset({"EmbeddedS3", "ThreadedMotoServer", "FakeRegistries", "run_cli", "subprocess"})
 #: A test that names one of these talks to a Kubernetes API server: the stand-in, or a real cluster.
-_KUBE_NAMES = frozenset({"KubeStandIn", "HostPathClaim"})
+_KUBE_NAMES = frozenset({"KubeStandIn", "RealCluster"})
 #: Tiers a test is put in by hand; such a test gets neither ``unit`` nor ``http``.
 _MANUAL_TIERS = ("kube",)
 

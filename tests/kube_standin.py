@@ -53,7 +53,7 @@ RESOURCES = {kind: kmock.resource(*parts) for kind, parts in {
     "Job": ("batch", "v1", "jobs"), "Pod": ("", "v1", "pods"), "Event": ("", "v1", "events"),
     "Node": ("", "v1", "nodes"), "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
     "PersistentVolume": ("", "v1", "persistentvolumes"), "StorageClass": ("storage.k8s.io", "v1", "storageclasses"),
-    "CSIDriver": ("storage.k8s.io", "v1", "csidrivers")}.items()}
+    "CSIDriver": ("storage.k8s.io", "v1", "csidrivers"), "LimitRange": ("", "v1", "limitranges")}.items()}
 #: Resource plural → kind, for the kinds the backend creates (what :func:`invalid` checks).
 KINDS = {"secrets": "Secret", "configmaps": "ConfigMap", "services": "Service", "jobs": "Job"}
 GPU_UNSCHEDULABLE = ("0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: 0/2 nodes are available: "
@@ -269,6 +269,14 @@ class ApiServer(kmock.KubernetesEmulator):
                                                   "reason": "Invalid",
                                                   "message": f"{kind} {name!r} is invalid: {'; '.join(problems)}"},
                                                  status=422)
+        if request.action == kmock.action.CREATE and resource.plural == "pods":
+            problems = self._limit_range_defaults(request.namespace or "", request.data)
+            if problems:
+                name = (request.data.get("metadata") or {}).get("name")
+                return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422,
+                                                  "reason": "Invalid",
+                                                  "message": f'Pod "{name}" is invalid: {"; ".join(problems)}'},
+                                                 status=422)
         if request.action == kmock.action.CREATE and resource.plural == "pods" and self.pod_security:
             violations = pod_security_violations(request.data, self.pod_security)
             if violations:
@@ -308,6 +316,41 @@ class ApiServer(kmock.KubernetesEmulator):
         elif request.action == kmock.action.DELETE and response.status < 300:
             await self.locked(lambda: self.collect_garbage())
         return response
+
+    def _limit_range_defaults(self, namespace: str, pod: dict[str, Any]) -> list[str]:
+        """The LimitRanger admission plugin (plugin/pkg/admission/limitranger): each ``Container``
+        item's ``default`` becomes a container's limit and its ``defaultRequest`` (which defaults to
+        ``default``, core/v1 SetDefaults_LimitRangeItem) its request, for every resource the
+        container leaves unset — mutated before validation, which then refuses a request above its
+        limit (pkg/apis/core/validation ValidateResourceRequirements). A dry run answers the
+        mutated pod."""
+        spec = pod.get("spec") or {}
+        for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+            # First the API server's own defaulting (pkg/apis/core/v1/defaults.go): a resource
+            # with a limit and no request is requested at its limit.
+            resources = container.get("resources") or {}
+            for name, value in (resources.get("limits") or {}).items():
+                container.setdefault("resources", {}).setdefault("requests", {}).setdefault(name, value)
+        items = [item for limit_range in self.alive("LimitRange", namespace).values()
+                 for item in (limit_range.get("spec") or {}).get("limits", []) if item.get("type") == "Container"]
+        if not items:
+            return []
+        problems = []
+        for where, containers in (("initContainers", spec.get("initContainers", [])),
+                                  ("containers", spec.get("containers", []))):
+            for index, container in enumerate(containers):
+                resources = container.setdefault("resources", {})
+                for item in items:
+                    for name, value in (item.get("default") or {}).items():
+                        resources.setdefault("limits", {}).setdefault(name, value)
+                    for name, value in (item.get("defaultRequest") or item.get("default") or {}).items():
+                        resources.setdefault("requests", {}).setdefault(name, value)
+                for name, asked in (resources.get("requests") or {}).items():
+                    limit = (resources.get("limits") or {}).get(name)
+                    if limit is not None and _quantity(asked) > _quantity(limit):
+                        problems.append(f"spec.{where}[{index}].resources.requests: Invalid value: \"{asked}\": "
+                                        f"must be less than or equal to {name} limit of {limit}")
+        return problems
 
     async def _dry_run(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         """Validate against what exists (a name that is taken is a 409, as on a real server) and
@@ -390,6 +433,17 @@ class ApiServer(kmock.KubernetesEmulator):
         """Name → object of every existing object of ``kind`` (in ``namespace``)."""
         return {name: copy.deepcopy(obj.raw) for (resource, ns, name), obj in self.objects.items()
                 if resource == RESOURCES[kind] and not obj.deleted and (namespace is None or ns == namespace)}
+
+
+_QUANTITY_SUFFIXES = {"m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20,
+                      "Gi": 2**30, "Ti": 2**40}
+
+
+def _quantity(text: str) -> float:
+    """A resource quantity's value (k8s.io/apimachinery/pkg/api/resource: decimal and binary SI)."""
+    number = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", str(text))
+    assert number is not None and number[2] in _QUANTITY_SUFFIXES, text
+    return float(number[1]) * _QUANTITY_SUFFIXES[number[2]]
 
 
 # ----------------------------------------------------------------------------- the control plane

@@ -992,6 +992,39 @@ def test_a_namespace_quota_on_requests_refuses_only_what_the_request_leaves_unse
     assert submit(tmp_path / "shaped", shaped, make_backend()).verdict.ok
 
 
+def limit_range(**item: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "defaults", "namespace": NAMESPACE},
+            "spec": {"limits": [{"type": "Container", **item}]}}
+
+
+def test_what_a_limit_range_would_set_in_the_pods_is_said_before_anything_is_created(kube: KubeStandIn,
+                                                                                      tmp_path: Path) -> None:
+    """A LimitRange's defaults are set by admission in every container that leaves a resource
+    unset (the stand-in's LimitRanger): a default cpu limit throttles training without a word.
+    The admission gate's dry run answers the pod as admission made it, and the backend says,
+    before anything is created, what the LimitRange set and how the request chooses instead."""
+    kube.server.store(limit_range(default={"cpu": "1"}, defaultRequest={"cpu": "500m"}))
+    said: list[str] = []
+    assert submit(tmp_path, job_request(), make_backend(said)).verdict.ok
+    (line,) = [line for line in said if "LimitRange" in line]
+    assert 'container "train": limits.cpu=1, requests.cpu=500m' in line and "compute_shape.cpu" in line, line
+    assert 'container "stager": limits.cpu=1' in line  # ours request cpu, so only the limit is new
+    chosen: list[str] = []
+    shaped = job_request(job_id="job-2", compute_shape={"gpus": 1, "cpu": "8"})
+    assert submit(tmp_path / "shaped", shaped, make_backend(chosen)).verdict.ok
+    assert not any('container "train"' in line for line in chosen if "LimitRange" in line)
+
+
+def test_a_limit_range_default_below_what_training_requests_is_refused_before_anything_is_created(
+        kube: KubeStandIn, tmp_path: Path) -> None:
+    """A default memory limit under the training container's memory request (at least its
+    /dev/shm) makes the pod invalid after admission defaulted it (a request above its limit):
+    the Job would loop on FailedCreate; the admission gate refuses with the server's reason."""
+    kube.server.store(limit_range(default={"memory": "8Gi"}))
+    message = gate_case(kube, tmp_path, job_request(), make_backend(), "admission refuses the pods of Job job-1")
+    assert "must be less than or equal to memory limit of 8Gi" in message
+
+
 def test_gate_access_lists_every_refusal_in_one_line(kube: KubeStandIn, tmp_path: Path) -> None:
     kube.server.denied |= {("create", "batch", "jobs"), ("patch", "", "secrets")}
     gate_case(kube, tmp_path, job_request(), make_backend(),
@@ -1150,33 +1183,58 @@ def test_facts_report_claims_classes_version_and_gpus(kube: KubeStandIn) -> None
 E2E_KUBECONFIG = os.environ.get("TAO_E2E_KUBECONFIG")
 
 
-@pytest.mark.skipif(not E2E_KUBECONFIG, reason="set TAO_E2E_KUBECONFIG to a kind or minikube cluster's kubeconfig "
-                                               "to run the real-cluster suite (docs/kubernetes.md: a real cluster)")
-def test_e2e_a_gpu_free_tier_a_job_on_a_real_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """submit (gpus 0, tier A on a hostPath claim) → verify → status → logs → cancel → collect,
-    on the cluster TAO_E2E_KUBECONFIG names, in namespace $TAO_E2E_NAMESPACE (default tao-e2e),
-    with busybox as the "training" image (it has the POSIX sh and awk the probe needs)."""
-    from .kube_e2e import HostPathClaim
+real_cluster = pytest.mark.skipif(
+    not E2E_KUBECONFIG, reason="set TAO_E2E_KUBECONFIG to a kind cluster's admin kubeconfig to run the real-cluster "
+                               "suite (README: Kubernetes, proved here and on a real cluster)")
+#: No GPU, and a /dev/shm (the training container's memory request) a laptop's kind node can hold.
+E2E_SHAPE = {"gpus": 0, "shm_size": "64Mi"}
+#: What the e2e claim holds for its tier A jobs.
+E2E_FILES = {"datasets/demo/readme.txt": "a pre-positioned dataset\n"}
+
+
+@contextmanager
+def e2e_namespace(monkeypatch: pytest.MonkeyPatch, suffix: str, labels: dict[str, str] | None = None,
+                  ) -> Iterator[tuple[Any, str, str]]:
+    """(the admin's cluster, a fresh namespace ``tao-e2e-<suffix>``, its seeded claim); the
+    namespace is deleted afterwards, and everything in it."""
+    from .kube_e2e import RealCluster
 
     monkeypatch.setenv("KUBECONFIG", str(E2E_KUBECONFIG))
     monkeypatch.delenv("TAO_K8S_CONTEXT", raising=False)
-    namespace = os.environ.get("TAO_E2E_NAMESPACE", "tao-e2e")
-    job_id = f"e2e-{os.getpid()}"
-    request = JobRequest.model_validate({
+    cluster = RealCluster()
+    namespace = cluster.namespace(f"{os.environ.get('TAO_E2E_NAMESPACE', 'tao-e2e')}-{suffix}", labels)
+    try:
+        yield cluster, namespace, cluster.claim(namespace, "tao-e2e-data", E2E_FILES)
+    finally:
+        cluster.delete_namespace(namespace)
+
+
+def e2e_request(job_id: str, **fields: Any) -> JobRequest:
+    """A GPU-free tier A job, busybox as its "training" image (the POSIX sh and awk the probe needs)."""
+    return JobRequest.model_validate({
         "schema_version": "1", "job_id": job_id, "image": os.environ.get("TAO_E2E_IMAGE", "busybox:1.36"),
         "mode": "args", "command": ["/bin/sh", "-c"],
         "args": ["echo listing /data; ls -a /data; echo trained > /results/out.txt; sleep 600"],
-        "mounts": [{"source": "/datasets/demo", "target": "/data"}], "compute_shape": {"gpus": 0},
-        "outputs": {"results_dir": "/results"}})
+        "mounts": [{"source": "/datasets/demo", "target": "/data", "read_only": True}],
+        "compute_shape": E2E_SHAPE, "outputs": {"results_dir": "/results"}, **fields})
+
+
+def e2e_backend(namespace: str, claim: str, said: list[str], **settings: Any) -> KubernetesBackend:
+    return KubernetesBackend(KubernetesSettings(namespace=namespace, pvc_claim=claim, **settings), verify_timeout=600,
+                             image_pull_timeout=900, pod_poll_seconds=2.0, say=said.append)
+
+
+@real_cluster
+def test_e2e_a_tier_a_job_is_verified_followed_canceled_and_collected(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """submit → verify → status → logs → cancel → collect, on a claim of kind's local-path
+    provisioner that a pod filled first."""
     said: list[str] = []
-    with HostPathClaim(namespace, "tao-e2e-data") as claim_name:
-        backend = KubernetesBackend(KubernetesSettings(namespace=namespace, pvc_claim=claim_name), verify_timeout=600,
-                                    image_pull_timeout=900, pod_poll_seconds=2.0, say=said.append)
-        store = store_in(tmp_path)
-        done = verbs.submit(request, backend, store, staging_root=tmp_path / "work", environ={})
+    with e2e_namespace(monkeypatch, "run") as (_, namespace, claim):
+        backend, store = e2e_backend(namespace, claim, said), store_in(tmp_path)
+        done = verbs.submit(e2e_request("e2e-run"), backend, store, staging_root=tmp_path / "work", environ={})
         try:
             assert done.tier == "A" and done.verdict.ok, (done.verdict.describe(), said)
-            assert store.get(job_id).state == "RUNNING"
             status = backend.status(done.backend_ref)
             for _ in range(60):
                 if status.state != "PENDING":
@@ -1185,15 +1243,84 @@ def test_e2e_a_gpu_free_tier_a_job_on_a_real_cluster(tmp_path: Path, monkeypatch
                 status = backend.status(done.backend_ref)
             assert status.state == "RUNNING", status
             for _ in range(30):
-                if "listing /data" in backend.logs(done.backend_ref, tail=20):
+                if "readme.txt" in backend.logs(done.backend_ref, tail=20):
                     break
                 time.sleep(1)
-            assert "listing /data" in backend.logs(done.backend_ref, tail=20)
+            assert "readme.txt" in backend.logs(done.backend_ref, tail=20)
         finally:
-            stopped = verbs.cancel(job_id, backend, store)
+            stopped = verbs.cancel("e2e-run", backend, store)
         assert stopped.record.state == "CANCELED" and backend.status(done.backend_ref).state in ("CANCELED", "UNKNOWN")
-        collected = verbs.collect(job_id, backend, store, wait=False)
-        assert collected.state == "CANCELED" and store.get(job_id).state == "CANCELED"
+        assert verbs.collect("e2e-run", backend, store, wait=False).state == "CANCELED"
+
+
+@real_cluster
+def test_e2e_a_source_missing_on_the_claim_fails_verify_and_the_kubelet_creates_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kubelet creates a missing subPath when a container that mounts it starts: the probe reads
+    through the claim's root, so the missing source fails verify and is still missing after."""
+    said: list[str] = []
+    with e2e_namespace(monkeypatch, "missing") as (cluster, namespace, claim):
+        request = e2e_request("e2e-missing", mounts=[
+            {"source": "/datasets/demo", "target": "/data", "read_only": True},
+            {"source": "/datasets/annotations.json", "target": "/ann.json", "read_only": True}])
+        with pytest.raises(steps.VerifyFailed, match="datasets/annotations.json"):
+            verbs.submit(request, e2e_backend(namespace, claim, said), store_in(tmp_path),
+                         staging_root=tmp_path / "work", environ={})
+        assert not cluster.holds(namespace, claim, "datasets/annotations.json")
+        assert cluster.holds(namespace, claim, "datasets/demo/readme.txt")
+
+
+@real_cluster
+def test_e2e_a_restricted_namespace_refuses_the_image_user_up_front_and_admits_a_restricted_target(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pod Security admission on a real API server: the gate's Pod dry run is refused, naming the
+    level; with training_security restricted and a non-root user every pod of the job passes."""
+    said: list[str] = []
+    labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+    with e2e_namespace(monkeypatch, "restricted", labels) as (_, namespace, claim):
+        with pytest.raises(UsageError, match="enforces the 'restricted' Pod Security level"):
+            verbs.submit(e2e_request("e2e-root"), e2e_backend(namespace, claim, said), store_in(tmp_path / "root"),
+                         staging_root=tmp_path / "work", environ={})
+        backend = e2e_backend(namespace, claim, said, training_security="restricted", training_user=1000)
+        store = store_in(tmp_path / "strict")
+        request = e2e_request("e2e-strict", args=["ls /data; sleep 600"])
+        done = verbs.submit(request, backend, store, staging_root=tmp_path / "work", environ={})
+        try:
+            assert done.verdict.ok, (done.verdict.describe(), said)
+        finally:
+            verbs.cancel("e2e-strict", backend, store)
+
+
+@real_cluster
+def test_e2e_a_limit_range_default_is_said_before_anything_is_created(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    said: list[str] = []
+    with e2e_namespace(monkeypatch, "limits") as (cluster, namespace, claim):
+        cluster.create(namespace, {"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "defaults"},
+                                   "spec": {"limits": [{"type": "Container", "default": {"cpu": "1"}}]}})
+        backend, store = e2e_backend(namespace, claim, said), store_in(tmp_path)
+        done = verbs.submit(e2e_request("e2e-limits"), backend, store, staging_root=tmp_path / "work", environ={})
+        verbs.cancel("e2e-limits", backend, store)
+        assert done.verdict.ok and any('container "train": limits.cpu=1' in line for line in said), said
+
+
+@real_cluster
+def test_e2e_a_quota_on_requests_refuses_only_what_the_request_leaves_unset(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    said: list[str] = []
+    with e2e_namespace(monkeypatch, "quota") as (cluster, namespace, claim):
+        cluster.create(namespace, {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "compute"},
+                                   "spec": {"hard": {"requests.cpu": "4", "requests.memory": "64Gi"}}})
+        time.sleep(5)  # the quota controller computes the quota's status before admission uses it
+        backend = e2e_backend(namespace, claim, said)
+        with pytest.raises(UsageError, match="admission refuses the pods of Job e2e-quota.*requests.cpu"):
+            verbs.submit(e2e_request("e2e-quota"), backend, store_in(tmp_path / "q"),
+                         staging_root=tmp_path / "work", environ={})
+        store = store_in(tmp_path / "cpu")
+        done = verbs.submit(e2e_request("e2e-cpu", compute_shape={**E2E_SHAPE, "cpu": "1"}), backend, store,
+                            staging_root=tmp_path / "work", environ={})
+        verbs.cancel("e2e-cpu", backend, store)
+        assert done.verdict.ok, (done.verdict.describe(), said)
 
 
 # ----------------------------------------------------------------------------- least privilege

@@ -116,7 +116,8 @@ class KubernetesBackend:
         check_claim(api, plan, settings)
         check_secrets(api, settings, rendered.secret)
         dry_run(api, objects, plan.job_id)
-        admit_pods(api, objects)
+        for change in admit_pods(api, objects):
+            self.say(f"warning: {change}")
 
     # ------------------------------------------------------------------ submit
     def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None,

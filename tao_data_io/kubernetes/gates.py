@@ -185,11 +185,15 @@ def dry_run(api: Api, objects: Sequence[dict[str, Any]], job_id: str) -> None:
 _POD_SECURITY = re.compile(r'violates PodSecurity "(?P<level>[a-z]+):(?P<version>[^"]+)": (?P<why>.*)')
 
 
-def admit_pods(api: Api, objects: Sequence[dict[str, Any]]) -> None:
+def admit_pods(api: Api, objects: Sequence[dict[str, Any]]) -> list[str]:
     """A server-side dry run of a Pod made from each Job's template, before anything is created.
-    Why: admission — Pod Security, policy webhooks, quotas — judges pods, not Jobs, so the Job's
-    own dry run passes and, created, its controller would loop on FailedCreate while verify
-    waits for a pod that never comes. A refusal names the level, the fields and the fix."""
+    Why: admission — Pod Security, policy webhooks, quotas, a LimitRange — judges pods, not Jobs,
+    so the Job's own dry run passes and, created, its controller would loop on FailedCreate while
+    verify waits for a pod that never comes. A refusal names the level, the fields and the fix.
+    Returns what admission would change in the pods' resources (a LimitRange's defaults, set in
+    every container that leaves a resource unset: a default cpu limit throttles training without
+    a word), one line per Job, for the submit to say."""
+    changed = []
     for job in (obj for obj in objects if obj["kind"] == "Job"):
         template = job["spec"]["template"]
         name = job["metadata"]["name"]
@@ -197,8 +201,8 @@ def admit_pods(api: Api, objects: Sequence[dict[str, Any]]) -> None:
                "metadata": {"name": f"{name}-admission-check", "namespace": api.namespace,
                             "labels": template["metadata"].get("labels", {})}}
         try:
-            api.call(f"a dry run of creating a pod of Job {api.namespace}/{name}", api.core.create_namespaced_pod,
-                     api.namespace, pod, dry_run="All")
+            admitted = api.call(f"a dry run of creating a pod of Job {api.namespace}/{name}",
+                                api.core.create_namespaced_pod, api.namespace, pod, dry_run="All")
         except ApiError as exc:
             security = _POD_SECURITY.search(str(exc))
             if security is not None:
@@ -210,3 +214,27 @@ def admit_pods(api: Api, objects: Sequence[dict[str, Any]]) -> None:
             if exc.status in (403, 422):
                 raise UsageError(f"admission refuses the pods of Job {name}: {exc}") from None
             raise
+        defaults = _defaulted_resources(template["spec"], admitted.get("spec") or {})
+        if defaults:
+            changed.append(f"admission (a LimitRange of namespace {api.namespace!r}) sets resources the pods of Job "
+                           f"{name} leave unset — {defaults}; a default limit caps the container there (a cpu limit "
+                           "throttles training): give compute_shape.cpu, memory and ephemeral_storage to choose the "
+                           "training container's own")
+    return changed
+
+
+def _defaulted_resources(sent: Mapping[str, Any], admitted: Mapping[str, Any]) -> str:
+    """``container "train": limits.cpu=1, requests.cpu=500m; …`` — what admission added."""
+    found = []
+    before = {c["name"]: c.get("resources") or {} for c in [*sent.get("initContainers", []), *sent.get("containers", [])]}
+    for container in [*admitted.get("initContainers", []), *admitted.get("containers", [])]:
+        asked = before.get(container["name"], {})
+        own_limits = asked.get("limits") or {}
+        # A request the API server copied from the container's own limit (its defaulting of a
+        # GPU's request) is not admission's.
+        added = [f"{kind}.{resource}={value}" for kind in ("limits", "requests")
+                 for resource, value in sorted(((container.get("resources") or {}).get(kind) or {}).items())
+                 if resource not in (asked.get(kind) or {}) and not (kind == "requests" and resource in own_limits)]
+        if added:
+            found.append(f'container "{container["name"]}": {", ".join(added)}')
+    return "; ".join(found)
