@@ -645,19 +645,71 @@ def file_lock(path: Path, *, wait: bool = True, on_wait: Callable[[str], None] |
 DIGEST_ALGORITHMS = ("md5", "sha256", "git-blob-sha1")
 
 
-def file_digest(path: str | os.PathLike[str], algorithm: str) -> str:
-    """The hex digest of the file at ``path``, read in 1 MiB chunks (memory stays flat)."""
-    with open(path, "rb") as handle:
+class ReplacedError(OSError):
+    """A file read by name is not the one that was scanned under it (another inode, not a regular
+    file any more, another size): nothing is read from it; the next run looks again."""
+
+
+def open_scanned(path: str | os.PathLike[str], *, identity: tuple[int, int] | None = None,
+                 size: int | None = None) -> int:
+    """A descriptor for reading the regular file a scan found at ``path`` — in a tree a job
+    controls, where the name may have been swapped since. Never blocks on what is there now:
+    ``O_NONBLOCK`` makes the open of a FIFO (or a device) return at once, and the descriptor, not
+    the name, is then checked: a regular file, of ``identity`` (device, inode) and ``size`` when
+    given. ``O_NOFOLLOW`` refuses a symlink swapped in for the file itself."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ReplacedError(errno.EINVAL, "is not a regular file any more (replaced since it was scanned); not "
+                                              "read — the next run looks again", str(path))
+        if identity is not None and (st.st_dev, st.st_ino) != identity:
+            raise ReplacedError(errno.EINVAL, "was replaced since it was scanned; not read — the next run looks again",
+                                str(path))
+        if size is not None and st.st_size != size:
+            raise ReplacedError(errno.EINVAL, f"changed size since it was scanned ({size} → {st.st_size} bytes); "
+                                              "not read — the next run looks again", str(path))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_bounded(fd: int, size: int) -> Iterator[bytes]:
+    """The ``size`` bytes of the file open at ``fd``, in chunks of at most 1 MiB — and no more: a
+    file still growing is read to its scanned size, and one that shrank raises, so a read of a
+    job's file always ends."""
+    left = size
+    while left > 0:
+        chunk = os.read(fd, min(_CHUNK, left))
+        if not chunk:
+            raise ReplacedError(errno.EINVAL, f"ended after {size - left} of its {size} scanned bytes (it shrank "
+                                              "while being read); the next run looks again")
+        left -= len(chunk)
+        yield chunk
+
+
+def file_digest(path: str | os.PathLike[str], algorithm: str, *, identity: tuple[int, int] | None = None,
+                size: int | None = None) -> str:
+    """The hex digest of the regular file at ``path``, read in 1 MiB chunks (memory stays flat)
+    through :func:`open_scanned` — given a scan's ``identity`` and ``size``, of exactly that file
+    and that many bytes."""
+    fd = open_scanned(path, identity=identity, size=size)
+    try:
+        length = os.fstat(fd).st_size if size is None else size
         if algorithm == "md5":
             digest = hashlib.md5(usedforsecurity=False)
         elif algorithm == "sha256":
             digest = hashlib.sha256()
         elif algorithm == "git-blob-sha1":
-            digest = hashlib.sha1(b"blob %d\0" % os.fstat(handle.fileno()).st_size, usedforsecurity=False)
+            digest = hashlib.sha1(b"blob %d\0" % length, usedforsecurity=False)
         else:
             raise ValueError(f"unknown digest algorithm {algorithm!r}; use one of {DIGEST_ALGORITHMS}")
-        while chunk := handle.read(_CHUNK):
+        for chunk in read_bounded(fd, length):
             digest.update(chunk)
+    finally:
+        os.close(fd)
     return digest.hexdigest()
 
 

@@ -158,7 +158,10 @@ def test_file_changed_while_uploading_is_a_failure_not_a_success(s3_credentials:
     write_tree(source, {"train.log": b"epoch 1\n", "model.pth": b"weights"})
     engine = _engine_with(s3_credentials, lambda: (source / "train.log").open("ab").write(b"epoch 2\n"))
     summary = engine.sync(str(source), f"s3://{bucket}/r/")
-    assert [f.name for f in summary.failed] == ["r/train.log"] and "changed while uploading" in summary.failed[0].reason
+    # Grown since the scan: refused before a byte is read (it would otherwise be read to wherever
+    # it has grown by then), and the rerun takes it as it is.
+    assert [f.name for f in summary.failed] == ["r/train.log"]
+    assert "changed size since it was scanned (8 → 16 bytes)" in summary.failed[0].reason
     assert summary.transferred == ["model.pth"]
     again = TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/r/")
     assert again.ok  # the rerun converges: the object now holds exactly the file as it is
@@ -178,6 +181,64 @@ def test_file_swapped_for_a_symlink_after_the_scan_is_not_followed(s3_credential
     assert [f.name for f in summary.failed] == ["r/notes.txt"]
     listing = s3_client.list_objects_v2(Bucket=bucket, Prefix="r/")
     assert listing.get("KeyCount", 0) == 0
+
+
+def _swap_for_a_fifo(directory: Path, name: str) -> Callable[[], None]:
+    """A job's move between the scan and the read: ``directory`` (holding the regular file
+    ``name``) exchanged for one holding a FIFO of that name, which blocks any plain open."""
+    def swap() -> None:
+        decoy = directory.with_name(directory.name + ".decoy")
+        decoy.mkdir()
+        os.mkfifo(decoy / name)
+        directory.rename(directory.with_name(directory.name + ".real"))
+        decoy.rename(directory)
+    return swap
+
+
+def _finishes(work: Callable[[], Any], fifo: Path, seconds: float = 20) -> Any:
+    """``work``'s result, failing (never hanging the suite) when it blocks; a blocked open of the
+    FIFO is released by opening its other end."""
+    outcome: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("result", work()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        open(fifo, "wb").close()
+        thread.join(10)
+        pytest.fail(f"blocked on the FIFO {fifo} the job swapped in")
+    return outcome["result"]
+
+
+def test_a_file_swapped_for_a_fifo_after_the_scan_never_blocks_the_upload(s3_credentials: S3Credentials, s3_client,
+                                                                           bucket: str, tmp_path: Path) -> None:
+    source = tmp_path / "results"
+    write_tree(source, {"logs/train.log": b"epoch 1\n", "model.pth": b"weights"})
+    engine = _engine_with(s3_credentials, _swap_for_a_fifo(source / "logs", "train.log"))
+    summary = _finishes(lambda: engine.sync(str(source), f"s3://{bucket}/r/"), source / "logs" / "train.log")
+    assert [f.name for f in summary.failed] == ["r/logs/train.log"] and "regular file" in summary.failed[0].reason
+    assert summary.transferred == ["model.pth"]
+
+
+def test_a_file_swapped_for_a_fifo_before_its_digest_never_blocks_the_comparison(
+        s3_credentials: S3Credentials, s3_client, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Skip-unchanged reads a file the remote already has (its MD5) between the scan and the
+    upload: the same window, before any byte moves."""
+    from tao_data_io.transfer import engine as engine_module
+
+    source = tmp_path / "results"
+    write_tree(source, {"logs/train.log": b"epoch 1\n"})
+    s3_client.put_object(Bucket=bucket, Key="r/logs/train.log", Body=b"epoch 1\n")
+    scanned = engine_module.scan_local
+
+    def scan_then_swap(*args: Any, **kwargs: Any) -> Any:
+        found = scanned(*args, **kwargs)
+        _swap_for_a_fifo(source / "logs", "train.log")()
+        return found
+
+    monkeypatch.setattr(engine_module, "scan_local", scan_then_swap)
+    summary = _finishes(lambda: TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/r/"),
+                        source / "logs" / "train.log")
+    assert not summary.ok and "regular file" in " ".join(f.reason for f in summary.failed)
 
 
 def test_symlink_to_an_excluded_file_is_excluded_too(s3_credentials: S3Credentials, bucket: str, tmp_path: Path) -> None:

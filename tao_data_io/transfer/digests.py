@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,10 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from .listing import LocalFile
-from ..fs import atomic_write
+from ..fs import atomic_write, open_scanned, read_bounded
 
 RACY_WINDOW_NS = 2_000_000_000
-_CHUNK = 1 << 20
 #: 2: the stat identity is one list (an older cache is simply rebuilt: it only costs a rehash).
 _SCHEMA = 2
 
@@ -62,19 +62,27 @@ class DigestEntry:
         return self.same_stat(local) and self.recorded_ns - local.mtime_ns >= RACY_WINDOW_NS
 
 
-def multipart_etag(path: Path, part_size: int) -> str:
-    """The ETag S3 gives an object uploaded from ``path`` in parts of ``part_size`` bytes."""
+def multipart_etag(local: LocalFile, part_size: int) -> str:
+    """The ETag S3 gives an object uploaded from the scanned file ``local`` in parts of
+    ``part_size`` bytes — read through its descriptor, to its scanned size (:func:`open_scanned`)."""
     part_digests = []
-    with open(path, "rb") as handle:
-        while True:
-            part = hashlib.md5(usedforsecurity=False)
-            remaining = part_size
-            while remaining and (chunk := handle.read(min(_CHUNK, remaining))):
-                part.update(chunk)
-                remaining -= len(chunk)
-            if remaining == part_size:
-                break
+    fd = open_scanned(local.path, identity=(local.dev, local.ino), size=local.size)
+    try:
+        part, in_part = hashlib.md5(usedforsecurity=False), 0
+        for chunk in read_bounded(fd, local.size):
+            view = memoryview(chunk)
+            while view:
+                taken = view[:part_size - in_part]
+                part.update(taken)
+                in_part += len(taken)
+                view = view[len(taken):]
+                if in_part == part_size:
+                    part_digests.append(part.digest())
+                    part, in_part = hashlib.md5(usedforsecurity=False), 0
+        if in_part:
             part_digests.append(part.digest())
+    finally:
+        os.close(fd)
     return hashlib.md5(b"".join(part_digests), usedforsecurity=False).hexdigest() + f"-{len(part_digests)}"
 
 

@@ -35,8 +35,8 @@ from .shard import Shard
 from .work import DownloadItem, Executor, Item, ItemFailed, Landed, UploadItem
 from .listing import (LocalFile, RemoteListing, RemoteObject, clean_etag, list_remote, listing_from_pages, local_file,
                       s3_time_ns, scan_local)
-from ..fs import (SPOOL_NAME, DestinationTree, UnsafePathError, check_relative, confined_path, destination_lock_path,
-                  file_lock, lock_owner, open_directory_nofollow, remove_stale_temps)
+from ..fs import (SPOOL_NAME, DestinationTree, ReplacedError, UnsafePathError, check_relative, confined_path,
+                  destination_lock_path, file_lock, lock_owner, open_directory_nofollow, remove_stale_temps)
 from .signed_list import list_pages
 from .strategy import ContentStrategy
 from ..reporting import ProgressCallback, ProgressTracker
@@ -406,7 +406,12 @@ class TransferEngine:
         before: dict[str, LocalFile] = {}
         for local, key in items:
             existing = remote.get(key)
-            if existing is not None and strategy.unchanged(local, key, existing.size, existing.etag):
+            try:
+                same = existing is not None and strategy.unchanged(local, key, existing.size, existing.etag)
+            except ReplacedError as exc:  # swapped since the scan (a FIFO under its name): this file only
+                summary.failed.append(Failure(key, f"{local.path}: {exc.strerror}"))
+                continue
+            if same:
                 summary.unchanged_files += 1
                 summary.unchanged_bytes += local.size
                 continue

@@ -41,6 +41,7 @@ from obstore.store import S3Store
 
 from ..credentials import S3Credentials
 from ..errors import UnsafePathError
+from ..fs import open_scanned, read_bounded
 from .work import DownloadItem, Executor, Item, ItemDone, ItemFailed, Landed, UploadItem
 
 #: Objects at least this large go to the ``large`` executor (parallel ranged parts).
@@ -219,15 +220,18 @@ class ObstoreExecutor:
         return dict(await obstore.head_async(self._store(bucket), key))
 
     async def _upload(self, item: UploadItem) -> Landed:
-        fd = os.open(item.source, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as handle:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != item.identity:
-                raise OSError(f"{item.relative} was replaced since it was scanned; not uploaded (the next run looks again)")
+        """The scanned file, bound by its descriptor (open_scanned: never blocks on a FIFO swapped
+        in under its name) and read to its scanned size only, so a file still growing ends."""
+        fd = open_scanned(item.source, identity=item.identity, size=item.size)
+        try:
             if item.size <= _UPLOAD_PART:  # one PUT
-                result = await obstore.put_async(self._store(item.bucket), item.key, handle.read())
+                body = b"".join(read_bounded(fd, item.size))
+                result = await obstore.put_async(self._store(item.bucket), item.key, body)
             else:  # multipart, streamed from the file so memory stays bounded
-                result = await obstore.put_async(self._store(item.bucket), item.key, handle, chunk_size=_UPLOAD_PART)
+                result = await obstore.put_async(self._store(item.bucket), item.key, read_bounded(fd, item.size),
+                                                 chunk_size=_UPLOAD_PART)
+        finally:
+            os.close(fd)
         return Landed(etag=str(result.get("e_tag") or "").strip('"') or None)
 
 

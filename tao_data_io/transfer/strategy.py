@@ -32,7 +32,7 @@ class ContentStrategy:
             return True
         md5 = entry.md5 if entry is not None else None
         if md5 is None:
-            md5 = file_digest(local.path, "md5")
+            md5 = file_digest(local.path, "md5", identity=(local.dev, local.ino), size=local.size)
             # A racy entry with the same stat is still knowledge once the content verifies: its
             # recorded ETag (exact even for non-MD5 ETags) carries over when the bytes are the
             # ones it was recorded for.
@@ -57,6 +57,6 @@ class ContentStrategy:
         part_size = self._part_size_of(key)
         if not part_size or -(-local.size // part_size) != parts:
             return False
-        computed = known.get(str(part_size)) or multipart_etag(local.path, part_size)
+        computed = known.get(str(part_size)) or multipart_etag(local, part_size)
         self._store.record(local, multipart={str(part_size): computed}, keep=self._store.trusted(local))
         return computed == etag
