@@ -22,7 +22,7 @@ from .commands import MODULES
 from .commands.examples import Example, examples_text
 from .console import Console
 from .credentials import RedactingFilter
-from .errors import USAGE_EXIT, UsageError, os_error_message
+from .errors import UNWRITABLE_EXIT, USAGE_EXIT, UnwritableError, UsageError, os_error_message
 
 #: The exit status of a command whose output was cut off by its reader (128 + SIGPIPE).
 #: The shell's code for a command ended by Ctrl-C (128 + SIGINT).
@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args, console))
     except UsageError as exc:
         console.err(f"error: {in_cli_terms(str(exc), flags)}")
-        return USAGE_EXIT
+        return UNWRITABLE_EXIT if isinstance(exc, UnwritableError) else USAGE_EXIT
     except BrokenPipeError:
         _discard_stdout()
         return CLOSED_OUTPUT

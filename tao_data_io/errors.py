@@ -24,9 +24,13 @@ import os
 
 
 #: The exit status of a command refused for its input (a :class:`UsageError`, a path it cannot
-#: use): a rerun of the same command fails the same way, so a Job's pod failure policy ends the
-#: Job on it instead of retrying.
+#: use).
 USAGE_EXIT = 2
+#: The exit status of a stage whose staging root this identity cannot write (an
+#: :class:`UnwritableError`): the volume refuses it the same way on every retry, so the stage
+#: Job's pod failure policy ends the Job on this status alone — unlike 2, which also covers a
+#: refusal a retry can outlive (an endpoint not reachable yet, an I/O error on a path).
+UNWRITABLE_EXIT = 3
 
 
 class TaoDataIOError(Exception):
@@ -38,6 +42,10 @@ class TaoDataIOError(Exception):
 
 class UsageError(TaoDataIOError, ValueError):
     """Bad input: retrying will not help; the message says what to change."""
+
+
+class UnwritableError(UsageError):
+    """The staging root (or a directory the stage writes) cannot be written by this identity."""
 
 
 class CredentialError(UsageError):

@@ -39,6 +39,7 @@ import aiohttp.web
 import attrs
 import kmock
 
+from tao_data_io.errors import UNWRITABLE_EXIT
 from tao_data_io.launch.probe import CheckResult, Verdict
 from tao_data_io.staging.writable import unwritable_message
 
@@ -270,12 +271,17 @@ class ApiServer(kmock.KubernetesEmulator):
                                                   "message": f"{kind} {name!r} is invalid: {'; '.join(problems)}"},
                                                  status=422)
         if request.action == kmock.action.CREATE and resource.plural == "pods":
-            problems = self._limit_range_defaults(request.namespace or "", request.data)
-            if problems:
-                name = (request.data.get("metadata") or {}).get("name")
+            invalid_after, forbidden = self._limit_range_defaults(request.namespace or "", request.data)
+            name = (request.data.get("metadata") or {}).get("name")
+            if forbidden:  # the LimitRanger's own refusal
+                return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 403,
+                                                  "reason": "Forbidden",
+                                                  "message": f'pods "{name}" is forbidden: [{", ".join(forbidden)}]'},
+                                                 status=403)
+            if invalid_after:  # validation of the pod as admission defaulted it
                 return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422,
                                                   "reason": "Invalid",
-                                                  "message": f'Pod "{name}" is invalid: {"; ".join(problems)}'},
+                                                  "message": f'Pod "{name}" is invalid: {"; ".join(invalid_after)}'},
                                                  status=422)
         if request.action == kmock.action.CREATE and resource.plural == "pods" and self.pod_security:
             violations = pod_security_violations(request.data, self.pod_security)
@@ -317,13 +323,14 @@ class ApiServer(kmock.KubernetesEmulator):
             await self.locked(lambda: self.collect_garbage())
         return response
 
-    def _limit_range_defaults(self, namespace: str, pod: dict[str, Any]) -> list[str]:
+    def _limit_range_defaults(self, namespace: str, pod: dict[str, Any]) -> tuple[list[str], list[str]]:
         """The LimitRanger admission plugin (plugin/pkg/admission/limitranger): each ``Container``
         item's ``default`` becomes a container's limit and its ``defaultRequest`` (which defaults to
         ``default``, core/v1 SetDefaults_LimitRangeItem) its request, for every resource the
         container leaves unset — mutated before validation, which then refuses a request above its
         limit (pkg/apis/core/validation ValidateResourceRequirements). A dry run answers the
-        mutated pod."""
+        mutated pod. Returns (what validation then refuses, what the LimitRanger's min and max
+        refuse)."""
         spec = pod.get("spec") or {}
         for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
             # First the API server's own defaulting (pkg/apis/core/v1/defaults.go): a resource
@@ -331,26 +338,35 @@ class ApiServer(kmock.KubernetesEmulator):
             resources = container.get("resources") or {}
             for name, value in (resources.get("limits") or {}).items():
                 container.setdefault("resources", {}).setdefault("requests", {}).setdefault(name, value)
-        items = [item for limit_range in self.alive("LimitRange", namespace).values()
+        items = [_defaulted_item(item) for limit_range in self.alive("LimitRange", namespace).values()
                  for item in (limit_range.get("spec") or {}).get("limits", []) if item.get("type") == "Container"]
         if not items:
-            return []
-        problems = []
+            return [], []
+        problems, forbidden = [], []
         for where, containers in (("initContainers", spec.get("initContainers", [])),
                                   ("containers", spec.get("containers", []))):
             for index, container in enumerate(containers):
                 resources = container.setdefault("resources", {})
                 for item in items:
-                    for name, value in (item.get("default") or {}).items():
+                    for name, value in item["default"].items():
                         resources.setdefault("limits", {}).setdefault(name, value)
-                    for name, value in (item.get("defaultRequest") or item.get("default") or {}).items():
+                    for name, value in item["defaultRequest"].items():
                         resources.setdefault("requests", {}).setdefault(name, value)
                 for name, asked in (resources.get("requests") or {}).items():
                     limit = (resources.get("limits") or {}).get(name)
                     if limit is not None and _quantity(asked) > _quantity(limit):
                         problems.append(f"spec.{where}[{index}].resources.requests: Invalid value: \"{asked}\": "
                                         f"must be less than or equal to {name} limit of {limit}")
-        return problems
+                for item in items:  # then the LimitRanger validates (PodValidateLimitFunc)
+                    for name, least in item.get("min", {}).items():
+                        asked = (resources.get("requests") or {}).get(name)
+                        if asked is None or _quantity(asked) < _quantity(least):
+                            forbidden.append(f"minimum {name} usage per Container is {least}, but request is {asked}")
+                    for name, most in item.get("max", {}).items():
+                        limit = (resources.get("limits") or {}).get(name)
+                        if limit is None or _quantity(limit) > _quantity(most):
+                            forbidden.append(f"maximum {name} usage per Container is {most}, but limit is {limit}")
+        return problems, forbidden
 
     async def _dry_run(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         """Validate against what exists (a name that is taken is a 409, as on a real server) and
@@ -435,6 +451,15 @@ class ApiServer(kmock.KubernetesEmulator):
                 if resource == RESOURCES[kind] and not obj.deleted and (namespace is None or ns == namespace)}
 
 
+def _defaulted_item(item: dict[str, Any]) -> dict[str, Any]:
+    """A LimitRange item as the API server stores it (core/v1 SetDefaults_LimitRangeItem): a
+    resource with a max and no default defaults to the max; one with a default (or else a min)
+    and no defaultRequest requests it — resource by resource."""
+    default = {**(item.get("max") or {}), **(item.get("default") or {})}
+    request = {**(item.get("min") or {}), **default, **(item.get("defaultRequest") or {})}
+    return {**item, "default": default, "defaultRequest": request}
+
+
 _QUANTITY_SUFFIXES = {"m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20,
                       "Gi": 2**30, "Ti": 2**40}
 
@@ -501,7 +526,7 @@ class ControlPlane:
     #: Pods mounted (fsGroup applied), containers started (subPaths made, a stage's writes done).
     _mounted: set[str] = field(default_factory=set)
     _started: set[tuple[str, str]] = field(default_factory=set)
-    #: Pod → why its stage container exited 2 (what ``tao-data-io stage`` printed last).
+    #: Pod → why its stage container exited 3 (what ``tao-data-io stage`` printed last: its write probe).
     _refusals: dict[str, str] = field(default_factory=dict)
     _events: itertools.count = field(default_factory=itertools.count)
 
@@ -589,12 +614,15 @@ class ControlPlane:
             if volume is None:
                 continue
             inside = posixpath.relpath(path, mount["mountPath"])
-            refused = volume.make_dirs(posixpath.join(mount.get("subPath", ""), inside), who)
+            on_volume = posixpath.join(mount.get("subPath", ""), inside)
+            refused = volume.make_dirs(on_volume, who)
             if refused is not None:
                 blocker = volume.tree[refused]
                 what = "the staging root" if path == wanted[0] else "the staging map's directory"
+                in_pod = posixpath.join(mount["mountPath"], refused).rstrip("/")
+                below = on_volume[len(refused):].lstrip("/").split("/")[0] if on_volume != refused else ""
                 self._refusals[name] = "error: " + unwritable_message(
-                    what=what, directory=path, blocker=posixpath.join(mount["mountPath"], refused).rstrip("/"),
+                    what=what, directory=path, blocker=in_pod, missing=f"{in_pod}/{below}" if below else None,
                     owner=(blocker.uid, blocker.gid), mode=stat.S_IMODE(blocker.mode), uid=who.uid,
                     groups=list(dict.fromkeys([who.gid, *sorted(who.groups)]))) + "\n"
                 return
@@ -634,8 +662,8 @@ class ControlPlane:
             self._mount(server, namespace, raw)
             for container in [*init, *main][:current + 1]:
                 self._start(server, namespace, raw, container)
-        if name in self._refusals:  # the stage could not write its volume: it exited 2 at once
-            state_of, phase = (lambda c: _terminated(2, "Error", self._refusals[name])), "Failed"
+        if name in self._refusals:  # the stage could not write its volume: it exited 3 at once
+            state_of, phase = (lambda c: _terminated(UNWRITABLE_EXIT, "Error", self._refusals[name])), "Failed"
         statuses = []
         for position, container in enumerate([*init, *main]):
             sidecar = container.get("restartPolicy") == "Always"

@@ -2,8 +2,9 @@
 standard (kubernetes.io/docs/concepts/security/pod-security-standards) and held to upstream's own
 pass/fail fixtures (``tests/data/pod-security/``, from kubernetes/pod-security-admission
 ``test/testdata/<level>/v<version>/``) by ``test_the_stand_ins_pod_security_agrees_with_upstreams
-_fixtures``. Each refusal is worded as pod-security-admission words it (policy/check_*.go:
-``<check> (<what>)``), joined into the 403 the API server answers.
+_fixtures``, and by version where a check changed (safe sysctls, SELinux types). Each refusal
+has pod-security-admission's form (policy/check_*.go: ``<reason> (<detail>)``, reasons verbatim,
+details in its words for the fields a job's pods set), joined into the 403 the API server answers.
 
 ``baseline`` refuses the known privilege escalations; ``restricted`` adds the hardening rules,
 three of which (allowPrivilegeEscalation, capabilities, seccomp) do not apply to a pod whose
@@ -19,8 +20,12 @@ LEVELS = ("baseline", "restricted")
 #: Capabilities baseline lets a container add (check_capabilities_baseline).
 BASELINE_CAPABILITIES = frozenset({"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
                                    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"})
-#: seLinuxOptions.type values baseline allows (with no user or role).
-SELINUX_TYPES = frozenset({"", "container_t", "container_init_t", "container_kvm_t"})
+#: seLinuxOptions.type values baseline allows (with no user or role), by the version that
+#: allowed each (check_seLinuxOptions: container_engine_t from 1.31).
+SELINUX_TYPES: dict[tuple[int, int], frozenset[str]] = {
+    (1, 0): frozenset({"", "container_t", "container_init_t", "container_kvm_t"}),
+    (1, 31): frozenset({"container_engine_t"}),
+}
 #: The safe sysctls, by the version that made each safe (check_sysctls).
 SAFE_SYSCTLS: dict[tuple[int, int], frozenset[str]] = {
     (1, 0): frozenset({"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.tcp_syncookies",
@@ -63,16 +68,20 @@ def _windows(spec: Pod) -> bool:
 
 # ----------------------------------------------------------------------------- baseline
 def _app_armor(meta: Pod, spec: Pod, version: tuple[int, int]) -> str | None:
-    values = sorted({value for key, value in (meta.get("annotations") or {}).items()
-                     if key.startswith(APPARMOR_ANNOTATION) and value != "runtime/default"
-                     and not value.startswith("localhost/")})
-    fields = [(spec.get("securityContext") or {}).get("appArmorProfile"),
-              *(_context(c).get("appArmorProfile") for c in _containers(spec))]
-    if any((f or {}).get("type") == "Unconfined" for f in fields):
-        values.append("Unconfined")
-    if not values:
+    """An annotation may name no profile (empty), runtime/default or localhost/*; a field may not
+    be Unconfined (1.30+)."""
+    annotated = sorted(f'{key}="{value}"' for key, value in (meta.get("annotations") or {}).items()
+                       if key.startswith(APPARMOR_ANNOTATION) and value not in ("", "runtime/default")
+                       and not value.startswith("localhost/"))
+    pod_bad = ((spec.get("securityContext") or {}).get("appArmorProfile") or {}).get("type") == "Unconfined"
+    names = [c["name"] for c in _containers(spec) if (_context(c).get("appArmorProfile") or {}).get("type") == "Unconfined"]
+    details = [", ".join(annotated)] if annotated else []
+    if pod_bad or names:
+        details.append(f'{_setters(pod_bad, names)} must not set AppArmor profile type to "Unconfined"')
+    if not details:
         return None
-    return f"forbidden AppArmor profile{'s' if len(values) > 1 else ''} (" + ", ".join(f'"{v}"' for v in values) + ")"
+    count = len(annotated) + int(pod_bad or bool(names))
+    return f"forbidden AppArmor profile{'s' if count > 1 else ''} ({'; '.join(details)})"
 
 
 def _capabilities_baseline(meta: Pod, spec: Pod, version: tuple[int, int]) -> str | None:
@@ -101,7 +110,7 @@ def _host_ports(meta: Pod, spec: Pod, version: tuple[int, int]) -> str | None:
     names = [name for name, ports in used.items() if ports]
     if not names:
         return None
-    ports = sorted({port for name in names for port in used[name]})
+    ports = sorted({str(port) for name in names for port in used[name]})  # as strings, as upstream sorts them
     return f"hostPort ({_who(names)} use{'s' if len(names) == 1 else ''} hostPort{'s' if len(ports) > 1 else ''} " \
            + ", ".join(map(str, ports)) + ")"
 
@@ -112,14 +121,19 @@ def _privileged(meta: Pod, spec: Pod, version: tuple[int, int]) -> str | None:
 
 
 def _proc_mount(meta: Pod, spec: Pod, version: tuple[int, int]) -> str | None:
-    names = [c["name"] for c in _containers(spec) if _context(c).get("procMount", "Default") != "Default"]
-    return f'procMount ({_who(names)} must not set securityContext.procMount to a value other than "Default")' \
-        if names else None
+    bad = {c["name"]: _context(c)["procMount"] for c in _containers(spec)
+           if _context(c).get("procMount", "Default") != "Default"}
+    if not bad:
+        return None
+    return (f"procMount ({_who(list(bad))} must not set securityContext.procMount to "
+            + ", ".join(f'"{v}"' for v in sorted(set(bad.values()))) + ")")
 
 
 def _se_linux_options(meta: Pod, spec: Pod, version: tuple[int, int]) -> str | None:
+    types = frozenset().union(*(names for since, names in SELINUX_TYPES.items() if since <= version))
+
     def bad(options: Pod | None) -> bool:
-        return bool(options) and (options.get("type", "") not in SELINUX_TYPES or bool(options.get("user"))  # type: ignore[union-attr]
+        return bool(options) and (options.get("type", "") not in types or bool(options.get("user"))  # type: ignore[union-attr]
                                   or bool(options.get("role")))  # type: ignore[union-attr]
     pod_bad = bad((spec.get("securityContext") or {}).get("seLinuxOptions"))
     names = [c["name"] for c in _containers(spec) if bad(_context(c).get("seLinuxOptions"))]

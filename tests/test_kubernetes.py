@@ -16,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 import yaml
 
-from tao_data_io.errors import USAGE_EXIT, UsageError
+from tao_data_io.errors import UNWRITABLE_EXIT, UsageError
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.launch.probe import PROBE_SCRIPT, Check, parse_probe_output
 from tao_data_io.kubernetes.render import RenderedJob, literal, read_config, render_job
@@ -313,6 +313,13 @@ def test_adversarial_a_subpath_reused_by_two_sources_is_refused(tmp_path: Path) 
         render(request, tmp_path, "C", plan=bad)
 
 
+def test_a_pre_positioned_source_inside_the_stage_cache_is_refused_with_its_own_fix(tmp_path: Path) -> None:
+    request = req(storage={"pvc_claim": "lustre"}, mounts=[{"source": "/cache/s3/bkt-1/data", "target": "/mine"}])
+    with pytest.raises(UsageError, match="would serve two sources.*pre-positioned mount source lies where the stage "
+                                         "cache keeps a staged input"):
+        render(request, tmp_path, "B", pvc_claim="lustre")
+
+
 def test_adversarial_a_forward_env_name_also_in_environment_is_refused(tmp_path: Path) -> None:
     plan, _ = plan_for(req(), tmp_path, "C")
     bad = plan.model_copy(update={"env": {**plan.env, "AWS_ACCESS_KEY_ID": "placeholder"}})
@@ -600,17 +607,40 @@ def test_the_stage_pod_makes_a_new_claim_writable_for_the_stager_where_the_volum
     assert stage["securityContext"] == {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
 
 
-def test_a_stage_refused_for_its_input_ends_its_job_at_once(tmp_path: Path) -> None:
-    """Exit 2 is the stage's refusal of its input (a volume it cannot write: its write probe), which
-    fails the same way on every retry: the pod failure policy (batch/v1 PodFailurePolicy; its
-    rules need restartPolicy Never, pkg/apis/batch/validation) ends the Job instead of spending
-    backoffLimit on it; any other exit is retried."""
+def test_a_stage_that_cannot_write_its_volume_ends_its_job_at_once(tmp_path: Path) -> None:
+    """Exit 3 is the stage's write probe refusing a volume it cannot write, which fails the same way
+    on every retry: the pod failure policy (batch/v1 PodFailurePolicy; its rules need
+    restartPolicy Never, pkg/apis/batch/validation) ends the Job instead of spending backoffLimit
+    on it; any other exit — 2 included, which also covers an endpoint not reachable yet — is
+    retried."""
     rendered = render(req(storage={"pvc_claim": "lustre"}), tmp_path, "B", pvc_claim="lustre")
     stage = [o for o in rendered.objects if o["kind"] == "Job"][0]["spec"]
     assert stage["podFailurePolicy"] == {"rules": [{"action": "FailJob", "onExitCodes": {
-        "containerName": "stage", "operator": "In", "values": [USAGE_EXIT]}}]}
+        "containerName": "stage", "operator": "In", "values": [UNWRITABLE_EXIT]}}]}
     assert stage["template"]["spec"]["restartPolicy"] == "Never" and stage["backoffLimit"] > 0
     validate(rendered)
+
+
+def test_tier_c_reserves_and_limits_its_staging_disk_with_the_training_containers_own(tmp_path: Path) -> None:
+    """The kubelet evicts a pod whose disk use — its emptyDirs included — passes the sum of its
+    containers' ephemeral-storage limits; the scheduler reserves the larger of the largest init
+    container's request and the app containers' sum. The staging volume's size joins the
+    training container's request, and its limit when the request sets one."""
+    def sized(request: JobRequest, where: Path) -> RenderedJob:
+        plan, _ = plan_for(request, where, "C")
+        return render(request, where, "C", plan=plan.model_copy(update={"staging_bytes": 100 * 2**30}))
+
+    plain = sized(req(), tmp_path / "p")
+    train = training_pod(plain)["containers"][0]["resources"]
+    staging = next(v for v in training_pod(plain)["volumes"] if v["name"] == "staging")["emptyDir"]["sizeLimit"]
+    assert staging == "102656Mi" and train["requests"]["ephemeral-storage"] == staging  # 100 GiB and the margin
+    assert "ephemeral-storage" not in train.get("limits", {})
+    shaped = sized(req(compute_shape={"gpus": 1, "ephemeral_storage": "10Gi"}), tmp_path / "s")
+    resources = training_pod(shaped)["containers"][0]["resources"]
+    assert resources["requests"]["ephemeral-storage"] == resources["limits"]["ephemeral-storage"] == "112896Mi"
+    validate(shaped)
+    unknown = training_pod(render(req(), tmp_path / "u", "C"))
+    assert next(v for v in unknown["volumes"] if v["name"] == "staging")["emptyDir"] == {}
 
 
 def test_the_stage_pod_is_scheduled_where_the_training_pods_may_run(tmp_path: Path) -> None:
@@ -642,22 +672,40 @@ def test_render_job_suspends_tier_bs_training_until_its_stage_has_run(tmp_path: 
     assert "suspend" not in tier_c.objects[-1]["spec"]  # no stage Job: nothing to wait for
 
 
-def test_the_probe_reads_claim_inputs_through_the_claims_root_never_by_their_subpath(tmp_path: Path) -> None:
+def test_the_probe_reads_a_pre_positioned_input_from_above_never_by_its_subpath(tmp_path: Path) -> None:
     """A container that mounts a missing subPath has the kubelet create it (makeMounts): the verify
-    probe mounts the claim's root read-only and checks each input the claim serves at its subPath
-    there; only the training container mounts the inputs by subPath, and it starts after the probe
-    passed. The results directory is the job's own, so the probe mounts it as training does."""
-    rendered = render(req(storage={"pvc_claim": "lustre"}), tmp_path, "B", pvc_claim="lustre")
-    pod = rendered.objects[-1]["spec"]["template"]["spec"]
+    probe mounts the top-level directory each pre-positioned source lies in, read-only, and
+    checks the source below it — not the whole claim, which holds other jobs' results — and
+    only the training container mounts the sources by subPath, after the probe passed. A source
+    that is itself top-level is read from the claim's root."""
+    request = req(inputs=[], mounts=[{"source": "/datasets/coco", "target": "/data"},
+                                     {"source": "/datasets/ann/train.json", "target": "/ann.json"},
+                                     {"source": "/models/resnet", "target": "/model"}])
+    pod = training_pod(render(request, tmp_path / "a", "A", pvc_claim="lustre"))
     verify = by_name(pod["initContainers"])["verify"]
     train = pod["containers"][0]
-    inputs = {m["subPath"] for m in train["volumeMounts"] if m["name"] == "data" and m["subPath"].startswith("cache/")}
-    assert inputs
-    probe_claim = [m for m in verify["volumeMounts"] if m["name"] == "data"]
-    assert {"name": "data", "mountPath": "/tao-data-io/volume", "readOnly": True} in probe_claim
-    assert not {m.get("subPath") for m in probe_claim} & inputs
+    sources = {m["subPath"] for m in train["volumeMounts"] if m["name"] == "data" and m["mountPath"] != "/results"}
+    assert sources == {"datasets/coco", "datasets/ann/train.json", "models/resnet"}
+    seen = [m for m in verify["volumeMounts"] if m["name"] == "data" and m["mountPath"] != "/results"]
+    assert seen == [{"name": "data", "mountPath": "/tao-data-io/volume/datasets", "subPath": "datasets", "readOnly": True},
+                    {"name": "data", "mountPath": "/tao-data-io/volume/models", "subPath": "models", "readOnly": True}]
+    rendered = render(request, tmp_path / "c", "A", pvc_claim="lustre")
     checklist = next(o for o in rendered.objects if o["kind"] == "ConfigMap")["data"]["checklist"]
-    assert {f"/tao-data-io/volume/{sub}" for sub in inputs} <= {line.split("\t")[1] for line in checklist.splitlines()}
+    lines = {line.split("\t")[1]: line.split("\t")[2] for line in checklist.splitlines()}
+    assert lines["/tao-data-io/volume/datasets/coco"] == "/tao-data-io/volume"  # must resolve inside the claim
+    top = training_pod(render(req(inputs=[], mounts=[{"source": "/datasets", "target": "/data"}]), tmp_path / "t", "A",
+                              pvc_claim="lustre"))
+    assert {"name": "data", "mountPath": "/tao-data-io/volume", "readOnly": True} in by_name(
+        top["initContainers"])["verify"]["volumeMounts"]
+
+
+def test_a_staged_input_is_probed_where_training_reads_it(tmp_path: Path) -> None:
+    """Tier B's entries exist once the stage ran, and the training Job exists only then (or waits
+    suspended): the probe mounts each by its subPath, exactly as training does."""
+    pod = training_pod(render(req(storage={"pvc_claim": "lustre"}), tmp_path, "B", pvc_claim="lustre"))
+    verify, train = by_name(pod["initContainers"])["verify"], pod["containers"][0]
+    cached = [m for m in train["volumeMounts"] if m.get("subPath", "").startswith("cache/")]
+    assert cached and all(m in verify["volumeMounts"] for m in cached)
 
 
 def test_render_job_of_a_record_without_a_tier_names_the_fix_not_a_validation_trace(tmp_path: Path) -> None:

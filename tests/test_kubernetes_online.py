@@ -26,7 +26,6 @@ from tao_data_io.kubernetes.apply import kinds
 from tao_data_io.kubernetes import pods as pod_reading
 from tao_data_io.kubernetes.backend import DEFAULT_IMAGE_PULL_TIMEOUT_S, KubernetesBackend
 from tao_data_io.kubernetes.render import ATTEMPT_ANNOTATION, STEP_LABEL, staging_quantity
-from tao_data_io.staging.sizing import BLOCK_BYTES
 from tao_data_io.kubernetes.settings import KubernetesSettings
 from tao_data_io.backends import backend_for
 from tao_data_io.launch.backend import DEFAULT_VERIFY_TIMEOUT_S, Backend, JobDocuments, Submission
@@ -259,16 +258,17 @@ def test_a_failed_stage_job_is_deleted_and_nothing_trains(kube: KubeStandIn, tmp
 
 def test_tier_c_sizes_its_staging_volume_from_the_inputs_listing(kube: KubeStandIn, tmp_path: Path) -> None:
     """Tier C's inputs land in the pod's emptyDir: bounded from the bucket's listing before submit,
-    that bound is the volume's sizeLimit and the stager's ephemeral-storage request — an init
-    container's request counts in the pod's effective request, so the scheduler reserves the disk
-    on the node it picks (core/v1 ResourceRequirements; the kubelet evicts a pod whose emptyDir
-    outgrows its sizeLimit)."""
+    that bound is the volume's sizeLimit and part of the training container's ephemeral-storage
+    request — an app container's request holds for the pod's life, so the scheduler reserves the
+    disk on the node it picks (core/v1 ResourceRequirements; the kubelet evicts a pod whose
+    emptyDir outgrows its sizeLimit)."""
     assert submit(tmp_path, job_request(), make_backend()).tier == "C"
     pod = ours(kube, "Job")["job-1"]["spec"]["template"]["spec"]
-    expected = staging_quantity(sum(INPUT_OBJECTS.values()) + len(INPUT_OBJECTS) * BLOCK_BYTES)
-    assert next(v for v in pod["volumes"] if v["name"] == "staging")["emptyDir"] == {"sizeLimit": expected}
+    staging = next(v for v in pod["volumes"] if v["name"] == "staging")["emptyDir"]["sizeLimit"]
+    assert staging_quantity(sum(INPUT_OBJECTS.values())) <= staging  # at least the bytes (and their blocks)
+    assert pod["containers"][0]["resources"]["requests"]["ephemeral-storage"] == staging
     stager = next(c for c in pod["initContainers"] if c["name"] == "stager")
-    assert stager["resources"]["requests"]["ephemeral-storage"] == expected
+    assert "ephemeral-storage" not in stager["resources"]["requests"]
     validate(every_object_of_ours(kube))
 
 
@@ -321,10 +321,11 @@ def test_a_claim_whose_volume_ignores_fs_group_refuses_the_stage_with_the_fix(ku
     with pytest.raises(BackendError) as info:
         submit(tmp_path, job_request(storage={"pvc_claim": "tao-data"}), make_backend())
     said = str(info.value)
-    assert "container stage exited 2" in said and not info.value.retryable
+    assert "container stage exited 3" in said and not info.value.retryable
     assert ("the staging root /tao-data-io/volume/cache cannot be written by this stage (uid 1000, groups 1000)"
             in said), said
-    assert "/tao-data-io/volume is owned by 0:0 with mode 0755" in said and "chmod 2775 DIR" in said
+    assert "/tao-data-io/volume is owned by 0:0 with mode 0755" in said
+    assert "pre-create /tao-data-io/volume/cache on the volume" in said and "chmod 2775 /tao-data-io/volume/cache`" in said
     assert "the stage pod mounts claim 'tao-data' at /tao-data-io/volume" in said
     assert set(kube.server.control.volumes[volume].tree) == {""}  # nothing was written
     assert ours(kube, "Job") == {}
@@ -1008,7 +1009,7 @@ def test_what_a_limit_range_would_set_in_the_pods_is_said_before_anything_is_cre
     assert submit(tmp_path, job_request(), make_backend(said)).verdict.ok
     (line,) = [line for line in said if "LimitRange" in line]
     assert 'container "train": limits.cpu=1, requests.cpu=500m' in line and "compute_shape.cpu" in line, line
-    assert 'container "stager": limits.cpu=1' in line  # ours request cpu, so only the limit is new
+    assert "stager" not in line  # ours request what they need; the request cannot change them
     chosen: list[str] = []
     shaped = job_request(job_id="job-2", compute_shape={"gpus": 1, "cpu": "8"})
     assert submit(tmp_path / "shaped", shaped, make_backend(chosen)).verdict.ok
@@ -1023,6 +1024,16 @@ def test_a_limit_range_default_below_what_training_requests_is_refused_before_an
     kube.server.store(limit_range(default={"memory": "8Gi"}))
     message = gate_case(kube, tmp_path, job_request(), make_backend(), "admission refuses the pods of Job job-1")
     assert "must be less than or equal to memory limit of 8Gi" in message
+
+
+def test_a_limit_range_maximum_below_tier_cs_staging_disk_is_refused_before_anything_is_created(
+        kube: KubeStandIn, tmp_path: Path) -> None:
+    """A LimitRange's max is also its default limit (SetDefaults_LimitRangeItem): the training
+    container's ephemeral-storage request, which holds tier C's inputs, is then above its limit,
+    and the pod is refused — before anything exists, by the admission gate."""
+    kube.server.store(limit_range(max={"ephemeral-storage": "1Mi"}))
+    message = gate_case(kube, tmp_path, job_request(), make_backend(), "admission refuses the pods of Job job-1")
+    assert "ephemeral-storage limit of 1Mi" in message
 
 
 def test_gate_access_lists_every_refusal_in_one_line(kube: KubeStandIn, tmp_path: Path) -> None:

@@ -135,6 +135,26 @@ def test_probe_passes_a_good_frame_and_writes_the_persistence_token(tmp_path: Pa
     assert (tmp_path / "results" / "deep" / ".tao-data-io-verify").read_text() == "tok123"
 
 
+def test_probe_refuses_an_input_that_resolves_outside_its_volume(tmp_path: Path) -> None:
+    """A Kubernetes subPath that resolves, through symlinks, outside its volume is refused by the
+    kubelet (pkg/volume/util/subpath): read from above, the probe must refuse it too, or it
+    passes a job whose training container then cannot start."""
+    volume = tmp_path / "volume"
+    (volume / "datasets" / "coco").mkdir(parents=True)
+    (volume / "datasets" / "coco" / "a.jpg").write_text("x")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "b.jpg").write_text("y")
+    (volume / "datasets" / "escape").symlink_to(tmp_path / "elsewhere")
+    (volume / "datasets" / "inside").symlink_to("coco")
+    checks = [Check(kind="readable", path=str(volume / name), subject=name, argument=str(volume))
+              for name in ("datasets/coco", "datasets/escape", "datasets/inside")]
+    done = _run_probe(tmp_path, checks)
+    verdict = {c.path: c for c in parse_probe_output(done.stdout, checks, done.returncode).checks}
+    assert verdict[str(volume / "datasets/coco")].ok and verdict[str(volume / "datasets/inside")].ok
+    escaped = verdict[str(volume / "datasets/escape")]
+    assert not escaped.ok and escaped.detail.startswith("resolves outside its volume"), escaped
+
+
 def test_probe_fails_missing_empty_unreadable_and_unwritable_paths(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "adir").mkdir()

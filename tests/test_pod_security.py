@@ -53,3 +53,14 @@ def test_a_refusal_lists_baseline_checks_then_restricted_ones_each_in_id_order()
     assert [v.split(" (")[0] for v in pod_security_violations(pod, "restricted")] == [
         "host namespaces", "privileged", "allowPrivilegeEscalation != false", "unrestricted capabilities",
         "restricted volume types", "runAsNonRoot != true", "seccompProfile"]
+
+
+@pytest.mark.parametrize(("pod", "version", "refused"), [
+    ({"spec": {"securityContext": {"seLinuxOptions": {"type": "container_engine_t"}}, "containers": []}}, (1, 30), True),
+    ({"spec": {"securityContext": {"seLinuxOptions": {"type": "container_engine_t"}}, "containers": []}}, (1, 31), False),
+    ({"metadata": {"annotations": {"container.apparmor.security.beta.kubernetes.io/c": ""}},
+      "spec": {"containers": [{"name": "c", "image": "i"}]}}, (1, 32), False),
+], ids=["container_engine_t before 1.31", "container_engine_t from 1.31", "an AppArmor annotation naming no profile"])
+def test_baseline_rules_the_fixtures_do_not_cover_follow_the_standard(pod: dict[str, Any], version: tuple[int, int],
+                                                                      refused: bool) -> None:
+    assert bool(pod_security_violations(pod, "baseline", version)) == refused

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tao_data_io.errors import UsageError
+from tao_data_io.errors import UnwritableError, UsageError
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage import stage
 from tao_data_io.staging.writable import SHARED_MODE, prove_writable
@@ -79,7 +79,7 @@ def test_a_stage_refuses_a_volume_root_it_cannot_write_before_anything_moves(vol
     assert f"the staging root {cache} cannot be written by this stage" in said
     assert f"{volume} is owned by" in said and f"with mode {stat.S_IMODE(volume.stat().st_mode):04o}" in said
     assert "did not apply the pod's fsGroup" in said
-    assert f"pre-create {cache} on the volume" in said and "chmod 2775 DIR" in said
+    assert f"pre-create {cache} on the volume" in said and f"chmod 2775 {cache}`" in said
     assert list(volume.iterdir()) == []  # nothing was written
 
 
@@ -109,8 +109,9 @@ def test_the_map_directory_is_proved_too(volume: Path) -> None:
         volume.chmod(0o555)
     shared(cache)
     jobs = volume / "jobs" / "job-w"
-    with as_stager(), pytest.raises(UsageError, match=rf"the staging map's directory {jobs} cannot be written"):
+    with as_stager(), pytest.raises(UnwritableError, match=rf"the staging map's directory {jobs} cannot be written") as info:
         stage(request(), cache, map_path=jobs / "staging-map.json", environ={})
+    assert f"pre-create {volume / 'jobs'} on the volume" in str(info.value)  # one fix for every job's directory
 
 
 def test_a_volume_whose_root_took_the_fs_group_is_written_by_any_member(volume: Path) -> None:
@@ -120,3 +121,48 @@ def test_a_volume_whose_root_took_the_fs_group_is_written_by_any_member(volume: 
         prove_writable(volume / "cache", what="the staging root")
     made = (volume / "cache").stat()
     assert made.st_gid == group and made.st_mode & stat.S_ISGID  # the setgid root handed its group on
+
+
+def test_a_refusal_below_a_directory_this_user_cannot_search_still_names_the_fix(volume: Path) -> None:
+    """The directory that refuses may be one the stage cannot even look into (mode 0700): the
+    refusal names it, not a bare permission error."""
+    locked = volume / "locked"
+    if not ROOT:
+        volume.chmod(0o755)
+    locked.mkdir(mode=0o700)
+    if not ROOT:
+        volume.chmod(0o555)
+        locked.chmod(0o000)
+    with as_stager(), pytest.raises(UnwritableError) as info:
+        prove_writable(locked / "jobs" / "job-w", what="the staging map's directory")
+    assert f"{locked} is owned by" in str(info.value) and f"pre-create {locked / 'jobs'}" in str(info.value)
+    if not ROOT:
+        locked.chmod(0o700)
+
+
+def test_a_dangling_symlink_where_the_staging_root_belongs_is_named(volume: Path) -> None:
+    if not ROOT:
+        volume.chmod(0o755)
+    (volume / "cache").symlink_to(volume / "gone")
+    with pytest.raises(UnwritableError, match=r"cache is in the way \(a file or a symlink"):
+        prove_writable(volume / "cache", what="the staging root")
+
+
+def test_a_cache_whose_state_an_earlier_stage_left_as_root_is_refused_with_the_fix(volume: Path) -> None:
+    """The roots may be writable while what an earlier stage (run as root) left below them is not:
+    the cache's own state directories are proved too, before the entry's lock is taken."""
+    from tao_data_io.staging.cache import stage_cached
+    from tao_data_io.staging.layout import plan_inputs
+
+    cache = volume / "cache"
+    if not ROOT:
+        volume.chmod(0o755)
+    cache.mkdir()
+    shared(cache)
+    locks = cache / ".tao-data-io" / "locks"
+    locks.mkdir(parents=True)
+    locks.chmod(0o755 if ROOT else 0o555)  # root's, as a stage run as root leaves it
+    (planned,) = plan_inputs(request())
+    with as_stager(), pytest.raises(UnwritableError, match=rf"the stage cache's locks {locks} cannot be written"):
+        stage_cached(planned, cache, environ={})
+    locks.chmod(0o755)

@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import UsageError
 from ..launch.plan import LaunchPlan
 from .api import Api, ApiError
-from .apply import RESOURCES, create
+from .apply import RESOURCES, create, step_of
 from .facts import MULTI_NODE_VERSION, SIDECAR_VERSION, allocatable_gpus, server_version
 from .render import SecretRef
 from .settings import KubernetesSettings
@@ -214,21 +214,25 @@ def admit_pods(api: Api, objects: Sequence[dict[str, Any]]) -> list[str]:
             if exc.status in (403, 422):
                 raise UsageError(f"admission refuses the pods of Job {name}: {exc}") from None
             raise
-        defaults = _defaulted_resources(template["spec"], admitted.get("spec") or {})
+        defaults = _defaulted_resources(template["spec"], admitted.get("spec") or {}) if step_of(job) == "train" else ""
         if defaults:
-            changed.append(f"admission (a LimitRange of namespace {api.namespace!r}) sets resources the pods of Job "
-                           f"{name} leave unset — {defaults}; a default limit caps the container there (a cpu limit "
-                           "throttles training): give compute_shape.cpu, memory and ephemeral_storage to choose the "
-                           "training container's own")
+            caps = " a default limit caps the container (a cpu limit throttles training);" if "limits." in defaults else ""
+            changed.append(f"admission in namespace {api.namespace!r} (a LimitRange, or a mutating webhook) sets what "
+                           f"the request leaves unset in the training pods of Job {name} — {defaults};{caps} give "
+                           "compute_shape.cpu, memory and ephemeral_storage to choose them")
     return changed
 
 
 def _defaulted_resources(sent: Mapping[str, Any], admitted: Mapping[str, Any]) -> str:
-    """``container "train": limits.cpu=1, requests.cpu=500m; …`` — what admission added."""
+    """``container "train": limits.cpu=1, requests.cpu=500m; …`` — what admission added to the
+    app containers that were sent (the request's own; containers a webhook injects are its
+    business, and ours request what they need)."""
     found = []
-    before = {c["name"]: c.get("resources") or {} for c in [*sent.get("initContainers", []), *sent.get("containers", [])]}
-    for container in [*admitted.get("initContainers", []), *admitted.get("containers", [])]:
-        asked = before.get(container["name"], {})
+    before = {c["name"]: c.get("resources") or {} for c in sent.get("containers", [])}
+    for container in admitted.get("containers", []):
+        if container["name"] not in before:
+            continue
+        asked = before[container["name"]]
         own_limits = asked.get("limits") or {}
         # A request the API server copied from the container's own limit (its defaulting of a
         # GPU's request) is not admission's.

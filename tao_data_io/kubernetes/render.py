@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 from ..credentials import AWS_TO_LEGACY, Redactor
-from ..errors import USAGE_EXIT, UsageError
+from ..errors import UNWRITABLE_EXIT, UsageError
 from ..fs import check_relative
 from ..launch.plan import PROBE_DIR, LaunchPlan, PlanMount, refuse_smuggled_secrets
 from ..launch.probe import PROBE_SCRIPT, TOKEN_FILE, Check, checklist, checklist_text
@@ -198,7 +198,9 @@ class _Job:
         self.uploads = plan.route.route == "s3"
         self.stages_in_pod = plan.tier == "C"
         #: Tier C's staging volume, sized to hold what its stager writes (None: unknown, no limit).
-        self.staging_size = staging_quantity(plan.staging_bytes) if plan.staging_bytes is not None else None
+        self.staging_bytes = (plan.staging_bytes + STAGING_MARGIN
+                              if plan.staging_bytes is not None and self.stages_in_pod else None)
+        self.staging_size = mebibytes(self.staging_bytes) if self.staging_bytes is not None else None
         self.needs_stager = self.stages_in_pod or self.uploads
         self.secret = self._secret()
         _check_plan(plan, settings)
@@ -253,7 +255,7 @@ class _Job:
 
     def _checks(self) -> list[Check]:
         token = hashlib.sha256(f"tao-data-io-verify:{self.plan.job_id}".encode()).hexdigest()[:32]
-        checks, _ = checklist(self.plan, token, claim_paths(self.plan))
+        checks, _ = checklist(self.plan, token, claim_paths(self.plan), within=VOLUME_ROOT)
         if self.uploads and not self.results_on_claim:
             checks.append(Check(kind="persistent", path=self.plan.results_dir, subject="results",
                                 argument=f"{STATE_DIR}/upload-check"))
@@ -340,10 +342,10 @@ class _Job:
                "securityContext": {"fsGroup": STAGER_UID, "fsGroupChangePolicy": "OnRootMismatch"},
                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": self.settings.pvc_claim}},
                            {"name": "files", "configMap": {"name": self.names.files}}]}
-        # A stage refused for its input (exit 2: a volume it cannot write, a bad request) fails the
-        # same way again: the Job ends at once instead of spending its retries on it.
+        # A stage that cannot write its volume (its write probe) fails the same way again: the Job
+        # ends at once instead of spending its retries on it. Every other failure is retried.
         refused = {"action": "FailJob", "onExitCodes": {"containerName": "stage", "operator": "In",
-                                                        "values": [USAGE_EXIT]}}
+                                                        "values": [UNWRITABLE_EXIT]}}
         spec: dict[str, Any] = {"backoffLimit": 2 * shards, "ttlSecondsAfterFinished": self.settings.ttl_seconds,
                                 "podFailurePolicy": {"rules": [refused]},
                                 "template": {"metadata": {"labels": {**self.labels, STEP_LABEL: "stage"}}, "spec": pod}}
@@ -357,10 +359,8 @@ class _Job:
         env = self._env()
         train = {"name": "train", "image": plan.image, "command": [literal(arg) for arg in plan.argv], "env": env,
                  "volumeMounts": mounts, "resources": self._resources()}
-        located = claim_paths(plan)  # read through the claim's root: see claim_paths
-        probe_mounts = [m for m in mounts if m["mountPath"] not in located]
-        if located:
-            probe_mounts.append({"name": "data", "mountPath": VOLUME_ROOT, "readOnly": True})
+        located = claim_paths(plan)  # pre-positioned inputs, read from above: see claim_paths
+        probe_mounts = [m for m in mounts if m["mountPath"] not in located] + inspection_mounts(located)
         verify = {"name": "verify", "image": plan.image,
                   "command": ["/bin/sh", f"{PROBE_DIR}/verify.sh", f"{PROBE_DIR}/probe.sh", f"{PROBE_DIR}/checklist",
                               TERMINATION_LOG],
@@ -416,6 +416,16 @@ class _Job:
         for name, value in (("cpu", plan.cpu), ("memory", plan.memory), ("ephemeral-storage", plan.ephemeral_storage)):
             if value is not None:
                 requests[name] = limits[name] = value
+        if self.staging_bytes is not None:
+            # Tier C's inputs stay on the node's disk while training runs: the scheduler reserves
+            # them with training's own (an app container's request counts for the pod's whole
+            # life, an init container's does not add to it), and a pod whose containers have
+            # ephemeral-storage limits is evicted past their sum, which the staging volume's
+            # usage counts toward — so both grow by it.
+            own = quantity_bytes(plan.ephemeral_storage) if plan.ephemeral_storage is not None else 0
+            requests["ephemeral-storage"] = mebibytes(own + self.staging_bytes)
+            if plan.ephemeral_storage is not None:
+                limits["ephemeral-storage"] = requests["ephemeral-storage"]
         return {"requests": requests, **({"limits": limits} if limits else {})}
 
     def grace_seconds(self) -> int:
@@ -437,17 +447,14 @@ class _Job:
         if self.uploads and not self.results_on_claim:
             extra.append({"name": "TAO_DATA_IO_UPLOAD_CHECK", "value": f"{STATE_DIR}/upload-check"})
         mounts = [{"name": "files", "mountPath": FILES_DIR, "readOnly": True}, {"name": "state", "mountPath": STATE_DIR}]
-        resources = OWN_REQUESTS["stage"]
         if self.stages_in_pod:
             extra.append({"name": "TAO_DATA_IO_STAGE_ROOT", "value": STAGE_ROOT})
             mounts.append({"name": "staging", "mountPath": STAGE_ROOT})
-            if self.staging_size is not None:  # the scheduler finds a node with the disk for the inputs
-                resources = {"requests": {**resources["requests"], "ephemeral-storage": self.staging_size}}
         if self.plan.restore_from is not None:  # a later attempt: the results come back first
             extra.append({"name": "TAO_DATA_IO_RESTORE_FROM", "value": self.plan.restore_from})
             mounts.append(self._results_mount())
         return {"name": "stager", "image": self.settings.stager_image, "command": ["/bin/sh", f"{FILES_DIR}/stager.sh"],
-                "securityContext": RESTRICTED, "resources": resources,
+                "securityContext": RESTRICTED, "resources": OWN_REQUESTS["stage"],
                 "env": [*self._tool_env(env), *extra], "volumeMounts": mounts,
                 "terminationMessagePolicy": "FallbackToLogsOnError"}
 
@@ -512,8 +519,12 @@ class _Job:
             volume, sub_path = self._source_of(mount)
             other = owners.setdefault((volume, sub_path), mount)
             if other.input != mount.input:
+                fix = ("a pre-positioned mount source lies where the stage cache keeps a staged input: mount the "
+                       "pre-positioned data from another path of the claim"
+                       if "pre-positioned" in (other.origin, mount.origin) else
+                       "each source needs its own sub_path in the staging map: stage the request again")
                 raise UsageError(f"subPath {sub_path!r} would serve two sources, {other.input!r} and {mount.input!r}; "
-                                 "each source needs its own sub_path in the staging map: stage the request again")
+                                 f"{fix}")
             mounts.append({"name": volume, "mountPath": mount.target, "subPath": sub_path, "readOnly": mount.read_only})
         mounts.append(self._results_mount())
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
@@ -543,9 +554,14 @@ class _Job:
 
 
 def staging_quantity(staged_bytes: int) -> str:
-    """A quantity for tier C's staging volume: the inputs' bound (:mod:`~tao_data_io.staging.sizing`)
-    plus :data:`STAGING_MARGIN` (the config, the stager's own state), in whole MiB, rounded up."""
-    return f"{-(-(staged_bytes + STAGING_MARGIN) // 2**20)}Mi"
+    """Tier C's staging volume for inputs bounded at ``staged_bytes`` (:mod:`~tao_data_io.staging.sizing`):
+    plus :data:`STAGING_MARGIN` (the config, the stager's own state)."""
+    return mebibytes(staged_bytes + STAGING_MARGIN)
+
+
+def mebibytes(size: int) -> str:
+    """``size`` bytes as a quantity in whole MiB, rounded up."""
+    return f"{-(-size // 2**20)}Mi"
 
 
 def claim_sub_path(plan: LaunchPlan, mount: PlanMount) -> str | None:
@@ -559,16 +575,27 @@ def claim_sub_path(plan: LaunchPlan, mount: PlanMount) -> str | None:
 
 
 def claim_paths(plan: LaunchPlan) -> dict[str, str]:
-    """Target → where the verify probe reads each input the claim serves: through the claim's root
-    (mounted read-only at :data:`VOLUME_ROOT`), never through the subPath the training container
-    mounts. The kubelet creates a missing subPath — an empty root-owned directory — when a
-    container that mounts it starts (pkg/kubelet/kubelet_pods.go makeMounts): a probe that mounted
-    it would turn a tier A source that is not there into an empty dataset, and a cached file the
-    stage never wrote into a directory in the shared cache that breaks every later stage. Read
-    through the root, a missing input fails the probe, and the training container, the only one
-    that mounts the subPath, never starts."""
-    return {mount.target: f"{VOLUME_ROOT}/{sub}" for mount in plan.mounts
-            if (sub := claim_sub_path(plan, mount)) is not None}
+    """Target → where the verify probe reads each pre-positioned input: below the claim's root
+    (:data:`VOLUME_ROOT`), never through the subPath the training container mounts. The kubelet
+    creates a missing subPath — an empty root-owned directory — when a container that mounts it
+    starts (pkg/kubelet/kubelet_pods.go makeMounts): a probe that mounted it would make a tier A
+    source that is not there an empty dataset on the shared claim. Read from above, a missing
+    source fails the probe, and the training container, the only one mounting it by subPath,
+    never starts. (A staged input needs none of this: its entry exists once the stage ran, and
+    the training Job exists only then — or, rendered, waits suspended.)"""
+    return {mount.target: f"{VOLUME_ROOT}/{claim_sub_path(plan, mount)}" for mount in plan.mounts
+            if mount.origin == "pre-positioned"}
+
+
+def inspection_mounts(located: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The probe's read-only view of the claim for :func:`claim_paths`: each top-level directory
+    that holds a source, by subPath — not the whole claim, whose other jobs' results and state
+    the training image has no business reading — or the claim's root when a source is itself
+    top-level (mounting it by subPath would create it)."""
+    tops = sorted({path[len(VOLUME_ROOT) + 1:].split("/")[0] for path in located.values()})
+    if any("/" not in path[len(VOLUME_ROOT) + 1:] for path in located.values()):
+        return [{"name": "data", "mountPath": VOLUME_ROOT, "readOnly": True}]
+    return [{"name": "data", "mountPath": f"{VOLUME_ROOT}/{top}", "subPath": top, "readOnly": True} for top in tops]
 
 
 def literal(text: str) -> str:

@@ -56,7 +56,22 @@ nonempty() {
   done
   return 1
 }
+# An input check's argument, when given, is the directory its path must resolve inside
+# (symlinks followed): a Kubernetes subPath that leaves its volume is refused by the kubelet.
+outside() {
+  [ -n "$2" ] || return 1
+  resolved=$(readlink -f -- "$1" 2>/dev/null) || resolved=$(cd -P -- "$1" 2>/dev/null && pwd -P) || return 1
+  case "$resolved" in "$2"|"$2"/*) return 1 ;; esac
+  return 0
+}
 while IFS="$tab" read -r check path argument; do
+  case "$check" in
+    dir-nonempty|file|readable|present)
+      if outside "$path" "$argument"; then
+        report fail "$check" "$path" "resolves outside its volume (to $resolved): the kubelet refuses such a subPath"
+        continue
+      fi ;;
+  esac
   case "$check" in
     dir-nonempty)
       if [ ! -e "$path" ]; then report fail "$check" "$path" "does not exist"
@@ -159,12 +174,14 @@ class Verdict(Strict):
         return "".join(lines)
 
 
-def checklist(plan: LaunchPlan, token: str | None = None,
-              located: Mapping[str, str] | None = None) -> tuple[list[Check], str]:
+def checklist(plan: LaunchPlan, token: str | None = None, located: Mapping[str, str] | None = None, *,
+              within: str | None = None) -> tuple[list[Check], str]:
     """The checks for ``plan`` and the persistence token the results check writes. ``located``
-    maps a mount target to where the probe reads it instead (a Kubernetes claim's input, read
-    through the claim's root: a container that mounted the subPath would have the kubelet create
-    it when missing); by default the probe reads each input where the job will."""
+    maps a mount target to where the probe reads it instead (a Kubernetes claim's pre-positioned
+    input, read from above: a container that mounted its subPath would have the kubelet create it
+    when missing), and such a path must resolve, symlinks and all, inside ``within`` (the
+    kubelet refuses a subPath that leaves its volume); by default the probe reads each input
+    where the job will."""
     token = token or secrets.token_hex(16)
     checks: list[Check] = []
     seen: set[str] = set()
@@ -175,8 +192,9 @@ def checklist(plan: LaunchPlan, token: str | None = None,
         kind: CheckKind = {"dir": "dir-nonempty", "file": "file", "any": "readable"}[mount.expect]
         if mount.expect == "any" and not mount.read_only:
             kind = "present"  # a writable mount is somewhere the job writes: it may start empty
-        path = (located or {}).get(mount.target, mount.target)
-        checks.append(Check(kind=kind, path=path, subject=mount.input))
+        path = (located or {}).get(mount.target)
+        checks.append(Check(kind=kind, path=path or mount.target, subject=mount.input,
+                            argument=(within or "") if path else ""))
     checks.append(Check(kind="results-writable", path=plan.results_dir, subject="results", argument=token))
     return checks, token
 

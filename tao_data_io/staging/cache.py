@@ -43,6 +43,7 @@ from .engines import EngineSource, lease
 from .inputs import resolved, stage_planned
 from .layout import PlannedInput
 from .stage_map import StagedSource
+from .writable import prove_writable
 
 MARKER_VERSION = 1
 
@@ -63,6 +64,11 @@ def stage_cached(planned: PlannedInput, cache_root: Path, *,
     digest = hashlib.sha256(planned.sub_path.encode()).hexdigest()[:32]
     lock = cache_root / STATE_DIR_NAME / "locks" / f"{digest}{'.' + shard.label if shard else ''}.lock"
     marker = marker_path(cache_root, planned.sub_path, shard)
+    # What this entry writes, proved before its lock is taken: a cache an earlier stage made as
+    # another user (or as root) refuses with the directory and the fix, not a bare EACCES.
+    for directory, what in ((lock.parent, "the stage cache's locks"), (marker.parent, "the stage cache's markers"),
+                            ((cache_root / planned.sub_path).parent, "the directory of the stage cache's entry")):
+        prove_writable(directory, what=what)
     with lease(engine, environ) as get_engine, file_lock(lock):
         planned = resolved(planned, get_engine)  # its kind asked (if at all) once, for identity and staging
         identity, listing = _identity(planned, get_engine)

@@ -1,59 +1,92 @@
-"""How many bytes a cluster's stage will write, bounded from above before it runs — for tier C,
+"""How much disk a cluster's stage will take, bounded from above before it runs — for tier C,
 whose inputs land in the pod's own ``emptyDir``: the bound becomes that volume's ``sizeLimit``
-and the stager's ``ephemeral-storage`` request, so the scheduler puts the pod on a node with the
-disk for its inputs, instead of the node filling up mid-stage and evicting whatever runs there.
+and part of the training container's ``ephemeral-storage`` request, so the scheduler puts the
+pod on a node with the disk for its inputs, instead of the node filling up mid-stage and
+evicting whatever runs there.
 
-A bound, not an estimate: too small a limit evicts the job, so an input whose staged size cannot
-be bounded from what the bucket lists — an archive (its extracted size), a model (the Hub's or
-NGC's files), more objects than :data:`MOST_OBJECTS` — leaves the whole request unbounded (None),
-and the pod is rendered without a limit, as before. A folder counts everything under its prefix
-(excludes only ever shrink it), a selective input its whole prefix and its annotation.
+A bound, not an estimate: too small a limit evicts the job (the kubelet walks the volume as
+``du`` does: every file's blocks, every directory's), so each object counts its whole blocks and
+its directory entry, and each directory the keys imply one block more. An input whose staged
+size cannot be bounded from what the bucket lists — an archive (its extracted size), a model
+(the Hub's or NGC's files), more objects in all than :data:`MOST_OBJECTS` — leaves the whole
+request unbounded (None), and the pod is rendered without a limit. A folder counts everything
+under its prefix (excludes only ever shrink it), a selective input its whole prefix and its
+annotation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import posixpath
+from collections.abc import Callable, Iterable, Sequence
 
 from ..transfer.engine import TransferEngine
 from ..uris import S3Url, is_remote_uri, parse_uri
 from .layout import PlannedInput
 
-#: Past this many objects under the request's folders, sizing stops (about 200 LIST requests):
-#: what it would cost to finish is better spent by the stage itself.
+#: Past this many objects under all of the request's inputs, sizing stops (about 200 LIST
+#: requests): what it would cost to finish is better spent by the stage itself.
 MOST_OBJECTS = 200_000
-#: A file takes whole filesystem blocks: each object is counted as one more block than its bytes.
+#: The filesystem block: a file takes whole ones, a directory at least one.
 BLOCK_BYTES = 4096
+#: A directory entry's own bytes besides its name (ext4's is 8, rounded to 4; kept generous).
+DIRENT_BYTES = 16
+
+
+class _TooMany(Exception):
+    """More objects than :data:`MOST_OBJECTS`: not worth bounding before the stage."""
 
 
 def staged_bytes_bound(inputs: Sequence[PlannedInput], engine: Callable[[], TransferEngine]) -> int | None:
-    """An upper bound of the bytes staging ``inputs`` writes (their kinds resolved), or None."""
+    """An upper bound of the disk staging ``inputs`` takes (their kinds resolved), or None."""
+    budget = [MOST_OBJECTS]
     total = 0
-    for planned in inputs:
-        if not planned.remote:
-            continue
-        url = planned.uri
-        if not isinstance(url, S3Url) or planned.kind not in ("folder", "file", "selective"):
-            return None
-        if planned.kind == "file":
-            size = engine().object_size(url)
-            found = None if size is None else (size, 1)
-        else:
-            found = engine().measure_prefix(url, MOST_OBJECTS)
-            if found is not None and planned.kind == "selective":
-                found = _plus_annotation(found, planned, engine)
-        if found is None:
-            return None
-        total += found[0] + found[1] * BLOCK_BYTES
+    try:
+        for planned in inputs:
+            if not planned.remote:
+                continue
+            url = planned.uri
+            if not isinstance(url, S3Url) or planned.kind not in ("folder", "file", "selective"):
+                return None
+            if planned.kind == "file":
+                size = engine().object_size(url)
+                if size is None:
+                    return None
+                total += _disk([(posixpath.basename(url.key), size)], budget)
+                continue
+            prefix = url.as_prefix().key
+            total += _disk(((key[len(prefix):], size) for key, size in engine().list_sizes(url)), budget)
+            if planned.kind == "selective":
+                annotation = _annotation_size(planned, engine)
+                if annotation is None:
+                    return None
+                total += _disk([annotation], budget)
+    except _TooMany:
+        return None
     return total
 
 
-def _plus_annotation(found: tuple[int, int], planned: PlannedInput,
-                     engine: Callable[[], TransferEngine]) -> tuple[int, int] | None:
+def _disk(objects: Iterable[tuple[str, int]], budget: list[int]) -> int:
+    """The blocks ``objects`` (relative name, size) take once written, with their directories."""
+    total = 0
+    directories: set[str] = set()
+    for name, size in objects:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _TooMany
+        total += -(-size // BLOCK_BYTES) * BLOCK_BYTES + DIRENT_BYTES + len(name.encode())
+        parent = posixpath.dirname(name)
+        while parent and parent not in directories:
+            directories.add(parent)
+            parent = posixpath.dirname(parent)
+    return total + (len(directories) + 1) * BLOCK_BYTES  # and the input's own directory
+
+
+def _annotation_size(planned: PlannedInput, engine: Callable[[], TransferEngine]) -> tuple[str, int] | None:
     annotation = planned.declared.annotation if planned.declared is not None else None
     if annotation is None or not is_remote_uri(annotation):
-        return found
+        return ("", 0)
     url = parse_uri(annotation)
     if not isinstance(url, S3Url):
         return None
     size = engine().object_size(url)
-    return None if size is None else (found[0] + size, found[1] + 1)
+    return None if size is None else (posixpath.basename(url.key), size)

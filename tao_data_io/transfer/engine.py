@@ -514,20 +514,14 @@ class TransferEngine:
         with self._control_plane(prefix.bucket):
             return list_remote(self.client, prefix)
 
-    def measure_prefix(self, prefix: S3Url, most: int) -> tuple[int, int] | None:
-        """The bytes and the objects under ``prefix`` (in folder form), or None past ``most``
-        objects. The pages are summed as they come and none is kept, so sizing a dataset costs
-        its LIST requests only."""
+    def list_sizes(self, prefix: S3Url) -> Iterator[tuple[str, int]]:
+        """(key, size) of every object under ``prefix`` (in folder form), as the pages come: none
+        is kept, so a caller that stops early (or only sums) costs its LIST requests only."""
         prefix = prefix.as_prefix()
-        total = count = 0
         with self._control_plane(prefix.bucket):
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=prefix.bucket, Prefix=prefix.key):
                 for item in page.get("Contents", ()):
-                    count += 1
-                    if count > most:
-                        return None
-                    total += int(item["Size"])
-        return total, count
+                    yield item["Key"], int(item["Size"])
 
     def object_size(self, url: S3Url) -> int | None:
         """The size of the object ``url`` (one HEAD), None when there is none."""
