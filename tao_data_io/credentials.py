@@ -210,12 +210,15 @@ def forwarded_values(names: Iterable[str], environ: Mapping[str, str] | None = N
     return values
 
 
-def credential_value_fields(value: Any, environ: Mapping[str, str] | None = None, *, where: str = "") -> list[str]:
+def credential_value_fields(value: Any, environ: Mapping[str, str] | None = None, *, where: str = "",
+                            secret_names: Iterable[str] = ()) -> list[str]:
     """The field paths (``spec.train.note``, ``environment.LR``) of every string in a JSON-shaped
-    ``value`` — dict keys included — that holds the value of a credential variable of ``environ``.
-    The one check behind "names and paths only" for requests, plans and job records; the paths
-    are masked too (a dict key can be the secret itself), and no value is ever returned."""
-    redact = Redactor(environ)
+    ``value`` — dict keys included — that holds the value of a credential variable of ``environ``
+    (one whose name looks like a credential's, or one of ``secret_names``: a request's
+    ``forward_env``, whatever its variables are called). The one check behind "names and paths
+    only" for requests, plans and job records; the paths are masked too (a dict key can be the
+    secret itself), and no value is ever returned."""
+    redact = Redactor(environ, secret_names=secret_names)
     return _fields_where(value, lambda text: redact(text) != text, redact, where)
 
 

@@ -447,9 +447,10 @@ def parse_request(data: Any, *, source: str = "request", environ: Mapping[str, s
         request = JobRequest.model_validate(data)
     except ValidationError as exc:
         invalid = UsageError(describe_validation_error(exc, f"invalid job {source}"))
-        raise masked(invalid, Redactor(environ)) from None  # the value may be a pasted credential
+        forwarded = data.get("forward_env") if isinstance(data.get("forward_env"), list) else []
+        raise masked(invalid, Redactor(environ, secret_names=[n for n in forwarded if isinstance(n, str)])) from None
     dumped = request.model_dump(mode="json")
-    leaked = credential_value_fields(dumped, environ)
+    leaked = credential_value_fields(dumped, environ, secret_names=request.forward_env)
     if leaked:
         raise UsageError(f"invalid job {source}: {', '.join(leaked)} holds the value of a credential variable of this "
                          "environment; a request names credentials in forward_env and never holds their values")

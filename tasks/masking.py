@@ -71,9 +71,11 @@ def mask_stored_parameters(environ: Mapping[str, str] | None = None) -> list[str
     if context is None or context.flow_run is None:
         return []
     stored = context.flow_run.parameters  # as the server holds them (the run's own are live objects)
-    leaked = sorted({*credential_value_fields(stored, environ), *credential_shape_fields(stored)})
+    forwarded = _forwarded_names(stored)
+    leaked = sorted({*credential_value_fields(stored, environ, secret_names=forwarded),
+                     *credential_shape_fields(stored)})
     if leaked:
-        redact = Redactor(environ)
+        redact = Redactor(environ, secret_names=forwarded)
 
         def clean(text: str) -> str:
             return mask_credential_shapes(redact(text))
@@ -82,6 +84,13 @@ def mask_stored_parameters(environ: Mapping[str, str] | None = None) -> list[str
             client.update_flow_run(context.flow_run.id, parameters=_masked(stored, clean),
                                    name=clean(context.flow_run.name))
     return leaked
+
+
+def _forwarded_names(parameters: Mapping[str, Any]) -> list[str]:
+    """The ``forward_env`` of a request parameter: credentials by name, whatever they are called."""
+    request = parameters.get("request")
+    names = request.get("forward_env") if isinstance(request, Mapping) else None
+    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
 
 
 def job_run_name(word: str) -> Callable[[], str]:

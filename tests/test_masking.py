@@ -159,3 +159,19 @@ def test_a_forwarded_credential_printed_by_the_job_is_masked_in_the_failure_arti
         from tao_data_io.local.settings import LocalSettings
 
         LocalBackend(LocalSettings(run_root=str(tmp_path / "local"))).cancel("local/loud-forward")
+
+
+def test_a_forwarded_variables_value_in_the_request_parameter_is_masked_where_prefect_stores_it(
+        prefect_harness: None, no_cloud: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request parameter holding the value of one of its own forward_env variables — a plain
+    name, WANDB_KEY — fails the run, and the parameters the server keeps are masked."""
+    value = "wandb-stored-parameter-0123456789"
+    monkeypatch.setenv("WANDB_KEY", value)
+    leaky = args_request(job_id="leaky-forward", args=["--key", value], forward_env=["WANDB_KEY"])
+    state = submit_tao_job(leaky, target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
+                           return_state=True)
+    assert state.is_failed()
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(state.state_details.flow_run_id)
+    assert value not in str(run.parameters) and value not in str(run.state.message if run.state else "")
+    assert "***WANDB_KEY***" in str(run.parameters)

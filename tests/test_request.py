@@ -319,3 +319,24 @@ def test_a_request_path_that_is_not_a_regular_file_fails_at_once(tmp_path: Path,
         path = tmp_path
     with pytest.raises(UsageError, match="not a regular file"):
         load_request(path)
+
+
+#: A credential under a plain name, as a job forwards it (``forward_env: [WANDB_KEY]``).
+FORWARDED = {"WANDB_KEY": "wandb-plain-name-value-0123456789"}
+
+
+@pytest.mark.parametrize(("request_data", "field"), [
+    (args_request(args=["--key", FORWARDED["WANDB_KEY"]]), "args[1]"),
+    ({**BASE, "environment": {"NOTE": f"key={FORWARDED['WANDB_KEY']}"}}, "environment.NOTE"),
+    ({**BASE, "spec": {"logging": {"wandb": {"key": FORWARDED["WANDB_KEY"]}}}}, "spec.logging.wandb.key"),
+], ids=["args", "environment", "spec"])
+def test_a_forwarded_variables_value_is_a_credential_whatever_its_name(request_data: dict[str, Any],
+                                                                       field: str) -> None:
+    """forward_env makes a variable a credential, however it is called: its value anywhere else
+    in the request would be written in clear (the launch record, the config, the flow run's
+    parameters). Refused, naming the field, never the value."""
+    with pytest.raises(UsageError) as info:
+        parse_request({**request_data, "forward_env": ["WANDB_KEY"]}, environ=FORWARDED)
+    message = str(info.value)
+    assert f"{field} holds the value of a credential variable" in message and FORWARDED["WANDB_KEY"] not in message
+    assert parse_request(request_data, environ=FORWARDED)  # not forwarded: just a value
