@@ -96,6 +96,10 @@ def _problem(relative: str) -> tuple[str, str] | None:
     return None
 
 
+def has_control_character(text: str) -> bool:
+    return bool(_CONTROL.search(text))
+
+
 def check_relative(relative: str, *, what: str) -> str:
     """Return ``relative`` if it is a safe relative path; else raise naming ``what`` and why."""
     problem = _problem(relative)

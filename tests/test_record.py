@@ -28,6 +28,7 @@ from tao_data_io.records import (DamagedRecordError, JobRecord, RecordConflictEr
                                network_and_action, open_for)
 from tao_data_io.records.directory import DirectoryBackend
 from tao_data_io.records.model import validated
+from tao_data_io.records.backend import RECORD_LIMIT_BYTES
 from tao_data_io.records.s3 import RECORDS, S3Backend
 from tao_data_io.request import JobRequest
 
@@ -345,6 +346,19 @@ def test_list_skips_and_reports_damaged_records_and_ignores_what_is_not_a_record
     assert [where for where, _ in damaged] == [store.backend.where("tao-broken")]
     with pytest.raises(DamagedRecordError, match="tao-broken.json is not a valid job record"):
         store.mark("tao-broken", "RUNNING", source="agent")  # reported, never overwritten
+
+
+def test_a_record_larger_than_any_record_is_refused_without_reading_it_whole(place: Place) -> None:
+    """A document under a record's name that is bigger than a record can be (a bad copy, a hand
+    edit, someone else's object) is reported as damaged from its size, never read into memory
+    whole, never overwritten — and listing the rest goes on."""
+    store = place.store()
+    good = store.open(**JOB).job_id
+    huge = RECORD_LIMIT_BYTES + 1
+    put_raw(store, "tao-huge.json", b'{"schema_version": "1", "note": "' + b"x" * huge + b'"}')
+    with pytest.raises(DamagedRecordError, match=rf"tao-huge.json is larger than a job record may be .*{RECORD_LIMIT_BYTES}"):
+        store.get("tao-huge")
+    assert [r.job_id for r in store.list_records(on_damaged=lambda where, why: None)] == [good]
 
 
 # --------------------------------------------------------------------------- crashes and concurrency

@@ -241,6 +241,22 @@ def test_a_file_swapped_for_a_fifo_before_its_digest_never_blocks_the_comparison
     assert not summary.ok and "regular file" in " ".join(f.reason for f in summary.failed)
 
 
+def test_a_result_whose_name_holds_a_control_character_is_skipped_once_never_retried_forever(
+        s3_credentials: S3Credentials, s3_client, bucket: str, tmp_path: Path) -> None:
+    """obstore (object_store's Path) cannot send a key with a control character, and such keys
+    break listings and most tools anyway: the file is skipped with its reason and the fix, the
+    rest uploads, and the upload is complete — not a failure every rerun repeats."""
+    source = tmp_path / "results"
+    names = ["bad\x01name.txt", "line\nbreak.txt", "del\x7f.txt"]
+    write_tree(source, {"model.pth": b"w", **{name: b"x" for name in names}})
+    for attempt in range(2):
+        summary = TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/r/")
+        assert summary.ok and summary.failed == []
+        assert sorted(s.name for s in summary.skipped) == sorted(names)
+        assert all("control character" in s.reason and "rename it" in s.reason for s in summary.skipped)
+    assert [o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket, Prefix="r/")["Contents"]] == ["r/model.pth"]
+
+
 def test_symlink_to_an_excluded_file_is_excluded_too(s3_credentials: S3Credentials, bucket: str, tmp_path: Path) -> None:
     from tao_data_io.transfer.engine import TransferOptions
     from tao_data_io.transfer.filters import PathFilter

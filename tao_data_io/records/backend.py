@@ -25,10 +25,23 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import NamedTuple, Protocol
 
+from .model import DamagedRecordError
+
 #: Record documents are ``<job id>.json`` in a directory or under a prefix.
 RECORD_SUFFIX = ".json"
 #: How long an S3 upload lease outlives a holder that stopped renewing it (a killed pod).
 DEFAULT_LEASE_SECONDS = 120.0
+
+
+#: The most a stored record may be. A record names things and keeps their history (a long job's
+#: is some KiB); a larger document under a record's name is not one, so it is refused from its
+#: size before it is read — a 150 MB object read whole cost 212 MB of memory before its error.
+RECORD_LIMIT_BYTES = 16 * 2**20
+
+
+def oversized(where: str, size: int) -> DamagedRecordError:
+    return DamagedRecordError(f"{where} is larger than a job record may be ({size} bytes; at most "
+                              f"{RECORD_LIMIT_BYTES}): it is not one of ours, or it was damaged — move it away")
 
 
 class Document(NamedTuple):

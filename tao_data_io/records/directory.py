@@ -14,13 +14,14 @@ keeps the records in the asked state.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from ..fs import atomic_write, file_lock, lock_owner, remove_stale_temps
 from ..names import is_job_id
-from .backend import RECORD_SUFFIX, Document
+from .backend import RECORD_LIMIT_BYTES, RECORD_SUFFIX, Document, oversized
 
 
 class DirectoryBackend:
@@ -47,9 +48,14 @@ class DirectoryBackend:
 
     def read(self, job_id: str) -> Document | None:
         try:
-            return Document(self._path(job_id).read_bytes(), None)
+            with self._path(job_id).open("rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                data = handle.read(RECORD_LIMIT_BYTES + 1) if size <= RECORD_LIMIT_BYTES else b""
         except FileNotFoundError:
             return None
+        if size > RECORD_LIMIT_BYTES or len(data) > RECORD_LIMIT_BYTES:
+            raise oversized(self.where(job_id), max(size, len(data)))
+        return Document(data, None)
 
     def create(self, job_id: str, data: bytes) -> bool:
         if self._path(job_id).exists():

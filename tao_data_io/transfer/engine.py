@@ -36,7 +36,8 @@ from .work import DownloadItem, Executor, Item, ItemFailed, Landed, UploadItem
 from .listing import (LocalFile, RemoteListing, RemoteObject, clean_etag, list_remote, listing_from_pages, local_file,
                       s3_time_ns, scan_local)
 from ..fs import (SPOOL_NAME, DestinationTree, ReplacedError, UnsafePathError, check_relative, confined_path,
-                  destination_lock_path, file_lock, lock_owner, open_directory_nofollow, remove_stale_temps)
+                  destination_lock_path, file_lock, has_control_character, lock_owner, open_directory_nofollow,
+                  remove_stale_temps)
 from .signed_list import list_pages
 from .strategy import ContentStrategy
 from ..reporting import ProgressCallback, ProgressTracker
@@ -131,6 +132,13 @@ def _import_data_path() -> None:
     """Import the executors' modules (obstore's native library, asyncio): in a fresh process, the
     tens of milliseconds this takes can overlap a listing's round trips instead of following them."""
     from . import obstore_executor, s5cmd_executor  # noqa: F401
+
+
+#: Why a local file whose name holds a control character is not uploaded: the data path cannot
+#: send such a key (object_store's paths refuse them), and such keys break S3 listings and most
+#: tools besides — skipped once, with the fix, rather than failed on every rerun.
+UNSENDABLE_REASON = ("its name holds a control character, which an S3 key here cannot carry; not uploaded — rename it "
+                     "to upload it")
 
 
 class TransferEngine:
@@ -377,6 +385,8 @@ class TransferEngine:
                 summary.excluded_files += 1  # a symlink is admitted only if its target would be too
             elif local.relative in scan.linked_outside:
                 summary.skipped.append(Skipped(local.relative, scan.linked_outside[local.relative] + "; not uploaded"))
+            elif has_control_character(local.relative):
+                summary.skipped.append(Skipped(local.relative, UNSENDABLE_REASON))
             elif options.settle_seconds and max(local.mtime_ns, local.ctime_ns) > settled_before:
                 summary.skipped.append(Skipped(local.relative, f"modified in the last {options.settle_seconds:g}s "
                                                "(still being written?); left for a later run"))
