@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -67,9 +68,13 @@ def read_document(path: Path, *, what: str, environ: Mapping[str, str] | None = 
         raise UsageError(f"{what} cannot be read: it is not UTF-8 text") from None
 
 
-def load_document(text: str, fmt: str, *, what: str, environ: Mapping[str, str] | None = None) -> Any:
+def load_document(text: str, fmt: str, *, what: str, environ: Mapping[str, str] | None = None,
+                  as_omegaconf: Sequence[str] = ()) -> Any:
     """Parse ``text`` as ``fmt`` (``yaml`` or ``json``) after checking its size, nesting depth
-    and (YAML) expanded size; refuse duplicate keys. ``what`` names the document in errors."""
+    and (YAML) expanded size; refuse duplicate keys. ``what`` names the document in errors.
+    The top-level fields ``as_omegaconf`` (a request's ``spec``) of a YAML document are read as
+    OmegaConf reads YAML — TAO's own reader (:func:`_omegaconf_loader`) — the rest as PyYAML
+    does (``environment: {LR: 2e-05}`` stays the text written)."""
     env = os.environ if environ is None else environ
     max_bytes = _limit(env, MAX_BYTES_VARIABLE, DEFAULT_MAX_BYTES)
     max_depth = _limit(env, MAX_DEPTH_VARIABLE, DEFAULT_MAX_DEPTH)
@@ -90,7 +95,12 @@ def load_document(text: str, fmt: str, *, what: str, environ: Mapping[str, str] 
 
     try:
         _check_yaml_events(text, max_depth, max_nodes, what)
-        return yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
+        if isinstance(data, dict) and any(field in data for field in as_omegaconf):
+            # Read again with TAO's rules for those fields (the checks above held for the text).
+            read = yaml.load(text, Loader=_omegaconf_loader())  # noqa: S506 - a SafeLoader subclass
+            data.update({field: read[field] for field in as_omegaconf if field in data})
+        return data
     except yaml.YAMLError as exc:
         raise UsageError(f"{what} is not valid YAML: {_yaml_problem(exc)}") from None
     except _DuplicateKey as exc:
@@ -189,16 +199,32 @@ class _DuplicateKey(Exception):
     """Raised inside the loader, which does not know the document's name."""
 
 
+#: OmegaConf's float rule, which TAO's specs are read with: YAML 1.1's floats, and exponents
+#: without a dot (``2e-05``, ``1e-4``, ``1E+3``), which YAML 1.1 — and PyYAML — read as text.
+_OMEGACONF_FLOAT = re.compile(r"""^(?:
+      [-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    | [-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+    | \.[0-9_]+(?:[eE][-+][0-9]+)?
+    | [-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+    | [-+]?\.(?:inf|Inf|INF)
+    | \.(?:nan|NaN|NAN)
+    )$""", re.X)
+
+
 @cache
 def _unique_key_loader() -> type:
     """``yaml.safe_load`` that refuses a key repeated in one mapping instead of keeping the last
-    (a class made on first use, so importing this module does not import yaml)."""
+    (a class made on first use, so importing this module does not import yaml). Keys come from
+    what is written in the mapping: a merge (``<<: *base``) brings keys in and one written beside
+    it overrides them, as YAML and OmegaConf have it."""
     import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):
         def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
             seen: set[Any] = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # merged keys: the base constructor flattens them in, below the written ones
                 key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
                 try:
                     duplicate = key in seen
@@ -211,3 +237,33 @@ def _unique_key_loader() -> type:
             return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
 
     return UniqueKeyLoader
+
+
+@cache
+def _omegaconf_loader() -> type:
+    """:func:`_unique_key_loader` with OmegaConf's resolvers — TAO reads its specs through
+    OmegaConf: :data:`_OMEGACONF_FLOAT` for floats, and no timestamps (dates stay strings)."""
+    import yaml
+
+    class OmegaConfRules(_unique_key_loader()):  # type: ignore[misc]
+        pass
+
+    OmegaConfRules.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers
+                if tag not in ("tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp")]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    OmegaConfRules.add_implicit_resolver("tag:yaml.org,2002:float", _OMEGACONF_FLOAT, list("-+0123456789."))
+    return OmegaConfRules
+
+
+@cache
+def omegaconf_dumper() -> type:
+    """``yaml.SafeDumper`` that writes every string OmegaConf would read as something else
+    quoted (``'1e-4'``): a materialized config must give TAO back each value with its type."""
+    import yaml
+
+    class ForOmegaConf(yaml.SafeDumper):
+        pass
+
+    ForOmegaConf.add_implicit_resolver("tag:yaml.org,2002:float", _OMEGACONF_FLOAT, list("-+0123456789."))
+    return ForOmegaConf

@@ -422,7 +422,7 @@ def load_request(path: str | Path, *, environ: Mapping[str, str] | None = None) 
     try:
         text = read_document(path, what=f"request {str(path)!r}", environ=environ)
         fmt = "json" if path.suffix == ".json" else "yaml"
-        data = load_document(text, fmt, what=f"request {str(path)!r}", environ=environ)
+        data = load_document(text, fmt, what=f"request {str(path)!r}", environ=environ, as_omegaconf=("spec",))
     except UsageError as exc:
         raise masked(exc, Redactor(environ)) from None  # a duplicate key may be a pasted credential
     return parse_request(data, source=f"request {str(path)!r}", environ=environ)

@@ -19,6 +19,7 @@ from typing import Any
 import tomli_w
 import yaml
 
+from ..documents import omegaconf_dumper
 from ..errors import UsageError
 from ..fs import atomic_write
 from ..request import JobRequest
@@ -37,7 +38,8 @@ def serialise(spec: Mapping[str, Any], config_format: str) -> bytes:
     if config_format == "json":
         return (json.dumps(spec, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode()
     if config_format == "yaml":
-        return yaml.safe_dump(dict(spec), sort_keys=True, default_flow_style=False, allow_unicode=True).encode()
+        return yaml.dump(dict(spec), Dumper=omegaconf_dumper(), sort_keys=True, default_flow_style=False,
+                         allow_unicode=True).encode()
     return tomli_w.dumps(_sorted(spec)).encode()
 
 
