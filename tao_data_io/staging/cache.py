@@ -57,8 +57,9 @@ def stage_cached(planned: PlannedInput, cache_root: Path, *,
                  environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None,
                  shard: Shard | None = None) -> StagedSource:
     """Stage ``planned`` into the cache at ``cache_root`` (see the module docstring)."""
-    if not planned.remote:
-        with lease(engine, environ) as get_engine:  # nothing to stage: recorded as pre-positioned
+    if not planned.remote or planned.inside is not None:
+        # Nothing to stage: pre-positioned, or held by the copy of the folder it lies inside.
+        with lease(engine, environ) as get_engine:
             return stage_planned(planned, cache_root, engine=get_engine)
     assert planned.sub_path is not None
     digest = hashlib.sha256(planned.sub_path.encode()).hexdigest()[:32]

@@ -46,6 +46,10 @@ def stage_planned(planned: PlannedInput, workdir: Path, *, engine: Callable[[], 
     local = workdir / planned.sub_path
     planned = resolved(planned, engine)
     assert planned.kind is not None
+    if planned.inside is not None:  # its folder's copy holds it (layout.nest_inputs)
+        return StagedSource(source=planned.source, kind=planned.kind, sub_path=planned.sub_path,
+                            container_path=planned.container_path, local_path=str(local), files=None, bytes=None,
+                            note=f"served from the copy of {planned.inside}")
     if shard is not None and planned.kind != "folder" and not shard.owns(planned.source):
         return StagedSource(source=planned.source, kind=planned.kind, sub_path=planned.sub_path,
                             container_path=planned.container_path, local_path=str(local), files=None, bytes=None,

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from ..errors import UsageError
 from ..frame import CONFIG_MOUNT_DIR, place_sources
 from ..request import InputSpec, JobRequest
-from ..uris import HFModelURI, NGCModelURI, RemoteURI, is_remote_uri
+from ..transfer.filters import PathFilter
+from ..uris import HFModelURI, NGCModelURI, RemoteURI, S3Url, is_remote_uri
 from .stage_map import Kind
 
 #: Where inputs appear inside the compute frame unless a request input names a target.
@@ -52,6 +54,9 @@ class PlannedInput(BaseModel):
     kind: Kind | None = None
     #: Other spellings of this source in the request (``s3://b/p`` beside ``s3://b/p/``).
     aliases: tuple[str, ...] = ()
+    #: The staged folder this source lies inside (:func:`nest_inputs`): it is served from that
+    #: folder's copy, never staged itself. None for a source staged on its own.
+    inside: str | None = None
 
     @property
     def remote(self) -> bool:
@@ -87,11 +92,40 @@ def plan_inputs(request: JobRequest, inputs_root: str = DEFAULT_INPUTS_ROOT) -> 
                                     container_path=target or f"{inputs_root}/{place.sub_path}", declared=declared,
                                     field=place.named.field, uri=place.uri, kind=planned_kind(place.uri, declared),
                                     aliases=tuple(s for s in spellings[id(place)] if s != place.named.source)))
+    planned = nest_inputs(planned)
     for index, item in enumerate(request.inputs):
         if not is_remote_uri(item.source):
             planned.append(PlannedInput(source=item.source, sub_path=None, container_path=item.target or item.source,
                                         declared=item, field=f"inputs[{index}].source", kind="pre-positioned"))
     return planned
+
+
+def nest_inputs(planned: list[PlannedInput]) -> list[PlannedInput]:
+    """Each S3 source that lies inside another source staged as a folder — its place below the
+    folder's, by the one placement rule (sparse4d's ``data_root`` with ``ann_file`` under it) — is
+    served from the folder's copy: not downloaded again, and none of its state (a file's digest
+    cache and lock live beside it) written inside a tree the job reads. It appears where the
+    folder does, at its relative path, unless it names its own target. A source the folder's
+    excludes leave out is refused: the copy would not hold it."""
+    folders = [p for p in planned if isinstance(p.uri, S3Url) and p.kind in ("folder", None) and p.sub_path]
+    nested = []
+    for item in planned:
+        outer = max((f for f in folders if f is not item and item.kind in ("folder", "file", None)
+                     and item.sub_path and item.sub_path.startswith(f"{f.sub_path}/")),
+                    key=lambda f: len(f.sub_path or ""), default=None)
+        if outer is None:
+            nested.append(item)
+            continue
+        relative = (item.sub_path or "")[len(outer.sub_path or "") + 1:]
+        excludes = outer.declared.excludes if outer.declared is not None else []
+        if excludes and not PathFilter.from_patterns(excludes)(relative):
+            raise UsageError(f"{item.field}: {item.source!r} lies inside {outer.source!r} ({outer.field}), whose "
+                             f"excludes leave it out, so the staged copy would not hold it: drop the exclude that "
+                             "matches it, or stage it from elsewhere")
+        target = item.declared.target if item.declared is not None else None
+        nested.append(item.model_copy(update={"inside": outer.source,
+                                              "container_path": target or f"{outer.container_path}/{relative}"}))
+    return nested
 
 
 def placements(request: JobRequest, inputs_root: str = DEFAULT_INPUTS_ROOT, *,

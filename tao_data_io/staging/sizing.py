@@ -42,7 +42,7 @@ def staged_bytes_bound(inputs: Sequence[PlannedInput], engine: Callable[[], Tran
     total = 0
     try:
         for planned in inputs:
-            if not planned.remote:
+            if not planned.remote or planned.inside is not None:  # nothing, or counted with its folder
                 continue
             url = planned.uri
             if not isinstance(url, S3Url) or planned.kind not in ("folder", "file", "selective"):

@@ -112,9 +112,11 @@ def plan_stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT
                 sources.append(stage_planned(planned, workdir, engine=get_engine))
                 continue
             assert planned.kind is not None
+            note = (f"served from the copy of {planned.inside}" if planned.inside is not None
+                    else "planned: staged on the cluster")
             sources.append(StagedSource(source=planned.source, kind=planned.kind, sub_path=planned.sub_path,
                                         container_path=planned.container_path, local_path=None, files=None,
-                                        bytes=None, note="planned: staged on the cluster"))
+                                        bytes=None, note=note))
         if size:
             bound = staged_bytes_bound(plan, get_engine)
     if request.mode == "config":
