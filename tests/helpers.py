@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -177,3 +179,14 @@ def job_processes(backend: Any, job_id: str) -> dict[int, str]:
     run_dir = str(backend.run_root / job_id / "run")
     return {pid: argv.replace("\0", " ") for pid, argv, environ in live_processes()
             if run_dir in argv or f"\0TAO_JOB_ID={job_id}\0" in f"\0{environ}"}
+
+
+def tar_gz(files: dict[str, bytes]) -> bytes:
+    """A gzipped tarball of ``files`` (member name → bytes), in memory: an archive input's object."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()

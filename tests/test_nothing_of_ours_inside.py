@@ -6,9 +6,7 @@ against the session's SeaweedFS."""
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,8 @@ from tao_data_io.errors import UsageError
 from tao_data_io.fs import STATE_DIR_NAME, TEMP_PREFIX
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage import stage
+
+from .helpers import tar_gz
 
 
 def ours_inside(root: Path) -> list[str]:
@@ -64,21 +64,11 @@ def test_a_uri_inside_a_folder_its_excludes_leave_out_is_refused_naming_both(tmp
         stage(request, tmp_path / "w", environ=env)
 
 
-def _tar_gz(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 def test_no_staged_input_of_any_kind_holds_anything_of_ours(tmp_path: Path, s3_client: Any, bucket: str,
                                                             env: dict[str, str]) -> None:
     objects = {"ds/a.jpg": b"a", "ds/sub/b.jpg": b"b", "one/file.bin": b"f",
                "sel/x.mp4": b"x", "sel/y.mp4": b"y", "sel/list.jsonl": json.dumps({"video": "x.mp4"}).encode(),
-               "arc/calib.tar.gz": _tar_gz({"calib/table.bin": b"t"})}
+               "arc/calib.tar.gz": tar_gz({"calib/table.bin": b"t"})}
     for key, body in objects.items():
         s3_client.put_object(Bucket=bucket, Key=key, Body=body)
     request = JobRequest.model_validate({

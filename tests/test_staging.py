@@ -3,10 +3,8 @@ that move nothing, and air-gapped requests that never open a socket."""
 
 from __future__ import annotations
 
-import io
 import json
 import sys
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,17 +21,7 @@ from tao_data_io.staging.stage_map import STAGING_MAP_NAME, read_staging_map
 from tao_data_io.transfer.engine import TransferEngine
 
 from .fake_registries import FakeRegistries
-from .helpers import count_uri_parses, run_cli
-
-
-def _tar_gz(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+from .helpers import count_uri_parses, run_cli, tar_gz
 
 
 @pytest.fixture
@@ -45,7 +33,7 @@ def populated(s3_client, bucket: str) -> str:  # type: ignore[no-untyped-def]
         s3_client.put_object(Bucket=bucket, Key=f"clips/{name}", Body=name.encode())
     s3_client.put_object(Bucket=bucket, Key="clips/train.jsonl", Body=b'{"video": "a.mp4"}\n{"video": "./b.mp4"}\n')
     s3_client.put_object(Bucket=bucket, Key="archives/calib.tar.gz",
-                         Body=_tar_gz({"calib/table.bin": b"table", "calib/info.txt": b"info"}))
+                         Body=tar_gz({"calib/table.bin": b"table", "calib/info.txt": b"info"}))
     return bucket
 
 
