@@ -40,6 +40,7 @@ from .credentials import Redactor, s3_credentials_from_env
 from .errors import TransferError, UsageError
 from .fs import is_within
 from .records import JobRecord, OutputRoute, RecordStore
+from .request import quantity_bytes
 from .routing import decide_route, ephemeral_warning
 from .transfer.client import explained
 from .transfer.engine import TransferEngine, TransferOptions
@@ -157,8 +158,10 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
             settle_seconds = DEFAULT_SETTLE_SECONDS if kind == "resync" else 0.0
         started = _now()
         declared = [*record.upload_excludes, *upload_excludes]
+        budget = (None if record.results_limit is None
+                  else (quantity_bytes(record.results_limit), f"the job's outputs.results_limit {record.results_limit}"))
         options = TransferOptions(filter=results_filter(rules, declared), settle_seconds=settle_seconds,
-                                  progress=progress, untrusted_source="results_dir")
+                                  progress=progress, untrusted_source="results_dir", budget=budget)
         prefix = parse_s3_url(route.destination, field="output_route.destination")
         if engine is not None:
             summary = engine.upload_directory(results_dir, prefix, options)

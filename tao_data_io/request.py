@@ -55,6 +55,13 @@ class RequestPart(Strict):
     model_config = ConfigDict(json_schema_extra=guard_texts)
 
 
+#: The results a job may upload unless its request says otherwise (outputs.results_limit).
+DEFAULT_RESULTS_LIMIT = "20Gi"
+#: The most each size may be: beyond any node's memory (``/dev/shm`` is memory) or disk. A larger
+#: one is a typo, and the local frame would mount a tmpfs that size (977P in ``df``).
+SIZE_CAPS = {"shm_size": "1Ti", "memory": "64Ti", "ephemeral_storage": "64Ti"}
+
+
 class ComputeShape(RequestPart):
     """How much of a machine the job takes, and on how many."""
 
@@ -73,7 +80,9 @@ class ComputeShape(RequestPart):
                                                          "limit (at least shm_size); empty: shm_size requested, no "
                                                          "limit.")
     ephemeral_storage: str | None = Field(default=None, description="Node-local disk per node (a binary quantity), "
-                                                                    "requested and the limit; empty: none set.")
+                                                                    "requested and the limit on Kubernetes, and "
+                                                                    "the size of the local frame's /tmp; empty: "
+                                                                    "none set (the local frame's /tmp: 4Gi).")
 
     @field_validator("shm_size", "memory", "ephemeral_storage")
     @classmethod
@@ -81,6 +90,10 @@ class ComputeShape(RequestPart):
         if value is not None and not is_binary_quantity(value):
             raise ValueError(f"{info.field_name} {value!r} is not a binary quantity: write a whole number with Ki, "
                              "Mi, Gi or Ti, such as 16Gi")
+        most = SIZE_CAPS.get(str(info.field_name))
+        if value is not None and most is not None and quantity_bytes(value) > quantity_bytes(most):
+            raise ValueError(f"{info.field_name} {value!r} is more than {most}, more than any machine gives one job; "
+                             "give what the job needs")
         return value
 
     @field_validator("cpu")
@@ -189,6 +202,17 @@ class OutputSpec(RequestPart):
                                                              "results_dir).")
     upload_excludes: list[str] = Field(default_factory=list, description="Patterns of results not uploaded; .tao/* "
                                                                          "never is.")
+    results_limit: str = Field(default=DEFAULT_RESULTS_LIMIT, description="The most the results may hold, a binary "
+                               "quantity counted by apparent size (a sparse file counts whole: S3 has no sparse "
+                               "objects); past it nothing is uploaded and the upload says why. On Kubernetes it "
+                               "also sizes the time the final upload gets after training exits.")
+
+    @field_validator("results_limit")
+    @classmethod
+    def _results_limit(cls, value: str) -> str:
+        if not is_binary_quantity(value) or quantity_bytes(value) > quantity_bytes("64Ti"):
+            raise ValueError(f"results_limit {value!r} is not a binary quantity of at most 64Ti, such as 20Gi")
+        return value
 
     @field_validator("results_dir")
     @classmethod

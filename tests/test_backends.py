@@ -30,7 +30,7 @@ KUBERNETES = {"namespace": "tao", "context": "prod", "pvc_claim": "tao-data", "c
               "image_pull_secret": "ngc-pull", "stager_image": "registry.example.com/stager:1", "ttl_seconds": 60,
               "shm_size": "16Gi", "shards": 2, "node_selector": {"gpu": "a100"},
               "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-              "records_url": "s3://tao-records/jobs/", "resync_seconds": 60, "results_budget": "4Gi",
+              "records_url": "s3://tao-records/jobs/", "resync_seconds": 60,
               "training_security": "restricted", "training_user": 1000}
 
 

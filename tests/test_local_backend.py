@@ -62,7 +62,7 @@ def make_plan(tmp_path: Path, job_id: str = "job-1", *, script: str | None = Non
               command: list[str] | None = None, environment: dict[str, str] | None = None,
               mounts: list[dict[str, Any]] | None = None, forward_env: list[str] | None = None, nodes: int = 1,
               network: bool = False, route: OutputRoute = S3_ROUTE, environ: dict[str, str] | None = None,
-              results_dir: str = "/results") -> LaunchPlan:
+              results_dir: str = "/results", shape: dict[str, Any] | None = None) -> LaunchPlan:
     """A plan as build_plan makes it: a staged folder (one file) under ``tmp_path/stage``; the
     stand-in in config mode by default, ``/bin/sh -c script`` or ``command`` in args mode; a
     read-write ``/control`` from ``tmp_path/control-<job id>`` for markers and hold files."""
@@ -91,7 +91,7 @@ def make_plan(tmp_path: Path, job_id: str = "job-1", *, script: str | None = Non
         "schema_version": "1", "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt", **fields,
         "environment": environment or {}, "forward_env": forward_env or [], "network": network,
         "outputs": {"results_dir": results_dir}, "inputs": [{"source": "s3://bkt/data/", "kind": "folder"}],
-        "compute_shape": {"gpus": 1, "nodes": nodes, "shm_size": "64Mi"},
+        "compute_shape": {"gpus": 1, "nodes": nodes, "shm_size": "64Mi", **(shape or {})},
         "mounts": [{"source": str(STAND_IN), "target": "/stand-in"},
                    {"source": str(control), "target": "/control", "read_only": False}, *(mounts or [])]})
     staging_map = StagingMap(job_id=job_id, workdir=str(stage), inputs_root="/tao-inputs", sources=sources)
@@ -168,8 +168,8 @@ def test_frame_argv_unshares_everything_and_binds_exactly_the_plan(tmp_path: Pat
     assert ("--share-net",) not in found  # no network unless the plan asks
     assert found[5:13] == [("--tmpfs", "/etc"), ("--ro-bind", "/usr", "/usr"), ("--symlink", "usr/bin", "/bin"),
                            ("--ro-bind", "/etc/passwd", "/etc/passwd"), ("--remount-ro", "/etc"),
-                           ("--proc", "/proc"), ("--dev", "/dev"), ("--tmpfs", "/tmp")]
-    assert found[13:15] == [("--size", str(64 * 1024**2)), ("--tmpfs", "/dev/shm")]
+                           ("--proc", "/proc"), ("--dev", "/dev"), ("--size", str(4 * 1024**3))]
+    assert found[13:16] == [("--tmpfs", "/tmp"), ("--size", str(64 * 1024**2)), ("--tmpfs", "/dev/shm")]
     assert sorted((b.source, b.target, b.read_only) for b in binds) == sorted([
         (str(stage / "s3/bkt/data"), DATA, True),
         (str(stage / "config/spec.yaml"), CONFIG, True),
@@ -180,7 +180,7 @@ def test_frame_argv_unshares_everything_and_binds_exactly_the_plan(tmp_path: Pat
         ("/host/results/job-1", "/results", False)])  # nothing else of the host
     depths = [b.target.count("/") for b in binds]
     assert depths == sorted(depths)  # a parent before anything mounted inside it
-    assert found[15:-1] == [("--ro-bind-fd" if b.read_only else "--bind-fd", str(100 + n), b.target)
+    assert found[16:-1] == [("--ro-bind-fd" if b.read_only else "--bind-fd", str(100 + n), b.target)
                             for n, b in enumerate(binds)]  # each source by its checked descriptor, never a path
     assert found[-1] == ("--chdir", "/tmp")
 
@@ -263,6 +263,21 @@ def test_a_job_is_verified_then_runs_and_writes_its_results(tmp_path: Path, back
     assert "epoch 2/2 done" in backend.logs(submission.backend_ref)
     assert backend.logs(submission.backend_ref, tail=1) == "train.sh[rank 0]: done\n"
     assert backend.failure_analysis(submission.backend_ref) is None
+
+
+def test_the_frames_tmp_and_shm_hold_what_the_compute_shape_gives_and_no_more(tmp_path: Path,
+                                                                              backend: LocalBackend) -> None:
+    """/tmp (a container's writable layer: compute_shape.ephemeral_storage) and /dev/shm
+    (shm_size) are memory here: bubblewrap's --size binds them, so a job cannot fill the host's
+    RAM through either; a write past the size fails with ENOSPC inside the job."""
+    script = ('dd if=/dev/zero of=/tmp/fits bs=1M count=2 2>/dev/null && echo tmp-fits; '
+              'dd if=/dev/zero of=/tmp/spills bs=1M count=16 2>/dev/null || echo tmp-full; '
+              'dd if=/dev/zero of=/dev/shm/spills bs=1M count=16 2>/dev/null || echo shm-full')
+    plan = make_plan(tmp_path, script=script, shape={"shm_size": "8Mi", "ephemeral_storage": "8Mi"})
+    ref = backend.submit(plan).backend_ref
+    finished(backend, ref)
+    said = backend.logs(ref)
+    assert "tmp-fits" in said and "tmp-full" in said and "shm-full" in said, said
 
 
 def test_results_go_to_the_mount_route(tmp_path: Path, backend: LocalBackend) -> None:
@@ -912,3 +927,14 @@ def test_a_request_that_sets_path_still_verifies(cli_env: dict[str, str], tmp_pa
         environment={"PATH": "/opt/conda/bin:/usr/local/nvidia/bin"}))
     submitted = run_cli("submit", "--request", str(request), env=cli_env)
     assert submitted.returncode == 0, submitted.stderr
+
+
+def test_a_frame_whose_tmp_and_shm_would_take_more_memory_than_the_host_has_is_refused(tmp_path: Path) -> None:
+    from tao_data_io.local.preflight import check_memory_sizes, host_memory_bytes
+
+    plan = make_plan(tmp_path, shape={"shm_size": "3Gi", "ephemeral_storage": "2Gi"})
+    with pytest.raises(UsageError, match=r"/tmp \(2\.0 GiB: compute_shape.ephemeral_storage\) and /dev/shm "
+                                         r"\(3\.0 GiB: compute_shape.shm_size\).*more than this host's 4\.0 GiB"):
+        check_memory_sizes(plan, 4 * 1024**3)
+    check_memory_sizes(plan, 8 * 1024**3)
+    assert (host_memory_bytes() or 0) > 0

@@ -183,6 +183,26 @@ def test_declared_upload_excludes_from_the_record_apply(env: dict[str, str], buc
     assert remote(s3_client, bucket, "job-declared") == RESULTS
 
 
+def test_results_past_the_jobs_limit_by_apparent_size_upload_nothing_and_say_why(
+        env: dict[str, str], bucket: str, s3_client: Any, results: Path, tmp_path: Path) -> None:
+    """A 1 GiB sparse file takes a few KiB of disk and 1,073,741,824 bytes in S3 (no sparse
+    objects): counted by apparent size against the request's outputs.results_limit, the upload
+    is refused before a byte moves, naming the limit, the total and the largest files."""
+    from tao_data_io.outputs import upload_results
+
+    store = RecordStore(tmp_path / "jobs")
+    store.open(job_id="job-sparse", results_limit="64Mi", **JOB)
+    with open(results / "sparse.bin", "wb") as handle:
+        handle.truncate(1024**3)
+    assert os.stat(results / "sparse.bin").st_blocks * 512 < 1024**2  # nothing on disk
+    with pytest.raises(UsageError, match=r"holds 1\.0 GiB to upload .*more than the job's outputs.results_limit 64Mi "
+                                         r"allows .*nothing was uploaded. The largest: sparse.bin \(1\.0 GiB\)"):
+        upload_results(store, "job-sparse", results, environ=env)
+    assert remote(s3_client, bucket, "job-sparse") == {}
+    (results / "sparse.bin").unlink()
+    assert upload_results(store, "job-sparse", results, environ=env).summary.ok  # within it: uploaded
+
+
 def test_symlinks_out_of_the_tree_and_special_files_are_not_uploaded(store: RecordStore, env: dict[str, str],
                                                                      bucket: str, s3_client: Any, results: Path,
                                                                      tmp_path: Path) -> None:

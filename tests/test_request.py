@@ -340,3 +340,11 @@ def test_a_forwarded_variables_value_is_a_credential_whatever_its_name(request_d
     message = str(info.value)
     assert f"{field} holds the value of a credential variable" in message and FORWARDED["WANDB_KEY"] not in message
     assert parse_request(request_data, environ=FORWARDED)  # not forwarded: just a value
+
+
+@pytest.mark.parametrize(("shape", "fragment"), [
+    ({"shm_size": "999999Ti"}, "shm_size '999999Ti' is more than 1Ti"),
+    ({"ephemeral_storage": "999999Ti"}, "ephemeral_storage '999999Ti' is more than 64Ti"),
+], ids=["shm", "ephemeral"])
+def test_a_frame_size_no_machine_has_is_refused_naming_the_cap(shape: dict[str, Any], fragment: str) -> None:
+    refused({"compute_shape": shape}, fragment, environ={})

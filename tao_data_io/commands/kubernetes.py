@@ -42,8 +42,6 @@ def register(verbs: Any) -> None:
     render.add_argument("--shm-size", metavar="Q", help="/dev/shm size, e.g. 32Gi (default: the request's)")
     render.add_argument("--shards", type=int, metavar="N", help="tier B: pods of the stage Job")
     render.add_argument("--records-url", metavar="U", help="a shared job record store (s3://…) for the pods")
-    render.add_argument("--results-budget", metavar="Q",
-                        help="results the final upload must move after training (sizes the grace period)")
     add_root_option(render)
     render.set_defaults(run=_render)
 

@@ -48,7 +48,7 @@ from ..launch.rendezvous import MASTER_PORT, RENDEZVOUS_NAMES, rendezvous_env
 from ..launch.training import STATUS_FILE
 from ..names import check_env_name, object_names
 from ..records import JobRecord
-from ..request import JobRequest, check_container_path, quantity_bytes
+from ..request import DEFAULT_RESULTS_LIMIT, JobRequest, check_container_path, quantity_bytes
 from ..tier import TIER_C_BYTES_PER_SECOND
 from .pods import STATUS
 from .scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, VERIFY_SCRIPT
@@ -431,7 +431,8 @@ class _Job:
     def grace_seconds(self) -> int:
         """Time for the final upload after training exits: the results budget at the measured
         staging rate, plus a margin. Past it the kubelet kills the upload (docs/kubernetes.md)."""
-        return GRACE_MARGIN_SECONDS + -(-self.settings.results_budget_bytes // TIER_C_BYTES_PER_SECOND)
+        limit = quantity_bytes(self.record.results_limit or DEFAULT_RESULTS_LIMIT)
+        return GRACE_MARGIN_SECONDS + -(-limit // TIER_C_BYTES_PER_SECOND)
 
     def _tool_env(self, env: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The stager's and the sidecar's environment: the pod's, plus where their state lives."""

@@ -19,14 +19,13 @@ from pydantic import Field, ValidationInfo, field_validator
 from ..errors import UsageError
 from ..launch.backend import BackendSettings
 from ..names import check_dns_label, check_dns_subdomain
-from ..request import is_binary_quantity, quantity_bytes
+from ..request import is_binary_quantity
 from ..uris import parse_s3_url
 
 DEFAULT_TTL_SECONDS = 3600
 MAX_TTL_SECONDS = 604800
 DEFAULT_RESYNC_SECONDS = 300
 RESYNC_SECONDS_BOUNDS = (10, 86400)
-DEFAULT_RESULTS_BUDGET = "20Gi"
 MAX_SHARDS = 1000
 _LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
@@ -106,11 +105,6 @@ class KubernetesSettings(BackendSettings):
         DEFAULT_RESYNC_SECONDS, title="Results resync interval (s)",
         description=f"How often the results sidecar uploads what the job wrote so far ({RESYNC_SECONDS_BOUNDS[0]} "
                     f"to {RESYNC_SECONDS_BOUNDS[1]}).")
-    results_budget: str = Field(
-        DEFAULT_RESULTS_BUDGET, title="Results budget",
-        description="The most results the final upload must move after training exits (a binary quantity such as "
-                    "20Gi); sizes the pod's terminationGracePeriodSeconds (docs/kubernetes.md: Results of a tier C "
-                    "pod).")
 
     @field_validator("namespace")
     @classmethod
@@ -138,7 +132,7 @@ class KubernetesSettings(BackendSettings):
                              "are deleted that long after it ends")
         return value
 
-    @field_validator("shm_size", "results_budget")
+    @field_validator("shm_size")
     @classmethod
     def _quantity(cls, value: str | None, info: ValidationInfo) -> str | None:
         return value if value is None else check_binary_quantity(value, what=str(info.field_name))
@@ -187,6 +181,3 @@ class KubernetesSettings(BackendSettings):
                                  f"{sorted(_TOLERATION_FIELDS)}")
         return value
 
-    @property
-    def results_budget_bytes(self) -> int:
-        return quantity_bytes(self.results_budget)

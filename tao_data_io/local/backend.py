@@ -52,8 +52,8 @@ from ..tier import ClusterFacts
 from ..routing import RESULTS_ROOT_VARIABLE
 from ..vocabulary import (DEFAULT_RECORDS_ROOT, DEFAULT_WORKDIR, JOBS_DIR_VARIABLE, RECORDS_VARIABLE, TERMINAL_STATES,
                           WORKDIR_VARIABLE)
-from .preflight import (BWRAP_INSTALL, NSENTER_INSTALL, SourceRules, check_binds, check_paths, check_sandbox,
-                        find_tool, needs_nsenter)
+from .preflight import (BWRAP_INSTALL, NSENTER_INSTALL, SourceRules, check_binds, check_memory_sizes, check_paths,
+                        check_sandbox, find_tool, host_memory_bytes, needs_nsenter)
 from .process import ProcessId
 from .rundir import Canceled, ExitRecord, Launch, RunDir, lines_since
 from .sandbox import FRAME_LANG, FRAME_PATH, frame_binds, host_system_dirs
@@ -99,6 +99,7 @@ class LocalBackend:
         if needs_nsenter(plan):
             find_tool("nsenter", NSENTER_INSTALL)
         check_paths(plan)
+        check_memory_sizes(plan, host_memory_bytes())
         check_binds(plan, frame_binds(plan, self._results_host(plan)), self._source_rules())
 
     def _source_rules(self) -> SourceRules:

@@ -17,9 +17,11 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..launch.plan import LaunchPlan
+from ..reporting import human_size
+from ..request import quantity_bytes
 from ..routing import RESULTS_ROOT_VARIABLE
 from .binding import BoundSource, identify, open_source, resolved_path
-from .sandbox import FRAME_PATH, Bind, Host, SystemDir, mount_source, trivial_argv
+from .sandbox import FRAME_PATH, Bind, Host, SystemDir, frame_tmp_bytes, mount_source, trivial_argv
 
 BWRAP_INSTALL = "install it: apt-get install bubblewrap (Debian, Ubuntu), dnf install bubblewrap (Fedora, RHEL)"
 NSENTER_INSTALL = "install it: apt-get install util-linux (Debian, Ubuntu), dnf install util-linux (Fedora, RHEL)"
@@ -157,3 +159,28 @@ def check_paths(plan: LaunchPlan) -> None:
         if not root.is_dir():
             raise UsageError(f"results go to the mount {root} ({RESULTS_ROOT_VARIABLE}), which is not a directory "
                              f"on this host: mount or create it, or unset {RESULTS_ROOT_VARIABLE}")
+
+
+def check_memory_sizes(plan: LaunchPlan, memory_bytes: int | None) -> None:
+    """The frame's /tmp and /dev/shm are memory (tmpfs): together they may not exceed this host's
+    (``memory_bytes``, from /proc/meminfo; None: unknown, nothing checked) — a job filling them
+    would take the host's RAM from everything else."""
+    if memory_bytes is None:
+        return
+    tmp, shm = frame_tmp_bytes(plan), quantity_bytes(plan.shm_size)
+    if tmp + shm > memory_bytes:
+        raise UsageError(f"job {plan.job_id}'s /tmp ({human_size(tmp)}: compute_shape.ephemeral_storage) and /dev/shm "
+                         f"({human_size(shm)}: compute_shape.shm_size) are memory in the local frame, "
+                         f"{human_size(tmp + shm)} in all, more than this host's {human_size(memory_bytes)}: lower them")
+
+
+def host_memory_bytes() -> int | None:
+    """MemTotal of /proc/meminfo, in bytes (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -60,6 +60,8 @@ FRAME_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FRAME_LANG = "C.UTF-8"
 #: The private tmpfs: HOME and the working directory (no home directory of the host is visible).
 FRAME_TMP = "/tmp"
+#: The frame's /tmp when the request gives no ephemeral_storage: what a laptop spares.
+DEFAULT_FRAME_TMP = "4Gi"
 #: Ranks share one loopback (see :class:`Namespaces`), so rank 0 is reached at 127.0.0.1 (on
 #: :data:`~tao_data_io.launch.rendezvous.MASTER_PORT`).
 MASTER_ADDR = "127.0.0.1"
@@ -142,13 +144,20 @@ def frame_argv(plan: LaunchPlan, host: Host, binds: Sequence[Bind], opened: Mapp
     if plan.network or join is not None:
         argv.append("--share-net")
     argv += ["--new-session", "--cap-drop", "ALL", "--hostname", f"{plan.job_id}-{rank}", *userland_args(host.system),
-             "--tmpfs", FRAME_TMP, "--size", str(quantity_bytes(plan.shm_size)), "--tmpfs", "/dev/shm"]
+             "--size", str(frame_tmp_bytes(plan)), "--tmpfs", FRAME_TMP,
+             "--size", str(quantity_bytes(plan.shm_size)), "--tmpfs", "/dev/shm"]
     for bind in binds:
         if bind.target in opened:
             argv += ["--ro-bind-fd" if bind.read_only else "--bind-fd", str(opened[bind.target]), bind.target]
     if status_fd is not None:
         argv += ["--json-status-fd", str(status_fd)]
     return argv + ["--chdir", FRAME_TMP, "--", *command]
+
+
+def frame_tmp_bytes(plan: LaunchPlan) -> int:
+    """The frame's ``/tmp``: what a container's writable layer is, so the request's
+    ``ephemeral_storage`` — memory here (a tmpfs), so bound, never half the host's RAM."""
+    return quantity_bytes(plan.ephemeral_storage or DEFAULT_FRAME_TMP)
 
 
 def userland_args(system: Sequence[SystemDir]) -> list[str]:

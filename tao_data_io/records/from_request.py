@@ -68,7 +68,8 @@ def open_for(request: JobRequest, *, platform: str, source: str = "cli",
     return (store or RecordStore()).open(
         platform=platform, image=request.image, network_arch=network_arch, action=action,
         results_dir=request.outputs.results_dir, upload_excludes=request.outputs.upload_excludes,
-        forward_env=request.forward_env, job_id=request.job_id, source=source, request_digest=request_digest(request))
+        results_limit=request.outputs.results_limit, forward_env=request.forward_env, job_id=request.job_id,
+        source=source, request_digest=request_digest(request))
 
 
 def request_digest(request: JobRequest) -> str:

@@ -132,6 +132,9 @@ class JobRecord(_Stored):
     #: The request's declared ``outputs.upload_excludes`` (aws-cli patterns), applied by every
     #: upload of this job's results on top of the ``.tao/*`` that is always excluded.
     upload_excludes: list[str] = Field(default_factory=list)
+    #: The request's ``outputs.results_limit`` (a binary quantity): the most any upload of this
+    #: job's results may move, by apparent size. None in a record that predates it: no limit.
+    results_limit: str | None = None
     #: The NAMES of the credential variables the request forwards to the job (never values):
     #: whatever they are called, their values are masked in the job's log wherever it is shown.
     forward_env: list[str] = Field(default_factory=list)

@@ -85,7 +85,7 @@ class RecordStore:
     def open(self, *, platform: str, image: str, network_arch: str, action: str, results_dir: str,
              storage_tier: str | None = None, storage_reason: str | None = None, job_id: str | None = None,
              source: str = "cli", upload_excludes: Sequence[str] = (), forward_env: Sequence[str] = (),
-             request_digest: str | None = None) -> JobRecord:
+             request_digest: str | None = None, results_limit: str | None = None) -> JobRecord:
         """Create a PENDING record and return it; ``job_id`` is minted when not given.
 
         Idempotent for a retried submit: if the id exists with the same identity fields, the
@@ -101,7 +101,7 @@ class RecordStore:
             job_id=job_id, platform=platform, image=image, network_arch=network_arch, action=action,
             storage_tier=storage_tier, storage_reason=storage_reason, results_dir=results_dir,
             upload_excludes=list(upload_excludes), forward_env=list(forward_env), request_digest=request_digest,
-            state="PENDING",
+            results_limit=results_limit, state="PENDING",
             created_at=stamp, updated_at=stamp,
             history=[dict(at=stamp, state="PENDING", source=source, message="opened")]))
         existing = self._create(record)
@@ -138,7 +138,8 @@ class RecordStore:
         stamp = now()
         data = current.model_dump()
         data.update({name: getattr(record, name) for name in IDENTITY_FIELDS})
-        data.update(upload_excludes=record.upload_excludes, forward_env=record.forward_env, storage_tier=None,
+        data.update(upload_excludes=record.upload_excludes, forward_env=record.forward_env,
+                    results_limit=record.results_limit, storage_tier=None,
                     storage_reason=None, output_route=None, verify=None, backend_config=None, updated_at=stamp,
                     state="PENDING", message="opened again for a changed request; the earlier one never launched")
         data["history"].append(dict(at=stamp, state="PENDING", source=source, message=data["message"]))

@@ -40,7 +40,7 @@ from ..fs import (SPOOL_NAME, DestinationTree, ReplacedError, UnsafePathError, c
                   remove_stale_temps)
 from .signed_list import list_pages
 from .strategy import ContentStrategy
-from ..reporting import ProgressCallback, ProgressTracker
+from ..reporting import ProgressCallback, ProgressTracker, human_size
 from .summary import Failure, Skipped, TransferSummary
 from ..uris import S3Url, is_s3_url, parse_s3_url
 from ..vocabulary import DEFAULT_CONCURRENCY
@@ -76,6 +76,9 @@ class TransferOptions:
     #: job's ``results_dir``). The source must then not be a symlink or lie under one, is read
     #: without following any, and the refusal names the parameter.
     untrusted_source: str | None = None
+    #: Uploads only: (bytes, what sets it) — the most the source may hold, by apparent size (a
+    #: sparse file counts whole, as S3 will store it). Past it nothing is uploaded.
+    budget: tuple[int, str] | None = None
 
 
 @contextmanager
@@ -132,6 +135,17 @@ def _import_data_path() -> None:
     """Import the executors' modules (obstore's native library, asyncio): in a fresh process, the
     tens of milliseconds this takes can overlap a listing's round trips instead of following them."""
     from . import obstore_executor, s5cmd_executor  # noqa: F401
+
+
+def _within_budget(source: Path, files: Sequence[LocalFile], limit: int, what: str) -> None:
+    """Refuse, before a byte moves, a source holding more than ``limit`` bytes by apparent size."""
+    total = sum(local.size for local in files)
+    if total > limit:
+        largest = sorted(files, key=lambda local: local.size, reverse=True)[:3]
+        shown = ", ".join(f"{local.relative} ({human_size(local.size)})" for local in largest)
+        raise UsageError(f"{source} holds {human_size(total)} to upload (apparent sizes: a sparse file counts whole, "
+                         f"as S3 stores it), more than {what} allows ({human_size(limit)}); nothing was uploaded. "
+                         f"The largest: {shown}. Raise {what}, or exclude what need not be kept")
 
 
 #: Why a local file whose name holds a control character is not uploaded: the data path cannot
@@ -392,6 +406,8 @@ class TransferEngine:
                                                "(still being written?); left for a later run"))
             else:
                 items.append((local, prefix.key + local.relative))
+        if options.budget is not None:
+            _within_budget(source, [local for local, _ in items], *options.budget)
         self._upload(prefix.bucket, items, remote, store, summary, options)
         summary.seconds = time.monotonic() - started
         return summary
