@@ -31,6 +31,7 @@ check, so no URI can place data outside the staging root.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import urllib.parse
 from dataclasses import dataclass
@@ -73,6 +74,32 @@ class S3Url:
 
     def __str__(self) -> str:
         return f"s3://{self.bucket}/{self.key}"
+
+    @property
+    def is_glob(self) -> bool:
+        """True when the key is a pattern (``train-*``): a component holds ``*``, ``?`` or ``[``."""
+        return bool(_GLOB.search(self.key))
+
+    def glob_split(self) -> tuple[S3Url, str]:
+        """(the folder a glob lists, the pattern below it): the components before the first that
+        holds a metacharacter, and the rest."""
+        parts = self.key.split("/")
+        first = next(index for index, part in enumerate(parts) if _GLOB.search(part))
+        base = "/".join(parts[:first])
+        return S3Url(self.bucket, f"{base}/" if base else ""), "/".join(parts[first:])
+
+
+#: What makes an S3 key a pattern, as TensorFlow's glob (tf.io.gfile.glob) reads one.
+_GLOB = re.compile(r"[*?[]")
+
+
+def check_glob(url: S3Url, *, field: str) -> None:
+    """Refuse a pattern TensorFlow's glob rule cannot honour (see :mod:`.transfer.filters`)."""
+    if "**" in url.key:
+        raise UsageError(f"{field}: {url} holds '**', which TensorFlow's glob does not read as \"any depth\" (a '*' "
+                         "matches within one path component): write one '*' per component")
+    if url.key.endswith("/"):
+        raise UsageError(f"{field}: {url} is a pattern ending in '/': a glob names objects; drop the trailing '/'")
 
 
 def is_s3_url(text: str) -> bool:
@@ -197,7 +224,10 @@ def parse_uri(text: str, *, field: str = "uri") -> RemoteURI:
     ``field``, the URI, the problem and the expected shape."""
     try:
         if is_s3_url(text):
-            return parse_s3_url(text, field=field)
+            url = parse_s3_url(text, field=field)
+            if url.is_glob:
+                check_glob(url, field=field)
+            return url
         return parse_model_uri(text)
     except UsageError as exc:
         message = str(exc)
@@ -207,7 +237,13 @@ def parse_uri(text: str, *, field: str = "uri") -> RemoteURI:
 def staging_location(uri: RemoteURI, *, field: str | None = None) -> str:
     """Where ``uri``'s bytes live relative to the staging root (see the module docstring); one
     that would escape it raises :class:`UsageError` naming ``field``."""
-    if isinstance(uri, S3Url):
+    if isinstance(uri, S3Url) and uri.is_glob:
+        # What a pattern matches is staged below the folder it lists, in a place of its own (two
+        # patterns over one folder never share a directory).
+        base, _ = uri.glob_split()
+        digest = hashlib.sha256(str(uri).encode()).hexdigest()[:12]
+        relative = f"glob/{digest}/s3/{uri.bucket}/{base.key}".rstrip("/")
+    elif isinstance(uri, S3Url):
         relative = f"s3/{uri.bucket}/{uri.key}".rstrip("/")
     elif isinstance(uri, HFModelURI):
         revision = uri.revision or DEFAULT_HF_REVISION_LABEL

@@ -708,6 +708,26 @@ def test_a_staged_input_is_probed_where_training_reads_it(tmp_path: Path) -> Non
     assert cached and all(m in verify["volumeMounts"] for m in cached)
 
 
+@pytest.mark.parametrize("tier", ["B", "C"])
+def test_a_glob_input_is_staged_on_the_cluster_and_its_pattern_reaches_the_config(tier: str, tmp_path: Path) -> None:
+    """The pod's stager (tier C) or the stage Job (tier B) stages what the pattern matches into
+    the folder of its own; training mounts that folder, the probe wants it non-empty, and the
+    config holds the pattern over it."""
+    request = req(mode="config", config_format="yaml", command="efficientdet_tf2 train -e {config_path}", args=None,
+                  inputs=[], spec={"dataset": {"train_tfrecords": ["s3://bkt-1/tfrecords/train-*"]}},
+                  storage={"pvc_claim": "lustre"} if tier == "B" else {})
+    rendered = render(request, tmp_path, tier, pvc_claim="lustre" if tier == "B" else None)
+    validate(rendered)
+    files = next(o for o in rendered.objects if o["kind"] == "ConfigMap")["data"]
+    (config,) = [text for key, text in files.items() if key.endswith(".yaml") and "train_tfrecords" in text]
+    (pattern,) = yaml.safe_load(config)["dataset"]["train_tfrecords"]
+    folder = pattern.rsplit("/", 1)[0]
+    assert pattern.endswith("/train-*") and "/glob/" in folder
+    train = training_pod(rendered)["containers"][0]
+    assert any(m["mountPath"] == folder for m in train["volumeMounts"])
+    assert f"dir-nonempty\t{folder}\t" in files["checklist"]
+
+
 def test_render_job_of_a_record_without_a_tier_names_the_fix_not_a_validation_trace(tmp_path: Path) -> None:
     env = {"TAO_DATA_IO_JOBS_DIR": str(tmp_path / "records"), "S3_BUCKET_NAME": "tao-results", **SECRET_ENV}
     assert run_cli("record", "open", "--job-id", "dino-tier-c", "--platform", "kubernetes", "--image", "i",

@@ -99,3 +99,14 @@ def test_a_folder_past_the_object_budget_is_unbounded_and_only_a_sizing_plan_lis
     monkeypatch.setattr(sizing, "MOST_OBJECTS", 2)  # the folder holds 3
     assert plan_stage(request(bucket, inputs), tmp_path / "big", size=True, environ=env).planned_bytes is None
     assert plan_stage(request(bucket, inputs), tmp_path / "off", environ=env).planned_bytes is None  # tier B: not asked
+
+
+def test_a_glob_is_bounded_by_what_it_matches(tmp_path: Path, s3_client: Any, bucket: str, env: dict[str, str]) -> None:
+    for key in ("tf/train-0", "tf/train-1", "tf/val-0", "tf/old/train-9"):
+        s3_client.put_object(Bucket=bucket, Key=key, Body=b"r" * 5000)
+    inputs = [{"source": f"s3://{bucket}/tf/train-*", "target": "/data/train"}]
+    bound = plan_stage(request(bucket, inputs), tmp_path / "plan", size=True, environ=env).planned_bytes
+    stage(request(bucket, inputs), tmp_path / "real", environ=env)
+    (root,) = [p for p in (tmp_path / "real").rglob("tf") if p.is_dir() and ".tao-data-io" not in p.parts]
+    written = on_disk(root)
+    assert bound is not None and written <= bound < written + 4 * BLOCK_BYTES + 2 * 5000, (written, bound)

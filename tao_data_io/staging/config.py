@@ -105,7 +105,7 @@ def config_content(request: JobRequest, inputs_root: str = DEFAULT_INPUTS_ROOT, 
     the caller holds them (a staging run), else planned here."""
     if request.mode != "config" or request.spec is None or request.config_format is None:
         raise UsageError("materialize-config needs a request with mode 'config', a nested 'spec' and 'config_format'")
-    mapping = {source: place.container_path for source, place in placements(request, inputs_root, plan=plan).items()}
+    mapping = {source: place.frame_value for source, place in placements(request, inputs_root, plan=plan).items()}
     data = serialise(rewrite(request.spec, mapping), request.config_format)
     digest = hashlib.sha256(data).hexdigest()
     sub_path, container_path = config_location(digest, _EXTENSIONS[request.config_format])

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..errors import TransferError, UsageError
 from ..reporting import ProgressCallback
 from ..transfer.engine import TransferEngine, TransferOptions
-from ..transfer.filters import PathFilter
+from ..transfer.filters import GlobFilter, PathFilter
 from ..transfer.listing import RemoteListing
 from ..transfer.shard import Shard, shard_of
 from ..transfer.summary import Failure, TransferSummary
@@ -100,6 +100,15 @@ def _stage_s3(planned: PlannedInput, url: S3Url, kind: Kind, local: Path, engine
             excluded = f" ({summary.excluded_files} excluded by its excludes)" if summary.excluded_files else ""
             raise UsageError(f"{planned.field}: {planned.source!r} holds no object{excluded}; check the prefix, or "
                              "declare the input with allow_empty: true if an empty folder is expected")
+        return staged(summary, files)
+    if kind == "glob":
+        base, pattern = url.glob_split()
+        summary = engine.download_prefix(base, local, TransferOptions(filter=GlobFilter(pattern), progress=progress,
+                                                                      shard=shard))
+        files = summary.transferred_files + summary.unchanged_files
+        if files == 0 and not summary.failed and shard is None:
+            raise UsageError(f"{planned.field}: {planned.source!r} matches no object (TensorFlow's glob rule: '*', "
+                             "'?' and '[…]' match within one path component); check the pattern")
         return staged(summary, files)
     if kind == "file":
         summary = engine.download_object(url, local, TransferOptions(progress=progress))

@@ -66,12 +66,25 @@ class PlannedInput(BaseModel):
     def spellings(self) -> tuple[str, ...]:
         return (self.source, *self.aliases)
 
+    @property
+    def frame_value(self) -> str:
+        """What the config says in place of the source: where it is in the frame — for a glob,
+        its pattern over that place, which the job applies itself."""
+        if isinstance(self.uri, S3Url) and self.uri.is_glob:
+            return f"{self.container_path}/{self.uri.glob_split()[1]}"
+        return self.container_path
+
 
 def planned_kind(uri: RemoteURI, declared: InputSpec | None) -> Kind | None:
     """The kind a remote source is staged as, when the request alone says it: a model URI is a
     model, a declared kind is that kind, ``s3://b/p/`` is a folder; else None (ask the bucket)."""
     if isinstance(uri, HFModelURI | NGCModelURI):
         return "model"
+    if isinstance(uri, S3Url) and uri.is_glob:
+        if declared is not None and declared.kind != "auto":
+            raise UsageError(f"{uri} is a glob pattern, so its kind is what it matches: drop kind "
+                             f"{declared.kind!r} from its input")
+        return "glob"
     if declared is not None and declared.kind != "auto":
         return declared.kind
     return "folder" if uri.is_prefix else None

@@ -10,8 +10,8 @@ its directory entry, and each directory the keys imply one block more. An input 
 size cannot be bounded from what the bucket lists — an archive (its extracted size), a model
 (the Hub's or NGC's files), more objects in all than :data:`MOST_OBJECTS` — leaves the whole
 request unbounded (None), and the pod is rendered without a limit. A folder counts everything
-under its prefix (excludes only ever shrink it), a selective input its whole prefix and its
-annotation.
+under its prefix (excludes only ever shrink it), a glob what it matches, a selective input its
+whole prefix and its annotation.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import posixpath
 from collections.abc import Callable, Iterable, Sequence
 
 from ..transfer.engine import TransferEngine
+from ..transfer.filters import GlobFilter
 from ..uris import S3Url, is_remote_uri, parse_uri
 from .layout import PlannedInput
 
@@ -45,8 +46,14 @@ def staged_bytes_bound(inputs: Sequence[PlannedInput], engine: Callable[[], Tran
             if not planned.remote or planned.inside is not None:  # nothing, or counted with its folder
                 continue
             url = planned.uri
-            if not isinstance(url, S3Url) or planned.kind not in ("folder", "file", "selective"):
+            if not isinstance(url, S3Url) or planned.kind not in ("folder", "file", "selective", "glob"):
                 return None
+            if planned.kind == "glob":  # what it matches, as it is staged: below the folder it lists
+                base, pattern = url.glob_split()
+                matches = GlobFilter(pattern)
+                listed = ((key[len(base.key):], size) for key, size in engine().list_sizes(base))
+                total += _disk(((name, size) for name, size in listed if matches(name)), budget)
+                continue
             if planned.kind == "file":
                 size = engine().object_size(url)
                 if size is None:

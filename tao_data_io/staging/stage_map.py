@@ -18,7 +18,7 @@ from ..fs import atomic_write
 from ..reporting import human_size
 from ..vocabulary import STAGING_MAP_NAME  # noqa: F401 - the name callers import from here
 
-Kind = Literal["folder", "file", "selective", "archive", "model", "pre-positioned", "config"]
+Kind = Literal["folder", "file", "selective", "archive", "model", "glob", "pre-positioned", "config"]
 
 
 class StagedSource(BaseModel):

@@ -30,7 +30,7 @@ from ..credentials import S3Credentials
 from ..errors import UsageError
 from .client import explained, head_or_none, make_s3_client
 from .digests import DigestStore, multipart_count
-from .filters import PathFilter
+from .filters import GlobFilter, PathFilter
 from .shard import Shard
 from .work import DownloadItem, Executor, Item, ItemFailed, Landed, UploadItem
 from .listing import (LocalFile, RemoteListing, RemoteObject, clean_etag, list_remote, listing_from_pages, local_file,
@@ -62,7 +62,7 @@ RESERVED_REASON = "a name tao-data-io reserves for its own state and in-flight f
 class TransferOptions:
     """Per-call choices. Concurrency belongs to the engine (it sizes the executor's pools)."""
 
-    filter: PathFilter = field(default_factory=PathFilter)
+    filter: PathFilter | GlobFilter = field(default_factory=PathFilter)
     dry_run: bool = False
     progress: ProgressCallback | None = None
     #: Uploads only: leave files modified less than this many seconds ago for a later run, so

@@ -44,3 +44,17 @@ class PathFilter:
             if fnmatchcase(relative, rule.pattern):
                 included = rule.action == "include"
         return included
+
+
+@dataclass(frozen=True)
+class GlobFilter:
+    """TensorFlow's glob rule (``tf.io.gfile.glob``) over paths relative to the folder a pattern
+    lists: the pattern's components match the path's one for one — ``*``, ``?`` and ``[…]``
+    within a component, never across ``/`` (unlike aws-cli's and s5cmd's ``*``) — so a job
+    globbing the staged copy with its own pattern finds exactly what was staged."""
+
+    pattern: str
+
+    def __call__(self, relative: str) -> bool:
+        parts, wanted = relative.split("/"), self.pattern.split("/")
+        return len(parts) == len(wanted) and all(fnmatchcase(part, want) for part, want in zip(parts, wanted))
