@@ -245,6 +245,8 @@ def demo_request(job_id: str, bucket: str) -> dict[str, Any]:
         ],
         "mounts": [{"source": str(CHECKOUT / "examples" / "stand_in"), "target": "/stand-in"}],
         "outputs": {"results_dir": "/results", "upload_excludes": ["*.partial"]},
+        # Sized for a laptop: the local frame's /dev/shm and /tmp are memory (docs/local-frame.md).
+        "compute_shape": {"shm_size": "1Gi", "ephemeral_storage": "1Gi"},
     }
     reads = ":".join(planned.container_path for planned in plan_inputs(parse_request(request, environ={})))
     request["environment"] = {"EPOCHS": "2", "EPOCH_SECONDS": "1", "TRAIN_INPUTS": reads}

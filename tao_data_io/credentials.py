@@ -60,6 +60,8 @@ USERINFO_MASK = "***USERINFO***"
 #: Values shorter than this are not masked: masking "1" or "yes" would shred every message
 #: while protecting nothing.
 _MIN_SECRET_LENGTH = 6
+#: The shortest value of a plain-named forwarded variable that a request may not hold.
+_MIN_FORWARDED_LENGTH = 12
 
 DEFAULT_REGION = "us-east-1"
 MAX_ATTEMPTS_VARIABLE = "AWS_MAX_ATTEMPTS"
@@ -218,7 +220,12 @@ def credential_value_fields(value: Any, environ: Mapping[str, str] | None = None
     ``forward_env``, whatever its variables are called). The one check behind "names and paths
     only" for requests, plans and job records; the paths are masked too (a dict key can be the
     secret itself), and no value is ever returned."""
-    redact = Redactor(environ, secret_names=secret_names)
+    env = os.environ if environ is None else environ
+    # A forwarded variable with a plain name may hold an ordinary word (WANDB_ENTITY=nvidia),
+    # which refusing wherever it appears would make every request naming it fail: only values
+    # as long as a credential is count here (a secret-looking name's value counts as always).
+    forwarded = [name for name in secret_names if len(env.get(name) or "") >= _MIN_FORWARDED_LENGTH]
+    redact = Redactor(env, secret_names=forwarded)
     return _fields_where(value, lambda text: redact(text) != text, redact, where)
 
 

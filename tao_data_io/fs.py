@@ -655,13 +655,15 @@ class ReplacedError(OSError):
 
 
 def open_scanned(path: str | os.PathLike[str], *, identity: tuple[int, int] | None = None,
-                 size: int | None = None) -> int:
+                 size: int | None = None, follow: bool = False) -> int:
     """A descriptor for reading the regular file a scan found at ``path`` — in a tree a job
     controls, where the name may have been swapped since. Never blocks on what is there now:
     ``O_NONBLOCK`` makes the open of a FIFO (or a device) return at once, and the descriptor, not
     the name, is then checked: a regular file, of ``identity`` (device, inode) and ``size`` when
-    given. ``O_NOFOLLOW`` refuses a symlink swapped in for the file itself."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    given. ``O_NOFOLLOW`` refuses a symlink swapped in for the file itself (``follow``: a file of
+    the user's own, which may be a symlink — an archive given by its link)."""
+    nofollow = 0 if follow else os.O_NOFOLLOW
+    fd = os.open(path, os.O_RDONLY | nofollow | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -699,7 +701,7 @@ def file_digest(path: str | os.PathLike[str], algorithm: str, *, identity: tuple
     """The hex digest of the regular file at ``path``, read in 1 MiB chunks (memory stays flat)
     through :func:`open_scanned` — given a scan's ``identity`` and ``size``, of exactly that file
     and that many bytes."""
-    fd = open_scanned(path, identity=identity, size=size)
+    fd = open_scanned(path, identity=identity, size=size, follow=identity is None)
     try:
         length = os.fstat(fd).st_size if size is None else size
         if algorithm == "md5":

@@ -169,7 +169,8 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
             assert credentials is not None
             with TransferEngine(credentials) as own:
                 summary = own.upload_directory(results_dir, prefix, options)
-        entry = _entry(kind, route, results_dir, record, settle_seconds, started, summary, Redactor(env))
+        entry = _entry(kind, route, results_dir, record, settle_seconds, started, summary,
+                       Redactor(env, secret_names=record.forward_env))
         final = bool(entry["final"])
         recorded = kind == "upload" or final or bool(summary.transferred_files or summary.failed)
         if recorded:

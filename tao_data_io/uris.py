@@ -77,7 +77,8 @@ class S3Url:
 
     @property
     def is_glob(self) -> bool:
-        """True when the key is a pattern (``train-*``): a component holds ``*``, ``?`` or ``[``."""
+        """True when the key is a pattern (``train-*``): a component holds ``*`` or ``?``. (``[`` stays
+        a literal: keys such as ``shard[1]/`` are more common than bracket patterns.)"""
         return bool(_GLOB.search(self.key))
 
     def glob_split(self) -> tuple[S3Url, str]:
@@ -90,7 +91,7 @@ class S3Url:
 
 
 #: What makes an S3 key a pattern, as TensorFlow's glob (tf.io.gfile.glob) reads one.
-_GLOB = re.compile(r"[*?[]")
+_GLOB = re.compile(r"[*?]")
 
 
 def check_glob(url: S3Url, *, field: str) -> None:

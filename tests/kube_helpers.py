@@ -25,16 +25,17 @@ ITS_FILES_BASE = "longjob-aaaaaaaaaaaaaaaaaaaaaaaaaaa-92fb6e432f"
 ITS_CREDENTIALS_BASE = "longjob-aaaaaaaaaaaaaaaaaaaaa-92fb6e432f"
 
 
-def record_for(job_id: str, tier: str) -> JobRecord:
+def record_for(job_id: str, tier: str, results_limit: str | None = None) -> JobRecord:
     now = datetime.now(timezone.utc)
     return JobRecord(job_id=job_id, platform="kubernetes", image="img", network_arch="dino", action="train",
-                     storage_tier=tier, results_dir="/results", state="PENDING", created_at=now, updated_at=now)
+                     storage_tier=tier, results_dir="/results", state="PENDING", created_at=now, updated_at=now,
+                     results_limit=results_limit)
 
 
 def plan_for(request: JobRequest, tmp_path: Path, tier: str, route: OutputRoute | None = None,
              environ: dict[str, str] | None = None) -> tuple[LaunchPlan, JobRecord]:
     job_id = request.job_id or "example-job"
-    record = record_for(job_id, tier)
+    record = record_for(job_id, tier, request.outputs.results_limit)  # as records.from_request opens it
     staging_map = plan_stage(request, tmp_path / "plan", environ=environ or {})
     route = route or S3_ROUTE.model_copy(update={"destination": f"s3://tao-results/results/{job_id}/"})
     plan = build_plan(request, staging_map, TierDecision(tier=tier, reason="test"), record, route,

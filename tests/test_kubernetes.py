@@ -643,6 +643,16 @@ def test_tier_c_reserves_and_limits_its_staging_disk_with_the_training_container
     assert next(v for v in unknown["volumes"] if v["name"] == "staging")["emptyDir"] == {}
 
 
+def test_the_final_uploads_grace_follows_the_requests_results_limit_and_is_bounded(tmp_path: Path) -> None:
+    """One owner for the results' size: the request's outputs.results_limit sizes the grace period
+    (60 s plus the limit at the measured rate), never past two hours whatever it says; a target
+    saved with the retired results_budget still loads."""
+    small = training_pod(render(req(outputs={"results_limit": "1Gi"}), tmp_path / "s", "C"))
+    huge = training_pod(render(req(outputs={"results_limit": "64Ti"}), tmp_path / "h", "C"))
+    assert 60 < small["terminationGracePeriodSeconds"] < 600 and huge["terminationGracePeriodSeconds"] == 7200
+    assert KubernetesSettings.from_mapping({"namespace": "tao", "results_budget": "20Gi"}).namespace == "tao"
+
+
 def test_the_stage_pod_is_scheduled_where_the_training_pods_may_run(tmp_path: Path) -> None:
     """A WaitForFirstConsumer claim is bound where its first pod lands (the volume binder,
     pkg/scheduler/framework/plugins/volumebinding): were the GPU-less stage pod free to land on

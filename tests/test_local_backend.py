@@ -937,4 +937,7 @@ def test_a_frame_whose_tmp_and_shm_would_take_more_memory_than_the_host_has_is_r
                                          r"\(3\.0 GiB: compute_shape.shm_size\).*more than this host's 4\.0 GiB"):
         check_memory_sizes(plan, 4 * 1024**3)
     check_memory_sizes(plan, 8 * 1024**3)
+    with pytest.raises(UsageError, match=r"for each of its 2 ranks.*10\.0 GiB in all"):
+        check_memory_sizes(make_plan(tmp_path, nodes=2, shape={"shm_size": "3Gi", "ephemeral_storage": "2Gi"}),
+                           8 * 1024**3)
     assert (host_memory_bytes() or 0) > 0

@@ -84,3 +84,11 @@ def test_no_staged_input_of_any_kind_holds_anything_of_ours(tmp_path: Path, s3_c
             assert local.exists(), entry
             assert not local.is_dir() or ours_inside(local) == [], (entry.kind, ours_inside(local))
     assert {entry.kind for entry in staged.sources} == {"folder", "file", "selective", "archive", "config"}
+
+
+def test_a_folder_inside_a_folder_with_excludes_is_refused_not_served_partly(tmp_path: Path, nuscenes: str,
+                                                                             env: dict[str, str]) -> None:
+    request = sparse4d(nuscenes, inputs=[{"source": f"s3://{nuscenes}/nuscenes/", "excludes": ["*/0.jpg"]}])
+    request = request.model_copy(update={"spec": {"dataset": {"samples": f"s3://{nuscenes}/nuscenes/samples/"}}})
+    with pytest.raises(UsageError, match=r"samples/.*lies inside .*nuscenes/.*excludes may leave part of it out"):
+        stage(request, tmp_path / "w", environ=env)

@@ -348,3 +348,9 @@ def test_a_forwarded_variables_value_is_a_credential_whatever_its_name(request_d
 ], ids=["shm", "ephemeral"])
 def test_a_frame_size_no_machine_has_is_refused_naming_the_cap(shape: dict[str, Any], fragment: str) -> None:
     refused({"compute_shape": shape}, fragment, environ={})
+
+
+def test_a_forwarded_variable_holding_an_ordinary_word_does_not_refuse_the_request() -> None:
+    """WANDB_ENTITY=nvidia, forwarded: the image nvcr.io/nvidia/… is not a leaked credential."""
+    request = {**BASE, "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt", "forward_env": ["WANDB_ENTITY"]}
+    assert parse_request(request, environ={"WANDB_ENTITY": "nvidia"}).forward_env == ["WANDB_ENTITY"]

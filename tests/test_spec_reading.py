@@ -21,7 +21,7 @@ from tao_data_io.staging.config import materialize_config
 #: Every scalar form the issue names, as an experiment spec writes it (the value of ``v``).
 FORMS = ["2e-05", "1e-4", "1E+3", ".5", "1_000", "0x1F", "0o17", "inf", ".inf", "-.inf", "~", "null", "yes", "no",
          "on", "2024-05-01", "2024-05-01 10:00:00", '"1e-4"', "'2e-05'", "1.5", "01", "1:30", "+12", "1.0e+5",
-         "not-a-number"]
+         "not-a-number", "._5", "._", "1_e5", "1_0e5", "-.5", "1.e3"]
 
 
 def request_text(value: str, fmt: str = "yaml") -> str:

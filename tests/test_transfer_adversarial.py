@@ -8,6 +8,7 @@ those cases run against moto's S3 server — still real HTTP, boto3 and s5cmd un
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -255,6 +256,38 @@ def test_a_result_whose_name_holds_a_control_character_is_skipped_once_never_ret
         assert sorted(s.name for s in summary.skipped) == sorted(names)
         assert all("control character" in s.reason and "rename it" in s.reason for s in summary.skipped)
     assert [o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket, Prefix="r/")["Contents"]] == ["r/model.pth"]
+
+
+def test_a_file_gone_before_its_digest_fails_alone_and_the_rest_uploads(
+        s3_credentials: S3Credentials, s3_client, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tao_data_io.transfer import engine as engine_module
+
+    source = tmp_path / "results"
+    write_tree(source, {"a.txt": b"one", "b.txt": b"two"})
+    TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/r/")
+    write_tree(source, {"a.txt": b"ONE", "b.txt": b"TWO"})  # same sizes: compared by digest
+    scanned = engine_module.scan_local
+
+    def scan_then_remove(*args: Any, **kwargs: Any) -> Any:
+        found = scanned(*args, **kwargs)
+        (source / "a.txt").unlink()
+        return found
+
+    monkeypatch.setattr(engine_module, "scan_local", scan_then_remove)
+    summary = TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/r/")
+    assert [f.name for f in summary.failed] == ["r/a.txt"] and summary.transferred == ["b.txt"]
+
+
+def test_a_result_whose_name_is_not_utf8_is_skipped_once_and_the_record_keeps_it(
+        s3_credentials: S3Credentials, s3_client, bucket: str, tmp_path: Path) -> None:
+    source = tmp_path / "results"
+    write_tree(source, {"model.pth": b"w"})
+    (source / os.fsdecode(b"bad-\xff.bin")).write_bytes(b"x")
+    for attempt in range(2):
+        summary = TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/r/")
+        assert summary.ok and [s.reason for s in summary.skipped] == [
+            "its name is not UTF-8, which an S3 key must be; not uploaded — rename it to upload it"]
+        json.dumps([s.name for s in summary.skipped])  # what a record stores: serialisable
 
 
 def test_symlink_to_an_excluded_file_is_excluded_too(s3_credentials: S3Credentials, bucket: str, tmp_path: Path) -> None:

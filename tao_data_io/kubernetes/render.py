@@ -98,6 +98,9 @@ RESERVED = ("/tao-data-io", PROBE_DIR, "/dev/shm")
 CACHE_DIR = "cache"
 #: The final upload's time: the budget at the measured rate, plus this much for start-up.
 GRACE_MARGIN_SECONDS = 60
+#: The longest a pod may stay Terminating for its final upload, whatever the request's
+#: results_limit says (a stalled upload must not hold a node for days): two hours.
+MAX_GRACE_SECONDS = 7200
 #: A ConfigMap holds at most 1 MiB.
 CONFIGMAP_LIMIT = 1024 * 1024
 #: Either family of S3 key names (forwarded names are projected as given: the per-job Secret's
@@ -432,7 +435,7 @@ class _Job:
         """Time for the final upload after training exits: the results budget at the measured
         staging rate, plus a margin. Past it the kubelet kills the upload (docs/kubernetes.md)."""
         limit = quantity_bytes(self.record.results_limit or DEFAULT_RESULTS_LIMIT)
-        return GRACE_MARGIN_SECONDS + -(-limit // TIER_C_BYTES_PER_SECOND)
+        return min(GRACE_MARGIN_SECONDS + -(-limit // TIER_C_BYTES_PER_SECOND), MAX_GRACE_SECONDS)
 
     def _tool_env(self, env: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The stager's and the sidecar's environment: the pod's, plus where their state lives."""

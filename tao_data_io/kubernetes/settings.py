@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, ClassVar
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ..errors import UsageError
 from ..launch.backend import BackendSettings
@@ -105,6 +105,15 @@ class KubernetesSettings(BackendSettings):
         DEFAULT_RESYNC_SECONDS, title="Results resync interval (s)",
         description=f"How often the results sidecar uploads what the job wrote so far ({RESYNC_SECONDS_BOUNDS[0]} "
                     f"to {RESYNC_SECONDS_BOUNDS[1]}).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired_fields(cls, data: Any) -> Any:
+        """``results_budget`` moved to the request (``outputs.results_limit``: one owner for the
+        results' size); a target saved before still holds it, and still loads without it."""
+        if isinstance(data, dict) and "results_budget" in data:
+            data = {name: value for name, value in data.items() if name != "results_budget"}
+        return data
 
     @field_validator("namespace")
     @classmethod

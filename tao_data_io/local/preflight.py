@@ -168,10 +168,12 @@ def check_memory_sizes(plan: LaunchPlan, memory_bytes: int | None) -> None:
     if memory_bytes is None:
         return
     tmp, shm = frame_tmp_bytes(plan), quantity_bytes(plan.shm_size)
-    if tmp + shm > memory_bytes:
+    total = (tmp + shm) * plan.nodes  # each rank's frame has its own
+    if total > memory_bytes:
+        ranks = f" for each of its {plan.nodes} ranks" if plan.nodes > 1 else ""
         raise UsageError(f"job {plan.job_id}'s /tmp ({human_size(tmp)}: compute_shape.ephemeral_storage) and /dev/shm "
-                         f"({human_size(shm)}: compute_shape.shm_size) are memory in the local frame, "
-                         f"{human_size(tmp + shm)} in all, more than this host's {human_size(memory_bytes)}: lower them")
+                         f"({human_size(shm)}: compute_shape.shm_size){ranks} are memory in the local frame, "
+                         f"{human_size(total)} in all, more than this host's {human_size(memory_bytes)}: lower them")
 
 
 def host_memory_bytes() -> int | None:

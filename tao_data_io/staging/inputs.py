@@ -50,7 +50,7 @@ def stage_planned(planned: PlannedInput, workdir: Path, *, engine: Callable[[], 
         return StagedSource(source=planned.source, kind=planned.kind, sub_path=planned.sub_path,
                             container_path=planned.container_path, local_path=str(local), files=None, bytes=None,
                             note=f"served from the copy of {planned.inside}")
-    if shard is not None and planned.kind != "folder" and not shard.owns(planned.source):
+    if shard is not None and planned.kind not in ("folder", "glob") and not shard.owns(planned.source):
         return StagedSource(source=planned.source, kind=planned.kind, sub_path=planned.sub_path,
                             container_path=planned.container_path, local_path=str(local), files=None, bytes=None,
                             note=f"staged by shard {shard_of(planned.source, shard.count)}/{shard.count}, not {shard}")
@@ -107,8 +107,8 @@ def _stage_s3(planned: PlannedInput, url: S3Url, kind: Kind, local: Path, engine
                                                                       shard=shard))
         files = summary.transferred_files + summary.unchanged_files
         if files == 0 and not summary.failed and shard is None:
-            raise UsageError(f"{planned.field}: {planned.source!r} matches no object (TensorFlow's glob rule: '*', "
-                             "'?' and '[…]' match within one path component); check the pattern")
+            raise UsageError(f"{planned.field}: {planned.source!r} matches no object (TensorFlow's glob rule: '*' "
+                             "and '?' match within one path component); check the pattern")
         return staged(summary, files)
     if kind == "file":
         summary = engine.download_object(url, local, TransferOptions(progress=progress))

@@ -131,6 +131,10 @@ def nest_inputs(planned: list[PlannedInput]) -> list[PlannedInput]:
             continue
         relative = (item.sub_path or "")[len(outer.sub_path or "") + 1:]
         excludes = outer.declared.excludes if outer.declared is not None else []
+        if excludes and item.kind == "folder":  # which of its files the excludes leave out is not known here
+            raise UsageError(f"{item.field}: {item.source!r} lies inside {outer.source!r} ({outer.field}), whose "
+                             "excludes may leave part of it out, so the staged copy may not hold it whole: drop the "
+                             "folder's excludes, or name the file(s) it needs")
         if excludes and not PathFilter.from_patterns(excludes)(relative):
             raise UsageError(f"{item.field}: {item.source!r} lies inside {outer.source!r} ({outer.field}), whose "
                              f"excludes leave it out, so the staged copy would not hold it: drop the exclude that "

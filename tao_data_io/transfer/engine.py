@@ -35,7 +35,7 @@ from .shard import Shard
 from .work import DownloadItem, Executor, Item, ItemFailed, Landed, UploadItem
 from .listing import (LocalFile, RemoteListing, RemoteObject, clean_etag, list_remote, listing_from_pages, local_file,
                       s3_time_ns, scan_local)
-from ..fs import (SPOOL_NAME, DestinationTree, ReplacedError, UnsafePathError, check_relative, confined_path,
+from ..fs import (SPOOL_NAME, DestinationTree, UnsafePathError, check_relative, confined_path,
                   destination_lock_path, file_lock, has_control_character, lock_owner, open_directory_nofollow,
                   remove_stale_temps)
 from .signed_list import list_pages
@@ -148,11 +148,26 @@ def _within_budget(source: Path, files: Sequence[LocalFile], limit: int, what: s
                          f"The largest: {shown}. Raise {what}, or exclude what need not be kept")
 
 
-#: Why a local file whose name holds a control character is not uploaded: the data path cannot
-#: send such a key (object_store's paths refuse them), and such keys break S3 listings and most
-#: tools besides — skipped once, with the fix, rather than failed on every rerun.
-UNSENDABLE_REASON = ("its name holds a control character, which an S3 key here cannot carry; not uploaded — rename it "
-                     "to upload it")
+#: The longest key S3 stores (UTF-8 bytes).
+MAX_KEY_BYTES = 1024
+
+
+def unsendable_name(key: str) -> str | None:
+    """Why a local file cannot become the S3 key ``key`` — a control character (object_store's
+    paths refuse them, and they break listings and most tools), a name that is not UTF-8, more
+    than S3's 1024 bytes — or None. Such a file is skipped once, with the fix, rather than failed
+    on every rerun."""
+    if has_control_character(key):
+        problem = "holds a control character, which an S3 key here cannot carry"
+    else:
+        try:
+            size = len(key.encode("utf-8"))
+        except UnicodeEncodeError:
+            return "its name is not UTF-8, which an S3 key must be; not uploaded — rename it to upload it"
+        if size <= MAX_KEY_BYTES:
+            return None
+        problem = f"makes a key of {size} bytes, more than the {MAX_KEY_BYTES} S3 stores"
+    return f"its name {problem}; not uploaded — rename it to upload it"
 
 
 class TransferEngine:
@@ -399,8 +414,8 @@ class TransferEngine:
                 summary.excluded_files += 1  # a symlink is admitted only if its target would be too
             elif local.relative in scan.linked_outside:
                 summary.skipped.append(Skipped(local.relative, scan.linked_outside[local.relative] + "; not uploaded"))
-            elif has_control_character(local.relative):
-                summary.skipped.append(Skipped(local.relative, UNSENDABLE_REASON))
+            elif (unsendable := unsendable_name(prefix.key + local.relative)) is not None:
+                summary.skipped.append(Skipped(local.relative.encode("utf-8", "backslashreplace").decode(), unsendable))
             elif options.settle_seconds and max(local.mtime_ns, local.ctime_ns) > settled_before:
                 summary.skipped.append(Skipped(local.relative, f"modified in the last {options.settle_seconds:g}s "
                                                "(still being written?); left for a later run"))
@@ -434,8 +449,9 @@ class TransferEngine:
             existing = remote.get(key)
             try:
                 same = existing is not None and strategy.unchanged(local, key, existing.size, existing.etag)
-            except ReplacedError as exc:  # swapped since the scan (a FIFO under its name): this file only
-                summary.failed.append(Failure(key, f"{local.path}: {exc.strerror}"))
+            except OSError as exc:  # gone or swapped since the scan (a FIFO, a symlink): this file only
+                summary.failed.append(Failure(key, f"{local.path}: {exc.strerror or type(exc).__name__}; the next run "
+                                                   "looks again"))
                 continue
             if same:
                 summary.unchanged_files += 1

@@ -49,12 +49,19 @@ class PathFilter:
 @dataclass(frozen=True)
 class GlobFilter:
     """TensorFlow's glob rule (``tf.io.gfile.glob``) over paths relative to the folder a pattern
-    lists: the pattern's components match the path's one for one — ``*``, ``?`` and ``[…]``
-    within a component, never across ``/`` (unlike aws-cli's and s5cmd's ``*``) — so a job
+    lists: the pattern's components match the path's one for one — ``*`` and ``?`` within a
+    component, never across ``/`` (unlike aws-cli's and s5cmd's ``*``) — so a job
     globbing the staged copy with its own pattern finds exactly what was staged."""
 
     pattern: str
 
     def __call__(self, relative: str) -> bool:
         parts, wanted = relative.split("/"), self.pattern.split("/")
-        return len(parts) == len(wanted) and all(fnmatchcase(part, want) for part, want in zip(parts, wanted))
+        return len(parts) == len(wanted) and all(fnmatchcase(part, _literal_brackets(want))
+                                                 for part, want in zip(parts, wanted))
+
+
+def _literal_brackets(pattern: str) -> str:
+    """``[`` and ``]`` as themselves (fnmatch would read a class): only ``*`` and ``?`` are
+    metacharacters of a glob URI (:attr:`tao_data_io.uris.S3Url.is_glob`)."""
+    return pattern.replace("[", "[[]").replace("]", "[]]") if "[" in pattern or "]" in pattern else pattern
