@@ -290,6 +290,21 @@ def test_a_result_whose_name_is_not_utf8_is_skipped_once_and_the_record_keeps_it
         json.dumps([s.name for s in summary.skipped])  # what a record stores: serialisable
 
 
+def test_a_results_tree_nested_deeper_than_the_scan_goes_is_uploaded_but_its_depths(
+        s3_credentials: S3Credentials, s3_client, bucket: str, tmp_path: Path) -> None:
+    """A job can nest its results as deep as it likes (1,100 levels ended every upload with a
+    RecursionError): the scan stops at its depth limit, a descriptor per level at most, names what
+    it left out, and uploads the rest."""
+    from tao_data_io.transfer.listing import MAX_SCAN_DEPTH
+
+    source = tmp_path / "results"
+    write_tree(source, {"model.pth": b"w", "d/" * 3 + "shallow.txt": b"s"})
+    (source / "/".join(["n"] * 300)).mkdir(parents=True)  # past the limit, within PATH_MAX
+    summary = TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/r/")
+    assert summary.ok and sorted(summary.transferred) == ["d/d/d/shallow.txt", "model.pth"]
+    assert [s.reason for s in summary.skipped] == [f"directory more than {MAX_SCAN_DEPTH} levels deep; left out"]
+
+
 def test_symlink_to_an_excluded_file_is_excluded_too(s3_credentials: S3Credentials, bucket: str, tmp_path: Path) -> None:
     from tao_data_io.transfer.engine import TransferOptions
     from tao_data_io.transfer.filters import PathFilter

@@ -156,8 +156,14 @@ def scan_local(root: Path, *, root_fd: int | None = None) -> LocalScan:
     return scan
 
 
+#: The deepest a scanned tree is walked: each level holds one descriptor and one frame, so a
+#: tree a job nests 1,100 levels deep would end the scan (RecursionError, EMFILE) — and with it
+#: every upload of its results. Deeper directories are left out, each named with the reason.
+MAX_SCAN_DEPTH = 128
+
+
 def _walk(dir_fd: int, prefix: str, root: Path, scan: LocalScan,
-          links: list[tuple[str, os.stat_result | OSError, str]]) -> None:
+          links: list[tuple[str, os.stat_result | OSError, str]], depth: int = 0) -> None:
     """Record every entry below the directory ``dir_fd``; real directories are descended through
     descriptors opened with ``O_NOFOLLOW``, symlinks are collected for :func:`_add_symlink`."""
     with os.scandir(dir_fd) as entries:
@@ -174,6 +180,9 @@ def _walk(dir_fd: int, prefix: str, root: Path, scan: LocalScan,
         except FileNotFoundError:
             continue  # removed while we looked
         if stat.S_ISDIR(st.st_mode):
+            if depth + 1 >= MAX_SCAN_DEPTH:
+                scan.skipped.append(Skipped(relative, f"directory more than {MAX_SCAN_DEPTH} levels deep; left out"))
+                continue
             try:
                 child = os.open(entry.name, _DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
             except FileNotFoundError:
@@ -182,7 +191,7 @@ def _walk(dir_fd: int, prefix: str, root: Path, scan: LocalScan,
                 scan.skipped.append(Skipped(relative, f"directory cannot be read ({exc.strerror}); left out"))
                 continue
             try:
-                _walk(child, relative + "/", root, scan, links)
+                _walk(child, relative + "/", root, scan, links, depth + 1)
             except OSError as exc:
                 scan.skipped.append(Skipped(relative, f"directory cannot be read ({exc.strerror}); left out"))
             finally:
