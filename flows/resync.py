@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from flows import common
 from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, Records, S3Credentials, Target, prepare
@@ -46,6 +46,7 @@ def resync_tao_outputs(target: Target = DEFAULT_TARGET, records: Records = DEFAU
     setup = prepare(target, records, s3_credentials)
     resynced = resync(setup.store, setup.backend, settle_seconds=settle_seconds, environ=setup.credentials,
                       abandoned=canceled, source=SOURCE, run=common.RUN)
+    get_run_logger().info("%s", resynced.describe())
     if resynced.failed:
         jobs = len(resynced.outcomes) + len(resynced.failed)
         raise ResyncFailed(f"the resync of {len(resynced.failed)} of {jobs} running jobs failed: "

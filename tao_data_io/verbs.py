@@ -152,6 +152,8 @@ class Resynced:
                              for job_id, outcome in self.outcomes.items()}}
 
     def describe(self) -> str:
+        if not (self.outcomes or self.failed or self.canceled or self.elsewhere):
+            return "no RUNNING job on this target: nothing to resync"
         failed = f", {len(self.failed)} failed ({', '.join(sorted(self.failed))})" if self.failed else ""
         elsewhere = f", {len(self.elsewhere)} not on this target" if self.elsewhere else ""
         canceled = f", {len(self.canceled)} canceled (their owner was)" if self.canceled else ""

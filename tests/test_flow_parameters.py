@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
 from flows.collect import collect_tao_job
 from flows.resync import resync_tao_outputs
@@ -14,7 +16,7 @@ from flows.submit import submit_tao_job
 from tao_data_io.records import RecordStore
 
 from .flow_helpers import fake_target, local_target, records_block
-from .helpers import args_request
+from .helpers import args_request, wait_for
 
 
 def _running_record(root: Path, job_id: str) -> RecordStore:
@@ -94,3 +96,12 @@ def test_the_scheduled_resync_before_any_job_does_not_fail(prefect_harness: None
                                return_state=True)
     assert state.is_completed(), state.message
     assert state.result()["jobs"] == 0
+
+    def said() -> list[str] | None:  # a run that found nothing says so, in one line
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
+                any_=[state.state_details.flow_run_id])))
+        found = [log.message for log in logs if "RUNNING" in log.message]
+        return found or None
+
+    assert wait_for("the resync's one line", said) == ["no RUNNING job on this target: nothing to resync"]
