@@ -27,14 +27,14 @@ from pydantic import AfterValidator, Field
 
 from blocks.picker import PICKABLE
 from tao_data_io.credentials import AWS_TO_LEGACY, S3Credentials, s3_credentials_from_env
-from tao_data_io.names import ENV_NAME_RULE, check_env_name
+from tao_data_io.names import ENV_NAME_RULE, check_credential_name
 
 if TYPE_CHECKING:
     from prefect_aws import AwsCredentials
 
 
 def _env_name(value: str) -> str:
-    return check_env_name(value, what="variable name")
+    return check_credential_name(value, what="variable name")
 
 
 #: A field that holds the name of an environment variable (never a value).

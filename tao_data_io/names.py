@@ -105,6 +105,32 @@ def check_env_name(value: str, *, what: str) -> str:
     return value
 
 
+#: Variables that steer how programs run — which are found, what they load, what a shell runs
+#: first — rather than hold a credential. Named as a credential (a block's variable, a request's
+#: forward_env), a worker's value would be put into the job's environment and decide what runs.
+PROCESS_CONTROLS = frozenset({"PATH", "IFS", "ENV", "BASH_ENV", "PS4", "SHELLOPTS", "BASHOPTS", "PYTHONPATH",
+                              "PYTHONHOME", "PYTHONSTARTUP", "PYTHONINSPECT", "NODE_OPTIONS", "NODE_PATH", "PERL5LIB",
+                              "PERL5OPT", "RUBYLIB", "RUBYOPT", "GCONV_PATH", "LOCPATH", "HOSTALIASES"})
+
+
+def process_control_problem(name: str) -> str | None:
+    """Why ``name`` may not name a credential (see :data:`PROCESS_CONTROLS`; every ``LD_*``, the
+    dynamic loader's), or None."""
+    if name in PROCESS_CONTROLS or name.startswith("LD_"):
+        return ("controls how programs run (which are found, what they load), not a credential: name the variable "
+                "that holds the credential")
+    return None
+
+
+def check_credential_name(value: str, *, what: str) -> str:
+    """A variable name that may name a credential: valid, and not a process control."""
+    check_env_name(value, what=what)
+    problem = process_control_problem(value)
+    if problem is not None:
+        raise UsageError(f"{what} {value!r} {problem}")
+    return value
+
+
 def check_backend_ref(value: str, *, what: str = "backend_ref") -> str:
     """``NAMESPACE/NAME`` as Kubernetes spells them (the record's pointer to the backend object)."""
     namespace, slash, name = value.partition("/")

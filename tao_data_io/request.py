@@ -26,7 +26,7 @@ from .documents import load_document, read_document
 from .errors import UsageError
 from .forms import SpecMapping, guard_texts
 from .frame import check_container_path, check_frame_target, place_sources
-from .names import ENV_NAME_RULE, check_job_id, is_env_name
+from .names import ENV_NAME_RULE, check_job_id, is_env_name, process_control_problem
 from .schema import Strict, describe_validation_error
 from .spec import iter_strings, remote_uris
 from .uris import is_remote_uri, parse_s3_url, parse_uri, staging_location
@@ -354,6 +354,8 @@ class JobRequest(RequestPart):
         for name in value:
             if not is_env_name(name):
                 raise ValueError(f"forward_env name {name!r} is not a valid variable name: {ENV_NAME_RULE}")
+            if (problem := process_control_problem(name)) is not None:
+                raise ValueError(f"forward_env name {name!r} {problem}")
         return value
 
     @model_validator(mode="after")

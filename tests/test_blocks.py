@@ -43,6 +43,16 @@ def test_credential_blocks_store_names_that_are_variable_names(block: type) -> N
                if key != "block_type_slug")
 
 
+@pytest.mark.parametrize("block", CREDENTIAL_BLOCKS)
+@pytest.mark.parametrize("name", ["PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "BASH_ENV"])
+def test_a_credential_block_refuses_a_variable_that_controls_processes(block: type, name: str) -> None:
+    """A credential block's names are put into the environment the job's tools run with: PATH or
+    LD_PRELOAD there steers which programs run and what they load, not which key is used."""
+    field = next(iter(block.model_fields))
+    with pytest.raises(ValidationError, match=rf"{name}.*controls how programs run"):
+        block(**{field: name})
+
+
 def test_s3_defaults_are_the_aws_names_with_the_legacy_ones_behind_them() -> None:
     env = {"ACCESS_KEY": "legacy-id-1", "SECRET_KEY": "legacy-secret-1", "S3_ENDPOINT_URL": "http://127.0.0.1:9",
            "CLOUD_REGION": "eu-west-3"}

@@ -354,3 +354,10 @@ def test_a_forwarded_variable_holding_an_ordinary_word_does_not_refuse_the_reque
     """WANDB_ENTITY=nvidia, forwarded: the image nvcr.io/nvidia/… is not a leaked credential."""
     request = {**BASE, "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt", "forward_env": ["WANDB_ENTITY"]}
     assert parse_request(request, environ={"WANDB_ENTITY": "nvidia"}).forward_env == ["WANDB_ENTITY"]
+
+
+@pytest.mark.parametrize("name", ["PATH", "LD_PRELOAD", "LD_AUDIT", "PYTHONPATH", "NODE_OPTIONS", "IFS"])
+def test_forward_env_refuses_a_variable_that_controls_processes(name: str) -> None:
+    """forward_env hands the worker's value to the job's frame or pod as a credential: PATH or
+    LD_PRELOAD would instead steer which programs run there and what they load."""
+    refused({"forward_env": [name]}, f"forward_env name {name!r} controls how programs run", environ={})
