@@ -209,6 +209,8 @@ _OMEGACONF_FLOAT = re.compile(r"""^(?:
     | [-+]?\.(?:inf|Inf|INF)
     | \.(?:nan|NaN|NAN)
     )$""", re.X)
+#: The resolver the spec loader reads floats with and the config writer quotes by: one rule.
+_OMEGACONF_FLOAT_RESOLVER = ("tag:yaml.org,2002:float", _OMEGACONF_FLOAT, list("-+0123456789."))
 
 
 @cache
@@ -252,7 +254,7 @@ def _omegaconf_loader() -> type:
         first: [(tag, regexp) for tag, regexp in resolvers
                 if tag not in ("tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp")]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-    OmegaConfRules.add_implicit_resolver("tag:yaml.org,2002:float", _OMEGACONF_FLOAT, list("-+0123456789."))
+    OmegaConfRules.add_implicit_resolver(*_OMEGACONF_FLOAT_RESOLVER)
     return OmegaConfRules
 
 
@@ -265,5 +267,5 @@ def omegaconf_dumper() -> type:
     class ForOmegaConf(yaml.SafeDumper):
         pass
 
-    ForOmegaConf.add_implicit_resolver("tag:yaml.org,2002:float", _OMEGACONF_FLOAT, list("-+0123456789."))
+    ForOmegaConf.add_implicit_resolver(*_OMEGACONF_FLOAT_RESOLVER)
     return ForOmegaConf

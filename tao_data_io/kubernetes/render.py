@@ -203,7 +203,6 @@ class _Job:
         #: Tier C's staging volume, sized to hold what its stager writes (None: unknown, no limit).
         self.staging_bytes = (plan.staging_bytes + STAGING_MARGIN
                               if plan.staging_bytes is not None and self.stages_in_pod else None)
-        self.staging_size = mebibytes(self.staging_bytes) if self.staging_bytes is not None else None
         self.needs_stager = self.stages_in_pod or self.uploads
         self.secret = self._secret()
         _check_plan(plan, settings)
@@ -540,8 +539,8 @@ class _Job:
         else:
             volumes.append({"name": "results", "emptyDir": {}})
         if self.stages_in_pod:
-            volumes.append({"name": "staging", "emptyDir": {} if self.staging_size is None
-                            else {"sizeLimit": self.staging_size}})
+            volumes.append({"name": "staging", "emptyDir": {} if self.staging_bytes is None
+                            else {"sizeLimit": mebibytes(self.staging_bytes)}})
         if self.needs_stager:
             volumes.append({"name": "state", "emptyDir": {}})
         return mounts, volumes
@@ -555,12 +554,6 @@ class _Job:
         if on_claim is not None:
             return "data", on_claim
         return "staging", check_relative(mount.source, what=f"staging map sub_path of {mount.input!r}")
-
-
-def staging_quantity(staged_bytes: int) -> str:
-    """Tier C's staging volume for inputs bounded at ``staged_bytes`` (:mod:`~tao_data_io.staging.sizing`):
-    plus :data:`STAGING_MARGIN` (the config, the stager's own state)."""
-    return mebibytes(staged_bytes + STAGING_MARGIN)
 
 
 def mebibytes(size: int) -> str:

@@ -39,9 +39,14 @@ DEFAULT_LEASE_SECONDS = 120.0
 RECORD_LIMIT_BYTES = 16 * 2**20
 
 
-def oversized(where: str, size: int) -> DamagedRecordError:
-    return DamagedRecordError(f"{where} is larger than a job record may be ({size} bytes; at most "
-                              f"{RECORD_LIMIT_BYTES}): it is not one of ours, or it was damaged — move it away")
+def read_capped(where: str, size: int, read: Callable[[int], bytes]) -> bytes:
+    """The document of ``size`` bytes (as its store reports it) that ``read(n)`` gives at most
+    ``n`` bytes of — refused from its size, or from what was read, past :data:`RECORD_LIMIT_BYTES`."""
+    data = read(RECORD_LIMIT_BYTES + 1) if size <= RECORD_LIMIT_BYTES else b""
+    if size > RECORD_LIMIT_BYTES or len(data) > RECORD_LIMIT_BYTES:
+        raise DamagedRecordError(f"{where} is larger than a job record may be ({max(size, len(data))} bytes; at most "
+                                 f"{RECORD_LIMIT_BYTES}): it is not one of ours, or it was damaged — move it away")
+    return data
 
 
 class Document(NamedTuple):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..fs import atomic_write, file_lock, lock_owner, remove_stale_temps
 from ..names import is_job_id
-from .backend import RECORD_LIMIT_BYTES, RECORD_SUFFIX, Document, oversized
+from .backend import RECORD_SUFFIX, Document, read_capped
 
 
 class DirectoryBackend:
@@ -49,13 +49,9 @@ class DirectoryBackend:
     def read(self, job_id: str) -> Document | None:
         try:
             with self._path(job_id).open("rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
-                data = handle.read(RECORD_LIMIT_BYTES + 1) if size <= RECORD_LIMIT_BYTES else b""
+                return Document(read_capped(self.where(job_id), os.fstat(handle.fileno()).st_size, handle.read), None)
         except FileNotFoundError:
             return None
-        if size > RECORD_LIMIT_BYTES or len(data) > RECORD_LIMIT_BYTES:
-            raise oversized(self.where(job_id), max(size, len(data)))
-        return Document(data, None)
 
     def create(self, job_id: str, data: bytes) -> bool:
         if self._path(job_id).exists():

@@ -40,7 +40,7 @@ from ..names import is_job_id
 from ..transfer.client import explained, get_or_none, make_s3_client
 from ..transfer.listing import RemoteObject, list_remote
 from ..uris import S3Url
-from .backend import RECORD_LIMIT_BYTES, RECORD_SUFFIX, Document, oversized
+from .backend import RECORD_SUFFIX, Document, read_capped
 from .conditional import put_if
 from .lease import s3_lease
 
@@ -71,12 +71,11 @@ class S3Backend:
         answer = get_or_none(self.client, self.bucket, self._record_key(job_id))
         if answer is None:
             return None
-        size = int(answer.get("ContentLength") or 0)
         with explained(self.bucket, self.client.meta.endpoint_url):
-            data = answer["Body"].read(RECORD_LIMIT_BYTES + 1) if size <= RECORD_LIMIT_BYTES else b""
-            answer["Body"].close()
-        if size > RECORD_LIMIT_BYTES or len(data) > RECORD_LIMIT_BYTES:
-            raise oversized(self.where(job_id), max(size, len(data)))
+            try:
+                data = read_capped(self.where(job_id), int(answer.get("ContentLength") or 0), answer["Body"].read)
+            finally:
+                answer["Body"].close()
         return Document(data, answer["ETag"])
 
     def create(self, job_id: str, data: bytes) -> bool:

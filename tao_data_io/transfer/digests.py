@@ -66,20 +66,12 @@ def multipart_etag(local: LocalFile, part_size: int) -> str:
     """The ETag S3 gives an object uploaded from the scanned file ``local`` in parts of
     ``part_size`` bytes — read through its descriptor, to its scanned size (:func:`open_scanned`)."""
     part_digests = []
-    fd = open_scanned(local.path, identity=(local.dev, local.ino), size=local.size)
+    fd = open_scanned(local.path, identity=local.identity, size=local.size)
     try:
-        part, in_part = hashlib.md5(usedforsecurity=False), 0
-        for chunk in read_bounded(fd, local.size):
-            view = memoryview(chunk)
-            while view:
-                taken = view[:part_size - in_part]
-                part.update(taken)
-                in_part += len(taken)
-                view = view[len(taken):]
-                if in_part == part_size:
-                    part_digests.append(part.digest())
-                    part, in_part = hashlib.md5(usedforsecurity=False), 0
-        if in_part:
+        for start in range(0, local.size, part_size):  # one bounded read per part, in order
+            part = hashlib.md5(usedforsecurity=False)
+            for chunk in read_bounded(fd, min(part_size, local.size - start)):
+                part.update(chunk)
             part_digests.append(part.digest())
     finally:
         os.close(fd)

@@ -458,7 +458,7 @@ class TransferEngine:
                 summary.unchanged_bytes += local.size
                 continue
             before[key] = local
-            batch.append(UploadItem(local.path, bucket, key, local.size, local.relative, (local.dev, local.ino)))
+            batch.append(UploadItem(local.path, bucket, key, local.size, local.relative, local.identity))
         self._execute(batch, summary, options, store,
                       lambda item, landed: self._finalize_upload(before[item.key], landed, store))
 

@@ -106,6 +106,11 @@ class LocalFile:
     target_relative: str | None = None
     nlink: int = 1
 
+    @property
+    def identity(self) -> tuple[int, int]:
+        """(device, inode): what a later open must find under the scanned name (:func:`~tao_data_io.fs.open_scanned`)."""
+        return self.dev, self.ino
+
 
 def local_file(relative: str, path: Path, st: os.stat_result, target_relative: str | None = None) -> LocalFile:
     return LocalFile(relative, path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, target_relative,

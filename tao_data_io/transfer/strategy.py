@@ -32,7 +32,7 @@ class ContentStrategy:
             return True
         md5 = entry.md5 if entry is not None else None
         if md5 is None:
-            md5 = file_digest(local.path, "md5", identity=(local.dev, local.ino), size=local.size)
+            md5 = file_digest(local.path, "md5", identity=local.identity, size=local.size)
             # A racy entry with the same stat is still knowledge once the content verifies: its
             # recorded ETag (exact even for non-MD5 ETags) carries over when the bytes are the
             # ones it was recorded for.
