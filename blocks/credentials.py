@@ -20,17 +20,24 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from prefect.blocks.core import Block
-from pydantic import AfterValidator, Field
+from prefect.blocks.abstract import CredentialsBlock
+from pydantic import AfterValidator, Field, model_validator
 
+from blocks.presentation import DOCUMENTATION_URL, LOGO_URL, code_example
 from blocks.picker import PICKABLE
 from tao_data_io.credentials import AWS_TO_LEGACY, S3Credentials, s3_credentials_from_env
-from tao_data_io.names import ENV_NAME_RULE, check_credential_name
+from tao_data_io.errors import UsageError
+from tao_data_io.names import check_credential_name
+from tao_data_io.staging.pretrained import registry_for
+from tao_data_io.transfer.client import make_s3_client
+from tao_data_io.uris import HFModelURI, NGCModelURI, parse_model_uri
 
 if TYPE_CHECKING:
     from prefect_aws import AwsCredentials
+
+    from tao_data_io.staging.pretrained.registry import Registry
 
 
 def _env_name(value: str) -> str:
@@ -39,19 +46,24 @@ def _env_name(value: str) -> str:
 
 #: A field that holds the name of an environment variable (never a value).
 EnvName = Annotated[str, AfterValidator(_env_name)]
-_NAME_HELP = f"The NAME of an environment variable on the worker ({ENV_NAME_RULE}), never its value."
+#: Said once, in each credential block's description, rather than in every field's help.
+_NAMES_ONLY = ("Every field is the NAME of an environment variable on the worker, read when a task runs; no value "
+               "is stored in Prefect.")
 
 
-def _name(default: str | None, title: str, what: str) -> object:
-    return Field(default, title=title, description=f"{what} {_NAME_HELP}")
+def _name(default: str | None, title: str, holds: str) -> Any:
+    return Field(default, title=title, description=f"The variable that holds {holds}.")
 
 
-class _EnvCredentials(Block, ABC):
+class _EnvCredentials(CredentialsBlock, ABC):
     """What the three credential blocks share: a table of (the name the core reads, the name this
-    block says the worker uses), and the in-memory environment built from it. Abstract, so
+    block says the worker uses), and the in-memory environment built from it. Prefect's
+    ``CredentialsBlock``, so they are offered wherever Prefect asks for credentials; abstract, so
     ``prefect block register`` passes it over."""
 
     model_config = PICKABLE
+    _logo_url = LOGO_URL
+    _documentation_url = DOCUMENTATION_URL
 
     @abstractmethod
     def pairs(self) -> list[tuple[str, str | None]]:
@@ -66,46 +78,66 @@ class _EnvCredentials(Block, ABC):
 class S3EnvCredentials(_EnvCredentials):
     _block_type_name = "TAO S3 Credentials"
     _block_type_slug = "tao-s3-credentials"
-    _description = ("Where a worker finds its S3 credentials: names of environment variables, read on the worker "
-                    "when a task runs. No value is stored in Prefect.")
+    _description = (f"Where a worker finds its S3 credentials. {_NAMES_ONLY} The defaults are the AWS names; "
+                    "change a field only where the worker calls a variable otherwise.")
+    _code_example = code_example("S3EnvCredentials", "s3_env_credentials", 'client = s3_env_credentials.get_client("s3")  '
+                                 "# boto3, from the worker's variables")
 
-    access_key_id_env: EnvName = _name("AWS_ACCESS_KEY_ID", "Access key id variable", "Holds the access key id.")
-    access_key_id_legacy_env: EnvName | None = _name(
-        AWS_TO_LEGACY["AWS_ACCESS_KEY_ID"], "Access key id variable (legacy)",
-        "Read when the first is unset: the legacy TAO name.")
-    secret_access_key_env: EnvName = _name("AWS_SECRET_ACCESS_KEY", "Secret access key variable",
-                                           "Holds the secret access key.")
-    secret_access_key_legacy_env: EnvName | None = _name(
-        AWS_TO_LEGACY["AWS_SECRET_ACCESS_KEY"], "Secret access key variable (legacy)",
-        "Read when the first is unset: the legacy TAO name.")
-    session_token_env: EnvName | None = _name("AWS_SESSION_TOKEN", "Session token variable",
-                                              "Holds a session token, for temporary credentials.")
-    endpoint_url_env: EnvName | None = _name("AWS_ENDPOINT_URL", "Endpoint URL variable",
-                                             "Holds the endpoint of an S3-compatible store (unset: AWS).")
-    endpoint_url_legacy_env: EnvName | None = _name(
-        AWS_TO_LEGACY["AWS_ENDPOINT_URL"], "Endpoint URL variable (legacy)",
-        "Read when the first is unset: the legacy TAO name.")
-    region_env: EnvName | None = _name("AWS_DEFAULT_REGION", "Region variable", "Holds the region.")
-    region_legacy_env: EnvName | None = _name(AWS_TO_LEGACY["AWS_DEFAULT_REGION"], "Region variable (legacy)",
-                                              "Read when the first is unset: the legacy TAO name.")
+    access_key_id_env: EnvName = _name("AWS_ACCESS_KEY_ID", "Access key id", "the access key id")
+    secret_access_key_env: EnvName = _name("AWS_SECRET_ACCESS_KEY", "Secret access key", "the secret access key")
+    session_token_env: EnvName | None = _name("AWS_SESSION_TOKEN", "Session token",
+                                              "a session token, for temporary credentials (empty: none)")
+    endpoint_url_env: EnvName | None = _name("AWS_ENDPOINT_URL", "Endpoint URL",
+                                             "the endpoint of an S3-compatible store (empty or unset: AWS)")
+    region_env: EnvName | None = _name("AWS_DEFAULT_REGION", "Region", "the region")
+    read_legacy_names: bool = Field(
+        True, title="Also read TAO's legacy names",
+        description="When a variable above is unset, read TAO's legacy name for it instead: "
+                    f"{', '.join(AWS_TO_LEGACY.values())}.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_legacy_fields(cls, data: Any) -> Any:
+        """A block saved with one field per legacy name (``access_key_id_legacy_env``, …) loads
+        with them folded into ``read_legacy_names``; a legacy name changed from TAO's own cannot
+        be kept by the switch, and is refused naming the field and the fix, never dropped."""
+        old = {f"{field}_legacy_env": legacy for field, legacy in
+               (("access_key_id", "ACCESS_KEY"), ("secret_access_key", "SECRET_KEY"),
+                ("endpoint_url", "S3_ENDPOINT_URL"), ("region", "CLOUD_REGION"))}
+        if not isinstance(data, dict) or not old.keys() & data.keys():
+            return data
+        data = dict(data)
+        given = {field: data.pop(field) for field in old if field in data}
+        for field, value in given.items():
+            if value not in (None, old[field]):
+                raise ValueError(f"{field} {value!r}: legacy names other than TAO's own ({old[field]}) are no longer "
+                                 f"read; set the matching field above to {value!r} instead and save the block again")
+        data.setdefault("read_legacy_names", any(value is not None for value in given.values()))
+        return data
 
     def pairs(self) -> list[tuple[str, str | None]]:
-        return [
-            ("AWS_ACCESS_KEY_ID", self.access_key_id_env),
-            (AWS_TO_LEGACY["AWS_ACCESS_KEY_ID"], self.access_key_id_legacy_env),
-            ("AWS_SECRET_ACCESS_KEY", self.secret_access_key_env),
-            (AWS_TO_LEGACY["AWS_SECRET_ACCESS_KEY"], self.secret_access_key_legacy_env),
-            ("AWS_SESSION_TOKEN", self.session_token_env),
-            ("AWS_ENDPOINT_URL", self.endpoint_url_env),
-            (AWS_TO_LEGACY["AWS_ENDPOINT_URL"], self.endpoint_url_legacy_env),
-            ("AWS_DEFAULT_REGION", self.region_env),
-            (AWS_TO_LEGACY["AWS_DEFAULT_REGION"], self.region_legacy_env),
-        ]
+        def legacy(core: str) -> tuple[str, str | None]:
+            return AWS_TO_LEGACY[core], AWS_TO_LEGACY[core] if self.read_legacy_names else None
+
+        return [("AWS_ACCESS_KEY_ID", self.access_key_id_env), legacy("AWS_ACCESS_KEY_ID"),
+                ("AWS_SECRET_ACCESS_KEY", self.secret_access_key_env), legacy("AWS_SECRET_ACCESS_KEY"),
+                ("AWS_SESSION_TOKEN", self.session_token_env),
+                ("AWS_ENDPOINT_URL", self.endpoint_url_env), legacy("AWS_ENDPOINT_URL"),
+                ("AWS_DEFAULT_REGION", self.region_env), legacy("AWS_DEFAULT_REGION")]
 
     def credentials(self, base: Mapping[str, str] | None = None) -> S3Credentials:
         """The core's S3 credentials, resolved now by the core's rules (a missing variable is a
         CredentialError naming it)."""
         return s3_credentials_from_env(self.environ(base))
+
+    def get_client(self, client_type: str = "s3") -> Any:
+        """A boto3 S3 client from the worker's variables, built as the core builds its own
+        (endpoint, region, retries): Prefect's ``CredentialsBlock`` interface, as prefect-aws's
+        ``AwsCredentials.get_client("s3")``. Only S3: it is the one service these names are for."""
+        if client_type != "s3":
+            raise UsageError(f"client_type {client_type!r}: a TAO S3 credentials block gives S3 clients only "
+                             "(client_type='s3')")
+        return make_s3_client(self.credentials())
 
     def aws_credentials(self, base: Mapping[str, str] | None = None) -> AwsCredentials:
         """prefect-aws's ``AwsCredentials`` for code that wants a boto3 client from it, built in
@@ -120,25 +152,47 @@ class S3EnvCredentials(_EnvCredentials):
                               if resolved.endpoint_url else {})
 
 
-class HuggingFaceEnvCredentials(_EnvCredentials):
+class _RegistryCredentials(_EnvCredentials, ABC):
+    """A model registry's credentials: their client is the core's client of that registry, for one
+    model URI (``listing()``: the resolved revision and every file's size and digest)."""
+
+    _scheme: ClassVar[str]
+    _uri_type: ClassVar[type]
+
+    def get_client(self, model: str) -> Registry:
+        """The core's client of this registry for ``model`` (a URI of its scheme), with this
+        block's credentials: what a pull lists and fetches through."""
+        uri = parse_model_uri(model)
+        if not isinstance(uri, self._uri_type):
+            raise UsageError(f"model {model!r} is not in this block's registry: give a {self._scheme} URI")
+        return registry_for(uri, self.environ())
+
+
+class HuggingFaceEnvCredentials(_RegistryCredentials):
     _block_type_name = "TAO Hugging Face Credentials"
     _block_type_slug = "tao-hugging-face-credentials"
-    _description = ("Where a worker finds its Hugging Face token (for hf:// models): the name of an environment "
-                    "variable, read on the worker. No value is stored in Prefect.")
+    _description = f"Where a worker finds its Hugging Face token, for hf:// models. {_NAMES_ONLY}"
+    _code_example = code_example("HuggingFaceEnvCredentials", "hugging_face_env_credentials",
+                                 'hub = hugging_face_env_credentials.get_client("hf://ORG/MODEL")\n'
+                                 "print(hub.listing().revision)")
+    _scheme, _uri_type = "hf://", HFModelURI
 
-    token_env: EnvName = _name("HF_TOKEN", "Token variable", "Holds the Hub token (public repos need none).")
+    token_env: EnvName = _name("HF_TOKEN", "Token", "the Hub token (public repos need none)")
 
     def pairs(self) -> list[tuple[str, str | None]]:
         return [("HF_TOKEN", self.token_env)]
 
 
-class NGCEnvCredentials(_EnvCredentials):
+class NGCEnvCredentials(_RegistryCredentials):
     _block_type_name = "TAO NGC Credentials"
     _block_type_slug = "tao-ngc-credentials"
-    _description = ("Where a worker finds its NGC API key (for ngc:// models): the name of an environment "
-                    "variable, read on the worker. No value is stored in Prefect.")
+    _description = f"Where a worker finds its NGC API key, for ngc:// models. {_NAMES_ONLY}"
+    _code_example = code_example("NGCEnvCredentials", "ngc_env_credentials",
+                                 'ngc = ngc_env_credentials.get_client("ngc://ORG/TEAM/MODEL:VERSION")\n'
+                                 "print(ngc.listing().revision)")
+    _scheme, _uri_type = "ngc://", NGCModelURI
 
-    key_env: EnvName = _name("NGC_KEY", "API key variable", "Holds the NGC API key.")
+    key_env: EnvName = _name("NGC_KEY", "API key", "the NGC API key")
 
     def pairs(self) -> list[tuple[str, str | None]]:
         return [("NGC_KEY", self.key_env)]

@@ -13,9 +13,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from prefect.blocks.core import Block
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from blocks.bucket import TaoS3Bucket
 from blocks.picker import PICKABLE
+from blocks.presentation import DOCUMENTATION_URL, LOGO_URL, code_example
 from tao_data_io.records import RecordStore
 from tao_data_io.uris import is_s3_url, parse_s3_url
 
@@ -25,13 +27,22 @@ class JobRecords(Block):
 
     _block_type_name = "TAO Job Records"
     _block_type_slug = "tao-job-records"
-    _description = ("Where job records live: a directory (one machine) or an s3:// prefix shared by every worker "
-                    "and pod of a deployment.")
+    _logo_url = LOGO_URL
+    _documentation_url = DOCUMENTATION_URL
+    _description = ("Where job records live: a directory (one machine), or an s3:// prefix or a TAO S3 Bucket "
+                    "block shared by every worker and pod of a deployment.")
+    _code_example = code_example("JobRecords", "job_records",
+                                 "store = job_records.store()  # the core's RecordStore\n"
+                                 'print([record.job_id for record in store.list_records(state="RUNNING")])')
 
     location: str | None = Field(
         None, title="Location",
         description="An absolute directory (or ~/…), or s3://BUCKET/PREFIX/. Empty: $TAO_DATA_IO_RECORDS, else "
                     "~/.tao-data-io/jobs on the worker.")
+    bucket: TaoS3Bucket | None = Field(
+        None, title="Bucket",
+        description="A TAO S3 Bucket block whose folder holds the records, with its own credentials; instead of a "
+                    "location.")
 
     @field_validator("location")
     @classmethod
@@ -44,7 +55,17 @@ class JobRecords(Block):
             raise ValueError(f"location {value!r} is neither s3://BUCKET/PREFIX/ nor an absolute directory")
         return value
 
+    @model_validator(mode="after")
+    def _one_place(self) -> JobRecords:
+        if self.bucket is not None and self.location is not None:
+            raise ValueError(f"location {self.location!r} and bucket both say where the records live: keep one")
+        return self
+
     def store(self, environ: Mapping[str, str] | None = None) -> RecordStore:
-        """The record store, opened with the S3 credentials of ``environ`` when it is a bucket."""
+        """The record store, opened with the S3 credentials of ``environ`` when it is a prefix —
+        or, in a nested bucket block's folder, with that block's credentials."""
+        if self.bucket is not None:
+            return RecordStore(f"s3://{self.bucket.bucket_name}/{self.bucket.bucket_folder}",
+                               environ=self.bucket.credentials.environ(environ))
         root = str(Path(self.location).expanduser()) if self.location and not is_s3_url(self.location) else self.location
         return RecordStore(root, environ=environ)

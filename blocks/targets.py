@@ -19,6 +19,7 @@ from prefect.blocks.core import Block
 from pydantic import Field, model_validator
 
 from blocks.picker import PICKABLE
+from blocks.presentation import DOCUMENTATION_URL, LOGO_URL, code_example
 from tao_data_io.backends import backend_from
 from tao_data_io.errors import UsageError
 from tao_data_io.kubernetes.settings import KubernetesSettings
@@ -32,6 +33,8 @@ class ComputeTarget(Block, ABC):
     ``prefect block register`` passes it over."""
 
     model_config = PICKABLE
+    _logo_url = LOGO_URL
+    _documentation_url = DOCUMENTATION_URL
 
     staging_root: AbsolutePath | None = Field(
         None, title="Staging root",
@@ -65,6 +68,9 @@ class LocalTarget(ComputeTarget):
     _block_type_slug = "tao-local-target"
     _description = ("Run each job on the worker's host in a bubblewrap sandbox that sees what a pod would: the "
                     "embedded default, for CPU work, tests and demos.")
+    _code_example = code_example("LocalTarget", "local_target",
+                                 "backend = local_target.backend()  # the core's local backend\n"
+                                 "print(backend.settings.run_root)")
     _flat_settings = {"workdir_root": "run_root", "network": "allow_network"}
 
     settings: LocalSettings = Field(
@@ -81,6 +87,9 @@ class KubernetesTarget(ComputeTarget):
     _description = ("Run each job as a Kubernetes Job. The cluster is found at run time: in-cluster configuration "
                     "inside a pod, else the kubeconfig context named here (or the current one). Nothing about "
                     "access is stored in Prefect.")
+    _code_example = code_example("KubernetesTarget", "kubernetes_target",
+                                 "print(kubernetes_target.settings.namespace)\n"
+                                 "backend = kubernetes_target.backend()  # the core's Kubernetes backend")
     _flat_settings = {name: name for name in ("namespace", "context", "pvc_claim", "stager_image",
                                               "image_pull_secret", "ttl_seconds", "shm_size")}
 

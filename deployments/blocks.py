@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from prefect.blocks.core import Block
 
 from blocks import (HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, LocalTarget, NGCEnvCredentials,
-                    S3EnvCredentials)
+                    S3EnvCredentials, TaoS3Bucket)
 from tao_data_io.local.settings import DEFAULT_ROOT, ROOT_VARIABLE, LocalSettings
+from tao_data_io.uris import parse_s3_url
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,16 @@ class Defaults:
     run_root: str | None = None
     staging_root: str | None = None
     allow_network: bool = False
+    #: ``s3://BUCKET/PREFIX/`` for flow results (a Kubernetes pool's: each flow run is a fresh pod).
+    results: str | None = None
 
     def blocks(self) -> dict[str, Block]:
         """``BLOCK-TYPE/NAME`` → the block to save there."""
-        return {
+        results = {}
+        if self.results:
+            url = parse_s3_url(self.results, field="--results")
+            results["tao-s3-bucket/results"] = TaoS3Bucket(bucket_name=url.bucket, bucket_folder=url.key)
+        return {**results,
             "tao-local-target/local": LocalTarget(
                 staging_root=self.staging_root,
                 settings=LocalSettings(run_root=self.run_root, allow_network=self.allow_network)),
@@ -46,6 +53,7 @@ class Defaults:
 def save_defaults(defaults: Defaults, *, overwrite: bool = False) -> list[str]:
     """Register every block type and save the defaults; returns one line per block."""
     KubernetesTarget.register_type_and_schema()  # no default to save: a cluster needs its own settings
+    TaoS3Bucket.register_type_and_schema()
     said = []
     for slug_name, block in defaults.blocks().items():
         name = slug_name.split("/", 1)[1]
@@ -68,10 +76,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--staging-root", help="where the worker stages inputs (default ~/.tao-data-io/work)")
     parser.add_argument("--allow-network", action="store_true",
                         help="let local jobs that ask for it (network: true) use the worker's network")
+    parser.add_argument("--results", help="save tao-s3-bucket/results at s3://BUCKET/PREFIX/, the flow results' "
+                                          "storage a Kubernetes pool names (deployments/kubernetes.yaml)")
     parser.add_argument("--overwrite", action="store_true", help="replace blocks that exist")
     args = parser.parse_args(argv)
     defaults = Defaults(records=args.records, run_root=args.run_root, staging_root=args.staging_root,
-                        allow_network=args.allow_network)
+                        allow_network=args.allow_network, results=args.results)
     for line in save_defaults(defaults, overwrite=args.overwrite):
         print(line)
     return 0

@@ -39,8 +39,8 @@ def test_credential_blocks_store_names_that_are_variable_names(block: type) -> N
     with pytest.raises(ValidationError, match="is not a valid variable name"):
         block(**{field: "not a name"})
     dumped = block().model_dump()
-    assert all(value is None or isinstance(value, str) and value.isidentifier() for key, value in dumped.items()
-               if key != "block_type_slug")
+    assert all(value is None or isinstance(value, bool) or isinstance(value, str) and value.isidentifier()
+               for key, value in dumped.items() if key != "block_type_slug")
 
 
 @pytest.mark.parametrize("block", CREDENTIAL_BLOCKS)
@@ -65,7 +65,7 @@ def test_s3_defaults_are_the_aws_names_with_the_legacy_ones_behind_them() -> Non
 
 def test_s3_names_of_the_workers_own_are_mapped_in_memory_and_nothing_else_leaks_in() -> None:
     block = S3EnvCredentials(access_key_id_env="TEAM_S3_ID", secret_access_key_env="TEAM_S3_SECRET",
-                             access_key_id_legacy_env=None, secret_access_key_legacy_env=None)
+                             read_legacy_names=False)
     env = {"TEAM_S3_ID": "team-id-1", "TEAM_S3_SECRET": "team-secret-1",
            "AWS_ACCESS_KEY_ID": "someone-elses", "ACCESS_KEY": "legacy-elses", "PATH": "/usr/bin"}
     seen = block.environ(env)
@@ -76,9 +76,37 @@ def test_s3_names_of_the_workers_own_are_mapped_in_memory_and_nothing_else_leaks
         block.credentials({"TEAM_S3_ID": "team-id-1"})
 
 
+def test_an_s3_block_saved_with_a_field_per_legacy_name_loads_with_them_folded_and_loses_none() -> None:
+    """Saved before the form was grouped: four ``*_legacy_env`` fields. TAO's own names (or none)
+    fold into the switch; a legacy name changed to another cannot be kept by it, so loading
+    refuses it, naming the field and the fix — the worker never silently reads another variable."""
+    saved = {"access_key_id_env": "AWS_ACCESS_KEY_ID", "access_key_id_legacy_env": "ACCESS_KEY",
+             "secret_access_key_legacy_env": "SECRET_KEY", "endpoint_url_legacy_env": None}
+    assert S3EnvCredentials.model_validate(saved).read_legacy_names is True
+    none = {name: None for name in ("access_key_id_legacy_env", "secret_access_key_legacy_env",
+                                    "endpoint_url_legacy_env", "region_legacy_env")}
+    assert S3EnvCredentials.model_validate(none).read_legacy_names is False
+    assert "access_key_id_legacy_env" not in S3EnvCredentials.model_validate(saved).model_dump()
+    with pytest.raises(ValidationError, match="secret_access_key_legacy_env 'TEAM_OLD_SECRET'.*set the matching field"):
+        S3EnvCredentials.model_validate({"secret_access_key_legacy_env": "TEAM_OLD_SECRET"})
+
+
+def test_the_credential_blocks_give_clients_from_the_workers_variables(s3_env: dict[str, str]) -> None:
+    """Prefect's CredentialsBlock interface: ``get_client``. S3 gives a boto3 client (as
+    prefect-aws's ``AwsCredentials.get_client("s3")``); the registries give the core's client of
+    one model; a client of another kind is refused naming the argument."""
+    assert S3EnvCredentials().get_client("s3").list_buckets()["ResponseMetadata"]["HTTPStatusCode"] == 200
+    with pytest.raises(UsageError, match="client_type 'ec2'.*S3 clients only"):
+        S3EnvCredentials().get_client("ec2")
+    with pytest.raises(UsageError, match="model 'ngc://nvidia/tao/m:1' is not in this block's registry: give a hf://"):
+        HuggingFaceEnvCredentials().get_client("ngc://nvidia/tao/m:1")
+    with pytest.raises(UsageError, match="give a ngc:// URI"):
+        NGCEnvCredentials().get_client("hf://org/repo")
+
+
 def test_a_credential_set_reads_every_value_from_the_environment_it_was_given() -> None:
     hf = HuggingFaceEnvCredentials(token_env="AWS_SECRET_ACCESS_KEY")  # odd, but it must not chain
-    s3 = S3EnvCredentials(secret_access_key_env="MY_SECRET", secret_access_key_legacy_env=None)
+    s3 = S3EnvCredentials(secret_access_key_env="MY_SECRET", read_legacy_names=False)
     env = {"AWS_SECRET_ACCESS_KEY": "original-1", "MY_SECRET": "mine-1", "NGC_TOKEN_VAR": "ngc-1"}
     seen = CredentialSet.of([s3, hf, NGCEnvCredentials(key_env="NGC_TOKEN_VAR"), None]).environ(env)
     assert (seen["AWS_SECRET_ACCESS_KEY"], seen["HF_TOKEN"], seen["NGC_KEY"]) == ("mine-1", "original-1", "ngc-1")

@@ -85,3 +85,18 @@ def test_every_request_path_the_kubernetes_docs_run_is_in_the_flows_image() -> N
     named = {match for text in texts for match in re.findall(r"request_path=([\w./-]+\.ya?ml)", text)}
     kubernetes = {path for path in named if path.startswith("examples/")}
     assert kubernetes and all(path.split("/")[0] in copied and (REPO / path).is_file() for path in kubernetes)
+
+
+def test_flow_runs_on_the_kubernetes_pool_keep_their_results_in_the_bucket_block_the_blocks_module_saves(
+        prefect_harness: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each flow run on a Kubernetes pool is a fresh pod: a result on its disk is gone with it, so
+    the pool's runs are given a tao-s3-bucket as result storage, and ``deployments.blocks`` saves it."""
+    from blocks import TaoS3Bucket
+    from deployments import blocks
+
+    pool = yaml.safe_load((REPO / "deployments" / "kubernetes.yaml").read_text())["definitions"]["work_pools"]
+    slug_name = pool["kubernetes"]["job_variables"]["env"]["PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK"]
+    assert blocks.main(["--records", str(tmp_path / "jobs"), "--results", "s3://team-bucket/prefect-results/"]) == 0
+    assert f"saved {slug_name}" in capsys.readouterr().out
+    saved = TaoS3Bucket.load(slug_name.split("/")[1])
+    assert (saved.bucket_name, saved.bucket_folder) == ("team-bucket", "prefect-results/")

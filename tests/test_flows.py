@@ -415,21 +415,25 @@ def _no_stray_jobs(tmp_path: Path) -> Iterator[None]:
 
 
 # ----------------------------------------------------------------------------- blocks on the API
-def test_the_blocks_register_from_the_project_directory_and_store_names_only(tmp_path: Path) -> None:
+def test_the_blocks_register_as_the_docs_say_with_the_console_script_and_store_names_only(tmp_path: Path) -> None:
+    """``prefect block register -m blocks`` cannot work from the console script (its import path
+    is its own directory, not the project's); the documented ``--file blocks/__init__.py`` does."""
     import subprocess
     import sys
 
     from prefect.settings import PREFECT_API_URL
 
-    done = subprocess.run([sys.executable, "-m", "prefect", "block", "register", "-m", "blocks"], cwd=REPO,
+    console_script = Path(sys.executable).with_name("prefect")
+    done = subprocess.run([str(console_script), "block", "register", "--file", "blocks/__init__.py"], cwd=REPO,
                           env={**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Successfully registered 6 blocks" in done.stdout
+    assert "Successfully registered 7 blocks" in done.stdout
     with get_client(sync_client=True) as client:
         for slug in ("tao-s3-credentials", "tao-hugging-face-credentials", "tao-ngc-credentials", "tao-local-target",
-                     "tao-kubernetes-target", "tao-job-records"):
+                     "tao-kubernetes-target", "tao-job-records", "tao-s3-bucket"):
             block_type = client.read_block_type_by_slug(slug)
+            assert block_type.logo_url and block_type.documentation_url and block_type.code_example, slug
             fields = client.get_most_recent_block_schema_for_block_type(block_type.id).fields
             assert fields["secret_fields"] == [] and all(
                 spec.get("title") and spec.get("description") for spec in fields["properties"].values()), slug
@@ -442,4 +446,5 @@ def test_the_blocks_register_from_the_project_directory_and_store_names_only(tmp
     with get_client(sync_client=True) as client:
         stored = client.read_block_document_by_name(block, "tao-s3-credentials", include_secrets=True).data
     assert stored["secret_access_key_env"] == "TEAM_S3_SECRET" and all(
-        value is None or isinstance(value, str) and value.isidentifier() for value in stored.values())
+        value is None or isinstance(value, bool) or isinstance(value, str) and value.isidentifier()
+        for value in stored.values())

@@ -24,11 +24,11 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..credentials import S3Credentials
 from ..errors import UsageError
-from .client import explained, head_or_none, make_s3_client
+from .client import explained, get_or_none, head_or_none, make_s3_client
 from .digests import DigestStore, multipart_count
 from .filters import GlobFilter, PathFilter
 from .shard import Shard
@@ -54,6 +54,8 @@ DOWNLOAD_DIGESTS = "digests.json"
 #: bound to the listed ETag; a changed object is read again whole, in one GET (one version).
 READ_ATTEMPTS = 3
 READ_ATTEMPTS_VARIABLE = "TAO_DATA_IO_READ_ATTEMPTS"
+#: How much of an object :meth:`TransferEngine.read_into` holds at once.
+READ_CHUNK = 1 << 20
 #: Why a name the scan found is not uploaded: it is one tao-data-io keeps for itself.
 RESERVED_REASON = "a name tao-data-io reserves for its own state and in-flight files; not uploaded"
 
@@ -579,6 +581,29 @@ class TransferEngine:
         with self._control_plane(prefix.bucket):
             page = self.client.list_objects_v2(Bucket=prefix.bucket, Prefix=prefix.as_prefix().key, MaxKeys=1)
         return int(page.get("KeyCount", 0)) > 0
+
+    def read_into(self, url: S3Url, into: BinaryIO) -> int:
+        """Write the object ``url``'s bytes to the open file ``into`` and return how many; a
+        missing object is a UsageError naming it. One GET, so one version of the object, streamed
+        in bounded chunks. For streams a caller owns (a buffer, a socket): there is no path here to
+        make atomic or to skip — :meth:`copy` to a path does both."""
+        with self._control_plane(url.bucket):
+            response = get_or_none(self.client, url.bucket, url.key)
+            if response is None:
+                raise UsageError(f"there is no object {url} (404): check the bucket and key")
+            written = 0
+            for chunk in response["Body"].iter_chunks(READ_CHUNK):
+                into.write(chunk)
+                written += len(chunk)
+        return written
+
+    def write_from(self, source: BinaryIO, url: S3Url) -> None:
+        """Store the rest of the open file ``source`` as the object ``url`` (boto3's managed
+        multipart upload: an object appears whole or not at all)."""
+        if url.is_prefix:
+            raise UsageError(f"{url} names a prefix, not an object: give the object's key")
+        with self._control_plane(url.bucket):
+            self.client.upload_fileobj(source, url.bucket, url.key)
 
     def _head(self, url: S3Url) -> dict[str, Any] | None:
         return head_or_none(self.client, url.bucket, url.key)

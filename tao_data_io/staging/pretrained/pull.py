@@ -104,7 +104,7 @@ def pull_model(uri: str | HFModelURI | NGCModelURI, destination: str | os.PathLi
     dest = Path(os.path.abspath(destination))
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"destination {str(dest)!r} exists and is not a directory; give a directory path")
-    registry: Registry = HubRegistry(parsed, env) if isinstance(parsed, HFModelURI) else NGCRegistry(parsed, env)
+    registry = registry_for(parsed, env)
     listing = _checked(registry.listing(), parsed)
     lock = destination_lock_path(dest)
     with file_lock(lock):
@@ -124,6 +124,12 @@ def pull_model(uri: str | HFModelURI | NGCModelURI, destination: str | os.PathLi
             _write_marker(dest, payload)
     return PullResult(str(parsed), dest, listing.revision, tuple(f.path for f in listing.files),
                       sum(f.size for f in listing.files), tuple(f.path for f in missing), sum(f.size for f in missing))
+
+
+def registry_for(uri: HFModelURI | NGCModelURI, environ: Mapping[str, str]) -> Registry:
+    """The client of the registry ``uri`` lives in, with the credentials and endpoints of
+    ``environ``: what :func:`pull_model` lists and fetches through."""
+    return HubRegistry(uri, environ) if isinstance(uri, HFModelURI) else NGCRegistry(uri, environ)
 
 
 def _checked(listing: Listing, uri: HFModelURI | NGCModelURI) -> Listing:
