@@ -9,7 +9,7 @@
    blocks that name variables), a worker, and ``prefect deploy --all``;
 4. ``prefect deployment run submit-tao-job/local -p request_path=.demo/request.yaml`` — a config-mode
    request whose command is the training stand-in (``examples/stand_in/train.sh``, mounted into
-   the local frame) — then ``collect-tao-job/local``;
+   the local frame) — then ``collect-tao-job/local-collect``;
 5. the job's record, where its results are, what was left out, and the UI's address.
 
 Everything it starts it stops, unless ``--keep`` (``KEEP=1 make demo``): then it says how to stop
@@ -117,7 +117,7 @@ def run_demo(stack: Stack, clock: Clock) -> bool:
     request.write_text(yaml.safe_dump(demo_request(job_id, bucket), sort_keys=False))
     ran = run_deployment(clock, env, "submit-tao-job/local", f"request_path={request.relative_to(CHECKOUT)}")
     if ran:
-        ran = run_deployment(clock, env, "collect-tao-job/local", f"job_id={job_id}", "poll_seconds=1")
+        ran = run_deployment(clock, env, "collect-tao-job/local-collect", f"job_id={job_id}", "poll_seconds=1")
     report(job_id, bucket, credentials, api, clock)
     return ran
 

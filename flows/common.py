@@ -45,8 +45,6 @@ SOURCE = "flow"
 #: How the flows run a verb's steps: each as its task. Read at call time (``common.RUN``), so a
 #: test can record the steps a flow runs.
 RUN: Runner = prefect_runner
-#: A submit or run flow's name until it knows its job's id; then ``submit-<id>`` / ``run-<id>``.
-NEW_RUN_NAME = "new-job"
 #: The flows whose runs own a job, by the word their run names start with.
 OWNING_FLOWS = ("submit", "run", "collect")
 
@@ -149,7 +147,7 @@ def job_of(flow_run: FlowRun) -> str | None:
     if isinstance(given, str) and given:
         return given
     word, _, job_id = flow_run.name.partition("-")
-    return job_id if word in OWNING_FLOWS and job_id and job_id != NEW_RUN_NAME else None
+    return job_id if word in OWNING_FLOWS and job_id else None
 
 
 def cancel_owned_job(flow: Any, flow_run: FlowRun, state: State) -> None:

@@ -20,7 +20,7 @@ from flows import common
 from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, Records, S3Credentials, Target, prepare
 from tao_data_io.errors import TaoDataIOError
 from tao_data_io.verbs import resync
-from tasks.masking import masking_failures
+from tasks.masking import masking_failures, started_run_name
 from tasks.owners import canceled
 
 
@@ -28,7 +28,7 @@ class ResyncFailed(TaoDataIOError):
     """Some running jobs could not be resynced; the others were."""
 
 
-@flow(name="resync-tao-outputs", flow_run_name="resync-outputs", persist_result=True, result_serializer="json",
+@flow(name="resync-tao-outputs", flow_run_name=started_run_name("resync", "target"), persist_result=True, result_serializer="json",
       validate_parameters=False)
 @masking_failures
 def resync_tao_outputs(target: Target = DEFAULT_TARGET, records: Records = DEFAULT_RECORDS,

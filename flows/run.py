@@ -13,16 +13,16 @@ from prefect import flow
 from prefect.utilities.annotations import opaque
 
 from flows.collect import collect_tao_job
-from flows.common import (DEFAULT_RECORDS, DEFAULT_TARGET, NEW_RUN_NAME, HFCredentials, NGCCredentials, Records,
+from flows.common import (DEFAULT_RECORDS, DEFAULT_TARGET, HFCredentials, NGCCredentials, Records,
                           S3Credentials, Target, cancel_owned_job, prepare)
 from flows.submit import identified_request, submit_tao_job
 from tao_data_io.forms import GuardedText
 from tao_data_io.request import JobRequest
 from tao_data_io.verbs import DEFAULT_POLL_SECONDS
-from tasks.masking import masking_failures
+from tasks.masking import masking_failures, started_run_name
 
 
-@flow(name="run-tao-job", flow_run_name=f"run-{NEW_RUN_NAME}", persist_result=True, result_serializer="json",
+@flow(name="run-tao-job", flow_run_name=started_run_name("run", "request_path"), persist_result=True, result_serializer="json",
       on_cancellation=[cancel_owned_job], validate_parameters=False)
 @masking_failures
 def run_tao_job(request: JobRequest | None = None, request_path: GuardedText | None = None,

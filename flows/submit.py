@@ -16,18 +16,18 @@ from prefect import flow, runtime
 from prefect.client.orchestration import get_client
 
 from flows import common
-from flows.common import (DEFAULT_RECORDS, DEFAULT_TARGET, NEW_RUN_NAME, SOURCE, HFCredentials, NGCCredentials,
+from flows.common import (DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, HFCredentials, NGCCredentials,
                           Records, S3Credentials, Setup, Target, cancel_owned_job, prepare)
 from tao_data_io.errors import UsageError
 from tao_data_io.forms import GuardedText
 from tao_data_io.names import job_id_for_run
 from tao_data_io.request import JobRequest, read_request
 from tao_data_io.verbs import submit
-from tasks.masking import mask_run_logs, masking_failures
+from tasks.masking import mask_run_logs, masking_failures, started_run_name
 from tasks.owners import this_run
 
 
-@flow(name="submit-tao-job", flow_run_name=f"submit-{NEW_RUN_NAME}", persist_result=True, result_serializer="json",
+@flow(name="submit-tao-job", flow_run_name=started_run_name("submit", "request_path"), persist_result=True, result_serializer="json",
       on_cancellation=[cancel_owned_job], validate_parameters=False)
 @masking_failures
 def submit_tao_job(request: JobRequest | None = None, request_path: GuardedText | None = None,

@@ -18,14 +18,20 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timezone
+from pathlib import PurePosixPath
 from typing import Any, TypeVar
 
 from prefect import runtime
 from prefect.client.orchestration import get_client
-from prefect.context import FlowRunContext
+from prefect.context import FlowRunContext, TaskRunContext
+from prefect.exceptions import FailedRun
+from prefect.logging import get_run_logger
+from prefect.states import Failed
 
 from tao_data_io.credentials import (RedactingFilter, Redactor, credential_shape_fields, credential_value_fields,
                                      mask_credential_shapes, masked)
+from tao_data_io.errors import UsageError
 from tao_data_io.names import is_job_id
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -106,6 +112,21 @@ def job_run_name(word: str) -> Callable[[], str]:
     return name
 
 
+def started_run_name(word: str, parameter: str) -> Callable[[], str]:
+    """The run name of a flow that does not know its job yet: ``<word>: <what parameter names>,
+    <when>`` (``submit: demo-local.yaml, 2026-12-01 21:30:05Z``), so a list of runs that failed
+    before naming their job — or of scheduled resyncs — says which is which. Masked like every
+    name shown before the flow's first line, and never of the form ``<word>-<job id>``, which
+    :func:`flows.common.job_of` reads as a job this run owns."""
+
+    def name() -> str:
+        given = runtime.flow_run.parameters.get(parameter)
+        what = PurePosixPath(given).name if isinstance(given, str) and given else f"{parameter} given in the form"
+        return f"{word}: {Redactor()(what)}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}Z"
+
+    return name
+
+
 def _masked(value: Any, clean: Callable[[str], str]) -> Any:
     if isinstance(value, str):
         return clean(value)
@@ -119,7 +140,12 @@ def _masked(value: Any, clean: Callable[[str], str]) -> Any:
 def masking_failures(fn: F) -> F:
     """``fn``, whose exceptions leave it with every credential value in their text masked (see
     :func:`tao_data_io.credentials.masked`: our errors keep their type, whether a retry can help
-    is kept). Goes under ``@flow``/``@task``, so Prefect sees only the masked exception."""
+    is kept). Goes under ``@flow``/``@task``, so Prefect sees only the masked exception.
+
+    A flow that fails on bad input (a :class:`UsageError`, whose text names the field, the value
+    and the fix) — or whose subflow did — ends ``Failed(message=…)`` with that text, logged once:
+    Prefect's engine would log its whole traceback, which says nothing a user can act on and
+    buries the one line that does."""
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -129,8 +155,15 @@ def masking_failures(fn: F) -> F:
             clean = exc
             for redactor in filter(None, (_installed(), Redactor())):
                 clean = masked(clean, redactor)
+            if isinstance(clean, UsageError | FailedRun) and _in_a_flows_body():
+                get_run_logger().error("%s", clean)
+                return Failed(message=str(clean))
             if clean is exc:
                 raise
             raise clean from None  # the original's traceback and chain quote the value
 
     return run  # type: ignore[return-value]
+
+
+def _in_a_flows_body() -> bool:
+    return TaskRunContext.get() is None and FlowRunContext.get() is not None

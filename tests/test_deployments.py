@@ -32,9 +32,12 @@ def test_each_flow_has_a_deployment_whose_parameters_it_takes(prefect_file: str,
     for deployment in found:
         path, function = deployment["entrypoint"].split(":")
         flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), function)
-        assert deployment["name"] == name and deployment["work_pool"]["name"] == pool
+        assert deployment["name"].startswith(name) and deployment["work_pool"]["name"] == pool
         assert set(deployment["parameters"]) <= set(inspect.signature(flow.fn).parameters), deployment["entrypoint"]
-        assert FLOWS[flow.name] == deployment["entrypoint"]  # the commands read FLOW-NAME/local
+        assert FLOWS[flow.name] == deployment["entrypoint"]
+    names = [deployment["name"] for deployment in found]
+    assert len(set(names)) == len(names)  # a list of deployments reads as what each one does, not five "local"s
+    assert next(d["name"] for d in found if d["entrypoint"] == FLOWS["submit-tao-job"]) == name  # the documented one
 
 
 @pytest.mark.parametrize("prefect_file", ["prefect.yaml", "deployments/kubernetes.yaml"])

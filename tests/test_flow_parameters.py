@@ -5,11 +5,13 @@ job, and a records location not made yet, are told apart from a job that is lost
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
+from flows import common
 from flows.collect import collect_tao_job
 from flows.resync import resync_tao_outputs
 from flows.submit import submit_tao_job
@@ -105,3 +107,53 @@ def test_the_scheduled_resync_before_any_job_does_not_fail(prefect_harness: None
         return found or None
 
     assert wait_for("the resync's one line", said) == ["no RUNNING job on this target: nothing to resync"]
+
+
+def _run_logs(state: Any) -> list[Any]:
+    with get_client(sync_client=True) as client:
+        return client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
+            any_=[state.state_details.flow_run_id])))
+
+
+@pytest.mark.parametrize("flow_name", ["submit", "run"])
+def test_bad_input_fails_the_run_with_its_message_once_and_no_engine_traceback(
+        prefect_harness: None, no_cloud: None, tmp_path: Path, flow_name: str) -> None:
+    """A request given twice is bad input: the run ends Failed with the error's own text as its
+    message — the field and the fix — logged once, without the engine's traceback. The run flow
+    fails the same way when its submit subflow does."""
+    from flows.run import run_tao_job
+
+    flow = {"submit": submit_tao_job, "run": run_tao_job}[flow_name]
+    state = flow(args_request(), request_path="examples/demo-local.yaml", target=local_target(tmp_path),
+                 records=records_block(tmp_path / "jobs"), return_state=True)
+    assert state.is_failed() and str(state.message).startswith("give the job request itself"), state.message
+
+    def logged() -> list[Any] | None:
+        logs = _run_logs(state)
+        return logs if any("Finished in state" in log.message for log in logs) else None
+
+    logs = wait_for("the run's last log line", logged)
+    assert not [log for log in logs if "Traceback" in log.message or "Encountered exception" in log.message]
+    assert [log.message for log in logs if log.level >= 40] == [state.message]
+
+
+def test_runs_that_do_not_know_their_job_yet_are_named_by_what_they_were_given(
+        prefect_harness: None, no_cloud: None, tmp_path: Path) -> None:
+    """A list of runs reads as what each one was: ``submit: <request file>, <when>`` until the job
+    is known (a run that fails before stays so), ``resync: <target>, <when>`` for each resync."""
+    import re
+
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    failed = submit_tao_job(request_path="examples/no-such-request.yaml", target=local_target(tmp_path),
+                            records=records_block(tmp_path / "jobs"), return_state=True)
+    resynced = resync_tao_outputs(target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
+                                  return_state=True)
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[
+            failed.state_details.flow_run_id, resynced.state_details.flow_run_id])))
+    names = {run.id: run.name for run in runs}
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ"
+    assert re.fullmatch(rf"submit: no-such-request\.yaml, {stamp}", names[failed.state_details.flow_run_id])
+    assert re.fullmatch(rf"resync: \S+, {stamp}", names[resynced.state_details.flow_run_id])
+    assert common.job_of(next(run for run in runs if run.id == failed.state_details.flow_run_id)) is None
