@@ -218,16 +218,28 @@ def _unique_key_loader() -> type:
     """``yaml.safe_load`` that refuses a key repeated in one mapping instead of keeping the last
     (a class made on first use, so importing this module does not import yaml). Keys come from
     what is written in the mapping: a merge (``<<: *base``) brings keys in and one written beside
-    it overrides them, as YAML and OmegaConf have it."""
+    it overrides them, as YAML and OmegaConf have it.
+
+    Each mapping is checked once, as written, before PyYAML flattens it: flattening rewrites a
+    node in place (the merged keys join its own), and a node is flattened when it is merged as
+    well as when it is built — so one met again after a merge looked as if it held its override
+    twice, depending on the order the loader met them."""
     import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):
-        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        def flatten_mapping(self, node: yaml.MappingNode) -> None:
+            checked: set[int] = self.__dict__.setdefault("_checked_mappings", set())
+            if id(node) not in checked:
+                checked.add(id(node))
+                self._refuse_written_twice(node)
+            super().flatten_mapping(node)  # type: ignore[no-untyped-call]
+
+        def _refuse_written_twice(self, node: yaml.MappingNode) -> None:
             seen: set[Any] = set()
             for key_node, _ in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue  # merged keys: the base constructor flattens them in, below the written ones
-                key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+                    continue  # merged keys: flattened in below the written ones, which override them
+                key = self.construct_object(key_node)  # type: ignore[no-untyped-call]
                 try:
                     duplicate = key in seen
                 except TypeError:
@@ -236,7 +248,6 @@ def _unique_key_loader() -> type:
                     raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: duplicate key {key!r}; a key may "
                                         "appear once per mapping (which value was meant?)")
                 seen.add(key)
-            return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
 
     return UniqueKeyLoader
 

@@ -85,6 +85,30 @@ def test_a_merge_key_and_its_override_are_read_as_omegaconf_reads_them(tmp_path:
     assert request.spec == reference
 
 
+#: A mapping that merges and overrides, itself merged elsewhere — in both orders the loader can meet them.
+NESTED_MERGES = {
+    "defined inside the merge that uses it": (
+        "  train:\n    <<: &base\n      <<: &root {lr: 1, wd: 2}\n      lr: 3\n    wd: 5\n  again: *base\n"),
+    "defined before the merge that uses it": (
+        "  root: &root {lr: 1, wd: 2}\n  base: &base\n    <<: *root\n    lr: 3\n  train:\n    <<: *base\n"
+        "    wd: 5\n"),
+    "merged in a list, then aliased": (
+        "  a: &a {x: 1}\n  b: &b\n    <<: *a\n    x: 2\n  c:\n    <<: [*b, *a]\n    x: 3\n  d: *b\n"),
+}
+
+
+@pytest.mark.parametrize("spec", NESTED_MERGES.values(), ids=list(NESTED_MERGES))
+def test_a_merged_mapping_that_merges_and_overrides_itself_reads_as_omegaconf_reads_it(spec: str,
+                                                                                        tmp_path: Path) -> None:
+    """PyYAML flattens a merge into the merged mapping's node in place, so a mapping met a second
+    time (its anchor aliased after it was merged) looked as if it held its override twice: the
+    duplicate check must look at each mapping as written, once, whatever order nodes are met in."""
+    text = request_text("1").replace("spec:\n  train:\n    v: 1\n", "spec:\n" + spec)
+    (tmp_path / "r.yaml").write_text(text)
+    request = load_request(tmp_path / "r.yaml", environ={})
+    assert request.spec == OmegaConf.to_container(OmegaConf.create(text))["spec"]  # type: ignore[index]
+
+
 def test_a_key_written_twice_in_one_mapping_is_still_refused_beside_a_merge(tmp_path: Path) -> None:
     """The duplicate-key check is about keys written in one mapping, before merging: a merged key
     overridden once is fine (above), one written twice is not."""
