@@ -59,7 +59,22 @@ class RequestPart(Strict):
 DEFAULT_RESULTS_LIMIT = "20Gi"
 #: The most each size may be: beyond any node's memory (``/dev/shm`` is memory) or disk. A larger
 #: one is a typo, and the local frame would mount a tmpfs that size (977P in ``df``).
-SIZE_CAPS = {"shm_size": "1Ti", "memory": "64Ti", "ephemeral_storage": "64Ti"}
+SIZE_CAPS = {"shm_size": "1Ti", "memory": "64Ti", "ephemeral_storage": "64Ti", "results_limit": "64Ti"}
+
+
+def _bounded_size(value: str | None, field: str) -> str | None:
+    """``value`` if it is a binary quantity no larger than ``SIZE_CAPS[field]``: the one rule of
+    every size a request gives, refusals naming the field."""
+    if value is None:
+        return None
+    if not is_binary_quantity(value):
+        raise ValueError(f"{field} {value!r} is not a binary quantity: write a whole number with Ki, Mi, Gi or Ti, "
+                         "such as 16Gi")
+    most = SIZE_CAPS[field]
+    if quantity_bytes(value) > quantity_bytes(most):
+        raise ValueError(f"{field} {value!r} is more than {most}, more than any machine gives one job; give what the "
+                         "job needs")
+    return value
 
 
 class ComputeShape(RequestPart):
@@ -87,14 +102,7 @@ class ComputeShape(RequestPart):
     @field_validator("shm_size", "memory", "ephemeral_storage")
     @classmethod
     def _binary(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is not None and not is_binary_quantity(value):
-            raise ValueError(f"{info.field_name} {value!r} is not a binary quantity: write a whole number with Ki, "
-                             "Mi, Gi or Ti, such as 16Gi")
-        most = SIZE_CAPS.get(str(info.field_name))
-        if value is not None and most is not None and quantity_bytes(value) > quantity_bytes(most):
-            raise ValueError(f"{info.field_name} {value!r} is more than {most}, more than any machine gives one job; "
-                             "give what the job needs")
-        return value
+        return _bounded_size(value, str(info.field_name))
 
     @field_validator("cpu")
     @classmethod
@@ -210,9 +218,7 @@ class OutputSpec(RequestPart):
     @field_validator("results_limit")
     @classmethod
     def _results_limit(cls, value: str) -> str:
-        if not is_binary_quantity(value) or quantity_bytes(value) > quantity_bytes("64Ti"):
-            raise ValueError(f"results_limit {value!r} is not a binary quantity of at most 64Ti, such as 20Gi")
-        return value
+        return _bounded_size(value, "results_limit")  # type: ignore[return-value]
 
     @field_validator("results_dir")
     @classmethod

@@ -342,12 +342,14 @@ def test_a_forwarded_variables_value_is_a_credential_whatever_its_name(request_d
     assert parse_request(request_data, environ=FORWARDED)  # not forwarded: just a value
 
 
-@pytest.mark.parametrize(("shape", "fragment"), [
-    ({"shm_size": "999999Ti"}, "shm_size '999999Ti' is more than 1Ti"),
-    ({"ephemeral_storage": "999999Ti"}, "ephemeral_storage '999999Ti' is more than 64Ti"),
-], ids=["shm", "ephemeral"])
-def test_a_frame_size_no_machine_has_is_refused_naming_the_cap(shape: dict[str, Any], fragment: str) -> None:
-    refused({"compute_shape": shape}, fragment, environ={})
+@pytest.mark.parametrize(("part", "shape", "fragment"), [
+    ("compute_shape", {"shm_size": "999999Ti"}, "shm_size '999999Ti' is more than 1Ti"),
+    ("compute_shape", {"ephemeral_storage": "999999Ti"}, "ephemeral_storage '999999Ti' is more than 64Ti"),
+    ("outputs", {"results_limit": "999999Ti"}, "results_limit '999999Ti' is more than 64Ti"),
+    ("outputs", {"results_limit": "20GB"}, "results_limit '20GB' is not a binary quantity"),
+], ids=["shm", "ephemeral", "results", "results-unit"])
+def test_a_size_no_machine_has_is_refused_naming_the_cap(part: str, shape: dict[str, Any], fragment: str) -> None:
+    refused({part: shape}, fragment, environ={})
 
 
 def test_a_forwarded_variable_holding_an_ordinary_word_does_not_refuse_the_request() -> None:
