@@ -55,6 +55,8 @@ class RequestPart(Strict):
     model_config = ConfigDict(json_schema_extra=guard_texts)
 
 
+#: How often a one-node job is started again after a disruption, unless its request says otherwise.
+DEFAULT_DISRUPTION_RETRIES = 2
 #: The results a job may upload unless its request says otherwise (outputs.results_limit).
 DEFAULT_RESULTS_LIMIT = "20Gi"
 #: The most each size may be: beyond any node's memory (``/dev/shm`` is memory) or disk. A larger
@@ -99,6 +101,21 @@ class ComputeShape(RequestPart):
                                                                     "the size of the local frame's /tmp; empty: "
                                                                     "none set (the local frame's /tmp: 4Gi).")
 
+    #: How often a single-pod job is started again after its pod was disrupted (preempted,
+    #: evicted, its node drained): the training command's own failures are never retried.
+    disruption_retries: int | None = Field(
+        default=None, ge=0, le=10,
+        description="How often a one-node job on Kubernetes is started again after its pod was preempted, evicted or "
+                    "its node drained (never after the command fails); empty: 2 for one node, 0 for several — a "
+                    "replacement rank cannot rejoin a running rendezvous, so a multi-node job takes none.")
+
+    @property
+    def retries_after_disruption(self) -> int:
+        """:attr:`disruption_retries`, or its default for this many nodes."""
+        if self.disruption_retries is not None:
+            return self.disruption_retries
+        return DEFAULT_DISRUPTION_RETRIES if self.nodes == 1 else 0
+
     @field_validator("shm_size", "memory", "ephemeral_storage")
     @classmethod
     def _binary(cls, value: str | None, info: ValidationInfo) -> str | None:
@@ -111,6 +128,15 @@ class ComputeShape(RequestPart):
             raise ValueError(f"cpu {value!r} is not a CPU quantity: write whole cores (8), a decimal (7.5) or "
                              "millicores (7500m)")
         return value
+
+    @model_validator(mode="after")
+    def _no_disruption_retries_across_nodes(self) -> ComputeShape:
+        if self.nodes > 1 and self.disruption_retries:
+            raise ValueError(f"disruption_retries {self.disruption_retries} with nodes {self.nodes}: a replacement pod "
+                             "cannot rejoin the static rendezvous the other ranks are in, so a multi-node job ends "
+                             "when one of its pods is disrupted — leave disruption_retries empty (or 0) and submit "
+                             "again after a disruption")
+        return self
 
     @model_validator(mode="after")
     def _memory_holds_shm(self) -> ComputeShape:

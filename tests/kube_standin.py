@@ -485,6 +485,38 @@ def _terminated(code: int, reason: str, message: str | None = None) -> dict[str,
                            **({"message": message} if message else {})}}
 
 
+#: The annotation the stand-in's Job controller puts on a pod it made to replace a failed one.
+REPLACES = "standin.tao-data-io/replaces"
+
+
+def pod_failure_action(policy: dict[str, Any] | None, pod: dict[str, Any]) -> tuple[str, str]:
+    """What the Job controller does with a failed pod, and why (upstream
+    ``pkg/controller/job/pod_failure_policy.go``, the API's ``PodFailurePolicy`` documentation):
+    the rules in order, the first match wins, and without one the failure is counted. An
+    ``onExitCodes`` requirement looks at every terminated container, init containers included —
+    those of ``containerName`` only, when it is set — and never at an exit code of 0; an
+    ``onPodConditions`` pattern matches a condition of its type and status."""
+    status = pod.get("status", {})
+    where = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+    for position, rule in enumerate((policy or {}).get("rules", [])):
+        codes = rule.get("onExitCodes")
+        for container in [*status.get("initContainerStatuses", []), *status.get("containerStatuses", [])]:
+            terminated = container.get("state", {}).get("terminated")
+            if codes is None or not terminated or terminated["exitCode"] == 0:
+                continue
+            if codes.get("containerName") not in (None, container["name"]):
+                continue
+            if (terminated["exitCode"] in codes["values"]) == (codes["operator"] == "In"):
+                return rule["action"], (f"Container {container['name']} for pod {where} failed with exit code "
+                                        f"{terminated['exitCode']} matching {rule['action']} rule at index {position}")
+        for pattern in rule.get("onPodConditions") or []:
+            if any(c.get("type") == pattern["type"] and c.get("status") == pattern.get("status", "True")
+                   for c in status.get("conditions", [])):
+                return rule["action"], (f"Pod {where} has condition {pattern['type']} matching {rule['action']} "
+                                        f"rule at index {position}")
+    return "Count", "no rule matched"
+
+
 #: Each step: (the container it is about — a name, "first" or "main" —, that container's state,
 #: the pod's phase). Containers before it have finished (a native sidecar runs), later ones wait.
 STEPS: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] = {
@@ -498,6 +530,9 @@ STEPS: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] = 
     "succeeded": ("main", lambda c: _terminated(0, "Completed"), "Succeeded"),
     "failed": ("main", lambda c: _terminated(2, "Error"), "Failed"),
     "oomkilled": ("main", lambda c: _terminated(137, "OOMKilled"), "Failed"),
+    # Evicted (the Eviction API, a drain): the kubelet kills the containers — exit 137 after the
+    # grace period — and the pod gets the DisruptionTarget condition (GA in 1.31).
+    "disrupted": ("main", lambda c: _terminated(137, "Error"), "Failed"),
     "verify-failed": ("verify", lambda c: _terminated(1, "Error"), "Failed"),
     "stager-failed": ("stager", lambda c: _terminated(1, "Error", "stage: s3://bkt-1/data/: AccessDenied"), "Failed"),
 }
@@ -522,7 +557,12 @@ class ControlPlane:
     #: PersistentVolume name → its filesystem (made when a pod first mounts it; a test may seed
     #: one): see :mod:`.kube_volumes`. A claim without a PersistentVolume is not modelled.
     volumes: dict[str, Volume] = field(default_factory=dict)
+    #: Job name → the steps of the pods the Job controller makes to replace failed ones (default:
+    #: the first pods' steps, so a failure that is the image's or the data's happens again).
+    replacement_scripts: dict[str, list[str]] = field(default_factory=dict)
     _position: dict[str, int] = field(default_factory=dict)
+    #: Failed pods the Job controller has handled (replaced, or counted into the Job's failure).
+    _handled: set[str] = field(default_factory=set)
     #: Pods mounted (fsGroup applied), containers started (subPaths made, a stage's writes done).
     _mounted: set[str] = field(default_factory=set)
     _started: set[tuple[str, str]] = field(default_factory=set)
@@ -537,21 +577,29 @@ class ControlPlane:
             self._event(server, namespace, "Job", meta, "FailedCreate", self.refused[name])
             return
         spec = job["spec"]
-        indexed = spec.get("completionMode") == "Indexed"
         for index in range(int(spec.get("completions") or 1)):
-            suffix = hashlib.sha256(f"{meta['uid']}{index}".encode()).hexdigest()[:5]
-            pod_name = f"{name}-{index}-{suffix}" if indexed else f"{name}-{suffix}"
-            template = copy.deepcopy(spec["template"])
-            labels = {**template["metadata"].get("labels", {}), "batch.kubernetes.io/job-name": name, "job-name": name,
-                      "batch.kubernetes.io/controller-uid": meta["uid"], "controller-uid": meta["uid"]}
-            annotations = {"batch.kubernetes.io/job-completion-index": str(index)} if indexed else {}
-            server.store({"apiVersion": "v1", "kind": "Pod", "metadata": {
-                "name": pod_name, "namespace": namespace, "labels": labels, "annotations": annotations,
-                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": meta["uid"],
-                                     "controller": True, "blockOwnerDeletion": True}]},
-                "spec": template["spec"], "status": {"phase": "Pending"}})
+            self._new_pod(server, job, index)
         server.objects[JOBS, namespace, name]["status"] = {"active": int(spec.get("completions") or 1),
                                                           "startTime": now()}
+
+    def _new_pod(self, server: ApiServer, job: dict[str, Any], index: int, replacing: str | None = None) -> None:
+        meta, spec = job["metadata"], job["spec"]
+        name, namespace = meta["name"], meta["namespace"]
+        indexed = spec.get("completionMode") == "Indexed"
+        suffix = hashlib.sha256(f"{meta['uid']}{index}{replacing or ''}".encode()).hexdigest()[:5]
+        pod_name = f"{name}-{index}-{suffix}" if indexed else f"{name}-{suffix}"
+        template = copy.deepcopy(spec["template"])
+        labels = {**template["metadata"].get("labels", {}), "batch.kubernetes.io/job-name": name, "job-name": name,
+                  "batch.kubernetes.io/controller-uid": meta["uid"], "controller-uid": meta["uid"]}
+        annotations = {"batch.kubernetes.io/job-completion-index": str(index)} if indexed else {}
+        if replacing:
+            annotations[REPLACES] = replacing
+        server.store({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": pod_name, "namespace": namespace, "labels": labels, "annotations": annotations,
+            "creationTimestamp": now(),
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": meta["uid"],
+                                 "controller": True, "blockOwnerDeletion": True}]},
+            "spec": template["spec"], "status": {"phase": "Pending"}})
 
     def advance(self, server: ApiServer, namespace: str, job: str) -> None:
         """One step for the pods of ``job``, and the Job's status after it."""
@@ -560,9 +608,11 @@ class ControlPlane:
         if not pods:
             return
         step = pods[0].raw["metadata"]["labels"].get("tao-data-io/step")  # the pod template's, as the backend set it
-        script = self.scripts.get(job) or (STAGE_SCRIPT if step == "stage" else TRAIN_SCRIPT)
+        first = self.scripts.get(job) or (STAGE_SCRIPT if step == "stage" else TRAIN_SCRIPT)
         for pod in pods:
             name = pod.raw["metadata"]["name"]
+            replacement = REPLACES in pod.raw["metadata"].get("annotations", {})
+            script = self.replacement_scripts.get(job, first) if replacement else first
             position = self._position[name] = min(self._position.get(name, -1) + 1, len(script) - 1)
             self._apply(server, namespace, pod, script[position])
         self._job_status(server, namespace, job)
@@ -683,7 +733,11 @@ class ControlPlane:
             self._logs(server, namespace, name, container["name"], state)
         if name in self._refusals:
             server.logs[namespace, name, "stage"] = self._refusals[name]
-        pod["status"] = {"phase": phase, "conditions": [{"type": "PodScheduled", "status": "True"}],
+        conditions = [{"type": "PodScheduled", "status": "True"}]
+        if step == "disrupted":
+            conditions.append({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                               "message": "Eviction API: evicting"})
+        pod["status"] = {"phase": phase, "conditions": conditions,
                          "initContainerStatuses": statuses[:len(init)], "containerStatuses": statuses[len(init):]}
 
     def _verdict(self, server: ApiServer, namespace: str, spec: dict[str, Any]) -> Verdict:
@@ -717,24 +771,49 @@ class ControlPlane:
             server.logs[key] = "".join(f"{container} line {i}\n" for i in range(1, 4))
 
     def _job_status(self, server: ApiServer, namespace: str, name: str) -> None:
+        """The Job controller's verdict on the Job's pods: each failed pod is handled once, by the
+        Job's ``podFailurePolicy`` (:func:`pod_failure_action`); FailJob fails the Job, a counted
+        failure beyond ``backoffLimit`` fails it, and any other failed pod is replaced (upstream
+        ``pkg/controller/job/job_controller.go``: a pod of an Indexed Job keeps its index)."""
         job = server.objects[JOBS, namespace, name]
-        phases = [obj.raw["status"].get("phase") for (resource, ns, _), obj in server.objects.items()
-                  if resource == PODS and ns == namespace and not obj.deleted
-                  and obj.raw["metadata"]["labels"].get("batch.kubernetes.io/job-name") == name]
+        spec = job.raw["spec"]
+        pods = [obj.raw for (resource, ns, _), obj in server.objects.items() if resource == PODS and ns == namespace
+                and not obj.deleted and obj.raw["metadata"]["labels"].get("batch.kubernetes.io/job-name") == name]
+        phases = [pod["status"].get("phase") for pod in pods]
         failed, succeeded = phases.count("Failed"), phases.count("Succeeded")
         status: dict[str, Any] = {"startTime": job.raw.get("status", {}).get("startTime", now())}
-        if failed:
+        counted = 0
+        verdict: tuple[str, str] | None = None
+        for index, pod in enumerate(pods):
+            if pod["status"].get("phase") != "Failed":
+                continue
+            action, why = pod_failure_action(spec.get("podFailurePolicy"), pod)
+            if action == "FailJob":
+                verdict = verdict or ("PodFailurePolicy", why)
+            elif action == "Count":
+                counted += 1
+        if verdict is None and counted > int(spec.get("backoffLimit", 6)):
+            verdict = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+        if verdict is None:
+            for pod in pods:
+                pod_name = pod["metadata"]["name"]
+                if pod["status"].get("phase") == "Failed" and pod_name not in self._handled:
+                    self._handled.add(pod_name)
+                    index = int(pod["metadata"].get("annotations", {}).get(
+                        "batch.kubernetes.io/job-completion-index", 0))
+                    self._new_pod(server, job.raw, index, replacing=pod_name)
+        if verdict is not None:
             status.update(failed=failed, conditions=[
-                {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded"},
-                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                 "message": "Job has reached the specified backoff limit"}])
-        elif succeeded == len(phases) and phases:
+                {"type": "FailureTarget", "status": "True", "reason": verdict[0], "message": verdict[1]},
+                {"type": "Failed", "status": "True", "reason": verdict[0], "message": verdict[1]}])
+        elif succeeded == int(spec.get("completions") or 1):
             # Set once, as the Job controller does (a later look at a finished Job changes nothing).
             completed = job.raw.get("status", {}).get("completionTime") or now()
-            status.update(succeeded=succeeded, completionTime=completed, conditions=[
+            status.update(succeeded=succeeded, failed=failed, completionTime=completed, conditions=[
                 {"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}])
         else:
-            status.update(active=len(phases) - succeeded, ready=phases.count("Running"))
+            status.update(active=len(phases) - succeeded - failed, ready=phases.count("Running"),
+                          **({"failed": failed} if failed else {}))
         job["status"] = status
 
     def _event(self, server: ApiServer, namespace: str, kind: str, about: dict[str, Any], reason: str,

@@ -19,7 +19,7 @@ import yaml
 from tao_data_io.errors import UNWRITABLE_EXIT, UsageError
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.launch.probe import PROBE_SCRIPT, Check, parse_probe_output
-from tao_data_io.kubernetes.render import RenderedJob, literal, read_config, render_job
+from tao_data_io.kubernetes.render import DISRUPTIONS_RETRIED, RenderedJob, literal, read_config, render_job
 from tao_data_io.kubernetes.scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, VERIFY_SCRIPT
 from tao_data_io.kubernetes.settings import KubernetesSettings
 from tao_data_io.records import OutputRoute
@@ -113,7 +113,9 @@ def test_single_pod_tier_c_shape(tmp_path: Path) -> None:
                       tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
     validate(rendered)
     job = rendered.objects[-1]
-    assert (job["spec"]["backoffLimit"], job["spec"]["ttlSecondsAfterFinished"]) == (0, 3600)
+    # One pod: replaced after a disruption (twice, by default), failed at any non-zero exit.
+    assert (job["spec"]["backoffLimit"], job["spec"]["ttlSecondsAfterFinished"]) == (2, 3600)
+    assert job["spec"]["podFailurePolicy"] == DISRUPTIONS_RETRIED
     pod = training_pod(rendered)
     assert [c["name"] for c in pod["initContainers"]] == ["stager", "results", "status", "verify"]
     stager, sidecar, _, verify = pod["initContainers"]

@@ -104,6 +104,20 @@ def unscheduled(pod: Obj) -> str | None:
     return None
 
 
+def disruption(pod: Obj) -> str | None:
+    """``reason: message`` of the pod's DisruptionTarget condition — it was preempted, evicted,
+    its node drained or lost — when it has one (set by the scheduler, the eviction API, the
+    taint manager, the pod GC or the kubelet; GA in 1.31)."""
+    found = condition(pod, "DisruptionTarget")
+    if found is None:
+        return None
+    return f"{found.get('reason') or 'DisruptionTarget'}" + (f": {found['message']}" if found.get("message") else "")
+
+
+def _failed(pod: Obj) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Failed"
+
+
 def where(pod: Obj) -> Where:
     """See the module docstring."""
     reason = unscheduled(pod)
@@ -164,6 +178,12 @@ def job_status(job: Obj, pods: Sequence[Obj], events: Sequence[Obj] = ()) -> Job
         return JobStatus(state="COMPLETE", message="the Job completed", exit_code=0)
     nodes = int((job.get("spec") or {}).get("completions") or 1)
     deleting = bool((job.get("metadata") or {}).get("deletionTimestamp"))
+    replaced = [pod for pod in pods if _failed(pod) and disruption(pod)] if condition(job, "Failed") is None else []
+    if replaced and nodes == 1:  # the Job controller is replacing it (disruption_retries): not the job's end
+        pods = [pod for pod in pods if pod not in replaced]
+        if not pods:
+            return JobStatus(state="PENDING", message=f"the pod was disrupted ({disruption(replaced[-1])}); its "
+                                                      "replacement is being made")
     failure = failure_analysis(job, pods)
     if failure is not None and (condition(job, "Failed") is not None or not deleting):
         trained = [c for pod in pods for c in containers(pod) if c.name == TRAIN and c.state == "terminated"]
@@ -202,11 +222,24 @@ def failure_analysis(job: Obj, pods: Sequence[Obj]) -> FailureAnalysis | None:
     infrastructure's (ERR_INFRA); the command exiting non-zero is the program's (ERR_PROGRAM).
     None while nothing has failed."""
     nodes = int((job.get("spec") or {}).get("completions") or 1)
-    for pod in by_rank(pods):
+    # A pod that failed on its own says more than one that was disrupted (a replacement that then
+    # failed is why the Job ended, not the eviction before it).
+    for pod in sorted(by_rank(pods), key=lambda pod: disruption(pod) is not None):
         place = where(pod)
         if place.phase not in ("failed", "fatal"):
             continue
         who, item = _who(pod, nodes), place.container
+        disrupted = disruption(pod)
+        if disrupted is not None:
+            retries = int((job.get("spec") or {}).get("backoffLimit") or 0)
+            again = (f"it was started again {retries} times after disruptions (compute_shape.disruption_retries)"
+                     if nodes == 1 and retries else
+                     "a multi-node job is not started again: a replacement rank cannot rejoin the running "
+                     "rendezvous" if nodes > 1 else "compute_shape.disruption_retries is 0")
+            return FailureAnalysis(err_class="ERR_INFRA", reason=f"{who}the pod was disrupted — preempted, evicted "
+                                   f"or its node drained — not failed by the command ({disrupted})",
+                                   suggestion=f"{again}; submit again (its results so far are restored), or raise "
+                                              "the job's priority or move it to nodes that are not preempted")
         if item is None:
             return FailureAnalysis(err_class="ERR_INFRA", reason=who + place.text,
                                    suggestion="the node or the cluster ended the pod: submit again under a new job id")

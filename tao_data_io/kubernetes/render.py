@@ -13,8 +13,9 @@ says how, and why no two jobs share a name):
   ``shards`` pods when asked;
 * multi-node: a headless **Service** ``ranks-<id>``, the pods' subdomain, for rendezvous at
   ``<id>-0.ranks-<id>``;
-* the training **Job** ``<id>``: one pod (or an Indexed Job of ``nodes`` pods), ``backoffLimit: 0``,
-  ``restartPolicy: Never``, ``ttlSecondsAfterFinished``. Its initContainers, in order: the
+* the training **Job** ``<id>``: one pod (or an Indexed Job of ``nodes`` pods), ``backoffLimit: 0``
+  (one pod: as many replacements after a disruption as the request allows, and a failure policy
+  that ends it at any non-zero exit; see :data:`DISRUPTIONS_RETRIED`), ``restartPolicy: Never``, ``ttlSecondsAfterFinished``. Its initContainers, in order: the
   stager (tier C, or whenever results are uploaded), the results sidecar (a native sidecar,
   whenever results are uploaded), the status sidecar (a native sidecar on every tier, in the
   training image: it follows TAO's ``status.json`` into its log, for the collect run's progress
@@ -99,6 +100,17 @@ CACHE_DIR = "cache"
 #: The final upload's time: the budget at the measured rate, plus this much for start-up.
 GRACE_MARGIN_SECONDS = 60
 #: The longest a pod may stay Terminating for its final upload, whatever the request's
+#: A one-pod training Job's failure policy (rules in order, the first match wins): a pod that was
+#: disrupted — preempted, evicted, its node drained: the ``DisruptionTarget`` condition — counts
+#: towards ``backoffLimit`` (the request's ``disruption_retries``) and is replaced; any container
+#: of ours exiting non-zero (the command, the verify probe, the stager; an OOM kill is exit 137)
+#: fails the Job at once, since running it again gives the same. The disruption rule comes first:
+#: an evicted pod's containers exit non-zero too. A multi-node Job keeps ``backoffLimit: 0`` and
+#: no policy: a replacement rank cannot rejoin the static rendezvous the others are in.
+DISRUPTIONS_RETRIED = {"rules": [
+    {"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
+]}
 #: results_limit says (a stalled upload must not hold a node for days): two hours.
 MAX_GRACE_SECONDS = 7200
 #: A ConfigMap holds at most 1 MiB.
@@ -388,6 +400,8 @@ class _Job:
             pod["subdomain"] = self.names.service
         spec: dict[str, Any] = {"backoffLimit": 0, "ttlSecondsAfterFinished": self.settings.ttl_seconds,
                                 "template": {"metadata": {"labels": {**self.labels, STEP_LABEL: "train"}}, "spec": pod}}
+        if not self.multi:
+            spec.update(backoffLimit=plan.disruption_retries, podFailurePolicy=DISRUPTIONS_RETRIED)
         if self.multi:
             spec.update(completionMode="Indexed", completions=plan.nodes, parallelism=plan.nodes)
         if self.suspend_training:

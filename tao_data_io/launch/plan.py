@@ -82,6 +82,9 @@ class LaunchPlan(Strict):
     cpu: str | None = None
     memory: str | None = None
     ephemeral_storage: str | None = None
+    #: How often the job is started again after its pod was disrupted (Kubernetes; the request's
+    #: ``compute_shape.disruption_retries``, defaulted for its node count).
+    disruption_retries: int = Field(default=0, ge=0)
     #: At most how many bytes staging writes in the frame (the staging map's bound; None: unknown):
     #: tier C's pod sizes its staging volume to it.
     staging_bytes: int | None = None
@@ -155,6 +158,7 @@ def build_plan(request: JobRequest, staging_map: StagingMap, decision: TierDecis
                       tier=decision.tier, gpus=request.compute_shape.gpus, nodes=request.compute_shape.nodes,
                       shm_size=request.compute_shape.shm_size, cpu=request.compute_shape.cpu,
                       memory=request.compute_shape.memory, ephemeral_storage=request.compute_shape.ephemeral_storage,
+                      disruption_retries=request.compute_shape.retries_after_disruption,
                       staging_bytes=staging_map.planned_bytes, network=request.network)
 
 

@@ -1,0 +1,111 @@
+"""A pod that was disrupted — preempted, evicted, its node drained — is the cluster's doing, not
+the command's: classified by its ``DisruptionTarget`` condition before its exit code (an evicted
+pod's containers exit 137, which reads as an OOM kill), replaced as often as the request allows
+for a one-pod job, and the end of a multi-node job (a replacement rank cannot rejoin a static
+rendezvous). The stand-in's Job controller applies the Job's ``podFailurePolicy`` as upstream's
+does (``pkg/controller/job/pod_failure_policy.go``: rules in order, first match wins, none:
+counted towards ``backoffLimit``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tao_data_io import verbs
+from tao_data_io.request import JobRequest
+
+from .kube_standin import REPLACES, TRAIN_SCRIPT, KubeStandIn
+from . import test_kubernetes_online as online
+from .test_kubernetes_online import job_request, launch_only, make_backend, ours, store_in, submit
+
+#: The stand-in cluster and the input bucket, as the online tests have them (pytest fixtures).
+kube, input_bucket = online.kube, online.input_bucket
+
+EVICTED = [*TRAIN_SCRIPT, "disrupted"]
+
+
+def _pods(kube: KubeStandIn) -> dict[str, dict]:
+    return kube.server.alive("Pod", "tao")
+
+
+def test_an_evicted_pod_is_reported_as_a_disruption_never_as_an_oom_kill(kube: KubeStandIn, tmp_path: Path) -> None:
+    kube.server.control.scripts["job-1"] = EVICTED
+    backend = make_backend()
+    submit(tmp_path, job_request(compute_shape={"gpus": 1, "disruption_retries": 0}), backend)
+    collected = verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01)
+    assert collected.state == "ERROR" and collected.failure is not None
+    assert collected.failure.err_class == "ERR_INFRA"
+    assert "the pod was disrupted" in collected.failure.reason and "EvictionByEvictionAPI" in collected.failure.reason
+    assert "OOMKilled" not in collected.failure.reason and "batch size" not in collected.failure.suggestion
+
+
+def test_a_one_pod_job_whose_pod_was_disrupted_is_started_again_and_completes(kube: KubeStandIn,
+                                                                            tmp_path: Path) -> None:
+    kube.server.control.scripts["job-1"] = EVICTED
+    kube.server.control.replacement_scripts["job-1"] = [*TRAIN_SCRIPT, "succeeded"]
+    backend = make_backend()
+    submit(tmp_path, job_request(), backend)
+    collected = verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01)
+    assert collected.state == "COMPLETE", collected
+    pods = _pods(kube)
+    assert len(pods) == 2 and sum(REPLACES in pod["metadata"].get("annotations", {}) for pod in pods.values()) == 1
+
+
+def test_disruptions_past_the_requests_retries_end_the_job_saying_so(kube: KubeStandIn, tmp_path: Path) -> None:
+    kube.server.control.scripts["job-1"] = EVICTED
+    backend = make_backend()
+    submit(tmp_path, job_request(compute_shape={"gpus": 1, "disruption_retries": 1}), backend)
+    collected = verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01)
+    assert collected.state == "ERROR" and collected.failure is not None
+    assert "started again 1 times after disruptions" in collected.failure.suggestion
+    assert len(_pods(kube)) == 2  # the first pod and one replacement, no more
+
+
+@pytest.mark.parametrize("step", ["failed", "oomkilled", "verify-failed"])
+def test_a_failure_of_the_command_or_of_our_containers_is_never_retried(kube: KubeStandIn, tmp_path: Path,
+                                                                       step: str) -> None:
+    """Running it again gives the same: the Job fails at the first non-zero exit (FailJob),
+    though the request allows disruption retries."""
+    kube.server.control.scripts["job-1"] = [step]
+    if step == "verify-failed":
+        kube.server.control.verify_failures["/data"] = "does not exist"
+    backend = make_backend()
+    submission, _ = launch_only(tmp_path, job_request(), backend)
+    status = backend.status(submission.backend_ref)
+    assert status.state == "ERROR" and "disrupted" not in status.message
+    job = ours(kube, "Job")["job-1"]
+    assert {c["reason"] for c in job["status"]["conditions"]} == {"PodFailurePolicy"} and len(_pods(kube)) == 1
+
+
+def test_a_multi_node_job_ends_when_one_of_its_pods_is_disrupted(kube: KubeStandIn, tmp_path: Path) -> None:
+    kube.server.control.scripts["job-1"] = EVICTED
+    backend = make_backend()
+    submit(tmp_path, job_request(compute_shape={"gpus": 8, "nodes": 2}), backend)
+    job = ours(kube, "Job")["job-1"]
+    assert job["spec"]["backoffLimit"] == 0 and "podFailurePolicy" not in job["spec"]
+    collected = verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01)
+    assert collected.state == "ERROR" and collected.failure is not None
+    assert collected.failure.reason.startswith("rank 0: the pod was disrupted")
+    assert "a replacement rank cannot rejoin the running rendezvous" in collected.failure.suggestion
+    assert len(_pods(kube)) == 2  # no replacement
+
+
+def test_disruption_retries_for_a_multi_node_job_are_refused_naming_why() -> None:
+    with pytest.raises(ValueError, match="disruption_retries 2 with nodes 2: a replacement pod cannot rejoin"):
+        JobRequest.model_validate({**job_request().model_dump(), "compute_shape": {
+            "gpus": 8, "nodes": 2, "disruption_retries": 2}})
+    assert job_request(compute_shape={"gpus": 8, "nodes": 2}).compute_shape.retries_after_disruption == 0
+    assert job_request().compute_shape.retries_after_disruption == 2
+
+
+def test_the_rendered_policy_counts_disruptions_before_it_fails_the_job_on_any_exit_code(
+        kube: KubeStandIn, tmp_path: Path) -> None:
+    """The order is the point: an evicted pod's containers exit non-zero too, so the disruption
+    rule must match first."""
+    kube.server.control.scripts["job-1"] = ["pulling"]
+    launch_only(tmp_path, job_request(compute_shape={"gpus": 1, "disruption_retries": 3}), make_backend())
+    spec = ours(kube, "Job")["job-1"]["spec"]
+    assert spec["backoffLimit"] == 3
+    assert [rule["action"] for rule in spec["podFailurePolicy"]["rules"]] == ["Count", "FailJob"]
+    assert spec["podFailurePolicy"]["rules"][0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
