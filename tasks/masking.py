@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import traceback
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
@@ -121,8 +122,13 @@ def started_run_name(word: str, parameter: str) -> Callable[[], str]:
 
     def name() -> str:
         given = runtime.flow_run.parameters.get(parameter)
-        what = PurePosixPath(given).name if isinstance(given, str) and given else f"{parameter} given in the form"
-        return f"{word}: {Redactor()(what)}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}Z"
+        if not isinstance(given, str) or not given:
+            what = f"{parameter} given in the form"
+        elif mask_credential_shapes(Redactor()(given)) != given:  # the whole text: a secret's tail is no safer
+            what = f"{parameter} masked"
+        else:
+            what = PurePosixPath(given).name
+        return f"{word}: {what}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}Z"
 
     return name
 
@@ -158,11 +164,19 @@ def masking_failures(fn: F) -> F:
             if isinstance(clean, UsageError | FailedRun) and _in_a_flows_body():
                 get_run_logger().error("%s", clean)
                 return Failed(message=str(clean))
-            if clean is exc:
+            if clean is exc and not _chain_quotes_a_credential(exc):
                 raise
             raise clean from None  # the original's traceback and chain quote the value
 
     return run  # type: ignore[return-value]
+
+
+def _chain_quotes_a_credential(exc: BaseException) -> bool:
+    """Whether the exceptions ``exc`` was raised from (its cause, its context, their notes) quote a
+    credential: the exception itself may be masked in place while its chain still holds the value
+    — and Prefect logs the whole chain."""
+    text = "".join(traceback.format_exception(exc))
+    return any(mask(text) != text for mask in filter(None, (_installed(), Redactor(), mask_credential_shapes)))
 
 
 def _in_a_flows_body() -> bool:

@@ -81,7 +81,7 @@ def test_an_s3_block_saved_with_a_field_per_legacy_name_loads_with_them_folded_a
     fold into the switch; a legacy name changed to another cannot be kept by it, so loading
     refuses it, naming the field and the fix — the worker never silently reads another variable."""
     saved = {"access_key_id_env": "AWS_ACCESS_KEY_ID", "access_key_id_legacy_env": "ACCESS_KEY",
-             "secret_access_key_legacy_env": "SECRET_KEY", "endpoint_url_legacy_env": None}
+             "secret_access_key_legacy_env": "SECRET_KEY"}  # the other two absent: that form's defaults
     assert S3EnvCredentials.model_validate(saved).read_legacy_names is True
     none = {name: None for name in ("access_key_id_legacy_env", "secret_access_key_legacy_env",
                                     "endpoint_url_legacy_env", "region_legacy_env")}
@@ -89,6 +89,22 @@ def test_an_s3_block_saved_with_a_field_per_legacy_name_loads_with_them_folded_a
     assert "access_key_id_legacy_env" not in S3EnvCredentials.model_validate(saved).model_dump()
     with pytest.raises(ValidationError, match="secret_access_key_legacy_env 'TEAM_OLD_SECRET'.*set the matching field"):
         S3EnvCredentials.model_validate({"secret_access_key_legacy_env": "TEAM_OLD_SECRET"})
+    # One legacy name cleared, the others kept: the switch would read S3_ENDPOINT_URL again (another store).
+    with pytest.raises(ValidationError, match="endpoint_url_legacy_env cleared but not the other legacy names"):
+        S3EnvCredentials.model_validate({**saved, "endpoint_url_legacy_env": None})
+
+
+@pytest.mark.parametrize("value", ["AKIAIOSFODNN7EXAMPLE", "ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+                                   "hf_abcdefghijklmnopqrstuvwxyzABCDEFGH"])
+def test_a_credential_pasted_into_a_name_field_is_refused_before_prefect_could_store_it(value: str) -> None:
+    """Refused by the block on the worker, and by the form's schema before the UI saves it."""
+    import jsonschema
+
+    with pytest.raises(ValidationError, match="holds a credential's value .* not a variable name"):
+        S3EnvCredentials(access_key_id_env=value)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"access_key_id_env": value}, S3EnvCredentials.model_json_schema())
+    jsonschema.validate({"access_key_id_env": "TEAM_S3_ID"}, S3EnvCredentials.model_json_schema())
 
 
 def test_the_credential_blocks_give_clients_from_the_workers_variables(s3_env: dict[str, str]) -> None:

@@ -147,10 +147,13 @@ def test_a_download_killed_midway_leaves_only_whole_files_and_a_rerun_converges(
     (lambda b, tmp: b.upload_from_path(tmp / "f.txt", "k", ExtraArgs={"ACL": "public-read"}),
      r"takes no boto3 arguments \(ExtraArgs\)"),
     (lambda b, tmp: b.read_path("no/such/key"), "there is no object s3://.*/team-a/no/such/key"),
+    (lambda b, tmp: b.download_object_to_path("f.txt", tmp), "to_path .* is a directory: give the path of the file"),
+    (lambda b, tmp: b.upload_from_path(tmp / "link.txt", "k"), "is a symlink, which is never followed"),
 ])
 def test_bad_paths_and_arguments_are_refused_naming_the_argument(s3_env: dict[str, str], bucket: str,
                                                                 tmp_path: Path, call: Any, match: str) -> None:
     (tmp_path / "f.txt").write_bytes(b"f")
+    (tmp_path / "link.txt").symlink_to(tmp_path / "f.txt")
     with pytest.raises((UsageError, UnsafePathError), match=match):
         call(TaoS3Bucket(bucket_name=bucket, bucket_folder="team-a"), tmp_path)
 
@@ -158,6 +161,8 @@ def test_bad_paths_and_arguments_are_refused_naming_the_argument(s3_env: dict[st
 def test_the_block_refuses_a_bad_bucket_or_folder_when_it_is_made() -> None:
     with pytest.raises(ValueError, match="bucket_name: bucket 'Not_A_Bucket'"):
         TaoS3Bucket(bucket_name="Not_A_Bucket")
+    with pytest.raises(ValueError, match=r"bucket_name 'bkt/team-a' holds a folder: .* \('team-a'\) as bucket_folder"):
+        TaoS3Bucket(bucket_name="bkt/team-a")
     with pytest.raises(ValueError, match="refusing bucket_folder 'a/../b'"):
         TaoS3Bucket(bucket_name="ok-bucket", bucket_folder="a/../b")
     assert TaoS3Bucket(bucket_name="ok-bucket", bucket_folder="/team/").bucket_folder == "team/"

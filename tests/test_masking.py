@@ -16,7 +16,7 @@ from flows.collect import collect_tao_job
 from flows.submit import submit_tao_job
 
 from .flow_helpers import artifacts, local_target, name, records_block
-from .helpers import args_request
+from .helpers import args_request, wait_for
 
 #: A credential value as a careless user might paste it into the wrong field of a request.
 SECRET = "hf_AttackPrefectSecret7f3c9a1b"
@@ -175,3 +175,98 @@ def test_a_forwarded_variables_value_in_the_request_parameter_is_masked_where_pr
         run = client.read_flow_run(state.state_details.flow_run_id)
     assert value not in str(run.parameters) and value not in str(run.state.message if run.state else "")
     assert "***WANDB_KEY***" in str(run.parameters)
+
+
+def _run(state: Any) -> Any:
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(state.state_details.flow_run_id)
+
+
+def test_no_part_of_a_credential_value_given_as_a_path_names_the_flow_run(
+        prefect_harness: None, no_cloud: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that does not know its job yet is named by its request file's name; a secret given as
+    the path (AWS secret keys hold '/') must not leave its tail there."""
+    value = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", value)
+    state = submit_tao_job(request_path=value, target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
+                           return_state=True)
+    assert state.is_failed()
+    run = _run(state)
+    assert not any(part in run.name for part in value.split("/")), run.name
+    assert run.name.startswith("submit: request_path masked, ")
+
+
+def test_the_credentials_of_a_records_bucket_block_are_masked_and_refused_in_parameters_too(
+        prefect_harness: None, no_cloud: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from blocks import JobRecords, S3EnvCredentials, TaoS3Bucket
+
+    value = "TeamRecordsBucketSecretValue0042"
+    monkeypatch.setenv("TEAM_RECORDS_ID", "team-records-id-1")
+    monkeypatch.setenv("TEAM_RECORDS_SK", value)
+    records = name()
+    JobRecords(bucket=TaoS3Bucket(bucket_name="records-bkt", bucket_folder="r", credentials=S3EnvCredentials(
+        access_key_id_env="TEAM_RECORDS_ID", secret_access_key_env="TEAM_RECORDS_SK"))).save(records)
+    state = submit_tao_job(request_path=f"requests/{value}", target=local_target(tmp_path),
+                           records=f"tao-job-records/{records}", return_state=True)
+    assert state.is_failed() and "holds a credential" in str(state.message)
+    run = _run(state)
+    assert value not in run.name and value not in repr(run.parameters) and value not in str(run.state.message)
+
+
+def test_a_block_saved_by_an_older_form_that_no_longer_loads_fails_the_run_saying_why_and_how_to_fix_it(
+        prefect_harness: None, no_cloud: None, tmp_path: Path) -> None:
+    """Prefect says only 'failed validation' (and suggests validate=False, which crashes on a
+    model-level error): the run fails with the block's own refusal instead."""
+    from prefect.client.schemas.actions import BlockDocumentCreate
+
+    from blocks import S3EnvCredentials
+
+    S3EnvCredentials.register_type_and_schema()
+    saved = name()
+    with get_client(sync_client=True) as client:
+        block_type = client.read_block_type_by_slug("tao-s3-credentials")
+        schema = client.get_most_recent_block_schema_for_block_type(block_type.id)
+        client.create_block_document(BlockDocumentCreate(  # what the earlier form saved: a legacy name of the team's
+            name=saved, data={"access_key_id_env": "AWS_ACCESS_KEY_ID", "access_key_id_legacy_env": "TEAM_OLD_KEY"},
+            block_type_id=block_type.id, block_schema_id=schema.id))
+    state = submit_tao_job(args_request(), target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
+                           s3_credentials=f"tao-s3-credentials/{saved}", return_state=True)
+    message = str(state.message)
+    assert state.is_failed() and message.startswith(f"s3_credentials tao-s3-credentials/{saved}: the saved block "
+                                                    "does not load as it is"), message
+    assert "access_key_id_legacy_env 'TEAM_OLD_KEY'" in message and "Save it again" in message
+
+
+def test_a_failure_whose_cause_quotes_a_credential_leaves_no_trace_of_it_in_the_run_logs(
+        prefect_harness: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Our own errors are masked in place, but the exception they were raised from is logged with
+    them (the traceback's chain), before any flow installed its log mask."""
+    from prefect import flow
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from tao_data_io.errors import TransferError
+    from tasks.masking import masking_failures
+
+    value = "zz-chain-secret-value-77"
+    monkeypatch.setenv("MY_STORE_SECRET_KEY", value)
+
+    @flow
+    @masking_failures
+    def failing() -> None:
+        try:
+            {}[value]
+        except KeyError as exc:
+            raise TransferError(f"could not read {value}") from exc
+
+    state = failing(return_state=True)
+    assert state.is_failed() and value not in str(state.message)
+
+    def logged() -> list[Any] | None:
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
+                any_=[state.state_details.flow_run_id])))
+        return logs if any("Finished in state" in log.message for log in logs) else None
+
+    logs = wait_for("the run's last log line", logged)
+    assert any("Traceback" in log.message for log in logs)  # the chain is logged: it must hold no value
+    assert not [log.message for log in logs if value in log.message]
