@@ -923,8 +923,8 @@ def gate_case(kube: KubeStandIn, tmp_path: Path, request: JobRequest, backend: K
 
 def test_gate_gpu_capacity_refuses_a_job_no_node_can_hold(kube: KubeStandIn, tmp_path: Path) -> None:
     message = gate_case(kube, tmp_path, job_request(compute_shape={"gpus": 16}), make_backend(),
-                        "compute_shape asks for 1 pod(s) of 16 nvidia.com/gpu each (16 in all) but the nodes can hold "
-                        "0 such pod(s) (allocatable gpu-0: 8, gpu-1: 8)")
+                        "compute_shape asks for 1 pod(s) of 16 nvidia.com/gpu each (16 in all) but the nodes the pods "
+                        "may run on can hold 0 such pod(s) (allocatable gpu-0: 8, gpu-1: 8)")
     assert "lower compute_shape.gpus" in message
     assert not any("selfsubjectaccessreviews" in r for r in kube.requests())  # the first gate
 

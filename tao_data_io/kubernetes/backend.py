@@ -98,6 +98,9 @@ class KubernetesBackend:
         found again the same way); the kubeconfig, and any path to it, stay on this machine."""
         return self.settings.model_dump(mode="json")
 
+    def _budget(self, verify_timeout: float) -> Budget:
+        return Budget(verify_timeout, self.image_pull_timeout, self.settings.schedule_timeout)
+
     # ------------------------------------------------------------------ before
     def facts(self) -> ClusterFacts:
         return cluster_facts(self._api())
@@ -108,7 +111,7 @@ class KubernetesBackend:
         api = self._api()
         rendered, settings = self._render(plan, documents, None)
         objects = creation_order(rendered, secret_object(rendered, None))
-        check_gpus(api, plan)
+        warnings = check_gpus(api, plan, settings)
         check_version(api, plan, training_job(objects))
         given_secret = rendered.secret is not None and not rendered.secret.per_job
         reads_secrets = bool(settings.image_pull_secret) or given_secret
@@ -116,8 +119,8 @@ class KubernetesBackend:
         check_claim(api, plan, settings)
         check_secrets(api, settings, rendered.secret)
         dry_run(api, objects, plan.job_id)
-        for change in admit_pods(api, objects):
-            self.say(f"warning: {change}")
+        for warning in [*warnings, *admit_pods(api, objects)]:
+            self.say(f"warning: {warning}")
 
     # ------------------------------------------------------------------ submit
     def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None,
@@ -186,7 +189,7 @@ class KubernetesBackend:
         create(api, stage, job_id)
         name = stage["metadata"]["name"]
         watch = PodWatch(api, namespace, name, job["metadata"]["name"], "stage",
-                         Budget(self.verify_timeout, self.image_pull_timeout), self.say, self.pod_poll_seconds)
+                         self._budget(self.verify_timeout), self.say, self.pod_poll_seconds)
         try:
             wait_for_stage(watch)
         except StageFailed as exc:
@@ -211,7 +214,7 @@ class KubernetesBackend:
         else:
             checks = read_checklist((configmap.get("data") or {}).get("checklist", ""), plan, claim_paths(plan))
             watch = PodWatch(api, namespace, name, name, "train",
-                             Budget(timeout or self.verify_timeout, self.image_pull_timeout), self.say,
+                             self._budget(timeout or self.verify_timeout), self.say,
                              self.pod_poll_seconds)
             verdict = wait_for_verdict(watch, plan.nodes, checks)
         if not verdict.ok and self._delete_job(api, namespace, name):

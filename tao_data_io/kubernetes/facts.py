@@ -22,6 +22,7 @@ from kubernetes.utils.quantity import parse_quantity
 
 from ..tier import ClusterFacts, VolumeFacts
 from .api import Api, ApiError
+from .placement import Node
 
 GPU = "nvidia.com/gpu"
 #: Native sidecars (an initContainer with ``restartPolicy: Always``) are on by default from 1.29.
@@ -40,19 +41,29 @@ def server_version(api: Api) -> tuple[int, int]:
     return api.known_version
 
 
-def allocatable_gpus(api: Api) -> dict[str, int] | None:
-    """Allocatable ``nvidia.com/gpu`` per node; None when this identity may not list nodes."""
+def gpu_nodes(api: Api) -> list[Node] | None:
+    """Every node, with its allocatable ``nvidia.com/gpu`` and what placement reads (labels,
+    taints, whether cordoned); None when this identity may not list nodes."""
     try:
         nodes = api.call("listing the nodes", api.core.list_node)
     except ApiError as exc:
         if exc.status == 403:
             return None
         raise
-    found = {}
+    found = []
     for item in nodes.get("items", []):
         allocatable = (item.get("status") or {}).get("allocatable") or {}
-        found[item["metadata"]["name"]] = int(parse_quantity(allocatable.get(GPU, "0")))
+        spec, meta = item.get("spec") or {}, item["metadata"]
+        found.append(Node(name=meta["name"], gpus=int(parse_quantity(allocatable.get(GPU, "0"))),
+                          labels=meta.get("labels") or {}, taints=spec.get("taints") or (),
+                          cordoned=bool(spec.get("unschedulable"))))
     return found
+
+
+def allocatable_gpus(api: Api) -> dict[str, int] | None:
+    """Allocatable ``nvidia.com/gpu`` per node; None when this identity may not list nodes."""
+    nodes = gpu_nodes(api)
+    return None if nodes is None else {node.name: node.gpus for node in nodes}
 
 
 def volumes(api: Api) -> list[VolumeFacts]:

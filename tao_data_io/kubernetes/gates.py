@@ -27,7 +27,8 @@ from ..errors import UsageError
 from ..launch.plan import LaunchPlan
 from .api import Api, ApiError
 from .apply import RESOURCES, create, step_of
-from .facts import MULTI_NODE_VERSION, SIDECAR_VERSION, allocatable_gpus, server_version
+from .facts import MULTI_NODE_VERSION, SIDECAR_VERSION, gpu_nodes, server_version
+from .placement import barred
 from .render import SecretRef
 from .settings import KubernetesSettings
 
@@ -57,21 +58,33 @@ def needed_access(objects: Sequence[Mapping[str, Any]], reads_secrets: bool) -> 
     return sorted(found)
 
 
-def check_gpus(api: Api, plan: LaunchPlan) -> None:
+def check_gpus(api: Api, plan: LaunchPlan, settings: KubernetesSettings) -> list[str]:
+    """Refuse a job the GPU nodes its pods may run on (:mod:`.placement`) cannot hold now — or,
+    on an autoscaled pool, where no room now is normal, say so as a warning (returned)."""
     if plan.gpus == 0:
-        return
+        return []
     need = plan.gpus * plan.nodes
-    per_node = allocatable_gpus(api)
-    if per_node is None:
+    nodes = gpu_nodes(api)
+    if nodes is None:
         raise UsageError("the GPU capacity gate cannot read the nodes' allocatable nvidia.com/gpu (this identity may "
                          "not list nodes): ask the cluster's admin for a ClusterRole granting list on nodes")
-    fits = sum(count // plan.gpus for count in per_node.values())
-    if fits < plan.nodes:
-        have = ", ".join(f"{name}: {count}" for name, count in sorted(per_node.items())) or "no nodes"
-        raise UsageError(f"compute_shape asks for {plan.nodes} pod(s) of {plan.gpus} nvidia.com/gpu each ({need} in "
-                         f"all) but the nodes can hold {fits} such pod(s) (allocatable {have}); without gang "
-                         "scheduling the Job would wait Pending forever: lower compute_shape.gpus or nodes, or add GPU "
-                         "nodes (with the NVIDIA GPU Operator or device plugin)")
+    usable = [node for node in nodes if barred(node, settings.node_selector, settings.tolerations) is None]
+    fits = sum(node.gpus // plan.gpus for node in usable)
+    if fits >= plan.nodes:
+        return []
+    autoscaled = settings.capacity == "autoscaled"
+    have = ", ".join(f"{node.name}: {node.gpus}" for node in sorted(usable, key=lambda n: n.name)) or "no such nodes"
+    excluded = "; ".join(f"{node.name}: {why}" for node in sorted(nodes, key=lambda n: n.name)
+                         if node.gpus and (why := barred(node, settings.node_selector, settings.tolerations)))
+    said = (f"compute_shape asks for {plan.nodes} pod(s) of {plan.gpus} nvidia.com/gpu each ({need} in all) but the "
+            f"nodes the pods may run on can hold {fits} such pod(s){' now' if autoscaled else ''} (allocatable "
+            f"{have}{f'; not for these pods: {excluded}' if excluded else ''})")
+    if autoscaled:
+        return [f"{said}; the pool autoscales, so the pods wait for a node for up to pending_timeout "
+                f"({settings.schedule_timeout:g}s)"]
+    raise UsageError(f"{said}; without gang scheduling the Job would wait Pending forever: lower compute_shape.gpus "
+                     "or nodes, add GPU nodes (with the NVIDIA GPU Operator or device plugin) or change the target's "
+                     "node_selector or tolerations — or set its capacity to autoscaled if the pool grows on demand")
 
 
 def check_version(api: Api, plan: LaunchPlan, training_job: Mapping[str, Any]) -> None:

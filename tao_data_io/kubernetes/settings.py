@@ -27,6 +27,11 @@ MAX_TTL_SECONDS = 604800
 DEFAULT_RESYNC_SECONDS = 300
 RESYNC_SECONDS_BOUNDS = (10, 86400)
 MAX_SHARDS = 1000
+#: How long a pod may wait for a node of an autoscaled pool unless the target says: a GPU node
+#: from zero takes minutes (cloud capacity, the driver and device plugin), not an hour.
+DEFAULT_PENDING_TIMEOUT_S = 1800.0
+#: A day: longer than that is a queue's job (Kueue), not a pod's Pending.
+MAX_PENDING_TIMEOUT_S = 86400.0
 _LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
@@ -89,6 +94,15 @@ class KubernetesSettings(BackendSettings):
         default_factory=list, title="Tolerations",
         description="The pods' tolerations, each with key, operator, value, effect and tolerationSeconds as the pod "
                     "spec has them (e.g. for tainted GPU nodes).")
+    capacity: Literal["fixed", "autoscaled"] = Field(
+        "fixed", title="GPU capacity",
+        description="fixed: a job the GPU nodes its pods may run on cannot hold now is refused before anything is "
+                    "made; autoscaled: the node pool grows when pods ask (a pool scaled to zero has no GPU node "
+                    "until then), so that is a warning, and a pod may wait for a node up to pending_timeout.")
+    pending_timeout: float | None = Field(
+        None, title="Pending timeout (s)",
+        description=f"With autoscaled: how long a pod may wait for a node before its Job is deleted, the reason "
+                    f"recorded; empty: {DEFAULT_PENDING_TIMEOUT_S:g}.")
     training_security: Literal["image", "restricted"] = Field(
         "image", title="Training container security",
         description="image: the training image's own user (TAO images run as root), for namespaces whose Pod "
@@ -167,6 +181,23 @@ class KubernetesSettings(BackendSettings):
         if value is not None:
             parse_s3_url(value, field="records_url")
         return value
+
+    @model_validator(mode="after")
+    def _pending_timeout(self) -> KubernetesSettings:
+        if self.pending_timeout is not None and self.capacity != "autoscaled":
+            raise UsageError(f"pending_timeout applies to capacity 'autoscaled' only (this target's is "
+                             f"{self.capacity!r}: a job its nodes cannot hold is refused before it waits)")
+        if self.pending_timeout is not None and not 0 < self.pending_timeout <= MAX_PENDING_TIMEOUT_S:
+            raise UsageError(f"pending_timeout {self.pending_timeout!r} must be more than 0 and at most "
+                             f"{MAX_PENDING_TIMEOUT_S:g} seconds")
+        return self
+
+    @property
+    def schedule_timeout(self) -> float | None:
+        """How long a pod may wait for a node on an autoscaled pool; None: the verify budget counts it."""
+        if self.capacity != "autoscaled":
+            return None
+        return DEFAULT_PENDING_TIMEOUT_S if self.pending_timeout is None else self.pending_timeout
 
     @field_validator("node_selector")
     @classmethod

@@ -39,21 +39,30 @@ class StageFailed(BackendError):
 
 @dataclass
 class Budget:
-    """Seconds spent waiting, by budget; exhausted once either passes its timeout."""
+    """Seconds spent waiting, by budget; exhausted once one passes its timeout. With a
+    ``schedule_timeout`` (an autoscaled pool: a node may take minutes to come), waiting for a node
+    counts against it rather than against ``verify_timeout``."""
 
     verify_timeout: float
     image_pull_timeout: float
+    schedule_timeout: float | None = None
     waited: float = 0.0
     pulled: float = 0.0
+    scheduled: float = 0.0
 
     def charge(self, phase: str, seconds: float) -> None:
         which = _BUDGET.get(phase)
-        if which == "verify":
+        if phase == "schedule" and self.schedule_timeout is not None:
+            self.scheduled += seconds
+        elif which == "verify":
             self.waited += seconds
         elif which == "pull":
             self.pulled += seconds
 
     def exhausted(self) -> str | None:
+        if self.schedule_timeout is not None and self.scheduled > self.schedule_timeout:
+            return (f"waited {self.scheduled:.0f}s for a node of the autoscaled pool, more than pending_timeout "
+                    f"({self.schedule_timeout:g}s)")
         if self.waited > self.verify_timeout:
             return (f"waited {self.waited:.0f}s for a node or the probe, more than verify_timeout "
                     f"({self.verify_timeout:g}s)")
@@ -101,6 +110,8 @@ class PodWatch:
             self.say(f"{self.namespace}/{self.name}: {text}")
             self._said = text
         ran_out = self.budget.exhausted()
+        if ran_out is not None and behind.phase == "schedule":
+            ran_out = f"{ran_out}: {behind.text}"  # the scheduler's reason, for the record
         if ran_out is None:
             self._pause = min(self.poll_seconds, (self._pause * 1.5) or min(_FIRST_PAUSE, self.poll_seconds))
             time.sleep(self._pause)

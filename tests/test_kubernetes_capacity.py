@@ -1,0 +1,110 @@
+"""The GPU gate counts the nodes the job's pods may run on — those the target's nodeSelector
+selects and whose scheduling taints its tolerations tolerate, cordoned ones excluded — as the
+scheduler's NodeAffinity, TaintToleration and NodeUnschedulable filters do (upstream
+``pkg/scheduler/framework/plugins``; a toleration matches as ``Toleration.ToleratesTaint`` in
+``k8s.io/api/core/v1``). On a pool that autoscales, "no room now" is a warning, and the pod may
+wait for a node for the target's ``pending_timeout`` — past it the Job is deleted, with the
+scheduler's reason in the record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tao_data_io.errors import UsageError
+from tao_data_io.steps import VerifyFailed
+
+from . import test_kubernetes_online as online
+from .kube_standin import KubeStandIn
+from .test_kubernetes_online import creates, job_request, make_backend, ours, store_in, submit
+
+#: The stand-in cluster and the input bucket, as the online tests have them (pytest fixtures).
+kube, input_bucket = online.kube, online.input_bucket
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
+
+def _node(kube: KubeStandIn, name: str, gpus: int, labels: dict[str, str] | None = None,
+          taints: list[dict[str, Any]] | None = None, cordoned: bool = False) -> None:
+    kube.server.store({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}},
+                       "spec": {**({"taints": taints} if taints else {}), **({"unschedulable": True} if cordoned else {})},
+                       "status": {"allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "64"}}})
+
+
+@pytest.fixture
+def a100s(kube: KubeStandIn) -> KubeStandIn:
+    """Besides the two plain 8-GPU nodes: a100-0 (labelled, untainted), a100-1 (labelled, GPU
+    taint), a100-2 (labelled, cordoned), a100-3 (labelled, a PreferNoSchedule taint: no bar)."""
+    pool = {"pool": "a100"}
+    _node(kube, "a100-0", 8, pool)
+    _node(kube, "a100-1", 8, pool, [GPU_TAINT])
+    _node(kube, "a100-2", 8, pool, cordoned=True)
+    _node(kube, "a100-3", 8, pool, [{"key": "spot", "value": "yes", "effect": "PreferNoSchedule"}])
+    return kube
+
+
+def test_the_gpu_gate_counts_only_the_nodes_the_pods_may_run_on(a100s: KubeStandIn, tmp_path: Path) -> None:
+    request = job_request(compute_shape={"gpus": 8, "nodes": 3})
+    with pytest.raises(UsageError) as info:
+        submit(tmp_path, request, make_backend(node_selector={"pool": "a100"}))
+    message = str(info.value)
+    assert "the nodes the pods may run on can hold 2 such pod(s)" in message, message
+    assert "a100-1: taint nvidia.com/gpu=present:NoSchedule not tolerated" in message
+    assert "a100-2: cordoned" in message and "gpu-0: no label pool=a100" in message
+    assert creates(a100s) == []
+
+
+@pytest.mark.parametrize("toleration", [
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present"},
+    {"operator": "Exists"},
+], ids=["exists-with-effect", "equal-any-effect", "everything"])
+def test_a_taint_the_target_tolerates_counts_its_node(a100s: KubeStandIn, tmp_path: Path,
+                                                      toleration: dict[str, Any]) -> None:
+    backend = make_backend(node_selector={"pool": "a100"}, tolerations=[toleration])
+    assert submit(tmp_path, job_request(compute_shape={"gpus": 8, "nodes": 3}), backend).started
+
+
+def test_a_toleration_of_another_value_or_effect_does_not_count_the_node(a100s: KubeStandIn, tmp_path: Path) -> None:
+    for toleration in ({"key": "nvidia.com/gpu", "operator": "Equal", "value": "absent"},
+                       {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}):
+        backend = make_backend(node_selector={"pool": "a100"}, tolerations=[toleration])
+        with pytest.raises(UsageError, match="can hold 2 such pod"):
+            submit(tmp_path, job_request(compute_shape={"gpus": 8, "nodes": 3}), backend)
+
+
+def test_on_an_autoscaled_pool_no_room_now_is_a_warning_and_the_pod_waits_for_a_node(kube: KubeStandIn,
+                                                                                   tmp_path: Path) -> None:
+    """A GPU pool scaled to zero has no GPU node at all until a pod asks: refusing would refuse
+    every job. The job is submitted, said to wait; a node that comes lets it run."""
+    said: list[str] = []
+    kube.server.control.scripts["job-1"] = ["unschedulable", "unschedulable", *online.TRAIN_SCRIPT]
+    backend = make_backend(said, capacity="autoscaled")
+    done = submit(tmp_path, job_request(compute_shape={"gpus": 16}), backend)
+    assert done.started and store_in(tmp_path).get("job-1").state == "RUNNING"
+    assert any(line.startswith("warning: compute_shape asks for 1 pod(s) of 16") and
+               "can hold 0 such pod(s) now" in line and "the pool autoscales" in line for line in said), said
+
+
+def test_past_the_pending_timeout_the_job_is_deleted_with_the_schedulers_reason(kube: KubeStandIn,
+                                                                                tmp_path: Path) -> None:
+    kube.server.control.scripts["job-1"] = ["unschedulable"]
+    backend = make_backend(capacity="autoscaled", pending_timeout=0.05)
+    with pytest.raises(VerifyFailed) as info:
+        submit(tmp_path, job_request(compute_shape={"gpus": 16}), backend)
+    message = str(info.value)
+    assert "more than pending_timeout (0.05s)" in message and "Insufficient nvidia.com/gpu" in message, message
+    assert "job-1" not in ours(kube, "Job")
+    record = store_in(tmp_path).get("job-1")
+    assert record.state == "ERROR" and "pending_timeout" in (record.message or "")
+
+
+def test_pending_timeout_is_refused_unless_the_pool_autoscales() -> None:
+    from tao_data_io.kubernetes.settings import KubernetesSettings
+
+    with pytest.raises(ValueError, match="pending_timeout applies to capacity 'autoscaled'"):
+        KubernetesSettings(pending_timeout=60)
+    with pytest.raises(ValueError, match="pending_timeout"):
+        KubernetesSettings(capacity="autoscaled", pending_timeout=0)
