@@ -14,6 +14,7 @@ import gc
 import logging
 import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -116,10 +117,20 @@ def console_main() -> NoReturn:
     Why: the process ends anyway, and the interpreter's final collections walk every object the
     imports made (pydantic's schemas above all) — about 20 ms of every run, which a resync that
     a schedule or a sidecar starts every few minutes pays each time. Frozen objects are skipped;
-    everything else of the shutdown (flushes, atexit) still runs."""
+    everything else of the shutdown (flushes, atexit) still runs.
+
+    SIGTERM ends a verb as Ctrl-C does: what it holds is let go on the way out (an upload's lease
+    on S3 deleted, not left to expire), complete files are kept. Who sends it: the results
+    sidecar ending the resync in flight to start its final upload, a pod being deleted, a
+    scheduler's cancel. Python's default would end the process where it stands."""
+    signal.signal(signal.SIGTERM, _interrupt)
     code = main()
     gc.freeze()
     sys.exit(code)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _refuse_empty_arguments(argv: Sequence[str]) -> None:

@@ -253,6 +253,26 @@ def test_ctrl_c_prints_no_traceback(cli_env: dict[str, str], bucket: str, tmp_pa
 
 
 @needs_bwrap
+def test_sigterm_ends_a_verb_as_ctrl_c_does(cli_env: dict[str, str], bucket: str, tmp_path: Path) -> None:
+    """A pod's deletion, or the results sidecar ending its resync for the final upload, sends
+    SIGTERM: the verb unwinds (letting go of what it holds) and says so, as for Ctrl-C — not
+    Python's default, which ends the process where it stands with exit -15."""
+    request = held_request(tmp_path, bucket, "sigterm")
+    assert run_cli("submit", "--request", str(request), env=cli_env).returncode == 0
+    try:
+        wait_cli_state("sigterm", cli_env, "RUNNING")
+        child = subprocess.Popen([sys.executable, "-m", "tao_data_io.cli", "collect", "--job-id", "sigterm", "--wait",
+                                  "--poll-seconds", "0.2"], env={"PATH": os.environ["PATH"], **cli_env},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=30)
+        assert child.returncode == 130 and "interrupted" in err and "Traceback" not in err, (child.returncode, err)
+    finally:
+        run_cli("cancel", "--job-id", "sigterm", env=cli_env)
+
+
+@needs_bwrap
 def test_a_negative_poll_interval_is_a_usage_error(cli_env: dict[str, str], bucket: str, tmp_path: Path) -> None:
     """``collect --poll-seconds`` is checked up front: ``-1`` on a running job is exit 2 naming the flag
     (as ``resync --settle-seconds`` is), never a ValueError from ``sleep`` after the first poll."""

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from tao_data_io.errors import UNWRITABLE_EXIT, UsageError
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.launch.probe import PROBE_SCRIPT, Check, parse_probe_output
 from tao_data_io.kubernetes.render import DISRUPTIONS_RETRIED, RenderedJob, literal, read_config, render_job
-from tao_data_io.kubernetes.scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, VERIFY_SCRIPT
+from tao_data_io.kubernetes.scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, TRAIN_WRAPPER, VERIFY_SCRIPT
 from tao_data_io.kubernetes.settings import KubernetesSettings
 from tao_data_io.records import OutputRoute
 from tao_data_io.request import JobRequest, load_request
@@ -124,9 +125,10 @@ def test_single_pod_tier_c_shape(tmp_path: Path) -> None:
     assert verify["command"][:2] == ["/bin/sh", "/tao-data-io-verify/verify.sh"]
     train = pod["containers"][0]
     assert train["resources"] == {"requests": {"memory": "8Gi"}, "limits": {"nvidia.com/gpu": "2"}}
-    assert train["command"][:3] == ["dino", "train", "-e"]
+    assert train["command"] == ["/bin/sh", "-c", TRAIN_WRAPPER, "tao-train"]  # PID 1 hands SIGTERM on
+    assert train["args"][:3] == ["dino", "train", "-e"]
     mounts = by_name_list(train["volumeMounts"])
-    config_path = train["command"][3]
+    config_path = train["args"][3]
     assert mounts[config_path] == {"name": "files", "mountPath": config_path, "subPath": config_path.rsplit("/", 1)[1],
                                    "readOnly": True}
     assert mounts["/data/a"]["name"] == "staging" and mounts["/data/a"]["readOnly"] is True
@@ -137,7 +139,12 @@ def test_single_pod_tier_c_shape(tmp_path: Path) -> None:
     assert pod["terminationGracePeriodSeconds"] > 60
     verify_mounts = by_name_list(verify["volumeMounts"])
     assert all(verify_mounts[m["mountPath"]] == m for m in train["volumeMounts"])  # the same mounts
-    assert verify["env"] == train["env"]  # the same projected credentials
+    # The same projected credentials; and where it marks its pass for the results sidecar, which
+    # the training container does not see (nothing the job does can make a failed pod look verified).
+    assert verify["env"] == [*train["env"], {"name": "TAO_DATA_IO_VERDICT", "value": "/tao-data-io/verdict"}]
+    assert verify_mounts["/tao-data-io/verdict"]["name"] == "verdict" and "verdict" not in {
+        m["name"] for m in train["volumeMounts"]}
+    assert by_name_list(sidecar["volumeMounts"])["/tao-data-io/verdict"]["readOnly"] is True
     checklist = rendered.objects[0]["data"]["checklist"]
     assert "persistent\t/results\t/tao-data-io/state/upload-check" in checklist  # tier C: the upload is the check
 
@@ -212,8 +219,8 @@ def test_torchrun_takes_its_rendezvous_from_each_pods_environment(tmp_path: Path
     nodes, gpus = request.compute_shape.nodes, request.compute_shape.gpus
     train = pod["containers"][0]
     env = pod_environment(train, index)
-    assert train["command"][0] == "torchrun"
-    for argv in (["train.py"], train["command"][1:]):
+    assert train["args"][0] == "torchrun"
+    for argv in (["train.py"], train["args"][1:]):
         args = torchrun_arguments(env, argv)
         assert (args.nnodes, args.nproc_per_node, args.node_rank, args.master_addr, args.master_port) == (
             str(nodes), str(gpus), index, rank_0, port), argv
@@ -361,11 +368,12 @@ def test_adversarial_shell_metacharacters_in_args_mode_stay_argv(tmp_path: Path)
     args = ["--lr", "1e-3", "a;b|c", "$(rm -rf /)", "`id`", "$(AWS_SECRET_ACCESS_KEY)", "x && y"]
     rendered = render(req(command=["python", "train.py"], args=args), tmp_path, "C")
     train = training_pod(rendered)["containers"][0]
-    assert "args" not in train and train["command"][0] == "python"  # never /bin/sh -c
-    unescaped = [part.replace("$$", "$") for part in train["command"]]
+    # The wrapper's arguments, never its script: no shell parses them (test_the_training_wrapper_…).
+    assert train["command"] == ["/bin/sh", "-c", TRAIN_WRAPPER, "tao-train"]
+    unescaped = [part.replace("$$", "$") for part in train["args"]]
     assert unescaped == ["python", "train.py", *args]
-    # The kubelet expands $(VAR) in a command: every $ is doubled, so nothing is expanded.
-    assert "$$(AWS_SECRET_ACCESS_KEY)" in train["command"] and literal("$(x)") == "$$(x)"
+    # The kubelet expands $(VAR) in a command and its args: every $ is doubled, so nothing is expanded.
+    assert "$$(AWS_SECRET_ACCESS_KEY)" in train["args"] and literal("$(x)") == "$$(x)"
 
 
 def test_adversarial_a_shell_looking_spec_value_lands_in_the_config_only(tmp_path: Path) -> None:
@@ -373,11 +381,11 @@ def test_adversarial_a_shell_looking_spec_value_lands_in_the_config_only(tmp_pat
                   spec={"note": "$(rm -rf /)"})
     rendered = render(request, tmp_path, "C")
     pod = training_pod(rendered)
-    commands = [part for c in [*pod["initContainers"], *pod["containers"]] for part in c["command"]]
+    commands = [part for c in [*pod["initContainers"], *pod["containers"]] for part in c["command"] + c.get("args", [])]
     assert not any("rm -rf" in part for part in commands)
     config = [v for k, v in rendered.objects[0]["data"].items() if k.startswith("spec-")]
     assert config == ["note: $(rm -rf /)\n"]
-    assert pod["containers"][0]["command"][:3] == ["dino", "train", "-e"]
+    assert pod["containers"][0]["args"][:3] == ["dino", "train", "-e"]
 
 
 # ----------------------------------------------------------------------------- the scripts, for real
@@ -394,10 +402,13 @@ def test_verify_wrapper_writes_the_verdict_failures_first_within_4kib(tmp_path: 
         (good / f"f{i:03d}").write_text("f")
     checks += [Check(kind="file", path=f"{good}/f{i:03d}", subject=f"f{i}") for i in range(120)]
     (tmp_path / "checklist").write_text("".join(f"{c.kind}\t{c.path}\t{c.argument}\n" for c in checks))
+    verdict_dir = tmp_path / "verdict"
+    verdict_dir.mkdir()
     done = subprocess.run(["/bin/sh", str(tmp_path / "verify.sh"), str(tmp_path / "probe.sh"),
                            str(tmp_path / "checklist"), str(tmp_path / "termination-log")],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "TAO_DATA_IO_VERDICT": str(verdict_dir)})
+    assert done.returncode == 1 and not (verdict_dir / "passed").exists()  # the sidecar will upload nothing
     message = (tmp_path / "termination-log").read_text()
     verdict = parse_probe_output(done.stdout, checks, done.returncode)
     assert message == verdict.termination_message()
@@ -412,10 +423,12 @@ def test_verify_wrapper_passes_a_good_frame(tmp_path: Path) -> None:
     (tmp_path / "upload-check").write_text("ok\tput and deleted s3://b/results/j/.tao-data-io-upload-check\n")
     (tmp_path / "checklist").write_text(f"results-writable\t{tmp_path}/results\ttok\npersistent\t{tmp_path}/results\t"
                                         f"{tmp_path}/upload-check\n")
+    (tmp_path / "verdict").mkdir()
     done = subprocess.run(["/bin/sh", str(tmp_path / "verify.sh"), str(tmp_path / "probe.sh"),
                            str(tmp_path / "checklist"), str(tmp_path / "log")], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, env={**os.environ, "TAO_DATA_IO_VERDICT": str(tmp_path / "verdict")})
     assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "verdict" / "passed").exists()  # for the results sidecar
     assert (tmp_path / "log").read_text().splitlines()[1].startswith("TAO-VERIFY\tok\tpersistent")
 
 
@@ -430,26 +443,100 @@ def fake_tao_data_io(tmp_path: Path, then: str = "") -> tuple[Path, Path]:
     return bin_dir, log
 
 
-def test_sidecar_resyncs_then_uploads_once_on_sigterm(tmp_path: Path) -> None:
-    """The sidecar with a stand-in ``tao-data-io`` that logs its verbs: SIGTERM (what Kubernetes
-    sends once training has exited) ends the resync loop with exactly one final upload."""
-    bin_dir, log = fake_tao_data_io(tmp_path)
+def _sidecar(tmp_path: Path, then: str = "", *, passed: bool = True) -> tuple[subprocess.Popen[bytes], Path]:
+    """The results sidecar with a stand-in ``tao-data-io`` (see :func:`fake_tao_data_io`), the verify
+    probe having passed or not; started once its first look at the verdict is due."""
+    bin_dir, log = fake_tao_data_io(tmp_path, then)
+    verdict = tmp_path / "verdict"
+    verdict.mkdir()
+    if passed:
+        (verdict / "passed").touch()
     (tmp_path / "sidecar.sh").write_text(SIDECAR_SCRIPT)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "TAO_JOB_ID": "job-1", "TAO_RESULTS_DIR": "/results",
-           "TAO_DATA_IO_RESYNC_SECONDS": "3600", "TAO_DATA_IO_VERIFY_FILE": ".tao-data-io-verify"}
-    proc = subprocess.Popen(["/bin/sh", str(tmp_path / "sidecar.sh")], env=env)
+           "TAO_DATA_IO_RESYNC_SECONDS": "3600", "TAO_DATA_IO_VERIFY_FILE": ".tao-data-io-verify",
+           "TAO_DATA_IO_VERDICT": str(verdict)}
+    return subprocess.Popen(["/bin/sh", str(tmp_path / "sidecar.sh")], env=env), log
+
+
+def _calls(log: Path) -> list[str]:
+    return [line.split()[0] for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def _until(what: str, probe: Any) -> None:
+    for _ in range(600):  # bounded: 30 s
+        if probe():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"never: {what}")
+
+
+def test_sidecar_resyncs_then_uploads_once_on_sigterm(tmp_path: Path) -> None:
+    """SIGTERM (what Kubernetes sends once training has exited) ends the resync loop with exactly
+    one final upload."""
+    proc, log = _sidecar(tmp_path)
     try:
-        for _ in range(600):  # wait (bounded) until the first resync ran and the loop sleeps
-            if log.exists() and "resync" in log.read_text():
-                break
-            subprocess.run(["sleep", "0.05"], check=True)
+        _until("the first resync", lambda: "resync" in _calls(log))
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
     finally:
         proc.kill()
-    calls = [line.split()[0] for line in log.read_text().splitlines()]
-    assert code == 0 and calls == ["resync", "upload-results"]
+    assert code == 0 and _calls(log) == ["resync", "upload-results"]
     assert "--exclude .tao-data-io-verify" in log.read_text().splitlines()[-1]
+
+
+def test_a_resync_in_flight_never_delays_the_final_upload(tmp_path: Path) -> None:
+    """A shell runs a trap only once its foreground command ends: a resync of an hour would have
+    held the final upload (and the grace period) for that hour. It is ended, and the upload starts."""
+    proc, log = _sidecar(tmp_path, '[ "$1" = resync ] && exec sleep 3600\nexit 0\n')
+    try:
+        _until("a resync in flight", lambda: "resync" in _calls(log))
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert code == 0 and _calls(log) == ["resync", "upload-results"] and time.monotonic() - started < 20
+
+
+def test_after_a_failed_verify_the_sidecar_uploads_nothing(tmp_path: Path) -> None:
+    """The probe failed, so the command never ran: no resync and no final upload (the results
+    are what an earlier attempt left, already uploaded)."""
+    proc, log = _sidecar(tmp_path, passed=False)
+    try:
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert code == 0 and _calls(log) == []
+
+
+@pytest.mark.parametrize("exit_code", [0, 3, 137])
+def test_the_training_wrapper_hands_sigterm_to_the_command_and_keeps_its_exit_code(tmp_path: Path,
+                                                                                   exit_code: int) -> None:
+    """TRAIN_WRAPPER as the container's PID 1 runs it: the kubelet's SIGTERM reaches the command
+    (here one that traps it and exits with a chosen code), and the container exits with the
+    command's code — the failure policy and the analysis read that code."""
+    ready, got = tmp_path / "ready", tmp_path / "got-term"
+    command = ["python3", "-c", "import signal,sys,time,pathlib\n"
+               f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(got)!r}).touch(), sys.exit({exit_code})))\n"
+               f"pathlib.Path({str(ready)!r}).touch()\ntime.sleep(60)"]
+    proc = subprocess.Popen(["/bin/sh", "-c", TRAIN_WRAPPER, "tao-train", *command])
+    try:
+        _until("the command started", ready.exists)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert got.exists() and code == exit_code
+
+
+def test_the_training_wrapper_passes_the_commands_words_as_they_are(tmp_path: Path) -> None:
+    words = ["a;b|c", "$(id)", "`id`", "x && y", "*", ""]
+    done = subprocess.run(["/bin/sh", "-c", TRAIN_WRAPPER, "tao-train", "python3", "-c",
+                           "import json,sys; print(json.dumps(sys.argv[1:]))", *words],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and json.loads(done.stdout) == words
 
 
 @pytest.mark.parametrize(("rank", "restore_exit", "calls", "code"), [

@@ -52,7 +52,7 @@ from ..records import JobRecord
 from ..request import DEFAULT_RESULTS_LIMIT, JobRequest, check_container_path, quantity_bytes
 from ..tier import TIER_C_BYTES_PER_SECOND
 from .pods import STATUS
-from .scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, VERIFY_SCRIPT
+from .scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, TRAIN_WRAPPER, VERIFY_SCRIPT
 from .settings import KubernetesSettings
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tao-data-io"}
@@ -92,6 +92,11 @@ ATTEMPT_ANNOTATION = "tao-data-io/attempt"
 #: How often the status sidecar looks for status.json before the job has written it.
 STATUS_WAIT_SECONDS = 5
 STATE_DIR = "/tao-data-io/state"
+#: Where the verify probe marks that it passed (``passed``), for the results sidecar: a volume of
+#: our containers only, so nothing the job does can make a failed pod look verified.
+VERDICT_DIR = "/tao-data-io/verdict"
+#: The wrapper's $0, as ``ps`` in the training container shows it.
+WRAPPER_NAME = "tao-train"
 STAGE_ROOT = "/tao-data-io/staging"
 VOLUME_ROOT = "/tao-data-io/volume"
 RESERVED = ("/tao-data-io", PROBE_DIR, "/dev/shm")
@@ -371,7 +376,10 @@ class _Job:
         plan = self.plan
         mounts, volumes = self._mounts_and_volumes()
         env = self._env()
-        train = {"name": "train", "image": plan.image, "command": [literal(arg) for arg in plan.argv], "env": env,
+        # The command runs under TRAIN_WRAPPER, its PID 1, so SIGTERM reaches it; its words are the
+        # wrapper's arguments, never parsed by a shell.
+        train = {"name": "train", "image": plan.image, "command": ["/bin/sh", "-c", TRAIN_WRAPPER, WRAPPER_NAME],
+                 "args": [literal(arg) for arg in plan.argv], "env": env,
                  "volumeMounts": mounts, "resources": self._resources()}
         located = claim_paths(plan)  # pre-positioned inputs, read from above: see claim_paths
         probe_mounts = [m for m in mounts if m["mountPath"] not in located] + inspection_mounts(located)
@@ -389,7 +397,9 @@ class _Job:
         if self.needs_stager:
             init.append(self._stager(env))
             verify["volumeMounts"].append({"name": "state", "mountPath": STATE_DIR, "readOnly": True})
-        if self.uploads:
+        if self.uploads:  # the probe's pass, where only our containers see it: the sidecar uploads after it only
+            verify["env"] = [*env, {"name": "TAO_DATA_IO_VERDICT", "value": VERDICT_DIR}]
+            verify["volumeMounts"].append({"name": "verdict", "mountPath": VERDICT_DIR})
             init.append(self._sidecar(env))
             pod["terminationGracePeriodSeconds"] = self.grace_seconds()
         if self.status_sidecar:
@@ -477,12 +487,14 @@ class _Job:
 
     def _sidecar(self, env: list[dict[str, Any]]) -> dict[str, Any]:
         extra = [{"name": "TAO_DATA_IO_RESYNC_SECONDS", "value": str(self.settings.resync_seconds)},
-                 {"name": "TAO_DATA_IO_VERIFY_FILE", "value": TOKEN_FILE}]
+                 {"name": "TAO_DATA_IO_VERIFY_FILE", "value": TOKEN_FILE},
+                 {"name": "TAO_DATA_IO_VERDICT", "value": VERDICT_DIR}]
         return {"name": "results", "image": self.settings.stager_image, "restartPolicy": "Always",
                 "securityContext": RESTRICTED, "resources": OWN_REQUESTS["results"],
                 "command": ["/bin/sh", f"{FILES_DIR}/sidecar.sh"], "env": [*self._tool_env(env), *extra],
                 "volumeMounts": [{"name": "files", "mountPath": FILES_DIR, "readOnly": True},
-                                 {"name": "state", "mountPath": STATE_DIR}, self._results_mount(read_only=True)]}
+                                 {"name": "state", "mountPath": STATE_DIR}, self._results_mount(read_only=True),
+                                 {"name": "verdict", "mountPath": VERDICT_DIR, "readOnly": True}]}
 
     def _status_sidecar(self) -> dict[str, Any]:
         """No credential and no config: the results, read-only, and the script."""
@@ -557,6 +569,8 @@ class _Job:
                             else {"sizeLimit": mebibytes(self.staging_bytes)}})
         if self.needs_stager:
             volumes.append({"name": "state", "emptyDir": {}})
+        if self.uploads:
+            volumes.append({"name": "verdict", "emptyDir": {"sizeLimit": "1Mi"}})
         return mounts, volumes
 
     def _source_of(self, mount: PlanMount) -> tuple[str, str]:

@@ -41,6 +41,7 @@ printf '%s\n' "$out" | LC_ALL=C awk -F "$tab" -v limit=@LIMIT@ '
     }
   }' > "$3"
 if [ "$code" = 0 ] && [ -z "$out" ]; then exit 1; fi
+if [ "$code" = 0 ] && [ -n "${TAO_DATA_IO_VERDICT:-}" ]; then : > "$TAO_DATA_IO_VERDICT/passed" || exit 1; fi
 exit "$code"
 """.replace("@LIMIT@", str(TERMINATION_MESSAGE_LIMIT))
 
@@ -69,31 +70,62 @@ if [ -n "${TAO_DATA_IO_STAGE_ROOT:-}" ]; then
 fi
 """
 
+#: The training container's PID 1: runs the job's command as its child and hands it SIGTERM and
+#: SIGINT. Why: the kubelet signals only PID 1, and a TAO entry point there (Python, with no handler
+#: installed) never sees SIGTERM — the kernel drops signals PID 1 has no handler for — so a cancel,
+#: a preemption or a drain held the GPUs for the whole grace period, and the results sidecar, which
+#: is stopped only after training exits, was left seconds for its final upload. The command's
+#: words come after the script as its arguments ("$@"), never parsed by the shell; its exit status
+#: is the container's, so the failure policy and the analysis see the command's own code.
+TRAIN_WRAPPER = r"""trap 'kill -TERM "$child" 2>/dev/null' TERM
+trap 'kill -INT "$child" 2>/dev/null' INT
+"$@" &
+child=$!
+while :; do
+  wait "$child"
+  code=$?
+  kill -0 "$child" 2>/dev/null || exit "$code"
+done
+"""
+
 #: The results sidecar (stager image; a native sidecar: an initContainer with restartPolicy
 #: Always, Kubernetes 1.29+). Resyncs while the job runs; Kubernetes sends it SIGTERM once the
 #: training container has exited — succeeded or failed — and it then runs the final upload. Its
 #: exit code never decides the Job's outcome. Only rank 0 uploads.
 SIDECAR_SCRIPT = r"""#!/bin/sh
-# tao-data-io results sidecar: resync every $TAO_DATA_IO_RESYNC_SECONDS, the final upload on SIGTERM.
+# tao-data-io results sidecar: once the verify probe has passed, resync every
+# $TAO_DATA_IO_RESYNC_SECONDS, and the final upload on SIGTERM. A resync runs in the background so
+# SIGTERM is handled at once (a shell runs a trap only after its foreground command): the one in
+# flight is ended and the final upload starts. Nothing is uploaded unless the probe passed: a pod
+# whose verify failed never ran the command, and its results are whatever an earlier attempt left.
 set -u
 if [ "${NODE_RANK:-0}" != 0 ]; then
   trap 'exit 0' TERM INT
   while :; do sleep 3600 & wait $!; done
 fi
-sleeper=
+child=
 final() {
-  if [ -n "$sleeper" ]; then kill "$sleeper" 2>/dev/null; fi
+  if [ -n "$child" ]; then kill "$child" 2>/dev/null; wait "$child" 2>/dev/null; fi
+  if [ ! -e "$TAO_DATA_IO_VERDICT/passed" ]; then
+    echo "tao-data-io: the verify probe did not pass, so the command never ran: no final upload" >&2
+    exit 0
+  fi
   tao-data-io upload-results --job-id "$TAO_JOB_ID" --results-dir "$TAO_RESULTS_DIR" \
     --exclude "$TAO_DATA_IO_VERIFY_FILE"
   exit $?
 }
 trap final TERM INT
 while :; do
-  tao-data-io resync --job-id "$TAO_JOB_ID" --results-dir "$TAO_RESULTS_DIR" --exclude "$TAO_DATA_IO_VERIFY_FILE" \
-    || echo "tao-data-io: this resync failed; the next one retries" >&2
+  if [ -e "$TAO_DATA_IO_VERDICT/passed" ]; then
+    tao-data-io resync --job-id "$TAO_JOB_ID" --results-dir "$TAO_RESULTS_DIR" \
+      --exclude "$TAO_DATA_IO_VERIFY_FILE" &
+    child=$!
+    wait "$child" || echo "tao-data-io: this resync failed or was ended; the next one retries" >&2
+  fi
   sleep "$TAO_DATA_IO_RESYNC_SECONDS" &
-  sleeper=$!
-  wait "$sleeper"
+  child=$!
+  wait "$child"
+  child=
 done
 """
 
