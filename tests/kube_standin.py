@@ -576,11 +576,18 @@ class ControlPlane:
         if name in self.refused:
             self._event(server, namespace, "Job", meta, "FailedCreate", self.refused[name])
             return
-        spec = job["spec"]
+        if job["spec"].get("suspend"):  # no pods until resumed (Kueue's admission, or an operator's patch)
+            server.objects[JOBS, namespace, name]["status"] = {"conditions": [
+                {"type": "Suspended", "status": "True", "reason": "JobSuspended", "message": "Job suspended"}]}
+            return
+        self._start_pods(server, job)
+
+    def _start_pods(self, server: ApiServer, job: dict[str, Any]) -> None:
+        meta, spec = job["metadata"], job["spec"]
         for index in range(int(spec.get("completions") or 1)):
             self._new_pod(server, job, index)
-        server.objects[JOBS, namespace, name]["status"] = {"active": int(spec.get("completions") or 1),
-                                                          "startTime": now()}
+        server.objects[JOBS, meta["namespace"], meta["name"]]["status"] = {
+            "active": int(spec.get("completions") or 1), "startTime": now()}
 
     def _new_pod(self, server: ApiServer, job: dict[str, Any], index: int, replacing: str | None = None) -> None:
         meta, spec = job["metadata"], job["spec"]
@@ -606,6 +613,10 @@ class ControlPlane:
         pods = [obj for (resource, ns, _), obj in server.objects.items() if resource == PODS and ns == namespace
                 and not obj.deleted and obj.raw["metadata"]["labels"].get("batch.kubernetes.io/job-name") == job]
         if not pods:
+            key = (JOBS, namespace, job)
+            found = server.objects[key] if key in server.objects and not server.objects[key].deleted else None
+            if found is not None and "Suspended" in str(found.raw.get("status")) and not found.raw["spec"].get("suspend"):
+                self._start_pods(server, found.raw)  # resumed: the Job controller makes its pods now
             return
         step = pods[0].raw["metadata"]["labels"].get("tao-data-io/step")  # the pod template's, as the backend set it
         first = self.scripts.get(job) or (STAGE_SCRIPT if step == "stage" else TRAIN_SCRIPT)

@@ -31,8 +31,10 @@ KUBERNETES = {"namespace": "tao", "context": "prod", "pvc_claim": "tao-data", "c
               "shm_size": "16Gi", "shards": 2, "node_selector": {"gpu": "a100"},
               "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
               "records_url": "s3://tao-records/jobs/", "resync_seconds": 60,
-              "training_security": "restricted", "training_user": 1000, "capacity": "autoscaled",
-              "pending_timeout": 900.0}
+              "training_security": "restricted", "training_user": 1000, "capacity": "queued",
+              "pending_timeout": 900.0, "queue_name": "gpu-queue", "priority_class": "tao-high",
+              "exclusive_topology": "topology.kubernetes.io/zone", "labels": {"team": "vision"},
+              "annotations": {"example.com/cost-centre": "ml-42"}}
 
 
 @pytest.mark.parametrize(("platform", "config"), [

@@ -8,6 +8,7 @@ scheduler's reason in the record."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +109,93 @@ def test_pending_timeout_is_refused_unless_the_pool_autoscales() -> None:
         KubernetesSettings(pending_timeout=60)
     with pytest.raises(ValueError, match="pending_timeout"):
         KubernetesSettings(capacity="autoscaled", pending_timeout=0)
+
+
+# ----------------------------------------------------------------------------- Kueue and scheduling metadata
+QUEUED = {"capacity": "queued", "queue_name": "gpu-queue"}
+
+
+def test_a_queued_job_is_made_suspended_in_its_queue_and_runs_once_kueue_admits_it(kube: KubeStandIn,
+                                                                                 tmp_path: Path) -> None:
+    """Kueue owns ``suspend``: the Job is made suspended with the queue's label, its pods appear
+    only when Kueue resumes it, and until then the job reads PENDING, saying it is queued."""
+    import threading
+
+    said: list[str] = []
+    backend = make_backend(said, priority_class="tao-high", **QUEUED)
+
+    def admit() -> None:  # Kueue, once the quota allows: resumes the Job
+        def resume() -> bool:
+            key = online.kube_key("Job", "job-1")
+            job = kube.server.objects[key] if key in kube.server.objects else None
+            if job is None or not job.raw["spec"].get("suspend"):
+                return False
+            job.raw["spec"]["suspend"] = False
+            return True
+
+        for _ in range(200):
+            if kube.run(resume):
+                return
+            time.sleep(0.02)
+
+    admission = threading.Thread(target=admit)
+    admission.start()
+    done = submit(tmp_path, job_request(compute_shape={"gpus": 16}), backend)
+    admission.join()
+    job = ours(kube, "Job")["job-1"]
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    assert job["spec"]["template"]["spec"]["priorityClassName"] == "tao-high"
+    assert done.started and store_in(tmp_path).get("job-1").state == "RUNNING"
+    assert any("Kueue admits the job from queue 'gpu-queue'" in line for line in said), said
+
+
+def test_a_queued_job_never_admitted_is_deleted_at_its_pending_timeout_saying_why(kube: KubeStandIn,
+                                                                                 tmp_path: Path) -> None:
+    backend = make_backend(pending_timeout=0.05, **QUEUED)
+    submission, _ = online.launch_only(tmp_path, job_request(), backend)
+    assert backend.status(submission.backend_ref).message.startswith(
+        "suspended, waiting for Kueue to admit it from queue 'gpu-queue'")
+    with pytest.raises(VerifyFailed, match="more than pending_timeout"):
+        submit(tmp_path, job_request(), make_backend(pending_timeout=0.05, **QUEUED))
+    assert "job-1" not in ours(kube, "Job")
+
+
+def test_the_targets_labels_and_annotations_ride_on_every_job_and_pod_but_never_ours(kube: KubeStandIn,
+                                                                                    tmp_path: Path) -> None:
+    kube.server.control.scripts["job-1"] = ["pulling"]
+    backend = make_backend(labels={"team": "vision"}, annotations={"example.com/cost-centre": "ml-42"})
+    online.launch_only(tmp_path, job_request(), backend)
+    job = ours(kube, "Job")["job-1"]
+    for meta in (job["metadata"], job["spec"]["template"]["metadata"]):
+        assert meta["labels"]["team"] == "vision" and meta["labels"]["app.kubernetes.io/managed-by"] == "tao-data-io"
+        assert meta["annotations"]["example.com/cost-centre"] == "ml-42"
+    with pytest.raises(UsageError, match="labels key 'app.kubernetes.io/managed-by' is tao-data-io's own"):
+        submit(tmp_path, job_request(job_id="job-2"),
+               make_backend(labels={"app.kubernetes.io/managed-by": "someone-else"}))
+
+
+def test_a_multi_node_jobs_pods_are_placed_one_per_node_unless_the_target_says_otherwise(kube: KubeStandIn,
+                                                                                        tmp_path: Path) -> None:
+    kube.server.control.scripts["job-1"] = ["pulling"]
+    online.launch_only(tmp_path, job_request(compute_shape={"gpus": 8, "nodes": 2}), make_backend())
+    pod = ours(kube, "Job")["job-1"]["spec"]["template"]["spec"]
+    [term] = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == {"tao-data-io/job-id": "job-1", "tao-data-io/step": "train"}
+    kube.server.control.scripts["job-2"] = ["pulling"]
+    online.launch_only(tmp_path, job_request(job_id="job-2", compute_shape={"gpus": 8, "nodes": 2}),
+                       make_backend(exclusive_topology=None))
+    assert "affinity" not in ours(kube, "Job")["job-2"]["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize(("settings", "match"), [
+    ({"queue_name": "gpu-queue"}, "queue_name 'gpu-queue' with capacity 'fixed'"),
+    ({"capacity": "queued"}, "queue_name None with capacity 'queued'"),
+    ({"labels": {"Not A Key": "x"}}, "labels key 'Not A Key' is not a label key"),
+    ({"priority_class": "High_Priority"}, "priority_class 'High_Priority' is not a DNS subdomain"),
+])
+def test_bad_scheduling_settings_are_refused_naming_the_field(settings: dict[str, Any], match: str) -> None:
+    from tao_data_io.kubernetes.settings import KubernetesSettings
+
+    with pytest.raises(ValueError, match=match):
+        KubernetesSettings(**settings)

@@ -72,7 +72,7 @@ def check_gpus(api: Api, plan: LaunchPlan, settings: KubernetesSettings) -> list
     fits = sum(node.gpus // plan.gpus for node in usable)
     if fits >= plan.nodes:
         return []
-    autoscaled = settings.capacity == "autoscaled"
+    autoscaled = settings.capacity != "fixed"
     have = ", ".join(f"{node.name}: {node.gpus}" for node in sorted(usable, key=lambda n: n.name)) or "no such nodes"
     excluded = "; ".join(f"{node.name}: {why}" for node in sorted(nodes, key=lambda n: n.name)
                          if node.gpus and (why := barred(node, settings.node_selector, settings.tolerations)))
@@ -80,8 +80,9 @@ def check_gpus(api: Api, plan: LaunchPlan, settings: KubernetesSettings) -> list
             f"nodes the pods may run on can hold {fits} such pod(s){' now' if autoscaled else ''} (allocatable "
             f"{have}{f'; not for these pods: {excluded}' if excluded else ''})")
     if autoscaled:
-        return [f"{said}; the pool autoscales, so the pods wait for a node for up to pending_timeout "
-                f"({settings.schedule_timeout:g}s)"]
+        waits = ("the pool autoscales, so the pods wait for a node" if settings.capacity == "autoscaled" else
+                 f"Kueue admits the job from queue {settings.queue_name!r} when its quota allows, and it waits")
+        return [f"{said}; {waits} for up to pending_timeout ({settings.schedule_timeout:g}s)"]
     raise UsageError(f"{said}; without gang scheduling the Job would wait Pending forever: lower compute_shape.gpus "
                      "or nodes, add GPU nodes (with the NVIDIA GPU Operator or device plugin) or change the target's "
                      "node_selector or tolerations — or set its capacity to autoscaled if the pool grows on demand")

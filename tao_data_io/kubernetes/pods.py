@@ -193,6 +193,10 @@ def job_status(job: Obj, pods: Sequence[Obj], events: Sequence[Obj] = ()) -> Job
         return JobStatus(state="CANCELED", message="the Job is being deleted before it finished")
     if not pods:
         said = newest_warning(events)
+        queue = ((job.get("metadata") or {}).get("labels") or {}).get("kueue.x-k8s.io/queue-name")
+        if (job.get("spec") or {}).get("suspend") and queue:
+            return JobStatus(state="PENDING", message=f"suspended, waiting for Kueue to admit it from queue {queue!r}"
+                                                      + (f": {said}" if said else ""))
         return JobStatus(state="PENDING", message="no pod yet" + (f": {said}" if said else ""))
     places = [(pod, where(pod)) for pod in by_rank(pods)]
     started = [_who(pod, nodes) + w.text for pod, w in places if w.phase in ("stage", "probe", "running", "done")]

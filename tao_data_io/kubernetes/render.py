@@ -95,6 +95,8 @@ STATE_DIR = "/tao-data-io/state"
 #: Where the verify probe marks that it passed (``passed``), for the results sidecar: a volume of
 #: our containers only, so nothing the job does can make a failed pod look verified.
 VERDICT_DIR = "/tao-data-io/verdict"
+#: The label Kueue reads a Job's LocalQueue from.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 #: The wrapper's $0, as ``ps`` in the training container shows it.
 WRAPPER_NAME = "tao-train"
 STAGE_ROOT = "/tao-data-io/staging"
@@ -301,8 +303,20 @@ class _Job:
         return RenderedJob(objects, self.secret, warnings)
 
     def _meta(self, name: str, step: str) -> dict[str, Any]:
-        return {"name": name, "namespace": self.settings.namespace, "labels": {**self.labels, STEP_LABEL: step},
-                "annotations": {JOB_ID_LABEL: self.plan.job_id, ATTEMPT_ANNOTATION: str(self.plan.attempt)}}
+        return {"name": name, "namespace": self.settings.namespace, "labels": self._labels(step),
+                "annotations": {**self.settings.annotations, JOB_ID_LABEL: self.plan.job_id,
+                                ATTEMPT_ANNOTATION: str(self.plan.attempt)}}
+
+    def _labels(self, step: str) -> dict[str, str]:
+        """The target's labels, then ours (which the target may not set: the backend finds, cancels
+        and routes the job's objects by them)."""
+        ours = {**self.labels, STEP_LABEL: step}
+        for key in self.settings.labels.keys() & {*ours, QUEUE_LABEL}:
+            raise UsageError(f"labels key {key!r} is tao-data-io's own (it finds and cancels a job's objects by it): "
+                             "remove it from the target's labels")
+        for key in self.settings.annotations.keys() & {JOB_ID_LABEL, ATTEMPT_ANNOTATION}:
+            raise UsageError(f"annotations key {key!r} is tao-data-io's own: remove it from the target's annotations")
+        return {**self.settings.labels, **ours}
 
     def _configmap(self) -> dict[str, Any]:
         data = {"probe.sh": PROBE_SCRIPT, "verify.sh": VERIFY_SCRIPT, "checklist": checklist_text(self.checks),
@@ -367,7 +381,7 @@ class _Job:
                                                         "values": [UNWRITABLE_EXIT]}}
         spec: dict[str, Any] = {"backoffLimit": 2 * shards, "ttlSecondsAfterFinished": self.settings.ttl_seconds,
                                 "podFailurePolicy": {"rules": [refused]},
-                                "template": {"metadata": {"labels": {**self.labels, STEP_LABEL: "stage"}}, "spec": pod}}
+                                "template": {"metadata": {"labels": self._labels("stage")}, "spec": pod}}
         if shards > 1:
             spec.update(completionMode="Indexed", completions=shards, parallelism=shards)
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(name, "stage"), "spec": spec}
@@ -408,15 +422,31 @@ class _Job:
         pod.update(initContainers=init, containers=[train], volumes=volumes)
         if self.multi:
             pod["subdomain"] = self.names.service
+        if self.settings.priority_class:
+            pod["priorityClassName"] = self.settings.priority_class
+        if self.multi and self.settings.exclusive_topology:  # one rank per node (or zone, rack…): never two
+            pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                "labelSelector": {"matchLabels": {JOB_ID_LABEL: self.names.job, STEP_LABEL: "train"}},
+                "topologyKey": self.settings.exclusive_topology}]}}
+        template_meta = {"labels": self._labels("train"), **({"annotations": dict(self.settings.annotations)}
+                                                             if self.settings.annotations else {})}
         spec: dict[str, Any] = {"backoffLimit": 0, "ttlSecondsAfterFinished": self.settings.ttl_seconds,
-                                "template": {"metadata": {"labels": {**self.labels, STEP_LABEL: "train"}}, "spec": pod}}
+                                "template": {"metadata": template_meta, "spec": pod}}
         if not self.multi:
             spec.update(backoffLimit=plan.disruption_retries, podFailurePolicy=DISRUPTIONS_RETRIED)
         if self.multi:
             spec.update(completionMode="Indexed", completions=plan.nodes, parallelism=plan.nodes)
+        meta = self._meta(self.names.job, "train")
+        if self.settings.queue_name is not None:  # made suspended: Kueue resumes it once admitted, and owns suspend
+            if self.suspend_training:
+                raise UsageError(f"tier B with queue_name {self.settings.queue_name!r}: Kueue would resume the "
+                                 "training Job before its stage Job filled the cache; let tao-data-io submit it "
+                                 "(it makes the training Job only once staging is done), or drop the queue")
+            meta["labels"][QUEUE_LABEL] = self.settings.queue_name
+            spec["suspend"] = True
         if self.suspend_training:
             spec["suspend"] = True
-        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(self.names.job, "train"), "spec": spec}
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}
 
     def _training_security(self) -> dict[str, Any] | None:
         """The training container's (and the probe's) securityContext: the target's choice. TAO

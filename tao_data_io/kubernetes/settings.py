@@ -45,6 +45,14 @@ def check_binary_quantity(value: str, *, what: str) -> str:
     return value
 
 
+def _check_label_key(key: str, *, what: str) -> str:
+    """A label (or annotation) key: ``[prefix/]name``, the name at most 63 characters."""
+    if not (_LABEL_KEY.fullmatch(key) and len(key.rpartition("/")[2]) <= 63):
+        raise UsageError(f"{what} {key!r} is not a label key: [prefix/]name, the name at most 63 letters, digits, '-', "
+                         "'_' or '.'")
+    return key
+
+
 class KubernetesSettings(BackendSettings):
     """Where on a cluster each job runs, and what its pods get besides the launch plan."""
 
@@ -94,15 +102,36 @@ class KubernetesSettings(BackendSettings):
         default_factory=list, title="Tolerations",
         description="The pods' tolerations, each with key, operator, value, effect and tolerationSeconds as the pod "
                     "spec has them (e.g. for tainted GPU nodes).")
-    capacity: Literal["fixed", "autoscaled"] = Field(
+    capacity: Literal["fixed", "autoscaled", "queued"] = Field(
         "fixed", title="GPU capacity",
         description="fixed: a job the GPU nodes its pods may run on cannot hold now is refused before anything is "
                     "made; autoscaled: the node pool grows when pods ask (a pool scaled to zero has no GPU node "
-                    "until then), so that is a warning, and a pod may wait for a node up to pending_timeout.")
+                    "until then), so that is a warning, and a pod may wait for a node up to pending_timeout; queued: "
+                    "Kueue admits each Job from queue_name when its quota allows (the Job is made suspended and Kueue "
+                    "resumes it), a warning too, waiting up to pending_timeout.")
     pending_timeout: float | None = Field(
         None, title="Pending timeout (s)",
-        description=f"With autoscaled: how long a pod may wait for a node before its Job is deleted, the reason "
-                    f"recorded; empty: {DEFAULT_PENDING_TIMEOUT_S:g}.")
+        description=f"With autoscaled or queued: how long a job may wait to be admitted and scheduled before its "
+                    f"Job is deleted, the reason recorded; empty: {DEFAULT_PENDING_TIMEOUT_S:g}.")
+    queue_name: str | None = Field(
+        None, title="Kueue LocalQueue",
+        description="With queued: the NAME of the LocalQueue in the namespace the Jobs go to (their "
+                    "kueue.x-k8s.io/queue-name label).")
+    priority_class: str | None = Field(
+        None, title="Priority class",
+        description="The NAME of a PriorityClass for the pods (priorityClassName): which jobs preempt which, and "
+                    "Kueue's order within a queue.")
+    exclusive_topology: str | None = Field(
+        "kubernetes.io/hostname", title="Exclusive placement",
+        description="Multi-node jobs: a node label key no two of the job's pods may share a value of (the pods' "
+                    "required anti-affinity) — kubernetes.io/hostname puts one pod on each node; empty: none.")
+    labels: dict[str, str] = Field(
+        default_factory=dict, title="Labels",
+        description="Labels the job's Jobs and pods carry besides tao-data-io's own (cost centre, team, a "
+                    "scheduler's), each a label key and value.")
+    annotations: dict[str, str] = Field(
+        default_factory=dict, title="Annotations",
+        description="Annotations the job's Jobs and pods carry besides tao-data-io's own.")
     training_security: Literal["image", "restricted"] = Field(
         "image", title="Training container security",
         description="image: the training image's own user (TAO images run as root), for namespaces whose Pod "
@@ -134,7 +163,7 @@ class KubernetesSettings(BackendSettings):
     def _namespace(cls, value: str | None) -> str | None:
         return value if value is None else check_dns_label(value, what="namespace")
 
-    @field_validator("pvc_claim", "credential_secret", "image_pull_secret")
+    @field_validator("pvc_claim", "credential_secret", "image_pull_secret", "queue_name", "priority_class")
     @classmethod
     def _object_name(cls, value: str | None, info: ValidationInfo) -> str | None:
         return value if value is None else check_dns_subdomain(value, what=str(info.field_name))
@@ -184,9 +213,12 @@ class KubernetesSettings(BackendSettings):
 
     @model_validator(mode="after")
     def _pending_timeout(self) -> KubernetesSettings:
-        if self.pending_timeout is not None and self.capacity != "autoscaled":
-            raise UsageError(f"pending_timeout applies to capacity 'autoscaled' only (this target's is "
-                             f"{self.capacity!r}: a job its nodes cannot hold is refused before it waits)")
+        if self.pending_timeout is not None and self.capacity == "fixed":
+            raise UsageError("pending_timeout applies to capacity 'autoscaled' or 'queued' only (this target's is "
+                             "'fixed': a job its nodes cannot hold is refused before it waits)")
+        if (self.queue_name is None) == (self.capacity == "queued"):
+            raise UsageError(f"queue_name {self.queue_name!r} with capacity {self.capacity!r}: a queued target names "
+                             "the LocalQueue its Jobs go to, and only a queued one does — set both or neither")
         if self.pending_timeout is not None and not 0 < self.pending_timeout <= MAX_PENDING_TIMEOUT_S:
             raise UsageError(f"pending_timeout {self.pending_timeout!r} must be more than 0 and at most "
                              f"{MAX_PENDING_TIMEOUT_S:g} seconds")
@@ -194,22 +226,33 @@ class KubernetesSettings(BackendSettings):
 
     @property
     def schedule_timeout(self) -> float | None:
-        """How long a pod may wait for a node on an autoscaled pool; None: the verify budget counts it."""
-        if self.capacity != "autoscaled":
+        """How long a job may wait to be admitted and placed on an autoscaled pool or a queue; None:
+        the verify budget counts it."""
+        if self.capacity == "fixed":
             return None
         return DEFAULT_PENDING_TIMEOUT_S if self.pending_timeout is None else self.pending_timeout
 
-    @field_validator("node_selector")
+    @field_validator("node_selector", "labels")
     @classmethod
-    def _node_selector(cls, value: dict[str, str]) -> dict[str, str]:
+    def _label_pairs(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         for key, label in value.items():
-            if not (_LABEL_KEY.fullmatch(key) and len(key.rpartition("/")[2]) <= 63):
-                raise UsageError(f"node_selector key {key!r} is not a label key: [prefix/]name, the name at most 63 "
-                                 "letters, digits, '-', '_' or '.'")
+            _check_label_key(key, what=f"{info.field_name} key")
             if not _LABEL_VALUE.fullmatch(label):
-                raise UsageError(f"node_selector {key!r} value {label!r} is not a label value: at most 63 letters, "
-                                 "digits, '-', '_' or '.', starting and ending with a letter or digit")
+                raise UsageError(f"{info.field_name} {key!r} value {label!r} is not a label value: at most 63 "
+                                 "letters, digits, '-', '_' or '.', starting and ending with a letter or digit")
         return value
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotations(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            _check_label_key(key, what="annotations key")
+        return value
+
+    @field_validator("exclusive_topology")
+    @classmethod
+    def _exclusive_topology(cls, value: str | None) -> str | None:
+        return None if value is None else _check_label_key(value, what="exclusive_topology")
 
     @field_validator("tolerations")
     @classmethod

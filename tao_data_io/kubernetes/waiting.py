@@ -61,7 +61,7 @@ class Budget:
 
     def exhausted(self) -> str | None:
         if self.schedule_timeout is not None and self.scheduled > self.schedule_timeout:
-            return (f"waited {self.scheduled:.0f}s for a node of the autoscaled pool, more than pending_timeout "
+            return (f"waited {self.scheduled:.0f}s to be admitted and given a node, more than pending_timeout "
                     f"({self.schedule_timeout:g}s)")
         if self.waited > self.verify_timeout:
             return (f"waited {self.waited:.0f}s for a node or the probe, more than verify_timeout "
