@@ -109,6 +109,12 @@ class ComputeShape(RequestPart):
                     "its node drained (never after the command fails); empty: 2 for one node, 0 for several — a "
                     "replacement rank cannot rejoin a running rendezvous, so a multi-node job takes none.")
 
+    deadline_seconds: int | None = Field(
+        default=None, ge=60, le=30 * 86400,
+        description="The most the whole run may take from its start, its verify and any start after a disruption "
+                    "included; past it the job is ended and recorded ERROR, saying so (Kubernetes: the Job's "
+                    "activeDeadlineSeconds). Empty: no limit.")
+
     @property
     def retries_after_disruption(self) -> int:
         """:attr:`disruption_retries`, or its default for this many nodes."""

@@ -805,6 +805,15 @@ class ControlPlane:
                 counted += 1
         if verdict is None and counted > int(spec.get("backoffLimit", 6)):
             verdict = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+        deadline = spec.get("activeDeadlineSeconds")
+        started = datetime.fromisoformat(str(status["startTime"]).replace("Z", "+00:00"))
+        if verdict is None and deadline is not None and (datetime.now(timezone.utc) - started).total_seconds() > deadline:
+            verdict = ("DeadlineExceeded", "Job was active longer than specified deadline")
+            for (resource, ns, _), obj in list(server.objects.items()):  # its active pods are deleted
+                if (resource == PODS and ns == namespace and not obj.deleted and obj.raw["status"].get("phase") not in
+                        ("Failed", "Succeeded") and obj.raw["metadata"]["labels"].get("batch.kubernetes.io/job-name")
+                        == name):
+                    obj.delete()
         if verdict is None:
             for pod in pods:
                 pod_name = pod["metadata"]["name"]

@@ -109,3 +109,21 @@ def test_the_rendered_policy_counts_disruptions_before_it_fails_the_job_on_any_e
     assert spec["backoffLimit"] == 3
     assert [rule["action"] for rule in spec["podFailurePolicy"]["rules"]] == ["Count", "FailJob"]
     assert spec["podFailurePolicy"]["rules"][0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+
+
+def test_a_job_past_its_deadline_is_ended_and_says_so(kube: KubeStandIn, tmp_path: Path) -> None:
+    """compute_shape.deadline_seconds is the Job's activeDeadlineSeconds; past it the Job
+    controller fails the Job (DeadlineExceeded) and deletes its pods — read as the deadline, not as
+    the exit code its ended command left."""
+    backend = make_backend()
+    submit(tmp_path, job_request(compute_shape={"gpus": 1, "deadline_seconds": 60}), backend)
+    job = ours(kube, "Job")["job-1"]
+    assert job["spec"]["activeDeadlineSeconds"] == 60
+
+    def started_long_ago() -> None:
+        kube.server.objects[online.kube_key("Job", "job-1")]["status"]["startTime"] = "2020-01-01T00:00:00Z"
+
+    kube.run(started_long_ago)
+    collected = verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01)
+    assert collected.state == "ERROR" and collected.failure is not None
+    assert "ran longer than its compute_shape.deadline_seconds (60 s)" in collected.failure.reason

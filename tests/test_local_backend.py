@@ -313,6 +313,19 @@ def test_a_command_killed_by_sigkill_is_an_infrastructure_error(tmp_path: Path, 
     assert "SIGKILL" in status.message and "killed, possibly out of memory" in status.message
 
 
+def test_a_run_past_its_deadline_is_ended_and_recorded_as_such(tmp_path: Path, backend: LocalBackend) -> None:
+    """compute_shape.deadline_seconds bounds the whole run, in the local frame as on Kubernetes
+    (its activeDeadlineSeconds): the frame is ended and the job is ERROR saying why — not
+    CANCELED, and not "killed, possibly out of memory". (The request's own floor is 60 s; the
+    plan is given 2 here.)"""
+    plan = make_plan(tmp_path, script="sleep 60").model_copy(update={"deadline_seconds": 2})
+    ref = backend.submit(plan).backend_ref
+    status = finished(backend, ref)
+    assert (status.state, status.err_class) == ("ERROR", "ERR_PROGRAM"), status
+    assert "ran longer than its compute_shape.deadline_seconds (2 s)" in status.message
+    wait_for("every process of the job to end", lambda: True if not job_processes(backend, "job-1") else None)
+
+
 def _break_dataset(tmp_path: Path, how: str) -> None:
     data = tmp_path / "stage" / "s3/bkt/data"
     if how == "missing":

@@ -226,6 +226,9 @@ def failure_analysis(job: Obj, pods: Sequence[Obj]) -> FailureAnalysis | None:
     infrastructure's (ERR_INFRA); the command exiting non-zero is the program's (ERR_PROGRAM).
     None while nothing has failed."""
     nodes = int((job.get("spec") or {}).get("completions") or 1)
+    failed = condition(job, "Failed")
+    if failed is not None and failed.get("reason") == "DeadlineExceeded":  # its pods were ended for it: first
+        return FailureAnalysis.deadline_passed((job.get("spec") or {}).get("activeDeadlineSeconds"))
     # A pod that failed on its own says more than one that was disrupted (a replacement that then
     # failed is why the Job ended, not the eviction before it).
     for pod in sorted(by_rank(pods), key=lambda pod: disruption(pod) is not None):
@@ -271,7 +274,6 @@ def failure_analysis(job: Obj, pods: Sequence[Obj]) -> FailureAnalysis | None:
         return FailureAnalysis(err_class="ERR_PROGRAM", reason=f"{who}the command exited {item.exit_code}"
                                + (f" ({item.reason})" if item.reason and item.reason != "Error" else ""),
                                suggestion="read the last lines of the job's log")
-    failed = condition(job, "Failed")
     if failed is not None:
         return FailureAnalysis(err_class="ERR_INFRA", reason=f"the Job failed ({failed.get('reason', 'no reason')}: "
                                f"{failed.get('message', '')}) and none of its pods is left to say why",

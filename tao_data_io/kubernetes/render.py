@@ -434,6 +434,8 @@ class _Job:
                                 "template": {"metadata": template_meta, "spec": pod}}
         if not self.multi:
             spec.update(backoffLimit=plan.disruption_retries, podFailurePolicy=DISRUPTIONS_RETRIED)
+        if plan.deadline_seconds is not None:
+            spec["activeDeadlineSeconds"] = plan.deadline_seconds
         if self.multi:
             spec.update(completionMode="Indexed", completions=plan.nodes, parallelism=plan.nodes)
         meta = self._meta(self.names.job, "train")

@@ -83,6 +83,13 @@ class FailureAnalysis(Strict):
     def describe(self) -> str:
         return f"{self.err_class}: {self.reason} — {self.suggestion}"
 
+    @classmethod
+    def deadline_passed(cls, seconds: int | str | None) -> FailureAnalysis:
+        """The run passed its ``compute_shape.deadline_seconds`` and was ended: every backend says so alike."""
+        return cls(err_class="ERR_PROGRAM", reason=f"the job ran longer than its compute_shape.deadline_seconds "
+                   f"({seconds} s) and was ended", suggestion="raise compute_shape.deadline_seconds, or make the run "
+                   "shorter (fewer epochs); its results so far were kept")
+
 
 #: The most of a job's log one look returns (per rank): a job that prints faster than the
 #: flow looks is shown in pieces, never all at once.

@@ -85,6 +85,8 @@ class LaunchPlan(Strict):
     #: How often the job is started again after its pod was disrupted (Kubernetes; the request's
     #: ``compute_shape.disruption_retries``, defaulted for its node count).
     disruption_retries: int = Field(default=0, ge=0)
+    #: The request's ``compute_shape.deadline_seconds``: the most the whole run may take (None: no limit).
+    deadline_seconds: int | None = None
     #: At most how many bytes staging writes in the frame (the staging map's bound; None: unknown):
     #: tier C's pod sizes its staging volume to it.
     staging_bytes: int | None = None
@@ -159,6 +161,7 @@ def build_plan(request: JobRequest, staging_map: StagingMap, decision: TierDecis
                       shm_size=request.compute_shape.shm_size, cpu=request.compute_shape.cpu,
                       memory=request.compute_shape.memory, ephemeral_storage=request.compute_shape.ephemeral_storage,
                       disruption_retries=request.compute_shape.retries_after_disruption,
+                      deadline_seconds=request.compute_shape.deadline_seconds,
                       staging_bytes=staging_map.planned_bytes, network=request.network)
 
 

@@ -330,6 +330,10 @@ def _ended(ended: ExitRecord, run: RunDir) -> tuple[JobStatus, FailureAnalysis |
     """The state and analysis of a job whose supervisor recorded how it ended."""
     if ended.canceled:
         return JobStatus(state="CANCELED", message="canceled", exit_code=ended.exit_code), None
+    if ended.deadline_seconds is not None:
+        analysis = FailureAnalysis.deadline_passed(ended.deadline_seconds)
+        return JobStatus(state="ERROR", message=analysis.reason, exit_code=ended.exit_code,
+                         err_class=analysis.err_class), analysis
     if ended.setup_error is not None:
         analysis = FailureAnalysis(err_class="ERR_INFRA", reason=f"the frame did not start: {ended.setup_error}",
                                    suggestion="run the backend's preflight on this host; it says what bubblewrap "

@@ -82,6 +82,8 @@ class ExitRecord(Strict):
     canceled: bool = False
     #: bubblewrap could not set the frame up (its own message); the command never ran.
     setup_error: str | None = None
+    #: The run passed its ``compute_shape.deadline_seconds`` and was ended for it.
+    deadline_seconds: int | None = None
 
     @property
     def failed(self) -> bool:

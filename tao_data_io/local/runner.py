@@ -68,8 +68,20 @@ class Cancellation:
 
     def __init__(self) -> None:
         self.requested = False
+        #: Set when the run's deadline (``compute_shape.deadline_seconds``) ended it, not a cancel.
+        self.deadline: int | None = None
         self._interruptible = False
         signal.signal(signal.SIGTERM, self._on_term)
+
+    def start_deadline(self, seconds: int | None) -> None:
+        """End the run as a cancel does once ``seconds`` have passed, recorded as its deadline."""
+        if seconds is not None:
+            signal.signal(signal.SIGALRM, partial(self._on_deadline, seconds))
+            signal.alarm(seconds)
+
+    def _on_deadline(self, seconds: int, signum: int, frame: FrameType | None) -> None:
+        self.deadline = seconds
+        self._on_term(signum, frame)
 
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
@@ -208,6 +220,7 @@ def supervise(run_path: Path, credentials: Mapping[str, str]) -> int:
         launch = run.launch()
         assert launch is not None, "submit writes launch.json before it starts the supervisor"
         host = Host(bwrap=launch.bwrap, system=host_system_dirs(), nsenter=launch.nsenter)
+        cancel.start_deadline(launch.plan.deadline_seconds)
         cancel.check()
         binds = frame_binds(launch.plan, launch.results_host)
         try:
@@ -221,7 +234,8 @@ def supervise(run_path: Path, credentials: Mapping[str, str]) -> int:
             run.write(run.exit_file, run_ranks(run, launch, host, frames, credentials, cancel, binds, opened))
     except CancelRequested:
         frames.kill()
-        run.write(run.exit_file, ExitRecord(exit_code=128 + signal.SIGKILL, signal=signal.SIGKILL, canceled=True))
+        run.write(run.exit_file, ExitRecord(exit_code=128 + signal.SIGKILL, signal=signal.SIGKILL,
+                                            canceled=cancel.deadline is None, deadline_seconds=cancel.deadline))
     except BaseException as exc:
         frames.kill()
         redact = Redactor(credentials)
