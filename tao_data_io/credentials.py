@@ -75,12 +75,15 @@ class S3Credentials:
     no value. Instances are never persisted: blocks and models hold variable *names*.
     """
 
-    access_key_id: str = field(repr=False)
-    secret_access_key: str = field(repr=False)
+    #: None for both: the process's cloud identity (:data:`POD_IDENTITY_VARIABLES`), which each
+    #: client resolves itself and refreshes.
+    access_key_id: str | None = field(repr=False)
+    secret_access_key: str | None = field(repr=False)
     session_token: str | None = field(default=None, repr=False)
     endpoint_url: str | None = field(default=None, repr=False)
     region: str = DEFAULT_REGION
-    #: "aws" or "legacy": which family of variable names supplied the keys.
+    #: "aws" or "legacy": which family of variable names supplied the keys; "pod identity": none
+    #: did, the process has a cloud identity instead.
     source: str = "aws"
     #: ``AWS_MAX_ATTEMPTS``: the most attempts of one request, first try included, for every
     #: client (boto3, obstore, s5cmd); None keeps each client's tuned default. A retrying
@@ -99,6 +102,11 @@ class S3Credentials:
                   "session_token": self.session_token, "region": self.region, "endpoint_url": self.endpoint_url}
         return {names[field]: value for field, value in values.items() if value}
 
+    @property
+    def pod_identity(self) -> bool:
+        """No keys: the process's cloud identity, resolved by each client's own credential chain."""
+        return self.access_key_id is None
+
     def boto3_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``boto3.client("s3", **kwargs)``."""
         return self.settings({"access_key_id": "aws_access_key_id", "secret_access_key": "aws_secret_access_key",
@@ -116,8 +124,10 @@ class S3Credentials:
         keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
                 "http_proxy", "https_proxy", "no_proxy", "AWS_CA_BUNDLE", "SSL_CERT_FILE")
         env = {name: source[name] for name in keep if name in source}
-        env["AWS_ACCESS_KEY_ID"] = self.access_key_id
-        env["AWS_SECRET_ACCESS_KEY"] = self.secret_access_key
+        if self.pod_identity:  # the child's own chain reads (and refreshes) the identity
+            env.update({name: source[name] for name in POD_IDENTITY_VARIABLES if name in source})
+        else:
+            env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = str(self.access_key_id), str(self.secret_access_key)
         env["AWS_REGION"] = self.region
         env["AWS_DEFAULT_REGION"] = self.region
         if self.session_token:
@@ -147,18 +157,22 @@ def s3_credentials_from_env(environ: Mapping[str, str] | None = None) -> S3Crede
     env = os.environ if environ is None else environ
     key_id, key_from = _lookup(env, "AWS_ACCESS_KEY_ID")
     secret, secret_from = _lookup(env, "AWS_SECRET_ACCESS_KEY")
-    if key_id is None and secret is None:
+    if key_id is None and secret is None and has_pod_identity(env):
+        key_from = "pod identity"
+    elif key_id is None and secret is None:
         raise CredentialError(
             "S3 credentials are missing: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the "
-            "environment (or the legacy TAO names ACCESS_KEY and SECRET_KEY). "
+            "environment (or the legacy TAO names ACCESS_KEY and SECRET_KEY), or give the pod a cloud identity "
+            "(IRSA or EKS Pod Identity: AWS_ROLE_ARN with AWS_WEB_IDENTITY_TOKEN_FILE, or "
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI). "
             "Export them or `set -a; source .env; set +a`; never pass them as arguments."
         )
-    if key_id is None:
+    elif key_id is None:
         raise CredentialError(
             f"S3 credentials are incomplete: {secret_from} is set but AWS_ACCESS_KEY_ID "
             "(or the legacy ACCESS_KEY) is not; set it in the environment."
         )
-    if secret is None:
+    elif secret is None:
         raise CredentialError(
             f"S3 credentials are incomplete: {key_from} is set but AWS_SECRET_ACCESS_KEY "
             "(or the legacy SECRET_KEY) is not; set it in the environment."
@@ -171,9 +185,24 @@ def s3_credentials_from_env(environ: Mapping[str, str] | None = None) -> S3Crede
         session_token=env.get("AWS_SESSION_TOKEN") or None,
         endpoint_url=endpoint or env.get("AWS_ENDPOINT_URL_S3") or None,
         region=region or env.get("AWS_REGION") or DEFAULT_REGION,
-        source="legacy" if key_from == "ACCESS_KEY" else "aws",
+        source={"ACCESS_KEY": "legacy", "pod identity": "pod identity"}.get(str(key_from), "aws"),
         max_attempts=_max_attempts(env),
     )
+
+
+#: What a cloud identity puts in a pod's environment, as boto3, obstore (through boto3) and
+#: s5cmd read it: IRSA's role and projected token (exchanged at STS), EKS Pod Identity's agent.
+#: GKE and AKS workload identity reach S3-compatible stores the same ways or not at all.
+POD_IDENTITY_VARIABLES = ("AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_SESSION_NAME",
+                          "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                          "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "AWS_STS_REGIONAL_ENDPOINTS")
+
+
+def has_pod_identity(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` carries a cloud identity a client can turn into credentials."""
+    web_identity = bool(environ.get("AWS_ROLE_ARN") and environ.get("AWS_WEB_IDENTITY_TOKEN_FILE"))
+    return web_identity or bool(environ.get("AWS_CONTAINER_CREDENTIALS_FULL_URI")
+                                or environ.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"))
 
 
 def _max_attempts(env: Mapping[str, str]) -> int | None:

@@ -34,7 +34,8 @@ KUBERNETES = {"namespace": "tao", "context": "prod", "pvc_claim": "tao-data", "c
               "training_security": "restricted", "training_user": 1000, "capacity": "queued",
               "pending_timeout": 900.0, "queue_name": "gpu-queue", "priority_class": "tao-high",
               "exclusive_topology": "topology.kubernetes.io/zone", "labels": {"team": "vision"},
-              "annotations": {"example.com/cost-centre": "ml-42"}}
+              "annotations": {"example.com/cost-centre": "ml-42"}, "service_account": "tao-runner",
+              "cloud_identity": True}
 
 
 @pytest.mark.parametrize(("platform", "config"), [

@@ -304,6 +304,22 @@ def test_s3_work_in_the_pod_needs_forwarded_s3_credentials(tmp_path: Path) -> No
     assert legacy.secret is not None and legacy.secret.keys == ["ACCESS_KEY", "SECRET_KEY"]
 
 
+def test_pods_with_cloud_identity_reach_s3_without_any_key_or_secret(tmp_path: Path) -> None:
+    """IRSA, EKS Pod Identity, GKE Workload Identity: the pods run as the service account bound to
+    a cloud role and keep its token (what those exchange for the role's credentials); no key is
+    forwarded, no Secret is made, no container is given a key. Every other job's pods keep none."""
+    rendered = render(req(forward_env=[]), tmp_path, "C", service_account="tao-s3-reader", cloud_identity=True)
+    validate(rendered)
+    assert rendered.secret is None and not [o for o in rendered.objects if o["kind"] == "Secret"]
+    pod = training_pod(rendered)
+    assert pod["serviceAccountName"] == "tao-s3-reader" and pod["automountServiceAccountToken"] is True
+    names = {e["name"] for c in [*pod["initContainers"], *pod["containers"]] for e in c.get("env", [])}
+    assert not names & {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+    assert training_pod(render(req(), tmp_path / "keys", "C"))["automountServiceAccountToken"] is False
+    with pytest.raises(ValueError, match="cloud_identity needs service_account"):
+        render(req(forward_env=[]), tmp_path, "C", cloud_identity=True)
+
+
 # ----------------------------------------------------------------------------- adversarial
 def test_adversarial_a_target_with_dotdot_is_refused(tmp_path: Path) -> None:
     plan, _ = plan_for(req(), tmp_path, "C")

@@ -269,10 +269,11 @@ class _Job:
         uses_s3 = self.uploads or (plan.tier in ("B", "C") and any(
             m.input.startswith("s3://") for m in staged)) or any(i.annotation for i in self.request.inputs)
         forwarded = set(plan.forward_env)
-        if uses_s3 and not any(set(pair) <= forwarded for pair in _S3_KEYS):
+        if uses_s3 and not settings.cloud_identity and not any(set(pair) <= forwarded for pair in _S3_KEYS):
             raise UsageError("this job reads or writes s3:// inside the cluster, so forward_env must name the S3 "
                              "credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ACCESS_KEY and SECRET_KEY), "
-                             "plus AWS_ENDPOINT_URL for a non-AWS endpoint")
+                             "plus AWS_ENDPOINT_URL for a non-AWS endpoint — or the target's pods have cloud identity "
+                             "(cloud_identity, service_account)")
 
     def _checks(self) -> list[Check]:
         token = hashlib.sha256(f"tao-data-io-verify:{self.plan.job_id}".encode()).hexdigest()[:32]
@@ -342,9 +343,12 @@ class _Job:
 
     def _pod_basics(self) -> dict[str, Any]:
         # No pod of a job talks to the Kubernetes API (the stager and sidecars reach S3 only), so
-        # none carries the namespace's service-account token a compromised job could use.
+        # none carries the namespace's service-account token a compromised job could use — unless
+        # its cloud identity is that token (cloud_identity: IRSA and Pod Identity exchange it).
         spec: dict[str, Any] = {"restartPolicy": "Never", "enableServiceLinks": False,
-                                "automountServiceAccountToken": False}
+                                "automountServiceAccountToken": self.settings.cloud_identity}
+        if self.settings.service_account:
+            spec["serviceAccountName"] = self.settings.service_account
         if self.settings.image_pull_secret:
             spec["imagePullSecrets"] = [{"name": self.settings.image_pull_secret}]
         if self.settings.node_selector:

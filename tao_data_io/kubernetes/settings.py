@@ -102,6 +102,16 @@ class KubernetesSettings(BackendSettings):
         default_factory=list, title="Tolerations",
         description="The pods' tolerations, each with key, operator, value, effect and tolerationSeconds as the pod "
                     "spec has them (e.g. for tainted GPU nodes).")
+    service_account: str | None = Field(
+        None, title="Service account",
+        description="The NAME of the service account the job's pods run as; with cloud_identity, the one bound to a "
+                    "cloud role (IRSA's eks.amazonaws.com/role-arn annotation, an EKS Pod Identity association, GKE "
+                    "Workload Identity). Empty: the namespace's default, and no token in the pods.")
+    cloud_identity: bool = Field(
+        False, title="Pods have cloud identity",
+        description="The pods reach S3 with their service account's cloud identity instead of static keys: "
+                    "forward_env need not name S3 keys, no Secret carries any, and the pods keep their service "
+                    "account token (IRSA and Pod Identity exchange it for a role's credentials).")
     capacity: Literal["fixed", "autoscaled", "queued"] = Field(
         "fixed", title="GPU capacity",
         description="fixed: a job the GPU nodes its pods may run on cannot hold now is refused before anything is "
@@ -163,7 +173,8 @@ class KubernetesSettings(BackendSettings):
     def _namespace(cls, value: str | None) -> str | None:
         return value if value is None else check_dns_label(value, what="namespace")
 
-    @field_validator("pvc_claim", "credential_secret", "image_pull_secret", "queue_name", "priority_class")
+    @field_validator("pvc_claim", "credential_secret", "image_pull_secret", "queue_name", "priority_class",
+                     "service_account")
     @classmethod
     def _object_name(cls, value: str | None, info: ValidationInfo) -> str | None:
         return value if value is None else check_dns_subdomain(value, what=str(info.field_name))
@@ -210,6 +221,13 @@ class KubernetesSettings(BackendSettings):
         if value is not None:
             parse_s3_url(value, field="records_url")
         return value
+
+    @model_validator(mode="after")
+    def _identity_has_an_account(self) -> KubernetesSettings:
+        if self.cloud_identity and self.service_account is None:
+            raise UsageError("cloud_identity needs service_account: the NAME of the service account bound to the "
+                             "cloud role (a namespace's default account rarely is)")
+        return self
 
     @model_validator(mode="after")
     def _pending_timeout(self) -> KubernetesSettings:

@@ -19,6 +19,7 @@ from functools import cache
 from typing import Any
 
 from ..credentials import S3Credentials, mask_userinfo
+from ..errors import CredentialError
 
 #: Retries after the first attempt (botocore's ``max_attempts``).
 MAX_ATTEMPTS = 8
@@ -59,6 +60,21 @@ def make_s3_client(credentials: S3Credentials, *, max_pool_connections: int = 32
     # This is a per-session setting of our own session, not global state.
     core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
     return session.client("s3", config=config, **credentials.boto3_kwargs())
+
+
+def resolved_keys() -> dict[str, str]:
+    """The process's cloud identity as keys, by boto3's chain, under the variables a child reads:
+    for a client that cannot read the identity itself. They expire (an hour, typically): hand
+    them to one short-lived child only."""
+    import boto3
+
+    found = boto3.Session().get_credentials()
+    if found is None:
+        raise CredentialError("this process has no S3 credentials and its cloud identity gave none: check the pod's "
+                              "service account and its role")
+    frozen = found.get_frozen_credentials()
+    keys = {"AWS_ACCESS_KEY_ID": frozen.access_key, "AWS_SECRET_ACCESS_KEY": frozen.secret_key}
+    return {**keys, **({"AWS_SESSION_TOKEN": frozen.token} if frozen.token else {})}
 
 
 def explain(exc: Exception, *, bucket: str, endpoint_url: str | None) -> Exception:

@@ -57,6 +57,17 @@ _RETRY = {
 }
 
 
+def _pod_identity_provider() -> Any:
+    """obstore's credentials from boto3's chain, for a process with a cloud identity and no keys:
+    obstore's own chain would exchange an IRSA token at STS over HTTPS only (no STS endpoint of
+    an S3-compatible store, no proxy that ends TLS), while boto3's reads every identity the
+    control plane does, and refreshes it (obstore asks again before each credential's ttl)."""
+    import boto3
+    from obstore.auth.boto3 import Boto3CredentialProvider
+
+    return Boto3CredentialProvider(boto3.Session())
+
+
 def _retry(credentials: S3Credentials) -> dict[str, Any]:
     """:data:`_RETRY`, with ``AWS_MAX_ATTEMPTS`` (attempts, the first included) when it is set."""
     if credentials.max_attempts is None:
@@ -105,7 +116,9 @@ class ObstoreExecutor:
                 client_options = {"timeout": "600s", "connect_timeout": "10s",
                                   "allow_http": bool(creds.endpoint_url and creds.endpoint_url.startswith("http://")),
                                   "pool_max_idle_per_host": str(max(self.concurrency, 16))}
-                store = S3Store(bucket, config=config, client_options=client_options, retry_config=_retry(creds))
+                provider = _pod_identity_provider() if creds.pod_identity else None
+                store = S3Store(bucket, config=config, client_options=client_options, retry_config=_retry(creds),
+                                credential_provider=provider)
                 self._stores[bucket] = store
             return store
 

@@ -37,9 +37,10 @@ from contextlib import ExitStack
 from functools import cache
 from pathlib import Path
 
-from ..credentials import Redactor, S3Credentials
+from ..credentials import POD_IDENTITY_VARIABLES, Redactor, S3Credentials
 from ..errors import TaoDataIOError, UnsafePathError
 from ..fs import DestinationTree, Spool
+from .client import resolved_keys
 from .work import DownloadItem, Item, ItemDone, ItemFailed, Landed
 
 #: Retries inside s5cmd for throttling, 5xx and connection resets (exponential backoff).
@@ -105,6 +106,18 @@ class S5cmdExecutor:
         retries = RETRY_COUNT if self.credentials.max_attempts is None else self.credentials.max_attempts - 1
         return [s5cmd_binary(), "--json", "--retry-count", str(retries), "--numworkers", str(self.concurrency), "run"]
 
+    def child_env(self) -> dict[str, str]:
+        """The child's environment. With a cloud identity, s5cmd's SDK (aws-sdk-go 1.44) reads
+        IRSA's role and token itself, but not EKS Pod Identity's agent (it takes only a literal
+        token and a loopback address): there it is given the agent's current credentials, from
+        boto3's chain, as a session's keys — valid for the batch, which is one child process."""
+        env = self.credentials.child_env()
+        if self.credentials.pod_identity and not env.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
+            env.update(resolved_keys())
+            for name in POD_IDENTITY_VARIABLES:
+                env.pop(name, None)
+        return env
+
     def run(self, batch: Sequence[Item], on_done: ItemDone) -> None:
         """Run every item; each is reported exactly once (items s5cmd never mentions fail)."""
         with ExitStack() as stack:
@@ -148,8 +161,9 @@ class S5cmdExecutor:
                 return ItemFailed(f"{item.final}: {exc.strerror or type(exc).__name__}"), None
             return None, Landed(size=size if isinstance(size, int) else None, written=temp.size(), temp=temp)
 
+        env = self.child_env()
         process = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   env=self.credentials.child_env(), text=True, encoding="utf-8", bufsize=1 << 16,
+                                   env=env, text=True, encoding="utf-8", bufsize=1 << 16,
                                    preexec_fn=_die_with_parent())
         assert process.stdin and process.stdout and process.stderr
         stderr_lines: list[str] = []
@@ -193,7 +207,7 @@ class S5cmdExecutor:
                 thread.join()
         leftover = [item for item in batch if id(item) in pending]
         if leftover:
-            detail = Redactor(self.credentials.child_env()).redact(" / ".join(stderr_lines[-3:]))
+            detail = Redactor(env).redact(" / ".join(stderr_lines[-3:]))
             reason = f"s5cmd exited with {process.returncode} without transferring it" + (f": {detail}" if detail else "")
             for item in leftover:
                 report(item, ItemFailed(reason))

@@ -100,7 +100,9 @@ def _fetch(credentials: S3Credentials, bucket: str, prefix: str, page_size: int,
 def _target(credentials: S3Credentials, bucket: str, environ: Mapping[str, str]) -> tuple[str, str, str] | None:
     """(scheme, host header, path) of the bucket's listing, addressed as the engine's boto3 client
     addresses it (path style for an endpoint, virtual-hosted on AWS), or None if this is not the
-    plain case."""
+    plain case — which keys make: a cloud identity's credentials come from boto3's chain."""
+    if credentials.pod_identity:
+        return None
     config = environ.get("AWS_CONFIG_FILE") or Path(environ.get("HOME") or "~").expanduser() / ".aws" / "config"
     if os.path.exists(config):
         return None
