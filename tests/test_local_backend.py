@@ -29,6 +29,7 @@ import pytest
 import tao_data_io
 from tao_data_io.errors import UsageError
 from tao_data_io.backends import backend_for
+from tao_data_io.launch.collective import HANG_EXIT, PROBE_PROGRAM, read_probe
 from tao_data_io.launch.backend import Backend, JobStatus
 from tao_data_io.launch.plan import PROBE_DIR, LaunchPlan, build_plan
 from tao_data_io.launch.rendezvous import MASTER_PORT
@@ -834,6 +835,49 @@ def test_two_ranks_rendezvous_through_torchrun_and_all_reduce(tmp_path: Path, ba
     world = plan.nodes  # one worker per node
     for rank in range(world):  # the sum of every worker's rank + 1
         assert f"[rank {rank}] rank {rank} of {world}: all-reduced {sum(range(1, world + 1))}" in logs, logs
+
+
+def _collective_probe_plan(tmp_path: Path, *, rank_1_joins: bool) -> LaunchPlan:
+    """The collective probe as each node's frame runs it: the host's Python with torch mounted,
+    one process per node, gloo (no GPU). With ``rank_1_joins`` False rank 1 exits at once, as a
+    node whose traffic never reaches rank 0 would look from rank 0: waiting in the rendezvous."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (make test installs it)")
+    if not Path("/usr/bin/python3.11").exists():
+        pytest.skip("the host userland has no /usr/bin/python3.11 (the ABI of the venv's torch)")
+    (control(tmp_path) / "probe.py").parent.mkdir(parents=True, exist_ok=True)
+    (control(tmp_path) / "probe.py").write_text(PROBE_PROGRAM)
+    gate = "" if rank_1_joins else 'if [ "$NODE_RANK" = 1 ]; then exit 0; fi; '
+    return make_plan(tmp_path, nodes=2, script=gate + "exec /usr/bin/python3.11 /control/probe.py",
+                     environment={"PYTHONPATH": "/opt/torch-site-packages", "TAO_DATA_IO_PROBE_BACKEND": "gloo",
+                                  "TAO_DATA_IO_PROBE_TIMEOUT": "5"},
+                     mounts=[{"source": str(Path(torch.__file__).resolve().parents[1]),
+                              "target": "/opt/torch-site-packages"}])
+
+
+def test_the_collective_probe_all_reduces_across_two_nodes(tmp_path: Path, backend: LocalBackend) -> None:
+    ref = backend.submit(_collective_probe_plan(tmp_path, rank_1_joins=True)).backend_ref
+    status = finished(backend, ref)
+    logs = backend.logs(ref)
+    assert status.state == "COMPLETE", logs
+    verdict = read_probe(logs, 0)
+    assert verdict.ok and verdict.detail.startswith("2 nodes all-reduced over gloo in "), verdict
+
+
+def test_a_collective_probe_that_hangs_ends_at_its_deadline_naming_the_nccl_settings_to_try(
+        tmp_path: Path, backend: LocalBackend) -> None:
+    ref = backend.submit(_collective_probe_plan(tmp_path, rank_1_joins=False)).backend_ref
+    status = finished(backend, ref)
+    assert status.state == "ERROR" and status.exit_code == HANG_EXIT, status
+    verdict = read_probe(backend.logs(ref), status.exit_code or 0)
+    assert not verdict.ok and verdict.outcome == "hang" and "in the rendezvous" in verdict.detail, verdict
+    assert "NCCL_SOCKET_IFNAME" in verdict.advice and "NCCL_IB_DISABLE=1" in verdict.advice
+
+
+def test_a_probe_verdict_is_read_from_each_outcome_the_program_prints() -> None:
+    assert read_probe("TAO-COLLECTIVE\twrong\tall-reduce\tall-reduced 2, expected 3\n", 1).outcome == "wrong"
+    failed = read_probe("noise\nTAO-COLLECTIVE\tfail\trendezvous\tRuntimeError: connection refused\n", 1)
+    assert failed.outcome == "fail" and "NCCL_SOCKET_IFNAME" in failed.advice
+    assert read_probe("Traceback …\nModuleNotFoundError: No module named 'torch'\n", 1).outcome == "silent"
 
 
 # ----------------------------------------------------------------------------- preflight and lookups
