@@ -55,6 +55,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ENV_NAME_RULE = "letters, digits and '_', not starting with a digit ([A-Za-z_][A-Za-z0-9_]*)"
 #: The rendezvous Service's prefix: a letter first (DNS-1035), whatever the id begins with.
 SERVICE_PREFIX = "ranks-"
+#: The collective probe's Service's prefix: a letter first too, and never a training Service's.
+PROBE_SERVICE_PREFIX = "probe-"
 
 
 def is_job_id(value: str) -> bool:
@@ -150,13 +152,23 @@ class ObjectNames:
     service: str
     files: str
     credentials: str
+    #: The multi-node collective probe's Indexed Job and its headless Service.
+    probe: str
+    probe_service: str
+
+
+def _own_job_name(job_id: str, word: str) -> str:
+    """``<job id>-<word>``, padded with a digest to more than any job id's length, so no job's id
+    is ever another job's stage or probe Job name."""
+    name = f"{job_id}-{word}"
+    if len(name) <= MAX_JOB_ID:
+        name = f"{name}-{hashlib.sha256(job_id.encode()).hexdigest()[:MAX_JOB_ID + 1 - len(name)]}"
+    return name
 
 
 def object_names(job_id: str) -> ObjectNames:
     """The names of ``job_id``'s objects; an invalid id is refused with the rule."""
     check_job_id(job_id)
-    stage = f"{job_id}-stage"
-    if len(stage) <= MAX_JOB_ID:
-        stage = f"{stage}-{hashlib.sha256(job_id.encode()).hexdigest()[:MAX_JOB_ID + 1 - len(stage)]}"
-    return ObjectNames(job=job_id, stage=stage, service=f"{SERVICE_PREFIX}{job_id}", files=f"{job_id}-files",
-                       credentials=f"{job_id}-credentials")
+    return ObjectNames(job=job_id, stage=_own_job_name(job_id, "stage"), service=f"{SERVICE_PREFIX}{job_id}",
+                       files=f"{job_id}-files", credentials=f"{job_id}-credentials",
+                       probe=_own_job_name(job_id, "probe"), probe_service=f"{PROBE_SERVICE_PREFIX}{job_id}")

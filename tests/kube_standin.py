@@ -533,11 +533,15 @@ STEPS: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] = 
     # Evicted (the Eviction API, a drain): the kubelet kills the containers — exit 137 after the
     # grace period — and the pod gets the DisruptionTarget condition (GA in 1.31).
     "disrupted": ("main", lambda c: _terminated(137, "Error"), "Failed"),
+    # The collective probe's rank stuck in its rendezvous: its own alarm ends it (HANG_EXIT).
+    "probe-hang": ("main", lambda c: _terminated(124, "Error"), "Failed"),
     "verify-failed": ("verify", lambda c: _terminated(1, "Error"), "Failed"),
     "stager-failed": ("stager", lambda c: _terminated(1, "Error", "stage: s3://bkt-1/data/: AccessDenied"), "Failed"),
 }
 TRAIN_SCRIPT = ["pulling", "staging", "verifying", "verified", "running"]
 STAGE_SCRIPT = ["pulling", "running", "succeeded"]
+#: The collective probe's pods: they pull the job's image, all-reduce, and end.
+PROBE_SCRIPT = ["pulling", "running", "succeeded"]
 
 
 @dataclass
@@ -619,7 +623,7 @@ class ControlPlane:
                 self._start_pods(server, found.raw)  # resumed: the Job controller makes its pods now
             return
         step = pods[0].raw["metadata"]["labels"].get("tao-data-io/step")  # the pod template's, as the backend set it
-        first = self.scripts.get(job) or (STAGE_SCRIPT if step == "stage" else TRAIN_SCRIPT)
+        first = self.scripts.get(job) or {"stage": STAGE_SCRIPT, "probe": PROBE_SCRIPT}.get(step, TRAIN_SCRIPT)
         for pod in pods:
             name = pod.raw["metadata"]["name"]
             replacement = REPLACES in pod.raw["metadata"].get("annotations", {})
@@ -774,6 +778,10 @@ class ControlPlane:
             return
         if container == "verify":
             server.logs[key] = state.get("terminated", {}).get("message") or "TAO-VERIFY probe running\n"
+        elif container == "probe":  # what PROBE_PROGRAM prints, as far as its rank got
+            code = state.get("terminated", {}).get("exitCode")
+            server.logs[key] = {0: "TAO-COLLECTIVE\tok\tnccl\t2\t0.84\n",
+                                124: "TAO-COLLECTIVE\thang\trendezvous\tno progress in 180s\n"}.get(code, "")
         elif "terminated" in state and state["terminated"]["reason"] == "OOMKilled":
             server.logs[key] = "epoch 1\nKilled\n"
         elif "terminated" in state and state["terminated"]["exitCode"]:

@@ -21,6 +21,7 @@ from tao_data_io.errors import UNWRITABLE_EXIT, UsageError
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.launch.probe import PROBE_SCRIPT, Check, parse_probe_output
 from tao_data_io.kubernetes.render import DISRUPTIONS_RETRIED, RenderedJob, literal, read_config, render_job
+from tao_data_io.kubernetes.apply import step_of
 from tao_data_io.kubernetes.scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, TRAIN_WRAPPER, VERIFY_SCRIPT
 from tao_data_io.kubernetes.settings import KubernetesSettings
 from tao_data_io.records import OutputRoute
@@ -73,7 +74,8 @@ EXAMPLE_CASES = {
     "tier-b.yaml": ("B", {"shards": 4},
                     ["ConfigMap/dino-tier-b-files", "Job/dino-tier-b-stage-4eb488b27b38607168775b5ce38f3cd879e9",
                      "Job/dino-tier-b"]),
-    "multi-node.yaml": ("C", {}, ["ConfigMap/torchrun-2x8-files", "Service/ranks-torchrun-2x8", "Job/torchrun-2x8"]),
+    "multi-node.yaml": ("C", {}, ["ConfigMap/torchrun-2x8-files", "Service/probe-torchrun-2x8", "Job/torchrun-2x8-probe-41e0286844ff891cb36c79f24d356d58b4b",
+                                   "Service/ranks-torchrun-2x8", "Job/torchrun-2x8"]),
     "config-mode.yaml": ("C", {}, ["ConfigMap/dino-train-coco-files", "Job/dino-train-coco"]),
     "args-mode.yaml": ("C", {}, ["ConfigMap/example-job-files", "Job/example-job"]),
     "air-gapped.yaml": ("A", {"pvc_claim": "lustre"}, ["ConfigMap/example-job-files", "Job/example-job"]),
@@ -168,7 +170,7 @@ def test_aliased_targets_share_one_source_subpath(tmp_path: Path) -> None:
 def test_multi_node_indexed_job_and_headless_service(tmp_path: Path) -> None:
     rendered = render(req(compute_shape={"gpus": 8, "nodes": 4}), tmp_path, "C")
     validate(rendered)
-    service = next(o for o in rendered.objects if o["kind"] == "Service")
+    service = next(o for o in rendered.objects if o["kind"] == "Service" and step_of(o) == "train")
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
     assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": "job-1"}
     job = rendered.objects[-1]
@@ -210,7 +212,7 @@ def test_torchrun_takes_its_rendezvous_from_each_pods_environment(tmp_path: Path
     request = load_request(EXAMPLES / "multi-node.yaml")
     rendered = render(request, tmp_path, "C")
     validate(rendered)
-    service = next(o for o in rendered.objects if o["kind"] == "Service")
+    service = next(o for o in rendered.objects if o["kind"] == "Service" and step_of(o) == "train")
     job = rendered.objects[-1]
     pod = training_pod(rendered)
     assert pod["subdomain"] == service["metadata"]["name"]

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from tao_data_io import verbs
+from tao_data_io.errors import UsageError
 from tao_data_io.request import JobRequest
 
-from .kube_standin import REPLACES, TRAIN_SCRIPT, KubeStandIn
+from .kube_standin import REPLACES, RESOURCES, TRAIN_SCRIPT, KubeStandIn
 from . import test_kubernetes_online as online
 from .test_kubernetes_online import job_request, launch_only, make_backend, ours, store_in, submit
 
@@ -121,9 +122,56 @@ def test_a_job_past_its_deadline_is_ended_and_says_so(kube: KubeStandIn, tmp_pat
     assert job["spec"]["activeDeadlineSeconds"] == 60
 
     def started_long_ago() -> None:
-        kube.server.objects[online.kube_key("Job", "job-1")]["status"]["startTime"] = "2020-01-01T00:00:00Z"
+        found = kube.server.objects[online.kube_key("Job", "job-1")]
+        found["status"] = {**found.raw["status"], "startTime": "2020-01-01T00:00:00Z"}
 
     kube.run(started_long_ago)
     collected = verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01)
     assert collected.state == "ERROR" and collected.failure is not None
     assert "ran longer than its compute_shape.deadline_seconds (60 s)" in collected.failure.reason
+
+
+# ----------------------------------------------------------------------------- the collective probe
+def _probe_jobs(kube: KubeStandIn) -> list[str]:
+    """Every collective probe Job the backend made, the deleted ones too."""
+    return [name for (resource, _, name), _ in kube.server.objects.items()
+            if resource == RESOURCES["Job"] and "-probe-" in name]
+
+
+def test_a_multi_node_gpu_job_probes_its_collectives_first_and_later_jobs_skip_a_passed_probe(
+        kube: KubeStandIn, tmp_path: Path) -> None:
+    """Two pods on two nodes all-reduce before the training Job exists (no GPU of it held); the
+    probe's objects are deleted, and its pass is remembered for this image and placement."""
+    said: list[str] = []
+    submit(tmp_path, job_request(compute_shape={"gpus": 8, "nodes": 2}), make_backend(said))
+    assert len(_probe_jobs(kube)) == 1 and any("the collective probe passed: 2 nodes all-reduced over nccl" in line
+                                               for line in said), said
+    assert not [name for name in kube.server.alive("Job", "tao") if "probe" in name]
+    assert "probe-job-1" not in kube.server.alive("Service", "tao")
+    cached = [name for name in kube.server.alive("ConfigMap", "tao") if name.startswith("tao-data-io-probe-")]
+    assert len(cached) == 1
+    submit(tmp_path / "second", job_request(job_id="job-2", compute_shape={"gpus": 8, "nodes": 2}), make_backend(said))
+    assert len(_probe_jobs(kube)) == 1 and any("passed before" in line for line in said)
+    nccl = job_request(job_id="job-3", compute_shape={"gpus": 8, "nodes": 2}, environment={"NCCL_SOCKET_IFNAME": "eth1"})
+    submit(tmp_path / "third", nccl, make_backend())
+    assert len(_probe_jobs(kube)) == 2  # other NCCL settings: probed again
+
+
+def test_a_hanging_collective_probe_refuses_the_submit_naming_the_nccl_settings_to_try(kube: KubeStandIn,
+                                                                                     tmp_path: Path) -> None:
+    from tao_data_io.names import object_names
+
+    kube.server.control.scripts[object_names("job-1").probe] = ["pulling", "running", "probe-hang"]
+    with pytest.raises(UsageError, match="rank 0 hung in the rendezvous.*NCCL_SOCKET_IFNAME.*NCCL_IB_DISABLE=1"):
+        submit(tmp_path, job_request(compute_shape={"gpus": 8, "nodes": 2}), make_backend())
+    assert "job-1" not in ours(kube, "Job") and not [n for n in kube.server.alive("Job", "tao") if "probe" in n]
+    assert not [n for n in kube.server.alive("ConfigMap", "tao") if n.startswith("tao-data-io-probe-")]
+
+
+def test_no_collective_probe_without_gpus_one_node_or_when_the_target_turns_it_off(kube: KubeStandIn,
+                                                                                  tmp_path: Path) -> None:
+    submit(tmp_path / "a", job_request(job_id="one-node"), make_backend())
+    submit(tmp_path / "b", job_request(job_id="cpu", compute_shape={"gpus": 0, "nodes": 2}), make_backend())
+    submit(tmp_path / "c", job_request(job_id="off", compute_shape={"gpus": 8, "nodes": 2}),
+           make_backend(collective_probe=False))
+    assert _probe_jobs(kube) == []

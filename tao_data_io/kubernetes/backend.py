@@ -53,9 +53,10 @@ from .facts import SIDECAR_VERSION, cluster_facts, server_version
 from .follow import FIRST_LINES, LOOK_LINES, new_lines, read_cursor, since_seconds
 from .gates import (admit_pods, check_access, check_claim, check_gpus, check_secrets, check_version, dry_run,
                     needed_access)
-from .render import JOB_ID_LABEL, MANAGED_BY, VOLUME_ROOT, RenderedJob, claim_paths, read_config, render_job
+from .render import (CACHE_LABEL, COLLECTIVE_TIMEOUT_S, JOB_ID_LABEL, MANAGED_BY, VOLUME_ROOT, RenderedJob, claim_paths, probe_key, read_config,
+                     render_job)
 from .settings import KubernetesSettings
-from .waiting import Budget, PodWatch, StageFailed, list_pods, wait_for_stage, wait_for_verdict
+from .waiting import Budget, PodWatch, StageFailed, list_pods, wait_for_probe, wait_for_stage, wait_for_verdict
 
 log = logging.getLogger(__name__)
 #: A first pull of a TAO image (tens of GB) takes minutes; a wrong name shows as ImagePullBackOff
@@ -141,6 +142,10 @@ class KubernetesBackend:
                 if step_of(obj) == "stage" and obj["kind"] == "Job":
                     self._stage(api, obj, job, plan.job_id)
                     continue
+                if step_of(obj) == "probe":
+                    if obj["kind"] == "Job":
+                        self._probe([o for o in objects if step_of(o) == "probe"], job, plan.job_id)
+                    continue
                 found, created = create(api, obj, plan.job_id)
                 if obj is job:
                     job, started = found, created
@@ -178,6 +183,55 @@ class KubernetesBackend:
             raise UsageError(f"attempt {attempt} of job {plan.job_id} still runs as {api.namespace}/{name}; cancel it "
                              f"before launching attempt {plan.attempt}")
         self._delete_labelled(api, api.namespace, name, f"attempt {attempt} of {api.namespace}/{name}")
+
+    def _probe(self, probe: list[dict[str, Any]], job: dict[str, Any], job_id: str) -> None:
+        """A multi-node GPU job: the collective probe runs to its end before the training Job
+        exists (no GPU of the job is held meanwhile), then its objects are deleted; a hang or a
+        failure refuses the submit with the NCCL settings to try. A pass is remembered in a
+        ConfigMap of its own per image, node placement and NCCL settings, so later jobs there skip
+        it (a retried submit whose training Job exists skips it too)."""
+        api = self._api()
+        namespace = api.namespace
+        if self._get_job(api, namespace, job["metadata"]["name"]) is not None:
+            return
+        service, probe_job = (next(o for o in probe if o["kind"] == kind) for kind in ("Service", "Job"))
+        remembered = f"tao-data-io-probe-{probe_key(probe_job)}"
+        if api.get(f"reading ConfigMap {namespace}/{remembered}", api.core.read_namespaced_config_map, remembered,
+                   namespace) is not None:
+            self.say(f"the collective probe passed before for this image and placement ({remembered}): skipped")
+            return
+        name = probe_job["metadata"]["name"]
+        try:
+            create(api, service, job_id)
+            create(api, probe_job, job_id)
+            watch = PodWatch(api, namespace, name, job["metadata"]["name"], "probe",
+                             self._budget(self.verify_timeout), self.say, self.pod_poll_seconds)
+            verdicts = wait_for_probe(watch, self._probe_log, COLLECTIVE_TIMEOUT_S)
+        finally:
+            self._delete_job(api, namespace, name)
+            api.delete(f"deleting Service {namespace}/{service['metadata']['name']}", api.core.delete_namespaced_service,
+                       service["metadata"]["name"], namespace)
+        failed = [verdict for verdict in verdicts if not verdict.ok]
+        if failed:
+            raise UsageError(f"the collective probe of {namespace}/{name} failed, so the training Job was not made: "
+                             f"{failed[0].describe()}")
+        self.say(f"the collective probe passed: {verdicts[0].detail}")
+        pod = probe_job["spec"]["template"]["spec"]
+        cached = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": remembered, "namespace": namespace,
+                                                                       "labels": {**MANAGED_BY, CACHE_LABEL: "collective-probe"}},
+                  "data": {"passed": verdicts[0].detail, "image": pod["containers"][0]["image"]}}
+        try:  # no job's label: a cancel keeps it; two jobs passing at once make it once
+            api.call(f"creating ConfigMap {namespace}/{remembered}", api.core.create_namespaced_config_map, namespace,
+                     cached)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+
+    def _probe_log(self, pod: Mapping[str, Any]) -> str:
+        api = self._api()
+        return str(api.call(f"reading the log of pod {api.namespace}/{pod['metadata']['name']}",
+                            api.core.read_namespaced_pod_log, pod["metadata"]["name"], api.namespace, container="probe",
+                            text=True))
 
     def _stage(self, api: Api, stage: dict[str, Any], job: dict[str, Any], job_id: str) -> None:
         """Tier B: run the stage Job to completion before the training Job exists (no GPU is held

@@ -52,6 +52,7 @@ from ..records import JobRecord
 from ..request import DEFAULT_RESULTS_LIMIT, JobRequest, check_container_path, quantity_bytes
 from ..tier import TIER_C_BYTES_PER_SECOND
 from .pods import STATUS
+from ..launch.collective import DEFAULT_TIMEOUT_S, PROBE_PROGRAM
 from .scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, TRAIN_WRAPPER, VERIFY_SCRIPT
 from .settings import KubernetesSettings
 
@@ -95,6 +96,13 @@ STATE_DIR = "/tao-data-io/state"
 #: Where the verify probe marks that it passed (``passed``), for the results sidecar: a volume of
 #: our containers only, so nothing the job does can make a failed pod look verified.
 VERDICT_DIR = "/tao-data-io/verdict"
+#: How many nodes the collective probe spans (the reference's "2-node all-reduce") and how long
+#: each of its ranks may take to join and all-reduce.
+PROBE_NODES = 2
+COLLECTIVE_TIMEOUT_S = DEFAULT_TIMEOUT_S
+#: The label of what the backend keeps for a namespace rather than a job (a collective probe's
+#: remembered pass): no job's label, so no cancel or TTL removes it.
+CACHE_LABEL = "tao-data-io/cache"
 #: The label Kueue reads a Job's LocalQueue from.
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 #: The wrapper's $0, as ``ps`` in the training container shows it.
@@ -289,6 +297,8 @@ class _Job:
         warnings = []
         if self.plan.tier == "B":
             objects.append(self._stage_job())
+        if self.probes_collectives:
+            objects += self._probe_objects()
         if self.multi:
             objects.append(self._service())
         objects.append(self._training_job())
@@ -334,6 +344,43 @@ class _Job:
             data["sidecar.sh"] = SIDECAR_SCRIPT
         step = "stage" if self.plan.tier == "B" else "train"
         return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self._meta(self.names.files, step), "data": data}
+
+    @property
+    def probes_collectives(self) -> bool:
+        """A multi-node GPU job probes its collectives first (see :mod:`tao_data_io.launch.collective`)."""
+        return self.multi and self.plan.gpus > 0 and self.settings.collective_probe
+
+    def _probe_objects(self) -> list[dict[str, Any]]:
+        """The collective probe: a headless Service and an Indexed Job of two pods on two nodes,
+        each with one GPU, the job's image, its environment (the NCCL settings a request gives
+        apply) and the same placement, running :data:`PROBE_PROGRAM` under its own alarm."""
+        name, service = self.names.probe, self.names.probe_service
+        labels = self._labels("probe")
+        rendezvous = rendezvous_env(nodes=PROBE_NODES, gpus_per_node=1, rank={"fieldRef": {"fieldPath": COMPLETION_INDEX}},
+                                    master_addr=f"{name}-0.{service}")
+        env = [{"name": k, "value": literal(v)} for k, v in sorted(self.plan.env.items()) if k not in rendezvous]
+        env += [{"name": k, "value": v} if isinstance(v, str) else {"name": k, "valueFrom": v}
+                for k, v in rendezvous.items()]
+        env.append({"name": "TAO_DATA_IO_PROBE_TIMEOUT", "value": str(COLLECTIVE_TIMEOUT_S)})
+        container: dict[str, Any] = {"name": "probe", "image": self.plan.image,
+                                     "command": ["python3", "-c", PROBE_PROGRAM], "env": env,
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+        security = self._training_security()
+        if security is not None:
+            container["securityContext"] = security
+        pod = {**self._pod_basics(), "containers": [container], "subdomain": service,
+               "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                   "labelSelector": {"matchLabels": {JOB_ID_LABEL: self.names.job, STEP_LABEL: "probe"}},
+                   "topologyKey": "kubernetes.io/hostname"}]}}}  # two nodes: the point of the probe
+        job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(name, "probe"),
+               "spec": {"completionMode": "Indexed", "completions": PROBE_NODES, "parallelism": PROBE_NODES,
+                        "backoffLimit": 0, "ttlSecondsAfterFinished": self.settings.ttl_seconds,
+                        "template": {"metadata": {"labels": labels}, "spec": pod}}}
+        headless = {"apiVersion": "v1", "kind": "Service", "metadata": self._meta(service, "probe"),
+                    "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                             "selector": {"batch.kubernetes.io/job-name": name},
+                             "ports": [{"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT}]}}
+        return [headless, job]
 
     def _service(self) -> dict[str, Any]:
         return {"apiVersion": "v1", "kind": "Service", "metadata": self._meta(self.names.service, "train"),
@@ -633,6 +680,17 @@ def claim_sub_path(plan: LaunchPlan, mount: PlanMount) -> str | None:
     if mount.origin == "staged" and plan.tier == "B":
         return f"{CACHE_DIR}/{check_relative(mount.source, what=f'staging map sub_path of {mount.input!r}')}"
     return None
+
+
+def probe_key(probe_job: Mapping[str, Any]) -> str:
+    """What a collective probe's pass holds for: the image (its NCCL), where the pods go (node
+    selector, tolerations) and the NCCL settings they are given — a digest of them."""
+    pod = probe_job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    nccl = sorted((e["name"], e.get("value")) for e in container.get("env", []) if e["name"].startswith("NCCL_"))
+    basis = {"image": container["image"], "nodeSelector": pod.get("nodeSelector"),
+             "tolerations": pod.get("tolerations"), "nccl": nccl}
+    return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def claim_paths(plan: LaunchPlan) -> dict[str, str]:

@@ -112,6 +112,11 @@ class KubernetesSettings(BackendSettings):
         description="The pods reach S3 with their service account's cloud identity instead of static keys: "
                     "forward_env need not name S3 keys, no Secret carries any, and the pods keep their service "
                     "account token (IRSA and Pod Identity exchange it for a role's credentials).")
+    collective_probe: bool = Field(
+        True, title="Probe multi-node collectives",
+        description="Before a multi-node GPU job's pods take their GPUs, two pods on two nodes all-reduce over NCCL "
+                    "with a deadline; a hang fails the submit naming the NCCL settings to try, and a pass is "
+                    "remembered for this image, node selector, tolerations and NCCL settings, so later jobs skip it.")
     capacity: Literal["fixed", "autoscaled", "queued"] = Field(
         "fixed", title="GPU capacity",
         description="fixed: a job the GPU nodes its pods may run on cannot hold now is refused before anything is "

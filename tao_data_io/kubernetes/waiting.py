@@ -18,10 +18,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import BackendError
+from ..errors import BackendError, UsageError
+from ..launch.collective import HANG_ADVICE, CollectiveVerdict, read_probe
 from ..launch.probe import Check, Verdict, parse_probe_output
 from .api import Api
-from .pods import Where, by_rank, condition, rank, verify_result, where
+from .pods import Where, by_rank, condition, containers, rank, verify_result, where
 from .render import JOB_ID_LABEL, STEP_LABEL
 
 Say = Callable[[str], None]
@@ -30,6 +31,8 @@ _BUDGET = {"schedule": "verify", "probe": "verify", "pull": "pull"}
 #: Pods are compared by how far they got; the furthest behind decides what a look's time counts as.
 _PROGRESS = ("schedule", "pull", "stage", "probe", "running", "done")
 _FIRST_PAUSE = 0.5
+#: How long past its own alarm a running collective probe is waited for before it counts as hung.
+PROBE_GRACE_S = 60.0
 
 
 class StageFailed(BackendError):
@@ -166,6 +169,37 @@ def _ranked(verdict: Verdict, who: str) -> Verdict:
         return verdict
     checks = [check.model_copy(update={"detail": who + check.detail}) for check in verdict.checks]
     return verdict.model_copy(update={"checks": checks, "error": who + verdict.error if verdict.error else None})
+
+
+def wait_for_probe(watch: PodWatch, log_of: Callable[[Mapping[str, Any]], str],
+                   timeout: float) -> list[CollectiveVerdict]:
+    """Until the collective probe's Job has ended, each rank's verdict (:func:`read_probe`), by rank.
+    Patience (a node for each rank, the image) counts as for the verify probe; each rank's own
+    alarm bounds the all-reduce."""
+    name = f"{watch.namespace}/{watch.name}"
+    running_since: float | None = None
+    while True:
+        job = watch.job()
+        if job is None:
+            raise BackendError(f"the collective probe Job {name} is gone before it ended (someone deleted it); submit "
+                               "again", retryable=True)
+        pods = watch.pods()
+        if condition(job, "Complete") is not None or condition(job, "Failed") is not None:
+            return [read_probe(log_of(pod), _probe_exit(pod), rank=rank(pod)) for pod in pods] or [
+                read_probe("", 1)]
+        places = [(pod, where(pod)) for pod in pods]
+        if places and all(w.phase in ("running", "done") for _, w in places):
+            running_since = running_since or time.monotonic()
+            if time.monotonic() - running_since > timeout + PROBE_GRACE_S:  # not even its own alarm ended it
+                raise UsageError(f"the collective probe {name} ran {timeout:g}s without a verdict: {HANG_ADVICE}")
+        ran_out = watch.tick(places, len(places) or 1)
+        if ran_out is not None:
+            raise UsageError(f"the collective probe {name} did not run: {ran_out}")
+
+
+def _probe_exit(pod: Mapping[str, Any]) -> int:
+    found = next((c for c in containers(pod) if c.name == "probe"), None)
+    return int(found.exit_code or 0) if found is not None and found.state == "terminated" else 1
 
 
 def wait_for_stage(watch: PodWatch) -> None:
