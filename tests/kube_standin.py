@@ -533,6 +533,7 @@ STEPS: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] = 
     # Evicted (the Eviction API, a drain): the kubelet kills the containers — exit 137 after the
     # grace period — and the pod gets the DisruptionTarget condition (GA in 1.31).
     "disrupted": ("main", lambda c: _terminated(137, "Error"), "Failed"),
+    "disrupted-while-staging": ("stager", lambda c: _terminated(137, "Error"), "Failed"),
     # The collective probe's rank stuck in its rendezvous: its own alarm ends it (HANG_EXIT).
     "probe-hang": ("main", lambda c: _terminated(124, "Error"), "Failed"),
     "verify-failed": ("verify", lambda c: _terminated(1, "Error"), "Failed"),
@@ -749,7 +750,7 @@ class ControlPlane:
         if name in self._refusals:
             server.logs[namespace, name, "stage"] = self._refusals[name]
         conditions = [{"type": "PodScheduled", "status": "True"}]
-        if step == "disrupted":
+        if step.startswith("disrupted"):
             conditions.append({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
                                "message": "Eviction API: evicting"})
         pod["status"] = {"phase": phase, "conditions": conditions,

@@ -516,6 +516,38 @@ def test_a_resync_in_flight_never_delays_the_final_upload(tmp_path: Path) -> Non
     assert code == 0 and _calls(log) == ["resync", "upload-results"] and time.monotonic() - started < 20
 
 
+def test_a_second_stop_signal_never_starts_a_second_final_upload(tmp_path: Path) -> None:
+    """A shell runs a pending trap again after the command in it: a delete with a shorter grace
+    after the first SIGTERM would have run the final upload twice."""
+    proc, log = _sidecar(tmp_path, '[ "$1" = upload-results ] && sleep 2\nexit 0\n')
+    try:
+        _until("the first resync", lambda: "resync" in _calls(log))
+        proc.send_signal(signal.SIGTERM)
+        _until("the final upload", lambda: "upload-results" in _calls(log))
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert code == 0 and _calls(log) == ["resync", "upload-results"]
+
+
+def test_the_training_wrapper_stops_the_command_on_sigint_too(tmp_path: Path) -> None:
+    """A shell starts a background command with SIGINT ignored (and no trap can give it back): an
+    image whose stop signal is SIGINT still stops its command, which is handed SIGTERM."""
+    ready = tmp_path / "ready"
+    command = ["python3", "-c", "import pathlib,signal,sys,time\n"
+               "signal.signal(signal.SIGTERM, lambda *a: sys.exit(5))\n"
+               f"pathlib.Path({str(ready)!r}).touch()\ntime.sleep(60)"]
+    proc = subprocess.Popen(["/bin/sh", "-c", TRAIN_WRAPPER, "tao-train", *command])
+    try:
+        _until("the command started", ready.exists)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert code == 5
+
+
 def test_after_a_failed_verify_the_sidecar_uploads_nothing(tmp_path: Path) -> None:
     """The probe failed, so the command never ran: no resync and no final upload (the results
     are what an earlier attempt left, already uploaded)."""

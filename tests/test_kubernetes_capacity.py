@@ -199,3 +199,37 @@ def test_bad_scheduling_settings_are_refused_naming_the_field(settings: dict[str
 
     with pytest.raises(ValueError, match=match):
         KubernetesSettings(**settings)
+
+
+@pytest.mark.parametrize("key", ["batch.kubernetes.io/job-name", "job-name", "controller-uid", "kubernetes.io/team",
+                                 "node.k8s.io/x"])
+def test_labels_kubernetes_selects_pods_by_or_reserves_are_refused(key: str) -> None:
+    """A Job's pods are found by job-name and controller-uid (pkg/registry/batch/job/strategy.go
+    keeps one the template already has, so the Service would select nothing); kubernetes.io/ and
+    k8s.io/ are reserved. app.kubernetes.io/, the recommended labels, stays the user's."""
+    from tao_data_io.kubernetes.settings import KubernetesSettings
+
+    with pytest.raises(ValueError, match=f"labels key '{key}' is Kubernetes' own"):
+        KubernetesSettings(labels={key: "x"})
+    assert KubernetesSettings(labels={"app.kubernetes.io/part-of": "vision"}).labels
+
+
+def test_annotations_past_what_an_object_may_hold_are_refused() -> None:
+    from tao_data_io.kubernetes.settings import KubernetesSettings
+
+    with pytest.raises(ValueError, match="annotations hold more than 131072 bytes"):
+        KubernetesSettings(annotations={"example.com/note": "x" * 300_000})
+
+
+def test_the_gate_counts_one_rank_per_node_when_the_ranks_are_placed_one_per_node(kube: KubeStandIn,
+                                                                                 tmp_path: Path) -> None:
+    """Two ranks of 4 GPUs fit one 8-GPU node by count, but their required anti-affinity puts each
+    on a node of its own: with one such node the job would wait Pending forever, so it is refused."""
+    for (resource, _, name), obj in list(kube.server.objects.items()):
+        if resource == online.RESOURCES["Node"] and name in ("gpu-0", "gpu-1"):
+            obj.delete()  # only the one big node is left
+    _node(kube, "big-0", 8)
+    with pytest.raises(UsageError, match="can hold 1 such pod"):
+        submit(tmp_path, job_request(compute_shape={"gpus": 4, "nodes": 2}), make_backend())
+    assert submit(tmp_path / "shared", job_request(job_id="job-2", compute_shape={"gpus": 4, "nodes": 2}),
+                  make_backend(exclusive_topology=None)).started

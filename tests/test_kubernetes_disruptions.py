@@ -175,3 +175,14 @@ def test_no_collective_probe_without_gpus_one_node_or_when_the_target_turns_it_o
     submit(tmp_path / "c", job_request(job_id="off", compute_shape={"gpus": 8, "nodes": 2}),
            make_backend(collective_probe=False))
     assert _probe_jobs(kube) == []
+
+
+def test_a_pod_disrupted_before_its_verdict_is_replaced_not_taken_for_a_failed_verify(kube: KubeStandIn,
+                                                                                   tmp_path: Path) -> None:
+    """Preemption is likeliest while the pod stages its inputs (hours in tier C): the verify wait
+    must leave a disrupted pod to the Job controller, which replaces it."""
+    kube.server.control.scripts["job-1"] = ["pulling", "staging", "disrupted-while-staging"]
+    kube.server.control.replacement_scripts["job-1"] = [*TRAIN_SCRIPT, "succeeded"]
+    done = submit(tmp_path, job_request(), make_backend())
+    assert done.verdict.ok and store_in(tmp_path).get("job-1").state == "RUNNING"
+    assert len(_pods(kube)) == 2

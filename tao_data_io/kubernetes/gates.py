@@ -28,7 +28,7 @@ from ..launch.plan import LaunchPlan
 from .api import Api, ApiError
 from .apply import RESOURCES, create, step_of
 from .facts import MULTI_NODE_VERSION, SIDECAR_VERSION, gpu_nodes, server_version
-from .placement import barred
+from .placement import HOSTNAME_LABEL, barred
 from .render import SecretRef
 from .settings import KubernetesSettings
 
@@ -70,6 +70,10 @@ def check_gpus(api: Api, plan: LaunchPlan, settings: KubernetesSettings) -> list
                          "not list nodes): ask the cluster's admin for a ClusterRole granting list on nodes")
     usable = [node for node in nodes if barred(node, settings.node_selector, settings.tolerations) is None]
     fits = sum(node.gpus // plan.gpus for node in usable)
+    if plan.nodes > 1 and settings.exclusive_topology:  # one rank per node (or zone…): its anti-affinity
+        key = settings.exclusive_topology
+        fits = len({node.labels.get(key, node.name if key == HOSTNAME_LABEL else None)
+                    for node in usable if node.gpus >= plan.gpus} - {None})
     if fits >= plan.nodes:
         return []
     autoscaled = settings.capacity != "fixed"

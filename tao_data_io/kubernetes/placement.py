@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+#: The label every node carries with its own name (the kubelet sets it).
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 #: The taint a cordoned node is treated as carrying.
 CORDON_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 #: The effects that keep a pod off a node (PreferNoSchedule only lowers its score).

@@ -70,15 +70,15 @@ if [ -n "${TAO_DATA_IO_STAGE_ROOT:-}" ]; then
 fi
 """
 
-#: The training container's PID 1: runs the job's command as its child and hands it SIGTERM and
-#: SIGINT. Why: the kubelet signals only PID 1, and a TAO entry point there (Python, with no handler
+#: The training container's PID 1: runs the job's command as its child and hands it SIGTERM. Why: the kubelet signals only PID 1, and a TAO entry point there (Python, with no handler
 #: installed) never sees SIGTERM — the kernel drops signals PID 1 has no handler for — so a cancel,
 #: a preemption or a drain held the GPUs for the whole grace period, and the results sidecar, which
 #: is stopped only after training exits, was left seconds for its final upload. The command's
 #: words come after the script as its arguments ("$@"), never parsed by the shell; its exit status
-#: is the container's, so the failure policy and the analysis see the command's own code.
-TRAIN_WRAPPER = r"""trap 'kill -TERM "$child" 2>/dev/null' TERM
-trap 'kill -INT "$child" 2>/dev/null' INT
+#: is the container's, so the failure policy and the analysis see the command's own code. SIGINT
+#: (an image's stop signal may be it) is handed on as SIGTERM: a shell starts a background command
+#: with SIGINT ignored, and POSIX lets no trap give it back, so SIGINT itself would never stop it.
+TRAIN_WRAPPER = r"""trap 'kill -TERM "$child" 2>/dev/null' TERM INT
 "$@" &
 child=$!
 while :; do
@@ -105,6 +105,7 @@ if [ "${NODE_RANK:-0}" != 0 ]; then
 fi
 child=
 final() {
+  trap '' TERM INT  # once: a second signal (a shorter delete) must not start a second upload
   if [ -n "$child" ]; then kill "$child" 2>/dev/null; wait "$child" 2>/dev/null; fi
   if [ ! -e "$TAO_DATA_IO_VERDICT/passed" ]; then
     echo "tao-data-io: the verify probe did not pass, so the command never ran: no final upload" >&2

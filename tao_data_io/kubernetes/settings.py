@@ -30,6 +30,10 @@ MAX_SHARDS = 1000
 #: How long a pod may wait for a node of an autoscaled pool unless the target says: a GPU node
 #: from zero takes minutes (cloud capacity, the driver and device plugin), not an hour.
 DEFAULT_PENDING_TIMEOUT_S = 1800.0
+#: Labels the Job controller puts on a Job's pods and selects them by (pkg/registry/batch/job/strategy.go).
+_CONTROLLER_LABELS = frozenset({"job-name", "controller-uid"})
+#: The most an object's annotations may hold (apimachinery's TotalAnnotationSizeLimitB).
+ANNOTATIONS_LIMIT = 256 * 1024
 #: A day: longer than that is a queue's job (Kueue), not a pod's Pending.
 MAX_PENDING_TIMEOUT_S = 86400.0
 _LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -43,6 +47,14 @@ def check_binary_quantity(value: str, *, what: str) -> str:
         raise UsageError(f"{what} {value!r} is not a binary quantity: write a whole number with Ki, Mi, Gi or Ti, "
                          "such as 16Gi")
     return value
+
+
+def _kubernetes_own(key: str) -> bool:
+    """A label key Kubernetes sets or reserves: the Job controller's, or under kubernetes.io/ or
+    k8s.io/ (app.kubernetes.io/, the recommended labels, is the users')."""
+    prefix = key.partition("/")[0] if "/" in key else ""
+    reserved = prefix in ("kubernetes.io", "k8s.io") or prefix.endswith((".kubernetes.io", ".k8s.io"))
+    return key in _CONTROLLER_LABELS or (reserved and prefix != "app.kubernetes.io")
 
 
 def _check_label_key(key: str, *, what: str) -> str:
@@ -260,6 +272,9 @@ class KubernetesSettings(BackendSettings):
     def _label_pairs(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         for key, label in value.items():
             _check_label_key(key, what=f"{info.field_name} key")
+            if info.field_name == "labels" and _kubernetes_own(key):
+                raise UsageError(f"labels key {key!r} is Kubernetes' own (the Job controller selects a Job's pods by "
+                                 "job-name and controller-uid, and kubernetes.io/ and k8s.io/ are reserved): remove it")
             if not _LABEL_VALUE.fullmatch(label):
                 raise UsageError(f"{info.field_name} {key!r} value {label!r} is not a label value: at most 63 "
                                  "letters, digits, '-', '_' or '.', starting and ending with a letter or digit")
@@ -270,6 +285,9 @@ class KubernetesSettings(BackendSettings):
     def _annotations(cls, value: dict[str, str]) -> dict[str, str]:
         for key in value:
             _check_label_key(key, what="annotations key")
+        if sum(len(k) + len(v) for k, v in value.items()) > ANNOTATIONS_LIMIT // 2:
+            raise UsageError(f"annotations hold more than {ANNOTATIONS_LIMIT // 2} bytes; an object's annotations are "
+                             f"at most {ANNOTATIONS_LIMIT} in all, and tao-data-io's own need room: keep them short")
         return value
 
     @field_validator("exclusive_topology")

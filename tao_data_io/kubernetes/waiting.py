@@ -22,7 +22,7 @@ from ..errors import BackendError, UsageError
 from ..launch.collective import HANG_ADVICE, CollectiveVerdict, read_probe
 from ..launch.probe import Check, Verdict, parse_probe_output
 from .api import Api
-from .pods import Where, by_rank, condition, containers, rank, verify_result, where
+from .pods import Where, by_rank, condition, containers, disruption, rank, verify_result, where
 from .render import JOB_ID_LABEL, STEP_LABEL
 
 Say = Callable[[str], None]
@@ -140,6 +140,8 @@ def wait_for_verdict(watch: PodWatch, nodes: int, checks: list[Check]) -> Verdic
         verdicts: dict[int, Verdict] = {}
         places = []
         for pod in watch.pods():
+            if nodes == 1 and disruption(pod) and condition(job, "Failed") is None:
+                continue  # preempted or evicted before its verdict: the Job controller replaces it
             result = verify_result(pod)
             who = f"rank {rank(pod)}: " if nodes > 1 else ""
             if result is not None:

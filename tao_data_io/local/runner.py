@@ -233,6 +233,7 @@ def supervise(run_path: Path, credentials: Mapping[str, str]) -> int:
         if verdict.ok:
             run.write(run.exit_file, run_ranks(run, launch, host, frames, credentials, cancel, binds, opened))
     except CancelRequested:
+        signal.alarm(0)  # decided: a deadline that fires while the frames are ended must not turn a cancel into it
         frames.kill()
         run.write(run.exit_file, ExitRecord(exit_code=128 + signal.SIGKILL, signal=signal.SIGKILL,
                                             canceled=cancel.deadline is None, deadline_seconds=cancel.deadline))
