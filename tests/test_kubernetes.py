@@ -306,6 +306,24 @@ def test_s3_work_in_the_pod_needs_forwarded_s3_credentials(tmp_path: Path) -> No
     assert legacy.secret is not None and legacy.secret.keys == ["ACCESS_KEY", "SECRET_KEY"]
 
 
+def _restore_of(rendered: RenderedJob) -> str | None:
+    stager = next((c for c in training_pod(rendered)["initContainers"] if c["name"] == "stager"), None)
+    env = {} if stager is None else {e["name"]: e.get("value") for e in stager["env"]}
+    return env.get("TAO_DATA_IO_RESTORE_FROM")
+
+
+def test_a_pod_started_again_after_a_disruption_resumes_from_what_the_pod_before_it_uploaded(tmp_path: Path) -> None:
+    """The Job controller makes the replacement from the same template: its stager restores the
+    job's route (empty for the first pod: one listing), so training resumes from the last
+    checkpoint uploaded, and its uploads never mix a restart's results into the earlier ones."""
+    route = OutputRoute(route="s3", destination="s3://tao-results/results/job-1/", reason="S3_BUCKET_NAME")
+    assert _restore_of(render(req(), tmp_path / "a", "C", route=route)) == "s3://tao-results/results/job-1/"
+    no_retries = req(compute_shape={"gpus": 1, "disruption_retries": 0})
+    assert _restore_of(render(no_retries, tmp_path / "b", "C", route=route)) is None
+    multi = req(compute_shape={"gpus": 8, "nodes": 2})
+    assert _restore_of(render(multi, tmp_path / "c", "C", route=route)) is None
+
+
 def test_pods_with_cloud_identity_reach_s3_without_any_key_or_secret(tmp_path: Path) -> None:
     """IRSA, EKS Pod Identity, GKE Workload Identity: the pods run as the service account bound to
     a cloud role and keep its token (what those exchange for the role's credentials); no key is

@@ -552,6 +552,19 @@ class _Job:
             own.append({"name": "TAO_DATA_IO_RECORDS", "value": self.settings.records_url})
         return [*env, *own]
 
+    @property
+    def restore_from(self) -> str | None:
+        """Where the pod's stager restores the results from before the command starts: a later
+        attempt's earlier uploads — and, for a one-pod job that may be started again after a
+        disruption, its own route, so a replacement pod resumes from what the pod before it
+        uploaded (the first pod finds the prefix empty: one listing) rather than from epoch 0."""
+        plan = self.plan
+        if plan.restore_from is not None:
+            return plan.restore_from
+        if not self.multi and plan.disruption_retries and self.uploads and plan.route.route == "s3":
+            return plan.route.destination
+        return None
+
     def _stager(self, env: list[dict[str, Any]]) -> dict[str, Any]:
         extra = []
         if self.uploads and not self.results_on_claim:
@@ -560,8 +573,9 @@ class _Job:
         if self.stages_in_pod:
             extra.append({"name": "TAO_DATA_IO_STAGE_ROOT", "value": STAGE_ROOT})
             mounts.append({"name": "staging", "mountPath": STAGE_ROOT})
-        if self.plan.restore_from is not None:  # a later attempt: the results come back first
-            extra.append({"name": "TAO_DATA_IO_RESTORE_FROM", "value": self.plan.restore_from})
+        restore = self.restore_from
+        if restore is not None:  # the results uploaded so far come back first
+            extra.append({"name": "TAO_DATA_IO_RESTORE_FROM", "value": restore})
             mounts.append(self._results_mount())
         return {"name": "stager", "image": self.settings.stager_image, "command": ["/bin/sh", f"{FILES_DIR}/stager.sh"],
                 "securityContext": RESTRICTED, "resources": OWN_REQUESTS["stage"],

@@ -70,7 +70,8 @@ if [ -n "${TAO_DATA_IO_STAGE_ROOT:-}" ]; then
 fi
 """
 
-#: The training container's PID 1: runs the job's command as its child and hands it SIGTERM. Why: the kubelet signals only PID 1, and a TAO entry point there (Python, with no handler
+#: The training container's PID 1: runs the job's command as its child and hands it SIGTERM.
+#: Why: the kubelet signals only PID 1, and a TAO entry point there (Python, with no handler
 #: installed) never sees SIGTERM — the kernel drops signals PID 1 has no handler for — so a cancel,
 #: a preemption or a drain held the GPUs for the whole grace period, and the results sidecar, which
 #: is stopped only after training exits, was left seconds for its final upload. The command's
