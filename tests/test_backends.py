@@ -27,7 +27,7 @@ from .helpers import run_cli
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 KUBERNETES = {"namespace": "tao", "context": "prod", "pvc_claim": "tao-data", "credential_secret": "team-s3",
-              "image_pull_secret": "ngc-pull", "stager_image": "registry.example.com/stager:1", "ttl_seconds": 60,
+              "image_pull_secrets": ["ngc-pull", "stager-pull"], "stager_image": "registry.example.com/stager:1", "ttl_seconds": 60,
               "shm_size": "16Gi", "shards": 2, "node_selector": {"gpu": "a100"},
               "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
               "records_url": "s3://tao-records/jobs/", "resync_seconds": 60,

@@ -183,7 +183,7 @@ def test_the_kubernetes_target_checks_its_settings_by_the_renderers_rules() -> N
 def test_the_kubernetes_target_builds_the_kubernetes_backend_from_its_settings() -> None:
     target = KubernetesTarget(settings=KubernetesSettings(namespace="tao", context="prod", pvc_claim="tao-data",
                                                           stager_image="registry/stager:1",
-                                                          image_pull_secret="ngc-pull"))
+                                                          image_pull_secrets=["ngc-pull"]))
     backend = target.backend()
     assert backend.name == "kubernetes" and not backend.stages_on_host
     assert backend.config() == target.settings.model_dump(mode="json")

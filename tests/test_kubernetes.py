@@ -112,7 +112,7 @@ def test_single_pod_tier_c_shape(tmp_path: Path) -> None:
                   spec={"data": "s3://bkt-1/data/"}, compute_shape={"gpus": 2, "shm_size": "8Gi"},
                   environment={"TAO_LOG_LEVEL": "INFO"}, inputs=[{"source": "s3://bkt-1/data/", "target": "/data/a"},
                                                                    {"source": "s3://bkt-1/ann.json", "kind": "file"}])
-    rendered = render(request, tmp_path, "C", image_pull_secret="ngc-pull", node_selector={"gpu": "a100"},
+    rendered = render(request, tmp_path, "C", image_pull_secrets=["ngc-pull", "stager-pull"], node_selector={"gpu": "a100"},
                       tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
     validate(rendered)
     job = rendered.objects[-1]
@@ -137,7 +137,8 @@ def test_single_pod_tier_c_shape(tmp_path: Path) -> None:
     assert mounts["/dev/shm"]["name"] == "shm" and mounts["/results"]["name"] == "results"
     volumes = by_name(pod["volumes"])
     assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
-    assert pod["imagePullSecrets"] == [{"name": "ngc-pull"}] and pod["nodeSelector"] == {"gpu": "a100"}
+    assert pod["imagePullSecrets"] == [{"name": "ngc-pull"}, {"name": "stager-pull"}]
+    assert pod["nodeSelector"] == {"gpu": "a100"}
     assert pod["terminationGracePeriodSeconds"] > 60
     verify_mounts = by_name_list(verify["volumeMounts"])
     assert all(verify_mounts[m["mountPath"]] == m for m in train["volumeMounts"])  # the same mounts
@@ -297,6 +298,17 @@ def test_a_config_whose_bytes_differ_from_its_digest_is_refused(tmp_path: Path) 
 def test_settings_refusals_name_the_parameter_and_value(settings: dict[str, Any], fragment: str, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=re.escape(fragment)):
         render(req(), tmp_path, "C", **settings)
+
+
+def test_settings_recorded_with_one_image_pull_secret_load_with_it_listed() -> None:
+    """Job records and target blocks from before several pull Secrets (nvcr.io's, a private
+    registry's for the stager) hold one ``image_pull_secret``: it loads as the list of one."""
+    old = KubernetesSettings.model_validate({"image_pull_secret": "ngc-pull"})
+    assert old.image_pull_secrets == ["ngc-pull"] and "image_pull_secret" not in old.model_dump()
+    with pytest.raises(ValueError, match="image_pull_secret and image_pull_secrets are both given"):
+        KubernetesSettings.model_validate({"image_pull_secret": "a", "image_pull_secrets": ["b"]})
+    with pytest.raises(ValueError, match="names a Secret twice"):
+        KubernetesSettings(image_pull_secrets=["a", "a"])
 
 
 def test_s3_work_in_the_pod_needs_forwarded_s3_credentials(tmp_path: Path) -> None:
@@ -932,3 +944,12 @@ def test_render_job_cli_prints_valid_yaml_and_translates_parameters_to_flags(tmp
     shown = run_cli("plan", "--request", str(EXAMPLES / "tier-c.yaml"), env=env)
     assert shown.returncode == 0 and shown.stdout.startswith("tier C: storage.tier 'C' was asked")
     assert "Examples:" in run_cli("render-job", "--help", env=env).stdout
+
+
+def test_the_command_line_takes_several_image_pull_secrets() -> None:
+    from tao_data_io.cli import build_parser
+    from tao_data_io.commands.record import given_fields
+
+    args = build_parser().parse_args(["render-job", "--request", "r.yaml", "--staging-map", "m.json", "--job-id", "j",
+                                      "--image-pull-secret", "ngc-pull", "--image-pull-secret", "stager-pull"])
+    assert given_fields(KubernetesSettings, args)["image_pull_secrets"] == ["ngc-pull", "stager-pull"]

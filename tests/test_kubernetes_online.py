@@ -1097,10 +1097,10 @@ def test_gate_a_claim_that_waits_for_its_first_consumer_passes(kube: KubeStandIn
 
 
 @pytest.mark.parametrize(("seeded", "settings", "fragment"), [
-    (None, {"image_pull_secret": "ngc-pull"}, ("image_pull_secret 'ngc-pull' does not exist in namespace 'tao': create "
-                                              "it there (type kubernetes.io/dockerconfigjson")),
-    ({"name": "ngc-pull", "type": "Opaque"}, {"image_pull_secret": "ngc-pull"},
-     "image_pull_secret 'ngc-pull' is of type 'Opaque'"),
+    (None, {"image_pull_secrets": ["ngc-pull"]}, ("image_pull_secrets 'ngc-pull' does not exist in namespace 'tao': "
+                                                 "create it there (type kubernetes.io/dockerconfigjson")),
+    ({"name": "ngc-pull", "type": "Opaque"}, {"image_pull_secrets": ["ngc-pull"]},
+     "image_pull_secrets 'ngc-pull' is of type 'Opaque'"),
     (None, {"credential_secret": "team-s3"}, "credential_secret 'team-s3' does not exist in namespace 'tao'"),
     ({"name": "team-s3", "type": "Opaque", "data": {"AWS_ACCESS_KEY_ID": "eA=="}}, {"credential_secret": "team-s3"},
      "credential_secret 'team-s3' has no key AWS_SECRET_ACCESS_KEY, which forward_env names"),

@@ -36,7 +36,8 @@ def register(verbs: Any) -> None:
                                                          "storage.pvc_claim)")
     render.add_argument("--credential-secret", metavar="S", help="a pre-created Secret holding the forward_env "
                                                                  "keys (default: the per-job Secret)")
-    render.add_argument("--image-pull-secret", metavar="S", help="a pre-created image pull secret")
+    render.add_argument("--image-pull-secret", metavar="S", dest="image_pull_secrets", action="append",
+                        help="a pre-created image pull secret (repeat for several: nvcr.io, the stager's registry)")
     render.add_argument("--stager-image", metavar="I", help="the tao-data-io stager image (docker/stager)")
     render.add_argument("--ttl-seconds", type=int, metavar="N", help="ttlSecondsAfterFinished")
     render.add_argument("--shm-size", metavar="Q", help="/dev/shm size, e.g. 32Gi (default: the request's)")

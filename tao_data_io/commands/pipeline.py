@@ -39,7 +39,8 @@ def register(verbs: Any) -> None:
     cluster.add_argument("--namespace", metavar="NS", help="default $TAO_K8S_NAMESPACE or the context's")
     cluster.add_argument("--pvc-claim", metavar="C", help="the claim tier B stages into (default: the request's)")
     cluster.add_argument("--stager-image", metavar="I", help="the tao-data-io stager image (tiers B and C)")
-    cluster.add_argument("--image-pull-secret", metavar="S", help="a pre-created image pull secret")
+    cluster.add_argument("--image-pull-secret", metavar="S", dest="image_pull_secrets", action="append",
+                         help="a pre-created image pull secret (repeat for several: nvcr.io, the stager's registry)")
     cluster.add_argument("--credential-secret", metavar="S",
                          help="a pre-created Secret holding the forward_env keys (default: a per-job Secret)")
     cluster.add_argument("--records-url", metavar="U", help="a shared job record store (s3://…) for the pods")

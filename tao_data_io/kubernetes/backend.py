@@ -115,7 +115,7 @@ class KubernetesBackend:
         warnings = check_gpus(api, plan, settings)
         check_version(api, plan, training_job(objects))
         given_secret = rendered.secret is not None and not rendered.secret.per_job
-        reads_secrets = bool(settings.image_pull_secret) or given_secret
+        reads_secrets = bool(settings.image_pull_secrets) or given_secret
         check_access(api, needed_access(objects, reads_secrets))
         check_claim(api, plan, settings)
         check_secrets(api, settings, rendered.secret)

@@ -165,16 +165,15 @@ def _binds_on_first_use(api: Api, claim: Mapping[str, Any]) -> bool:
 def check_secrets(api: Api, settings: KubernetesSettings, secret: SecretRef | None) -> None:
     """The image pull Secret and a pre-created credential Secret: there, of the right kind, with
     every key. Reads names and key names only."""
-    if settings.image_pull_secret:
-        name = settings.image_pull_secret
+    for name in settings.image_pull_secrets:
         found = _secret(api, name)
         if found is None:
-            raise UsageError(f"image_pull_secret {name!r} does not exist in namespace {api.namespace!r}: create it "
-                             "there (type kubernetes.io/dockerconfigjson, the registry's credentials), or drop "
-                             "image_pull_secret")
+            raise UsageError(f"image_pull_secrets {name!r} does not exist in namespace {api.namespace!r}: create it "
+                             "there (type kubernetes.io/dockerconfigjson, the registry's credentials), or drop it "
+                             "from image_pull_secrets")
         if found.get("type") not in PULL_SECRET_TYPES:
-            raise UsageError(f"image_pull_secret {name!r} is of type {found.get('type')!r}, which the kubelet does not "
-                             "use to pull: create it as kubernetes.io/dockerconfigjson")
+            raise UsageError(f"image_pull_secrets {name!r} is of type {found.get('type')!r}, which the kubelet does "
+                             "not use to pull: create it as kubernetes.io/dockerconfigjson")
     if secret is not None and not secret.per_job:
         found = _secret(api, secret.name)
         if found is None:

@@ -396,8 +396,8 @@ class _Job:
                                 "automountServiceAccountToken": self.settings.cloud_identity}
         if self.settings.service_account:
             spec["serviceAccountName"] = self.settings.service_account
-        if self.settings.image_pull_secret:
-            spec["imagePullSecrets"] = [{"name": self.settings.image_pull_secret}]
+        if self.settings.image_pull_secrets:
+            spec["imagePullSecrets"] = [{"name": name} for name in self.settings.image_pull_secrets]
         if self.settings.node_selector:
             spec["nodeSelector"] = dict(sorted(self.settings.node_selector.items()))
         if self.settings.tolerations:

@@ -89,10 +89,10 @@ class KubernetesSettings(BackendSettings):
         description="The NAME of a pre-created Secret in the namespace holding the request's forward_env keys. "
                     "Empty: a per-job Secret <job>-credentials, created with the values at submit and deleted with "
                     "the Job.")
-    image_pull_secret: str | None = Field(
-        None, title="Image pull Secret",
-        description="The NAME of a Secret in the namespace for pulling images (nvcr.io); its contents stay in the "
-                    "cluster.")
+    image_pull_secrets: list[str] = Field(
+        default_factory=list, title="Image pull Secrets",
+        description="The NAMES of Secrets in the namespace for pulling images — nvcr.io's for TAO, a private "
+                    "registry's for the stager; their contents stay in the cluster.")
     stager_image: str | None = Field(
         None, title="Stager image",
         description="The image with tao-data-io and its CLI (docker/stager/Dockerfile): tier B's stage Job, tier C's "
@@ -190,8 +190,7 @@ class KubernetesSettings(BackendSettings):
     def _namespace(cls, value: str | None) -> str | None:
         return value if value is None else check_dns_label(value, what="namespace")
 
-    @field_validator("pvc_claim", "credential_secret", "image_pull_secret", "queue_name", "priority_class",
-                     "service_account")
+    @field_validator("pvc_claim", "credential_secret", "queue_name", "priority_class", "service_account")
     @classmethod
     def _object_name(cls, value: str | None, info: ValidationInfo) -> str | None:
         return value if value is None else check_dns_subdomain(value, what=str(info.field_name))
@@ -237,6 +236,30 @@ class KubernetesSettings(BackendSettings):
     def _records_url(cls, value: str | None) -> str | None:
         if value is not None:
             parse_s3_url(value, field="records_url")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_pull_secret_becomes_a_list(cls, data: Any) -> Any:
+        """Settings recorded (or blocks saved) with one ``image_pull_secret`` load with it listed."""
+        if not isinstance(data, dict) or "image_pull_secret" not in data:
+            return data
+        data = dict(data)
+        single = data.pop("image_pull_secret")
+        if single is not None and data.get("image_pull_secrets"):
+            raise UsageError("image_pull_secret and image_pull_secrets are both given: list every Secret in "
+                             "image_pull_secrets")
+        if single is not None:
+            data["image_pull_secrets"] = [single]
+        return data
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _pull_secrets(cls, value: list[str]) -> list[str]:
+        for name in value:
+            check_dns_subdomain(name, what="image_pull_secrets name")
+        if len(set(value)) != len(value):
+            raise UsageError(f"image_pull_secrets {value!r} names a Secret twice: name each once")
         return value
 
     @model_validator(mode="after")
