@@ -233,3 +233,23 @@ def test_the_gate_counts_one_rank_per_node_when_the_ranks_are_placed_one_per_nod
         submit(tmp_path, job_request(compute_shape={"gpus": 4, "nodes": 2}), make_backend())
     assert submit(tmp_path / "shared", job_request(job_id="job-2", compute_shape={"gpus": 4, "nodes": 2}),
                   make_backend(exclusive_topology=None)).started
+
+
+@pytest.mark.parametrize(("toleration", "match"), [
+    ({"operator": "Exists", "value": "v"}, "matches every taint|give no value"),
+    ({"effect": "NoSchedule"}, "without a key matches every taint, so its operator must be Exists"),
+    ({"key": "k", "operator": "exists"}, "operator 'exists' is not Equal or Exists"),
+    ({"key": "k", "value": "v", "effect": "NoSchedule", "tolerationSeconds": 60}, "applies to the NoExecute effect"),
+    ({"key": "k", "effect": "NoSched"}, "effect 'NoSched' is not"),
+])
+def test_a_toleration_the_api_server_would_refuse_is_refused_when_the_target_is_made(toleration: dict[str, Any],
+                                                                                    match: str) -> None:
+    """Upstream's ValidateTolerations, at settings time: before, such a toleration passed into the
+    GPU gate's node counting and was refused only by the server-side dry run."""
+    from tao_data_io.kubernetes.settings import KubernetesSettings
+
+    with pytest.raises(ValueError, match=match):
+        KubernetesSettings(tolerations=[toleration])
+    KubernetesSettings(tolerations=[{"operator": "Exists"}, {"key": "nvidia.com/gpu", "operator": "Exists",
+                                                              "effect": "NoSchedule"},
+                                    {"key": "k", "value": "v", "effect": "NoExecute", "tolerationSeconds": 30}])

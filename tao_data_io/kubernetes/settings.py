@@ -49,6 +49,27 @@ def check_binary_quantity(value: str, *, what: str) -> str:
     return value
 
 
+def _toleration_problem(toleration: dict[str, Any]) -> str | None:
+    """Why the API server refuses ``toleration`` (upstream ``ValidateTolerations``), if it does."""
+    key, operator = toleration.get("key") or "", toleration.get("operator") or "Equal"
+    value, effect = toleration.get("value") or "", toleration.get("effect") or ""
+    if operator not in ("Equal", "Exists"):
+        return f"operator {operator!r} is not Equal or Exists (spelled so)"
+    if not key and operator != "Exists":
+        return "a toleration without a key matches every taint, so its operator must be Exists"
+    if key and not _LABEL_KEY.fullmatch(key):
+        return f"key {key!r} is not a taint key ([prefix/]name)"
+    if operator == "Exists" and value:
+        return "operator Exists matches any value: give no value"
+    if operator == "Equal" and not _LABEL_VALUE.fullmatch(value):
+        return f"value {value!r} is not a taint value (at most 63 letters, digits, '-', '_' or '.')"
+    if effect not in ("", "NoSchedule", "PreferNoSchedule", "NoExecute"):
+        return f"effect {effect!r} is not NoSchedule, PreferNoSchedule or NoExecute"
+    if toleration.get("tolerationSeconds") is not None and effect != "NoExecute":
+        return "tolerationSeconds applies to the NoExecute effect only: set effect NoExecute or drop it"
+    return None
+
+
 def _kubernetes_own(key: str) -> bool:
     """A label key Kubernetes sets or reserves: the Job controller's, or under kubernetes.io/ or
     k8s.io/ (app.kubernetes.io/, the recommended labels, is the users')."""
@@ -326,5 +347,8 @@ class KubernetesSettings(BackendSettings):
             if unknown:
                 raise UsageError(f"tolerations[{index}] has unknown fields {unknown}; use "
                                  f"{sorted(_TOLERATION_FIELDS)}")
+            problem = _toleration_problem(toleration)
+            if problem is not None:
+                raise UsageError(f"tolerations[{index}] {toleration!r}: {problem}")
         return value
 
