@@ -1,12 +1,14 @@
 """Register the block types and save the blocks prefect.yaml's deployments name.
 
-    .venv/bin/python -m deployments.blocks [--records LOCATION] [--run-root DIR]
-                                            [--staging-root DIR] [--allow-network] [--overwrite]
+    .venv/bin/python -m deployments.blocks [--records LOCATION] [--run-root DIR] [--staging-root DIR]
+                                            [--allow-network] [--results S3_PREFIX] [--overwrite]
 
 Saves ``tao-local-target/local``, ``tao-job-records/local`` and the ``default`` credential blocks
-(the standard variable names: AWS_* with the legacy TAO names behind them, HF_TOKEN, NGC_KEY).
+(the standard variable names: AWS_* with the legacy TAO names behind them, HF_TOKEN, NGC_KEY),
+and with ``--results`` the ``tao-s3-bucket/results`` a Kubernetes pool keeps flow results in.
 Blocks that already exist are kept unless ``--overwrite``, so a rerun never undoes an edit made
-in the UI. Registration alone is ``prefect block register -m blocks`` (see docs/prefect.md).
+in the UI. Registration alone is ``prefect block register --file blocks/__init__.py`` (see
+docs/prefect.md).
 """
 
 from __future__ import annotations
