@@ -107,9 +107,9 @@ class S3EnvCredentials(_EnvCredentials):
         with them folded into ``read_legacy_names``: all four TAO's names, on; all cleared, off. A
         legacy name changed from TAO's own, or some cleared and not others, cannot be kept by one
         switch: refused naming the fields and the fix, never read differently from before."""
-        old = {f"{field}_legacy_env": legacy for field, legacy in
-               (("access_key_id", "ACCESS_KEY"), ("secret_access_key", "SECRET_KEY"),
-                ("endpoint_url", "S3_ENDPOINT_URL"), ("region", "CLOUD_REGION"))}
+        old = {f"{field}_legacy_env": AWS_TO_LEGACY[aws] for field, aws in
+               (("access_key_id", "AWS_ACCESS_KEY_ID"), ("secret_access_key", "AWS_SECRET_ACCESS_KEY"),
+                ("endpoint_url", "AWS_ENDPOINT_URL"), ("region", "AWS_DEFAULT_REGION"))}
         if not isinstance(data, dict) or not old.keys() & data.keys():
             return data
         data = dict(data)

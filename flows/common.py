@@ -85,12 +85,11 @@ def prepare(target: Target, records: Records, s3_credentials: S3Credentials = No
     _refuse_credentials_in_parameters(environ)
     kept = load_block(records, JobRecords, "records")
     if kept.bucket is not None:  # its own credentials: masked as well, and looked for in the parameters
-        environ = {**environ, **{f"RECORDS_{name}": value
-                                 for name, value in kept.bucket.credentials.environ().items()}}
-        mask_run_logs(environ)
-        _refuse_credentials_in_parameters(environ)
+        watched = {**environ, **{f"RECORDS_{name}": value for name, value in kept.bucket.credentials.environ().items()}}
+        mask_run_logs(watched)
+        _refuse_credentials_in_parameters(watched)
     compute = load_block(target, ComputeTarget, "target")
-    return Setup(compute, compute.backend(), kept.store(credentials.environ()), credentials)
+    return Setup(compute, compute.backend(), kept.store(environ), credentials)
 
 
 def _refuse_credentials_in_parameters(environ: Mapping[str, str] | None) -> None:

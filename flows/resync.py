@@ -28,8 +28,8 @@ class ResyncFailed(TaoDataIOError):
     """Some running jobs could not be resynced; the others were."""
 
 
-@flow(name="resync-tao-outputs", flow_run_name=started_run_name("resync", "target"), persist_result=True, result_serializer="json",
-      validate_parameters=False)
+@flow(name="resync-tao-outputs", flow_run_name=started_run_name("resync", "target"), persist_result=True,
+      result_serializer="json", validate_parameters=False)
 @masking_failures
 def resync_tao_outputs(target: Target = DEFAULT_TARGET, records: Records = DEFAULT_RECORDS,
                        s3_credentials: S3Credentials = None, settle_seconds: float | None = None) -> dict[str, Any]:

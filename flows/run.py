@@ -22,8 +22,8 @@ from tao_data_io.verbs import DEFAULT_POLL_SECONDS
 from tasks.masking import masking_failures, started_run_name
 
 
-@flow(name="run-tao-job", flow_run_name=started_run_name("run", "request_path"), persist_result=True, result_serializer="json",
-      on_cancellation=[cancel_owned_job], validate_parameters=False)
+@flow(name="run-tao-job", flow_run_name=started_run_name("run", "request_path"), persist_result=True,
+      result_serializer="json", on_cancellation=[cancel_owned_job], validate_parameters=False)
 @masking_failures
 def run_tao_job(request: JobRequest | None = None, request_path: GuardedText | None = None,
                 target: Target = DEFAULT_TARGET, records: Records = DEFAULT_RECORDS,

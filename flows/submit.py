@@ -27,8 +27,8 @@ from tasks.masking import mask_run_logs, masking_failures, started_run_name
 from tasks.owners import this_run
 
 
-@flow(name="submit-tao-job", flow_run_name=started_run_name("submit", "request_path"), persist_result=True, result_serializer="json",
-      on_cancellation=[cancel_owned_job], validate_parameters=False)
+@flow(name="submit-tao-job", flow_run_name=started_run_name("submit", "request_path"), persist_result=True,
+      result_serializer="json", on_cancellation=[cancel_owned_job], validate_parameters=False)
 @masking_failures
 def submit_tao_job(request: JobRequest | None = None, request_path: GuardedText | None = None,
                    target: Target = DEFAULT_TARGET, records: Records = DEFAULT_RECORDS,

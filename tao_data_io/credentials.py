@@ -157,8 +157,9 @@ def s3_credentials_from_env(environ: Mapping[str, str] | None = None) -> S3Crede
     env = os.environ if environ is None else environ
     key_id, key_from = _lookup(env, "AWS_ACCESS_KEY_ID")
     secret, secret_from = _lookup(env, "AWS_SECRET_ACCESS_KEY")
+    source = "legacy" if key_from == "ACCESS_KEY" else "aws"
     if key_id is None and secret is None and has_pod_identity(env):
-        key_from = "pod identity"
+        source = "pod identity"
     elif key_id is None and secret is None:
         raise CredentialError(
             "S3 credentials are missing: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the "
@@ -185,7 +186,7 @@ def s3_credentials_from_env(environ: Mapping[str, str] | None = None) -> S3Crede
         session_token=env.get("AWS_SESSION_TOKEN") or None,
         endpoint_url=endpoint or env.get("AWS_ENDPOINT_URL_S3") or None,
         region=region or env.get("AWS_REGION") or DEFAULT_REGION,
-        source={"ACCESS_KEY": "legacy", "pod identity": "pod identity"}.get(str(key_from), "aws"),
+        source=source,
         max_attempts=_max_attempts(env),
     )
 

@@ -53,8 +53,8 @@ from .facts import SIDECAR_VERSION, cluster_facts, server_version
 from .follow import FIRST_LINES, LOOK_LINES, new_lines, read_cursor, since_seconds
 from .gates import (admit_pods, check_access, check_claim, check_gpus, check_secrets, check_version, dry_run,
                     needed_access)
-from .render import (CACHE_LABEL, COLLECTIVE_TIMEOUT_S, JOB_ID_LABEL, MANAGED_BY, VOLUME_ROOT, RenderedJob, claim_paths, probe_key, read_config,
-                     render_job)
+from .render import (CACHE_LABEL, COLLECTIVE_TIMEOUT_S, JOB_ID_LABEL, MANAGED_BY, VOLUME_ROOT, RenderedJob,
+                     claim_paths, probe_key, read_config, render_job)
 from .settings import KubernetesSettings
 from .waiting import Budget, PodWatch, StageFailed, list_pods, wait_for_probe, wait_for_stage, wait_for_verdict
 
@@ -217,8 +217,9 @@ class KubernetesBackend:
                              f"{failed[0].describe()}")
         self.say(f"the collective probe passed: {verdicts[0].detail}")
         pod = probe_job["spec"]["template"]["spec"]
-        cached = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": remembered, "namespace": namespace,
-                                                                       "labels": {**MANAGED_BY, CACHE_LABEL: "collective-probe"}},
+        labels = {**MANAGED_BY, CACHE_LABEL: "collective-probe"}
+        cached = {"apiVersion": "v1", "kind": "ConfigMap",
+                  "metadata": {"name": remembered, "namespace": namespace, "labels": labels},
                   "data": {"passed": verdicts[0].detail, "image": pod["containers"][0]["image"]}}
         try:  # no job's label: a cancel keeps it; two jobs passing at once make it once
             api.call(f"creating ConfigMap {namespace}/{remembered}", api.core.create_namespaced_config_map, namespace,

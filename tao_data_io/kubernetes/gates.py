@@ -68,7 +68,8 @@ def check_gpus(api: Api, plan: LaunchPlan, settings: KubernetesSettings) -> list
     if nodes is None:
         raise UsageError("the GPU capacity gate cannot read the nodes' allocatable nvidia.com/gpu (this identity may "
                          "not list nodes): ask the cluster's admin for a ClusterRole granting list on nodes")
-    usable = [node for node in nodes if barred(node, settings.node_selector, settings.tolerations) is None]
+    why_not = {node.name: barred(node, settings.node_selector, settings.tolerations) for node in nodes}
+    usable = [node for node in nodes if why_not[node.name] is None]
     fits = sum(node.gpus // plan.gpus for node in usable)
     if plan.nodes > 1 and settings.exclusive_topology:  # one rank per node (or zone…): its anti-affinity
         key = settings.exclusive_topology
@@ -78,8 +79,8 @@ def check_gpus(api: Api, plan: LaunchPlan, settings: KubernetesSettings) -> list
         return []
     autoscaled = settings.capacity != "fixed"
     have = ", ".join(f"{node.name}: {node.gpus}" for node in sorted(usable, key=lambda n: n.name)) or "no such nodes"
-    excluded = "; ".join(f"{node.name}: {why}" for node in sorted(nodes, key=lambda n: n.name)
-                         if node.gpus and (why := barred(node, settings.node_selector, settings.tolerations)))
+    excluded = "; ".join(f"{node.name}: {why_not[node.name]}" for node in sorted(nodes, key=lambda n: n.name)
+                         if node.gpus and why_not[node.name])
     said = (f"compute_shape asks for {plan.nodes} pod(s) of {plan.gpus} nvidia.com/gpu each ({need} in all) but the "
             f"nodes the pods may run on can hold {fits} such pod(s){' now' if autoscaled else ''} (allocatable "
             f"{have}{f'; not for these pods: {excluded}' if excluded else ''})")

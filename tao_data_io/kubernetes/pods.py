@@ -29,6 +29,8 @@ STATUS = "status"
 OOM_EXIT = 137
 
 Phase = Literal["schedule", "pull", "stage", "probe", "running", "done", "failed", "fatal"]
+#: The label Kueue reads a Job's LocalQueue from (the renderer sets it; a status reads it).
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,7 @@ def job_status(job: Obj, pods: Sequence[Obj], events: Sequence[Obj] = ()) -> Job
         return JobStatus(state="CANCELED", message="the Job is being deleted before it finished")
     if not pods:
         said = newest_warning(events)
-        queue = ((job.get("metadata") or {}).get("labels") or {}).get("kueue.x-k8s.io/queue-name")
+        queue = ((job.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL)
         if (job.get("spec") or {}).get("suspend") and queue:
             return JobStatus(state="PENDING", message=f"suspended, waiting for Kueue to admit it from queue {queue!r}"
                                                       + (f": {said}" if said else ""))

@@ -51,8 +51,9 @@ from ..names import check_env_name, object_names
 from ..records import JobRecord
 from ..request import DEFAULT_RESULTS_LIMIT, JobRequest, check_container_path, quantity_bytes
 from ..tier import TIER_C_BYTES_PER_SECOND
-from .pods import STATUS
 from ..launch.collective import DEFAULT_TIMEOUT_S, PROBE_PROGRAM
+from .placement import HOSTNAME_LABEL
+from .pods import QUEUE_LABEL, STATUS
 from .scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, TRAIN_WRAPPER, VERIFY_SCRIPT
 from .settings import KubernetesSettings
 
@@ -103,8 +104,6 @@ COLLECTIVE_TIMEOUT_S = DEFAULT_TIMEOUT_S
 #: The label of what the backend keeps for a namespace rather than a job (a collective probe's
 #: remembered pass): no job's label, so no cancel or TTL removes it.
 CACHE_LABEL = "tao-data-io/cache"
-#: The label Kueue reads a Job's LocalQueue from.
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 #: The wrapper's $0, as ``ps`` in the training container shows it.
 WRAPPER_NAME = "tao-train"
 STAGE_ROOT = "/tao-data-io/staging"
@@ -356,11 +355,10 @@ class _Job:
         apply) and the same placement, running :data:`PROBE_PROGRAM` under its own alarm."""
         name, service = self.names.probe, self.names.probe_service
         labels = self._labels("probe")
-        rendezvous = rendezvous_env(nodes=PROBE_NODES, gpus_per_node=1, rank={"fieldRef": {"fieldPath": COMPLETION_INDEX}},
-                                    master_addr=f"{name}-0.{service}")
+        rendezvous = rendezvous_env(nodes=PROBE_NODES, gpus_per_node=1,
+                                    rank={"fieldRef": {"fieldPath": COMPLETION_INDEX}}, master_addr=f"{name}-0.{service}")
         env = [{"name": k, "value": literal(v)} for k, v in sorted(self.plan.env.items()) if k not in rendezvous]
-        env += [{"name": k, "value": v} if isinstance(v, str) else {"name": k, "valueFrom": v}
-                for k, v in rendezvous.items()]
+        env += _env_entries(rendezvous)
         env.append({"name": "TAO_DATA_IO_PROBE_TIMEOUT", "value": str(COLLECTIVE_TIMEOUT_S)})
         container: dict[str, Any] = {"name": "probe", "image": self.plan.image,
                                      "command": ["python3", "-c", PROBE_PROGRAM], "env": env,
@@ -369,9 +367,7 @@ class _Job:
         if security is not None:
             container["securityContext"] = security
         pod = {**self._pod_basics(), "containers": [container], "subdomain": service,
-               "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-                   "labelSelector": {"matchLabels": {JOB_ID_LABEL: self.names.job, STEP_LABEL: "probe"}},
-                   "topologyKey": "kubernetes.io/hostname"}]}}}  # two nodes: the point of the probe
+               "affinity": self._one_per(HOSTNAME_LABEL, "probe")}  # two nodes: the point of the probe
         job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(name, "probe"),
                "spec": {"completionMode": "Indexed", "completions": PROBE_NODES, "parallelism": PROBE_NODES,
                         "backoffLimit": 0, "ttlSecondsAfterFinished": self.settings.ttl_seconds,
@@ -381,6 +377,12 @@ class _Job:
                              "selector": {"batch.kubernetes.io/job-name": name},
                              "ports": [{"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT}]}}
         return [headless, job]
+
+    def _one_per(self, topology_key: str, step: str) -> dict[str, Any]:
+        """The affinity that keeps two of this job's ``step`` pods off one value of ``topology_key``."""
+        return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": {JOB_ID_LABEL: self.names.job, STEP_LABEL: step}},
+            "topologyKey": topology_key}]}}
 
     def _service(self) -> dict[str, Any]:
         return {"apiVersion": "v1", "kind": "Service", "metadata": self._meta(self.names.service, "train"),
@@ -476,9 +478,7 @@ class _Job:
         if self.settings.priority_class:
             pod["priorityClassName"] = self.settings.priority_class
         if self.multi and self.settings.exclusive_topology:  # one rank per node (or zone, rack…): never two
-            pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-                "labelSelector": {"matchLabels": {JOB_ID_LABEL: self.names.job, STEP_LABEL: "train"}},
-                "topologyKey": self.settings.exclusive_topology}]}}
+            pod["affinity"] = self._one_per(self.settings.exclusive_topology, "train")
         template_meta = {"labels": self._labels("train"), **({"annotations": dict(self.settings.annotations)}
                                                              if self.settings.annotations else {})}
         spec: dict[str, Any] = {"backoffLimit": 0, "ttlSecondsAfterFinished": self.settings.ttl_seconds,
@@ -620,8 +620,7 @@ class _Job:
             rendezvous = rendezvous_env(nodes=plan.nodes, gpus_per_node=plan.gpus,
                                         rank={"fieldRef": {"fieldPath": COMPLETION_INDEX}},
                                         master_addr=f"{self.names.job}-0.{self.names.service}")
-            env += [{"name": name, "value": value} if isinstance(value, str) else {"name": name, "valueFrom": value}
-                    for name, value in rendezvous.items()]
+            env += _env_entries(rendezvous)
         return env + self._secret_env()
 
     def _results_mount(self, *, read_only: bool = False) -> dict[str, Any]:
@@ -694,6 +693,12 @@ def claim_sub_path(plan: LaunchPlan, mount: PlanMount) -> str | None:
     if mount.origin == "staged" and plan.tier == "B":
         return f"{CACHE_DIR}/{check_relative(mount.source, what=f'staging map sub_path of {mount.input!r}')}"
     return None
+
+
+def _env_entries(values: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A container's env entries: a text as its value, anything else (a field reference) as its source."""
+    return [{"name": name, "value": value} if isinstance(value, str) else {"name": name, "valueFrom": value}
+            for name, value in values.items()]
 
 
 def probe_key(probe_job: Mapping[str, Any]) -> str:

@@ -21,6 +21,7 @@ from ..launch.backend import BackendSettings
 from ..names import check_dns_label, check_dns_subdomain
 from ..request import is_binary_quantity
 from ..uris import parse_s3_url
+from .placement import HOSTNAME_LABEL
 
 DEFAULT_TTL_SECONDS = 3600
 MAX_TTL_SECONDS = 604800
@@ -170,7 +171,7 @@ class KubernetesSettings(BackendSettings):
         description="The NAME of a PriorityClass for the pods (priorityClassName): which jobs preempt which, and "
                     "Kueue's order within a queue.")
     exclusive_topology: str | None = Field(
-        "kubernetes.io/hostname", title="Exclusive placement",
+        HOSTNAME_LABEL, title="Exclusive placement",
         description="Multi-node jobs: a node label key no two of the job's pods may share a value of (the pods' "
                     "required anti-affinity) — kubernetes.io/hostname puts one pod on each node; empty: none.")
     labels: dict[str, str] = Field(

@@ -22,7 +22,7 @@ from ..errors import BackendError, UsageError
 from ..launch.collective import HANG_ADVICE, CollectiveVerdict, read_probe
 from ..launch.probe import Check, Verdict, parse_probe_output
 from .api import Api
-from .pods import Where, by_rank, condition, containers, disruption, rank, verify_result, where
+from .pods import Where, by_rank, condition, container, disruption, rank, verify_result, where
 from .render import JOB_ID_LABEL, STEP_LABEL
 
 Say = Callable[[str], None]
@@ -200,7 +200,7 @@ def wait_for_probe(watch: PodWatch, log_of: Callable[[Mapping[str, Any]], str],
 
 
 def _probe_exit(pod: Mapping[str, Any]) -> int:
-    found = next((c for c in containers(pod) if c.name == "probe"), None)
+    found = container(pod, "probe")
     return int(found.exit_code or 0) if found is not None and found.state == "terminated" else 1
 
 
