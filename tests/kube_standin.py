@@ -316,6 +316,10 @@ class ApiServer(kmock.KubernetesEmulator):
             request.data.setdefault("metadata", {})["resourceVersion"] = str(next(self._versions))
         elif request.action == kmock.action.FETCH and resource == JOBS and not request.subresource:
             await self.locked(lambda: self.control.advance(self, request.namespace or "", request.name or ""))
+        elif request.action == kmock.action.DELETE and resource == PODS and request.name:
+            terminating = self._graceful_delete(request)
+            if terminating is not None:
+                return aiohttp.web.json_response(terminating)
         response = await super()._handle(request)
         if request.action == kmock.action.CREATE and resource == JOBS and response.status < 300:
             await self.locked(lambda: self.control.created(self, request.data))
@@ -427,15 +431,64 @@ class ApiServer(kmock.KubernetesEmulator):
 
     def collect_garbage(self) -> None:
         """Delete every object whose ownerReferences name a uid that no longer exists, until
-        nothing changes (pods of a Job, and the Job's Secret, ConfigMap and Service)."""
+        nothing changes (pods of a Job, and the Job's Secret, ConfigMap and Service). The garbage
+        collector's delete carries no grace period, so a running pod it deletes is given its own
+        ``terminationGracePeriodSeconds`` (:meth:`_terminate`) and stays until the kubelet ends it."""
         while True:
             alive = {obj.raw["metadata"].get("uid") for obj in self.objects.values() if not obj.deleted}
-            orphans = [obj for obj in self.objects.values() if not obj.deleted and any(
-                ref.get("uid") not in alive for ref in obj.raw["metadata"].get("ownerReferences") or [])]
+            orphans = [obj for obj in self.objects.values() if not obj.deleted
+                       and "deletionTimestamp" not in obj.raw["metadata"] and any(
+                           ref.get("uid") not in alive for ref in obj.raw["metadata"].get("ownerReferences") or [])]
             if not orphans:
                 return
             for obj in orphans:
+                if obj.raw.get("kind") != "Pod" or self._terminate(obj, None) == 0:
+                    obj.delete()
+
+    def _graceful_delete(self, request: kmock.Request) -> dict[str, Any] | None:
+        """A DELETE of a pod that gets a grace period: the pod is marked terminating and returned
+        (as the API server answers a graceful delete); None when it is removed at once (or absent)."""
+        key = (PODS, request.namespace, request.name)
+        obj = self.objects[key] if key in self.objects and not self.objects[key].deleted else None
+        if obj is None:
+            return None
+        asked = request.params.get("gracePeriodSeconds")
+        if asked is None and isinstance(request.data, dict):
+            asked = request.data.get("gracePeriodSeconds")
+        if self._terminate(obj, None if asked is None else int(asked)) == 0:
+            return None
+        return copy.deepcopy(obj.raw)
+
+    @staticmethod
+    def _terminate(obj: Any, asked: int | None) -> int:
+        """The grace period a delete gives a pod, as the API server reckons it: the one asked for,
+        else the pod's ``terminationGracePeriodSeconds`` (default 30); 0 for a pod no node runs or
+        whose phase is terminal (``pkg/registry/core/pod/strategy.go`` CheckGracefulDelete). A pod
+        already terminating keeps the shorter of its grace and the new one: a later delete may
+        shorten a grace period, never lengthen it (``apiserver/pkg/registry/rest/delete.go``
+        BeforeDelete). A pod with a grace left is marked terminating (``deletionTimestamp``,
+        ``deletionGracePeriodSeconds``) and stays until :meth:`end_terminating`."""
+        raw = obj.raw
+        grace = asked if asked is not None else int(raw["spec"].get("terminationGracePeriodSeconds", 30))
+        if not raw["spec"].get("nodeName") or raw.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            grace = 0
+        metadata = raw["metadata"]
+        if "deletionGracePeriodSeconds" in metadata:
+            grace = min(grace, int(metadata["deletionGracePeriodSeconds"]))
+        if grace > 0:
+            obj["metadata"] = {**metadata, "deletionTimestamp": metadata.get("deletionTimestamp") or now(),
+                               "deletionGracePeriodSeconds": grace}
+        return grace
+
+    def end_terminating(self) -> dict[str, int]:
+        """The kubelet ends every terminating pod (its containers were signalled, then killed at
+        the end of the grace period): pod name → the grace period it was given."""
+        ended = {}
+        for (resource, _, name), obj in self.objects.items():
+            if resource == PODS and not obj.deleted and "deletionTimestamp" in obj.raw["metadata"]:
+                ended[name] = int(obj.raw["metadata"]["deletionGracePeriodSeconds"])
                 obj.delete()
+        return ended
 
     def store(self, obj: dict[str, Any]) -> None:
         """Put an object the way the cluster has it (nodes, claims, a foreign ConfigMap…)."""
@@ -614,13 +667,17 @@ class ControlPlane:
             "spec": template["spec"], "status": {"phase": "Pending"}})
 
     def advance(self, server: ApiServer, namespace: str, job: str) -> None:
-        """One step for the pods of ``job``, and the Job's status after it."""
+        """One step for the pods of ``job``, and the Job's status after it (a terminating pod is
+        the kubelet's to end: :meth:`ApiServer.end_terminating`)."""
+        key = (JOBS, namespace, job)
+        found = server.objects[key] if key in server.objects and not server.objects[key].deleted else None
+        if found is None:
+            return
         pods = [obj for (resource, ns, _), obj in server.objects.items() if resource == PODS and ns == namespace
-                and not obj.deleted and obj.raw["metadata"]["labels"].get("batch.kubernetes.io/job-name") == job]
+                and not obj.deleted and obj.raw["metadata"]["labels"].get("batch.kubernetes.io/job-name") == job
+                and "deletionTimestamp" not in obj.raw["metadata"]]
         if not pods:
-            key = (JOBS, namespace, job)
-            found = server.objects[key] if key in server.objects and not server.objects[key].deleted else None
-            if found is not None and "Suspended" in str(found.raw.get("status")) and not found.raw["spec"].get("suspend"):
+            if "Suspended" in str(found.raw.get("status")) and not found.raw["spec"].get("suspend"):
                 self._start_pods(server, found.raw)  # resumed: the Job controller makes its pods now
             return
         step = pods[0].raw["metadata"]["labels"].get("tao-data-io/step")  # the pod template's, as the backend set it
@@ -712,6 +769,9 @@ class ControlPlane:
             pod["status"] = {"phase": "Pending", "conditions": [condition]}
             self._event(server, namespace, "Pod", raw["metadata"], "FailedScheduling", self.unschedulable_message)
             return
+        if not spec.get("nodeName"):  # the scheduler binds the pod to a node before anything else
+            index = raw["metadata"].get("annotations", {}).get("batch.kubernetes.io/job-completion-index", "0")
+            pod["spec"] = spec = {**spec, "nodeName": f"node-{index}"}
         target, state_of, phase = STEPS[step]
         init, main = spec.get("initContainers", []), spec["containers"]
         order = [c["name"] for c in [*init, *main]]

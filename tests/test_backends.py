@@ -35,7 +35,7 @@ KUBERNETES = {"namespace": "tao", "context": "prod", "pvc_claim": "tao-data", "c
               "pending_timeout": 900.0, "queue_name": "gpu-queue", "priority_class": "tao-high",
               "exclusive_topology": "topology.kubernetes.io/zone", "labels": {"team": "vision"},
               "annotations": {"example.com/cost-centre": "ml-42"}, "service_account": "tao-runner",
-              "cloud_identity": True, "collective_probe": False}
+              "cloud_identity": True, "collective_probe": False, "cancel_grace_seconds": 30}
 
 
 @pytest.mark.parametrize(("platform", "config"), [

@@ -17,8 +17,8 @@ from tao_data_io.credentials import S3Credentials, s3_credentials_from_env
 from tao_data_io.errors import CredentialError
 from tao_data_io.transfer.client import make_s3_client
 from tao_data_io.transfer.engine import TransferEngine
-from tao_data_io.transfer.obstore_executor import ObstoreExecutor
-from tao_data_io.transfer.s5cmd_executor import S5cmdExecutor
+from tao_data_io.transfer.obstore_executor import LARGE_OBJECT_BYTES, ObstoreExecutor
+from tao_data_io.transfer.s5cmd_executor import KEYS_CHILD_BYTES, S5cmdExecutor
 
 from .helpers import tree_digest, write_tree
 
@@ -153,3 +153,40 @@ def test_under_eks_pod_identity_each_byte_mover_gets_the_agents_credentials(
         env = S5cmdExecutor(credentials).child_env()
         assert env["AWS_SESSION_TOKEN"] == "pod-identity-session-1"
         assert "AWS_CONTAINER_CREDENTIALS_FULL_URI" not in env and "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE" not in env
+
+
+def test_under_eks_pod_identity_each_s5cmd_child_gets_fresh_keys_for_a_bounded_share(
+        pod_identity: str, eks_pod_identity: _PodIdentityAgent, tmp_path: Path) -> None:
+    """Keys handed to s5cmd expire (the agent's last an hour or so, and botocore hands out keys
+    with as little as 15 minutes left), so no child may run on them for long: a batch is split
+    into children of at most ``keys_child_bytes`` each, and each child's keys are fetched when it
+    starts. An object larger than that share stays with obstore, whose provider refreshes."""
+    credentials = s3_credentials_from_env()
+    mover = S5cmdExecutor(credentials, keys_child_bytes=2100)  # the objects are 1,024–1,026 bytes
+    assert mover.largest_object == 2100 and S5cmdExecutor(credentials).largest_object == KEYS_CHILD_BYTES
+    before = eks_pod_identity.calls
+    with TransferEngine(credentials, executor=mover) as engine:
+        down = engine.sync(f"s3://{pod_identity}/data/", str(tmp_path / "down"))
+    assert down.ok and down.transferred_files == 3, down.failed
+    assert eks_pod_identity.calls - before >= 2  # two children: 1,024 + 1,025 bytes, then 1,026
+
+
+def test_with_its_own_identity_chain_an_s5cmd_child_takes_any_share(pod_identity: str) -> None:
+    """Under IRSA s5cmd's SDK reads the token file and refreshes the role's keys itself."""
+    assert S5cmdExecutor(s3_credentials_from_env(), keys_child_bytes=1).largest_object is None
+
+
+def test_under_eks_pod_identity_an_object_larger_than_a_childs_share_stays_with_obstore(
+        pod_identity: str, eks_pod_identity: _PodIdentityAgent, moto_credentials: S3Credentials,
+        tmp_path: Path) -> None:
+    class NoChild(S5cmdExecutor):
+        def run(self, batch: object, on_done: object) -> None:
+            raise AssertionError("handed to s5cmd")
+
+    make_s3_client(moto_credentials).put_object(Bucket=pod_identity, Key="big/checkpoint.pth",
+                                                Body=os.urandom(LARGE_OBJECT_BYTES + 1))
+    credentials = s3_credentials_from_env()
+    mover = ObstoreExecutor(credentials, large=NoChild(credentials, keys_child_bytes=LARGE_OBJECT_BYTES))
+    with TransferEngine(credentials, executor=mover) as engine:
+        down = engine.sync(f"s3://{pod_identity}/big/", str(tmp_path / "big"))
+    assert down.ok and (tmp_path / "big" / "checkpoint.pth").stat().st_size == LARGE_OBJECT_BYTES + 1, down.failed

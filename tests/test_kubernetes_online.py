@@ -26,7 +26,7 @@ from tao_data_io.kubernetes.apply import kinds
 from tao_data_io.kubernetes import pods as pod_reading
 from tao_data_io.kubernetes.backend import DEFAULT_IMAGE_PULL_TIMEOUT_S, KubernetesBackend
 from tao_data_io.kubernetes.render import ATTEMPT_ANNOTATION, CACHE_LABEL, STAGING_MARGIN, STEP_LABEL
-from tao_data_io.kubernetes.settings import KubernetesSettings
+from tao_data_io.kubernetes.settings import DEFAULT_CANCEL_GRACE_SECONDS, KubernetesSettings
 from tao_data_io.backends import backend_for
 from tao_data_io.launch.backend import DEFAULT_VERIFY_TIMEOUT_S, Backend, JobDocuments, Submission
 from tao_data_io.launch.plan import LaunchPlan, build_plan
@@ -204,12 +204,12 @@ def test_the_api_requests_of_a_single_node_submit(kube: KubeStandIn, tmp_path: P
     step (the verify polls depend on how fast the pod gets there: here four looks)."""
     submit(tmp_path, job_request(), make_backend())
     sent = kube.requests()
-    facts, gates, dry_runs = sent[:4], sent[4:16], sent[16:20]
-    applied, verify = sent[20:25], sent[25:]
+    facts, gates, dry_runs = sent[:4], sent[4:17], sent[17:21]
+    applied, verify = sent[21:26], sent[26:]
     assert facts == ["GET /version/", "GET /api/v1/nodes", "GET /api/v1/namespaces/tao/persistentvolumeclaims",
                      "GET /apis/storage.k8s.io/v1/storageclasses"]
     assert gates[:1] == ["GET /api/v1/nodes"]  # the version is read once per connection
-    assert gates[1:] == ["POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews"] * 11
+    assert gates[1:] == ["POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews"] * 12
     assert [r.split("?")[0] for r in dry_runs] == ["POST /api/v1/namespaces/tao/secrets",
                                                    "POST /api/v1/namespaces/tao/configmaps",
                                                    "POST /apis/batch/v1/namespaces/tao/jobs",
@@ -222,7 +222,7 @@ def test_the_api_requests_of_a_single_node_submit(kube: KubeStandIn, tmp_path: P
     looks = verify[1:]
     assert len(looks) == 2 * 4 and all(r.startswith(("GET /apis/batch/v1/namespaces/tao/jobs/job-1",
                                                      "GET /api/v1/namespaces/tao/pods?")) for r in looks)
-    assert len(sent) == 4 + 12 + 4 + 5 + 1 + 8
+    assert len(sent) == 4 + 13 + 4 + 5 + 1 + 8
 
 
 def test_tier_b_runs_the_stage_job_to_completion_before_the_training_job(kube: KubeStandIn, tmp_path: Path) -> None:
@@ -689,6 +689,7 @@ def test_a_job_that_is_gone_reads_unknown_and_ttl_takes_its_objects(kube: KubeSt
     done = submit(tmp_path, job_request(), make_backend())
     kube.run(lambda: kube.server.objects[kube_key("Job", "job-1")].delete())  # the TTL controller
     kube.run(kube.server.collect_garbage)  # the garbage collector, by ownerReferences
+    kube.run(kube.server.end_terminating)  # and the kubelet, at the end of the pod's grace
     backend = make_backend()
     status = backend.status(done.backend_ref)
     assert status.state == "UNKNOWN" and "the job record says how it ended" in status.message
@@ -727,11 +728,37 @@ def test_cancel_deletes_the_job_in_the_foreground_and_keeps_a_pre_created_secret
     assert verbs.cancel("job-1", backend, store_in(tmp_path)).record.state == "CANCELED"
     deleted = [r for r in kube.requests()[before:] if r.startswith("DELETE")]
     # The Service and ConfigMap are the Job's dependents: its foreground delete takes them first.
-    assert deleted == ["DELETE /apis/batch/v1/namespaces/tao/jobs/job-1?propagationPolicy=Foreground"]
-    assert every_object_of_ours(kube) == [] and kube.server.alive("Pod", NAMESPACE) == {}
+    assert deleted[0] == "DELETE /apis/batch/v1/namespaces/tao/jobs/job-1?propagationPolicy=Foreground"
+    assert every_object_of_ours(kube) == []
+    ended = kube.run(kube.server.end_terminating)  # the two ranks, each given the cancel's grace
+    assert sorted(ended.values()) == [DEFAULT_CANCEL_GRACE_SECONDS] * 2 and kube.server.alive("Pod", NAMESPACE) == {}
     assert "team-s3" in kube.server.alive("Secret", NAMESPACE)
     assert store_in(tmp_path).get("job-1").state == "CANCELED"
     assert backend.cancel(done.backend_ref) is False and backend.status(done.backend_ref).state == "UNKNOWN"
+
+
+@pytest.mark.parametrize(("cancel_grace", "given"), [(None, DEFAULT_CANCEL_GRACE_SECONDS), (0, None), (7200, "own")])
+def test_cancel_gives_the_pods_the_cancel_grace_not_their_own(kube: KubeStandIn, tmp_path: Path,
+                                                              cancel_grace: int | None, given: int | str | None) -> None:
+    """The garbage collector deletes a Job's pods with no grace period of its own, so each gets its
+    ``terminationGracePeriodSeconds`` — sized for the whole results budget's final upload, over
+    half an hour — and a grace given to the Job's delete never reaches them. Cancel deletes the
+    pods too, with ``cancel_grace_seconds``: shorter, so the GPUs are free sooner. 0 removes them
+    at once; a longer one leaves the pods' own, as the API server only ever shortens a grace
+    (apiserver ``rest.BeforeDelete``)."""
+    settings = {} if cancel_grace is None else {"cancel_grace_seconds": cancel_grace}
+    backend = make_backend(**settings)
+    done = submit(tmp_path, job_request(), backend)
+    own = ours(kube, "Job")["job-1"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert own > DEFAULT_CANCEL_GRACE_SECONDS
+    assert backend.cancel(done.backend_ref) is True
+    terminating = {name: pod["metadata"].get("deletionGracePeriodSeconds")
+                   for name, pod in kube.server.alive("Pod", NAMESPACE).items()}
+    expected = own if given == "own" else given
+    assert terminating == ({} if expected is None else {name: expected for name in terminating}) and (
+        expected is None or len(terminating) == 1)
+    kube.run(kube.server.end_terminating)
+    assert kube.server.alive("Pod", NAMESPACE) == {} and every_object_of_ours(kube) == []
 
 
 def test_cancel_removes_what_a_submit_that_never_made_its_job_left(kube: KubeStandIn, tmp_path: Path) -> None:

@@ -70,6 +70,8 @@ POD_POLL_SECONDS = 2.0
 STATUS_LINES = STATUS_TAIL_BYTES // 512
 #: What cancel deletes, in this order: the Jobs first (their pods hold the GPUs).
 _CANCEL_ORDER = ("Job", "Service", "ConfigMap", "Secret")
+#: A pod's terminationGracePeriodSeconds when its spec leaves it out (core/v1 defaults).
+POD_DEFAULT_GRACE_SECONDS = 30
 
 
 class KubernetesBackend:
@@ -375,16 +377,38 @@ class KubernetesBackend:
 
     def cancel(self, ref: str) -> bool:
         """Foreground delete of every object labelled with the job (the Jobs first; a pre-created
-        credential Secret carries no such label and is kept); True if the training Job was
-        still running. A Job that has finished is kept whole: its pods have ended, collect reads
-        its logs, and its TTL removes it."""
+        credential Secret carries no such label and is kept), then of its pods with the cancel's
+        grace (:meth:`_end_pods`); True if the training Job was still running. A Job that has
+        finished is kept whole: its pods have ended, collect reads its logs, and its TTL removes it."""
         namespace, name = self._ref(ref)
         api = self._api()
         job = self._get_job(api, namespace, name)
         if job is not None and any(pod_reading.condition(job, c) for c in ("Complete", "Failed")):
             return False
         self._delete_labelled(api, namespace, name, ref)
+        self._end_pods(api, namespace, name)
         return job is not None
+
+    def _end_pods(self, api: Api, namespace: str, name: str) -> None:
+        """Delete the job's pods with ``cancel_grace_seconds``. The garbage collector deletes a
+        Job's pods with no grace period of its own, so each would get its
+        ``terminationGracePeriodSeconds`` — sized for the whole results budget's final upload —
+        and hold its GPUs that long; a grace given to the Job's delete never reaches them. The Job
+        is deleted first: the Job controller makes no pod for a Job being deleted (upstream
+        ``job_controller.go`` manages pods only while its ``deletionTimestamp`` is unset), so none
+        replaces them. A pod already given a grace no longer than this one is left as it is (the
+        API server only ever shortens a grace), and so is one whose own is shorter."""
+        listed = api.call(f"listing the pods of {namespace}/{name}", api.core.list_namespaced_pod, namespace,
+                          label_selector=f"{JOB_ID_LABEL}={name}")
+        for pod in listed.get("items", []):
+            pod_name = pod["metadata"]["name"]
+            grace = min(self.settings.cancel_grace_seconds,
+                        int(pod["spec"].get("terminationGracePeriodSeconds", POD_DEFAULT_GRACE_SECONDS)))
+            given = pod["metadata"].get("deletionGracePeriodSeconds")
+            if given is not None and int(given) <= grace:
+                continue
+            api.delete(f"deleting pod {namespace}/{pod_name} with a {grace}s grace", api.core.delete_namespaced_pod,
+                       pod_name, namespace, grace_period_seconds=grace)
 
     @staticmethod
     def _delete_labelled(api: Api, namespace: str, name: str, what: str) -> None:

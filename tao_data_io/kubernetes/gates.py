@@ -47,8 +47,10 @@ class Access:
 
 def needed_access(objects: Sequence[Mapping[str, Any]], reads_secrets: bool) -> list[Access]:
     """What submit and verify do: create each kind (and read it back after a conflict), adopt the
-    dependents (patch), follow the pods (list), delete the Job when its verdict fails."""
-    found: set[Access] = {Access("list", "", "pods"), Access("create", "", "pods")}  # create: admission's dry run
+    dependents (patch), follow the pods (list), delete the Job when its verdict fails — and
+    delete its pods on cancel, checked now so a cancel is never the first to find it refused."""
+    found: set[Access] = {Access("list", "", "pods"), Access("create", "", "pods"),  # create: admission's dry run
+                          Access("delete", "", "pods")}
     for obj in objects:
         group, resource = RESOURCES[obj["kind"]]
         found |= {Access("create", group, resource), Access("get", group, resource)}

@@ -55,7 +55,7 @@ from ..launch.collective import DEFAULT_TIMEOUT_S, PROBE_PROGRAM
 from .placement import HOSTNAME_LABEL
 from .pods import QUEUE_LABEL, STATUS
 from .scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, TRAIN_WRAPPER, VERIFY_SCRIPT
-from .settings import KubernetesSettings
+from .settings import MAX_GRACE_SECONDS, KubernetesSettings
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tao-data-io"}
 JOB_ID_LABEL = "tao-data-io/job-id"
@@ -113,7 +113,6 @@ RESERVED = ("/tao-data-io", PROBE_DIR, "/dev/shm")
 CACHE_DIR = "cache"
 #: The final upload's time: the budget at the measured rate, plus this much for start-up.
 GRACE_MARGIN_SECONDS = 60
-#: The longest a pod may stay Terminating for its final upload, whatever the request's
 #: A one-pod training Job's failure policy (rules in order, the first match wins): a pod that was
 #: disrupted — preempted, evicted, its node drained: the ``DisruptionTarget`` condition — counts
 #: towards ``backoffLimit`` (the request's ``disruption_retries``) and is replaced; any container
@@ -125,8 +124,6 @@ DISRUPTIONS_RETRIED = {"rules": [
     {"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
     {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
 ]}
-#: results_limit says (a stalled upload must not hold a node for days): two hours.
-MAX_GRACE_SECONDS = 7200
 #: A ConfigMap holds at most 1 MiB.
 CONFIGMAP_LIMIT = 1024 * 1024
 #: Either family of S3 key names (forwarded names are projected as given: the per-job Secret's

@@ -26,8 +26,15 @@ from .placement import HOSTNAME_LABEL
 DEFAULT_TTL_SECONDS = 3600
 MAX_TTL_SECONDS = 604800
 DEFAULT_RESYNC_SECONDS = 300
+#: A cancel's grace for the job's pods: enough for a final upload of what changed since the last
+#: resync at the measured rate (a checkpoint of about half a gigabyte), not the whole results
+#: budget the pods' own grace is sized for, which holds the GPUs for up to two hours.
+DEFAULT_CANCEL_GRACE_SECONDS = 60
 RESYNC_SECONDS_BOUNDS = (10, 86400)
 MAX_SHARDS = 1000
+#: The longest a pod may stay Terminating for its final upload, whatever the request's
+#: results_limit says (a stalled upload must not hold a node for days): two hours.
+MAX_GRACE_SECONDS = 7200
 #: How long a pod may wait for a node of an autoscaled pool unless the target says: a GPU node
 #: from zero takes minutes (cloud capacity, the driver and device plugin), not an hour.
 DEFAULT_PENDING_TIMEOUT_S = 1800.0
@@ -193,6 +200,11 @@ class KubernetesSettings(BackendSettings):
         None, title="Shared job records",
         description="TAO_DATA_IO_RECORDS for the pods' stager and results sidecar: a shared record store "
                     "(s3://BUCKET/PREFIX/) they report into. Empty: the pods report nothing into a record.")
+    cancel_grace_seconds: int = Field(
+        DEFAULT_CANCEL_GRACE_SECONDS, ge=0, le=MAX_GRACE_SECONDS, title="Cancel grace (s)",
+        description="On cancel, how long the job's pods have between SIGTERM and SIGKILL: the results sidecar's "
+                    "final upload of what the last resync did not send. 0 kills them at once (no final upload); "
+                    "never more than the pods' own grace, which is sized for the whole results budget.")
     resync_seconds: int = Field(
         DEFAULT_RESYNC_SECONDS, title="Results resync interval (s)",
         description=f"How often the results sidecar uploads what the job wrote so far ({RESYNC_SECONDS_BOUNDS[0]} "

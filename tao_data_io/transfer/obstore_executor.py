@@ -33,7 +33,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import obstore
 from obstore.exceptions import PreconditionError
@@ -42,7 +42,10 @@ from obstore.store import S3Store
 from ..credentials import S3Credentials
 from ..errors import UnsafePathError
 from ..fs import open_scanned, read_bounded
-from .work import DownloadItem, Executor, Item, ItemDone, ItemFailed, Landed, UploadItem
+from .work import DownloadItem, Item, ItemDone, ItemFailed, Landed, UploadItem
+
+if TYPE_CHECKING:
+    from .s5cmd_executor import S5cmdExecutor
 
 #: Objects at least this large go to the ``large`` executor (parallel ranged parts).
 LARGE_OBJECT_BYTES = 32 * 1024 * 1024
@@ -95,7 +98,8 @@ class _LoopThread:
 
 
 class ObstoreExecutor:
-    def __init__(self, credentials: S3Credentials, *, concurrency: int = 64, large: Executor | None = None) -> None:
+    def __init__(self, credentials: S3Credentials, *, concurrency: int = 64,
+                 large: S5cmdExecutor | None = None) -> None:
         self.credentials = credentials
         self.concurrency = concurrency
         self.large = large
@@ -136,7 +140,9 @@ class ObstoreExecutor:
         def delegated(item: Item) -> bool:
             # Only with a planned ETag (the version to check against) and a spool on the
             # destination's filesystem (where the child writes); otherwise one streamed GET here.
+            # And only what one s5cmd child may carry (handed keys expire: its largest_object).
             return (self.large is not None and isinstance(item, DownloadItem) and item.size >= LARGE_OBJECT_BYTES
+                    and (self.large.largest_object is None or item.size <= self.large.largest_object)
                     and bool(item.etag) and item.tree.spool_fits())
 
         large = [item for item in batch if delegated(item)]

@@ -49,6 +49,11 @@ RETRY_COUNT = 10
 #: measured best for 4 × 128 MiB through the engine (``bench/README.md``).
 PART_SIZE_MIB = 50
 PART_CONCURRENCY = 5
+#: With keys handed over (EKS Pod Identity, whose agent s5cmd's SDK cannot ask), the most one
+#: child carries. botocore hands out keys with as little as 15 minutes left (it refreshes them
+#: only then), and this much takes under 14 minutes at tier C's measured 10 MiB/s; each child
+#: gets the keys current when it starts.
+KEYS_CHILD_BYTES = 8 * 1024**3
 #: ``prctl`` option: the signal the kernel sends this process when its parent dies.
 _PR_SET_PDEATHSIG = 1
 
@@ -93,9 +98,23 @@ def _die_with_parent() -> Callable[[], None]:
 
 
 class S5cmdExecutor:
-    def __init__(self, credentials: S3Credentials, *, concurrency: int = 64) -> None:
+    def __init__(self, credentials: S3Credentials, *, concurrency: int = 64,
+                 keys_child_bytes: int = KEYS_CHILD_BYTES) -> None:
         self.credentials = credentials
         self.concurrency = concurrency
+        self.keys_child_bytes = keys_child_bytes
+
+    @property
+    def hands_keys(self) -> bool:
+        """Whether each child is given this process's current keys (they expire) rather than the
+        identity itself: EKS Pod Identity without IRSA's token file (:meth:`child_env`)."""
+        return self.credentials.pod_identity and not os.environ.get("AWS_WEB_IDENTITY_TOKEN_FILE")
+
+    @property
+    def largest_object(self) -> int | None:
+        """The largest object a child may be given, or None for any: with keys handed over, one
+        child's share (a larger object would outlast its keys; obstore's provider refreshes)."""
+        return self.keys_child_bytes if self.hands_keys else None
 
     def close(self) -> None:
         """Nothing outlives a run: each batch is one child process, waited for."""
@@ -112,18 +131,20 @@ class S5cmdExecutor:
         token and a loopback address): there it is given the agent's current credentials, from
         boto3's chain, as a session's keys — valid for the batch, which is one child process."""
         env = self.credentials.child_env()
-        if self.credentials.pod_identity and not env.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
+        if self.hands_keys:
             env.update(resolved_keys())
             for name in POD_IDENTITY_VARIABLES:
                 env.pop(name, None)
         return env
 
     def run(self, batch: Sequence[Item], on_done: ItemDone) -> None:
-        """Run every item; each is reported exactly once (items s5cmd never mentions fail)."""
+        """Run every item; each is reported exactly once (items s5cmd never mentions fail). With
+        keys handed over, in children of at most ``keys_child_bytes`` each, so none outlasts them."""
         with ExitStack() as stack:
             spools = {tree: stack.enter_context(tree.spool())
                       for tree in dict.fromkeys(item.tree for item in batch if isinstance(item, DownloadItem))}
-            self._run(batch, on_done, spools)
+            for child in (_shares(batch, self.keys_child_bytes) if self.hands_keys else [batch]):
+                self._run(child, on_done, spools)
 
     def _run(self, batch: Sequence[Item], on_done: ItemDone, spools: dict[DestinationTree, Spool]) -> None:
         by_destination: dict[str, Item] = {}
@@ -211,6 +232,19 @@ class S5cmdExecutor:
             reason = f"s5cmd exited with {process.returncode} without transferring it" + (f": {detail}" if detail else "")
             for item in leftover:
                 report(item, ItemFailed(reason))
+
+
+def _shares(batch: Sequence[Item], most: int) -> list[list[Item]]:
+    """``batch`` in order, cut into runs of at most ``most`` bytes (an item larger alone)."""
+    shares: list[list[Item]] = [[]]
+    held = 0
+    for item in batch:
+        if shares[-1] and held + item.size > most:
+            shares.append([])
+            held = 0
+        shares[-1].append(item)
+        held += item.size
+    return [share for share in shares if share]
 
 
 def _failure(error: str) -> ItemFailed:
