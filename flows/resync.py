@@ -4,7 +4,8 @@ one interval of results.
 
 Overlap is safe twice over: the deployment allows one run at a time (a late run is cancelled,
 not queued), and each job's upload lock (a file lock beside directory records, a lease object
-beside S3 records) makes a resync that finds another upload of the job leave at once. Only
+beside S3 records, each renewed only while its upload moves: docs/records.md) makes a resync that
+finds another upload of the job leave at once. Only
 changed files move, so the flow's cost is Prefect's start-up plus one listing per job.
 
 The flow is the verb :func:`tao_data_io.verbs.resync`, run with the Prefect runner.

@@ -42,6 +42,7 @@ from .fs import is_within
 from .records import JobRecord, OutputRoute, RecordStore
 from .request import quantity_bytes
 from .routing import decide_route, ephemeral_warning
+from .transfer.activity import Activity
 from .transfer.client import explained
 from .transfer.engine import TransferEngine, TransferOptions
 from .transfer.filters import FilterRule, PathFilter
@@ -144,7 +145,8 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
         raise UsageError(f"results_dir {str(results_dir)!r} is not a directory: give the directory the job "
                          "writes its results to")
     credentials = None if engine is not None else s3_credentials_from_env(env)  # fail before waiting
-    with store.upload_lock(job_id, wait=kind == "upload", on_wait=on_wait) as held:
+    activity = Activity()  # the upload's progress: the lock is renewed only while it moves
+    with store.upload_lock(job_id, wait=kind == "upload", on_wait=on_wait, activity=activity) as held:
         if not held:
             return UploadOutcome("busy", f"another resync or upload of job {job_id} holds the lock; this run "
                                          "leaves the work to it", route)
@@ -161,7 +163,8 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
         budget = (None if record.results_limit is None
                   else (quantity_bytes(record.results_limit), f"the job's outputs.results_limit {record.results_limit}"))
         options = TransferOptions(filter=results_filter(rules, declared), settle_seconds=settle_seconds,
-                                  progress=progress, untrusted_source="results_dir", budget=budget)
+                                  progress=progress, untrusted_source="results_dir", budget=budget,
+                                  activity=activity)
         prefix = parse_s3_url(route.destination, field="output_route.destination")
         if engine is not None:
             summary = engine.upload_directory(results_dir, prefix, options)

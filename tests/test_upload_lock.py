@@ -21,7 +21,11 @@ from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.errors import UsageError
 from tao_data_io.records import RecordStore
 from tao_data_io.records.s3 import S3Backend
+from tao_data_io.credentials import s3_credentials_from_env
+from tao_data_io.transfer.activity import Activity
+from tao_data_io.transfer.engine import TransferEngine, TransferOptions
 from tao_data_io.transfer.listing import s3_time_ns
+from tao_data_io.uris import S3Url
 
 from .helpers import run_cli, write_tree
 
@@ -34,21 +38,27 @@ _HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from tao_data_io.records import RecordStore
+    from tao_data_io.transfer.activity import Activity
 
     root, job_id, seconds, release = sys.argv[1], sys.argv[2], float(sys.argv[3]), Path(sys.argv[4])
-    with RecordStore(root).upload_lock(job_id, wait=False, lease_seconds=seconds) as held:
+    moving, activity = sys.argv[5] == "moving", Activity()
+    with RecordStore(root).upload_lock(job_id, wait=False, lease_seconds=seconds, activity=activity) as held:
         print("held" if held else "busy", flush=True)
         while held and not release.exists():
+            if moving:  # bytes move: what an upload's reads and sends report
+                activity.beat()
             time.sleep(0.01)
     print("released", flush=True)
 """)
 
 
 @contextmanager
-def holder(root: str, job_id: str, tmp_path: Path, seconds: float = SHORT_LEASE) -> Iterator[subprocess.Popen[str]]:
-    """Another process holding the job's upload lock until ``tmp_path/release`` exists."""
-    child = subprocess.Popen([sys.executable, "-c", _HOLDER, root, job_id, str(seconds), str(tmp_path / "release")],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def holder(root: str, job_id: str, tmp_path: Path, seconds: float = SHORT_LEASE,
+           progress: str = "moving") -> Iterator[subprocess.Popen[str]]:
+    """Another process holding the job's upload lock until ``tmp_path/release`` exists; its
+    upload makes progress all along, or (``progress="stuck"``) none at all while it lives."""
+    child = subprocess.Popen([sys.executable, "-c", _HOLDER, root, job_id, str(seconds), str(tmp_path / "release"),
+                              progress], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert child.stdout is not None and child.stderr is not None
     try:
         assert child.stdout.readline() == "held\n", child.stderr.read()
@@ -126,8 +136,9 @@ def test_a_killed_holders_lease_expires_and_is_taken_over(s3_env: dict[str, str]
         assert held is True
         taken = lease(store, "tao-dead")
         assert taken is not None and taken["body"]["lease_seconds"] == 120  # ours now, with the default lease
-    assert len(told) == 1 and "another upload of job tao-dead holds the lease" in told[0]
+    assert len(told) == 2 and "another upload of job tao-dead holds the lease" in told[0]
     assert "waiting for it to finish" in told[0]
+    assert f"lapsed: its holder died or made no progress for {SHORT_LEASE:g}s" in told[1]
     assert lease(store, "tao-dead") is None
 
 
@@ -155,3 +166,47 @@ def test_a_resync_in_another_process_leaves_while_the_lease_is_held(s3_server: E
 def test_a_lease_must_last_some_time(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="lease_seconds 0 is not usable: give a positive number of seconds"):
         RecordStore(tmp_path).upload_lock("tao-up", wait=False, lease_seconds=0)
+
+
+def test_a_holder_that_makes_no_progress_loses_the_lock_after_its_lease(root: str, tmp_path: Path) -> None:
+    """Alive but stuck — in a read that never returns (a hung NFS server, a FIFO), a send that
+    never ends: no byte moves, so the lock is not renewed, and after ``lease_seconds`` another
+    upload breaks it, saying so, instead of waiting behind it forever (and ``collect`` behind that)."""
+    store = RecordStore(root)
+    told: list[str] = []
+    with holder(root, "tao-stuck", tmp_path, progress="stuck") as child:
+        started = time.monotonic()
+        while True:
+            with store.upload_lock("tao-stuck", wait=False, on_wait=told.append) as held:
+                if held:
+                    break
+            assert time.monotonic() - started < 10 * SHORT_LEASE, "a holder making no progress kept the lock"
+            time.sleep(0.1)
+        assert child.poll() is None  # the holder still lives: its lock was broken, not dropped
+    assert len(told) == 1 and "made no progress" in told[0] and "tao-stuck" in told[0], told
+
+
+def test_a_holder_whose_bytes_move_keeps_the_lock_past_its_lease(root: str, tmp_path: Path) -> None:
+    store = RecordStore(root)
+    with holder(root, "tao-moving", tmp_path):
+        time.sleep(2.5 * SHORT_LEASE)
+        with store.upload_lock("tao-moving", wait=False) as held:
+            assert held is False
+
+
+def test_an_upload_beats_for_every_chunk_it_sends_not_every_file(s3_env: dict[str, str], shared_bucket: str,
+                                                                  tmp_path: Path) -> None:
+    """One 50 GB checkpoint makes no per-file progress for an hour: the lock needs each chunk."""
+    class Counted(Activity):
+        beats = 0
+
+        def beat(self) -> None:
+            type(self).beats += 1
+            super().beat()
+
+    write_tree(tmp_path / "results", {"model.pth": b"w" * (10 * 1024 * 1024 + 1)})  # 11 chunks of at most 1 MiB
+    with TransferEngine(s3_credentials_from_env(s3_env)) as engine:
+        summary = engine.upload_directory(tmp_path / "results", S3Url(shared_bucket, "beats/"),
+                                          TransferOptions(activity=Counted()))
+    assert summary.ok and summary.transferred_files == 1
+    assert Counted.beats >= 11

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import NamedTuple, Protocol
 
+from ..transfer.activity import Activity
 from .model import DamagedRecordError
 
 #: Record documents are ``<job id>.json`` in a directory or under a prefix.
@@ -93,5 +94,5 @@ class RecordBackend(Protocol):
         """Make the index agree with ``states`` (job id → state read; None: unreadable, left as is)."""
 
     def upload_lock(self, job_id: str, *, wait: bool, on_wait: Callable[[str], None] | None,
-                    lease_seconds: float) -> AbstractContextManager[bool]:
+                    lease_seconds: float, activity: Activity | None) -> AbstractContextManager[bool]:
         """Hold ``job_id``'s upload lock; yield False at once when it is taken and not ``wait``."""

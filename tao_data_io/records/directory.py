@@ -19,9 +19,11 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
+from ..transfer.activity import Activity
 from ..fs import atomic_write, file_lock, lock_owner, remove_stale_temps
 from ..names import is_job_id
 from .backend import RECORD_SUFFIX, Document, read_capped
+from .lease import directory_lease
 
 
 class DirectoryBackend:
@@ -77,12 +79,11 @@ class DirectoryBackend:
         """No index to maintain: a listing reads every file."""
 
     def upload_lock(self, job_id: str, *, wait: bool, on_wait: Callable[[str], None] | None,
-                    lease_seconds: float) -> AbstractContextManager[bool]:
-        """A ``flock`` on ``.<job_id>.upload.lock``; the kernel releases it when its holder dies,
-        so ``lease_seconds`` has nothing to bound here."""
-        path = self.root / f".{job_id}.upload.lock"
-        said = f"another upload of job {job_id} holds {path}; waiting for it to finish"
-        return file_lock(path, wait=wait, on_wait=None if on_wait is None else lambda _: on_wait(said))
+                    lease_seconds: float, activity: Activity | None) -> AbstractContextManager[bool]:
+        """A ``flock`` on ``.<job_id>.upload.lock``, which the kernel drops when its holder dies,
+        and whose file a live holder keeps fresh while it moves (:func:`.lease.directory_lease`)."""
+        return directory_lease(self.root / f".{job_id}.upload.lock", wait=wait, on_wait=on_wait, seconds=lease_seconds,
+                               job_id=job_id, activity=activity)
 
     def _path(self, job_id: str) -> Path:
         return self.root / f"{job_id}{RECORD_SUFFIX}"

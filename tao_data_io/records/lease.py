@@ -1,7 +1,15 @@
-"""One upload of a job at a time, across pods: a lease object in the bucket.
+"""One upload of a job at a time: a lease object beside S3 records, a ``flock``ed file beside
+directory records — each renewed only while the upload moves.
 
-Why a lease and not a lock: an S3 object cannot be dropped by a kernel when its holder dies,
-so the holder must keep proving it is alive. The lease is ``locks/<job_id>.upload`` holding
+Why renewed only while it moves: a holder stuck in a read that never returns (a hung NFS
+server, a FIFO swapped in for a file) or a send that never ends is alive, so a kernel lock or
+a timer-renewed lease would be held forever, and every later upload (and ``collect --wait``)
+would wait behind it. The upload's :class:`~tao_data_io.transfer.activity.Activity` beats as its
+bytes move; a holder idle for ``lease_seconds`` stops renewing, and the next upload breaks the
+lapsed lock, saying so (``on_wait``, and the log).
+
+On S3 an object cannot be dropped by a kernel when its holder dies, so the holder must keep
+proving it is alive. The lease is ``locks/<job_id>.upload`` holding
 ``{"holder": ..., "lease_seconds": N}``:
 
 * **taken** with ``If-None-Match: *`` — of two pods, exactly one creates it;
@@ -16,13 +24,22 @@ so the holder must keep proving it is alive. The lease is ``locks/<job_id>.uploa
 * **released** with a ``DELETE`` conditional on the holder's ETag, so a late release never
   removes somebody else's lease.
 
-A killed holder blocks others for at most ``lease_seconds``.
+A killed or stuck holder blocks others for at most ``lease_seconds``.
+
+Beside directory records (:func:`directory_lease`) the lock is a ``flock`` on a file, which the
+kernel drops when its holder dies; a live holder touches the file (its mtime) every
+``lease_seconds / 3`` while its upload moves. A waiter finding the ``flock`` held by a file
+untouched for ``lease_seconds`` unlinks it (under a second lock, after looking again) and locks
+a new one; a holder checks, once its ``flock`` is granted, that the file it holds is still the
+one under the name — so the stuck holder keeps a lock on a file nobody else can find.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import random
 import secrets
 import socket
@@ -30,8 +47,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+from ..transfer.activity import Activity
 from ..transfer.client import get_or_none
 from ..transfer.listing import s3_time_ns
 from .conditional import delete_if, put_if
@@ -44,16 +63,17 @@ log = logging.getLogger(__name__)
 
 @contextmanager
 def s3_lease(client: Any, bucket: str, key: str, *, wait: bool, on_wait: Callable[[str], None] | None,
-             seconds: float, job_id: str) -> Iterator[bool]:
+             seconds: float, job_id: str, activity: Activity | None = None) -> Iterator[bool]:
     """Hold the lease at ``key``; yield True once held, or False at once if live and not ``wait``."""
     holder = f"{socket.gethostname()}:{secrets.token_hex(6)}"
     body = json.dumps({"holder": holder, "job_id": job_id, "lease_seconds": seconds}).encode()
     said = f"another upload of job {job_id} holds the lease s3://{bucket}/{key}; waiting for it to finish"
-    etag = _take(client, bucket, key, body, wait=wait, on_wait=None if on_wait is None else lambda: on_wait(said))
+    etag = _take(client, bucket, key, body, wait=wait, on_wait=None if on_wait is None else lambda: on_wait(said),
+                 on_break=lambda lapsed: _broken(on_wait, job_id, f"the lease s3://{bucket}/{key}", *lapsed))
     if etag is None:
         yield False
         return
-    renewal = _Renewal(client, bucket, key, body, etag, interval=seconds / 3)
+    renewal = _Renewal(client, bucket, key, body, etag, interval=seconds / 3, activity=activity, seconds=seconds)
     renewal.start()
     try:
         yield True
@@ -63,8 +83,17 @@ def s3_lease(client: Any, bucket: str, key: str, *, wait: bool, on_wait: Callabl
             delete_if(client, bucket, key, last)
 
 
+def _broken(on_wait: Callable[[str], None] | None, job_id: str, what: str, holder: str, seconds: float) -> None:
+    """Say that a lapsed upload lock was broken: whoever waits for it, and the log."""
+    said = (f"the upload lock of job {job_id} ({what}, held by {holder}) lapsed: its holder died or made no "
+            f"progress for {seconds:g}s; this upload breaks it and takes over")
+    log.warning("%s", said)
+    if on_wait is not None:
+        on_wait(said)
+
+
 def _take(client: Any, bucket: str, key: str, body: bytes, *, wait: bool,
-          on_wait: Callable[[], None] | None) -> str | None:
+          on_wait: Callable[[], None] | None, on_break: Callable[[tuple[str, float]], None]) -> str | None:
     """The ETag of our new lease, or None when a live one exists and we may not wait."""
     pause = 0.1
     told = False
@@ -80,6 +109,7 @@ def _take(client: Any, bucket: str, key: str, body: bytes, *, wait: bool,
         if remaining <= 0:
             etag = put_if(client, bucket, key, body, IfMatch=answer["ETag"])
             if etag is not None:
+                on_break(_lease_in(current))
                 return etag
             continue  # another pod took it over first: look again
         if not wait:
@@ -89,6 +119,15 @@ def _take(client: Any, bucket: str, key: str, body: bytes, *, wait: bool,
             told = True
         time.sleep(min(remaining, pause * random.uniform(0.5, 1.0)))
         pause = min(pause * 2, MAX_POLL_SECONDS)
+
+
+def _lease_in(body: bytes) -> tuple[str, float]:
+    """(holder, lease_seconds) of a lease's body; an unreadable one counts as lapsed at once."""
+    try:
+        lease = json.loads(body)
+        return str(lease["holder"]), float(lease["lease_seconds"])
+    except (ValueError, KeyError, TypeError):
+        return "an unreadable holder", 0.0
 
 
 def _remaining_seconds(answer: dict[str, Any], body: bytes) -> float:
@@ -109,10 +148,12 @@ class _Renewal:
     """Rewrites the lease every ``interval`` seconds until stopped, each write conditional on the
     previous one, so a lease taken over by another pod is never overwritten."""
 
-    def __init__(self, client: Any, bucket: str, key: str, body: bytes, etag: str, *, interval: float) -> None:
+    def __init__(self, client: Any, bucket: str, key: str, body: bytes, etag: str, *, interval: float,
+                 activity: Activity | None, seconds: float) -> None:
         self._client, self._bucket, self._key, self._body = client, bucket, key, body
         self._etag: str | None = etag
         self._interval = interval
+        self._moving = _Moving(activity, seconds, f"s3://{bucket}/{key}")
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lease {key}", daemon=True)
 
@@ -127,6 +168,8 @@ class _Renewal:
 
     def _run(self) -> None:
         while not self._stopped.wait(self._interval) and self._etag is not None:
+            if not self._moving():
+                continue
             try:
                 self._etag = put_if(self._client, self._bucket, self._key, self._body, IfMatch=self._etag)
             except Exception as exc:  # noqa: BLE001 - a daemon thread has nobody to raise to; the next tick retries
@@ -135,3 +178,126 @@ class _Renewal:
             if self._etag is None:
                 log.warning("the upload lease s3://%s/%s was taken over by another holder: this holder stalled "
                             "longer than the lease; the other upload now runs beside this one", self._bucket, self._key)
+
+
+class _Moving:
+    """Whether a holder's upload moved within its lease (always, without an :class:`Activity`);
+    the first time it did not, that is logged: the lock will lapse and may be broken."""
+
+    def __init__(self, activity: Activity | None, seconds: float, what: str) -> None:
+        self._activity, self._seconds, self._what = activity, seconds, what
+        self._said = False
+
+    def __call__(self) -> bool:
+        if self._activity is None:
+            return True
+        idle = self._activity.idle_seconds()
+        if idle < self._seconds:
+            self._said = False
+            return True
+        if not self._said:
+            log.warning("the upload holding %s made no progress for %.0fs: its lock is no longer renewed, and the "
+                        "next upload may break it", self._what, idle)
+            self._said = True
+        return False
+
+
+@contextmanager
+def directory_lease(path: Path, *, wait: bool, on_wait: Callable[[str], None] | None, seconds: float, job_id: str,
+                    activity: Activity | None = None) -> Iterator[bool]:
+    """Hold the ``flock`` on ``path`` (see the module's docstring); yield True once held, or
+    False at once if a live holder has it and not ``wait``."""
+    said = f"another upload of job {job_id} holds {path}; waiting for it to finish"
+    told = False
+    pause = 0.1
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held, theirs = os.fstat(fd), _lease_of(fd)
+            os.close(fd)
+            if theirs is not None and time.time() - held.st_mtime >= theirs[1] and _unlink_if_lapsed(path, held,
+                                                                                                      theirs[1]):
+                _broken(on_wait, job_id, str(path), theirs[0], theirs[1])
+                continue
+            if not wait:
+                yield False
+                return
+            if not told and on_wait is not None:
+                on_wait(said)
+                told = True
+            time.sleep(pause * random.uniform(0.5, 1.0))
+            pause = min(pause * 2, MAX_POLL_SECONDS)
+            continue
+        if _is_under(fd, path):
+            break
+        os.close(fd)  # broken (unlinked) between our open and our flock: lock the file there now
+    try:
+        holder = f"{socket.gethostname()}:{os.getpid()}"
+        os.ftruncate(fd, 0)  # our lease, for a waiter to judge by: it starts now
+        os.pwrite(fd, json.dumps({"holder": holder, "job_id": job_id, "lease_seconds": seconds}).encode(), 0)
+        toucher = _Toucher(fd, interval=seconds / 3, moving=_Moving(activity, seconds, str(path)))
+        toucher.start()
+        try:
+            yield True
+        finally:
+            toucher.stop()
+    finally:
+        os.close(fd)
+
+
+def _lease_of(fd: int) -> tuple[str, float] | None:
+    """(holder, lease_seconds) written in the lock file open at ``fd``; None when it holds none
+    that reads whole — a holder of a version before leases, or one writing its lease this very
+    moment — which is never broken: its ``flock`` goes when it dies."""
+    holder, seconds = _lease_in(os.pread(fd, 4096, 0))
+    return (holder, seconds) if seconds > 0 else None
+
+
+def _is_under(fd: int, path: Path) -> bool:
+    """Whether the file open at ``fd`` is still the one named ``path``."""
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _unlink_if_lapsed(path: Path, seen: os.stat_result, seconds: float) -> bool:
+    """Unlink the lock file ``path`` if it is still the lapsed one seen (same inode, untouched for
+    ``seconds``), under a second lock, so two waiters never both break — the second would unlink
+    the first one's new file. True if it was broken here."""
+    with open(path.with_name(path.name + ".break"), "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            now = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        if (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino) or time.time() - now.st_mtime < seconds:
+            return False
+        os.unlink(path)
+        return True
+
+
+class _Toucher:
+    """Touches the held lock file every ``interval`` seconds while its upload moves."""
+
+    def __init__(self, fd: int, *, interval: float, moving: _Moving) -> None:
+        self._fd, self._interval, self._moving = fd, interval, moving
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="upload lock", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval):
+            if self._moving():
+                os.utime(self._fd)

@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+from ..transfer.activity import Activity
 from ..credentials import S3Credentials
 from ..names import is_job_id
 from ..transfer.client import explained, get_or_none, make_s3_client
@@ -118,9 +119,9 @@ class S3Backend:
                 self.unindex(job_id, state)
 
     def upload_lock(self, job_id: str, *, wait: bool, on_wait: Callable[[str], None] | None,
-                    lease_seconds: float) -> AbstractContextManager[bool]:
+                    lease_seconds: float, activity: Activity | None) -> AbstractContextManager[bool]:
         return s3_lease(self.client, self.bucket, f"{self.url.key}{LOCKS}{job_id}.upload",
-                        wait=wait, on_wait=on_wait, seconds=lease_seconds, job_id=job_id)
+                        wait=wait, on_wait=on_wait, seconds=lease_seconds, job_id=job_id, activity=activity)
 
     # -- keys and calls --------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..transfer.activity import Activity
 from ..errors import TaoDataIOError, UsageError
 from ..names import check_backend_ref, check_job_id, mint_job_id
 from .backend import DEFAULT_LEASE_SECONDS
@@ -308,19 +309,24 @@ class RecordStore:
         return sorted(records, key=lambda r: (r.created_at, r.job_id))
 
     def upload_lock(self, job_id: str, *, wait: bool, on_wait: Callable[[str], None] | None = None,
-                    lease_seconds: float = DEFAULT_LEASE_SECONDS) -> AbstractContextManager[bool]:
+                    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+                    activity: Activity | None = None) -> AbstractContextManager[bool]:
         """Hold the job's upload lock: yields True once held, or False at once when another
-        upload holds it and not ``wait`` (``on_wait`` is told once before waiting).
+        upload holds it and not ``wait`` (``on_wait`` is told once before waiting, and when a
+        lapsed lock is broken).
 
         Separate from the record's own serialisation: an upload holds it for minutes, and the
         record must stay writable meanwhile (the job reports states, the upload appends its
-        entry). In a directory it is a ``flock``, dropped by the kernel when its holder dies; on
-        S3 a lease that a holder which stops renewing loses after ``lease_seconds``.
+        entry). A lease (:mod:`.lease`: a ``flock`` whose file the holder keeps fresh beside
+        directory records, an object on S3), renewed only while ``activity`` — the upload's —
+        moves (None: while the holder lives). A holder that died (its ``flock`` goes with it) or
+        made no progress for ``lease_seconds`` loses it to the next upload.
         """
         check_job_id(job_id, what="job_id")
         if not lease_seconds > 0:
             raise UsageError(f"lease_seconds {lease_seconds!r} is not usable: give a positive number of seconds")
-        return self.backend.upload_lock(job_id, wait=wait, on_wait=on_wait, lease_seconds=lease_seconds)
+        return self.backend.upload_lock(job_id, wait=wait, on_wait=on_wait, lease_seconds=lease_seconds,
+                                        activity=activity)
 
     # -- read-modify-write -----------------------------------------------------------------
 

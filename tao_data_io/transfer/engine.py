@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..credentials import S3Credentials
+from .activity import Activity
 from ..errors import UsageError
 from .client import explained, get_or_none, head_or_none, make_s3_client
 from .digests import DigestStore, multipart_count
@@ -81,6 +82,9 @@ class TransferOptions:
     #: Uploads only: (bytes, what sets it) — the most the source may hold, by apparent size (a
     #: sparse file counts whole, as S3 will store it). Past it nothing is uploaded.
     budget: tuple[int, str] | None = None
+    #: Beats as the transfer moves (the listing, the scan, each file planned, each chunk read or
+    #: sent, each file finished): the upload lock held for it is renewed only while it does.
+    activity: Activity | None = None
 
 
 @contextmanager
@@ -104,6 +108,11 @@ def locked_destination(dest: Path, dry_run: bool = False, shard: Shard | None = 
             yield tree
         finally:
             tree.close()
+
+
+def _beat(options: TransferOptions) -> None:
+    if options.activity is not None:
+        options.activity.beat()
 
 
 def read_attempts(environ: Mapping[str, str] | None = None) -> int:
@@ -402,8 +411,10 @@ class TransferEngine:
                 if "executor" not in self.__dict__:
                     pool.submit(_import_data_path)  # and so does loading the data path, ~40 ms of a fresh process
                 scan = scan_local(source, root_fd=root_fd)
+                _beat(options)
                 store = _upload_digests(source, options)
                 remote = {obj.key: obj for obj in listed.result().objects}
+                _beat(options)
         finally:
             if root_fd is not None:
                 os.close(root_fd)
@@ -448,6 +459,7 @@ class TransferEngine:
         batch: list[Item] = []
         before: dict[str, LocalFile] = {}
         for local, key in items:
+            _beat(options)  # deciding a large file hashes it: a file decided is progress
             existing = remote.get(key)
             try:
                 same = existing is not None and strategy.unchanged(local, key, existing.size, existing.etag)
@@ -460,7 +472,8 @@ class TransferEngine:
                 summary.unchanged_bytes += local.size
                 continue
             before[key] = local
-            batch.append(UploadItem(local.path, bucket, key, local.size, local.relative, local.identity))
+            batch.append(UploadItem(local.path, bucket, key, local.size, local.relative, local.identity,
+                                    options.activity))
         self._execute(batch, summary, options, store,
                       lambda item, landed: self._finalize_upload(before[item.key], landed, store))
 
@@ -507,6 +520,7 @@ class TransferEngine:
         retry: list[Item] = []
 
         def on_done(item: Item, failed: ItemFailed | None, landed: Landed | None) -> None:
+            _beat(options)
             first = original.get(id(item), item)
             if failed is None:
                 try:

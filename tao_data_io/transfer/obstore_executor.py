@@ -42,6 +42,7 @@ from obstore.store import S3Store
 from ..credentials import S3Credentials
 from ..errors import UnsafePathError
 from ..fs import open_scanned, read_bounded
+from .activity import beating
 from .work import DownloadItem, Item, ItemDone, ItemFailed, Landed, UploadItem
 
 if TYPE_CHECKING:
@@ -243,12 +244,11 @@ class ObstoreExecutor:
         in under its name) and read to its scanned size only, so a file still growing ends."""
         fd = open_scanned(item.source, identity=item.identity, size=item.size)
         try:
+            chunks = beating(read_bounded(fd, item.size), item.activity)  # each chunk read (and sent) is progress
             if item.size <= _UPLOAD_PART:  # one PUT
-                body = b"".join(read_bounded(fd, item.size))
-                result = await obstore.put_async(self._store(item.bucket), item.key, body)
+                result = await obstore.put_async(self._store(item.bucket), item.key, b"".join(chunks))
             else:  # multipart, streamed from the file so memory stays bounded
-                result = await obstore.put_async(self._store(item.bucket), item.key, read_bounded(fd, item.size),
-                                                 chunk_size=_UPLOAD_PART)
+                result = await obstore.put_async(self._store(item.bucket), item.key, chunks, chunk_size=_UPLOAD_PART)
         finally:
             os.close(fd)
         return Landed(etag=str(result.get("e_tag") or "").strip('"') or None)

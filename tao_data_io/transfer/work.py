@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..fs import DestinationTree, TempFile
+from .activity import Activity
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class UploadItem:
     #: (st_dev, st_ino) seen by the scan: the executor uploads only that very file, so a file
     #: swapped for a symlink (or anything else) after the scan is refused, not followed.
     identity: tuple[int, int] = (0, 0)
+    #: Told of each chunk the executor reads and sends (the upload lock's renewal depends on it).
+    activity: Activity | None = None
 
 
 @dataclass(frozen=True)
