@@ -364,6 +364,22 @@ class DestinationTree:
         finally:
             self._unpin(directory)
 
+    def existing_file(self, relative: str) -> os.stat_result | None:
+        """The ``lstat`` of the regular file at ``relative`` as it is now, looked up through the
+        descriptors (a directory on the way that is a symlink, or not a directory, means none);
+        None for anything else (absent, a symlink, a directory, a FIFO), which a download
+        replaces, never follows. What a download asks of each object it plans, instead of
+        scanning the whole tree into memory first."""
+        directory, _, name = relative.rpartition("/")
+        with self._existing(directory) as dir_fd:
+            if dir_fd is None:
+                return None
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+        return st if stat.S_ISREG(st.st_mode) else None
+
     def remove(self, relative: str) -> bool:
         """Remove the file ``relative`` through the descriptors (never through a link); False when
         it, or a directory on the way, is gone or no longer a directory of this tree."""
@@ -697,10 +713,11 @@ def read_bounded(fd: int, size: int) -> Iterator[bytes]:
 
 
 def file_digest(path: str | os.PathLike[str], algorithm: str, *, identity: tuple[int, int] | None = None,
-                size: int | None = None) -> str:
+                size: int | None = None, on_chunk: Callable[[], None] | None = None) -> str:
     """The hex digest of the regular file at ``path``, read in 1 MiB chunks (memory stays flat)
     through :func:`open_scanned` — given a scan's ``identity`` and ``size``, of exactly that file
-    and that many bytes."""
+    and that many bytes. ``on_chunk`` is told of each chunk read (a lock's renewal needs it: a
+    50 GB checkpoint takes minutes to hash)."""
     fd = open_scanned(path, identity=identity, size=size, follow=identity is None)
     try:
         length = os.fstat(fd).st_size if size is None else size
@@ -714,6 +731,8 @@ def file_digest(path: str | os.PathLike[str], algorithm: str, *, identity: tuple
             raise ValueError(f"unknown digest algorithm {algorithm!r}; use one of {DIGEST_ALGORITHMS}")
         for chunk in read_bounded(fd, length):
             digest.update(chunk)
+            if on_chunk is not None:
+                on_chunk()
     finally:
         os.close(fd)
     return digest.hexdigest()

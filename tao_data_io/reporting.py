@@ -54,10 +54,12 @@ class Progress:
     files_failed: int
     #: Set on the last snapshot of a run whose totals were unknown while it ran (an archive).
     final: bool = False
+    #: More may still be planned (a listing streamed page by page): the totals so far are a floor.
+    planning: bool = False
 
     @property
     def finished(self) -> bool:
-        return self.final or 0 < self.files_total <= self.files_done + self.files_failed
+        return self.final or (not self.planning and 0 < self.files_total <= self.files_done + self.files_failed)
 
 
 ProgressCallback = Callable[[Progress], None]
@@ -70,15 +72,24 @@ class ProgressTracker:
     process); the callback must see consistent totals and never run concurrently with itself.
     """
 
-    def __init__(self, files_total: int, bytes_total: int, callback: ProgressCallback | None) -> None:
+    def __init__(self, files_total: int, bytes_total: int, callback: ProgressCallback | None, *,
+                 planning: bool = False) -> None:
         self._lock = threading.Lock()
         self._callback = callback
         self.files_total, self.bytes_total = files_total, bytes_total
         self.files_done = self.bytes_done = self.files_failed = 0
+        self.planning = planning
 
     def start(self) -> None:
         with self._lock:
             self._emit_locked()
+
+    def plan(self, files: int, nbytes: int, *, last: bool) -> None:
+        """Add what the next part of a streamed plan moves; ``last``: nothing more is planned."""
+        with self._lock:
+            self.files_total += files
+            self.bytes_total += nbytes
+            self.planning = not last
 
     def advance(self, nbytes: int, *, failed: bool = False) -> None:
         with self._lock:
@@ -92,7 +103,7 @@ class ProgressTracker:
     def _emit_locked(self) -> None:
         if self._callback is not None:
             self._callback(Progress(self.files_total, self.bytes_total, self.files_done, self.bytes_done,
-                                    self.files_failed))
+                                    self.files_failed, planning=self.planning))
 
 
 def throttled(callback: ProgressCallback, per_second: float = 1.0,

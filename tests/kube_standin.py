@@ -215,6 +215,8 @@ class ApiServer(kmock.KubernetesEmulator):
     quota: set[str] = attrs.field(factory=set)
     #: Resource plural → why admission refuses a create of it (422, in a dry run too).
     admission: dict[str, str] = attrs.field(factory=dict)
+    #: Resource plural → why RBAC refuses a delete of it (403): a Role that does not grant it.
+    forbidden_deletes: dict[str, str] = attrs.field(factory=dict)
     control: ControlPlane = attrs.field(factory=lambda: ControlPlane())
     #: (namespace, pod, container) → its log.
     logs: dict[tuple[str, str, str], str] = attrs.field(factory=dict)
@@ -316,6 +318,10 @@ class ApiServer(kmock.KubernetesEmulator):
             request.data.setdefault("metadata", {})["resourceVersion"] = str(next(self._versions))
         elif request.action == kmock.action.FETCH and resource == JOBS and not request.subresource:
             await self.locked(lambda: self.control.advance(self, request.namespace or "", request.name or ""))
+        elif request.action == kmock.action.DELETE and resource.plural in self.forbidden_deletes:
+            return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 403,
+                                              "reason": "Forbidden", "message": self.forbidden_deletes[resource.plural]},
+                                             status=403)
         elif request.action == kmock.action.DELETE and resource == PODS and request.name:
             terminating = self._graceful_delete(request)
             if terminating is not None:

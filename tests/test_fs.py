@@ -131,7 +131,7 @@ def test_a_synced_destination_holds_exactly_the_objects(s3_credentials: S3Creden
         engine.sync(f"s3://{bucket}/ds/", str(dest))
         engine.sync(f"s3://{bucket}/ds/", str(dest))
     assert everything(dest) == {"cat", "dog", "cat/1.jpg", "dog/2.jpg"}
-    assert (state_dir_for(dest) / "digests.json").exists()
+    assert (state_dir_for(dest) / "digests.sqlite3").exists()
 
 
 def test_an_extracted_tree_holds_exactly_the_members(tmp_path: Path) -> None:

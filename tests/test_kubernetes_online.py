@@ -25,7 +25,7 @@ from tao_data_io.kubernetes.follow import new_lines
 from tao_data_io.kubernetes.apply import kinds
 from tao_data_io.kubernetes import pods as pod_reading
 from tao_data_io.kubernetes.backend import DEFAULT_IMAGE_PULL_TIMEOUT_S, KubernetesBackend
-from tao_data_io.kubernetes.render import ATTEMPT_ANNOTATION, CACHE_LABEL, STAGING_MARGIN, STEP_LABEL
+from tao_data_io.kubernetes.render import ATTEMPT_ANNOTATION, CACHE_LABEL, JOB_ID_LABEL, STAGING_MARGIN, STEP_LABEL
 from tao_data_io.kubernetes.settings import DEFAULT_CANCEL_GRACE_SECONDS, KubernetesSettings
 from tao_data_io.backends import backend_for
 from tao_data_io.launch.backend import DEFAULT_VERIFY_TIMEOUT_S, Backend, JobDocuments, Submission
@@ -737,15 +737,15 @@ def test_cancel_deletes_the_job_in_the_foreground_and_keeps_a_pre_created_secret
     assert backend.cancel(done.backend_ref) is False and backend.status(done.backend_ref).state == "UNKNOWN"
 
 
-@pytest.mark.parametrize(("cancel_grace", "given"), [(None, DEFAULT_CANCEL_GRACE_SECONDS), (0, None), (7200, "own")])
+@pytest.mark.parametrize(("cancel_grace", "given"), [(None, DEFAULT_CANCEL_GRACE_SECONDS), (1, 1), (7200, "own")])
 def test_cancel_gives_the_pods_the_cancel_grace_not_their_own(kube: KubeStandIn, tmp_path: Path,
-                                                              cancel_grace: int | None, given: int | str | None) -> None:
+                                                              cancel_grace: int | None, given: int | str) -> None:
     """The garbage collector deletes a Job's pods with no grace period of its own, so each gets its
     ``terminationGracePeriodSeconds`` — sized for the whole results budget's final upload, over
     half an hour — and a grace given to the Job's delete never reaches them. Cancel deletes the
-    pods too, with ``cancel_grace_seconds``: shorter, so the GPUs are free sooner. 0 removes them
-    at once; a longer one leaves the pods' own, as the API server only ever shortens a grace
-    (apiserver ``rest.BeforeDelete``)."""
+    pods too, with ``cancel_grace_seconds``: shorter, so the GPUs are free sooner (1 at the least:
+    0 is a force delete); a longer one leaves the pods' own, as the API server only ever shortens
+    a grace (apiserver ``rest.BeforeDelete``)."""
     settings = {} if cancel_grace is None else {"cancel_grace_seconds": cancel_grace}
     backend = make_backend(**settings)
     done = submit(tmp_path, job_request(), backend)
@@ -755,10 +755,34 @@ def test_cancel_gives_the_pods_the_cancel_grace_not_their_own(kube: KubeStandIn,
     terminating = {name: pod["metadata"].get("deletionGracePeriodSeconds")
                    for name, pod in kube.server.alive("Pod", NAMESPACE).items()}
     expected = own if given == "own" else given
-    assert terminating == ({} if expected is None else {name: expected for name in terminating}) and (
-        expected is None or len(terminating) == 1)
+    assert len(terminating) == 1 and set(terminating.values()) == {expected}
     kube.run(kube.server.end_terminating)
     assert kube.server.alive("Pod", NAMESPACE) == {} and every_object_of_ours(kube) == []
+
+
+def test_a_cancel_refused_delete_on_pods_still_cancels_and_leaves_them_their_own_grace(
+        kube: KubeStandIn, tmp_path: Path) -> None:
+    """A Role from before delete on pods was granted: the Job is deleted, so the job is canceled
+    (a retried cancel must not find it refused forever); its pods keep the grace the garbage
+    collector gives them, and the cancel says so."""
+    said: list[str] = []
+    backend = make_backend(said)
+    done = submit(tmp_path, job_request(), backend)
+    kube.server.forbidden_deletes = {"pods": "RBAC: no rule allows delete on pods"}
+    assert verbs.cancel("job-1", backend, store_in(tmp_path)).record.state == "CANCELED"
+    assert any("end within their own grace period" in line for line in said), said
+    assert ours(kube, "Job") == {} and backend.cancel(done.backend_ref) is False
+
+
+def test_cancel_ends_only_the_pods_tao_data_io_made(kube: KubeStandIn, tmp_path: Path) -> None:
+    backend = make_backend()
+    done = submit(tmp_path, job_request(), backend)
+    kube.server.store({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "someone-elses", "namespace": NAMESPACE, "labels": {JOB_ID_LABEL: "job-1"}},
+        "spec": {"nodeName": "node-9", "containers": [{"name": "c", "image": "busybox"}]},
+        "status": {"phase": "Running"}})
+    assert backend.cancel(done.backend_ref) is True
+    assert "deletionTimestamp" not in kube.server.alive("Pod", NAMESPACE)["someone-elses"]["metadata"]
 
 
 def test_cancel_removes_what_a_submit_that_never_made_its_job_left(kube: KubeStandIn, tmp_path: Path) -> None:

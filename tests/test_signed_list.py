@@ -7,6 +7,7 @@ from __future__ import annotations
 import calendar
 import datetime
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import botocore.auth
@@ -45,9 +46,28 @@ def test_signature_with_a_session_token_and_an_awkward_prefix_matches_botocore(m
     assert ours["Authorization"] == request.headers["Authorization"]
 
 
+class Handover:
+    """The fallback: records the continuation token boto3 would list from, and lists nothing."""
+
+    def __init__(self) -> None:
+        self.tokens: list[str | None] = []
+
+    def __call__(self, token: str | None) -> Iterator[dict[str, Any]]:
+        self.tokens.append(token)
+        yield {"Contents": [], "handed over": token}
+
+
+def handed_over(credentials: S3Credentials, bucket: str, prefix: str, **kwargs: Any) -> list[str | None]:
+    """The tokens the listing handed to boto3 from ([] when the fast path answered whole)."""
+    handover = Handover()
+    list(list_pages(credentials, bucket, prefix, fallback=handover, **kwargs))
+    return handover.tokens
+
+
 def assert_listed_as_boto3_lists(credentials: S3Credentials, bucket: str, prefix: str, **kwargs: Any) -> None:
-    pages = list_pages(credentials, bucket, prefix, environ={}, **kwargs)
-    assert pages is not None, "the fast path should have answered"
+    handover = Handover()
+    pages = list(list_pages(credentials, bucket, prefix, environ={}, fallback=handover, **kwargs))
+    assert handover.tokens == [], "the fast path should have answered"
     assert listing_from_pages(pages, prefix) == list_remote(make_s3_client(credentials), S3Url(bucket, prefix))
 
 
@@ -84,7 +104,7 @@ def test_a_sync_lists_without_botocore(s3_credentials: S3Credentials, s3_client,
 
 
 @pytest.mark.parametrize("case", ["wrong secret", "no such bucket", "nothing listening"])
-def test_any_failure_returns_none_so_boto3_lists_and_explains(case: str, s3_server: EmbeddedS3, bucket: str) -> None:
+def test_any_failure_hands_the_listing_to_boto3_which_explains(case: str, s3_server: EmbeddedS3, bucket: str) -> None:
     credentials, name = s3_server.credentials, bucket
     if case == "wrong secret":
         credentials = S3Credentials(credentials.access_key_id, "wrong-secret", endpoint_url=credentials.endpoint_url)
@@ -92,7 +112,7 @@ def test_any_failure_returns_none_so_boto3_lists_and_explains(case: str, s3_serv
         name = "no-such-bucket-here"
     else:
         credentials = S3Credentials("k", "s", endpoint_url="http://127.0.0.1:9")
-    assert list_pages(credentials, name, "p/", environ={}) is None
+    assert handed_over(credentials, name, "p/", environ={}) == [None]
 
 
 @pytest.mark.parametrize("environ", [
@@ -102,14 +122,15 @@ def test_any_failure_returns_none_so_boto3_lists_and_explains(case: str, s3_serv
 ], ids=["proxy", "proxy not bypassed", "config file"])
 def test_settings_botocore_would_honour_send_the_listing_to_boto3(environ: dict[str, str]) -> None:
     credentials = S3Credentials("k", "s", endpoint_url="http://127.0.0.1:9")  # never contacted
-    assert list_pages(credentials, "bucket", "p/", environ=environ) is None
+    assert handed_over(credentials, "bucket", "p/", environ=environ) == [None]
 
 
 def test_a_proxy_bypassed_for_the_endpoint_does_not_matter(s3_server: EmbeddedS3, bucket: str) -> None:
     environ = {"HTTP_PROXY": "http://proxy.invalid:3128", "NO_PROXY": "127.0.0.1,localhost"}
-    assert list_pages(s3_server.credentials, bucket, "p/", environ=environ) == [{"Contents": []}]
+    assert list(list_pages(s3_server.credentials, bucket, "p/", environ=environ, fallback=Handover())) == [
+        {"Contents": []}]
 
 
 def test_an_unreadable_ca_bundle_is_left_to_boto3_to_report(tmp_path: Path) -> None:
     credentials = S3Credentials("k", "s", endpoint_url="https://127.0.0.1:9")
-    assert list_pages(credentials, "bucket", "p/", environ={"AWS_CA_BUNDLE": str(tmp_path / "missing.pem")}) is None
+    assert handed_over(credentials, "bucket", "p/", environ={"AWS_CA_BUNDLE": str(tmp_path / "missing.pem")}) == [None]

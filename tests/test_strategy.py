@@ -23,7 +23,7 @@ def test_opaque_etag_recorded_at_transfer_is_trusted_while_the_file_is_unchanged
     "unchanged" — and only while the file's stat identity holds."""
     path = tmp_path / "x.bin"
     _aged(path, b"payload")
-    store = DigestStore(tmp_path / "digests.json")
+    store = DigestStore(tmp_path / "digests.sqlite3")
     store.record(local_file("x.bin", path, path.stat()), etag="kms-opaque-etag-1")
     strategy = ContentStrategy(store, lambda key: None)
     assert strategy.unchanged(local_file("x.bin", path, path.stat()), "k", 7, "kms-opaque-etag-1")

@@ -53,7 +53,8 @@ def test_traversal_keys_are_refused_and_nothing_is_written_outside(moto_credenti
         assert "refusing key" in failure.reason
     assert tree_digest(dest).keys() == {"ok.txt", "sub/fine.txt"}  # the good keys still arrive
     outside = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")}
-    ours = ("box/.tao-data-io", "box/.tao-data-io/dest", "box/.tao-data-io/dest/lock", "box/.tao-data-io/dest/digests.json")
+    ours = ("box/.tao-data-io", "box/.tao-data-io/dest", "box/.tao-data-io/dest/lock",
+            "box/.tao-data-io/dest/digests.sqlite3")
     assert all(p == "box" or p.startswith("box/dest") or p in ours for p in outside), outside
 
 

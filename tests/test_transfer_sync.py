@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -13,7 +12,8 @@ from tao_data_io.credentials import S3Credentials
 from tao_data_io.errors import UsageError
 from tao_data_io.transfer.engine import TransferEngine, TransferOptions, upload_digest_path
 from tao_data_io.transfer.filters import FilterRule, PathFilter
-from tao_data_io.transfer.listing import list_remote, s3_time_ns
+from tao_data_io.transfer.digests import DigestStore
+from tao_data_io.transfer.listing import list_remote, local_file, s3_time_ns
 from tao_data_io.fs import state_dir_for
 from tao_data_io.uris import parse_s3_url
 
@@ -84,10 +84,16 @@ def test_rerun_after_racy_window_uses_the_digest_cache(engine: TransferEngine, s
     s3_client.put_object(Bucket=bucket, Key="p/a.bin", Body=b"a" * 4096)
     dest = tmp_path / "d"
     engine.sync(f"s3://{bucket}/p/", str(dest))
-    digests = state_dir_for(dest) / "digests.json"
+    digests = state_dir_for(dest) / "digests.sqlite3"
 
     def recorded() -> int:
-        return json.loads(digests.read_text())["entries"]["a.bin"]["recorded_ns"]
+        store = DigestStore(digests)
+        try:
+            entry = store.same_stat(local_file("a.bin", dest / "a.bin", (dest / "a.bin").stat()))
+        finally:
+            store.close()
+        assert entry is not None
+        return entry.recorded_ns
 
     time.sleep(2.1)
     engine.sync(f"s3://{bucket}/p/", str(dest))  # the object is seconds old: the entry was racy, so rehashed once
@@ -118,8 +124,12 @@ def test_upload_records_the_servers_etag(engine: TransferEngine, s3_client, buck
     os.utime(source / "m.pth", (old, old))
     engine.sync(str(source), f"s3://{bucket}/r/")
     etag = s3_client.head_object(Bucket=bucket, Key="r/m.pth")["ETag"].strip('"')
-    entries = json.loads(upload_digest_path(source).read_text())["entries"]
-    assert entries["m.pth"]["etag"] == etag and entries["m.pth"]["md5"] is None  # known without hashing
+    store = DigestStore(upload_digest_path(source))
+    try:
+        entry = store.same_stat(local_file("m.pth", source / "m.pth", (source / "m.pth").stat()))
+    finally:
+        store.close()
+    assert entry is not None and entry.etag == etag and entry.md5 is None  # known without hashing
 
 
 def test_multipart_objects_are_compared_exactly(s3_credentials: S3Credentials, s3_client, bucket: str,
@@ -140,7 +150,8 @@ def test_multipart_objects_are_compared_exactly(s3_credentials: S3Credentials, s
     assert (dest / "big.bin").read_bytes() == data
     # Without the digest cache the local file must be recognised by computing the multipart
     # ETag (part size from HEAD ?partNumber=1) — not by guessing from size or time.
-    (state_dir_for(dest) / "digests.json").unlink()
+    for cache in state_dir_for(dest).glob("digests.sqlite3*"):  # the store and its WAL
+        cache.unlink()
     again = engine.sync(f"s3://{bucket}/m/", str(dest))
     assert (again.transferred_files, again.unchanged_files) == (0, 1)
 

@@ -23,7 +23,7 @@ from tao_data_io.records import RecordStore
 from tao_data_io.records.s3 import S3Backend
 from tao_data_io.credentials import s3_credentials_from_env
 from tao_data_io.transfer.activity import Activity
-from tao_data_io.transfer.engine import TransferEngine, TransferOptions
+from tao_data_io.transfer.engine import TransferEngine, TransferOptions, upload_digest_path
 from tao_data_io.transfer.listing import s3_time_ns
 from tao_data_io.uris import S3Url
 
@@ -186,6 +186,16 @@ def test_a_holder_that_makes_no_progress_loses_the_lock_after_its_lease(root: st
     assert len(told) == 1 and "made no progress" in told[0] and "tao-stuck" in told[0], told
 
 
+def test_a_released_lock_file_carries_no_lease(tmp_path: Path) -> None:
+    """A lease left in a released file would let a waiter judge the next holder by it — and break
+    that holder in the moment before it writes its own."""
+    store = RecordStore(tmp_path / "jobs")
+    with store.upload_lock("tao-gone", wait=False, lease_seconds=SHORT_LEASE) as held:
+        assert held
+        assert json.loads((tmp_path / "jobs" / ".tao-gone.upload.lock").read_bytes())["lease_seconds"] == SHORT_LEASE
+    assert (tmp_path / "jobs" / ".tao-gone.upload.lock").read_bytes() == b""
+
+
 def test_a_holder_whose_bytes_move_keeps_the_lock_past_its_lease(root: str, tmp_path: Path) -> None:
     store = RecordStore(root)
     with holder(root, "tao-moving", tmp_path):
@@ -210,3 +220,13 @@ def test_an_upload_beats_for_every_chunk_it_sends_not_every_file(s3_env: dict[st
                                           TransferOptions(activity=Counted()))
     assert summary.ok and summary.transferred_files == 1
     assert Counted.beats >= 11
+    # Deciding it again without the digest cache hashes it (another pod, a lost cache): 11 chunks
+    # read, no byte sent — still progress.
+    cache = upload_digest_path(tmp_path / "results")
+    for part in cache.parent.glob(cache.name + "*"):  # the store and its WAL
+        part.unlink()
+    Counted.beats = 0
+    with TransferEngine(s3_credentials_from_env(s3_env)) as engine:
+        again = engine.upload_directory(tmp_path / "results", S3Url(shared_bucket, "beats/"),
+                                        TransferOptions(activity=Counted()))
+    assert again.ok and again.unchanged_files == 1 and Counted.beats >= 11

@@ -95,6 +95,8 @@ def report(summary: TransferSummary, console: Console, *, as_json: bool, lines_o
         if summary.dry_run:
             for name in summary.transferred:
                 console.out(f"  would transfer: {shown(name)}")
+            if summary.transferred_files > len(summary.transferred):
+                console.out(f"  … and {summary.transferred_files - len(summary.transferred)} more")
         for skipped in summary.skipped:
             console.out(f"  skipped: {shown(skipped.name)}: {shown(skipped.reason)}")
         for failure in summary.failed:

@@ -398,8 +398,9 @@ class KubernetesBackend:
         ``job_controller.go`` manages pods only while its ``deletionTimestamp`` is unset), so none
         replaces them. A pod already given a grace no longer than this one is left as it is (the
         API server only ever shortens a grace), and so is one whose own is shorter."""
+        selector = ",".join(f"{k}={v}" for k, v in {**MANAGED_BY, JOB_ID_LABEL: name}.items())
         listed = api.call(f"listing the pods of {namespace}/{name}", api.core.list_namespaced_pod, namespace,
-                          label_selector=f"{JOB_ID_LABEL}={name}")
+                          label_selector=selector)
         for pod in listed.get("items", []):
             pod_name = pod["metadata"]["name"]
             grace = min(self.settings.cancel_grace_seconds,
@@ -407,8 +408,16 @@ class KubernetesBackend:
             given = pod["metadata"].get("deletionGracePeriodSeconds")
             if given is not None and int(given) <= grace:
                 continue
-            api.delete(f"deleting pod {namespace}/{pod_name} with a {grace}s grace", api.core.delete_namespaced_pod,
-                       pod_name, namespace, grace_period_seconds=grace)
+            try:
+                api.delete(f"deleting pod {namespace}/{pod_name} with a {grace}s grace",
+                           api.core.delete_namespaced_pod, pod_name, namespace, grace_period_seconds=grace)
+            except ApiError as exc:
+                if exc.status != 403:
+                    raise
+                # The Job is deleted already, so the job is canceled: its pods just keep the grace
+                # the garbage collector gives them (a Role from before delete on pods was granted).
+                self.say(f"{exc}; the pods of {namespace}/{name} end within their own grace period instead")
+                return
 
     @staticmethod
     def _delete_labelled(api: Api, namespace: str, name: str, what: str) -> None:

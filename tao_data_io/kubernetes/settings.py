@@ -201,10 +201,12 @@ class KubernetesSettings(BackendSettings):
         description="TAO_DATA_IO_RECORDS for the pods' stager and results sidecar: a shared record store "
                     "(s3://BUCKET/PREFIX/) they report into. Empty: the pods report nothing into a record.")
     cancel_grace_seconds: int = Field(
-        DEFAULT_CANCEL_GRACE_SECONDS, ge=0, le=MAX_GRACE_SECONDS, title="Cancel grace (s)",
+        DEFAULT_CANCEL_GRACE_SECONDS, ge=1, le=MAX_GRACE_SECONDS, title="Cancel grace (s)",
         description="On cancel, how long the job's pods have between SIGTERM and SIGKILL: the results sidecar's "
-                    "final upload of what the last resync did not send. 0 kills them at once (no final upload); "
-                    "never more than the pods' own grace, which is sized for the whole results budget.")
+                    "final upload of what the last resync did not send. 1 kills them at once (no final upload; 0 "
+                    "would be a force delete, which removes the pod object while its containers may still run, so "
+                    "its GPUs look free before they are); never more than the pods' own grace, which is sized for "
+                    "the whole results budget.")
     resync_seconds: int = Field(
         DEFAULT_RESYNC_SECONDS, title="Results resync interval (s)",
         description=f"How often the results sidecar uploads what the job wrote so far ({RESYNC_SECONDS_BOUNDS[0]} "

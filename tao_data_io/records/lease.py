@@ -73,6 +73,8 @@ def s3_lease(client: Any, bucket: str, key: str, *, wait: bool, on_wait: Callabl
     if etag is None:
         yield False
         return
+    if activity is not None:
+        activity.beat()  # the lease starts now, not when this upload began to wait for it
     renewal = _Renewal(client, bucket, key, body, etag, interval=seconds / 3, activity=activity, seconds=seconds)
     renewal.start()
     try:
@@ -211,41 +213,59 @@ def directory_lease(path: Path, *, wait: bool, on_wait: Callable[[str], None] | 
     told = False
     pause = 0.1
     path.parent.mkdir(parents=True, exist_ok=True)
+    lease = json.dumps({"holder": f"{socket.gethostname()}:{os.getpid()}", "job_id": job_id,
+                        "lease_seconds": seconds}).encode()
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            held, theirs = os.fstat(fd), _lease_of(fd)
-            os.close(fd)
-            if theirs is not None and time.time() - held.st_mtime >= theirs[1] and _unlink_if_lapsed(path, held,
-                                                                                                      theirs[1]):
-                _broken(on_wait, job_id, str(path), theirs[0], theirs[1])
-                continue
-            if not wait:
-                yield False
-                return
-            if not told and on_wait is not None:
-                on_wait(said)
-                told = True
-            time.sleep(pause * random.uniform(0.5, 1.0))
-            pause = min(pause * 2, MAX_POLL_SECONDS)
-            continue
-        if _is_under(fd, path):
+        fd = _take_file(path, lease, lambda lapsed: _broken(on_wait, job_id, str(path), *lapsed))
+        if fd is not None:
             break
-        os.close(fd)  # broken (unlinked) between our open and our flock: lock the file there now
+        if not wait:
+            yield False
+            return
+        if not told and on_wait is not None:
+            on_wait(said)
+            told = True
+        time.sleep(pause * random.uniform(0.5, 1.0))
+        pause = min(pause * 2, MAX_POLL_SECONDS)
     try:
-        holder = f"{socket.gethostname()}:{os.getpid()}"
-        os.ftruncate(fd, 0)  # our lease, for a waiter to judge by: it starts now
-        os.pwrite(fd, json.dumps({"holder": holder, "job_id": job_id, "lease_seconds": seconds}).encode(), 0)
+        if activity is not None:
+            activity.beat()  # the lease starts now, not when this upload began to wait for it
         toucher = _Toucher(fd, interval=seconds / 3, moving=_Moving(activity, seconds, str(path)))
         toucher.start()
         try:
             yield True
         finally:
             toucher.stop()
+            os.ftruncate(fd, 0)  # released: no lease left behind for a waiter to judge a next holder by
     finally:
         os.close(fd)
+
+
+def _take_file(path: Path, lease: bytes, on_break: Callable[[tuple[str, float]], None]) -> int | None:
+    """The descriptor of the lock file ``path``, ``flock``ed, with our ``lease`` in it; None while
+    a live holder has it. A lapsed holder's file is unlinked first (:func:`_unlink_if_lapsed`).
+    The file must still be the one under the name *after* our lease is in it: a waiter that judged
+    the file by the lease before ours may have unlinked it meanwhile, and then we look again."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held, theirs = os.fstat(fd), _lease_of(fd)
+                if theirs is not None and time.time() - held.st_mtime >= theirs[1] and _unlink_if_lapsed(
+                        path, held, theirs[1]):
+                    on_break(theirs)
+                    continue
+                return None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, lease, 0)  # our lease, for a waiter to judge by: it starts now (the mtime)
+            if _is_under(fd, path):
+                taken, fd = fd, -1
+                return taken
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
 
 def _lease_of(fd: int) -> tuple[str, float] | None:
@@ -270,7 +290,8 @@ def _unlink_if_lapsed(path: Path, seen: os.stat_result, seconds: float) -> bool:
     """Unlink the lock file ``path`` if it is still the lapsed one seen (same inode, untouched for
     ``seconds``), under a second lock, so two waiters never both break — the second would unlink
     the first one's new file. True if it was broken here."""
-    with open(path.with_name(path.name + ".break"), "a") as guard:
+    guard = os.open(path.with_name(path.name + ".break"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
         fcntl.flock(guard, fcntl.LOCK_EX)
         try:
             now = os.stat(path, follow_symlinks=False)
@@ -280,6 +301,8 @@ def _unlink_if_lapsed(path: Path, seen: os.stat_result, seconds: float) -> bool:
             return False
         os.unlink(path)
         return True
+    finally:
+        os.close(guard)
 
 
 class _Toucher:
@@ -300,4 +323,7 @@ class _Toucher:
     def _run(self) -> None:
         while not self._stopped.wait(self._interval):
             if self._moving():
-                os.utime(self._fd)
+                try:
+                    os.utime(self._fd)
+                except OSError as exc:  # a daemon thread has nobody to raise to; the next tick retries
+                    log.warning("could not renew the upload lock (will retry): %s", exc)

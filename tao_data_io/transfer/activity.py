@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class Activity:
@@ -28,8 +31,9 @@ class Activity:
         return time.monotonic() - self._last
 
 
-def beating(chunks: Iterable[bytes], activity: Activity | None) -> Iterator[bytes]:
-    """``chunks`` as they are read (or taken by a sender), each one a beat of ``activity``."""
+def beating(chunks: Iterable[T], activity: Activity | None) -> Iterator[T]:
+    """``chunks`` as they are read (or taken by a sender; or pages as they are listed), each one a
+    beat of ``activity``."""
     for chunk in chunks:
         if activity is not None:
             activity.beat()

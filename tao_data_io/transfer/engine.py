@@ -16,26 +16,27 @@ whose listing goes through :mod:`signed_list` and finds nothing to move never ne
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from ..credentials import S3Credentials
-from .activity import Activity
+from .activity import Activity, beating
 from ..errors import UsageError
 from .client import explained, get_or_none, head_or_none, make_s3_client
 from .digests import DigestStore, multipart_count
 from .filters import GlobFilter, PathFilter
 from .shard import Shard
 from .work import DownloadItem, Executor, Item, ItemFailed, Landed, UploadItem
-from .listing import (LocalFile, RemoteListing, RemoteObject, clean_etag, list_remote, listing_from_pages, local_file,
-                      s3_time_ns, scan_local)
+from .listing import (LocalFile, RemoteListing, RemoteObject, clean_etag, listing_from_pages, local_file,
+                      remote_objects, s3_time_ns, scan_local, temp_leftovers)
 from ..fs import (SPOOL_NAME, DestinationTree, UnsafePathError, check_relative, confined_path,
                   destination_lock_path, file_lock, has_control_character, lock_owner, open_directory_nofollow,
                   remove_stale_temps)
@@ -46,11 +47,16 @@ from .summary import Failure, Skipped, TransferSummary
 from ..uris import S3Url, is_s3_url, parse_s3_url
 from ..vocabulary import DEFAULT_CONCURRENCY
 
+#: Objects planned (listed, looked up locally, decided) before their transfers run: what a
+#: download holds in memory at once, whatever the listing's length — 1.28 M objects are 256
+#: chunks. Large enough that the transfers' tail at the end of a chunk (the executor's workers
+#: waiting for its last few objects) is a small share of it.
+PLAN_CHUNK = 5000
 #: Size of an object planned without a HEAD (``download_keys``); checked against nothing.
 UNKNOWN_SIZE = -1
 #: Download-side digests live beside the data (never inside it), so a rerun from another host (or
 #: a stage pod) that sees the same volume needs no rehash.
-DOWNLOAD_DIGESTS = "digests.json"
+DOWNLOAD_DIGESTS = "digests.sqlite3"
 #: Reads of one object before giving up when it keeps changing under the download: the first is
 #: bound to the listed ETag; a changed object is read again whole, in one GET (one version).
 READ_ATTEMPTS = 3
@@ -59,6 +65,7 @@ READ_ATTEMPTS_VARIABLE = "TAO_DATA_IO_READ_ATTEMPTS"
 READ_CHUNK = 1 << 20
 #: Why a name the scan found is not uploaded: it is one tao-data-io keeps for itself.
 RESERVED_REASON = "a name tao-data-io reserves for its own state and in-flight files; not uploaded"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,19 @@ def locked_destination(dest: Path, dry_run: bool = False, shard: Shard | None = 
             tree.close()
 
 
+def _chunks(items: Iterable[T], size: int) -> Iterator[tuple[list[T], bool]]:
+    """``items`` in lists of at most ``size``, each with whether it is the last (never an empty
+    list, unless ``items`` is empty: then one, the last)."""
+    iterator = iter(items)
+    chunk = list(itertools.islice(iterator, size))
+    while True:
+        following = list(itertools.islice(iterator, size))
+        yield chunk, not following
+        if not following:
+            return
+        chunk = following
+
+
 def _beat(options: TransferOptions) -> None:
     if options.activity is not None:
         options.activity.beat()
@@ -134,7 +154,7 @@ def upload_digest_path(source_root: Path) -> Path:
 
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tao-data-io" / "upload-digests"
     key = hashlib.sha256(os.path.realpath(source_root).encode()).hexdigest()[:32]
-    return cache / f"{key}.json"
+    return cache / f"{key}.sqlite3"
 
 
 def _upload_digests(source_root: Path, options: TransferOptions) -> DigestStore:
@@ -265,23 +285,35 @@ class TransferEngine:
         started = time.monotonic()
         if dest.exists() and not dest.is_dir():
             raise UsageError(f"DST {str(dest)!r} exists and is not a directory; give a directory path")
-        # Listed before the lock is taken, so a bad bucket or key creates nothing locally.
-        listing = self.list_prefix(prefix) if listing is None else listing
-        summary.skipped += [Skipped(k, "folder marker (zero-byte key ending in '/'); nothing to download")
-                            for k in listing.folder_markers]
+        markers: list[str] = []
+        if listing is None:
+            # Streamed, one page at a time; the first is read before the lock is taken, so a bad
+            # bucket or key creates nothing locally.
+            pages = self.pages(prefix)
+            first = next(pages, {})
+            objects: Iterable[RemoteObject] = remote_objects(itertools.chain([first], pages), prefix.key, markers)
+        else:
+            objects, markers = listing.objects, listing.folder_markers
         shard = options.shard
-        selected = []
-        for obj in listing.objects:
-            if options.filter(obj.relative) and (shard is None or shard.owns(obj.key)):
-                selected.append(obj)
-            else:
-                summary.excluded_files += 1
+
+        def selected() -> Iterator[RemoteObject]:
+            for obj in objects:
+                if options.filter(obj.relative) and (shard is None or shard.owns(obj.key)):
+                    yield obj
+                else:
+                    summary.excluded_files += 1
+
         with locked_destination(dest, options.dry_run, shard) as tree:
-            local = scan_local(dest)
             if not options.dry_run:
-                tree.remove_temps(local.temp_leftovers)  # this lock's killed downloads only
-            digests = DOWNLOAD_DIGESTS if shard is None else f"digests.{shard.label}.json"
-            self._download(prefix.bucket, selected, tree, local.files, summary, options, digests)
+                tree.remove_temps(temp_leftovers(dest))  # this lock's killed downloads only
+            def lookup(relative: str) -> LocalFile | None:
+                found = tree.existing_file(relative) if dest.is_dir() else None
+                return None if found is None else local_file(relative, tree.root / relative, found)
+
+            digests = DOWNLOAD_DIGESTS if shard is None else f"digests.{shard.label}.sqlite3"
+            self._download(prefix.bucket, selected(), tree, lookup, summary, options, digests)
+        summary.skipped += [Skipped(k, "folder marker (zero-byte key ending in '/'); nothing to download")
+                            for k in markers]
         summary.seconds = time.monotonic() - started
         return summary
 
@@ -300,7 +332,7 @@ class TransferEngine:
                 existing[target.name] = local_file(target.name, target, os.stat(target))
             except OSError:
                 pass  # absent, or a name no filesystem holds (refused by _download)
-            self._download(url.bucket, [obj], tree, existing, summary, options)
+            self._download(url.bucket, [obj], tree, existing.get, summary, options)
         summary.seconds = time.monotonic() - started
         return summary
 
@@ -334,34 +366,45 @@ class TransferEngine:
                 objects.append(RemoteObject(key, relative, int(head["ContentLength"]), clean_etag(head.get("ETag")),
                                             head.get("LastModified")))
         with locked_destination(dest, options.dry_run) as tree:
-            self._download(bucket, objects, tree, local, summary, options)
+            self._download(bucket, objects, tree, local.get, summary, options)
         summary.seconds = time.monotonic() - started
         return summary
 
-    def _download(self, bucket: str, objects: list[RemoteObject], tree: DestinationTree, local: dict[str, LocalFile],
-                  summary: TransferSummary, options: TransferOptions, digests: str = DOWNLOAD_DIGESTS) -> None:
-        """Plan and run downloads of ``objects`` into ``tree`` (keys mapped by ``relative``).
+    def _download(self, bucket: str, objects: Iterable[RemoteObject], tree: DestinationTree,
+                  local: Callable[[str], LocalFile | None], summary: TransferSummary, options: TransferOptions,
+                  digests: str = DOWNLOAD_DIGESTS) -> None:
+        """Plan and run downloads of ``objects`` into ``tree`` (keys mapped by ``relative``; ``local``
+        finds what is there under a name), :data:`PLAN_CHUNK` objects at a time, so memory holds
+        one chunk's plan whatever the listing's length.
 
         Names are checked here; directories on the way are checked when each file is written
         (the tree never follows a symlink), because that is when a swapped one would matter."""
         store = DigestStore(None if options.dry_run else tree.state_dir / digests)
-        strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key))
-        batch: list[Item] = []
-        planned: dict[str, RemoteObject] = {}
-        for obj in objects:
-            try:
-                check_relative(obj.relative, what="key")
-            except UnsafePathError as exc:
-                summary.failed.append(Failure(obj.key, str(exc)))
-                continue
-            if strategy.unchanged(local.get(obj.relative), obj.key, obj.size, obj.etag):
-                summary.unchanged_files += 1
-                summary.unchanged_bytes += obj.size
-                continue
-            planned[obj.key] = obj
-            batch.append(DownloadItem(bucket, obj.key, obj.size, obj.etag, obj.relative, tree))
-        self._execute(batch, summary, options, store,
-                      lambda item, landed: self._finalize_download(item, landed, planned[item.key], store))
+        tracker = ProgressTracker(0, 0, options.progress, planning=True)
+        try:
+            strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key))
+            for chunk, last in _chunks(objects, PLAN_CHUNK):
+                store.prefetch([obj.relative for obj in chunk])
+                batch: list[Item] = []
+                planned: dict[str, RemoteObject] = {}
+                for obj in chunk:
+                    try:
+                        check_relative(obj.relative, what="key")
+                    except UnsafePathError as exc:
+                        summary.failed.append(Failure(obj.key, str(exc)))
+                        continue
+                    if strategy.unchanged(local(obj.relative), obj.key, obj.size, obj.etag):
+                        summary.unchanged_files += 1
+                        summary.unchanged_bytes += obj.size
+                        continue
+                    planned[obj.key] = obj
+                    batch.append(DownloadItem(bucket, obj.key, obj.size, obj.etag, obj.relative, tree))
+                tracker.plan(len(batch), sum(max(item.size, 0) for item in batch), last=last)
+                self._execute(batch, summary, options, store, tracker,
+                              lambda item, landed, planned=planned: self._finalize_download(
+                                  item, landed, planned[item.key], store))
+        finally:
+            store.close()
 
     @staticmethod
     def _finalize_download(item: Item, landed: Landed | None, remote: RemoteObject,
@@ -407,14 +450,14 @@ class TransferEngine:
                                                                                          what=options.untrusted_source)
         try:
             with ThreadPoolExecutor(max_workers=2) as pool:
-                listed = pool.submit(self.list_prefix, prefix)  # its round trips overlap the local scan and the cache load
+                beat = None if options.activity is None else options.activity.beat  # per page, per directory
+                listed = pool.submit(  # its round trips overlap the local scan and the cache load
+                    lambda: listing_from_pages(beating(self.pages(prefix), options.activity), prefix.key))
                 if "executor" not in self.__dict__:
                     pool.submit(_import_data_path)  # and so does loading the data path, ~40 ms of a fresh process
-                scan = scan_local(source, root_fd=root_fd)
-                _beat(options)
+                scan = scan_local(source, root_fd=root_fd, on_directory=beat)
                 store = _upload_digests(source, options)
                 remote = {obj.key: obj for obj in listed.result().objects}
-                _beat(options)
         finally:
             if root_fd is not None:
                 os.close(root_fd)
@@ -434,9 +477,12 @@ class TransferEngine:
                                                "(still being written?); left for a later run"))
             else:
                 items.append((local, prefix.key + local.relative))
-        if options.budget is not None:
-            _within_budget(source, [local for local, _ in items], *options.budget)
-        self._upload(prefix.bucket, items, remote, store, summary, options)
+        try:
+            if options.budget is not None:
+                _within_budget(source, [local for local, _ in items], *options.budget)
+            self._upload(prefix.bucket, items, remote, store, summary, options)
+        finally:
+            store.close()
         summary.seconds = time.monotonic() - started
         return summary
 
@@ -448,14 +494,19 @@ class TransferEngine:
         remote = {}
         if head is not None:
             remote[url.key] = RemoteObject(url.key, source.name, int(head["ContentLength"]), clean_etag(head.get("ETag")))
-        self._upload(url.bucket, [(local, url.key)], remote, _upload_digests(source.parent, options), summary, options)
+        store = _upload_digests(source.parent, options)
+        try:
+            self._upload(url.bucket, [(local, url.key)], remote, store, summary, options)
+        finally:
+            store.close()
         summary.seconds = time.monotonic() - started
         return summary
 
     def _upload(self, bucket: str, items: list[tuple[LocalFile, str]], remote: dict[str, RemoteObject],
                 store: DigestStore, summary: TransferSummary, options: TransferOptions) -> None:
         """Plan and run uploads of ``(local file, key)`` pairs, skipping what is already right."""
-        strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key))
+        strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key),
+                                   None if options.activity is None else options.activity.beat)
         batch: list[Item] = []
         before: dict[str, LocalFile] = {}
         for local, key in items:
@@ -474,7 +525,8 @@ class TransferEngine:
             before[key] = local
             batch.append(UploadItem(local.path, bucket, key, local.size, local.relative, local.identity,
                                     options.activity))
-        self._execute(batch, summary, options, store,
+        tracker = ProgressTracker(len(batch), sum(item.size for item in batch), options.progress)
+        self._execute(batch, summary, options, store, tracker,
                       lambda item, landed: self._finalize_upload(before[item.key], landed, store))
 
     @staticmethod
@@ -498,14 +550,14 @@ class TransferEngine:
 
     # ----------------------------------------------------------------- execution
     def _execute(self, batch: list[Item], summary: TransferSummary, options: TransferOptions, store: DigestStore,
-                 finalize: Callable[[Item, Landed | None], ItemFailed | None]) -> None:
+                 tracker: ProgressTracker, finalize: Callable[[Item, Landed | None], ItemFailed | None]) -> None:
         """Run ``batch``, finalize each as it lands, and count what happened in ``summary``.
 
         A download reported ``changed`` (the object was overwritten while it was read) was
         discarded, never published; it is read again, whole and unbound to the stale ETag, up
         to :func:`read_attempts` reads in all, then fails naming the limit."""
         if options.dry_run:
-            summary.transferred += [item.relative for item in batch]
+            summary.name_transferred(item.relative for item in batch)
             summary.transferred_files += len(batch)
             summary.transferred_bytes += sum(max(item.size, 0) for item in batch)
             return
@@ -513,7 +565,6 @@ class TransferEngine:
         limit = read_attempts() if trees else 1
         for tree in trees:
             tree.open()  # a destination that cannot be created fails the run here, naming its path
-        tracker = ProgressTracker(len(batch), sum(max(item.size, 0) for item in batch), options.progress)
         tracker.start()
         done_ok: list[tuple[Item, int]] = []
         original: dict[int, Item] = {}
@@ -553,7 +604,7 @@ class TransferEngine:
         finally:
             store.save()
         finished = {id(item) for item, _ in done_ok}
-        summary.transferred += [item.relative for item in batch if id(item) in finished]  # in plan order
+        summary.name_transferred(item.relative for item in batch if id(item) in finished)  # in plan order
         summary.transferred_files += len(done_ok)
         summary.transferred_bytes += sum(size for _, size in done_ok)
 
@@ -563,14 +614,27 @@ class TransferEngine:
         return explained(bucket, self.credentials.endpoint_url)
 
     def list_prefix(self, prefix: S3Url) -> RemoteListing:
-        """Every object under ``prefix`` (in folder form): one signed GET per page when that is plain
-        (see :mod:`signed_list`), else — and on any failure — through boto3, whose errors name the fix."""
+        """Every object under ``prefix`` (in folder form), all in memory (:meth:`pages` streams)."""
         prefix = prefix.as_prefix()
-        pages = list_pages(self.credentials, prefix.bucket, prefix.key)
-        if pages is not None:
-            return listing_from_pages(pages, prefix.key)
-        with self._control_plane(prefix.bucket):
-            return list_remote(self.client, prefix)
+        return listing_from_pages(self.pages(prefix), prefix.key)
+
+    def pages(self, prefix: S3Url) -> Iterator[dict[str, Any]]:
+        """The ListObjectsV2 pages of ``prefix`` (in folder form) as they come: one signed GET per
+        page when that is plain (see :mod:`signed_list`), else — and from any page that fails —
+        through boto3, whose errors name the fix."""
+        prefix = prefix.as_prefix()
+
+        def through_boto3(token: str | None) -> Iterator[dict[str, Any]]:
+            while True:
+                with self._control_plane(prefix.bucket):
+                    page = self.client.list_objects_v2(Bucket=prefix.bucket, Prefix=prefix.key,
+                                                       **({"ContinuationToken": token} if token else {}))
+                yield page
+                if not page.get("IsTruncated"):
+                    return
+                token = page["NextContinuationToken"]
+
+        return list_pages(self.credentials, prefix.bucket, prefix.key, fallback=through_boto3)
 
     def list_sizes(self, prefix: S3Url) -> Iterator[tuple[str, int]]:
         """(key, size) of every object under ``prefix`` (in folder form), as the pages come: none

@@ -26,7 +26,7 @@ import os
 import stat
 from datetime import datetime
 from email.utils import parsedate_to_datetime
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,18 +78,25 @@ def list_remote(client: Any, prefix: S3Url) -> RemoteListing:
 
 
 def listing_from_pages(pages: Iterable[Mapping[str, Any]], base: str) -> RemoteListing:
-    """The objects of ListObjectsV2 pages (botocore's shape, from boto3 or :mod:`signed_list`)
-    listed under the key prefix ``base``; keys ending in ``/`` are folder markers."""
+    """The objects of ListObjectsV2 pages, all of them in memory: for a caller that needs the
+    whole listing (a small prefix, a cache identity). A sync streams :func:`remote_objects`."""
     listing = RemoteListing()
+    listing.objects.extend(remote_objects(pages, base, listing.folder_markers))
+    return listing
+
+
+def remote_objects(pages: Iterable[Mapping[str, Any]], base: str, folder_markers: list[str]) -> Iterator[RemoteObject]:
+    """The objects of ListObjectsV2 pages (botocore's shape, from boto3 or :mod:`signed_list`)
+    listed under the key prefix ``base``, as the pages come — one page in memory at a time, in the
+    listing's order (by key). Keys ending in ``/`` are folder markers, put in ``folder_markers``."""
     for page in pages:
         for item in page.get("Contents", ()):
             key = item["Key"]
             if key.endswith("/"):
-                listing.folder_markers.append(key)
+                folder_markers.append(key)
                 continue
-            listing.objects.append(RemoteObject(key, key[len(base):], int(item["Size"]), clean_etag(item.get("ETag")),
-                                                item.get("LastModified")))
-    return listing
+            yield RemoteObject(key, key[len(base):], int(item["Size"]), clean_etag(item.get("ETag")),
+                               item.get("LastModified"))
 
 
 @dataclass(frozen=True)
@@ -132,11 +139,45 @@ class LocalScan:
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def scan_local(root: Path, *, root_fd: int | None = None) -> LocalScan:
+def temp_leftovers(root: Path) -> list[str]:
+    """Relative paths of the temp files (in-flight or killed downloads) below ``root``: a walk
+    through descriptors opened with ``O_NOFOLLOW`` that reads directory entries only — no stat of
+    any file, nothing kept of them — for a download that looks each file up as it plans it."""
+    found: list[str] = []
+    try:
+        fd = os.open(root, _DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        return found
+    pending = [(fd, "", 0)]
+    while pending:
+        dir_fd, prefix, depth = pending.pop()
+        try:
+            with os.scandir(dir_fd) as entries:
+                for entry in entries:
+                    if entry.name == STATE_DIR_NAME:
+                        continue
+                    if is_temp_name(entry.name):
+                        if entry.is_file(follow_symlinks=False):
+                            found.append(prefix + entry.name)
+                    elif entry.is_dir(follow_symlinks=False) and depth + 1 < MAX_SCAN_DEPTH:
+                        try:
+                            child = os.open(entry.name, _DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+                        except OSError:
+                            continue  # gone, replaced by a link, unreadable: nothing of ours to find there
+                        pending.append((child, prefix + entry.name + "/", depth + 1))
+        except OSError:
+            pass
+        finally:
+            os.close(dir_fd)
+    return found
+
+
+def scan_local(root: Path, *, root_fd: int | None = None, on_directory: Callable[[], None] | None = None) -> LocalScan:
     """Scan ``root`` recursively, applying the symlink, special-file and hard-link policy.
 
     ``root_fd`` is the root already opened by the caller (e.g. without following any symlink on
-    its way); otherwise the root is opened here, and a missing root is an empty scan."""
+    its way); otherwise the root is opened here, and a missing root is an empty scan.
+    ``on_directory`` is told of each directory read (a scan of a million files takes a while)."""
     scan = LocalScan()
     try:
         fd = os.dup(root_fd) if root_fd is not None else os.open(root, _DIRECTORY)
@@ -144,7 +185,7 @@ def scan_local(root: Path, *, root_fd: int | None = None) -> LocalScan:
         return scan
     links: list[tuple[str, os.stat_result | OSError, str]] = []
     try:
-        _walk(fd, "", root, scan, links)
+        _walk(fd, "", root, scan, links, on_directory=on_directory)
     finally:
         os.close(fd)
     found: dict[tuple[int, int], list[str]] = {}
@@ -168,11 +209,14 @@ MAX_SCAN_DEPTH = 128
 
 
 def _walk(dir_fd: int, prefix: str, root: Path, scan: LocalScan,
-          links: list[tuple[str, os.stat_result | OSError, str]], depth: int = 0) -> None:
+          links: list[tuple[str, os.stat_result | OSError, str]], depth: int = 0,
+          on_directory: Callable[[], None] | None = None) -> None:
     """Record every entry below the directory ``dir_fd``; real directories are descended through
     descriptors opened with ``O_NOFOLLOW``, symlinks are collected for :func:`_add_symlink`."""
     with os.scandir(dir_fd) as entries:
         children = sorted(entries, key=lambda e: e.name)
+    if on_directory is not None:
+        on_directory()
     for entry in children:
         relative = prefix + entry.name
         if entry.name == STATE_DIR_NAME or is_temp_name(entry.name):
@@ -196,7 +240,7 @@ def _walk(dir_fd: int, prefix: str, root: Path, scan: LocalScan,
                 scan.skipped.append(Skipped(relative, f"directory cannot be read ({exc.strerror}); left out"))
                 continue
             try:
-                _walk(child, relative + "/", root, scan, links, depth + 1)
+                _walk(child, relative + "/", root, scan, links, depth + 1, on_directory)
             except OSError as exc:
                 scan.skipped.append(Skipped(relative, f"directory cannot be read ({exc.strerror}); left out"))
             finally:

@@ -5,16 +5,16 @@ Why: a command and a scheduled resync are fresh processes, and in a fresh proces
 ~90 ms to import and ~90 ms to build an S3 client (it parses the S3 service model and its
 endpoint rules from JSON), then ~25 ms to parse each 1,000-key page — while ``s5cmd sync``
 finishes a whole resync of 2,000 files with 20 changed in ~0.2 s (``bench/README.md``). Here the
-same listing costs one signed GET per page and a C XML parser.
+same listing costs one signed GET per page and a C XML parser. Pages are yielded as they come,
+so a listing of a million keys holds one page, not all of them.
 
 Scope: this is a fast path for the ordinary case, not a second S3 client. It signs exactly one
 kind of request (SigV4, ``list-type=2`` with ``encoding-type=url``, keys decoded as botocore
 decodes them) and accepts only a 200 whose body parses completely. Anything else — an HTTP error,
 a redirect, a refused connection, a malformed page — and any setting that changes how botocore
 reaches S3 (a proxy for the endpoint, an AWS config file, FIPS or dual-stack endpoints, a non-default
-partition) yields None, and the caller lists through boto3, which owns retries, region
-redirects and the error messages that name the fix. A failure costs one extra request, never a
-different answer. Nothing here logs or raises a credential.
+partition) hands the listing to boto3 from that page on, which owns retries, region redirects and
+the error messages that name the fix. A failure costs one extra request, never a different answer. Nothing here logs or raises a credential.
 
 TLS is verified against ``AWS_CA_BUNDLE`` when it is set, as botocore does, else against the
 system's trust store (botocore uses certifi's copy of it).
@@ -30,7 +30,7 @@ import os
 import ssl
 import time
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote_plus, urlsplit
@@ -50,49 +50,66 @@ log = logging.getLogger(__name__)
 Page = dict[str, Any]
 
 
-def list_pages(credentials: S3Credentials, bucket: str, prefix: str, *, page_size: int = 1000,
-               environ: Mapping[str, str] | None = None) -> list[Page] | None:
-    """Every ListObjectsV2 page of ``prefix`` in ``bucket``, or None: list through boto3 instead."""
+#: Lists the rest of a prefix through boto3 from a continuation token (None: from the start).
+Fallback = Callable[[str | None], Iterator[Page]]
+
+
+def list_pages(credentials: S3Credentials, bucket: str, prefix: str, *, fallback: Fallback, page_size: int = 1000,
+               environ: Mapping[str, str] | None = None) -> Iterator[Page]:
+    """The ListObjectsV2 pages of ``prefix`` in ``bucket`` as they come, one in memory at a time.
+    Where this request cannot be made, and from the first page that fails, ``fallback`` lists the
+    rest — from that page's continuation token, so no page is read twice or missed."""
     env = os.environ if environ is None else environ
     target = _target(credentials, bucket, env)
     if target is None:
-        return None
+        yield from fallback(None)
+        return
+    token: list[str | None] = [None]  # where the pages read so far end
     try:
-        return _fetch(credentials, bucket, prefix, page_size, target, env)
-    except (OSError, http.client.HTTPException, ElementTree.ParseError, ValueError) as exc:
-        log.debug("signed listing failed (%s); listing through boto3", type(exc).__name__)
-        return None
+        yield from _fetch(credentials, bucket, prefix, page_size, target, env, token)
+    except _NotPlain as exc:
+        log.debug("signed listing stopped (%s); listing the rest through boto3", exc)
+        yield from fallback(token[0])
+
+
+class _NotPlain(Exception):
+    """A page this request could not read as plainly as botocore would: boto3 lists from there."""
 
 
 def _fetch(credentials: S3Credentials, bucket: str, prefix: str, page_size: int, target: tuple[str, str, str],
-           environ: Mapping[str, str]) -> list[Page] | None:
-    """The pages over one kept-alive connection, or None on any answer but a 200."""
+           environ: Mapping[str, str], token: list[str | None]) -> Iterator[Page]:
+    """The pages over one kept-alive connection; :class:`_NotPlain` on any answer but a 200 that
+    parses whole, with ``token[0]`` the continuation token of the page that was not read."""
     scheme, host, path = target
     connection: http.client.HTTPConnection
     if scheme == "https":
-        context = ssl.create_default_context(cafile=environ.get("AWS_CA_BUNDLE") or None)
+        try:
+            context = ssl.create_default_context(cafile=environ.get("AWS_CA_BUNDLE") or None)
+        except (OSError, ssl.SSLError) as exc:  # an unreadable bundle: boto3 reports it, naming the fix
+            raise _NotPlain(type(exc).__name__) from None
         connection = http.client.HTTPSConnection(host, timeout=_TIMEOUT_S, context=context)
     else:
         connection = http.client.HTTPConnection(host, timeout=_TIMEOUT_S)
-    pages: list[Page] = []
-    token: str | None = None
     try:
         while True:
             query = {"list-type": "2", "prefix": prefix, "encoding-type": "url", "max-keys": str(page_size)}
-            if token is not None:
-                query["continuation-token"] = token
+            if token[0] is not None:
+                query["continuation-token"] = token[0]
             canonical_query = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
-            headers = sign(credentials, "GET", host, path, canonical_query, time.time())
-            connection.request("GET", f"{path}?{canonical_query}", headers=headers)
-            response = connection.getresponse()
-            body = response.read()
-            if response.status != 200:
-                log.debug("signed listing got HTTP %s; listing through boto3", response.status)
-                return None
-            page, token = _parse(body)
-            pages.append(page)
-            if token is None:
-                return pages
+            try:
+                headers = sign(credentials, "GET", host, path, canonical_query, time.time())
+                connection.request("GET", f"{path}?{canonical_query}", headers=headers)
+                response = connection.getresponse()
+                body = response.read()
+                if response.status != 200:
+                    raise _NotPlain(f"HTTP {response.status}")
+                page, following = _parse(body)
+            except (OSError, http.client.HTTPException, ElementTree.ParseError, ValueError) as exc:
+                raise _NotPlain(type(exc).__name__) from None
+            yield page
+            if following is None:
+                return
+            token[0] = following
     finally:
         connection.close()
 

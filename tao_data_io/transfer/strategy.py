@@ -19,9 +19,12 @@ PartSizeProbe = Callable[[str], int | None]
 
 
 class ContentStrategy:
-    def __init__(self, store: DigestStore, part_size_of: PartSizeProbe) -> None:
+    def __init__(self, store: DigestStore, part_size_of: PartSizeProbe,
+                 on_chunk: Callable[[], None] | None = None) -> None:
         self._store = store
         self._part_size_of = part_size_of
+        #: Told of each chunk hashed (the upload lock is renewed while its upload moves).
+        self._on_chunk = on_chunk
 
     def unchanged(self, local: LocalFile | None, key: str, size: int, etag: str) -> bool:
         """True when ``local`` already holds the object ``key`` of ``size`` and ``etag``."""
@@ -32,7 +35,7 @@ class ContentStrategy:
             return True
         md5 = entry.md5 if entry is not None else None
         if md5 is None:
-            md5 = file_digest(local.path, "md5", identity=local.identity, size=local.size)
+            md5 = file_digest(local.path, "md5", identity=local.identity, size=local.size, on_chunk=self._on_chunk)
             # A racy entry with the same stat is still knowledge once the content verifies: its
             # recorded ETag (exact even for non-MD5 ETags) carries over when the bytes are the
             # ones it was recorded for.
@@ -57,6 +60,6 @@ class ContentStrategy:
         part_size = self._part_size_of(key)
         if not part_size or -(-local.size // part_size) != parts:
             return False
-        computed = known.get(str(part_size)) or multipart_etag(local, part_size)
+        computed = known.get(str(part_size)) or multipart_etag(local, part_size, self._on_chunk)
         self._store.record(local, multipart={str(part_size): computed}, keep=self._store.trusted(local))
         return computed == etag

@@ -7,9 +7,15 @@ partial failure is visible here (``ok`` is False) and every complete file is kep
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..reporting import MAX_EXAMPLES, human_size
+
+#: The most names a summary keeps of what it transferred (callers that undo a run's files,
+#: annotation-selective staging, give fewer references than this; a dry run lists this many).
+NAMES_KEPT = 10_000
 
 
 @dataclass(frozen=True)
@@ -43,9 +49,16 @@ class TransferSummary:
     excluded_files: int = 0
     skipped: list[Skipped] = field(default_factory=list)
     failed: list[Failure] = field(default_factory=list)
-    #: Names of what was (or, on a dry run, would be) transferred.
+    #: Names of what was (or, on a dry run, would be) transferred: the first :data:`NAMES_KEPT`
+    #: (``transferred_files`` counts them all), so a summary of 1.28 M files stays small.
     transferred: list[str] = field(default_factory=list)
     seconds: float = 0.0
+
+    def name_transferred(self, names: Iterable[str]) -> None:
+        """Keep ``names`` among :attr:`transferred`, up to :data:`NAMES_KEPT` in all."""
+        room = NAMES_KEPT - len(self.transferred)
+        if room > 0:
+            self.transferred.extend(itertools.islice(names, room))
 
     @property
     def ok(self) -> bool:

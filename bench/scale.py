@@ -1,0 +1,199 @@
+"""Scale benchmark: the ``tao-data-io`` command against ``s5cmd`` on N objects, with peak memory.
+
+ImageNet's training split is 1.28 M files; the engine must stage and resync trees of that order
+in bounded memory (a tier B stage pod has a memory limit) and at s5cmd's speed. Each case runs
+every contender as a process, A/B interleaved, and reports wall time, the ratio to s5cmd
+(lower is better) and each process's own peak RSS (``wait4``'s ``ru_maxrss``: the process, not
+its children — a command handing objects of 32 MiB and more to s5cmd counts itself only; the
+objects here are small).
+
+Cases, each on a tree of ``--objects`` objects of ``--size`` bytes, ImageNet-shaped (1,280 files a
+directory):
+
+* ``download``  — into an empty directory: ``tao-data-io sync s3://…/P/ DIR`` against
+  ``s5cmd cp 's3://…/P/*' DIR/``;
+* ``resync``    — the same again, nothing changed: ``tao-data-io sync`` against ``s5cmd sync``;
+* ``changed``   — ``--changed`` objects rewritten in the bucket first, then the same;
+* ``upload``    — the downloaded tree to a new prefix: ``tao-data-io sync DIR s3://…/Q/`` against
+  ``s5cmd cp 'DIR/*' s3://…/Q/``;
+* ``upload-resync`` — the same again, nothing changed: against ``s5cmd sync``.
+
+The bucket is seeded once and kept (``--data``, the server's directory, reused by later runs with
+the same ``--objects`` and ``--size``)::
+
+    .venv/bin/python bench/scale.py --objects 10000
+    .venv/bin/python bench/scale.py --objects 100000 --cases download,resync,changed
+    .venv/bin/python bench/scale.py --objects 100000 --before /tmp/before   # a checkout to compare with
+
+``--before DIR`` adds the command run from another checkout (``git archive COMMIT | tar -x -C DIR``)
+as a contender, for a before/after table from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from transfer import BUCKET, Target  # bench/ is sys.path[0]
+from tao_data_io.embedded.s3 import EmbeddedS3
+from tao_data_io.transfer.client import make_s3_client
+from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.s5cmd_executor import s5cmd_binary
+
+PER_DIRECTORY = 1280
+CASES = ("download", "resync", "changed", "upload", "upload-resync")
+
+
+def layout(index: int) -> str:
+    return f"n{index // PER_DIRECTORY:05d}/img_{index:08d}.JPEG"
+
+
+def timed(argv: list[str], env: dict[str, str], cwd: Path | None, work: Path) -> tuple[float, float]:
+    """(wall seconds, peak RSS in MiB) of one process run to its end. The RSS is GNU time's
+    ``%M``: a child forked straight from this process would start its peak at this process's
+    size (Linux carries the parent's high-water mark through fork and exec into the child's)."""
+    measured = work / "maxrss"
+    started = time.perf_counter()
+    done = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(measured), *argv], env=env, cwd=cwd,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv[:4]} exited {done.returncode}: {done.stderr.decode(errors='replace')[-2000:]}")
+    return wall, int(measured.read_text().split()[-1]) / 1024
+
+
+class Bench:
+    def __init__(self, server: EmbeddedS3, work: Path, objects: int, size: int, changed: int,
+                 checkouts: dict[str, Path]) -> None:
+        self.server, self.work, self.objects, self.size, self.changed = server, work, objects, size, changed
+        self.target = Target("direct", server.credentials)
+        self.checkouts = checkouts
+        self.prefix = f"scale-{objects}x{size}"
+
+    # ------------------------------------------------------------------ data
+    def seed(self) -> None:
+        """Put the tree in the bucket unless a run before did (the listing's count says)."""
+        client = make_s3_client(self.server.credentials)
+        try:
+            client.create_bucket(Bucket=BUCKET)
+        except client.exceptions.ClientError:
+            pass
+        found = sum(page.get("KeyCount", 0) for page in client.get_paginator("list_objects_v2").paginate(
+            Bucket=BUCKET, Prefix=self.prefix + "/"))
+        if found == self.objects:
+            print(f"bucket holds {found} objects under {self.prefix}/ already", flush=True)
+            return
+        local = self.work / "seed"
+        shutil.rmtree(local, ignore_errors=True)
+        for index in range(self.objects):
+            path = local / layout(index)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(os.urandom(self.size))
+        started = time.perf_counter()
+        with TransferEngine(self.server.credentials) as engine:
+            summary = engine.sync(str(local), f"s3://{BUCKET}/{self.prefix}/")
+        if not summary.ok:
+            raise RuntimeError(summary.failed[:3])
+        print(f"seeded {self.objects} objects in {time.perf_counter() - started:.0f}s", flush=True)
+        shutil.rmtree(local)
+
+    def rewrite(self, round_: int) -> None:
+        """Rewrite ``changed`` objects spread over the tree (new bytes, same size)."""
+        client = make_s3_client(self.server.credentials)
+        step = max(1, self.objects // self.changed)
+        for index in range(round_ % step, self.objects, step)[: self.changed]:
+            client.put_object(Bucket=BUCKET, Key=f"{self.prefix}/{layout(index)}", Body=os.urandom(self.size))
+
+    # ------------------------------------------------------------------ contenders
+    def env(self, name: str) -> dict[str, str]:
+        env = {**self.target.env(), "XDG_CACHE_HOME": str(self.work / "cache" / name)}
+        if name in self.checkouts:
+            env["PYTHONPATH"] = str(self.checkouts[name])
+        return env
+
+    def command(self, name: str, case: str) -> tuple[list[str], Path | None]:
+        remote = f"s3://{BUCKET}/{self.prefix}/"
+        down = self.work / "down" / name
+        up = f"s3://{BUCKET}/up-{self.prefix}-{name.replace(' ', '-')}/"
+        if name in self.checkouts:
+            ours = [sys.executable, "-m", "tao_data_io.cli", "sync"]
+            if case.startswith("upload"):
+                return [*ours, str(down), up], self.checkouts[name]
+            return [*ours, remote, str(down)], self.checkouts[name]
+        s5 = [s5cmd_binary(), "--endpoint-url", str(self.server.endpoint_url), "--numworkers", "256"]
+        verb = "cp" if case in ("download", "upload") else "sync"
+        if case.startswith("upload"):
+            return [*s5, verb, str(down) + "/*", up], None
+        return [*s5, verb, remote + "*", str(down) + "/"], None
+
+    def run(self, cases: list[str], contenders: list[str], reps: int) -> list[str]:
+        rows = ["| case | contender | wall s (median) | ratio to s5cmd | peak RSS MiB |", "|---|---|---|---|---|"]
+        for case in cases:
+            results: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
+            for rep in range(reps):
+                if case == "changed":
+                    self.rewrite(rep)
+                order = contenders[rep % len(contenders):] + contenders[:rep % len(contenders)]
+                for name in order:
+                    self.prepare(name, case)
+                    argv, cwd = self.command(name, case)
+                    results[name].append(timed(argv, self.env(name), cwd, self.work))
+                    print(f"{case} {name}: {results[name][-1][0]:.2f}s {results[name][-1][1]:.0f} MiB", flush=True)
+            base = statistics.median(wall for wall, _ in results["s5cmd"]) if "s5cmd" in results else None
+            for name in contenders:
+                wall = statistics.median(w for w, _ in results[name])
+                rss = max(r for _, r in results[name])
+                ratio = f"{wall / base:.2f}×" if base else "–"
+                rows.append(f"| {case} | {name} | {wall:.2f} | {ratio} | {rss:.0f} |")
+        return rows
+
+    def prepare(self, name: str, case: str) -> None:
+        """A fresh download starts from an empty directory; a fresh upload to an empty prefix."""
+        if case == "download":
+            shutil.rmtree(self.work / "down" / name, ignore_errors=True)
+            shutil.rmtree(self.work / "cache" / name, ignore_errors=True)
+        elif case == "upload":
+            prefix = f"up-{self.prefix}-{name.replace(' ', '-')}/"
+            subprocess.run([s5cmd_binary(), "--endpoint-url", str(self.server.endpoint_url), "rm",
+                            f"s3://{BUCKET}/{prefix}*"], env=self.target.env(), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, check=False)
+            shutil.rmtree(self.work / "cache" / name, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--objects", type=int, default=10_000)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--changed", type=int, default=1000)
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--data", type=Path, default=Path("/tmp/tao-data-io-scale"),
+                        help="the server's data directory, kept between runs (seeded once)")
+    parser.add_argument("--before", type=Path, help="another checkout's command as a contender")
+    args = parser.parse_args()
+    cases = [case for case in args.cases.split(",") if case]
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        parser.error(f"unknown cases {unknown}: choose from {', '.join(CASES)}")
+    checkouts = {"tao-data-io": Path(__file__).resolve().parents[1]}
+    if args.before is not None:
+        checkouts["before"] = args.before.resolve()
+    contenders = [*checkouts, "s5cmd"]
+    work = args.data / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    with EmbeddedS3(args.data / "server") as server:
+        bench = Bench(server, work, args.objects, args.size, min(args.changed, args.objects), checkouts)
+        bench.seed()
+        rows = bench.run(cases, contenders, args.reps)
+    print(f"\n{args.objects} objects × {args.size} B, {args.reps} rep(s)\n")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
