@@ -84,12 +84,17 @@ class ProgressTracker:
         with self._lock:
             self._emit_locked()
 
-    def plan(self, files: int, nbytes: int, *, last: bool) -> None:
-        """Add what the next part of a streamed plan moves; ``last``: nothing more is planned."""
+    def plan(self, files: int, nbytes: int) -> None:
+        """Add what the next part of a streamed plan moves."""
         with self._lock:
             self.files_total += files
             self.bytes_total += nbytes
-            self.planning = not last
+
+    def planned_all(self) -> None:
+        """Nothing more is planned: say so (the snapshot that finishes a streamed run)."""
+        with self._lock:
+            self.planning = False
+            self._emit_locked()
 
     def advance(self, nbytes: int, *, failed: bool = False) -> None:
         with self._lock:

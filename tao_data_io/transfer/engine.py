@@ -29,7 +29,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from ..credentials import S3Credentials
 from .activity import Activity, beating
-from ..errors import UsageError
+from ..errors import TaoDataIOError, TransferError, UsageError
 from .client import explained, get_or_none, head_or_none, make_s3_client
 from .digests import DigestStore, multipart_count
 from .filters import GlobFilter, PathFilter
@@ -117,17 +117,11 @@ def locked_destination(dest: Path, dry_run: bool = False, shard: Shard | None = 
             tree.close()
 
 
-def _chunks(items: Iterable[T], size: int) -> Iterator[tuple[list[T], bool]]:
-    """``items`` in lists of at most ``size``, each with whether it is the last (never an empty
-    list, unless ``items`` is empty: then one, the last)."""
+def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """``items`` in lists of at most ``size``, read as each is needed (no list is empty)."""
     iterator = iter(items)
-    chunk = list(itertools.islice(iterator, size))
-    while True:
-        following = list(itertools.islice(iterator, size))
-        yield chunk, not following
-        if not following:
-            return
-        chunk = following
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
 
 
 def _beat(options: TransferOptions) -> None:
@@ -383,7 +377,7 @@ class TransferEngine:
         tracker = ProgressTracker(0, 0, options.progress, planning=True)
         try:
             strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key))
-            for chunk, last in _chunks(objects, PLAN_CHUNK):
+            for chunk in _chunks(objects, PLAN_CHUNK):
                 store.prefetch([obj.relative for obj in chunk])
                 batch: list[Item] = []
                 planned: dict[str, RemoteObject] = {}
@@ -399,10 +393,11 @@ class TransferEngine:
                         continue
                     planned[obj.key] = obj
                     batch.append(DownloadItem(bucket, obj.key, obj.size, obj.etag, obj.relative, tree))
-                tracker.plan(len(batch), sum(max(item.size, 0) for item in batch), last=last)
+                tracker.plan(len(batch), sum(max(item.size, 0) for item in batch))
                 self._execute(batch, summary, options, store, tracker,
                               lambda item, landed, planned=planned: self._finalize_download(
                                   item, landed, planned[item.key], store))
+            tracker.planned_all()
         finally:
             store.close()
 
@@ -626,9 +621,17 @@ class TransferEngine:
 
         def through_boto3(token: str | None) -> Iterator[dict[str, Any]]:
             while True:
-                with self._control_plane(prefix.bucket):
-                    page = self.client.list_objects_v2(Bucket=prefix.bucket, Prefix=prefix.key,
-                                                       **({"ContinuationToken": token} if token else {}))
+                try:
+                    with self._control_plane(prefix.bucket):
+                        page = self.client.list_objects_v2(Bucket=prefix.bucket, Prefix=prefix.key,
+                                                           **({"ContinuationToken": token} if token else {}))
+                except TaoDataIOError:
+                    raise
+                except Exception as exc:  # botocore's, after its own retries: the first page's are raised as they are
+                    if token is None:
+                        raise
+                    raise TransferError(f"listing {prefix} failed part-way ({type(exc).__name__}: {exc}); the files "
+                                        "of the pages listed before were kept — rerun to continue") from exc
                 yield page
                 if not page.get("IsTruncated"):
                     return
