@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from botocore.exceptions import ClientError
-
 from ..transfer.client import explained
 
 #: Answers that mean "the condition did not hold": 412 Precondition Failed; 409 when a
@@ -19,7 +17,7 @@ from ..transfer.client import explained
 CONDITION_FAILED = frozenset({404, 409, 412})
 
 
-def _refused(exc: ClientError) -> bool:
+def _refused(exc: Any) -> bool:
     return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0) in CONDITION_FAILED
 
 
@@ -30,7 +28,7 @@ def put_if(client: Any, bucket: str, key: str, data: bytes, **condition: str) ->
         try:
             answer = client.put_object(Bucket=bucket, Key=key, Body=data, ContentType="application/json",
                                        **condition)
-        except ClientError as exc:
+        except client.exceptions.ClientError as exc:  # the client's own class: no botocore import to load
             if _refused(exc):
                 return None
             raise
@@ -42,7 +40,7 @@ def delete_if(client: Any, bucket: str, key: str, etag: str) -> bool:
     with explained(bucket, client.meta.endpoint_url):
         try:
             client.delete_object(Bucket=bucket, Key=key, IfMatch=etag)
-        except ClientError as exc:
+        except client.exceptions.ClientError as exc:
             if _refused(exc):
                 return False
             raise
