@@ -105,12 +105,12 @@ def test_the_cache_resolves_a_kind_once_and_lists_a_folder_once(s3_credentials: 
     counts = count_uri_parses(monkeypatch)
     calls: Counter[str] = Counter()
     with TransferEngine(s3_credentials) as engine:
-        for name in ("exists", "has_prefix", "list_prefix"):
+        for name in ("exists", "has_prefix", "pages"):
             def counted(*args: Any, _name: str = name, _method: Any = getattr(engine, name)) -> Any:
                 calls[_name] += 1
                 return _method(*args)
             monkeypatch.setattr(engine, name, counted)
         staged = stage(request, tmp_path / "cache", engine=engine, stager=stage_cached)
     assert [(s.kind, s.transferred_files) for s in staged.sources] == [("folder", 40), ("file", 1), ("config", 1)]
-    assert calls == {"exists": 2, "has_prefix": 1, "list_prefix": 1}  # HEAD each key, LIST one; list the folder once
+    assert calls == {"exists": 2, "has_prefix": 1, "pages": 1}  # HEAD each key, LIST one; list the folder once
     assert {source: counts[source] for source in (folder, file)} == {folder: 1, file: 1}

@@ -171,3 +171,31 @@ def test_a_run_killed_mid_stream_is_finished_by_the_next_leaving_nothing_half_wr
     assert tree_digest(dest) == expected and temp_leftovers(dest) == []
 
 
+
+
+def test_an_upload_streamed_in_chunks_decides_each_file_against_its_own_object(
+        s3_credentials: S3Credentials, bucket: str, chunked: None, tmp_path: Path) -> None:
+    """The tree is walked in the order S3 lists keys (``a-b`` < ``a.txt`` < ``a/…`` < ``a0``: a
+    directory sorts as its name and ``/``), so each chunk finds its objects in the part of the
+    listing it reads — across chunk boundaries too: a rerun uploads nothing, a change only itself."""
+    source = tmp_path / "results"
+    files = {"a-b": b"1", "a.txt": b"2", "a0": b"3", **{f"a/{i:04d}.ckpt": b"a%d" % i for i in range(600)},
+             **{f"b-c/{i:04d}.log": b"c%d" % i for i in range(500)}, **{f"b/{i:04d}.bin": b"b%d" % i for i in range(1000)}}
+    write_tree(source, files)
+    old = 1_600_000_000
+    for path in source.rglob("*"):
+        os.utime(path, (old, old))
+    mover = Recording(s3_credentials)
+    with TransferEngine(s3_credentials, executor=mover) as engine:
+        first = engine.sync(str(source), f"s3://{bucket}/up/")
+        assert first.ok and first.transferred_files == len(files) and max(mover.batches) <= CHUNK
+        again = engine.sync(str(source), f"s3://{bucket}/up/")
+        assert (again.transferred_files, again.unchanged_files) == (0, len(files))
+        (source / "a" / "0499.ckpt").write_bytes(b"changed")
+        (source / "b" / "0000.bin").write_bytes(b"changed too")
+        changed = engine.sync(str(source), f"s3://{bucket}/up/")
+        assert sorted(changed.transferred) == ["a/0499.ckpt", "b/0000.bin"]
+        assert changed.unchanged_files == len(files) - 2
+    with TransferEngine(s3_credentials) as engine:
+        assert engine.sync(f"s3://{bucket}/up/", str(tmp_path / "back")).ok
+    assert tree_digest(tmp_path / "back") == tree_digest(source)

@@ -223,21 +223,20 @@ def test_a_file_swapped_for_a_fifo_after_the_scan_never_blocks_the_upload(s3_cre
 
 def test_a_file_swapped_for_a_fifo_before_its_digest_never_blocks_the_comparison(
         s3_credentials: S3Credentials, s3_client, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Skip-unchanged reads a file the remote already has (its MD5) between the scan and the
+    """Skip-unchanged reads a file the remote already has (its MD5) between the walk and the
     upload: the same window, before any byte moves."""
     from tao_data_io.transfer import engine as engine_module
 
     source = tmp_path / "results"
     write_tree(source, {"logs/train.log": b"epoch 1\n"})
     s3_client.put_object(Bucket=bucket, Key="r/logs/train.log", Body=b"epoch 1\n")
-    scanned = engine_module.scan_local
+    walked = engine_module.walk_local
 
-    def scan_then_swap(*args: Any, **kwargs: Any) -> Any:
-        found = scanned(*args, **kwargs)
-        _swap_for_a_fifo(source / "logs", "train.log")()
-        return found
+    def walk_then_swap(*args: Any, **kwargs: Any) -> Any:
+        yield from walked(*args, **kwargs)
+        _swap_for_a_fifo(source / "logs", "train.log")()  # once walked, before it is decided
 
-    monkeypatch.setattr(engine_module, "scan_local", scan_then_swap)
+    monkeypatch.setattr(engine_module, "walk_local", walk_then_swap)
     summary = _finishes(lambda: TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/r/"),
                         source / "logs" / "train.log")
     assert not summary.ok and "regular file" in " ".join(f.reason for f in summary.failed)
@@ -267,14 +266,13 @@ def test_a_file_gone_before_its_digest_fails_alone_and_the_rest_uploads(
     write_tree(source, {"a.txt": b"one", "b.txt": b"two"})
     TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/r/")
     write_tree(source, {"a.txt": b"ONE", "b.txt": b"TWO"})  # same sizes: compared by digest
-    scanned = engine_module.scan_local
+    walked = engine_module.walk_local
 
-    def scan_then_remove(*args: Any, **kwargs: Any) -> Any:
-        found = scanned(*args, **kwargs)
-        (source / "a.txt").unlink()
-        return found
+    def walk_then_remove(*args: Any, **kwargs: Any) -> Any:
+        yield from walked(*args, **kwargs)
+        (source / "a.txt").unlink()  # once walked, before it is decided
 
-    monkeypatch.setattr(engine_module, "scan_local", scan_then_remove)
+    monkeypatch.setattr(engine_module, "walk_local", walk_then_remove)
     summary = TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/r/")
     assert [f.name for f in summary.failed] == ["r/a.txt"] and summary.transferred == ["b.txt"]
 

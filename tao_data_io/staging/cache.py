@@ -27,16 +27,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from ..fs import STATE_DIR_NAME, atomic_write, file_lock
 from ..reporting import ProgressCallback
 from ..transfer.client import head_or_none
 from ..transfer.engine import TransferEngine
 from ..transfer.filters import PathFilter
-from ..transfer.listing import RemoteListing
+from ..transfer.listing import remote_objects
 from ..transfer.shard import Shard
 from ..uris import S3Url
 from .engines import EngineSource, lease
@@ -72,7 +73,8 @@ def stage_cached(planned: PlannedInput, cache_root: Path, *,
         prove_writable(directory, what=what)
     with lease(engine, environ) as get_engine, file_lock(lock):
         planned = resolved(planned, get_engine)  # its kind asked (if at all) once, for identity and staging
-        identity, listing = _identity(planned, get_engine)
+        spool = lock.with_suffix(".listing")  # the folder's listing as its identity read it, for the sync
+        identity = _identity(planned, get_engine, spool)
         previous = _read_marker(marker)
         now = datetime.now(timezone.utc).isoformat()
         if identity is not None and previous is not None and previous.get("identity") == identity:
@@ -81,33 +83,55 @@ def stage_cached(planned: PlannedInput, cache_root: Path, *,
             return entry.model_copy(update={"local_path": str(cache_root / planned.sub_path), "transferred_files": 0,
                                             "transferred_bytes": 0, "unchanged_files": entry.files or 0,
                                             "seconds": 0.0, "note": "stage cache hit: source unchanged"})
-        staged = stage_planned(planned, cache_root, engine=get_engine, environ=environ, progress=progress, shard=shard,
-                               listing=listing)
+        try:
+            staged = stage_planned(planned, cache_root, engine=get_engine, environ=environ, progress=progress,
+                                   shard=shard, pages=_spooled(spool) if spool.exists() else None)
+        finally:
+            spool.unlink(missing_ok=True)
         _write_marker(marker, {"version": MARKER_VERSION, "source": planned.source, "identity": identity,
                                "staged_at": now, "last_used": now, "entry": staged.to_dict()})
         return staged
 
 
-def _identity(planned: PlannedInput, engine: Callable[[], TransferEngine]) -> tuple[str | None, RemoteListing | None]:
-    """The source's identity, or None when it has no cheap one (selective inputs, models); and a
-    folder's listing, which the identity was computed from and the sync then uses (listed once)."""
+def _identity(planned: PlannedInput, engine: Callable[[], TransferEngine], spool: Path) -> str | None:
+    """The source's identity, or None when it has no cheap one (selective inputs, models). A
+    folder's is the hash of its listing's keys and ETags (after the input's excludes), read as the
+    pages come, in the listing's order (by key); the pages are written to ``spool`` as they pass,
+    so a miss syncs from them — the folder is listed once, and no listing is held in memory."""
     url = planned.uri
     if not isinstance(url, S3Url):
-        return None, None
+        return None
     declared = planned.declared
     if planned.kind == "folder":
         rules = PathFilter.from_patterns(declared.excludes if declared else ())
-        listing = engine().list_prefix(url)
-        lines = sorted(f"{obj.key}\t{obj.etag}" for obj in listing.objects if rules(obj.relative))
-        return "folder:sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest(), listing
+        digest = hashlib.sha256()
+        separator = b""
+        with open(spool, "w", encoding="utf-8") as out:
+            for page in engine().pages(url):
+                contents = page.get("Contents", ())
+                out.write(json.dumps([[item["Key"], item["Size"], item.get("ETag"), item.get("LastModified")]
+                                      for item in contents], separators=(",", ":")) + "\n")
+                for obj in remote_objects([page], url.as_prefix().key, []):
+                    if rules(obj.relative):
+                        digest.update(separator + f"{obj.key}\t{obj.etag}".encode())
+                        separator = b"\n"
+        return "folder:sha256:" + digest.hexdigest()
     if planned.kind in ("file", "archive"):
         head = head_or_none(engine().client, url.bucket, url.key)
         if head is None:
-            return None, None  # let the stager report the missing object
+            return None  # let the stager report the missing object
         strip = declared.strip_components if declared is not None and planned.kind == "archive" else 0
         return (f"{planned.kind}:etag:{head.get('ETag', '').strip(chr(34))}:size:{head.get('ContentLength')}"
-                f":strip:{strip}"), None
-    return None, None
+                f":strip:{strip}")
+    return None
+
+
+def _spooled(spool: Path) -> Iterator[dict[str, Any]]:
+    """The pages :func:`_identity` wrote to ``spool``, one in memory at a time, as a listing has them."""
+    with open(spool, encoding="utf-8") as pages:
+        for line in pages:
+            yield {"Contents": [{"Key": key, "Size": size, "ETag": etag, "LastModified": modified}
+                                for key, size, etag, modified in json.loads(line)]}
 
 
 def _read_marker(path: Path) -> dict[str, object] | None:

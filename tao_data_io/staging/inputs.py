@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from ..errors import TransferError, UsageError
 from ..reporting import ProgressCallback
 from ..transfer.engine import TransferEngine, TransferOptions
 from ..transfer.filters import GlobFilter, PathFilter
-from ..transfer.listing import RemoteListing
 from ..transfer.shard import Shard, shard_of
 from ..transfer.summary import Failure, TransferSummary
 from ..uris import HFModelURI, NGCModelURI, S3Url, model_root, staging_location
@@ -32,11 +32,11 @@ from .stage_map import Kind, StagedSource
 
 def stage_planned(planned: PlannedInput, workdir: Path, *, engine: Callable[[], TransferEngine],
                   environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None,
-                  shard: Shard | None = None, listing: RemoteListing | None = None) -> StagedSource:
+                  shard: Shard | None = None, pages: Iterable[dict[str, Any]] | None = None) -> StagedSource:
     """Stage one planned input under ``workdir`` (idempotent) and say what happened, with the
     engine ``engine()`` returns (leased by the caller: :func:`~.engines.lease`). With ``shard``,
-    only that shard's part is staged (see :func:`~.stage.stage`). ``listing``: the folder's listing,
-    when the caller has just listed it (the stage cache, for the source's identity)."""
+    only that shard's part is staged (see :func:`~.stage.stage`). ``pages``: a folder's listing
+    when the caller has just read it (the stage cache, for the source's identity)."""
     if not planned.remote:
         return StagedSource(source=planned.source, kind="pre-positioned", sub_path=None,
                             container_path=planned.container_path, local_path=None, files=None, bytes=None)
@@ -56,7 +56,7 @@ def stage_planned(planned: PlannedInput, workdir: Path, *, engine: Callable[[], 
                             note=f"staged by shard {shard_of(planned.source, shard.count)}/{shard.count}, not {shard}")
     if isinstance(planned.uri, HFModelURI | NGCModelURI):
         return _stage_model(planned, planned.uri, workdir, environ, progress, started)
-    return _stage_s3(planned, planned.uri, planned.kind, local, engine(), progress, started, shard, listing)
+    return _stage_s3(planned, planned.uri, planned.kind, local, engine(), progress, started, shard, pages)
 
 
 def resolved(planned: PlannedInput, engine: Callable[[], TransferEngine]) -> PlannedInput:
@@ -79,7 +79,7 @@ def resolved(planned: PlannedInput, engine: Callable[[], TransferEngine]) -> Pla
 
 def _stage_s3(planned: PlannedInput, url: S3Url, kind: Kind, local: Path, engine: TransferEngine,
               progress: ProgressCallback | None, started: float, shard: Shard | None,
-              listing: RemoteListing | None) -> StagedSource:
+              pages: Iterable[dict[str, Any]] | None) -> StagedSource:
     declared = planned.declared
 
     def staged(summary: TransferSummary, files: int, note: str | None = None) -> StagedSource:
@@ -93,7 +93,7 @@ def _stage_s3(planned: PlannedInput, url: S3Url, kind: Kind, local: Path, engine
     if kind == "folder":
         rules = PathFilter.from_patterns(declared.excludes if declared else ())
         summary = engine.download_prefix(url, local, TransferOptions(filter=rules, progress=progress, shard=shard),
-                                         listing=listing)
+                                         pages=pages)
         files = summary.transferred_files + summary.unchanged_files
         empty_allowed = shard is not None or (declared is not None and declared.allow_empty)  # a shard may get no key
         if files == 0 and not summary.failed and not empty_allowed:

@@ -16,12 +16,15 @@ whose listing goes through :mod:`signed_list` and finds nothing to move never ne
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import os
+import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -35,8 +38,8 @@ from .digests import DigestStore, multipart_count
 from .filters import GlobFilter, PathFilter
 from .shard import Shard
 from .work import DownloadItem, Executor, Item, ItemFailed, Landed, UploadItem
-from .listing import (LocalFile, RemoteListing, RemoteObject, clean_etag, listing_from_pages, local_file,
-                      remote_objects, s3_time_ns, scan_local, temp_leftovers)
+from .listing import (LocalFile, LocalWalk, RemoteObject, clean_etag, local_file,
+                      read_ahead, remote_objects, s3_time_ns, temp_leftovers, walk_local)
 from ..fs import (SPOOL_NAME, DestinationTree, UnsafePathError, check_relative, confined_path,
                   destination_lock_path, file_lock, has_control_character, lock_owner, open_directory_nofollow,
                   remove_stale_temps)
@@ -124,6 +127,44 @@ def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
         yield chunk
 
 
+class _RemoteIndex:
+    """The objects of a listing by key, in a private temporary SQLite file (SQLite's empty name:
+    deleted when closed), so memory holds its page cache, not the listing. Not merged with the
+    walk in key order: S3 lists in UTF-8 binary order, but S3-compatible stores need not
+    (SeaweedFS lists a prefix directory by directory), and a merge that met a key out of order
+    would upload it again. Filled in a thread of its own while the first chunk is walked."""
+
+    def __init__(self, objects: Iterable[RemoteObject]) -> None:
+        self._db = sqlite3.connect("", check_same_thread=False)
+        self._db.execute("CREATE TABLE remote (key TEXT PRIMARY KEY, relative TEXT, size INTEGER, etag TEXT, "
+                         "modified TEXT) WITHOUT ROWID")
+        self._filled = ThreadPoolExecutor(max_workers=1)
+        self._filling = self._filled.submit(self._fill, objects)
+
+    def _fill(self, objects: Iterable[RemoteObject]) -> None:
+        for chunk in _chunks(objects, 1000):
+            self._db.executemany("INSERT OR REPLACE INTO remote VALUES (?, ?, ?, ?, ?)",
+                                 [(obj.key, obj.relative, obj.size, obj.etag, obj.last_modified) for obj in chunk])
+        self._db.commit()
+
+    def among(self, keys: Sequence[str]) -> dict[str, RemoteObject]:
+        """The listed objects among ``keys`` (once the listing is in: its errors are raised here); a
+        name that is not UTF-8 is no key S3 can list (such a file is skipped, never sent)."""
+        self._filling.result()
+        keys = [key for key in keys if unsendable_name(key) is None]
+        found = {}
+        for start in range(0, len(keys), 500):
+            part = keys[start:start + 500]
+            rows = self._db.execute(f"SELECT key, relative, size, etag, modified FROM remote WHERE key IN "
+                                    f"({','.join('?' * len(part))})", part)
+            found.update((row[0], RemoteObject(*row)) for row in rows)
+        return found
+
+    def close(self) -> None:
+        self._filled.shutdown(wait=True)
+        self._db.close()
+
+
 def _beat(options: TransferOptions) -> None:
     if options.activity is not None:
         options.activity.beat()
@@ -162,15 +203,13 @@ def _import_data_path() -> None:
     from . import obstore_executor, s5cmd_executor  # noqa: F401
 
 
-def _within_budget(source: Path, files: Sequence[LocalFile], limit: int, what: str) -> None:
-    """Refuse, before a byte moves, a source holding more than ``limit`` bytes by apparent size."""
-    total = sum(local.size for local in files)
-    if total > limit:
-        largest = sorted(files, key=lambda local: local.size, reverse=True)[:3]
-        shown = ", ".join(f"{local.relative} ({human_size(local.size)})" for local in largest)
-        raise UsageError(f"{source} holds {human_size(total)} to upload (apparent sizes: a sparse file counts whole, "
-                         f"as S3 stores it), more than {what} allows ({human_size(limit)}); nothing was uploaded. "
-                         f"The largest: {shown}. Raise {what}, or exclude what need not be kept")
+def _sizes(files: Iterable[LocalFile]) -> tuple[int, list[LocalFile]]:
+    """The apparent size of ``files`` in all, and the three largest, holding no more of them."""
+    total, largest = 0, []
+    for local in files:
+        total += local.size
+        largest = heapq.nlargest(3, [*largest, local], key=lambda kept: kept.size)
+    return total, largest
 
 
 #: The longest key S3 stores (UTF-8 bytes).
@@ -271,23 +310,20 @@ class TransferEngine:
 
     # ----------------------------------------------------------------- download
     def download_prefix(self, prefix: S3Url, dest: Path, options: TransferOptions, *,
-                        listing: RemoteListing | None = None) -> TransferSummary:
-        """Sync ``prefix`` down into ``dest``. ``listing``: :meth:`list_prefix` of it, when the
-        caller has just listed it (it is not listed again)."""
+                        pages: Iterable[dict[str, Any]] | None = None) -> TransferSummary:
+        """Sync ``prefix`` down into ``dest``, streamed: the listing is read a few pages ahead (in
+        a thread of its own) and planned :data:`PLAN_CHUNK` objects at a time (:meth:`_download`).
+        ``pages``: its listing, when the caller has just read it (it is not listed again)."""
         prefix = prefix.as_prefix()
         summary = TransferSummary(str(prefix), str(dest), dry_run=options.dry_run)
         started = time.monotonic()
         if dest.exists() and not dest.is_dir():
             raise UsageError(f"DST {str(dest)!r} exists and is not a directory; give a directory path")
         markers: list[str] = []
-        if listing is None:
-            # Streamed, one page at a time; the first is read before the lock is taken, so a bad
-            # bucket or key creates nothing locally.
-            pages = self.pages(prefix)
-            first = next(pages, {})
-            objects: Iterable[RemoteObject] = remote_objects(itertools.chain([first], pages), prefix.key, markers)
-        else:
-            objects, markers = listing.objects, listing.folder_markers
+        # The first page is read before the lock is taken, so a bad bucket or key creates nothing locally.
+        listed = read_ahead(self.pages(prefix) if pages is None else pages)
+        first = next(listed, {})
+        objects = remote_objects(itertools.chain([first], listed), prefix.key, markers)
         shard = options.shard
 
         def selected() -> Iterator[RemoteObject]:
@@ -436,51 +472,96 @@ class TransferEngine:
 
     # ----------------------------------------------------------------- upload
     def upload_directory(self, source: Path, prefix: S3Url, options: TransferOptions) -> TransferSummary:
+        """Sync ``source`` up to ``prefix``, streamed: the listing goes into a temporary index on
+        disk (:class:`_RemoteIndex`) while the tree is walked :data:`PLAN_CHUNK` files at a time,
+        each chunk decided against its own objects and uploaded before the next is walked — memory
+        holds a chunk and a directory's names, whatever the tree's size. The few files whose
+        admission needs the whole tree (symlinks, files with several links) are decided once the
+        walk is over."""
         prefix = prefix.as_prefix()
         summary = TransferSummary(str(source), str(prefix), dry_run=options.dry_run)
         started = time.monotonic()
         if not source.is_dir():
             raise UsageError(f"SRC {str(source)!r} is not a directory; sync uploads a directory — use `cp` for one file")
-        root_fd = None if options.untrusted_source is None else open_directory_nofollow(source,
-                                                                                         what=options.untrusted_source)
+        root_fd = (os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if options.untrusted_source is None
+                   else open_directory_nofollow(source, what=options.untrusted_source))
+        store: DigestStore | None = None
+        stack = ExitStack()
         try:
-            with ThreadPoolExecutor(max_workers=2) as pool:
-                beat = None if options.activity is None else options.activity.beat  # per page, per directory
-                listed = pool.submit(  # its round trips overlap the local scan and the cache load
-                    lambda: listing_from_pages(beating(self.pages(prefix), options.activity), prefix.key))
-                if "executor" not in self.__dict__:
-                    pool.submit(_import_data_path)  # and so does loading the data path, ~40 ms of a fresh process
-                scan = scan_local(source, root_fd=root_fd, on_directory=beat)
-                store = _upload_digests(source, options)
-                remote = {obj.key: obj for obj in listed.result().objects}
+            if "executor" not in self.__dict__:
+                threading.Thread(target=_import_data_path, daemon=True).start()  # ~40 ms of a fresh process, overlapped
+            if options.budget is not None:  # before a byte moves: a first walk, sizes only
+                self._within_budget(source, root_fd, prefix, options)
+            listing = _RemoteIndex(remote_objects(read_ahead(beating(self.pages(prefix), options.activity)),
+                                                  prefix.key, []))
+            stack.callback(listing.close)
+            store = _upload_digests(source, options)
+            tracker = ProgressTracker(0, 0, options.progress, planning=True)
+            walk = LocalWalk()
+            held: dict[str, RemoteObject | None] = {}  # a held-back file's key → its object, kept as the listing passes
+            beat = None if options.activity is None else options.activity.beat
+            for chunk in _chunks(walk_local(root_fd, source, walk, on_directory=beat), PLAN_CHUNK):
+                remote = listing.among([prefix.key + (item if isinstance(item, str) else item.relative) for item in chunk])
+                items = []
+                for item in chunk:
+                    if isinstance(item, str):
+                        held[prefix.key + item] = remote.get(prefix.key + item)
+                    elif self._admitted(item, None, prefix, options, summary):
+                        items.append((item, prefix.key + item.relative))
+                self._upload(prefix.bucket, items, remote, store, summary, options, tracker)
+            last = walk.held_back(source)
+            items = [(local, prefix.key + local.relative) for local in last.files.values()
+                     if self._admitted(local, last.linked_outside.get(local.relative), prefix, options, summary)]
+            self._upload(prefix.bucket, items, {key: obj for key, obj in held.items() if obj is not None}, store,
+                         summary, options, tracker)
+            tracker.planned_all()
+            summary.skipped += [*walk.skipped, *last.skipped, *(Skipped(name, RESERVED_REASON) for name in walk.reserved)]
         finally:
-            if root_fd is not None:
-                os.close(root_fd)
-        summary.skipped += scan.skipped
-        summary.skipped += [Skipped(name, RESERVED_REASON) for name in scan.reserved]
-        items = []
-        settled_before = time.time_ns() - int(options.settle_seconds * 1e9)
-        for local in scan.files.values():
-            if not options.filter(local.relative) or (local.target_relative and not options.filter(local.target_relative)):
-                summary.excluded_files += 1  # a symlink is admitted only if its target would be too
-            elif local.relative in scan.linked_outside:
-                summary.skipped.append(Skipped(local.relative, scan.linked_outside[local.relative] + "; not uploaded"))
-            elif (unsendable := unsendable_name(prefix.key + local.relative)) is not None:
-                summary.skipped.append(Skipped(local.relative.encode("utf-8", "backslashreplace").decode(), unsendable))
-            elif options.settle_seconds and max(local.mtime_ns, local.ctime_ns) > settled_before:
-                summary.skipped.append(Skipped(local.relative, f"modified in the last {options.settle_seconds:g}s "
-                                               "(still being written?); left for a later run"))
-            else:
-                items.append((local, prefix.key + local.relative))
-        try:
-            if options.budget is not None:
-                _within_budget(source, [local for local, _ in items], *options.budget)
-            self._upload(prefix.bucket, items, remote, store, summary, options)
-        finally:
-            store.close()
+            stack.close()
+            os.close(root_fd)
+            if store is not None:
+                store.close()
         summary.seconds = time.monotonic() - started
         return summary
 
+    @staticmethod
+    def _admitted(local: LocalFile, linked_outside: str | None, prefix: S3Url, options: TransferOptions,
+                  summary: TransferSummary) -> bool:
+        """Whether the walked file ``local`` is uploaded; if not, counted or reported in ``summary``."""
+        settled_before = time.time_ns() - int(options.settle_seconds * 1e9)
+        if not options.filter(local.relative) or (local.target_relative and not options.filter(local.target_relative)):
+            summary.excluded_files += 1  # a symlink is admitted only if its target would be too
+        elif linked_outside is not None:
+            summary.skipped.append(Skipped(local.relative, linked_outside + "; not uploaded"))
+        elif (unsendable := unsendable_name(prefix.key + local.relative)) is not None:
+            summary.skipped.append(Skipped(local.relative.encode("utf-8", "backslashreplace").decode(), unsendable))
+        elif options.settle_seconds and max(local.mtime_ns, local.ctime_ns) > settled_before:
+            summary.skipped.append(Skipped(local.relative, f"modified in the last {options.settle_seconds:g}s "
+                                           "(still being written?); left for a later run"))
+        else:
+            return True
+        return False
+
+    def _within_budget(self, source: Path, root_fd: int, prefix: S3Url, options: TransferOptions) -> None:
+        """Refuse, before a byte moves, a source holding more than the budget by apparent size (a
+        sparse file counts whole, as S3 stores it), counting what this upload would send."""
+        limit, what = options.budget or (0, "")
+        ignored = TransferSummary(str(source), str(prefix))
+        walk = LocalWalk()
+        walked = (item for item in walk_local(root_fd, source, walk) if isinstance(item, LocalFile))
+        admitted = (local for local in walked if self._admitted(local, None, prefix, options, ignored))
+        total, largest = _sizes(admitted)
+        last = walk.held_back(source)
+        more, more_largest = _sizes(local for local in last.files.values()
+                                    if self._admitted(local, last.linked_outside.get(local.relative), prefix, options,
+                                                      ignored))
+        total += more
+        if total > limit:
+            shown = ", ".join(f"{local.relative} ({human_size(local.size)})"
+                              for local in heapq.nlargest(3, [*largest, *more_largest], key=lambda local: local.size))
+            raise UsageError(f"{source} holds {human_size(total)} to upload (apparent sizes: a sparse file counts whole, "
+                             f"as S3 stores it), more than {what} allows ({human_size(limit)}); nothing was uploaded. "
+                             f"The largest: {shown}. Raise {what}, or exclude what need not be kept")
     def upload_file(self, source: Path, url: S3Url, options: TransferOptions) -> TransferSummary:
         summary = TransferSummary(str(source), str(url), dry_run=options.dry_run)
         started = time.monotonic()
@@ -497,9 +578,12 @@ class TransferEngine:
         summary.seconds = time.monotonic() - started
         return summary
 
-    def _upload(self, bucket: str, items: list[tuple[LocalFile, str]], remote: dict[str, RemoteObject],
-                store: DigestStore, summary: TransferSummary, options: TransferOptions) -> None:
-        """Plan and run uploads of ``(local file, key)`` pairs, skipping what is already right."""
+    def _upload(self, bucket: str, items: list[tuple[LocalFile, str]], remote: Mapping[str, RemoteObject],
+                store: DigestStore, summary: TransferSummary, options: TransferOptions,
+                tracker: ProgressTracker | None = None) -> None:
+        """Plan and run uploads of ``(local file, key)`` pairs, skipping what is already right
+        (``tracker``: a streamed run's, whose totals grow with each part; else one of their own)."""
+        store.prefetch([local.relative for local, _ in items])
         strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key),
                                    None if options.activity is None else options.activity.beat)
         batch: list[Item] = []
@@ -520,7 +604,10 @@ class TransferEngine:
             before[key] = local
             batch.append(UploadItem(local.path, bucket, key, local.size, local.relative, local.identity,
                                     options.activity))
-        tracker = ProgressTracker(len(batch), sum(item.size for item in batch), options.progress)
+        if tracker is None:
+            tracker = ProgressTracker(len(batch), sum(item.size for item in batch), options.progress)
+        else:
+            tracker.plan(len(batch), sum(item.size for item in batch))
         self._execute(batch, summary, options, store, tracker,
                       lambda item, landed: self._finalize_upload(before[item.key], landed, store))
 
@@ -607,11 +694,6 @@ class TransferEngine:
     def _control_plane(self, bucket: str) -> AbstractContextManager[None]:
         """Re-raise configuration failures (bucket, keys, endpoint) as errors naming the fix."""
         return explained(bucket, self.credentials.endpoint_url)
-
-    def list_prefix(self, prefix: S3Url) -> RemoteListing:
-        """Every object under ``prefix`` (in folder form), all in memory (:meth:`pages` streams)."""
-        prefix = prefix.as_prefix()
-        return listing_from_pages(self.pages(prefix), prefix.key)
 
     def pages(self, prefix: S3Url) -> Iterator[dict[str, Any]]:
         """The ListObjectsV2 pages of ``prefix`` (in folder form) as they come: one signed GET per

@@ -24,16 +24,20 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
+from queue import Full, Queue
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..fs import STATE_DIR_NAME, is_temp_name
 from .summary import Skipped
 from ..uris import S3Url
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,46 @@ def s3_time_ns(raw: object) -> int | None:
 class RemoteListing:
     objects: list[RemoteObject] = field(default_factory=list)
     folder_markers: list[str] = field(default_factory=list)
+
+
+def read_ahead(items: Iterable[T], depth: int = 4) -> Iterator[T]:
+    """``items`` produced by a thread of their own, at most ``depth`` ahead of the consumer: the
+    listing's round trips overlap the planning and the transfers of the pages before (s5cmd lists
+    while it copies), and memory holds ``depth`` pages. An error of the producer is raised here,
+    in its place; a consumer that stops early stops the producer at its next item."""
+    queue: Queue[tuple[str, Any]] = Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(kind: str, value: Any) -> bool:
+        while not stop.is_set():
+            try:
+                queue.put((kind, value), timeout=0.1)
+                return True
+            except Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put("item", item):
+                    return
+            put("end", None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            put("error", exc)
+
+    producer = threading.Thread(target=produce, name="listing", daemon=True)
+    producer.start()
+    try:
+        while True:
+            kind, value = queue.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stop.set()
 
 
 def list_remote(client: Any, prefix: S3Url) -> RemoteListing:
@@ -173,32 +217,26 @@ def temp_leftovers(root: Path) -> list[str]:
 
 
 def scan_local(root: Path, *, root_fd: int | None = None, on_directory: Callable[[], None] | None = None) -> LocalScan:
-    """Scan ``root`` recursively, applying the symlink, special-file and hard-link policy.
+    """Scan ``root`` recursively, applying the symlink, special-file and hard-link policy, and
+    keep every file in memory: :func:`walk_local` collected, for a caller that needs the whole
+    tree at once (an upload streams the walk instead).
 
     ``root_fd`` is the root already opened by the caller (e.g. without following any symlink on
     its way); otherwise the root is opened here, and a missing root is an empty scan.
     ``on_directory`` is told of each directory read (a scan of a million files takes a while)."""
-    scan = LocalScan()
     try:
         fd = os.dup(root_fd) if root_fd is not None else os.open(root, _DIRECTORY)
     except FileNotFoundError:
-        return scan
-    links: list[tuple[str, os.stat_result | OSError, str]] = []
+        return LocalScan()
+    walk = LocalWalk()
     try:
-        _walk(fd, "", root, scan, links, on_directory=on_directory)
+        files = {item.relative: item for item in walk_local(fd, root, walk, on_directory=on_directory)
+                 if isinstance(item, LocalFile)}
     finally:
         os.close(fd)
-    found: dict[tuple[int, int], list[str]] = {}
-    for local in scan.files.values():
-        found.setdefault((local.dev, local.ino), []).append(local.relative)
-    for names in found.values():
-        nlink = scan.files[names[0]].nlink
-        if nlink > len(names):
-            for name in names:
-                scan.linked_outside[name] = (f"a hard link to a file with {nlink} links, only {len(names)} of them in "
-                                             "this tree: it is also reachable from outside it")
-    for relative, target, link in links:
-        _add_symlink(scan, relative, target, link, found)
+    scan = walk.held_back(root)
+    scan.files = {**files, **scan.files}
+    scan.skipped, scan.reserved = walk.skipped + scan.skipped, walk.reserved
     return scan
 
 
@@ -208,61 +246,138 @@ def scan_local(root: Path, *, root_fd: int | None = None, on_directory: Callable
 MAX_SCAN_DEPTH = 128
 
 
-def _walk(dir_fd: int, prefix: str, root: Path, scan: LocalScan,
-          links: list[tuple[str, os.stat_result | OSError, str]], depth: int = 0,
-          on_directory: Callable[[], None] | None = None) -> None:
-    """Record every entry below the directory ``dir_fd``; real directories are descended through
-    descriptors opened with ``O_NOFOLLOW``, symlinks are collected for :func:`_add_symlink`."""
-    with os.scandir(dir_fd) as entries:
-        children = sorted(entries, key=lambda e: e.name)
-    if on_directory is not None:
-        on_directory()
-    for entry in children:
-        relative = prefix + entry.name
-        if entry.name == STATE_DIR_NAME or is_temp_name(entry.name):
-            scan.reserved.append(relative)
-            if is_temp_name(entry.name) and entry.is_file(follow_symlinks=False):
-                scan.temp_leftovers.append(relative)
-            continue
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except FileNotFoundError:
-            continue  # removed while we looked
-        if stat.S_ISDIR(st.st_mode):
-            if depth + 1 >= MAX_SCAN_DEPTH:
-                scan.skipped.append(Skipped(relative, f"directory more than {MAX_SCAN_DEPTH} levels deep; left out"))
+@dataclass
+class LocalWalk:
+    """What a streamed scan (:func:`walk_local`) reports besides the files it yields: the same
+    policy as :func:`scan_local`, with the few entries that need the whole tree to decide (a
+    symlink, a file with more than one link) kept back until the walk has seen it all."""
+
+    skipped: list[Skipped] = field(default_factory=list)
+    reserved: list[str] = field(default_factory=list)
+    #: Symlinks: (relative, its target's stat or why it has none, the link's text).
+    links: list[tuple[str, os.stat_result | OSError, str]] = field(default_factory=list)
+    #: Regular files with more than one link: (device, inode) → (their names here, the file).
+    linked: dict[tuple[int, int], list[LocalFile]] = field(default_factory=dict)
+
+    def held_back(self, root: Path) -> LocalScan:
+        """The files held back, decided now that the walk is over: a file with more links than
+        the walk found names for is also reachable from outside the tree; a symlink is the file
+        it points at only when the walk found that very file (device and inode) inside the root
+        — looked for by its name first, and by a second walk for just those inodes otherwise."""
+        scan = LocalScan()
+        found: dict[tuple[int, int], list[str]] = {}
+        for identity, files in self.linked.items():
+            names = [local.relative for local in files]
+            found[identity] = names
+            for local in files:
+                scan.files[local.relative] = local
+            nlink = files[0].nlink
+            if nlink > len(names):
+                for name in names:
+                    scan.linked_outside[name] = (f"a hard link to a file with {nlink} links, only {len(names)} of "
+                                                 "them in this tree: it is also reachable from outside it")
+        wanted = {(target.st_dev, target.st_ino) for _, target, _ in self.links
+                  if not isinstance(target, OSError) and stat.S_ISREG(target.st_mode)} - found.keys()
+        if wanted:
+            found.update(_find_inodes(root, wanted))
+        for relative, target, link in self.links:
+            _add_symlink(scan, relative, target, link, found, root)
+        return scan
+
+
+def walk_local(root_fd: int, root: Path, walk: LocalWalk, *,
+               on_directory: Callable[[], None] | None = None) -> Iterator[LocalFile | str]:
+    """The regular files below the open directory ``root_fd``, in the order S3 lists their keys
+    (each directory's entries by name, a directory as its name and ``/``), one directory's names
+    in memory at a time; a file :class:`LocalWalk` holds back (a symlink, a file with several
+    links) is yielded as its relative name only, in its place, so a caller merging with a
+    listing can keep the remote entry for when it is decided."""
+    stack: list[tuple[int, str, int, Iterator[os.DirEntry[str]]]] = []
+
+    def enter(dir_fd: int, prefix: str, depth: int) -> None:
+        with os.scandir(dir_fd) as entries:
+            children = sorted(entries, key=lambda e: e.name + "/" if e.is_dir(follow_symlinks=False) else e.name)
+        if on_directory is not None:
+            on_directory()
+        stack.append((dir_fd, prefix, depth, iter(children)))
+
+    enter(os.dup(root_fd), "", 0)
+    try:
+        while stack:
+            dir_fd, prefix, depth, children = stack[-1]
+            entry = next(children, None)
+            if entry is None:
+                os.close(dir_fd)
+                stack.pop()
+                continue
+            relative = prefix + entry.name
+            if entry.name == STATE_DIR_NAME or is_temp_name(entry.name):
+                walk.reserved.append(relative)
                 continue
             try:
-                child = os.open(entry.name, _DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+                st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
-                continue
-            except OSError as exc:
-                scan.skipped.append(Skipped(relative, f"directory cannot be read ({exc.strerror}); left out"))
-                continue
-            try:
-                _walk(child, relative + "/", root, scan, links, depth + 1, on_directory)
-            except OSError as exc:
-                scan.skipped.append(Skipped(relative, f"directory cannot be read ({exc.strerror}); left out"))
-            finally:
-                os.close(child)
-        elif stat.S_ISREG(st.st_mode):
-            scan.files[relative] = local_file(relative, root / relative, st)
-        elif stat.S_ISLNK(st.st_mode):
-            try:
-                link = os.readlink(entry.name, dir_fd=dir_fd)
-            except OSError:
-                continue  # replaced while we looked
-            try:
-                target: os.stat_result | OSError = os.stat(entry.name, dir_fd=dir_fd)
-            except OSError as exc:
-                target = exc
-            links.append((relative, target, link))
-        else:
-            scan.skipped.append(Skipped(relative, "special file (socket, FIFO or device); refused"))
+                continue  # removed while we looked
+            if stat.S_ISDIR(st.st_mode):
+                if depth + 1 >= MAX_SCAN_DEPTH:
+                    walk.skipped.append(Skipped(relative, f"directory more than {MAX_SCAN_DEPTH} levels deep; left out"))
+                    continue
+                try:
+                    child = os.open(entry.name, _DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    walk.skipped.append(Skipped(relative, f"directory cannot be read ({exc.strerror}); left out"))
+                    continue
+                try:
+                    enter(child, relative + "/", depth + 1)
+                except OSError as exc:
+                    os.close(child)
+                    walk.skipped.append(Skipped(relative, f"directory cannot be read ({exc.strerror}); left out"))
+            elif stat.S_ISREG(st.st_mode):
+                local = local_file(relative, root / relative, st)
+                if st.st_nlink > 1:
+                    walk.linked.setdefault((st.st_dev, st.st_ino), []).append(local)
+                    yield relative
+                else:
+                    yield local
+            elif stat.S_ISLNK(st.st_mode):
+                try:
+                    link = os.readlink(entry.name, dir_fd=dir_fd)
+                except OSError:
+                    continue  # replaced while we looked
+                try:
+                    target: os.stat_result | OSError = os.stat(entry.name, dir_fd=dir_fd)
+                except OSError as exc:
+                    target = exc
+                walk.links.append((relative, target, link))
+                yield relative
+            else:
+                walk.skipped.append(Skipped(relative, "special file (socket, FIFO or device); refused"))
+    finally:
+        for dir_fd, *_ in stack:
+            os.close(dir_fd)
+
+
+def _find_inodes(root: Path, wanted: set[tuple[int, int]]) -> dict[tuple[int, int], list[str]]:
+    """The names the walk's policy finds below ``root`` for the regular files ``wanted``: a second
+    walk, made only for symlinks (rare) whose targets are not files held back already."""
+    found: dict[tuple[int, int], list[str]] = {}
+    try:
+        fd = os.open(root, _DIRECTORY)
+    except OSError:
+        return found
+    try:
+        for item in walk_local(fd, root, LocalWalk()):
+            if isinstance(item, LocalFile) and item.identity in wanted:
+                found.setdefault(item.identity, []).append(item.relative)
+    finally:
+        os.close(fd)
+    return found
 
 
 def _add_symlink(scan: LocalScan, relative: str, target: os.stat_result | OSError, link: str,
-                 found: Mapping[tuple[int, int], list[str]]) -> None:
+                 found: Mapping[tuple[int, int], list[str]], root: Path) -> None:
     """Admit a symlink as the file it points at only when the walk found that very file (same
     device and inode) inside the root; anything else is reported and never followed."""
     if isinstance(target, FileNotFoundError):
@@ -274,6 +389,6 @@ def _add_symlink(scan: LocalScan, relative: str, target: os.stat_result | OSErro
     elif (names := found.get((target.st_dev, target.st_ino))) is None:
         scan.skipped.append(Skipped(relative, f"symlink points outside the tree ({link}); not followed"))
     else:
-        scan.files[relative] = local_file(relative, scan.files[names[0]].path, target, names[0])
+        scan.files[relative] = local_file(relative, root / names[0], target, names[0])
         if names[0] in scan.linked_outside:
             scan.linked_outside[relative] = scan.linked_outside[names[0]]
