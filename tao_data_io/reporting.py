@@ -91,10 +91,11 @@ class ProgressTracker:
             self.bytes_total += nbytes
 
     def planned_all(self) -> None:
-        """Nothing more is planned: say so (the snapshot that finishes a streamed run)."""
+        """Nothing more is planned, and all of it is done: the snapshot that finishes a streamed
+        run (``final``: also when it moved nothing, which no count would say)."""
         with self._lock:
             self.planning = False
-            self._emit_locked()
+            self._emit_locked(final=True)
 
     def advance(self, nbytes: int, *, failed: bool = False) -> None:
         with self._lock:
@@ -105,10 +106,10 @@ class ProgressTracker:
                 self.bytes_done += nbytes
             self._emit_locked()
 
-    def _emit_locked(self) -> None:
+    def _emit_locked(self, *, final: bool = False) -> None:
         if self._callback is not None:
             self._callback(Progress(self.files_total, self.bytes_total, self.files_done, self.bytes_done,
-                                    self.files_failed, planning=self.planning))
+                                    self.files_failed, final=final, planning=self.planning))
 
 
 def throttled(callback: ProgressCallback, per_second: float = 1.0,

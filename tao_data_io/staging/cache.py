@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -74,20 +75,21 @@ def stage_cached(planned: PlannedInput, cache_root: Path, *,
     with lease(engine, environ) as get_engine, file_lock(lock):
         planned = resolved(planned, get_engine)  # its kind asked (if at all) once, for identity and staging
         spool = lock.with_suffix(".listing")  # the folder's listing as its identity read it, for the sync
-        identity = _identity(planned, get_engine, spool)
-        previous = _read_marker(marker)
-        now = datetime.now(timezone.utc).isoformat()
-        if identity is not None and previous is not None and previous.get("identity") == identity:
-            _write_marker(marker, {**previous, "last_used": now})
-            entry = StagedSource.model_validate(previous["entry"])
-            return entry.model_copy(update={"local_path": str(cache_root / planned.sub_path), "transferred_files": 0,
-                                            "transferred_bytes": 0, "unchanged_files": entry.files or 0,
-                                            "seconds": 0.0, "note": "stage cache hit: source unchanged"})
         try:
+            identity = _identity(planned, get_engine, spool)
+            previous = _read_marker(marker)
+            now = datetime.now(timezone.utc).isoformat()
+            if identity is not None and previous is not None and previous.get("identity") == identity:
+                _write_marker(marker, {**previous, "last_used": now})
+                entry = StagedSource.model_validate(previous["entry"])
+                return entry.model_copy(update={"local_path": str(cache_root / planned.sub_path),
+                                                "transferred_files": 0, "transferred_bytes": 0,
+                                                "unchanged_files": entry.files or 0, "seconds": 0.0,
+                                                "note": "stage cache hit: source unchanged"})
             staged = stage_planned(planned, cache_root, engine=get_engine, environ=environ, progress=progress,
                                    shard=shard, pages=_spooled(spool) if spool.exists() else None)
         finally:
-            spool.unlink(missing_ok=True)
+            spool.unlink(missing_ok=True)  # hit, miss or failure: the listing is ours for this run only
         _write_marker(marker, {"version": MARKER_VERSION, "source": planned.source, "identity": identity,
                                "staged_at": now, "last_used": now, "entry": staged.to_dict()})
         return staged
@@ -106,7 +108,9 @@ def _identity(planned: PlannedInput, engine: Callable[[], TransferEngine], spool
         rules = PathFilter.from_patterns(declared.excludes if declared else ())
         digest = hashlib.sha256()
         separator = b""
-        with open(spool, "w", encoding="utf-8") as out:
+        # Written under the entry's lock, never through a symlink put in its place.
+        with os.fdopen(os.open(spool, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600),
+                       "w", encoding="utf-8") as out:
             for page in engine().pages(url):
                 contents = page.get("Contents", ())
                 out.write(json.dumps([[item["Key"], item["Size"], item.get("ETag"), item.get("LastModified")]

@@ -23,9 +23,9 @@ so restoring an mtime does not hide a change either.
 **Where it lives: SQLite, one row per file.** A JSON file rewritten whole was 18.8 MB at 100,000
 files and held every entry in memory (``bench/digests.py`` measures it against an append-only
 log and SQLite). Here each lookup is one indexed read, each record one upsert — in WAL mode,
-committed by :meth:`DigestStore.save` at most every :data:`COMMIT_EVERY` records, so a run that
+written :data:`COMMIT_EVERY` records at a time (and by :meth:`DigestStore.save`), so a run that
 changes 20 files writes about 20 rows, memory stays SQLite's page cache, and a run killed
-mid-way loses only the entries recorded since the last commit (a rehash, never a wrong answer).
+mid-way loses only the entries recorded since the last write (a rehash, never a wrong answer).
 A cache left by a version before (``digests.json``) is imported once, then removed.
 """
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -45,11 +46,14 @@ from typing import Any
 from .listing import LocalFile
 from ..fs import open_scanned, read_bounded
 
+log = logging.getLogger(__name__)
+
 RACY_WINDOW_NS = 2_000_000_000
 #: 3: one SQLite row per file (2 was one JSON document; a cache of 2 is imported once).
 _SCHEMA = 3
-#: Records between two commits: a commit in WAL mode costs a write of the pages it changed, so
-#: one per file would cost more than the bookkeeping it saves; a killed run loses at most these.
+#: Records written at once, in one transaction: a commit in WAL mode costs a write of the pages it
+#: changed, so one per file would cost more than the bookkeeping it saves; a killed run loses at
+#: most these (a rehash).
 COMMIT_EVERY = 256
 #: How long a writer waits for another process's commit (two runs sharing an upload cache).
 _BUSY_MS = 30_000
@@ -118,19 +122,33 @@ _PREFETCH = 500
 
 class DigestStore:
     """:class:`DigestEntry` by relative path in one SQLite file (None: in memory, for this run
-    only, as for a dry run); thread-safe. A damaged or foreign file only costs a rehash: it is set
-    aside and started again. :meth:`close` it to release the file."""
+    only, as for a dry run); thread-safe. :meth:`close` it to release the file.
+
+    Records are buffered and written :data:`COMMIT_EVERY` at a time in one short transaction, so
+    another run sharing the file (two uploads of one source) waits for a flush, never for a
+    transfer. The cache only ever saves a rehash, so it never fails a run: a file that is damaged
+    (when opened or later) is set aside and started again, and a flush that cannot get the file
+    (held by another writer past the busy timeout, read-only) drops its records, logged."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._pending = 0
+        #: Recorded, not yet written: relative → its row (None: forgotten).
+        self._buffer: dict[str, tuple[Any, ...] | None] = {}
         #: relative → its row (None: no entry) for the names of the last :meth:`prefetch`.
         self._near: dict[str, tuple[Any, ...] | None] = {}
-        self._db: sqlite3.Connection | None = _open(path) if path is not None else sqlite3.connect(
-            ":memory:", check_same_thread=False)
-        if path is None:
-            self._db.execute(_TABLE)
+        self._db: sqlite3.Connection | None = self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        if self.path is not None:
+            try:
+                return _open(self.path)
+            except (OSError, sqlite3.OperationalError) as exc:  # a read-only cache, a store locked past the timeout
+                log.warning("the digest cache %s cannot be opened (%s): this run remembers in memory only, and a "
+                            "later run hashes again", self.path, exc)
+        db = sqlite3.connect(":memory:", check_same_thread=False)
+        db.execute(_TABLE)
+        return db
 
     def trusted(self, local: LocalFile) -> DigestEntry | None:
         entry = self.same_stat(local)
@@ -142,21 +160,25 @@ class DigestStore:
         SQLite; a 500-name query ~1 µs a name). Only the last chunk's are kept."""
         near: dict[str, tuple[Any, ...] | None] = dict.fromkeys(relatives)
         with self._lock:
-            assert self._db is not None, "the store was closed"
-            for start in range(0, len(relatives), _PREFETCH):
-                part = relatives[start:start + _PREFETCH]
-                for row in self._db.execute(f"{_SELECT} WHERE relative IN ({','.join('?' * len(part))})", part):
-                    near[row[0]] = row
-            self._near = near
+            def read(db: sqlite3.Connection) -> None:
+                for start in range(0, len(relatives), _PREFETCH):
+                    part = relatives[start:start + _PREFETCH]
+                    for row in db.execute(f"{_SELECT} WHERE relative IN ({','.join('?' * len(part))})", part):
+                        near[row[0]] = row
+            self._near = near if self._guarded(read, "reading") else {}
 
     def same_stat(self, local: LocalFile) -> DigestEntry | None:
         """The entry if the file's stat identity is unchanged, racy or not."""
         with self._lock:
-            assert self._db is not None, "the store was closed"
-            if local.relative in self._near:
+            if local.relative in self._buffer:
+                row = self._buffer[local.relative]
+            elif local.relative in self._near:
                 row = self._near[local.relative]
             else:
-                row = self._db.execute(f"{_SELECT} WHERE relative = ?", (local.relative,)).fetchone()
+                found: list[tuple[Any, ...]] = []
+                self._guarded(lambda db: found.extend(db.execute(f"{_SELECT} WHERE relative = ?", (local.relative,))),
+                              "reading")
+                row = found[0] if found else None
         if row is None:
             return None
         entry = DigestEntry(list(row[1:5]), row[5], md5=row[6], etag=row[7], multipart=json.loads(row[8] or "{}"))
@@ -170,40 +192,60 @@ class DigestStore:
                             etag=etag or (keep.etag if keep else None),
                             multipart={**(keep.multipart if keep else {}), **(multipart or {})})
         with self._lock:
-            assert self._db is not None, "the store was closed"
-            self._db.execute(_UPSERT, (local.relative, *entry.identity, entry.recorded_ns, entry.md5, entry.etag,
-                                       json.dumps(entry.multipart) if entry.multipart else None))
-            self._near.pop(local.relative, None)
-            self._pending += 1
-            if self._pending >= COMMIT_EVERY:
-                self._commit_locked()
+            self._buffer[local.relative] = (local.relative, *entry.identity, entry.recorded_ns, entry.md5, entry.etag,
+                                            json.dumps(entry.multipart) if entry.multipart else None)
+            if len(self._buffer) >= COMMIT_EVERY:
+                self._flush_locked()
         return entry
 
     def forget(self, relative: str) -> None:
         with self._lock:
-            assert self._db is not None, "the store was closed"
-            self._db.execute("DELETE FROM entries WHERE relative = ?", (relative,))
-            self._near.pop(relative, None)
-            self._pending += 1
+            self._buffer[relative] = None
 
     def save(self) -> None:
-        """Commit what was recorded since the last commit."""
+        """Write what was recorded since the last write."""
         with self._lock:
-            if self._db is not None:
-                self._commit_locked()
+            self._flush_locked()
 
     def close(self) -> None:
         with self._lock:
+            self._flush_locked()
             if self._db is not None:
-                self._commit_locked()
                 self._db.close()
                 self._db = None
 
-    def _commit_locked(self) -> None:
-        assert self._db is not None
-        if self._pending:
-            self._db.commit()
-            self._pending = 0
+    def _flush_locked(self) -> None:
+        if not self._buffer:
+            return
+        rows, self._buffer = self._buffer, {}
+
+        def write(db: sqlite3.Connection) -> None:
+            with db:  # one transaction, committed (or rolled back) at once
+                db.executemany(_UPSERT, [row for row in rows.values() if row is not None])
+                db.executemany("DELETE FROM entries WHERE relative = ?",
+                               [(name,) for name, row in rows.items() if row is None])
+        if self._guarded(write, f"writing {len(rows)} entries to"):
+            for name in rows:
+                self._near.pop(name, None)
+
+    def _guarded(self, work: Callable[[sqlite3.Connection], None], what: str) -> bool:
+        """Run ``work`` on the database; False when it could not, the run going on without it."""
+        if self._db is None:
+            raise ValueError("the digest store was closed")
+        try:
+            work(self._db)
+            return True
+        except sqlite3.OperationalError as exc:  # locked past the busy timeout, read-only, full disk
+            log.warning("the digest cache %s could not be used (%s) %s it: a later run hashes again", self.path, exc,
+                        what)
+            return False
+        except sqlite3.DatabaseError as exc:  # damaged: set aside, started again
+            log.warning("the digest cache %s is damaged (%s): set aside, started again", self.path, exc)
+            self._db.close()
+            if self.path is not None:
+                _set_aside(self.path)
+            self._db = self._connect()
+            return False
 
 
 def _open(path: Path) -> sqlite3.Connection:
@@ -224,14 +266,22 @@ def _open(path: Path) -> sqlite3.Connection:
                 _import_json(db, path.with_suffix(".json"))
             db.commit()
             return db
+        except sqlite3.OperationalError:
+            db.close()
+            raise  # locked or unreadable, not damaged: never set aside a file another run is using
         except sqlite3.DatabaseError:
             db.close()
             if attempt:
                 raise
-            os.replace(path, path.with_name(path.name + ".damaged"))
-            for suffix in ("-wal", "-shm"):
-                Path(str(path) + suffix).unlink(missing_ok=True)
+            _set_aside(path)
     raise AssertionError("unreachable")
+
+
+def _set_aside(path: Path) -> None:
+    """Move a damaged store out of the way (``.damaged``), with its WAL and shared memory."""
+    os.replace(path, path.with_name(path.name + ".damaged"))
+    for suffix in ("-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
 
 
 def _import_json(db: sqlite3.Connection, legacy: Path) -> None:

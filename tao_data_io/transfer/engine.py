@@ -20,6 +20,7 @@ import heapq
 import itertools
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -109,8 +110,11 @@ def locked_destination(dest: Path, dry_run: bool = False, shard: Shard | None = 
     """
     lock = destination_lock_path(dest, None if shard is None else shard.label)
     tree = DestinationTree(dest, lock_owner(lock), lock.parent)
-    if dry_run:
-        yield tree
+    if dry_run:  # no lock, no write; its lookups still open directories, closed here
+        try:
+            yield tree
+        finally:
+            tree.close()
         return
     with file_lock(lock):
         remove_stale_temps(tree.state_dir / SPOOL_NAME, tree.owner)
@@ -127,6 +131,27 @@ def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
         yield chunk
 
 
+class _Budget:
+    """The results budget as the upload walk spends it: the first walk counted the tree, but a
+    job may write between the two walks, so a file past the budget is not sent (a failure of its
+    own, naming the budget) — what S3 stores never exceeds it."""
+
+    def __init__(self, budget: tuple[int, str] | None) -> None:
+        self._limit, self._what = budget if budget is not None else (None, "")
+        self._spent = 0
+
+    def takes(self, local: LocalFile, summary: TransferSummary) -> bool:
+        if self._limit is None:
+            return True
+        if self._spent + local.size > self._limit:
+            summary.failed.append(Failure(local.relative, f"{human_size(local.size)} more would pass {self._what} "
+                                          f"({human_size(self._limit)}): the results grew while they were counted; "
+                                          "not uploaded"))
+            return False
+        self._spent += local.size
+        return True
+
+
 class _RemoteIndex:
     """The objects of a listing by key, in a private temporary SQLite file (SQLite's empty name:
     deleted when closed), so memory holds its page cache, not the listing. Not merged with the
@@ -138,11 +163,14 @@ class _RemoteIndex:
         self._db = sqlite3.connect("", check_same_thread=False)
         self._db.execute("CREATE TABLE remote (key TEXT PRIMARY KEY, relative TEXT, size INTEGER, etag TEXT, "
                          "modified TEXT) WITHOUT ROWID")
+        self._stop = threading.Event()
         self._filled = ThreadPoolExecutor(max_workers=1)
         self._filling = self._filled.submit(self._fill, objects)
 
     def _fill(self, objects: Iterable[RemoteObject]) -> None:
         for chunk in _chunks(objects, 1000):
+            if self._stop.is_set():  # the upload ended (failed, interrupted): list no further
+                return
             self._db.executemany("INSERT OR REPLACE INTO remote VALUES (?, ?, ?, ?, ?)",
                                  [(obj.key, obj.relative, obj.size, obj.etag, obj.last_modified) for obj in chunk])
         self._db.commit()
@@ -161,6 +189,7 @@ class _RemoteIndex:
         return found
 
     def close(self) -> None:
+        self._stop.set()
         self._filled.shutdown(wait=True)
         self._db.close()
 
@@ -359,7 +388,9 @@ class TransferEngine:
         with locked_destination(target.parent, options.dry_run) as tree:
             existing: dict[str, LocalFile] = {}
             try:
-                existing[target.name] = local_file(target.name, target, os.stat(target))
+                st = os.stat(target, follow_symlinks=False)  # a symlink there is replaced, never followed
+                if stat.S_ISREG(st.st_mode):
+                    existing[target.name] = local_file(target.name, target, st)
             except OSError:
                 pass  # absent, or a name no filesystem holds (refused by _download)
             self._download(url.bucket, [obj], tree, existing.get, summary, options)
@@ -375,13 +406,16 @@ class TransferEngine:
         keys with a local candidate are HEADed (concurrently) to decide whether it is unchanged.
         A key that does not exist is a failure with ``missing=True``.
         """
-        summary = TransferSummary(f"s3://{bucket}/ ({len(items)} keys)", str(dest), dry_run=options.dry_run)
+        summary = TransferSummary(f"s3://{bucket}/ ({len(items)} keys)", str(dest), dry_run=options.dry_run,
+                                  names_kept=len(items))  # every name: a failed selective stage undoes them
         started = time.monotonic()
         local: dict[str, LocalFile] = {}
         for _key, relative in items:
             try:
                 path = confined_path(dest, relative, what="reference")
-                local[relative] = local_file(relative, path, os.stat(path))
+                st = os.stat(path, follow_symlinks=False)  # a symlink there is replaced, never followed
+                if stat.S_ISREG(st.st_mode):
+                    local[relative] = local_file(relative, path, st)
             except (UnsafePathError, OSError):
                 pass  # unsafe or impossible names are reported by _download; absent files need no HEAD
         to_head = [(key, relative) for key, relative in items if relative in local]
@@ -423,7 +457,11 @@ class TransferEngine:
                     except UnsafePathError as exc:
                         summary.failed.append(Failure(obj.key, str(exc)))
                         continue
-                    if strategy.unchanged(local(obj.relative), obj.key, obj.size, obj.etag):
+                    try:
+                        same = strategy.unchanged(local(obj.relative), obj.key, obj.size, obj.etag)
+                    except OSError:  # swapped since the lookup (a symlink, a FIFO): replaced, never read
+                        same = False
+                    if same:
                         summary.unchanged_files += 1
                         summary.unchanged_bytes += obj.size
                         continue
@@ -497,6 +535,7 @@ class TransferEngine:
             stack.callback(listing.close)
             store = _upload_digests(source, options)
             tracker = ProgressTracker(0, 0, options.progress, planning=True)
+            budget = _Budget(options.budget)
             walk = LocalWalk()
             held: dict[str, RemoteObject | None] = {}  # a held-back file's key → its object, kept as the listing passes
             beat = None if options.activity is None else options.activity.beat
@@ -506,14 +545,16 @@ class TransferEngine:
                 for item in chunk:
                     if isinstance(item, str):
                         held[prefix.key + item] = remote.get(prefix.key + item)
-                    elif self._admitted(item, None, prefix, options, summary):
+                    elif self._admitted(item, None, prefix, options, summary) and budget.takes(item, summary):
                         items.append((item, prefix.key + item.relative))
                 self._upload(prefix.bucket, items, remote, store, summary, options, tracker)
             last = walk.held_back(source)
-            items = [(local, prefix.key + local.relative) for local in last.files.values()
-                     if self._admitted(local, last.linked_outside.get(local.relative), prefix, options, summary)]
-            self._upload(prefix.bucket, items, {key: obj for key, obj in held.items() if obj is not None}, store,
-                         summary, options, tracker)
+            for chunk in _chunks(last.files.values(), PLAN_CHUNK):
+                items = [(local, prefix.key + local.relative) for local in chunk
+                         if self._admitted(local, last.linked_outside.get(local.relative), prefix, options, summary)
+                         and budget.takes(local, summary)]
+                self._upload(prefix.bucket, items, {key: obj for key, obj in held.items() if obj is not None}, store,
+                             summary, options, tracker)
             tracker.planned_all()
             summary.skipped += [*walk.skipped, *last.skipped, *(Skipped(name, RESERVED_REASON) for name in walk.reserved)]
         finally:

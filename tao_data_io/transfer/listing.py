@@ -186,34 +186,43 @@ _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 def temp_leftovers(root: Path) -> list[str]:
     """Relative paths of the temp files (in-flight or killed downloads) below ``root``: a walk
     through descriptors opened with ``O_NOFOLLOW`` that reads directory entries only — no stat of
-    any file, nothing kept of them — for a download that looks each file up as it plans it."""
+    any file, nothing kept of them — for a download that looks each file up as it plans it. One
+    descriptor per level is open at a time (a directory's subdirectories are opened one by one)."""
     found: list[str] = []
     try:
         fd = os.open(root, _DIRECTORY)
     except (FileNotFoundError, NotADirectoryError):
         return found
-    pending = [(fd, "", 0)]
-    while pending:
-        dir_fd, prefix, depth = pending.pop()
-        try:
-            with os.scandir(dir_fd) as entries:
-                for entry in entries:
-                    if entry.name == STATE_DIR_NAME:
-                        continue
-                    if is_temp_name(entry.name):
-                        if entry.is_file(follow_symlinks=False):
-                            found.append(prefix + entry.name)
-                    elif entry.is_dir(follow_symlinks=False) and depth + 1 < MAX_SCAN_DEPTH:
-                        try:
-                            child = os.open(entry.name, _DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
-                        except OSError:
-                            continue  # gone, replaced by a link, unreadable: nothing of ours to find there
-                        pending.append((child, prefix + entry.name + "/", depth + 1))
-        except OSError:
-            pass
-        finally:
-            os.close(dir_fd)
+    try:
+        _temps_below(fd, "", 0, found)
+    finally:
+        os.close(fd)
     return found
+
+
+def _temps_below(dir_fd: int, prefix: str, depth: int, found: list[str]) -> None:
+    subdirectories = []
+    try:
+        with os.scandir(dir_fd) as entries:
+            for entry in entries:
+                if entry.name == STATE_DIR_NAME:
+                    continue
+                if is_temp_name(entry.name):
+                    if entry.is_file(follow_symlinks=False):
+                        found.append(prefix + entry.name)
+                elif entry.is_dir(follow_symlinks=False) and depth + 1 < MAX_SCAN_DEPTH:
+                    subdirectories.append(entry.name)
+    except OSError:
+        return  # unreadable: nothing of ours can be in it
+    for name in subdirectories:
+        try:
+            child = os.open(name, _DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        except OSError:
+            continue  # gone, replaced by a link, unreadable: nothing of ours to find there
+        try:
+            _temps_below(child, prefix + name + "/", depth + 1, found)
+        finally:
+            os.close(child)
 
 
 def scan_local(root: Path, *, root_fd: int | None = None, on_directory: Callable[[], None] | None = None) -> LocalScan:

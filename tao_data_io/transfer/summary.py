@@ -53,10 +53,12 @@ class TransferSummary:
     #: (``transferred_files`` counts them all), so a summary of 1.28 M files stays small.
     transferred: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: How many names :attr:`transferred` keeps at most.
+    names_kept: int = field(default_factory=lambda: NAMES_KEPT)
 
     def name_transferred(self, names: Iterable[str]) -> None:
-        """Keep ``names`` among :attr:`transferred`, up to :data:`NAMES_KEPT` in all."""
-        room = NAMES_KEPT - len(self.transferred)
+        """Keep ``names`` among :attr:`transferred`, up to :attr:`names_kept` in all."""
+        room = self.names_kept - len(self.transferred)
         if room > 0:
             self.transferred.extend(itertools.islice(names, room))
 
