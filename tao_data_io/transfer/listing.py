@@ -1,10 +1,13 @@
 """What is on each side: a paginated S3 listing and a policy-aware local scan.
 
-Remote: ListObjectsV2 through boto3's paginator (so > 1,000 keys just works). Keys ending in
-``/`` are folder markers written by consoles and some tools; they hold no data and are not
-files, so they are reported, never downloaded.
+Both sides stream, so memory does not grow with the object count: :func:`remote_objects` yields
+a listing's objects page by page (:func:`read_ahead` fetches the pages in a thread, a few ahead),
+and :func:`walk_local` yields a tree's files in key order, one directory in memory at a time.
+Keys ending in ``/`` are folder markers written by consoles and some tools; they hold no data
+and are not files, so they are reported, never downloaded.
 
-Local: a scan of the tree that applies the symlink policy once, for every caller:
+Local: a walk of the tree that applies the symlink policy once, for every caller
+(:func:`scan_local` is the same walk, collected):
 
 * the walk opens each directory from its parent's descriptor with ``O_NOFOLLOW``, so a directory
   swapped for a symlink while the scan runs is never entered (and one that vanishes or cannot be
@@ -17,7 +20,8 @@ Local: a scan of the tree that applies the symlink policy once, for every caller
 * a regular file with more hard links than the walk found inside the root is also reachable from
   outside it (a link made to someone else's file): the scan names it, and uploads skip it;
 * reserved names (``.tao-data-io/``, ``.tao-data-io-partial.*``) are never part of a transfer; the
-  scan lists them so uploads report them and downloads can sweep their own killed temp files.
+  walk lists them so uploads report them, and :func:`temp_leftovers` finds a download's killed
+  temp files.
 """
 
 from __future__ import annotations
