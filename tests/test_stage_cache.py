@@ -63,6 +63,22 @@ def test_a_second_job_on_the_same_dataset_moves_zero_bytes(s3_credentials: S3Cre
     assert not any(STATE_DIR_NAME in part for part in _data(cache))  # markers live beside, never inside, an entry
 
 
+def test_the_listing_the_cache_read_is_gone_after_a_hit_a_miss_or_a_failure(s3_credentials: S3Credentials,
+                                                                           dataset: str, tmp_path: Path) -> None:
+    """The folder's listing is spooled to disk while its identity is hashed, for the sync to
+    read instead of listing again: it is this stage's only — a million keys are not kept."""
+    cache = tmp_path / "volume" / "cache"
+    spools = lambda: sorted(p.name for p in (cache / STATE_DIR_NAME).rglob("*.listing"))  # noqa: E731
+    with TransferEngine(s3_credentials) as engine:
+        stage(_request(dataset), cache, engine=engine, stager=stage_cached)  # a miss
+        assert spools() == []
+        stage(_request(dataset, job_id="job-cache-2"), cache, engine=engine, stager=stage_cached)  # a hit
+        assert spools() == []
+        with pytest.raises(Exception):
+            stage(_request("no-such-bucket-anywhere"), cache, engine=engine, stager=stage_cached)  # a failure
+    assert spools() == []
+
+
 def test_a_changed_source_is_staged_again(s3_credentials: S3Credentials, s3_client, dataset: str,  # type: ignore[no-untyped-def]
                                           tmp_path: Path) -> None:
     cache = tmp_path / "cache"
