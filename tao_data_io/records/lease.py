@@ -75,12 +75,14 @@ def s3_lease(client: Any, bucket: str, key: str, *, wait: bool, on_wait: Callabl
         return
     if activity is not None:
         activity.beat()  # the lease starts now, not when this upload began to wait for it
-    renewal = _Renewal(client, bucket, key, body, etag, interval=seconds / 3, activity=activity, seconds=seconds)
-    renewal.start()
+    renewal = _Rewrite(client, bucket, key, body, etag)
+    renewer = _Renewer(renewal, interval=seconds / 3, moving=_Moving(activity, seconds, f"s3://{bucket}/{key}"))
+    renewer.start()
     try:
         yield True
     finally:
-        last = renewal.stop()
+        renewer.stop()
+        last = renewal.etag
         if last is not None:
             delete_if(client, bucket, key, last)
 
@@ -146,40 +148,48 @@ def _remaining_seconds(answer: dict[str, Any], body: bytes) -> float:
     return written / 1e9 + seconds - now / 1e9
 
 
-class _Renewal:
-    """Rewrites the lease every ``interval`` seconds until stopped, each write conditional on the
-    previous one, so a lease taken over by another pod is never overwritten."""
+class _Rewrite:
+    """One renewal of an S3 lease: rewrite it, conditional on our previous write, so a lease
+    taken over by another pod is never overwritten. ``etag``: our last write's, None once lost."""
 
-    def __init__(self, client: Any, bucket: str, key: str, body: bytes, etag: str, *, interval: float,
-                 activity: Activity | None, seconds: float) -> None:
+    def __init__(self, client: Any, bucket: str, key: str, body: bytes, etag: str) -> None:
         self._client, self._bucket, self._key, self._body = client, bucket, key, body
-        self._etag: str | None = etag
-        self._interval = interval
-        self._moving = _Moving(activity, seconds, f"s3://{bucket}/{key}")
+        self.etag: str | None = etag
+
+    def __call__(self) -> bool:
+        self.etag = put_if(self._client, self._bucket, self._key, self._body, IfMatch=self.etag)
+        if self.etag is None:
+            log.warning("the upload lease s3://%s/%s was taken over by another holder: this holder stalled "
+                        "longer than the lease; the other upload now runs beside this one", self._bucket, self._key)
+        return self.etag is not None
+
+
+class _Renewer:
+    """Renews a held lock every ``interval`` seconds while its upload moves, in a daemon thread,
+    until stopped or ``renew`` says the lock is lost (False); a renewal that fails is retried at
+    the next tick — a daemon thread has nobody to raise to."""
+
+    def __init__(self, renew: Callable[[], bool], *, interval: float, moving: _Moving) -> None:
+        self._renew, self._interval, self._moving = renew, interval, moving
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease {key}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="upload lock", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> str | None:
-        """Stop renewing; the ETag of our last write, or None if the lease was lost."""
+    def stop(self) -> None:
         self._stopped.set()
         self._thread.join()
-        return self._etag
 
     def _run(self) -> None:
-        while not self._stopped.wait(self._interval) and self._etag is not None:
+        while not self._stopped.wait(self._interval):
             if not self._moving():
                 continue
             try:
-                self._etag = put_if(self._client, self._bucket, self._key, self._body, IfMatch=self._etag)
-            except Exception as exc:  # noqa: BLE001 - a daemon thread has nobody to raise to; the next tick retries
-                log.warning("could not renew the upload lease s3://%s/%s (will retry): %s", self._bucket, self._key, exc)
-                continue
-            if self._etag is None:
-                log.warning("the upload lease s3://%s/%s was taken over by another holder: this holder stalled "
-                            "longer than the lease; the other upload now runs beside this one", self._bucket, self._key)
+                if not self._renew():
+                    return
+            except Exception as exc:  # noqa: BLE001 - see the class's docstring
+                log.warning("could not renew the upload lock %s (will retry): %s", self._moving.what, exc)
 
 
 class _Moving:
@@ -187,7 +197,7 @@ class _Moving:
     the first time it did not, that is logged: the lock will lapse and may be broken."""
 
     def __init__(self, activity: Activity | None, seconds: float, what: str) -> None:
-        self._activity, self._seconds, self._what = activity, seconds, what
+        self._activity, self._seconds, self.what = activity, seconds, what
         self._said = False
 
     def __call__(self) -> bool:
@@ -199,7 +209,7 @@ class _Moving:
             return True
         if not self._said:
             log.warning("the upload holding %s made no progress for %.0fs: its lock is no longer renewed, and the "
-                        "next upload may break it", self._what, idle)
+                        "next upload may break it", self.what, idle)
             self._said = True
         return False
 
@@ -230,12 +240,12 @@ def directory_lease(path: Path, *, wait: bool, on_wait: Callable[[str], None] | 
     try:
         if activity is not None:
             activity.beat()  # the lease starts now, not when this upload began to wait for it
-        toucher = _Toucher(fd, interval=seconds / 3, moving=_Moving(activity, seconds, str(path)))
-        toucher.start()
+        renewer = _Renewer(lambda: _touched(fd), interval=seconds / 3, moving=_Moving(activity, seconds, str(path)))
+        renewer.start()
         try:
             yield True
         finally:
-            toucher.stop()
+            renewer.stop()
             os.ftruncate(fd, 0)  # released: no lease left behind for a waiter to judge a next holder by
     finally:
         os.close(fd)
@@ -305,25 +315,7 @@ def _unlink_if_lapsed(path: Path, seen: os.stat_result, seconds: float) -> bool:
         os.close(guard)
 
 
-class _Toucher:
-    """Touches the held lock file every ``interval`` seconds while its upload moves."""
-
-    def __init__(self, fd: int, *, interval: float, moving: _Moving) -> None:
-        self._fd, self._interval, self._moving = fd, interval, moving
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="upload lock", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stopped.wait(self._interval):
-            if self._moving():
-                try:
-                    os.utime(self._fd)
-                except OSError as exc:  # a daemon thread has nobody to raise to; the next tick retries
-                    log.warning("could not renew the upload lock (will retry): %s", exc)
+def _touched(fd: int) -> bool:
+    """Renew a directory lease: its file's mtime is when its holder last moved."""
+    os.utime(fd)
+    return True

@@ -234,10 +234,15 @@ def _import_data_path() -> None:
 
 def _sizes(files: Iterable[LocalFile]) -> tuple[int, list[LocalFile]]:
     """The apparent size of ``files`` in all, and the three largest, holding no more of them."""
-    total, largest = 0, []
-    for local in files:
-        total += local.size
-        largest = heapq.nlargest(3, [*largest, local], key=lambda kept: kept.size)
+    total = 0
+
+    def counted() -> Iterator[LocalFile]:
+        nonlocal total
+        for local in files:
+            total += local.size
+            yield local
+
+    largest = heapq.nlargest(3, counted(), key=lambda local: local.size)  # one heap of three, one pass
     return total, largest
 
 
@@ -365,8 +370,12 @@ class TransferEngine:
         with locked_destination(dest, options.dry_run, shard) as tree:
             if not options.dry_run:
                 tree.remove_temps(temp_leftovers(dest))  # this lock's killed downloads only
+            # A destination made by this run holds only what this run writes (each key once): looked
+            # up only if it was there before (a lookup would make it, in a dry run too).
+            present = dest.is_dir()
+
             def lookup(relative: str) -> LocalFile | None:
-                found = tree.existing_file(relative) if dest.is_dir() else None
+                found = tree.existing_file(relative) if present else None
                 return None if found is None else local_file(relative, tree.root / relative, found)
 
             digests = DOWNLOAD_DIGESTS if shard is None else f"digests.{shard.label}.sqlite3"
@@ -523,7 +532,6 @@ class TransferEngine:
             raise UsageError(f"SRC {str(source)!r} is not a directory; sync uploads a directory — use `cp` for one file")
         root_fd = (os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if options.untrusted_source is None
                    else open_directory_nofollow(source, what=options.untrusted_source))
-        store: DigestStore | None = None
         stack = ExitStack()
         try:
             if "executor" not in self.__dict__:
@@ -534,6 +542,7 @@ class TransferEngine:
                                                   prefix.key, []))
             stack.callback(listing.close)
             store = _upload_digests(source, options)
+            stack.callback(store.close)
             tracker = ProgressTracker(0, 0, options.progress, planning=True)
             budget = _Budget(options.budget)
             walk = LocalWalk()
@@ -560,8 +569,6 @@ class TransferEngine:
         finally:
             stack.close()
             os.close(root_fd)
-            if store is not None:
-                store.close()
         summary.seconds = time.monotonic() - started
         return summary
 
@@ -763,13 +770,12 @@ class TransferEngine:
         return list_pages(self.credentials, prefix.bucket, prefix.key, fallback=through_boto3)
 
     def list_sizes(self, prefix: S3Url) -> Iterator[tuple[str, int]]:
-        """(key, size) of every object under ``prefix`` (in folder form), as the pages come: none
-        is kept, so a caller that stops early (or only sums) costs its LIST requests only."""
-        prefix = prefix.as_prefix()
-        with self._control_plane(prefix.bucket):
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=prefix.bucket, Prefix=prefix.key):
-                for item in page.get("Contents", ()):
-                    yield item["Key"], int(item["Size"])
+        """(key, size) of every object under ``prefix`` (in folder form), as the pages come
+        (:meth:`pages`): none is kept, so a caller that stops early (or only sums) costs its LIST
+        requests only."""
+        for page in self.pages(prefix):
+            for item in page.get("Contents", ()):
+                yield item["Key"], int(item["Size"])
 
     def object_size(self, url: S3Url) -> int | None:
         """The size of the object ``url`` (one HEAD), None when there is none."""

@@ -178,8 +178,6 @@ class LocalScan:
     skipped: list[Skipped] = field(default_factory=list)
     #: Entries with a reserved name (our state directory, temp names), relative to the root.
     reserved: list[str] = field(default_factory=list)
-    #: Relative paths of regular files with a temp name (in-flight or killed downloads).
-    temp_leftovers: list[str] = field(default_factory=list)
     #: Relative paths in ``files`` whose file has hard links the scan did not find inside the root.
     linked_outside: dict[str, str] = field(default_factory=dict)
 
@@ -303,8 +301,8 @@ def walk_local(root_fd: int, root: Path, walk: LocalWalk, *,
     """The regular files below the open directory ``root_fd``, in the order S3 lists their keys
     (each directory's entries by name, a directory as its name and ``/``), one directory's names
     in memory at a time; a file :class:`LocalWalk` holds back (a symlink, a file with several
-    links) is yielded as its relative name only, in its place, so a caller merging with a
-    listing can keep the remote entry for when it is decided."""
+    links) is yielded as its relative name only, in its place, so the caller can look its object
+    up with the rest of its chunk and keep it for when the file is decided."""
     stack: list[tuple[int, str, int, Iterator[os.DirEntry[str]]]] = []
 
     def enter(dir_fd: int, prefix: str, depth: int) -> None:
