@@ -561,6 +561,18 @@ def test_a_second_stop_signal_never_starts_a_second_final_upload(tmp_path: Path)
     assert code == 0 and _calls(log) == ["resync", "upload-results"]
 
 
+def _wrapped_until_signalled(command: list[str], ready: Path, signum: int) -> int:
+    """Run ``command`` under TRAIN_WRAPPER as a container's PID 1 would, send the wrapper
+    ``signum`` once the command said it started (``ready``), and return the wrapper's exit code."""
+    proc = subprocess.Popen(["/bin/sh", "-c", TRAIN_WRAPPER, "tao-train", *command])
+    try:
+        _until("the command started", ready.exists)
+        proc.send_signal(signum)
+        return proc.wait(timeout=30)
+    finally:
+        proc.kill()
+
+
 def test_the_training_wrapper_stops_the_command_on_sigint_too(tmp_path: Path) -> None:
     """A shell starts a background command with SIGINT ignored (and no trap can give it back): an
     image whose stop signal is SIGINT still stops its command, which is handed SIGTERM."""
@@ -568,14 +580,7 @@ def test_the_training_wrapper_stops_the_command_on_sigint_too(tmp_path: Path) ->
     command = ["python3", "-c", "import pathlib,signal,sys,time\n"
                "signal.signal(signal.SIGTERM, lambda *a: sys.exit(5))\n"
                f"pathlib.Path({str(ready)!r}).touch()\ntime.sleep(60)"]
-    proc = subprocess.Popen(["/bin/sh", "-c", TRAIN_WRAPPER, "tao-train", *command])
-    try:
-        _until("the command started", ready.exists)
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=30)
-    finally:
-        proc.kill()
-    assert code == 5
+    assert _wrapped_until_signalled(command, ready, signal.SIGINT) == 5
 
 
 def test_after_a_failed_verify_the_sidecar_uploads_nothing(tmp_path: Path) -> None:
@@ -601,13 +606,7 @@ def test_the_training_wrapper_hands_sigterm_to_the_command_and_keeps_its_exit_co
     command = ["python3", "-c", "import signal,sys,time,pathlib\n"
                f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(got)!r}).touch(), sys.exit({exit_code})))\n"
                f"pathlib.Path({str(ready)!r}).touch()\ntime.sleep(60)"]
-    proc = subprocess.Popen(["/bin/sh", "-c", TRAIN_WRAPPER, "tao-train", *command])
-    try:
-        _until("the command started", ready.exists)
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=30)
-    finally:
-        proc.kill()
+    code = _wrapped_until_signalled(command, ready, signal.SIGTERM)
     assert got.exists() and code == exit_code
 
 
