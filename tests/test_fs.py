@@ -17,7 +17,7 @@ import pytest
 
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.fs import (NAME_MAX_BYTES, atomic_write, file_digest, file_lock, is_within, lock_owner,
-                            remove_stale_temps, state_dir_for, temp_path_for)
+                            remove_stale_temps, state_dir_for, temp_name, temp_path_for)
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.archive import extract_archive
 from tao_data_io.staging.config import materialize_config
@@ -67,6 +67,25 @@ def test_temp_names_fit_a_name_of_255_utf8_bytes(tmp_path: Path) -> None:
     temp.write_bytes(b"x")  # the filesystem accepts it
     remove_stale_temps(tmp_path / name, owner)
     assert not temp.exists()
+
+
+def test_temp_names_never_repeat_across_threads_and_forks(tmp_path: Path) -> None:
+    """Tokens are read from the OS a batch at a time: threads must not share one, and a forked
+    child (a stage's s5cmd, a Prefect worker's subprocess) must not replay its parent's batch."""
+    with ThreadPoolExecutor(8) as pool:
+        names = list(pool.map(lambda _: temp_name("a.bin"), range(4000)))  # past several batches
+    assert len(set(names)) == len(names)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child's next names, to the parent
+        os.write(write, "\n".join(temp_name("a.bin") for _ in range(100)).encode())
+        os._exit(0)
+    os.close(write)
+    parent = [temp_name("a.bin") for _ in range(100)]
+    with os.fdopen(read) as pipe:
+        forked = pipe.read().split("\n")
+    os.waitpid(child, 0)
+    assert len(forked) == 100 and not set(forked) & set(parent) and not set(forked) & set(names)
 
 
 def test_remove_stale_temps_spares_other_names_and_other_owners(tmp_path: Path) -> None:

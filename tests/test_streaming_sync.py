@@ -12,7 +12,8 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.errors import TaoDataIOError
 from tao_data_io.transfer import engine as engine_module
 from tao_data_io.transfer.client import make_s3_client
-from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.engine import TransferEngine, TransferOptions
 from tao_data_io.transfer.obstore_executor import ObstoreExecutor
 from tao_data_io.transfer.work import Item, ItemDone
 
@@ -56,18 +57,23 @@ def chunked(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class Recording(ObstoreExecutor):
-    """The real executor, noting each batch it is handed (and running ``after_first`` once)."""
+    """The real executor, noting each batch it is handed (and running ``after_first`` once the
+    first has been handed over, before the second is planned)."""
 
     def __init__(self, credentials: S3Credentials, after_first: Any = None) -> None:
         super().__init__(credentials)
         self.batches: list[int] = []
         self.after_first = after_first
 
-    def run(self, batch: Sequence[Item], on_done: ItemDone) -> None:
-        super().run(batch, on_done)
-        self.batches.append(len(batch))
-        if len(self.batches) == 1 and self.after_first is not None:
-            self.after_first()
+    def run(self, batches: Iterable[Sequence[Item]], on_done: ItemDone) -> None:
+        def noted() -> Iterator[Sequence[Item]]:
+            for batch in batches:
+                self.batches.append(len(batch))
+                yield batch
+                if len(self.batches) == 1 and self.after_first is not None:
+                    self.after_first()
+
+        super().run(noted(), on_done)
 
 
 def through(proxy: FaultProxy, credentials: S3Credentials) -> S3Credentials:
@@ -87,6 +93,70 @@ def test_a_listing_of_several_pages_is_planned_and_moved_a_chunk_at_a_time(
     with TransferEngine(s3_credentials, executor=Recording(s3_credentials)) as engine:
         again = engine.sync(f"s3://{bucket}/data/", str(tmp_path / "d"))
     assert (again.transferred_files, again.unchanged_files) == (0, OBJECTS)
+
+
+def test_the_next_chunk_is_planned_while_this_one_moves(
+        s3_credentials: S3Credentials, many: tuple[str, dict[str, str]], chunked: None, tmp_path: Path) -> None:
+    """No planning gap between chunks: the first object of the first chunk is not reported
+    until the second chunk has been asked for — a run that planned a chunk only once the one
+    before had moved would wait here (and fail after the timeout) instead of finishing."""
+    asked_second = threading.Event()
+    waited: list[bool] = []
+
+    class Pipelined(ObstoreExecutor):
+        def run(self, batches: Iterable[Sequence[Item]], on_done: ItemDone) -> None:
+            def noted() -> Iterator[Sequence[Item]]:
+                for index, batch in enumerate(batches):
+                    if index == 1:
+                        asked_second.set()
+                    yield batch
+
+            def held(item: Item, failed: Any, landed: Any) -> None:
+                if not waited:
+                    waited.append(asked_second.wait(timeout=30))
+                on_done(item, failed, landed)
+
+            super().run(noted(), held)
+
+    with TransferEngine(s3_credentials, executor=Pipelined(s3_credentials)) as engine:
+        summary = engine.sync(f"s3://{many[0]}/data/", str(tmp_path / "d"))
+    assert waited == [True] and summary.ok and summary.transferred_files == OBJECTS
+
+
+def test_a_failing_progress_callback_ends_the_stream_with_its_error_instead_of_hanging(
+        s3_credentials: S3Credentials, many: tuple[str, dict[str, str]], chunked: None, tmp_path: Path) -> None:
+    """The workers stop when a callback raises; the planning thread, waiting to hand over the
+    next chunk, must get that error rather than wait for room that never comes."""
+    def broken(progress: Any) -> None:
+        if progress.files_done:
+            raise RuntimeError("the progress sink is gone")
+
+    with TransferEngine(s3_credentials) as engine:
+        with pytest.raises(RuntimeError, match="the progress sink is gone"):
+            engine.sync(f"s3://{many[0]}/data/", str(tmp_path / "d"), TransferOptions(progress=broken))
+        assert engine.sync(f"s3://{many[0]}/data/", str(tmp_path / "d")).ok  # the same engine goes on
+    assert temp_leftovers(tmp_path / "d") == []
+
+
+def test_an_interrupted_stream_cancels_what_is_in_flight_and_leaves_no_temp_file(
+        s3_credentials: S3Credentials, many: tuple[str, dict[str, str]], chunked: None, tmp_path: Path) -> None:
+    """Ctrl-C (or a Prefect cancel) while the second chunk is planned: nothing more starts, what
+    is in flight is cancelled, and no temp file is left (only whole files are published)."""
+    class Interrupted(ObstoreExecutor):
+        def run(self, batches: Iterable[Sequence[Item]], on_done: ItemDone) -> None:
+            def cut() -> Iterator[Sequence[Item]]:
+                yield next(iter(batches))
+                raise KeyboardInterrupt
+
+            super().run(cut(), on_done)
+
+    dest = tmp_path / "d"
+    with TransferEngine(s3_credentials, executor=Interrupted(s3_credentials)) as engine:
+        with pytest.raises(KeyboardInterrupt):
+            engine.sync(f"s3://{many[0]}/data/", str(dest))
+    arrived = tree_digest(dest)
+    assert len(arrived) < OBJECTS and all(many[1][k] == v for k, v in arrived.items())
+    assert temp_leftovers(dest) == []
 
 
 def test_a_page_that_fails_mid_listing_is_listed_again_from_its_token_never_twice(
@@ -140,13 +210,13 @@ _KILLED = textwrap.dedent("""
     import os, signal, sys
     from tao_data_io.credentials import S3Credentials
     from tao_data_io.transfer import engine as engine_module
-    from tao_data_io.transfer.engine import TransferEngine
+    from tao_data_io.transfer.engine import TransferEngine, TransferOptions
     from tao_data_io.transfer.obstore_executor import ObstoreExecutor
 
     class Killed(ObstoreExecutor):
-        def run(self, batch, on_done):
-            half = len(batch) // 2
-            super().run(batch[:half], on_done)
+        def run(self, batches, on_done):
+            batch = next(iter(batches))
+            super().run([batch[:len(batch) // 2]], on_done)
             os.kill(os.getpid(), signal.SIGKILL)  # mid-chunk: half of it moved, the rest never started
 
     engine_module.PLAN_CHUNK = int(sys.argv[4])

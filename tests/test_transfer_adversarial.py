@@ -143,9 +143,13 @@ class _Meddling:
     def __init__(self, inner: Executor, meddle: Callable[[], None]) -> None:
         self.inner, self.meddle = inner, meddle
 
-    def run(self, batch, on_done) -> None:  # type: ignore[no-untyped-def]
-        self.meddle()
-        self.inner.run(batch, on_done)
+    def run(self, batches, on_done) -> None:  # type: ignore[no-untyped-def]
+        def meddled():  # type: ignore[no-untyped-def]
+            for batch in batches:  # planned: the scan has seen the files
+                self.meddle()
+                yield batch
+
+        self.inner.run(meddled(), on_done)
 
 
 def _engine_with(credentials: S3Credentials, meddle: Callable[[], None]) -> TransferEngine:

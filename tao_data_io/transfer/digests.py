@@ -135,8 +135,9 @@ class DigestStore:
         self._lock = threading.Lock()
         #: Recorded, not yet written: relative → its row (None: forgotten).
         self._buffer: dict[str, tuple[Any, ...] | None] = {}
-        #: relative → its row (None: no entry) for the names of the last :meth:`prefetch`.
-        self._near: dict[str, tuple[Any, ...] | None] = {}
+        #: relative → its row (None: no entry) for the names of the last two :meth:`prefetch` calls
+        #: (the newest first): a chunk is planned while the one before it still moves.
+        self._near: tuple[dict[str, tuple[Any, ...] | None], ...] = ()
         self._db: sqlite3.Connection | None = self._connect()
 
     def _connect(self) -> sqlite3.Connection:
@@ -157,7 +158,8 @@ class DigestStore:
     def prefetch(self, relatives: Sequence[str]) -> None:
         """Read the entries of ``relatives`` (the names of a chunk of a run's plan) in a few queries,
         so the lookups of that chunk cost no query each (one indexed read is ~15 µs of Python and
-        SQLite; a 500-name query ~1 µs a name). Only the last chunk's are kept."""
+        SQLite; a 500-name query ~1 µs a name). The last two chunks' are kept: the one planned
+        and the one moving, whose files are looked up again as each is finished."""
         near: dict[str, tuple[Any, ...] | None] = dict.fromkeys(relatives)
         with self._lock:
             def read(db: sqlite3.Connection) -> None:
@@ -165,15 +167,16 @@ class DigestStore:
                     part = relatives[start:start + _PREFETCH]
                     for row in db.execute(f"{_SELECT} WHERE relative IN ({','.join('?' * len(part))})", part):
                         near[row[0]] = row
-            self._near = near if self._guarded(read, "reading") else {}
+            self._near = (near if self._guarded(read, "reading") else {}, *self._near[:1])
 
     def same_stat(self, local: LocalFile) -> DigestEntry | None:
         """The entry if the file's stat identity is unchanged, racy or not."""
         with self._lock:
+            near = next((near for near in self._near if local.relative in near), None)
             if local.relative in self._buffer:
                 row = self._buffer[local.relative]
-            elif local.relative in self._near:
-                row = self._near[local.relative]
+            elif near is not None:
+                row = near[local.relative]
             else:
                 found: list[tuple[Any, ...]] = []
                 self._guarded(lambda db: found.extend(db.execute(f"{_SELECT} WHERE relative = ?", (local.relative,))),
@@ -226,7 +229,8 @@ class DigestStore:
                                [(name,) for name, row in rows.items() if row is None])
         if self._guarded(write, f"writing {len(rows)} entries to"):
             for name in rows:
-                self._near.pop(name, None)
+                for near in self._near:
+                    near.pop(name, None)
 
     def _guarded(self, work: Callable[[sqlite3.Connection], None], what: str) -> bool:
         """Run ``work`` on the database; False when it could not, the run going on without it."""

@@ -454,12 +454,12 @@ class TransferEngine:
         (the tree never follows a symlink), because that is when a swapped one would matter."""
         store = DigestStore(None if options.dry_run else tree.state_dir / digests)
         tracker = ProgressTracker(0, 0, options.progress, planning=True)
-        try:
-            strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key))
+        strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key))
+
+        def planned() -> Iterator[list[Item]]:
             for chunk in _chunks(objects, PLAN_CHUNK):
                 store.prefetch([obj.relative for obj in chunk])
                 batch: list[Item] = []
-                planned: dict[str, RemoteObject] = {}
                 for obj in chunk:
                     try:
                         check_relative(obj.relative, what="key")
@@ -474,19 +474,21 @@ class TransferEngine:
                         summary.unchanged_files += 1
                         summary.unchanged_bytes += obj.size
                         continue
-                    planned[obj.key] = obj
-                    batch.append(DownloadItem(bucket, obj.key, obj.size, obj.etag, obj.relative, tree))
+                    batch.append(DownloadItem(bucket, obj.key, obj.size, obj.etag, obj.relative, tree,
+                                              obj.last_modified))
                 tracker.plan(len(batch), sum(max(item.size, 0) for item in batch))
-                self._execute(batch, summary, options, store, tracker,
-                              lambda item, landed, planned=planned: self._finalize_download(
-                                  item, landed, planned[item.key], store))
+                yield batch
+
+        try:
+            self._execute(planned(), summary, options, store, tracker,
+                          lambda item, landed: self._finalize_download(item, landed, store),
+                          attempts=read_attempts())
             tracker.planned_all()
         finally:
             store.close()
 
     @staticmethod
-    def _finalize_download(item: Item, landed: Landed | None, remote: RemoteObject,
-                           store: DigestStore) -> ItemFailed | None:
+    def _finalize_download(item: Item, landed: Landed | None, store: DigestStore) -> ItemFailed | None:
         """Check, publish and remember one downloaded file.
 
         Never bytes that never existed: an item planned with an ETag is published only if the
@@ -511,10 +513,10 @@ class TransferEngine:
             return ItemFailed(f"size mismatch after download: expected {expected} bytes, got {size}; the object "
                              "changed or the read was cut short")
         try:
-            st = landed.temp.publish(landed.modified_ns or s3_time_ns(remote.last_modified))
+            st = landed.temp.publish(landed.modified_ns or s3_time_ns(item.modified))
         except OSError as exc:
             return ItemFailed(f"could not move the downloaded file into place: {exc.strerror or exc}")
-        store.record(local_file(item.relative, item.final, st), etag=landed.etag or remote.etag or None)
+        store.record(local_file(item.relative, item.final, st), etag=landed.etag or item.etag or None)
         return None
 
     # ----------------------------------------------------------------- upload
@@ -544,28 +546,37 @@ class TransferEngine:
             store = _upload_digests(source, options)
             stack.callback(store.close)
             tracker = ProgressTracker(0, 0, options.progress, planning=True)
+            strategy = self._upload_strategy(prefix.bucket, store, options)
             budget = _Budget(options.budget)
             walk = LocalWalk()
-            held: dict[str, RemoteObject | None] = {}  # a held-back file's key → its object, kept as the listing passes
             beat = None if options.activity is None else options.activity.beat
-            for chunk in _chunks(walk_local(root_fd, source, walk, on_directory=beat), PLAN_CHUNK):
-                remote = listing.among([prefix.key + (item if isinstance(item, str) else item.relative) for item in chunk])
-                items = []
-                for item in chunk:
-                    if isinstance(item, str):
-                        held[prefix.key + item] = remote.get(prefix.key + item)
-                    elif self._admitted(item, None, prefix, options, summary) and budget.takes(item, summary):
-                        items.append((item, prefix.key + item.relative))
-                self._upload(prefix.bucket, items, remote, store, summary, options, tracker)
-            last = walk.held_back(source)
-            for chunk in _chunks(last.files.values(), PLAN_CHUNK):
-                items = [(local, prefix.key + local.relative) for local in chunk
-                         if self._admitted(local, last.linked_outside.get(local.relative), prefix, options, summary)
-                         and budget.takes(local, summary)]
-                self._upload(prefix.bucket, items, {key: obj for key, obj in held.items() if obj is not None}, store,
-                             summary, options, tracker)
+            held_back: list[Skipped] = []  # the held-back files' own refusals, once they are decided
+
+            def planned() -> Iterator[list[Item]]:
+                held: dict[str, RemoteObject | None] = {}  # a held-back file's key → its object, kept as the listing passes
+                for chunk in _chunks(walk_local(root_fd, source, walk, on_directory=beat), PLAN_CHUNK):
+                    remote = listing.among([prefix.key + (item if isinstance(item, str) else item.relative)
+                                            for item in chunk])
+                    items = []
+                    for item in chunk:
+                        if isinstance(item, str):
+                            held[prefix.key + item] = remote.get(prefix.key + item)
+                        elif self._admitted(item, None, prefix, options, summary) and budget.takes(item, summary):
+                            items.append((item, prefix.key + item.relative))
+                    yield self._plan_upload(prefix.bucket, items, remote, store, strategy, summary, options, tracker)
+                last = walk.held_back(source)
+                kept = {key: obj for key, obj in held.items() if obj is not None}
+                for chunk in _chunks(last.files.values(), PLAN_CHUNK):
+                    items = [(local, prefix.key + local.relative) for local in chunk
+                             if self._admitted(local, last.linked_outside.get(local.relative), prefix, options, summary)
+                             and budget.takes(local, summary)]
+                    yield self._plan_upload(prefix.bucket, items, kept, store, strategy, summary, options, tracker)
+                held_back.extend(last.skipped)
+
+            self._execute(planned(), summary, options, store, tracker,
+                          lambda item, landed: self._finalize_upload(item, landed, store))
             tracker.planned_all()
-            summary.skipped += [*walk.skipped, *last.skipped, *(Skipped(name, RESERVED_REASON) for name in walk.reserved)]
+            summary.skipped += [*walk.skipped, *held_back, *(Skipped(name, RESERVED_REASON) for name in walk.reserved)]
         finally:
             stack.close()
             os.close(root_fd)
@@ -620,22 +631,27 @@ class TransferEngine:
             remote[url.key] = RemoteObject(url.key, source.name, int(head["ContentLength"]), clean_etag(head.get("ETag")))
         store = _upload_digests(source.parent, options)
         try:
-            self._upload(url.bucket, [(local, url.key)], remote, store, summary, options)
+            tracker = ProgressTracker(0, 0, options.progress, planning=True)
+            batch = self._plan_upload(url.bucket, [(local, url.key)], remote, store,
+                                      self._upload_strategy(url.bucket, store, options), summary, options, tracker)
+            self._execute([batch], summary, options, store, tracker,
+                          lambda item, landed: self._finalize_upload(item, landed, store))
+            tracker.planned_all()
         finally:
             store.close()
         summary.seconds = time.monotonic() - started
         return summary
 
-    def _upload(self, bucket: str, items: list[tuple[LocalFile, str]], remote: Mapping[str, RemoteObject],
-                store: DigestStore, summary: TransferSummary, options: TransferOptions,
-                tracker: ProgressTracker | None = None) -> None:
-        """Plan and run uploads of ``(local file, key)`` pairs, skipping what is already right
-        (``tracker``: a streamed run's, whose totals grow with each part; else one of their own)."""
+    def _upload_strategy(self, bucket: str, store: DigestStore, options: TransferOptions) -> ContentStrategy:
+        return ContentStrategy(store, lambda key: self._part_size(bucket, key),
+                               None if options.activity is None else options.activity.beat)
+
+    def _plan_upload(self, bucket: str, items: list[tuple[LocalFile, str]], remote: Mapping[str, RemoteObject],
+                     store: DigestStore, strategy: ContentStrategy, summary: TransferSummary, options: TransferOptions,
+                     tracker: ProgressTracker) -> list[Item]:
+        """The uploads among ``(local file, key)`` pairs: what is already right is counted unchanged."""
         store.prefetch([local.relative for local, _ in items])
-        strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key),
-                                   None if options.activity is None else options.activity.beat)
         batch: list[Item] = []
-        before: dict[str, LocalFile] = {}
         for local, key in items:
             _beat(options)  # deciding a large file hashes it: a file decided is progress
             existing = remote.get(key)
@@ -649,21 +665,17 @@ class TransferEngine:
                 summary.unchanged_files += 1
                 summary.unchanged_bytes += local.size
                 continue
-            before[key] = local
-            batch.append(UploadItem(local.path, bucket, key, local.size, local.relative, local.identity,
-                                    options.activity))
-        if tracker is None:
-            tracker = ProgressTracker(len(batch), sum(item.size for item in batch), options.progress)
-        else:
-            tracker.plan(len(batch), sum(item.size for item in batch))
-        self._execute(batch, summary, options, store, tracker,
-                      lambda item, landed: self._finalize_upload(before[item.key], landed, store))
+            batch.append(UploadItem(local, bucket, key, options.activity))
+        tracker.plan(len(batch), sum(item.size for item in batch))
+        return batch
 
     @staticmethod
-    def _finalize_upload(before: LocalFile, landed: Landed | None, store: DigestStore) -> ItemFailed | None:
+    def _finalize_upload(item: Item, landed: Landed | None, store: DigestStore) -> ItemFailed | None:
         """A file that changed while it was uploading may have been read half-old, half-new:
         report it as failed (the next run uploads it again) instead of calling it uploaded.
         Otherwise remember the ETag the server gave these bytes, so the next run needs no hash."""
+        assert isinstance(item, UploadItem)
+        before = item.scanned
         try:
             st = os.stat(before.path)
         except FileNotFoundError:
@@ -679,30 +691,33 @@ class TransferEngine:
         return None
 
     # ----------------------------------------------------------------- execution
-    def _execute(self, batch: list[Item], summary: TransferSummary, options: TransferOptions, store: DigestStore,
-                 tracker: ProgressTracker, finalize: Callable[[Item, Landed | None], ItemFailed | None]) -> None:
-        """Run ``batch``, finalize each as it lands, and count what happened in ``summary``.
+    def _execute(self, batches: Iterable[list[Item]], summary: TransferSummary, options: TransferOptions,
+                 store: DigestStore, tracker: ProgressTracker,
+                 finalize: Callable[[Item, Landed | None], ItemFailed | None], *, attempts: int = 1) -> None:
+        """Run ``batches`` (planned as the executor takes them: the next while this one moves),
+        finalize each item as it lands, and count what happened in ``summary``.
 
         A download reported ``changed`` (the object was overwritten while it was read) was
         discarded, never published; it is read again, whole and unbound to the stale ETag, up
-        to :func:`read_attempts` reads in all, then fails naming the limit."""
+        to ``attempts`` reads in all, then fails naming the limit."""
         if options.dry_run:
-            summary.name_transferred(item.relative for item in batch)
-            summary.transferred_files += len(batch)
-            summary.transferred_bytes += sum(max(item.size, 0) for item in batch)
+            for batch in batches:
+                summary.name_transferred(item.relative for item in batch)
+                summary.transferred_files += len(batch)
+                summary.transferred_bytes += sum(max(item.size, 0) for item in batch)
             return
-        trees = {item.tree for item in batch if isinstance(item, DownloadItem)}
-        limit = read_attempts() if trees else 1
-        for tree in trees:
-            tree.open()  # a destination that cannot be created fails the run here, naming its path
-        tracker.start()
-        done_ok: list[tuple[Item, int]] = []
+        lock = threading.Lock()  # the executor may report from several threads at once
         original: dict[int, Item] = {}
         retry: list[Item] = []
+        attempt = 1
 
         def on_done(item: Item, failed: ItemFailed | None, landed: Landed | None) -> None:
+            with lock:
+                _done(item, failed, landed)
+
+        def _done(item: Item, failed: ItemFailed | None, landed: Landed | None) -> None:
             _beat(options)
-            first = original.get(id(item), item)
+            first = original.pop(id(item), item)
             if failed is None:
                 try:
                     failed = finalize(item, landed)
@@ -712,9 +727,11 @@ class TransferEngine:
                 landed.temp.discard()  # a no-op once published
             if failed is None:
                 size = landed.written if landed is not None and landed.written is not None else item.size
-                done_ok.append((first, size))
+                summary.name_transferred([first.relative])
+                summary.transferred_files += 1
+                summary.transferred_bytes += size
                 tracker.advance(size)
-            elif failed.changed and isinstance(item, DownloadItem) and attempt < limit:
+            elif failed.changed and isinstance(item, DownloadItem) and attempt < attempts:
                 again = replace(item, etag="")
                 original[id(again)] = first
                 retry.append(again)
@@ -726,17 +743,22 @@ class TransferEngine:
                 summary.failed.append(Failure(item.key, reason, missing=failed.missing))
                 tracker.advance(max(item.size, 0), failed=True)
 
-        pending, attempt = batch, 1
+        def opened(batches: Iterable[list[Item]]) -> Iterator[list[Item]]:
+            trees: set[DestinationTree] = set()
+            for batch in batches:
+                for tree in {item.tree for item in batch if isinstance(item, DownloadItem)} - trees:
+                    tree.open()  # a destination that cannot be created fails the run here, naming its path
+                    trees.add(tree)
+                yield batch
+
+        tracker.start()
         try:
-            while pending:
-                self.executor.run(pending, on_done)
+            self.executor.run(opened(batches), on_done)
+            while retry:
                 pending, retry, attempt = retry, [], attempt + 1
+                self.executor.run([pending], on_done)
         finally:
             store.save()
-        finished = {id(item) for item, _ in done_ok}
-        summary.name_transferred(item.relative for item in batch if id(item) in finished)  # in plan order
-        summary.transferred_files += len(done_ok)
-        summary.transferred_bytes += sum(size for _, size in done_ok)
 
     # ----------------------------------------------------------------- control plane
     def _control_plane(self, bucket: str) -> AbstractContextManager[None]:

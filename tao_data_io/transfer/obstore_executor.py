@@ -30,7 +30,9 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Coroutine, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -137,22 +139,44 @@ class ObstoreExecutor:
         if self.large is not None:
             self.large.close()
 
-    def run(self, batch: Sequence[Item], on_done: ItemDone) -> None:
-        def delegated(item: Item) -> bool:
-            # Only with a planned ETag (the version to check against) and a spool on the
-            # destination's filesystem (where the child writes); otherwise one streamed GET here.
-            # And only what one s5cmd child may carry (handed keys expire: its largest_object).
-            return (self.large is not None and isinstance(item, DownloadItem) and item.size >= LARGE_OBJECT_BYTES
-                    and (self.large.largest_object is None or item.size <= self.large.largest_object)
-                    and bool(item.etag) and item.tree.spool_fits())
-
-        large = [item for item in batch if delegated(item)]
-        small = [item for item in batch if not delegated(item)]
+    def run(self, batches: Iterable[Sequence[Item]], on_done: ItemDone) -> None:
+        """Move each batch as it comes: the loop's workers take items from a :class:`_Feed` that
+        holds the batch being moved and at most one more, so the caller plans the next batch
+        while this one moves (a planning gap between batches would idle every worker) and memory
+        holds two batches, whatever the run's length. Objects delegated to ``large`` go to it on
+        the caller's thread, while the workers move the rest."""
         loop = self._loop_thread()
-        if small:
-            loop.run(self._run_all(small, on_done))
-        if large and self.large is not None:
-            self.large.run(large, lambda item, failed, landed: on_done(item, *self._same_version(item, failed, landed)))
+        feed = loop.run(_open_feed())
+        drained = asyncio.run_coroutine_threadsafe(self._drain(feed, on_done), loop.loop)
+        try:
+            for batch in batches:
+                small: list[Item] = []
+                large: list[Item] = []
+                for item in batch:
+                    (large if self._delegated(item) else small).append(item)
+                if small:
+                    _hand(loop, feed.put(small), drained)
+                if large and self.large is not None:
+                    self.large.run([large], lambda item, failed, landed: on_done(item, *self._same_version(item, failed,
+                                                                                                         landed)))
+        except Exception:
+            if not drained.done():  # what was handed over is finished (kept), then the error
+                _hand(loop, feed.put(None), drained)
+            drained.result()
+            raise
+        except BaseException:  # interrupted: nothing more starts; what is in flight is cancelled, and
+            loop.run(feed.abort())  # its temp files removed, before the caller closes their directories
+            raise
+        _hand(loop, feed.put(None), drained)
+        drained.result()
+
+    def _delegated(self, item: Item) -> bool:
+        """Only with a planned ETag (the version to check against) and a spool on the destination's
+        filesystem (where the child writes); otherwise one streamed GET here. And only what one
+        s5cmd child may carry (handed keys expire: its largest_object)."""
+        return (self.large is not None and isinstance(item, DownloadItem) and item.size >= LARGE_OBJECT_BYTES
+                and (self.large.largest_object is None or item.size <= self.large.largest_object)
+                and bool(item.etag) and item.tree.spool_fits())
 
     def _loop_thread(self) -> _LoopThread:
         with self._lock:
@@ -183,13 +207,13 @@ class ObstoreExecutor:
             landed.temp.discard()
         return failed, None
 
-    async def _run_all(self, batch: Sequence[Item], on_done: ItemDone) -> None:
-        """``concurrency`` workers draining one iterator: memory stays O(concurrency), not
-        O(items) — 20,000 pending coroutines would cost more than the transfers themselves."""
-        pending = iter(batch)
+    async def _drain(self, feed: _Feed, on_done: ItemDone) -> None:
+        """``concurrency`` workers taking items from ``feed`` until it ends: memory stays
+        O(concurrency) coroutines, not O(items) — 20,000 pending coroutines would cost more than
+        the transfers themselves."""
 
         async def worker() -> None:
-            for item in pending:  # one shared iterator; the event loop makes next() atomic
+            while (item := await feed.take()) is not None:
                 landed: Landed | None = None
                 try:
                     landed = await (self._download(item) if isinstance(item, DownloadItem) else self._upload(item))
@@ -205,7 +229,7 @@ class ObstoreExecutor:
                     error = ItemFailed(f"{type(exc).__name__}: {_first_line(exc)}")
                 on_done(item, error, landed)
 
-        await asyncio.gather(*(worker() for _ in range(min(self.concurrency, len(batch)))))
+        await feed.run([worker() for _ in range(self.concurrency)])
 
     async def _download(self, item: DownloadItem) -> Landed:
         options: dict[str, Any] | None = {"if_match": f'"{item.etag}"'} if item.etag else None
@@ -252,6 +276,69 @@ class ObstoreExecutor:
         finally:
             os.close(fd)
         return Landed(etag=str(result.get("e_tag") or "").strip('"') or None)
+
+
+class _Feed:
+    """The batches handed from the planning thread to the loop's workers, an item at a time: the
+    batch being moved and at most one more wait here (``put`` waits for room). Used on the loop only."""
+
+    def __init__(self) -> None:
+        self._items: deque[Item] = deque()
+        self._batches: asyncio.Queue[Sequence[Item] | None] = asyncio.Queue(maxsize=1)
+        self._refill = asyncio.Lock()
+        self._ended = False
+        self._workers: list[asyncio.Task[None]] = []
+
+    async def run(self, workers: list[Coroutine[Any, Any, None]]) -> None:
+        """Run the workers that take from this feed until it ends."""
+        self._workers = [asyncio.ensure_future(worker) for worker in workers]
+        await asyncio.gather(*self._workers)
+
+    async def abort(self) -> None:
+        """End the feed now: no item not yet taken starts, the workers are cancelled, and this
+        returns once each has finished cancelling (a download removes its temp file then)."""
+        self._ended = True
+        self._items.clear()
+        while not self._batches.empty():  # a put waiting for room completes (its batch never starts)
+            self._batches.get_nowait()
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+
+    async def put(self, batch: Sequence[Item] | None) -> None:
+        """Hand over ``batch``; None ends the feed (once the items before it are taken)."""
+        await self._batches.put(batch)
+
+    async def take(self) -> Item | None:
+        """The next item, waiting for the next batch when this one is taken; None once ended."""
+        while not self._items:
+            if self._ended:
+                return None
+            async with self._refill:  # one worker waits for the next batch; the rest wait for it
+                if self._items or self._ended:
+                    continue
+                batch = await self._batches.get()
+                if batch is None:
+                    self._ended = True
+                else:
+                    self._items.extend(batch)
+        return self._items.popleft()
+
+
+async def _open_feed() -> _Feed:
+    return _Feed()
+
+
+def _hand(loop: _LoopThread, put: Coroutine[Any, Any, None], drained: Future[None]) -> None:
+    """Wait until the feed takes what ``put`` hands over — unless the workers stopped first (an
+    error in a callback): then their error is raised here instead of waiting for room forever."""
+    handed = asyncio.run_coroutine_threadsafe(put, loop.loop)
+    wait([handed, drained], return_when=FIRST_COMPLETED)
+    if not handed.done():
+        handed.cancel()
+        drained.result()  # raises what stopped the workers
+        raise RuntimeError("the transfer workers stopped before the last batch was handed over")
+    handed.result()
 
 
 class _Refused(Exception):

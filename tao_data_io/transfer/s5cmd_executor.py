@@ -32,7 +32,7 @@ import shlex
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
 from functools import cache
 from pathlib import Path
@@ -137,14 +137,16 @@ class S5cmdExecutor:
                 env.pop(name, None)
         return env
 
-    def run(self, batch: Sequence[Item], on_done: ItemDone) -> None:
-        """Run every item; each is reported exactly once (items s5cmd never mentions fail). With
-        keys handed over, in children of at most ``keys_child_bytes`` each, so none outlasts them."""
-        with ExitStack() as stack:
-            spools = {tree: stack.enter_context(tree.spool())
-                      for tree in dict.fromkeys(item.tree for item in batch if isinstance(item, DownloadItem))}
-            for child in (_shares(batch, self.keys_child_bytes) if self.hands_keys else [batch]):
-                self._run(child, on_done, spools)
+    def run(self, batches: Iterable[Sequence[Item]], on_done: ItemDone) -> None:
+        """Run every item, a batch at a time; each is reported exactly once (items s5cmd never
+        mentions fail). With keys handed over, in children of at most ``keys_child_bytes`` each,
+        so none outlasts them."""
+        for batch in batches:
+            with ExitStack() as stack:
+                spools = {tree: stack.enter_context(tree.spool())
+                          for tree in dict.fromkeys(item.tree for item in batch if isinstance(item, DownloadItem))}
+                for child in (_shares(batch, self.keys_child_bytes) if self.hands_keys else [batch]):
+                    self._run(child, on_done, spools)
 
     def _run(self, batch: Sequence[Item], on_done: ItemDone, spools: dict[DestinationTree, Spool]) -> None:
         by_destination: dict[str, Item] = {}

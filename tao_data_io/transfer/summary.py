@@ -49,8 +49,9 @@ class TransferSummary:
     excluded_files: int = 0
     skipped: list[Skipped] = field(default_factory=list)
     failed: list[Failure] = field(default_factory=list)
-    #: Names of what was (or, on a dry run, would be) transferred: the first :data:`NAMES_KEPT`
-    #: (``transferred_files`` counts them all), so a summary of 1.28 M files stays small.
+    #: Names of what was (or, on a dry run, would be) transferred, in the order they landed: the
+    #: first :data:`NAMES_KEPT` (``transferred_files`` counts them all), so a summary of 1.28 M
+    #: files stays small.
     transferred: list[str] = field(default_factory=list)
     seconds: float = 0.0
     #: How many names :attr:`transferred` keeps at most.

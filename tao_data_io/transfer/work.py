@@ -7,13 +7,14 @@ obstore, boto3) after measuring, without touching planning, confinement or bookk
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from ..fs import DestinationTree, TempFile
 from .activity import Activity
+from .listing import LocalFile
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,8 @@ class DownloadItem:
     #: tree (never by path); the engine publishes it once checked.
     relative: str
     tree: DestinationTree
+    #: The listing's LastModified: the file's mtime when the executor does not report the object's.
+    modified: str | None = None
 
     @property
     def final(self) -> Path:
@@ -36,16 +39,30 @@ class DownloadItem:
 
 @dataclass(frozen=True)
 class UploadItem:
-    source: Path
+    #: The file as the scan saw it: the executor uploads only that very file (its (st_dev, st_ino)),
+    #: so a file swapped for a symlink (or anything else) after the scan is refused, not followed;
+    #: and the engine compares it with the file after the upload (a change meanwhile fails it).
+    scanned: LocalFile
     bucket: str
     key: str
-    size: int
-    relative: str
-    #: (st_dev, st_ino) seen by the scan: the executor uploads only that very file, so a file
-    #: swapped for a symlink (or anything else) after the scan is refused, not followed.
-    identity: tuple[int, int] = (0, 0)
     #: Told of each chunk the executor reads and sends (the upload lock's renewal depends on it).
     activity: Activity | None = None
+
+    @property
+    def source(self) -> Path:
+        return self.scanned.path
+
+    @property
+    def size(self) -> int:
+        return self.scanned.size
+
+    @property
+    def relative(self) -> str:
+        return self.scanned.relative
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        return self.scanned.identity
 
 
 @dataclass(frozen=True)
@@ -82,9 +99,12 @@ ItemDone = Callable[[Item, "ItemFailed | None", "Landed | None"], None]
 
 
 class Executor(Protocol):
-    """Moves bytes for a batch of items with bounded concurrency, reporting each outcome."""
+    """Moves bytes for batches of items with bounded concurrency, reporting each outcome."""
 
-    def run(self, batch: Sequence[Item], on_done: ItemDone) -> None: ...
+    def run(self, batches: Iterable[Sequence[Item]], on_done: ItemDone) -> None:
+        """Move the items of each batch ``batches`` yields, and return once all are reported.
+        The batches are read on the calling thread as the executor has room for them: the engine
+        plans the next while this one moves, so a long listing never waits on a planning gap."""
 
     def close(self) -> None:
         """Release threads, loops and connections; called once by the engine's owner."""
