@@ -16,7 +16,10 @@ directory):
 * ``changed``   — ``--changed`` objects rewritten in the bucket first, then the same;
 * ``upload``    — the downloaded tree to a new prefix: ``tao-data-io sync DIR s3://…/Q/`` against
   ``s5cmd cp 'DIR/*' s3://…/Q/``;
-* ``upload-resync`` — the same again, nothing changed: against ``s5cmd sync``.
+* ``upload-resync`` — the same again, nothing changed: against ``s5cmd sync``;
+* ``shard``     — one shard of ``--shards`` into an empty directory (``tao-data-io sync --shard
+  0/N``, a tier B stage pod of an Indexed Job): its memory against the whole download's. s5cmd
+  has no shards, so this case has no s5cmd row.
 
 The bucket is seeded once and kept (``--data``, the server's directory, reused by later runs with
 the same ``--objects`` and ``--size``)::
@@ -47,7 +50,7 @@ from tao_data_io.transfer.engine import TransferEngine
 from tao_data_io.transfer.s5cmd_executor import s5cmd_binary
 
 PER_DIRECTORY = 1280
-CASES = ("download", "resync", "changed", "upload", "upload-resync")
+CASES = ("download", "resync", "changed", "upload", "upload-resync", "shard")
 
 
 def layout(index: int) -> str:
@@ -70,8 +73,9 @@ def timed(argv: list[str], env: dict[str, str], cwd: Path | None, work: Path) ->
 
 class Bench:
     def __init__(self, server: EmbeddedS3, work: Path, objects: int, size: int, changed: int,
-                 checkouts: dict[str, Path]) -> None:
+                 checkouts: dict[str, Path], shards: int = 4) -> None:
         self.server, self.work, self.objects, self.size, self.changed = server, work, objects, size, changed
+        self.shards = shards
         self.target = Target("direct", server.credentials)
         self.checkouts = checkouts
         self.prefix = f"scale-{objects}x{size}"
@@ -125,6 +129,8 @@ class Bench:
             ours = [sys.executable, "-m", "tao_data_io.cli", "sync"]
             if case.startswith("upload"):
                 return [*ours, str(down), up], self.checkouts[name]
+            if case == "shard":
+                return [*ours, "--shard", f"0/{self.shards}", remote, str(self.shard_dir(name))], self.checkouts[name]
             return [*ours, remote, str(down)], self.checkouts[name]
         s5 = [s5cmd_binary(), "--endpoint-url", str(self.server.endpoint_url), "--numworkers", "256"]
         verb = "cp" if case in ("download", "upload") else "sync"
@@ -135,28 +141,32 @@ class Bench:
     def run(self, cases: list[str], contenders: list[str], reps: int) -> list[str]:
         rows = ["| case | contender | wall s (median) | ratio to s5cmd | peak RSS MiB |", "|---|---|---|---|---|"]
         for case in cases:
-            results: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
+            in_case = [name for name in contenders if case != "shard" or name in self.checkouts]
+            results: dict[str, list[tuple[float, float]]] = {name: [] for name in in_case}
             for rep in range(reps):
                 if case == "changed":
                     self.rewrite(rep)
-                order = contenders[rep % len(contenders):] + contenders[:rep % len(contenders)]
+                order = in_case[rep % len(in_case):] + in_case[:rep % len(in_case)]
                 for name in order:
                     self.prepare(name, case)
                     argv, cwd = self.command(name, case)
                     results[name].append(timed(argv, self.env(name), cwd, self.work))
                     print(f"{case} {name}: {results[name][-1][0]:.2f}s {results[name][-1][1]:.0f} MiB", flush=True)
             base = statistics.median(wall for wall, _ in results["s5cmd"]) if "s5cmd" in results else None
-            for name in contenders:
+            for name in in_case:
                 wall = statistics.median(w for w, _ in results[name])
                 rss = max(r for _, r in results[name])
                 ratio = f"{wall / base:.2f}×" if base else "–"
                 rows.append(f"| {case} | {name} | {wall:.2f} | {ratio} | {rss:.0f} |")
         return rows
 
+    def shard_dir(self, name: str) -> Path:
+        return self.work / "shard" / name
+
     def prepare(self, name: str, case: str) -> None:
         """A fresh download starts from an empty directory; a fresh upload to an empty prefix."""
-        if case == "download":
-            shutil.rmtree(self.work / "down" / name, ignore_errors=True)
+        if case in ("download", "shard"):
+            shutil.rmtree(self.work / "down" / name if case == "download" else self.shard_dir(name), ignore_errors=True)
             shutil.rmtree(self.work / "cache" / name, ignore_errors=True)
         elif case == "upload":
             prefix = f"up-{self.prefix}-{name.replace(' ', '-')}/"
@@ -172,6 +182,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--changed", type=int, default=1000)
     parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--shards", type=int, default=4, help="the shard case takes shard 0 of this many")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--data", type=Path, default=Path("/tmp/tao-data-io-scale"),
                         help="the server's data directory, kept between runs (seeded once)")
@@ -188,7 +199,7 @@ def main() -> None:
     work = args.data / "work"
     work.mkdir(parents=True, exist_ok=True)
     with EmbeddedS3(args.data / "server") as server:
-        bench = Bench(server, work, args.objects, args.size, min(args.changed, args.objects), checkouts)
+        bench = Bench(server, work, args.objects, args.size, min(args.changed, args.objects), checkouts, args.shards)
         bench.seed()
         rows = bench.run(cases, contenders, args.reps)
     print(f"\n{args.objects} objects × {args.size} B, {args.reps} rep(s)\n")

@@ -95,6 +95,14 @@ def test_a_listing_of_several_pages_is_planned_and_moved_a_chunk_at_a_time(
     assert (again.transferred_files, again.unchanged_files) == (0, OBJECTS)
 
 
+def test_the_first_transfers_start_once_the_first_listing_page_is_in(
+        s3_credentials: S3Credentials, many: tuple[str, dict[str, str]], tmp_path: Path) -> None:
+    mover = Recording(s3_credentials)
+    with TransferEngine(s3_credentials, executor=mover) as engine:
+        assert engine.sync(f"s3://{many[0]}/data/", str(tmp_path / "d")).ok
+    assert mover.batches == [1000, OBJECTS - 1000]  # one page, then the rest (less than a chunk)
+
+
 def test_the_next_chunk_is_planned_while_this_one_moves(
         s3_credentials: S3Credentials, many: tuple[str, dict[str, str]], chunked: None, tmp_path: Path) -> None:
     """No planning gap between chunks: the first object of the first chunk is not reported

@@ -56,6 +56,9 @@ from ..vocabulary import DEFAULT_CONCURRENCY
 #: chunks. Large enough that the transfers' tail at the end of a chunk (the executor's workers
 #: waiting for its last few objects) is a small share of it.
 PLAN_CHUNK = 5000
+#: The first chunk is one listing page: the first transfers start once the first page is in,
+#: not five pages later.
+FIRST_CHUNK = 1000
 #: Size of an object planned without a HEAD (``download_keys``); checked against nothing.
 UNKNOWN_SIZE = -1
 #: Download-side digests live beside the data (never inside it), so a rerun from another host (or
@@ -124,11 +127,14 @@ def locked_destination(dest: Path, dry_run: bool = False, shard: Shard | None = 
             tree.close()
 
 
-def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
-    """``items`` in lists of at most ``size``, read as each is needed (no list is empty)."""
+def _chunks(items: Iterable[T], size: int, first: int | None = None) -> Iterator[list[T]]:
+    """``items`` in lists of at most ``size`` (the first of at most ``first``), read as each is
+    needed (no list is empty)."""
     iterator = iter(items)
-    while chunk := list(itertools.islice(iterator, size)):
+    length = size if first is None else min(first, size)
+    while chunk := list(itertools.islice(iterator, length)):
         yield chunk
+        length = size
 
 
 class _Budget:
@@ -457,7 +463,7 @@ class TransferEngine:
         strategy = ContentStrategy(store, lambda key: self._part_size(bucket, key))
 
         def planned() -> Iterator[list[Item]]:
-            for chunk in _chunks(objects, PLAN_CHUNK):
+            for chunk in _chunks(objects, PLAN_CHUNK, FIRST_CHUNK):
                 store.prefetch([obj.relative for obj in chunk])
                 batch: list[Item] = []
                 for obj in chunk:
@@ -554,7 +560,7 @@ class TransferEngine:
 
             def planned() -> Iterator[list[Item]]:
                 held: dict[str, RemoteObject | None] = {}  # a held-back file's key → its object, kept as the listing passes
-                for chunk in _chunks(walk_local(root_fd, source, walk, on_directory=beat), PLAN_CHUNK):
+                for chunk in _chunks(walk_local(root_fd, source, walk, on_directory=beat), PLAN_CHUNK, FIRST_CHUNK):
                     remote = listing.among([prefix.key + (item if isinstance(item, str) else item.relative)
                                             for item in chunk])
                     items = []
