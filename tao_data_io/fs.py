@@ -224,6 +224,7 @@ class DestinationTree:
         #: relative directory ("" is the root) → [descriptor, files in flight in it]
         self._open: OrderedDict[str, list[int]] = OrderedDict()
         self._spool_fits: bool | None = None
+        self._closed = False
 
     # ------------------------------------------------------------------ lifetime
     def open(self) -> None:
@@ -235,12 +236,15 @@ class DestinationTree:
     def _root_locked(self) -> int:
         entry = self._open.get("")
         if entry is None:
+            if self._closed:  # its run ended and its lock is released: nothing may write here now
+                raise ValueError(f"the destination tree {self.root} was closed")
             os.makedirs(self.root, exist_ok=True)
             entry = self._open[""] = [os.open(self.root, _DIRECTORY), 1]  # pinned for the tree's life
         return entry[0]
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             for fd, _ in self._open.values():
                 os.close(fd)
             self._open.clear()

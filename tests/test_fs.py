@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from tao_data_io.credentials import S3Credentials
-from tao_data_io.fs import (NAME_MAX_BYTES, atomic_write, file_digest, file_lock, is_within, lock_owner,
-                            remove_stale_temps, state_dir_for, temp_name, temp_path_for)
+from tao_data_io.fs import (NAME_MAX_BYTES, DestinationTree, atomic_write, file_digest, file_lock, is_within,
+                            lock_owner, remove_stale_temps, state_dir_for, temp_name, temp_path_for)
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.archive import extract_archive
 from tao_data_io.staging.config import materialize_config
@@ -86,6 +86,19 @@ def test_temp_names_never_repeat_across_threads_and_forks(tmp_path: Path) -> Non
         forked = pipe.read().split("\n")
     os.waitpid(child, 0)
     assert len(forked) == 100 and not set(forked) & set(parent) and not set(forked) & set(names)
+
+
+def test_a_closed_destination_tree_refuses_writes_instead_of_reopening_its_root(tmp_path: Path) -> None:
+    """Its run ended and released the destination's lock: a straggler's write must fail, not
+    quietly open the root again (and leak that descriptor)."""
+    tree = DestinationTree(tmp_path / "dest")
+    temp, fd = tree.create_temp("a/one.bin")
+    os.close(fd)
+    temp.publish()
+    tree.close()
+    with pytest.raises(ValueError, match="was closed"):
+        tree.create_temp("b/two.bin")
+    assert sorted(p.name for p in (tmp_path / "dest").rglob("*")) == ["a", "one.bin"]
 
 
 def test_remove_stale_temps_spares_other_names_and_other_owners(tmp_path: Path) -> None:

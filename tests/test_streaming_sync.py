@@ -24,7 +24,7 @@ from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.errors import TaoDataIOError
 from tao_data_io.transfer import engine as engine_module
 from tao_data_io.transfer.client import make_s3_client
-from tao_data_io.transfer.engine import TransferEngine, TransferOptions
+from tao_data_io.transfer.engine import TransferEngine
 from tao_data_io.transfer.obstore_executor import ObstoreExecutor
 from tao_data_io.transfer.work import Item, ItemDone
 
@@ -129,42 +129,6 @@ def test_the_next_chunk_is_planned_while_this_one_moves(
     with TransferEngine(s3_credentials, executor=Pipelined(s3_credentials)) as engine:
         summary = engine.sync(f"s3://{many[0]}/data/", str(tmp_path / "d"))
     assert waited == [True] and summary.ok and summary.transferred_files == OBJECTS
-
-
-def test_a_failing_progress_callback_ends_the_stream_with_its_error_instead_of_hanging(
-        s3_credentials: S3Credentials, many: tuple[str, dict[str, str]], chunked: None, tmp_path: Path) -> None:
-    """The workers stop when a callback raises; the planning thread, waiting to hand over the
-    next chunk, must get that error rather than wait for room that never comes."""
-    def broken(progress: Any) -> None:
-        if progress.files_done:
-            raise RuntimeError("the progress sink is gone")
-
-    with TransferEngine(s3_credentials) as engine:
-        with pytest.raises(RuntimeError, match="the progress sink is gone"):
-            engine.sync(f"s3://{many[0]}/data/", str(tmp_path / "d"), TransferOptions(progress=broken))
-        assert engine.sync(f"s3://{many[0]}/data/", str(tmp_path / "d")).ok  # the same engine goes on
-    assert temp_leftovers(tmp_path / "d") == []
-
-
-def test_an_interrupted_stream_cancels_what_is_in_flight_and_leaves_no_temp_file(
-        s3_credentials: S3Credentials, many: tuple[str, dict[str, str]], chunked: None, tmp_path: Path) -> None:
-    """Ctrl-C (or a Prefect cancel) while the second chunk is planned: nothing more starts, what
-    is in flight is cancelled, and no temp file is left (only whole files are published)."""
-    class Interrupted(ObstoreExecutor):
-        def run(self, batches: Iterable[Sequence[Item]], on_done: ItemDone) -> None:
-            def cut() -> Iterator[Sequence[Item]]:
-                yield next(iter(batches))
-                raise KeyboardInterrupt
-
-            super().run(cut(), on_done)
-
-    dest = tmp_path / "d"
-    with TransferEngine(s3_credentials, executor=Interrupted(s3_credentials)) as engine:
-        with pytest.raises(KeyboardInterrupt):
-            engine.sync(f"s3://{many[0]}/data/", str(dest))
-    arrived = tree_digest(dest)
-    assert len(arrived) < OBJECTS and all(many[1][k] == v for k, v in arrived.items())
-    assert temp_leftovers(dest) == []
 
 
 def test_a_page_that_fails_mid_listing_is_listed_again_from_its_token_never_twice(

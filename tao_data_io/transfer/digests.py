@@ -135,8 +135,8 @@ class DigestStore:
         self._lock = threading.Lock()
         #: Recorded, not yet written: relative → its row (None: forgotten).
         self._buffer: dict[str, tuple[Any, ...] | None] = {}
-        #: relative → its row (None: no entry) for the names of the last two :meth:`prefetch` calls
-        #: (the newest first): a chunk is planned while the one before it still moves.
+        #: relative → its row (None: no entry) for the names of the last three :meth:`prefetch` calls
+        #: (the newest first): a chunk is planned while the two before it wait and move.
         self._near: tuple[dict[str, tuple[Any, ...] | None], ...] = ()
         self._db: sqlite3.Connection | None = self._connect()
 
@@ -158,8 +158,8 @@ class DigestStore:
     def prefetch(self, relatives: Sequence[str]) -> None:
         """Read the entries of ``relatives`` (the names of a chunk of a run's plan) in a few queries,
         so the lookups of that chunk cost no query each (one indexed read is ~15 µs of Python and
-        SQLite; a 500-name query ~1 µs a name). The last two chunks' are kept: the one planned
-        and the one moving, whose files are looked up again as each is finished."""
+        SQLite; a 500-name query ~1 µs a name). The last three chunks' are kept: the one planned,
+        the one waiting and the one moving, whose files are looked up again as each is finished."""
         near: dict[str, tuple[Any, ...] | None] = dict.fromkeys(relatives)
         with self._lock:
             def read(db: sqlite3.Connection) -> None:
@@ -167,7 +167,7 @@ class DigestStore:
                     part = relatives[start:start + _PREFETCH]
                     for row in db.execute(f"{_SELECT} WHERE relative IN ({','.join('?' * len(part))})", part):
                         near[row[0]] = row
-            self._near = (near if self._guarded(read, "reading") else {}, *self._near[:1])
+            self._near = (near if self._guarded(read, "reading") else {}, *self._near[:2])
 
     def same_stat(self, local: LocalFile) -> DigestEntry | None:
         """The entry if the file's stat identity is unchanged, racy or not."""

@@ -755,11 +755,15 @@ class TransferEngine:
                 for tree in {item.tree for item in batch if isinstance(item, DownloadItem)} - trees:
                     tree.open()  # a destination that cannot be created fails the run here, naming its path
                     trees.add(tree)
-                yield batch
+                if batch:
+                    yield batch
 
         tracker.start()
         try:
-            self.executor.run(opened(batches), on_done)
+            moving = opened(batches)
+            first = next(moving, None)  # a run with nothing to move never builds the executor (obstore, its loop)
+            if first is not None:
+                self.executor.run(itertools.chain([first], moving), on_done)
             while retry:
                 pending, retry, attempt = retry, [], attempt + 1
                 self.executor.run([pending], on_done)

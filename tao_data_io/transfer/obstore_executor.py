@@ -30,9 +30,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections import deque
-from collections.abc import Coroutine, Iterable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -45,6 +43,7 @@ from ..credentials import S3Credentials
 from ..errors import UnsafePathError
 from ..fs import open_scanned, read_bounded
 from .activity import beating
+from .feed import Feed
 from .work import DownloadItem, Item, ItemDone, ItemFailed, Landed, UploadItem
 
 if TYPE_CHECKING:
@@ -140,35 +139,23 @@ class ObstoreExecutor:
             self.large.close()
 
     def run(self, batches: Iterable[Sequence[Item]], on_done: ItemDone) -> None:
-        """Move each batch as it comes: the loop's workers take items from a :class:`_Feed` that
-        holds the batch being moved and at most one more, so the caller plans the next batch
-        while this one moves (a planning gap between batches would idle every worker) and memory
-        holds two batches, whatever the run's length. Objects delegated to ``large`` go to it on
-        the caller's thread, while the workers move the rest."""
-        loop = self._loop_thread()
-        feed = loop.run(_open_feed())
-        drained = asyncio.run_coroutine_threadsafe(self._drain(feed, on_done), loop.loop)
-        try:
+        """Move each batch as it comes, through a :class:`~.feed.Feed` to the loop's workers: the
+        caller plans the next batch while this one moves. Objects delegated to ``large`` go to it
+        on the caller's thread once the rest of their batch is handed over (both move at once)."""
+        def handed() -> Iterator[list[Item]]:
             for batch in batches:
                 small: list[Item] = []
                 large: list[Item] = []
                 for item in batch:
                     (large if self._delegated(item) else small).append(item)
-                if small:
-                    _hand(loop, feed.put(small), drained)
+                yield small
                 if large and self.large is not None:
                     self.large.run([large], lambda item, failed, landed: on_done(item, *self._same_version(item, failed,
                                                                                                          landed)))
-        except Exception:
-            if not drained.done():  # what was handed over is finished (kept), then the error
-                _hand(loop, feed.put(None), drained)
-            drained.result()
-            raise
-        except BaseException:  # interrupted: nothing more starts; what is in flight is cancelled, and
-            loop.run(feed.abort())  # its temp files removed, before the caller closes their directories
-            raise
-        _hand(loop, feed.put(None), drained)
-        drained.result()
+
+        loop = self._loop_thread()
+        feed: Feed[Item] = Feed(loop.loop)
+        feed.run(handed(), [self._worker(feed, on_done) for _ in range(self.concurrency)])
 
     def _delegated(self, item: Item) -> bool:
         """Only with a planned ETag (the version to check against) and a spool on the destination's
@@ -207,29 +194,29 @@ class ObstoreExecutor:
             landed.temp.discard()
         return failed, None
 
-    async def _drain(self, feed: _Feed, on_done: ItemDone) -> None:
-        """``concurrency`` workers taking items from ``feed`` until it ends: memory stays
+    async def _worker(self, feed: Feed[Item], on_done: ItemDone) -> None:
+        """One of ``concurrency`` workers taking items from ``feed`` until it ends: memory stays
         O(concurrency) coroutines, not O(items) — 20,000 pending coroutines would cost more than
         the transfers themselves."""
-
-        async def worker() -> None:
-            while (item := await feed.take()) is not None:
-                landed: Landed | None = None
-                try:
-                    landed = await (self._download(item) if isinstance(item, DownloadItem) else self._upload(item))
-                    error = None
-                except _Refused as exc:
-                    error = exc.failed
-                except UnsafePathError as exc:
-                    error = ItemFailed(str(exc))
-                except OSError as exc:  # the local side: a name, a permission, a full disk
-                    where = item.final if isinstance(item, DownloadItem) else item.source
-                    error = ItemFailed(f"{where}: {exc.strerror or type(exc).__name__}")
-                except Exception as exc:  # noqa: BLE001 - every failure is reported per object
-                    error = ItemFailed(f"{type(exc).__name__}: {_first_line(exc)}")
+        while (item := await feed.take()) is not None:
+            landed: Landed | None = None
+            try:
+                landed = await (self._download(item) if isinstance(item, DownloadItem) else self._upload(item))
+                error = None
+            except _Refused as exc:
+                error = exc.failed
+            except UnsafePathError as exc:
+                error = ItemFailed(str(exc))
+            except OSError as exc:  # the local side: a name, a permission, a full disk
+                where = item.final if isinstance(item, DownloadItem) else item.source
+                error = ItemFailed(f"{where}: {exc.strerror or type(exc).__name__}")
+            except Exception as exc:  # noqa: BLE001 - every failure is reported per object
+                error = ItemFailed(f"{type(exc).__name__}: {_first_line(exc)}")
+            try:
                 on_done(item, error, landed)
-
-        await feed.run([worker() for _ in range(self.concurrency)])
+            except BaseException as exc:  # noqa: BLE001 - the caller's: it ends the run, raised on the caller's thread
+                feed.fail(exc)
+                return
 
     async def _download(self, item: DownloadItem) -> Landed:
         options: dict[str, Any] | None = {"if_match": f'"{item.etag}"'} if item.etag else None
@@ -276,69 +263,6 @@ class ObstoreExecutor:
         finally:
             os.close(fd)
         return Landed(etag=str(result.get("e_tag") or "").strip('"') or None)
-
-
-class _Feed:
-    """The batches handed from the planning thread to the loop's workers, an item at a time: the
-    batch being moved and at most one more wait here (``put`` waits for room). Used on the loop only."""
-
-    def __init__(self) -> None:
-        self._items: deque[Item] = deque()
-        self._batches: asyncio.Queue[Sequence[Item] | None] = asyncio.Queue(maxsize=1)
-        self._refill = asyncio.Lock()
-        self._ended = False
-        self._workers: list[asyncio.Task[None]] = []
-
-    async def run(self, workers: list[Coroutine[Any, Any, None]]) -> None:
-        """Run the workers that take from this feed until it ends."""
-        self._workers = [asyncio.ensure_future(worker) for worker in workers]
-        await asyncio.gather(*self._workers)
-
-    async def abort(self) -> None:
-        """End the feed now: no item not yet taken starts, the workers are cancelled, and this
-        returns once each has finished cancelling (a download removes its temp file then)."""
-        self._ended = True
-        self._items.clear()
-        while not self._batches.empty():  # a put waiting for room completes (its batch never starts)
-            self._batches.get_nowait()
-        for worker in self._workers:
-            worker.cancel()
-        await asyncio.gather(*self._workers, return_exceptions=True)
-
-    async def put(self, batch: Sequence[Item] | None) -> None:
-        """Hand over ``batch``; None ends the feed (once the items before it are taken)."""
-        await self._batches.put(batch)
-
-    async def take(self) -> Item | None:
-        """The next item, waiting for the next batch when this one is taken; None once ended."""
-        while not self._items:
-            if self._ended:
-                return None
-            async with self._refill:  # one worker waits for the next batch; the rest wait for it
-                if self._items or self._ended:
-                    continue
-                batch = await self._batches.get()
-                if batch is None:
-                    self._ended = True
-                else:
-                    self._items.extend(batch)
-        return self._items.popleft()
-
-
-async def _open_feed() -> _Feed:
-    return _Feed()
-
-
-def _hand(loop: _LoopThread, put: Coroutine[Any, Any, None], drained: Future[None]) -> None:
-    """Wait until the feed takes what ``put`` hands over — unless the workers stopped first (an
-    error in a callback): then their error is raised here instead of waiting for room forever."""
-    handed = asyncio.run_coroutine_threadsafe(put, loop.loop)
-    wait([handed, drained], return_when=FIRST_COMPLETED)
-    if not handed.done():
-        handed.cancel()
-        drained.result()  # raises what stopped the workers
-        raise RuntimeError("the transfer workers stopped before the last batch was handed over")
-    handed.result()
 
 
 class _Refused(Exception):
