@@ -172,11 +172,10 @@ class DigestStore:
     def same_stat(self, local: LocalFile) -> DigestEntry | None:
         """The entry if the file's stat identity is unchanged, racy or not."""
         with self._lock:
-            near = next((near for near in self._near if local.relative in near), None)
-            if local.relative in self._buffer:
-                row = self._buffer[local.relative]
-            elif near is not None:
-                row = near[local.relative]
+            # What this run recorded wins over what was prefetched, the newest prefetch over older ones.
+            known = next((rows for rows in (self._buffer, *self._near) if local.relative in rows), None)
+            if known is not None:
+                row = known[local.relative]
             else:
                 found: list[tuple[Any, ...]] = []
                 self._guarded(lambda db: found.extend(db.execute(f"{_SELECT} WHERE relative = ?", (local.relative,))),
