@@ -19,8 +19,8 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from .commands import MODULES
-from .commands.examples import Example, examples_text
+from .commands import MODULES, VERBS, module
+from .commands.examples import Example, examples_text, verb_examples
 from .console import Console
 from .credentials import RedactingFilter
 from .errors import UNWRITABLE_EXIT, USAGE_EXIT, UnwritableError, UsageError, os_error_message
@@ -45,18 +45,36 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
+    def format_help(self) -> str:
+        return super().format_help() + verb_examples(self.prog)
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of the command line ``argv``: only its verb's module registered when it names
+    one (see :data:`~tao_data_io.commands.VERBS`), every verb otherwise and when ``argv`` is None."""
+    verb = _named_verb(argv)
     parser = _Parser(prog="tao-data-io", description="Get data to and from the compute container of TAO jobs.",
                      epilog=examples_text(_EXAMPLES) + "\nEach verb's --help has its flags and more examples.",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
                         help="progress bar on stderr (auto: when stderr is a terminal)")
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
-    for module in MODULES:
-        module.register(verbs)
+    for name in MODULES if verb is None else (VERBS[verb],):
+        module(name).register(verbs)
     _attach_flag_names(parser)
     return parser
+
+
+def _named_verb(argv: Sequence[str] | None) -> str | None:
+    """The verb ``argv`` names in first position, after the top-level options (``--progress``
+    and its value, spelled as argparse accepts: ``--progress=never``, ``--prog never``), or None
+    when it names none first: a help, a typo or a bare option wants every verb's parser."""
+    if argv is None:
+        return None
+    index = 0
+    while index < len(argv) and len(argv[index]) > 2 and "--progress".startswith(argv[index].partition("=")[0]):
+        index += 1 if "=" in argv[index] else 2
+    return argv[index] if index < len(argv) and argv[index] in VERBS else None
 
 
 def _attach_flag_names(parser: argparse.ArgumentParser) -> None:
@@ -87,8 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s", handlers=[handler])
     flags: dict[str, str] = {}
     try:
-        _refuse_empty_arguments(sys.argv[1:] if argv is None else list(argv))
-        args = build_parser().parse_args(argv)
+        arguments = sys.argv[1:] if argv is None else list(argv)
+        _refuse_empty_arguments(arguments)
+        args = build_parser(arguments).parse_args(arguments)
         flags = args.flag_names
         console.progress_mode = args.progress
         return int(args.run(args, console))

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from tao_data_io.cli import build_parser
+from tao_data_io.commands import MODULES, VERBS, module
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.records import RecordStore
 
@@ -34,7 +35,7 @@ def imported_by(argv: list[str], env: Mapping[str, str], *, run: bool = True) ->
     """The modules a fresh interpreter has loaded after parsing ``argv`` (and running it, with
     ``run``): the same start-up a user's shell pays."""
     code = ("import json, sys\nfrom tao_data_io import cli\n"
-            + ("code = cli.main(sys.argv[1:])\n" if run else "cli.build_parser().parse_args(sys.argv[1:]); code = 0\n")
+            + ("code = cli.main(sys.argv[1:])\n" if run else "cli.build_parser(sys.argv[1:]).parse_args(sys.argv[1:]); code = 0\n")
             + "print(json.dumps(sorted(sys.modules)), file=sys.stderr)\nsys.exit(code)\n")
     result = subprocess.run([sys.executable, "-c", code, *argv], env={"PATH": os.environ["PATH"], **env},
                             capture_output=True, text=True, timeout=120)
@@ -52,6 +53,46 @@ def test_parsing_any_verb_imports_nothing_heavy() -> None:
         loaded = imported_by(argv, {}, run=False)
         assert not roots(loaded) & HEAVY, sorted(roots(loaded) & HEAVY)
         assert not {name for name in loaded if any(name == m or name.startswith(m + ".") for m in HEAVY_OURS)}
+
+
+def test_the_verb_map_names_the_module_that_registers_each_verb() -> None:
+    registered: dict[str, str] = {}
+    for name in MODULES:
+        verbs = argparse.ArgumentParser().add_subparsers()
+        module(name).register(verbs)
+        registered |= dict.fromkeys(verbs.choices, name)
+    assert registered == VERBS
+
+
+def _parsed(args: argparse.Namespace) -> dict[str, object]:
+    """A namespace as comparable data: a verb's ``run`` by the function it names."""
+    return {key: (f"{value.__module__}.{value.__qualname__}" if callable(value) else value)
+            for key, value in vars(args).items()}
+
+
+def test_a_command_line_parses_the_same_with_its_verb_alone_as_with_every_verb() -> None:
+    for argv in (["sync", "--exclude", "*.tmp", "s3://b/p/", "d"], ["--progress", "never", "cp", "a", "s3://b/k"],
+                 ["--progress=always", "resync", "--job-id", "j", "--results-dir", "r", "--settle-seconds", "5"],
+                 ["--prog", "never", "record", "mark", "j", "--state", "RUNNING"], ["render-job", "--request", "r.yaml",
+                 "--staging-map", "m.json", "--job-id", "j"], ["pull-model", "hf://org/repo", "--dest", "d"]):
+        assert _parsed(build_parser(argv).parse_args(argv)) == _parsed(build_parser().parse_args(argv)), argv
+
+
+def test_parsing_a_verb_loads_no_other_verb_module() -> None:
+    loaded = imported_by(["resync", "--job-id", "j", "--results-dir", "r"], {}, run=False)
+    others = {f"tao_data_io.commands.{name}" for name in MODULES} - {
+        "tao_data_io.commands.outputs", "tao_data_io.commands.transfer", "tao_data_io.commands.record"}
+    assert not loaded & others, sorted(loaded & others)
+    assert "tomllib" not in loaded  # the examples are read for a help only
+
+
+def test_a_line_naming_no_known_verb_first_gets_every_verb() -> None:
+    for argv in (["--help"], ["syncc", "a", "b"], ["--progress", "never"], ["-h", "sync"]):
+        assert _named_choices(build_parser(argv)) == set(VERBS), argv
+
+
+def _named_choices(parser: argparse.ArgumentParser) -> set[str]:
+    return next(set(action.choices) for action in parser._actions if isinstance(action, argparse._SubParsersAction))
 
 
 def test_a_download_sync_needs_neither_botocore_nor_the_record(s3_server: EmbeddedS3, s3_client, bucket: str,  # type: ignore[no-untyped-def]

@@ -1,8 +1,36 @@
 """CLI verb modules. Each exposes ``register(verbs)`` adding its subcommands; a subcommand sets
-``run(args, console) -> exit code``. Raising :class:`~tao_data_io.errors.UsageError` exits 2."""
+``run(args, console) -> exit code``. Raising :class:`~tao_data_io.errors.UsageError` exits 2.
+
+Why a map of verbs: a command line names one verb, and its parser needs that verb's module
+alone. Importing and registering all nine is ~25 ms of every run — a tenth of a scheduled
+resync, which s5cmd finishes in the time Python takes to start. The whole set is built only
+when the line names no verb we know (``--help``, a typo: the error lists every verb).
+``tests/test_cli_start.py`` checks this map against what each module registers.
+"""
 
 from __future__ import annotations
 
-from . import archive, kubernetes, outputs, pipeline, ptm, record, selective, staging, transfer
+from importlib import import_module
+from types import ModuleType
 
-MODULES = (pipeline, transfer, staging, selective, archive, ptm, record, outputs, kubernetes)
+#: The verb modules, in the order the top-level ``--help`` lists their verbs.
+MODULES = ("pipeline", "transfer", "staging", "selective", "archive", "ptm", "record", "outputs", "kubernetes")
+
+#: Each top-level verb → the module that registers it.
+VERBS = {
+    "submit": "pipeline", "status": "pipeline", "logs": "pipeline", "cancel": "pipeline", "collect": "pipeline",
+    "sync": "transfer", "cp": "transfer",
+    "stage": "staging", "materialize-config": "staging",
+    "selective-download": "selective",
+    "extract": "archive",
+    "pull-model": "ptm",
+    "record": "record",
+    "route-outputs": "outputs", "upload-results": "outputs", "resync": "outputs", "restore-results": "outputs",
+    "check-upload": "outputs",
+    "plan": "kubernetes", "render-job": "kubernetes",
+}
+
+
+def module(name: str) -> ModuleType:
+    """The verb module ``name`` (one of :data:`MODULES`), imported on first use."""
+    return import_module(f"{__name__}.{name}")
