@@ -3,9 +3,10 @@
 ImageNet's training split is 1.28 M files; the engine must stage and resync trees of that order
 in bounded memory (a tier B stage pod has a memory limit) and at s5cmd's speed. Each case runs
 every contender as a process, A/B interleaved, and reports wall time, the ratio to s5cmd
-(lower is better) and each process's own peak RSS (``wait4``'s ``ru_maxrss``: the process, not
+(lower is better), each process's own peak RSS (``wait4``'s ``ru_maxrss``: the process, not
 its children — a command handing objects of 32 MiB and more to s5cmd counts itself only; the
-objects here are small).
+objects here are small) and its CPU seconds (user + system): on a machine whose cores the
+server shares, a client's CPU per object is time the server does not get.
 
 Cases, each on a tree of ``--objects`` objects of ``--size`` bytes, ImageNet-shaped (1,280 files a
 directory):
@@ -57,18 +58,19 @@ def layout(index: int) -> str:
     return f"n{index // PER_DIRECTORY:05d}/img_{index:08d}.JPEG"
 
 
-def timed(argv: list[str], env: dict[str, str], cwd: Path | None, work: Path) -> tuple[float, float]:
-    """(wall seconds, peak RSS in MiB) of one process run to its end. The RSS is GNU time's
-    ``%M``: a child forked straight from this process would start its peak at this process's
-    size (Linux carries the parent's high-water mark through fork and exec into the child's)."""
+def timed(argv: list[str], env: dict[str, str], cwd: Path | None, work: Path) -> tuple[float, float, float]:
+    """(wall seconds, peak RSS in MiB, CPU seconds) of one process run to its end, from GNU
+    time's ``%M %U %S``: a child forked straight from this process would start its peak RSS at
+    this process's size (Linux carries the parent's high-water mark through fork and exec)."""
     measured = work / "maxrss"
     started = time.perf_counter()
-    done = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(measured), *argv], env=env, cwd=cwd,
+    done = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", "-o", str(measured), *argv], env=env, cwd=cwd,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"{argv[:4]} exited {done.returncode}: {done.stderr.decode(errors='replace')[-2000:]}")
-    return wall, int(measured.read_text().split()[-1]) / 1024
+    rss, user, system = measured.read_text().split()[-3:]
+    return wall, int(rss) / 1024, float(user) + float(system)
 
 
 class Bench:
@@ -139,10 +141,11 @@ class Bench:
         return [*s5, verb, remote + "*", str(down) + "/"], None
 
     def run(self, cases: list[str], contenders: list[str], reps: int) -> list[str]:
-        rows = ["| case | contender | wall s (median) | ratio to s5cmd | peak RSS MiB |", "|---|---|---|---|---|"]
+        rows = ["| case | contender | wall s (median) | ratio to s5cmd | peak RSS MiB | CPU s (median) |",
+                "|---|---|---|---|---|---|"]
         for case in cases:
             in_case = [name for name in contenders if case != "shard" or name in self.checkouts]
-            results: dict[str, list[tuple[float, float]]] = {name: [] for name in in_case}
+            results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in in_case}
             for rep in range(reps):
                 if case == "changed":
                     self.rewrite(rep)
@@ -151,13 +154,15 @@ class Bench:
                     self.prepare(name, case)
                     argv, cwd = self.command(name, case)
                     results[name].append(timed(argv, self.env(name), cwd, self.work))
-                    print(f"{case} {name}: {results[name][-1][0]:.2f}s {results[name][-1][1]:.0f} MiB", flush=True)
-            base = statistics.median(wall for wall, _ in results["s5cmd"]) if "s5cmd" in results else None
+                    wall, rss, cpu = results[name][-1]
+                    print(f"{case} {name}: {wall:.2f}s {rss:.0f} MiB {cpu:.2f} CPU s", flush=True)
+            base = statistics.median(wall for wall, _, _ in results["s5cmd"]) if "s5cmd" in results else None
             for name in in_case:
-                wall = statistics.median(w for w, _ in results[name])
-                rss = max(r for _, r in results[name])
+                wall = statistics.median(w for w, _, _ in results[name])
+                rss = max(r for _, r, _ in results[name])
+                cpu = statistics.median(c for _, _, c in results[name])
                 ratio = f"{wall / base:.2f}×" if base else "–"
-                rows.append(f"| {case} | {name} | {wall:.2f} | {ratio} | {rss:.0f} |")
+                rows.append(f"| {case} | {name} | {wall:.2f} | {ratio} | {rss:.0f} | {cpu:.2f} |")
         return rows
 
     def shard_dir(self, name: str) -> Path:
