@@ -40,7 +40,7 @@ from .credentials import Redactor, s3_credentials_from_env
 from .errors import TransferError, UsageError
 from .fs import is_within
 from .records import JobRecord, OutputRoute, RecordStore
-from .request import quantity_bytes
+from .quantities import quantity_bytes
 from .routing import decide_route, ephemeral_warning
 from .transfer.activity import Activity
 from .transfer.client import explained

@@ -27,25 +27,14 @@ from .errors import UsageError
 from .forms import SpecMapping, guard_texts
 from .frame import check_container_path, check_frame_target, place_sources
 from .names import ENV_NAME_RULE, check_job_id, is_env_name, process_control_problem
+from .quantities import is_binary_quantity, quantity_bytes
 from .schema import Strict, describe_validation_error
 from .spec import iter_strings, remote_uris
 from .uris import is_remote_uri, parse_s3_url, parse_uri, staging_location
 
 SCHEMA_VERSION = "1"
-#: A Kubernetes binary quantity such as ``16Gi`` (what ``/dev/shm`` sizes are written in).
-_BINARY_QUANTITY = re.compile(r"[1-9][0-9]{0,5}(Ki|Mi|Gi|Ti)")
-_QUANTITY_FACTORS = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4}
 #: A Kubernetes CPU quantity: whole or decimal cores, or millicores.
 _CPU_QUANTITY = re.compile(r"[1-9][0-9]{0,5}m|[1-9][0-9]{0,3}|[0-9]{1,3}\.[0-9]{1,3}")
-
-
-def is_binary_quantity(value: str) -> bool:
-    return bool(_BINARY_QUANTITY.fullmatch(value))
-
-
-def quantity_bytes(quantity: str) -> int:
-    """``16Gi`` → 17179869184 (the quantity was validated by :class:`ComputeShape`)."""
-    return int(quantity[:-2]) * _QUANTITY_FACTORS[quantity[-2:]]
 
 
 class RequestPart(Strict):

@@ -111,11 +111,13 @@ def test_a_resync_loads_the_record_but_not_botocore(s3_server: EmbeddedS3, bucke
     jobs.open(job_id="start-light", platform="test", image="tao", network_arch="dino", action="train",
               storage_tier="B", results_dir=str(tmp_path / "results"))
     env = {**s3_server.env(), "HOME": str(tmp_path), "S3_BUCKET_NAME": bucket, "TAO_DATA_IO_JOBS_DIR": str(tmp_path / "jobs")}
-    loaded = roots(imported_by(["resync", "--job-id", "start-light", "--results-dir", str(tmp_path / "results"),
-                                "--settle-seconds", "0"], env))
+    modules = imported_by(["resync", "--job-id", "start-light", "--results-dir", str(tmp_path / "results"),
+                           "--settle-seconds", "0"], env)
+    loaded = roots(modules)
     assert jobs.get("start-light").uploads[-1]["uploaded_files"] == 1
     assert "pydantic" in loaded and not loaded & {"boto3", "botocore", "s3transfer", "pandas", "pyarrow", "yaml",
                                                   "huggingface_hub", "rich"}
+    assert "tao_data_io.request" not in modules  # the results limit is arithmetic, not the request model
 
 
 def test_a_state_report_touches_no_storage_library(tmp_path: Path) -> None:

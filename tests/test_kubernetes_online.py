@@ -35,7 +35,8 @@ from tao_data_io.launch.training import read_training_status
 from tao_data_io.names import object_names
 from tao_data_io.records import RecordStore
 from tao_data_io.credentials import S3Credentials
-from tao_data_io.request import JobRequest, quantity_bytes
+from tao_data_io.quantities import quantity_bytes
+from tao_data_io.request import JobRequest
 from tao_data_io.transfer.client import make_s3_client
 
 from .kube_helpers import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID

@@ -49,7 +49,8 @@ from ..launch.rendezvous import MASTER_PORT, RENDEZVOUS_NAMES, rendezvous_env
 from ..launch.training import STATUS_FILE
 from ..names import check_env_name, object_names
 from ..records import JobRecord
-from ..request import DEFAULT_RESULTS_LIMIT, JobRequest, check_container_path, quantity_bytes
+from ..quantities import quantity_bytes
+from ..request import DEFAULT_RESULTS_LIMIT, JobRequest, check_container_path
 from ..tier import TIER_C_BYTES_PER_SECOND
 from ..launch.collective import DEFAULT_TIMEOUT_S, PROBE_PROGRAM
 from .placement import HOSTNAME_LABEL

@@ -19,7 +19,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from ..errors import UsageError
 from ..launch.backend import BackendSettings
 from ..names import check_dns_label, check_dns_subdomain
-from ..request import is_binary_quantity
+from ..quantities import is_binary_quantity
 from ..uris import parse_s3_url
 from .placement import HOSTNAME_LABEL
 

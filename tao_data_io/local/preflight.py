@@ -18,7 +18,7 @@ from pathlib import Path
 from ..errors import UsageError
 from ..launch.plan import LaunchPlan
 from ..reporting import human_size
-from ..request import quantity_bytes
+from ..quantities import quantity_bytes
 from ..routing import RESULTS_ROOT_VARIABLE
 from .binding import BoundSource, identify, open_source, resolved_path
 from .sandbox import FRAME_PATH, Bind, Host, SystemDir, frame_tmp_bytes, mount_source, trivial_argv

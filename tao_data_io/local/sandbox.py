@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from ..launch.plan import PROBE_DIR, LaunchPlan, PlanMount
 from ..launch.rendezvous import rendezvous_env
-from ..request import quantity_bytes
+from ..quantities import quantity_bytes
 
 #: The host directories that make up the userland a frame runs.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64")
