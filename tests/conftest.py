@@ -9,6 +9,7 @@ import itertools
 import logging
 import os
 import shutil
+import signal
 import socket
 import tempfile
 import types
@@ -159,6 +160,15 @@ def prefect_harness() -> Iterator[None]:
     with prefect_test_harness(server_startup_timeout=60):
         with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             yield
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Ctrl-C reaches the processes under test even when the suite was started in the background:
+    a non-interactive shell starts background jobs with SIGINT ignored, Python keeps an inherited
+    SIG_IGN, and every interrupt test would then wait for an interrupt that never comes. A
+    handled signal is reset to the default at exec, so the verbs the tests start get it too."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
