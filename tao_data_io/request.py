@@ -12,7 +12,6 @@ path replaces ``{config_path}`` in the command).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,14 +26,12 @@ from .errors import UsageError
 from .forms import SpecMapping, guard_texts
 from .frame import check_container_path, check_frame_target, place_sources
 from .names import ENV_NAME_RULE, check_job_id, is_env_name, process_control_problem
-from .quantities import is_binary_quantity, quantity_bytes
+from .quantities import is_binary_quantity, is_cpu_quantity, quantity_bytes
 from .schema import Strict, describe_validation_error
 from .spec import iter_strings, remote_uris
 from .uris import is_remote_uri, parse_s3_url, parse_uri, staging_location
 
 SCHEMA_VERSION = "1"
-#: A Kubernetes CPU quantity: whole or decimal cores, or millicores.
-_CPU_QUANTITY = re.compile(r"[1-9][0-9]{0,5}m|[1-9][0-9]{0,3}|[0-9]{1,3}\.[0-9]{1,3}")
 
 
 class RequestPart(Strict):
@@ -119,7 +116,7 @@ class ComputeShape(RequestPart):
     @field_validator("cpu")
     @classmethod
     def _cpu(cls, value: str | None) -> str | None:
-        if value is not None and not _CPU_QUANTITY.fullmatch(value):
+        if value is not None and not is_cpu_quantity(value):
             raise ValueError(f"cpu {value!r} is not a CPU quantity: write whole cores (8), a decimal (7.5) or "
                              "millicores (7500m)")
         return value
