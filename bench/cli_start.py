@@ -42,6 +42,7 @@ from pathlib import Path
 from transfer import BUCKET, KIB, Target, make_files, put_tree, start_proxy  # bench/ is sys.path[0]
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.records import RecordStore
+from tao_data_io.routing import decide_route, record_route
 from tao_data_io.transfer.s5cmd_executor import s5cmd_binary
 
 OURS = [sys.executable, "-m", "tao_data_io.cli"]
@@ -73,6 +74,8 @@ class Bench:
         for name in self.checkouts:
             self.jobs.open(job_id=self.job(name), platform="bench", image="tao", network_arch="dino",
                            action="train", storage_tier="B", results_dir=str(self.results))
+            # As submit does: the route is decided once and recorded (s3://BUCKET/results/JOB/).
+            record_route(self.jobs, self.job(name), decide_route(self.job(name), {"S3_BUCKET_NAME": BUCKET}))
         for name in [*self.checkouts, "s5cmd"]:
             self.run(name, self.resync_argv(name, direct), self.env(name, direct))
 

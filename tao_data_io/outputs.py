@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,6 +49,7 @@ from .transfer.engine import TransferEngine, TransferOptions
 from .transfer.filters import FilterRule, PathFilter
 from .reporting import ProgressCallback, human_size
 from .transfer.summary import TransferSummary
+from .upload_head_start import HeadStart
 from .uris import parse_s3_url
 from .vocabulary import ALWAYS_EXCLUDED, DEFAULT_SETTLE_SECONDS, SETTLE_SECONDS_BOUNDS, TERMINAL_STATES, seconds_within
 
@@ -113,7 +115,7 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
                    rules: Sequence[FilterRule] = (), upload_excludes: Sequence[str] = (),
                    settle_seconds: float | None = None, environ: Mapping[str, str] | None = None,
                    engine: TransferEngine | None = None, progress: ProgressCallback | None = None,
-                   on_wait: Callable[[str], None] | None = None) -> UploadOutcome:
+                   on_wait: Callable[[str], None] | None = None, begun: HeadStart | None = None) -> UploadOutcome:
     """Upload ``results_dir`` to the job's routed destination and record what happened.
 
     ``kind="upload"`` is the explicit (final) upload: it waits for a running resync and, unless
@@ -122,6 +124,10 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
     ``kind="resync"`` is the scheduled unit: it leaves when another upload holds the lock, does
     nothing once a final upload succeeded, records an entry only when it moved or failed
     something, and waits :data:`DEFAULT_SETTLE_SECONDS` for files to settle unless told otherwise.
+
+    ``begun``: the command's head start (:mod:`.upload_head_start`): the job's upload lock it
+    holds stands for this upload's, and its engine and listing are taken over. Nothing else of it
+    is believed: the record is read and validated here, as without one.
 
     Raises :class:`UsageError` for bad input (no record, a results dir that is not a directory
     or, on the mount route, not under the mount). Failed files are in the summary, not raised.
@@ -144,9 +150,14 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
     if not results_dir.is_dir():
         raise UsageError(f"results_dir {str(results_dir)!r} is not a directory: give the directory the job "
                          "writes its results to")
+    if begun is not None and engine is None:
+        engine = begun.engine
     credentials = None if engine is not None else s3_credentials_from_env(env)  # fail before waiting
-    activity = Activity()  # the upload's progress: the lock is renewed only while it moves
-    with store.upload_lock(job_id, wait=kind == "upload", on_wait=on_wait, activity=activity) as held:
+    # The upload's progress: the lock is renewed only while it moves.
+    activity = Activity() if begun is None else begun.activity
+    lock = (store.upload_lock(job_id, wait=kind == "upload", on_wait=on_wait, activity=activity) if begun is None
+            else nullcontext(begun.held))
+    with lock as held:
         if not held:
             return UploadOutcome("busy", f"another resync or upload of job {job_id} holds the lock; this run "
                                          "leaves the work to it", route)
@@ -167,7 +178,7 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
                                   activity=activity)
         prefix = parse_s3_url(route.destination, field="output_route.destination")
         if engine is not None:
-            summary = engine.upload_directory(results_dir, prefix, options)
+            summary = engine.upload_directory(results_dir, prefix, options, None if begun is None else begun.listing)
         else:
             assert credentials is not None
             with TransferEngine(credentials) as own:

@@ -22,7 +22,7 @@ import pytest
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.errors import UsageError
 from tao_data_io.records import RecordStore
-from tao_data_io.routing import decide_route, ephemeral_warning
+from tao_data_io.routing import decide_route, ephemeral_warning, record_route
 
 from .helpers import run_cli, write_tree
 
@@ -55,9 +55,9 @@ def results(tmp_path: Path) -> Path:
 def remote(s3_client: Any, bucket: str, job_id: str = JOB_ID) -> dict[str, bytes]:
     """relative key → body of every object under the job's results prefix."""
     prefix = f"results/{job_id}/"
-    listed = s3_client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    pages = s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
     return {item["Key"][len(prefix):]: s3_client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
-            for item in listed}
+            for page in pages for item in page.get("Contents", [])}
 
 
 def upload(results: Path, env: dict[str, str], *extra: str,
@@ -414,3 +414,125 @@ def test_tao_state_at_any_depth_and_declared_excludes_are_final() -> None:
     assert not admit_all(".tao/state.json") and not admit_all("sub/.tao/x") and not admit_all("a/b/.tao/c/d")
     assert not admit_all("scratch.tmp") and not admit_all("deep/scratch.tmp")
     assert admit_all("checkpoint.pth") and admit_all("my.tao/file") and admit_all("x.taox/y")
+
+
+# --------------------------------------------------------------------------- the command's head start
+# A routed job (submit records its route) lets the command take the upload lock and begin listing
+# before the record model loads (tao_data_io/upload_head_start.py). What it believes of the raw
+# record is where to begin; everything else is decided from the validated record, under the lock.
+@pytest.fixture
+def routed(store: RecordStore, env: dict[str, str]) -> RecordStore:
+    record_route(store, JOB_ID, decide_route(JOB_ID, env))
+    return store
+
+
+def test_a_routed_resync_uploads_exactly_what_changed_across_listing_pages(routed: RecordStore, env: dict[str, str],
+                                                                            bucket: str, s3_client: Any,
+                                                                            tmp_path: Path) -> None:
+    tree = {f"ckpt/{i:04d}.bin": f"epoch {i}".encode() for i in range(1100)}  # two listing pages
+    write_tree(tmp_path / "results", tree)
+    first = upload(tmp_path / "results", env, "--settle-seconds", "0", verb="resync")
+    assert first.returncode == 0, first.stderr
+    changed = {"ckpt/0003.bin": b"rewritten", "ckpt/1099.bin": b"rewritten too", "new.txt": b"new"}
+    time.sleep(0.01)
+    write_tree(tmp_path / "results", changed)
+    again = upload(tmp_path / "results", env, "--settle-seconds", "0", verb="resync")
+    assert again.returncode == 0, again.stderr
+    entry = routed.get(JOB_ID).uploads[-1]
+    assert (entry["uploaded_files"], entry["unchanged_files"]) == (3, 1098)
+    assert remote(s3_client, bucket) == {**tree, **changed}
+
+
+def test_a_routed_resync_leaves_a_held_lock_and_a_final_upload_waits_for_it(routed: RecordStore, env: dict[str, str],
+                                                                             bucket: str, s3_client: Any,
+                                                                             results: Path) -> None:
+    with routed.upload_lock(JOB_ID, wait=False) as held:
+        assert held
+        second = upload(results, env, "--settle-seconds", "0", verb="resync")
+        assert second.returncode == 0 and "holds the lock" in second.stdout, second.stderr
+        final = subprocess.Popen([sys.executable, "-m", "tao_data_io.cli", "upload-results", "--job-id", JOB_ID,
+                                  "--results-dir", str(results)],
+                                 env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **env},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert final.stderr is not None
+        assert "waiting for it to finish" in final.stderr.readline() and final.poll() is None
+        assert remote(s3_client, bucket) == {}
+    out, err = final.communicate(timeout=120)
+    assert final.returncode == 0, err
+    assert remote(s3_client, bucket) == RESULTS and len(routed.get(JOB_ID).uploads) == 1
+
+
+def test_the_head_start_holds_the_lock_and_lists_before_the_record_model_loads(
+        routed: RecordStore, env: dict[str, str], bucket: str, results: Path, tmp_path: Path) -> None:
+    assert upload(results, env).returncode == 0  # objects to list
+    code = ("import json, sys\nfrom pathlib import Path\nfrom tao_data_io.upload_head_start import head_start\n"
+            "with head_start(sys.argv[1], sys.argv[2], Path(sys.argv[3]), resync=True) as begun:\n"
+            "    listed = begun.listing.among([f'results/{sys.argv[2]}/{name}' for name in sys.argv[4:]])\n"
+            "    print(json.dumps({'held': begun.held, 'listed': sorted(listed), 'pydantic': 'pydantic' in sys.modules}))\n")
+    child = subprocess.run([sys.executable, "-c", code, str(tmp_path / "jobs"), JOB_ID, str(results), *RESULTS],
+                           env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    assert json.loads(child.stdout) == {"held": True, "listed": sorted(f"results/{JOB_ID}/{name}" for name in RESULTS),
+                                        "pydantic": False}
+    with routed.upload_lock(JOB_ID, wait=False) as held:  # released when the child ended
+        assert held
+
+
+def test_a_route_changed_after_the_head_start_is_the_one_uploaded_to(routed: RecordStore, env: dict[str, str],
+                                                                     bucket: str, s3_client: Any,
+                                                                     results: Path, tmp_path: Path) -> None:
+    from tao_data_io.outputs import upload_results
+    from tao_data_io.upload_head_start import head_start
+
+    with head_start(tmp_path / "jobs", JOB_ID, results, resync=False, environ=env) as begun:
+        assert begun is not None and begun.destination == f"s3://{bucket}/results/{JOB_ID}/"
+        with routed.upload_lock(JOB_ID, wait=False) as other:
+            assert not other  # the head start holds the job's upload lock
+        moved = decide_route(JOB_ID, {**env, "S3_BUCKET_NAME": bucket}).model_copy(
+            update={"destination": f"s3://{bucket}/moved/{JOB_ID}/"})
+        record_route(routed, JOB_ID, moved, force=True)  # e.g. `route-outputs --record --force` meanwhile
+        outcome = upload_results(routed, JOB_ID, results, environ=env, begun=begun)
+    assert outcome.status == "uploaded" and outcome.route is not None and outcome.route.destination == moved.destination
+    assert remote(s3_client, bucket) == {}  # nothing where the raw record said at first
+    listed = s3_client.list_objects_v2(Bucket=bucket, Prefix=f"moved/{JOB_ID}/")["KeyCount"]
+    assert listed == len(RESULTS) and outcome.summary is not None and outcome.summary.transferred_files == len(RESULTS)
+
+
+def test_a_record_the_model_refuses_releases_the_lock_the_head_start_took(routed: RecordStore, env: dict[str, str],
+                                                                           results: Path, tmp_path: Path) -> None:
+    path = tmp_path / "jobs" / f"{JOB_ID}.json"
+    document = json.loads(path.read_text())
+    path.write_text(json.dumps({**document, "state": "NOT-A-STATE"}))  # raw JSON still names an S3 route
+    resync = upload(results, env, "--settle-seconds", "0", verb="resync")
+    assert resync.returncode != 0 and "is not a valid job record" in resync.stderr and "state" in resync.stderr
+    with routed.upload_lock(JOB_ID, wait=False) as held:
+        assert held
+
+
+@pytest.mark.parametrize(("state", "resync", "begins"), [
+    ("RUNNING", True, True), ("COMPLETE", True, False), ("COMPLETE", False, True)])
+def test_a_finished_jobs_resync_begins_nothing_early_but_its_final_upload_does(
+        routed: RecordStore, env: dict[str, str], results: Path, tmp_path: Path, state: str, resync: bool,
+        begins: bool) -> None:
+    """A resync of an ended job usually finds its final upload recorded: a listing would be waste."""
+    from tao_data_io.upload_head_start import head_start
+
+    routed.mark(JOB_ID, state, source="agent")
+    with head_start(tmp_path / "jobs", JOB_ID, results, resync=resync, environ=env) as begun:
+        assert (begun is not None) is begins
+
+
+def test_the_head_start_begins_nothing_for_what_the_ordinary_way_must_refuse(routed: RecordStore,
+                                                                              env: dict[str, str], results: Path,
+                                                                              tmp_path: Path) -> None:
+    from tao_data_io.upload_head_start import head_start
+
+    jobs = tmp_path / "jobs"
+    no_credentials = {key: value for key, value in env.items() if not key.startswith("AWS_")}
+    for job_id, where, environ in [("../escape", results, env), (JOB_ID, tmp_path / "missing", env),
+                                   ("no-such-job", results, env), (JOB_ID, results, no_credentials)]:
+        with head_start(jobs, job_id, where, resync=True, environ=environ) as begun:
+            assert begun is None, (job_id, where)
+    (jobs / f"{JOB_ID}.json").write_text("{not json")
+    with head_start(jobs, JOB_ID, results, resync=True, environ=env) as begun:
+        assert begun is None

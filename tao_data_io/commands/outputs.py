@@ -118,9 +118,7 @@ def _route(args: argparse.Namespace, console: Console) -> int:
 
 
 def _upload(args: argparse.Namespace, console: Console, kind: Kind) -> int:
-    from ..outputs import upload_results
-    from ..records import RecordStore
-    from ..routing import loud_ephemeral_warning
+    from ..upload_head_start import head_start
 
     slurm_job = os.environ.get(SLURM_JOB_VARIABLE)
     if kind == "upload" and args.no_upload_in_allocation and slurm_job:
@@ -128,10 +126,16 @@ def _upload(args: argparse.Namespace, console: Console, kind: Kind) -> int:
                          "--no-upload-in-allocation keeps uploads out of it: run `tao-data-io upload-results "
                          f"--job-id {args.job_id} --results-dir {args.results_dir.absolute()}` on the login node "
                          "after the allocation ends")
-    with console.progress(kind) as progress:
-        outcome = upload_results(RecordStore(args.root), args.job_id, args.results_dir, kind=kind,
-                                 rules=args.filter_rules, settle_seconds=args.settle_seconds,
-                                 progress=progress, on_wait=console.err)
+    # The lock and the listing first, the record's models while the listing's requests run.
+    with head_start(args.root, args.job_id, args.results_dir, resync=kind == "resync", on_wait=console.err) as begun:
+        from ..outputs import upload_results
+        from ..records import RecordStore
+        from ..routing import loud_ephemeral_warning
+
+        with console.progress(kind) as progress:
+            outcome = upload_results(RecordStore(args.root), args.job_id, args.results_dir, kind=kind,
+                                     rules=args.filter_rules, settle_seconds=args.settle_seconds,
+                                     progress=progress, on_wait=console.err, begun=begun)
     if outcome.status == "ephemeral":
         console.err(loud_ephemeral_warning(args.job_id))
         return 0

@@ -10,22 +10,27 @@
 * :mod:`.from_request` — the record of a job request.
 
 Callers import the public names from here: ``from tao_data_io.records import JobRecord, RecordStore``.
+Each is loaded from its module when first asked for (PEP 562), so a command that only needs a
+backend — an upload taking its lock and starting its listing before the model is built
+(:mod:`tao_data_io.upload_head_start`) — does not pay for pydantic and the record's models
+(~120 ms of a fresh process) before its first request.
 """
 
 from __future__ import annotations
 
-from .backend import DEFAULT_LEASE_SECONDS
-from .from_request import network_and_action, open_for
-from .location import DEFAULT_ROOT, JOBS_DIR_VARIABLE, RECORDS_VARIABLE
-from .model import (IDENTITY_FIELDS, SCHEMA_VERSION, STATES, STORAGE_TIERS, TERMINAL_STATES,
-                            DamagedRecordError, JobRecord, OutputRoute, State, StorageTier, Transition,
-                            check_state, check_tier)
-from .store import RecordConflictError, RecordStore, Retry
+from ..lazy import lazy_exports
 
-__all__ = [
-    "DEFAULT_LEASE_SECONDS", "DEFAULT_ROOT", "IDENTITY_FIELDS", "JOBS_DIR_VARIABLE", "RECORDS_VARIABLE",
-    "SCHEMA_VERSION", "STATES", "STORAGE_TIERS", "TERMINAL_STATES", "DamagedRecordError", "JobRecord",
-    "OutputRoute", "RecordConflictError", "RecordStore", "Retry", "State", "StorageTier", "Transition",
-    "check_state", "check_tier", "network_and_action", "open_for",
-]
+#: Each public name → the module of this package that defines it.
+_HOMES = {
+    "DEFAULT_LEASE_SECONDS": "backend", "DamagedRecordError": "backend",
+    "network_and_action": "from_request", "open_for": "from_request",
+    "DEFAULT_ROOT": "location", "JOBS_DIR_VARIABLE": "location", "RECORDS_VARIABLE": "location",
+    **dict.fromkeys(("IDENTITY_FIELDS", "SCHEMA_VERSION", "STATES", "STORAGE_TIERS", "TERMINAL_STATES", "JobRecord",
+                     "OutputRoute", "State", "StorageTier", "Transition", "check_state", "check_tier"), "model"),
+    "RecordConflictError": "store", "RecordStore": "store", "Retry": "store",
+}
 
+__all__ = sorted(_HOMES)
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)

@@ -25,8 +25,13 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import NamedTuple, Protocol
 
+from ..errors import TaoDataIOError
 from ..transfer.activity import Activity
-from .model import DamagedRecordError
+
+class DamagedRecordError(TaoDataIOError):
+    """A stored record does not parse as a record; it is reported, never overwritten. Here, not
+    beside the model: a backend refuses a document from its size before anything parses it."""
+
 
 #: Record documents are ``<job id>.json`` in a directory or under a prefix.
 RECORD_SUFFIX = ".json"

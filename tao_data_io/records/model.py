@@ -23,9 +23,10 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, AwareDatetime, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
 from ..credentials import credential_value_fields
-from ..errors import TaoDataIOError, UsageError
+from ..errors import UsageError
 from ..names import check_backend_ref, check_job_id
 from ..schema import Strict, describe_validation_error
+from .backend import DamagedRecordError  # noqa: F401 - re-exported: what a document that is no record raises
 from ..vocabulary import STATES, STORAGE_TIERS, TERMINAL_STATES, State, StorageTier  # noqa: F401 - re-exported
 
 SCHEMA_VERSION = "1"
@@ -39,10 +40,6 @@ IDENTITY_FIELDS = ("job_id", "platform", "image", "network_arch", "action", "res
 #: to ``set_tier``, so no change function can bypass their rules.
 GUARDED_FIELDS = frozenset({*IDENTITY_FIELDS, "schema_version", "created_at", "state", "history", "forward_env",
                             "backend_ref", "message", "storage_tier", "storage_reason"})
-
-
-class DamagedRecordError(TaoDataIOError):
-    """A stored record does not parse as a record; it is reported, never overwritten."""
 
 
 def check_state(value: str) -> str:

@@ -34,10 +34,10 @@ from typing import Any
 from ..transfer.activity import Activity
 from ..errors import TaoDataIOError, UsageError
 from ..names import check_backend_ref, check_job_id, mint_job_id
-from .backend import DEFAULT_LEASE_SECONDS
+from .backend import DEFAULT_LEASE_SECONDS, DamagedRecordError
 from .location import locate
-from .model import (GUARDED_FIELDS, IDENTITY_FIELDS, TERMINAL_STATES, DamagedRecordError, JobRecord, check_state,
-                    check_tier, decoded, now, validated)
+from .model import (GUARDED_FIELDS, IDENTITY_FIELDS, TERMINAL_STATES, JobRecord, check_state, check_tier, decoded, now,
+                    validated)
 
 log = logging.getLogger(__name__)
 
