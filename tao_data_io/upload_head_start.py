@@ -64,9 +64,11 @@ def head_start(root: Path | str | None, job_id: str, results_dir: Path, *, resyn
                environ: Mapping[str, str] | None = None,
                on_wait: Callable[[str], None] | None = None) -> Iterator[HeadStart | None]:
     """Take the job's upload lock and begin listing its S3 destination, as its raw record names
-    them; yield what was begun (None: nothing, the upload goes the ordinary way). A resync leaves
-    the lock to another upload holding it (``held`` False); an upload waits for it, telling
-    ``on_wait``. Leaving releases whatever the upload did not take over, the lock last."""
+    them; yield what was begun (None: nothing, the upload goes the ordinary way). The lock is
+    never waited for here: a resync finding it held leaves the work to its holder (``held``
+    False); an upload begins nothing and waits the ordinary way, once its record is validated —
+    a record the model refuses is said at once, not after another upload's hour. Leaving
+    releases whatever the upload did not take over, the lock last."""
     env = os.environ if environ is None else environ
     begun = _begin(root, job_id, results_dir, resync=resync, env=env)
     if begun is None:
@@ -75,10 +77,10 @@ def head_start(root: Path | str | None, job_id: str, results_dir: Path, *, resyn
     backend, destination, prefix, credentials = begun
     activity = Activity()
     with ExitStack() as stack:
-        held = stack.enter_context(backend.upload_lock(job_id, wait=not resync, on_wait=on_wait,
+        held = stack.enter_context(backend.upload_lock(job_id, wait=False, on_wait=on_wait,
                                                        lease_seconds=DEFAULT_LEASE_SECONDS, activity=activity))
         if not held:
-            yield HeadStart(destination, False, activity, None, None)
+            yield HeadStart(destination, False, activity, None, None) if resync else None
             return
         engine = stack.enter_context(TransferEngine(credentials))
         listing = engine.list_into_index(prefix, activity)

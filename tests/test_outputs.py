@@ -536,3 +536,33 @@ def test_the_head_start_begins_nothing_for_what_the_ordinary_way_must_refuse(rou
     (jobs / f"{JOB_ID}.json").write_text("{not json")
     with head_start(jobs, JOB_ID, results, resync=True, environ=env) as begun:
         assert begun is None
+
+
+def test_a_final_upload_of_a_record_the_model_refuses_says_so_without_waiting_for_the_lock(
+        routed: RecordStore, env: dict[str, str], results: Path, tmp_path: Path) -> None:
+    """The head start takes no lock it would have to wait for: validating the record comes first."""
+    path = tmp_path / "jobs" / f"{JOB_ID}.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "state": "NOT-A-STATE"}))
+    with routed.upload_lock(JOB_ID, wait=False) as held:  # another upload, which may run for an hour
+        assert held
+        final = upload(results, env)
+    assert final.returncode != 0 and "is not a valid job record" in final.stderr
+    assert "waiting for it to finish" not in final.stderr
+
+
+def test_a_listing_index_fits_the_statement_limits_of_older_sqlite(routed: RecordStore, env: dict[str, str],
+                                                                   bucket: str, s3_client: Any, tmp_path: Path) -> None:
+    """SQLite before 3.32 (Ubuntu 20.04's 3.31, RHEL 8's 3.26) binds at most 999 variables a statement."""
+    tree = {f"f{i:04d}.bin": f"{i}".encode() for i in range(1100)}
+    write_tree(tmp_path / "results", tree)
+    assert upload(tmp_path / "results", env).returncode == 0
+    older = ("import sqlite3, sys\n_connect = sqlite3.connect\n"
+             "def connect(*args, **kwargs):\n    db = _connect(*args, **kwargs)\n"
+             "    db.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)\n    return db\n"
+             "sqlite3.connect = connect\nfrom tao_data_io.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    write_tree(tmp_path / "results", {"f0007.bin": b"changed"})
+    again = subprocess.run([sys.executable, "-c", older, "upload-results", "--job-id", JOB_ID, "--results-dir",
+                            str(tmp_path / "results")], env={"PATH": os.environ["PATH"], **env},
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert routed.get(JOB_ID).uploads[-1]["uploaded_files"] == 1 and remote(s3_client, bucket)["f0007.bin"] == b"changed"
