@@ -116,7 +116,7 @@ _TABLE = ("CREATE TABLE IF NOT EXISTS entries (relative TEXT PRIMARY KEY, size I
           "ctime_ns INTEGER, ino INTEGER, recorded_ns INTEGER, md5 TEXT, etag TEXT, multipart TEXT) WITHOUT ROWID")
 _UPSERT = "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _SELECT = "SELECT relative, size, mtime_ns, ctime_ns, ino, recorded_ns, md5, etag, multipart FROM entries"
-#: Names per prefetch query (SQLite's default limit on a statement's parameters is 32,766).
+#: Names per prefetch query: within the 999 parameters a statement may bind in SQLite before 3.32.
 _PREFETCH = 500
 
 
