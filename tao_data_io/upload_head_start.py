@@ -47,15 +47,14 @@ from .vocabulary import TERMINAL_STATES
 class HeadStart:
     """What was begun, for :func:`tao_data_io.outputs.upload_results` to take over."""
 
-    #: The destination the raw record names (the listing's).
-    destination: str
     #: Whether the job's upload lock is held (False: a resync found it held by another upload).
     held: bool
     #: The upload's progress, which renews the lock; the upload must beat this one.
     activity: Activity
     #: The engine the listing runs on, for the upload (None when the lock is not held).
     engine: TransferEngine | None
-    #: The listing of ``destination``, filling from the moment the lock was taken.
+    #: The listing of the destination the raw record names (its ``prefix``), filling from the
+    #: moment the lock was taken.
     listing: RemoteIndex | None
 
 
@@ -74,23 +73,23 @@ def head_start(root: Path | str | None, job_id: str, results_dir: Path, *, resyn
     if begun is None:
         yield None
         return
-    backend, destination, prefix, credentials = begun
+    backend, prefix, credentials = begun
     activity = Activity()
     with ExitStack() as stack:
         held = stack.enter_context(backend.upload_lock(job_id, wait=False, on_wait=on_wait,
                                                        lease_seconds=DEFAULT_LEASE_SECONDS, activity=activity))
         if not held:
-            yield HeadStart(destination, False, activity, None, None) if resync else None
+            yield HeadStart(False, activity, None, None) if resync else None
             return
         engine = stack.enter_context(TransferEngine(credentials))
         listing = engine.list_into_index(prefix, activity)
         stack.callback(listing.close)
-        yield HeadStart(destination, True, activity, engine, listing)
+        yield HeadStart(True, activity, engine, listing)
 
 
 def _begin(root: Path | str | None, job_id: str, results_dir: Path, *, resync: bool,
-           env: Mapping[str, str]) -> tuple[RecordBackend, str, S3Url, S3Credentials] | None:
-    """(backend, destination, its prefix, credentials) when there is something to begin."""
+           env: Mapping[str, str]) -> tuple[RecordBackend, S3Url, S3Credentials] | None:
+    """(backend, the destination's prefix, credentials) when there is something to begin."""
     if not is_job_id(job_id) or not results_dir.is_dir():
         return None
     try:
@@ -99,7 +98,7 @@ def _begin(root: Path | str | None, job_id: str, results_dir: Path, *, resync: b
         destination = None if document is None else s3_destination(document.data, resync=resync)
         if destination is None:
             return None
-        return backend, destination, parse_s3_url(destination, field="output_route.destination"), \
+        return backend, parse_s3_url(destination, field="output_route.destination").as_prefix(), \
             s3_credentials_from_env(env)
     except (TaoDataIOError, OSError):
         return None  # the ordinary way says what is wrong, in its words

@@ -485,7 +485,8 @@ def test_a_route_changed_after_the_head_start_is_the_one_uploaded_to(routed: Rec
     from tao_data_io.upload_head_start import head_start
 
     with head_start(tmp_path / "jobs", JOB_ID, results, resync=False, environ=env) as begun:
-        assert begun is not None and begun.destination == f"s3://{bucket}/results/{JOB_ID}/"
+        assert begun is not None and begun.listing is not None
+        assert str(begun.listing.prefix) == f"s3://{bucket}/results/{JOB_ID}/"
         with routed.upload_lock(JOB_ID, wait=False) as other:
             assert not other  # the head start holds the job's upload lock
         moved = decide_route(JOB_ID, {**env, "S3_BUCKET_NAME": bucket}).model_copy(

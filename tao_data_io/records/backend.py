@@ -28,6 +28,7 @@ from typing import NamedTuple, Protocol
 from ..errors import TaoDataIOError
 from ..transfer.activity import Activity
 
+
 class DamagedRecordError(TaoDataIOError):
     """A stored record does not parse as a record; it is reported, never overwritten. Here, not
     beside the model: a backend refuses a document from its size before anything parses it."""

@@ -26,7 +26,7 @@ from ..credentials import credential_value_fields
 from ..errors import UsageError
 from ..names import check_backend_ref, check_job_id
 from ..schema import Strict, describe_validation_error
-from .backend import DamagedRecordError  # noqa: F401 - re-exported: what a document that is no record raises
+from .backend import DamagedRecordError
 from ..vocabulary import STATES, STORAGE_TIERS, TERMINAL_STATES, State, StorageTier  # noqa: F401 - re-exported
 
 SCHEMA_VERSION = "1"
