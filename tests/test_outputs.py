@@ -553,7 +553,9 @@ def test_a_final_upload_of_a_record_the_model_refuses_says_so_without_waiting_fo
 
 def test_a_listing_index_fits_the_statement_limits_of_older_sqlite(routed: RecordStore, env: dict[str, str],
                                                                    bucket: str, s3_client: Any, tmp_path: Path) -> None:
-    """SQLite before 3.32 (Ubuntu 20.04's 3.31, RHEL 8's 3.26) binds at most 999 variables a statement."""
+    """SQLite before 3.32 (Ubuntu 20.04's 3.31, RHEL 8's 3.26) binds at most 999 variables a statement
+    (sqlite.org/limits.html, "Maximum Number Of Host Parameters In A Single SQL Statement":
+    SQLITE_MAX_VARIABLE_NUMBER defaults to 999 before 3.32.0, 32766 since)."""
     tree = {f"f{i:04d}.bin": f"{i}".encode() for i in range(1100)}
     write_tree(tmp_path / "results", tree)
     assert upload(tmp_path / "results", env).returncode == 0
