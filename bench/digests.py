@@ -90,7 +90,7 @@ def run_log(path: Path, phase: str, entries: int, changed: int) -> None:
 
 def run_sqlite(path: Path, phase: str, entries: int, changed: int) -> None:
     from tao_data_io.transfer.digests import DigestStore
-    from tao_data_io.transfer.listing import LocalFile
+    from tao_data_io.transfer.local_walk import LocalFile
 
     def local(index: int) -> LocalFile:
         name, value = entry(index)

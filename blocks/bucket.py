@@ -123,10 +123,12 @@ class TaoS3Bucket(ObjectStorageBlock, WritableFileSystem):
         self.logger.info("%s", summary.describe())
         for skipped in summary.skipped:
             self.logger.warning("skipped %s: %s", skipped.name, skipped.reason)
-        if summary.failed:
+        if summary.skipped_unkept:
+            self.logger.warning("… and %d more skipped", summary.skipped_unkept)
+        if not summary.ok:
             shown = "; ".join(f"{failure.name}: {failure.reason}" for failure in summary.failed[:SHOWN_FAILURES])
-            more = len(summary.failed) - SHOWN_FAILURES
-            raise TransferError(f"{len(summary.failed)} object(s) failed from {summary.source} to "
+            more = summary.failed_files - SHOWN_FAILURES
+            raise TransferError(f"{summary.failed_files} object(s) failed from {summary.source} to "
                                 f"{summary.destination}: {shown}{f'; and {more} more' if more > 0 else ''}. "
                                 "Complete files were kept: run it again to retry")
         return summary

@@ -84,7 +84,7 @@ class UploadOutcome:
         summary = self.summary
         return (f"uploaded {summary.transferred_files} files ({human_size(summary.transferred_bytes)}) to "
                 f"{self.route.destination if self.route else '?'}, {summary.unchanged_files} already there, "
-                f"{summary.excluded_files} excluded" + (f", {len(summary.failed)} FAILED" if summary.failed else ""))
+                f"{summary.excluded_files} excluded" + (f", {summary.failed_files} FAILED" if summary.failed_files else ""))
 
 
 def results_filter(rules: Sequence[FilterRule] = (), upload_excludes: Sequence[str] = ()) -> PathFilter:
@@ -186,7 +186,7 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
         entry = _entry(kind, route, results_dir, record, settle_seconds, started, summary,
                        Redactor(env, secret_names=record.forward_env))
         final = bool(entry["final"])
-        recorded = kind == "upload" or final or bool(summary.transferred_files or summary.failed)
+        recorded = kind == "upload" or final or bool(summary.transferred_files or summary.failed_files)
         if recorded:
             store.update(job_id, lambda current: current.model_copy(update={"uploads": [*current.uploads, entry]}))
     what = "final upload" if final else "upload"
@@ -204,9 +204,9 @@ def restore_results(source: str, results_dir: Path, *, environ: Mapping[str, str
     prefix = parse_s3_url(source, field="restore_from")
     with TransferEngine(s3_credentials_from_env(environ)) as engine:
         summary = engine.download_prefix(prefix, results_dir, TransferOptions())
-    if summary.failed:
+    if not summary.ok:
         first = summary.failed[0]
-        raise TransferError(f"restoring the results of earlier attempts from {source}: {len(summary.failed)} "
+        raise TransferError(f"restoring the results of earlier attempts from {source}: {summary.failed_files} "
                             f"file(s) failed, first {first.name}: {first.reason}; submitting again resumes it")
     return (f"{summary.transferred_files} file(s) ({human_size(summary.transferred_bytes)}) from {source}, "
             f"{summary.unchanged_files} already there")
@@ -270,7 +270,7 @@ def _entry(kind: Kind, route: OutputRoute, results_dir: Path, record: JobRecord,
            started: datetime, summary: TransferSummary, redact: Redactor) -> dict[str, object]:
     """The uploads entry: what moved, what was left and why, in counts and names only. Every
     string is redacted, so even a file named after a secret cannot put its value in the record."""
-    failed = [redact(failure.name) for failure in summary.failed]
+    failed = [redact(failure.name) for failure in summary.failed[:MAX_FAILED_NAMES]]
     return {
         "at": _now().isoformat(),
         "started_at": started.isoformat(),
@@ -286,9 +286,9 @@ def _entry(kind: Kind, route: OutputRoute, results_dir: Path, record: JobRecord,
         "uploaded_bytes": summary.transferred_bytes,
         "unchanged_files": summary.unchanged_files,
         "excluded_files": summary.excluded_files,
-        "skipped_files": len(summary.skipped),
-        "failed_files": len(failed),
-        "failed": failed[:MAX_FAILED_NAMES],
+        "skipped_files": summary.skipped_files,
+        "failed_files": summary.failed_files,
+        "failed": failed,
     }
 
 

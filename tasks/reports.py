@@ -110,8 +110,8 @@ def upload_report(record: JobRecord, outcome: UploadOutcome) -> str:
     if summary is not None:
         lines += ["", table(["uploaded", "bytes", "already there", "excluded", "skipped", "failed"],
                             [[summary.transferred_files, human_size(summary.transferred_bytes),
-                              summary.unchanged_files, summary.excluded_files, len(summary.skipped),
-                              len(summary.failed)]])]
+                              summary.unchanged_files, summary.excluded_files, summary.skipped_files,
+                              summary.failed_files]])]
         if summary.failed:
             lines += ["", "Failed (first 20): " + ", ".join(f"`{f.name}`: {f.reason}" for f in summary.failed[:20])]
     return "\n".join(lines) + "\n"

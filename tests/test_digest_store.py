@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from tao_data_io.transfer.digests import COMMIT_EVERY, DigestStore
-from tao_data_io.transfer.listing import LocalFile
+from tao_data_io.transfer.local_walk import LocalFile
 
 
 def local(index: int, *, size: int = 1024) -> LocalFile:
@@ -50,7 +50,7 @@ _KILLED = textwrap.dedent("""
     import os, sys
     from pathlib import Path
     from tao_data_io.transfer.digests import DigestStore
-    from tao_data_io.transfer.listing import LocalFile
+    from tao_data_io.transfer.local_walk import LocalFile
 
     store = DigestStore(Path(sys.argv[1]))
     for index in range(int(sys.argv[2])):

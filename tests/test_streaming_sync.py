@@ -7,6 +7,7 @@ killed mid-way (the rerun finishes it, nothing half-written left)."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -19,12 +20,15 @@ from typing import Any
 
 import pytest
 
+from tao_data_io.commands.transfer import report
+from tao_data_io.console import Console
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.errors import TaoDataIOError
 from tao_data_io.transfer import engine as engine_module
+from tao_data_io.transfer import summary as summary_module
 from tao_data_io.transfer.client import make_s3_client
-from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.engine import TransferEngine, TransferOptions
 from tao_data_io.transfer.obstore_executor import ObstoreExecutor
 from tao_data_io.transfer.work import Item, ItemDone
 
@@ -241,3 +245,43 @@ def test_an_upload_streamed_in_chunks_decides_each_file_against_its_own_object(
     with TransferEngine(s3_credentials) as engine:
         assert engine.sync(f"s3://{bucket}/up/", str(tmp_path / "back")).ok
     assert tree_digest(tmp_path / "back") == tree_digest(source)
+
+
+@pytest.fixture
+def few_kept(monkeypatch: pytest.MonkeyPatch) -> int:
+    """A summary keeps this many failures and skips (counting the rest): the cap, made small."""
+    monkeypatch.setattr(summary_module, "NAMES_KEPT", 40)
+    return 40
+
+
+def test_a_download_whose_every_object_is_refused_counts_each_failure_and_keeps_a_bounded_few(
+        s3_server: EmbeddedS3, many: tuple[str, dict[str, str]], few_kept: int, tmp_path: Path) -> None:
+    """A role that may list but not read (an SSE-KMS key it cannot use: every GET is 403) fails
+    each of 1.28 M objects: the summary counts them all but holds only the first few, or the
+    stage pod's memory grows by every key and reason until it is OOM-killed."""
+    bucket, _ = many
+    fails = lambda method, path: method == "GET" and "/data/" in path  # noqa: E731 - objects, not the listing
+    with FaultProxy(s3_server.endpoint_url, fails, status=403, times=None) as proxy:
+        with TransferEngine(through(proxy, s3_server.credentials)) as engine:
+            summary = engine.sync(f"s3://{bucket}/data/", str(tmp_path / "d"))
+    assert not summary.ok and summary.failed_files == OBJECTS and summary.transferred_files == 0
+    assert len(summary.failed) == few_kept and summary.to_dict()["failed_files"] == OBJECTS
+    assert f"{OBJECTS} failed" in summary.describe()
+    assert temp_leftovers(tmp_path / "d") == []
+    out, err = io.StringIO(), io.StringIO()
+    assert report(summary, Console(stdout=out, stderr=err), as_json=False) == 1
+    printed = out.getvalue().splitlines()
+    assert sum(line.startswith("  FAILED: ") for line in printed) == few_kept
+    assert f"  … and {OBJECTS - few_kept} more FAILED" in printed and f"error: {OBJECTS} object(s)" in err.getvalue()
+
+
+def test_an_upload_whose_every_file_is_left_for_later_counts_each_skip_and_keeps_a_bounded_few(
+        s3_credentials: S3Credentials, bucket: str, chunked: None, few_kept: int, tmp_path: Path) -> None:
+    """A resync of a tree the job has just written leaves every file for a later run (the settle
+    time): counted, each one, but only the first few held with their reasons."""
+    write_tree(tmp_path / "results", {f"r/{i:04d}.log": b"x" for i in range(1200)})
+    with TransferEngine(s3_credentials) as engine:
+        summary = engine.sync(str(tmp_path / "results"), f"s3://{bucket}/fresh/", TransferOptions(settle_seconds=3600))
+    assert summary.ok and summary.transferred_files == 0 and summary.skipped_files == 1200
+    assert len(summary.skipped) == few_kept and summary.to_dict()["skipped_files"] == 1200
+    assert "1200 skipped" in summary.describe()

@@ -298,7 +298,7 @@ def test_a_results_tree_nested_deeper_than_the_scan_goes_is_uploaded_but_its_dep
     """A job can nest its results as deep as it likes (1,100 levels ended every upload with a
     RecursionError): the scan stops at its depth limit, a descriptor per level at most, names what
     it left out, and uploads the rest."""
-    from tao_data_io.transfer.listing import MAX_SCAN_DEPTH
+    from tao_data_io.transfer.local_walk import MAX_SCAN_DEPTH
 
     source = tmp_path / "results"
     write_tree(source, {"model.pth": b"w", "d/" * 3 + "shallow.txt": b"s"})

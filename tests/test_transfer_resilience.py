@@ -21,7 +21,7 @@ from tao_data_io.transfer import digests as digests_module
 from tao_data_io.transfer import summary as summary_module
 from tao_data_io.transfer.digests import DigestStore
 from tao_data_io.transfer.engine import TransferEngine, TransferOptions
-from tao_data_io.transfer.listing import LocalFile
+from tao_data_io.transfer.local_walk import LocalFile
 from tao_data_io.uris import S3Url
 
 from .helpers import write_tree
@@ -46,7 +46,7 @@ def test_dry_runs_leave_no_descriptor_open(s3_credentials: S3Credentials, s3_cli
 _TEMPS = textwrap.dedent("""
     import resource, sys
     from pathlib import Path
-    from tao_data_io.transfer.listing import temp_leftovers
+    from tao_data_io.transfer.local_walk import temp_leftovers
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
     print(len(temp_leftovers(Path(sys.argv[1]))))
 """)

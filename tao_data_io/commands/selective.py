@@ -66,7 +66,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     if args.json:  # the summary's fields plus the annotation's, in one object
         console.json(result.to_dict())
         if not result.ok:
-            console.err(f"error: {len(result.summary.failed)} object(s) failed; complete files were kept — rerun to retry")
+            console.err(f"error: {result.summary.failed_files} object(s) failed; complete files were kept — rerun to retry")
         return 0 if result.ok else 1
     console.out(f"{args.annotation}: {result.references} references in {', '.join(result.keys)}")
     code = report(result.summary, console, as_json=False)

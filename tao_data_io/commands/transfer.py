@@ -99,9 +99,13 @@ def report(summary: TransferSummary, console: Console, *, as_json: bool, lines_o
                 console.out(f"  … and {summary.transferred_files - len(summary.transferred)} more")
         for skipped in summary.skipped:
             console.out(f"  skipped: {shown(skipped.name)}: {shown(skipped.reason)}")
+        if summary.skipped_unkept:
+            console.out(f"  … and {summary.skipped_unkept} more skipped")
         for failure in summary.failed:
             console.out(f"  FAILED: {shown(failure.name)}: {shown(failure.reason)}")
+        if summary.failed_unkept:
+            console.out(f"  … and {summary.failed_unkept} more FAILED")
     if not summary.ok:
-        console.err(f"error: {len(summary.failed)} object(s) failed; complete files were kept — rerun to retry")
+        console.err(f"error: {summary.failed_files} object(s) failed; complete files were kept — rerun to retry")
         return 1
     return 0

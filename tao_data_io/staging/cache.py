@@ -115,7 +115,7 @@ def _identity(planned: PlannedInput, engine: Callable[[], TransferEngine], spool
                 contents = page.get("Contents", ())
                 out.write(json.dumps([[item["Key"], item["Size"], item.get("ETag"), item.get("LastModified")]
                                       for item in contents], separators=(",", ":")) + "\n")
-                for obj in remote_objects([page], url.as_prefix().key, []):
+                for obj in remote_objects([page], url.as_prefix().key):
                     if rules(obj.relative):
                         digest.update(separator + f"{obj.key}\t{obj.etag}".encode())
                         separator = b"\n"

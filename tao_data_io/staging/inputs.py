@@ -21,7 +21,7 @@ from ..reporting import ProgressCallback
 from ..transfer.engine import TransferEngine, TransferOptions
 from ..transfer.filters import GlobFilter, PathFilter
 from ..transfer.shard import Shard, shard_of
-from ..transfer.summary import Failure, TransferSummary
+from ..transfer.summary import TransferSummary
 from ..uris import HFModelURI, NGCModelURI, S3Url, model_root, staging_location
 from .archive import extract_archive
 from .layout import PlannedInput
@@ -83,7 +83,7 @@ def _stage_s3(planned: PlannedInput, url: S3Url, kind: Kind, local: Path, engine
     declared = planned.declared
 
     def staged(summary: TransferSummary, files: int, note: str | None = None) -> StagedSource:
-        _raise_failed(summary.failed, planned)
+        _raise_failed(summary, planned)
         return StagedSource(source=planned.source, kind=kind, sub_path=planned.sub_path,
                             container_path=planned.container_path, local_path=str(local), files=files,
                             bytes=summary.transferred_bytes + summary.unchanged_bytes,
@@ -96,7 +96,7 @@ def _stage_s3(planned: PlannedInput, url: S3Url, kind: Kind, local: Path, engine
                                          pages=pages)
         files = summary.transferred_files + summary.unchanged_files
         empty_allowed = shard is not None or (declared is not None and declared.allow_empty)  # a shard may get no key
-        if files == 0 and not summary.failed and not empty_allowed:
+        if files == 0 and summary.ok and not empty_allowed:
             excluded = f" ({summary.excluded_files} excluded by its excludes)" if summary.excluded_files else ""
             raise UsageError(f"{planned.field}: {planned.source!r} holds no object{excluded}; check the prefix, or "
                              "declare the input with allow_empty: true if an empty folder is expected")
@@ -106,7 +106,7 @@ def _stage_s3(planned: PlannedInput, url: S3Url, kind: Kind, local: Path, engine
         summary = engine.download_prefix(base, local, TransferOptions(filter=GlobFilter(pattern), progress=progress,
                                                                       shard=shard))
         files = summary.transferred_files + summary.unchanged_files
-        if files == 0 and not summary.failed and shard is None:
+        if files == 0 and summary.ok and shard is None:
             raise UsageError(f"{planned.field}: {planned.source!r} matches no object (TensorFlow's glob rule: '*' "
                              "and '?' match within one path component); check the pattern")
         return staged(summary, files)
@@ -149,8 +149,8 @@ def _stage_model(planned: PlannedInput, parsed: HFModelURI | NGCModelURI, workdi
                         seconds=time.monotonic() - started, note=f"revision {result.revision}")
 
 
-def _raise_failed(failed: list[Failure], planned: PlannedInput) -> None:
-    if failed:
-        shown = "; ".join(f"{f.name}: {f.reason}" for f in failed[:5])
-        raise TransferError(f"staging {planned.source} ({planned.field}) failed for {len(failed)} object(s): {shown}; "
-                            "complete files were kept — a rerun retries the rest")
+def _raise_failed(summary: TransferSummary, planned: PlannedInput) -> None:
+    if not summary.ok:
+        shown = "; ".join(f"{f.name}: {f.reason}" for f in summary.failed[:5])
+        raise TransferError(f"staging {planned.source} ({planned.field}) failed for {summary.failed_files} object(s): "
+                            f"{shown}; complete files were kept — a rerun retries the rest")

@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .listing import LocalFile
+from .local_walk import LocalFile
 from ..fs import open_scanned, read_bounded
 
 log = logging.getLogger(__name__)

@@ -39,8 +39,8 @@ from .digests import DigestStore, multipart_count
 from .filters import GlobFilter, PathFilter
 from .shard import Shard
 from .work import DownloadItem, Executor, Item, ItemFailed, Landed, UploadItem
-from .listing import (LocalFile, LocalWalk, RemoteObject, clean_etag, local_file,
-                      read_ahead, remote_objects, s3_time_ns, temp_leftovers, walk_local)
+from .listing import RemoteObject, clean_etag, read_ahead, remote_objects, s3_time_ns
+from .local_walk import LocalFile, LocalWalk, local_file, temp_leftovers, walk_local
 from ..fs import (SPOOL_NAME, DestinationTree, UnsafePathError, check_relative, confined_path,
                   destination_lock_path, file_lock, has_control_character, lock_owner, open_directory_nofollow,
                   remove_stale_temps)
@@ -72,6 +72,8 @@ READ_ATTEMPTS_VARIABLE = "TAO_DATA_IO_READ_ATTEMPTS"
 READ_CHUNK = 1 << 20
 #: Why a name the scan found is not uploaded: it is one tao-data-io keeps for itself.
 RESERVED_REASON = "a name tao-data-io reserves for its own state and in-flight files; not uploaded"
+#: Why a listed key is not downloaded: it marks a folder (what the S3 console's "Create folder" writes).
+FOLDER_MARKER_REASON = "folder marker (zero-byte key ending in '/'); nothing to download"
 T = TypeVar("T")
 
 
@@ -150,9 +152,9 @@ class _Budget:
         if self._limit is None:
             return True
         if self._spent + local.size > self._limit:
-            summary.failed.append(Failure(local.relative, f"{human_size(local.size)} more would pass {self._what} "
-                                          f"({human_size(self._limit)}): the results grew while they were counted; "
-                                          "not uploaded"))
+            summary.fail(Failure(local.relative, f"{human_size(local.size)} more would pass {self._what} "
+                                 f"({human_size(self._limit)}): the results grew while they were counted; "
+                                 "not uploaded"))
             return False
         self._spent += local.size
         return True
@@ -374,11 +376,11 @@ class TransferEngine:
         started = time.monotonic()
         if dest.exists() and not dest.is_dir():
             raise UsageError(f"DST {str(dest)!r} exists and is not a directory; give a directory path")
-        markers: list[str] = []
         # The first page is read before the lock is taken, so a bad bucket or key creates nothing locally.
         listed = read_ahead(self.pages(prefix) if pages is None else pages)
         first = next(listed, {})
-        objects = remote_objects(itertools.chain([first], listed), prefix.key, markers)
+        objects = remote_objects(itertools.chain([first], listed), prefix.key,
+                                 lambda key: summary.skip(Skipped(key, FOLDER_MARKER_REASON)))
         shard = options.shard
 
         def selected() -> Iterator[RemoteObject]:
@@ -401,8 +403,6 @@ class TransferEngine:
 
             digests = DOWNLOAD_DIGESTS if shard is None else f"digests.{shard.label}.sqlite3"
             self._download(prefix.bucket, selected(), tree, lookup, summary, options, digests)
-        summary.skipped += [Skipped(k, "folder marker (zero-byte key ending in '/'); nothing to download")
-                            for k in markers]
         summary.seconds = time.monotonic() - started
         return summary
 
@@ -411,7 +411,7 @@ class TransferEngine:
         started = time.monotonic()
         head = self._head(url)
         if head is None:
-            summary.failed.append(Failure(str(url), "no such object (404); check the bucket and key", missing=True))
+            summary.fail(Failure(str(url), "no such object (404); check the bucket and key", missing=True))
             return summary
         obj = RemoteObject(url.key, target.name, int(head["ContentLength"]), clean_etag(head.get("ETag")),
                            head.get("LastModified"))
@@ -485,7 +485,7 @@ class TransferEngine:
                     try:
                         check_relative(obj.relative, what="key")
                     except UnsafePathError as exc:
-                        summary.failed.append(Failure(obj.key, str(exc)))
+                        summary.fail(Failure(obj.key, str(exc)))
                         continue
                     try:
                         same = strategy.unchanged(local(obj.relative), obj.key, obj.size, obj.etag)
@@ -575,35 +575,28 @@ class TransferEngine:
             tracker = ProgressTracker(0, 0, options.progress, planning=True)
             strategy = self._upload_strategy(prefix.bucket, store, options)
             budget = _Budget(options.budget)
-            walk = LocalWalk()
+            walk = stack.enter_context(LocalWalk())
             beat = None if options.activity is None else options.activity.beat
-            held_back: list[Skipped] = []  # the held-back files' own refusals, once they are decided
 
             def planned() -> Iterator[list[Item]]:
-                held: dict[str, RemoteObject | None] = {}  # a held-back file's key → its object, kept as the listing passes
                 for chunk in _chunks(walk_local(root_fd, source, walk, on_directory=beat), PLAN_CHUNK, FIRST_CHUNK):
-                    remote = listing.among([prefix.key + (item if isinstance(item, str) else item.relative)
-                                            for item in chunk])
-                    items = []
-                    for item in chunk:
-                        if isinstance(item, str):
-                            held[prefix.key + item] = remote.get(prefix.key + item)
-                        elif self._admitted(item, None, prefix, options, summary) and budget.takes(item, summary):
-                            items.append((item, prefix.key + item.relative))
-                    yield self._plan_upload(prefix.bucket, items, remote, store, strategy, summary, options, tracker)
-                last = walk.held_back(source)
-                kept = {key: obj for key, obj in held.items() if obj is not None}
-                for chunk in _chunks(last.files.values(), PLAN_CHUNK):
+                    remote = listing.among([prefix.key + local.relative for local in chunk])
                     items = [(local, prefix.key + local.relative) for local in chunk
-                             if self._admitted(local, last.linked_outside.get(local.relative), prefix, options, summary)
+                             if self._admitted(local, None, prefix, options, summary) and budget.takes(local, summary)]
+                    yield self._plan_upload(prefix.bucket, items, remote, store, strategy, summary, options, tracker)
+                for chunk in _chunks(walk.decided(source), PLAN_CHUNK):  # what the walk held back, decided
+                    files = [entry for entry in chunk if not isinstance(entry, Skipped)]
+                    summary.skip(*(entry for entry in chunk if isinstance(entry, Skipped)))
+                    remote = listing.among([prefix.key + local.relative for local, _ in files])
+                    items = [(local, prefix.key + local.relative) for local, outside in files
+                             if self._admitted(local, outside, prefix, options, summary)
                              and budget.takes(local, summary)]
-                    yield self._plan_upload(prefix.bucket, items, kept, store, strategy, summary, options, tracker)
-                held_back.extend(last.skipped)
+                    yield self._plan_upload(prefix.bucket, items, remote, store, strategy, summary, options, tracker)
 
             self._execute(planned(), summary, options, store, tracker,
                           lambda item, landed: self._finalize_upload(item, landed, store))
             tracker.planned_all()
-            summary.skipped += [*walk.skipped, *held_back, *(Skipped(name, RESERVED_REASON) for name in walk.reserved)]
+            summary.skip(*walk.skipped, *(Skipped(name, RESERVED_REASON) for name in walk.reserved))
         finally:
             stack.close()
             os.close(root_fd)
@@ -618,12 +611,12 @@ class TransferEngine:
         if not options.filter(local.relative) or (local.target_relative and not options.filter(local.target_relative)):
             summary.excluded_files += 1  # a symlink is admitted only if its target would be too
         elif linked_outside is not None:
-            summary.skipped.append(Skipped(local.relative, linked_outside + "; not uploaded"))
+            summary.skip(Skipped(local.relative, linked_outside + "; not uploaded"))
         elif (unsendable := unsendable_name(prefix.key + local.relative)) is not None:
-            summary.skipped.append(Skipped(local.relative.encode("utf-8", "backslashreplace").decode(), unsendable))
+            summary.skip(Skipped(local.relative.encode("utf-8", "backslashreplace").decode(), unsendable))
         elif options.settle_seconds and max(local.mtime_ns, local.ctime_ns) > settled_before:
-            summary.skipped.append(Skipped(local.relative, f"modified in the last {options.settle_seconds:g}s "
-                                           "(still being written?); left for a later run"))
+            summary.skip(Skipped(local.relative, f"modified in the last {options.settle_seconds:g}s "
+                                 "(still being written?); left for a later run"))
         else:
             return True
         return False
@@ -633,14 +626,13 @@ class TransferEngine:
         sparse file counts whole, as S3 stores it), counting what this upload would send."""
         limit, what = options.budget or (0, "")
         ignored = TransferSummary(str(source), str(prefix))
-        walk = LocalWalk()
-        walked = (item for item in walk_local(root_fd, source, walk) if isinstance(item, LocalFile))
-        admitted = (local for local in walked if self._admitted(local, None, prefix, options, ignored))
-        total, largest = _sizes(admitted)
-        last = walk.held_back(source)
-        more, more_largest = _sizes(local for local in last.files.values()
-                                    if self._admitted(local, last.linked_outside.get(local.relative), prefix, options,
-                                                      ignored))
+        with LocalWalk() as walk:
+            admitted = (local for local in walk_local(root_fd, source, walk)
+                        if self._admitted(local, None, prefix, options, ignored))
+            total, largest = _sizes(admitted)
+            more, more_largest = _sizes(entry[0] for entry in walk.decided(source)
+                                        if not isinstance(entry, Skipped)
+                                        and self._admitted(entry[0], entry[1], prefix, options, ignored))
         total += more
         if total > limit:
             shown = ", ".join(f"{local.relative} ({human_size(local.size)})"
@@ -685,8 +677,8 @@ class TransferEngine:
             try:
                 same = existing is not None and strategy.unchanged(local, key, existing.size, existing.etag)
             except OSError as exc:  # gone or swapped since the scan (a FIFO, a symlink): this file only
-                summary.failed.append(Failure(key, f"{local.path}: {exc.strerror or type(exc).__name__}; the next run "
-                                                   "looks again"))
+                summary.fail(Failure(key, f"{local.path}: {exc.strerror or type(exc).__name__}; the next run "
+                                          "looks again"))
                 continue
             if same:
                 summary.unchanged_files += 1
@@ -767,7 +759,7 @@ class TransferEngine:
                 if failed.changed:
                     reason += (f"; it was read {attempt} time(s), the limit ({READ_ATTEMPTS_VARIABLE} raises it), and "
                                "changed each time — nothing was published; rerun once nothing writes it")
-                summary.failed.append(Failure(item.key, reason, missing=failed.missing))
+                summary.fail(Failure(item.key, reason, missing=failed.missing))
                 tracker.advance(max(item.size, 0), failed=True)
 
         def opened(batches: Iterable[list[Item]]) -> Iterator[list[Item]]:
@@ -826,7 +818,7 @@ class TransferEngine:
         """The listing of ``prefix`` (in folder form) filling a :class:`RemoteIndex` from now on,
         each page a beat of ``activity``: its round trips run while the caller does other work."""
         prefix = prefix.as_prefix()
-        return RemoteIndex(prefix, remote_objects(beating(self.pages(prefix), activity), prefix.key, []))
+        return RemoteIndex(prefix, remote_objects(beating(self.pages(prefix), activity), prefix.key))
 
     def list_sizes(self, prefix: S3Url) -> Iterator[tuple[str, int]]:
         """(key, size) of every object under ``prefix`` (in folder form), as the pages come

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from ..fs import file_digest
 from .digests import DigestStore, is_md5_etag, multipart_count, multipart_etag
-from .listing import LocalFile
+from .local_walk import LocalFile
 
 #: Given a key and its multipart ETag, return the part size the object was uploaded with
 #: (HEAD ?partNumber=1), or None if it cannot be known.

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from ..fs import DestinationTree, TempFile
 from .activity import Activity
-from .listing import LocalFile
+from .local_walk import LocalFile
 
 
 @dataclass(frozen=True)
