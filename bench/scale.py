@@ -20,7 +20,12 @@ directory):
 * ``upload-resync`` — the same again, nothing changed: against ``s5cmd sync``;
 * ``shard``     — one shard of ``--shards`` into an empty directory (``tao-data-io sync --shard
   0/N``, a tier B stage pod of an Indexed Job): its memory against the whole download's. s5cmd
-  has no shards, so this case has no s5cmd row.
+  has no shards, so this case has no s5cmd row;
+* ``links``     — a dataset assembled with ``ln -s``: a local tree of ``--objects`` symlinks to
+  images elsewhere, and a label file for every tenth, to a new prefix: ``tao-data-io sync`` (a
+  symlink leaving the tree is skipped, each with its reason) against ``s5cmd cp
+  --no-follow-symlinks`` (which skips them too). Every symlink waits for the whole tree to be
+  seen before it can be decided: what that holds is this case's peak RSS.
 
 The bucket is seeded once and kept (``--data``, the server's directory, reused by later runs with
 the same ``--objects`` and ``--size``)::
@@ -51,7 +56,9 @@ from tao_data_io.transfer.engine import TransferEngine
 from tao_data_io.transfer.s5cmd_executor import s5cmd_binary
 
 PER_DIRECTORY = 1280
-CASES = ("download", "resync", "changed", "upload", "upload-resync", "shard")
+CASES = ("download", "resync", "changed", "upload", "upload-resync", "shard", "links")
+#: The ``links`` case: one label file (uploaded) for this many symlinks (skipped).
+LINKS_PER_FILE = 10
 
 
 def layout(index: int) -> str:
@@ -83,13 +90,17 @@ class Bench:
         self.prefix = f"scale-{objects}x{size}"
 
     # ------------------------------------------------------------------ data
-    def seed(self) -> None:
-        """Put the tree in the bucket unless a run before did (the listing's count says)."""
+    def make_bucket(self) -> None:
+        """The bucket, unless a run before made it (the server's directory is kept)."""
         client = make_s3_client(self.server.credentials)
         try:
             client.create_bucket(Bucket=BUCKET)
         except client.exceptions.ClientError:
             pass
+
+    def seed(self) -> None:
+        """Put the tree in the bucket unless a run before did (the listing's count says)."""
+        client = make_s3_client(self.server.credentials)
         found = sum(page.get("KeyCount", 0) for page in client.get_paginator("list_objects_v2").paginate(
             Bucket=BUCKET, Prefix=self.prefix + "/"))
         if found == self.objects:
@@ -109,6 +120,20 @@ class Bench:
         print(f"seeded {self.objects} objects in {time.perf_counter() - started:.0f}s", flush=True)
         shutil.rmtree(local)
 
+    def links(self) -> Path:
+        """The ``links`` case's tree (made once): symlinks to where the images would be."""
+        tree = self.work / f"links-{self.objects}"
+        if not (tree / ".complete").exists():
+            shutil.rmtree(tree, ignore_errors=True)
+            for index in range(self.objects):
+                path = tree / layout(index)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.symlink_to(f"/datasets/imagenet/{layout(index)}")
+                if index % LINKS_PER_FILE == 0:
+                    path.with_suffix(".txt").write_bytes(b"%d\n" % (index % 1000))
+            (tree / ".complete").write_bytes(b"")
+        return tree
+
     def rewrite(self, round_: int) -> None:
         """Rewrite ``changed`` objects spread over the tree (new bytes, same size)."""
         client = make_s3_client(self.server.credentials)
@@ -127,8 +152,12 @@ class Bench:
         remote = f"s3://{BUCKET}/{self.prefix}/"
         down = self.work / "down" / name
         up = f"s3://{BUCKET}/up-{self.prefix}-{name.replace(' ', '-')}/"
+        if case == "links":
+            up = f"s3://{BUCKET}/links-{self.prefix}-{name.replace(' ', '-')}/"
         if name in self.checkouts:
             ours = [sys.executable, "-m", "tao_data_io.cli", "sync"]
+            if case == "links":
+                return [*ours, "--exclude", ".complete", str(self.links()), up], self.checkouts[name]
             if case.startswith("upload"):
                 return [*ours, str(down), up], self.checkouts[name]
             if case == "shard":
@@ -136,6 +165,8 @@ class Bench:
             return [*ours, remote, str(down)], self.checkouts[name]
         s5 = [s5cmd_binary(), "--endpoint-url", str(self.server.endpoint_url), "--numworkers", "256"]
         verb = "cp" if case in ("download", "upload") else "sync"
+        if case == "links":
+            return [*s5, "cp", "--no-follow-symlinks", "--exclude", ".complete", str(self.links()) + "/*", up], None
         if case.startswith("upload"):
             return [*s5, verb, str(down) + "/*", up], None
         return [*s5, verb, remote + "*", str(down) + "/"], None
@@ -173,8 +204,8 @@ class Bench:
         if case in ("download", "shard"):
             shutil.rmtree(self.work / "down" / name if case == "download" else self.shard_dir(name), ignore_errors=True)
             shutil.rmtree(self.work / "cache" / name, ignore_errors=True)
-        elif case == "upload":
-            prefix = f"up-{self.prefix}-{name.replace(' ', '-')}/"
+        elif case in ("upload", "links"):
+            prefix = f"{'up' if case == 'upload' else 'links'}-{self.prefix}-{name.replace(' ', '-')}/"
             subprocess.run([s5cmd_binary(), "--endpoint-url", str(self.server.endpoint_url), "rm",
                             f"s3://{BUCKET}/{prefix}*"], env=self.target.env(), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, check=False)
@@ -205,7 +236,9 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     with EmbeddedS3(args.data / "server") as server:
         bench = Bench(server, work, args.objects, args.size, min(args.changed, args.objects), checkouts, args.shards)
-        bench.seed()
+        bench.make_bucket()
+        if set(cases) - {"links"}:  # the links case reads a local tree only
+            bench.seed()
         rows = bench.run(cases, contenders, args.reps)
     print(f"\n{args.objects} objects × {args.size} B, {args.reps} rep(s)\n")
     print("\n".join(rows))
