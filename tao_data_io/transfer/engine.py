@@ -70,8 +70,6 @@ READ_ATTEMPTS = 3
 READ_ATTEMPTS_VARIABLE = "TAO_DATA_IO_READ_ATTEMPTS"
 #: How much of an object :meth:`TransferEngine.read_into` holds at once.
 READ_CHUNK = 1 << 20
-#: Why a name the scan found is not uploaded: it is one tao-data-io keeps for itself.
-RESERVED_REASON = "a name tao-data-io reserves for its own state and in-flight files; not uploaded"
 #: Why a listed key is not downloaded: it marks a folder (what the S3 console's "Create folder" writes).
 FOLDER_MARKER_REASON = "folder marker (zero-byte key ending in '/'); nothing to download"
 T = TypeVar("T")
@@ -575,7 +573,7 @@ class TransferEngine:
             tracker = ProgressTracker(0, 0, options.progress, planning=True)
             strategy = self._upload_strategy(prefix.bucket, store, options)
             budget = _Budget(options.budget)
-            walk = stack.enter_context(LocalWalk())
+            walk = stack.enter_context(LocalWalk(skip=summary.skip))
             beat = None if options.activity is None else options.activity.beat
 
             def planned() -> Iterator[list[Item]]:
@@ -584,7 +582,7 @@ class TransferEngine:
                     items = [(local, prefix.key + local.relative) for local in chunk
                              if self._admitted(local, None, prefix, options, summary) and budget.takes(local, summary)]
                     yield self._plan_upload(prefix.bucket, items, remote, store, strategy, summary, options, tracker)
-                for chunk in _chunks(walk.decided(source), PLAN_CHUNK):  # what the walk held back, decided
+                for chunk in _chunks(walk.decided(source, on_directory=beat), PLAN_CHUNK):  # what the walk held back, decided
                     files = [entry for entry in chunk if not isinstance(entry, Skipped)]
                     summary.skip(*(entry for entry in chunk if isinstance(entry, Skipped)))
                     remote = listing.among([prefix.key + local.relative for local, _ in files])
@@ -596,7 +594,6 @@ class TransferEngine:
             self._execute(planned(), summary, options, store, tracker,
                           lambda item, landed: self._finalize_upload(item, landed, store))
             tracker.planned_all()
-            summary.skip(*walk.skipped, *(Skipped(name, RESERVED_REASON) for name in walk.reserved))
         finally:
             stack.close()
             os.close(root_fd)

@@ -105,6 +105,11 @@ def _temps_below(dir_fd: int, prefix: str, depth: int, found: list[str]) -> None
             os.close(child)
 
 
+#: Why a name the scan found is not uploaded: it is one tao-data-io keeps for itself (the state
+#: directory, a temp name).
+RESERVED_REASON = "a name tao-data-io reserves for its own state and in-flight files; not uploaded"
+
+
 #: The deepest a scanned tree is walked: each level holds one descriptor and one frame, so a
 #: tree a job nests 1,100 levels deep would end the scan (RecursionError, EMFILE) — and with it
 #: every upload of its results. Deeper directories are left out, each named with the reason.
@@ -141,7 +146,7 @@ def walk_local(root_fd: int, root: Path, walk: LocalWalk, *,
             name = name.removesuffix("/")  # what it is now is what its lstat says
             relative = prefix + name
             if name == STATE_DIR_NAME or is_temp_name(name):
-                walk.reserved.append(relative)
+                walk.skip(Skipped(relative, RESERVED_REASON))
                 continue
             try:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -149,20 +154,20 @@ def walk_local(root_fd: int, root: Path, walk: LocalWalk, *,
                 continue  # removed while we looked
             if stat.S_ISDIR(st.st_mode):
                 if depth + 1 >= MAX_SCAN_DEPTH:
-                    walk.skipped.append(Skipped(relative, f"directory more than {MAX_SCAN_DEPTH} levels deep; left out"))
+                    walk.skip(Skipped(relative, f"directory more than {MAX_SCAN_DEPTH} levels deep; left out"))
                     continue
                 try:
                     child = os.open(name, _DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
                 except FileNotFoundError:
                     continue
                 except OSError as exc:
-                    walk.skipped.append(Skipped(relative, f"directory cannot be read ({exc.strerror}); left out"))
+                    walk.skip(Skipped(relative, f"directory cannot be read ({exc.strerror}); left out"))
                     continue
                 try:
                     enter(child, relative + "/", depth + 1)
                 except OSError as exc:
                     os.close(child)
-                    walk.skipped.append(Skipped(relative, f"directory cannot be read ({exc.strerror}); left out"))
+                    walk.skip(Skipped(relative, f"directory cannot be read ({exc.strerror}); left out"))
             elif stat.S_ISREG(st.st_mode):
                 local = local_file(relative, root / relative, st)
                 if st.st_nlink > 1:
@@ -180,7 +185,7 @@ def walk_local(root_fd: int, root: Path, walk: LocalWalk, *,
                     target = exc
                 walk.hold_link(relative, target, link)
             else:
-                walk.skipped.append(Skipped(relative, "special file (socket, FIFO or device); refused"))
+                walk.skip(Skipped(relative, "special file (socket, FIFO or device); refused"))
     finally:
         for dir_fd, *_ in stack:
             os.close(dir_fd)
@@ -205,6 +210,14 @@ def _unsigned(number: int) -> int:
     return number + 2 * _SIGN if number < 0 else number
 
 
+def _wanted_statement(files: int) -> str:
+    """The held symlinks' targets among ``files`` (dev, ino) pairs, read through ``links_identity``:
+    a row-value ``IN (VALUES …)`` is planned as a scan of ``links`` for every lookup, which made
+    the second walk quadratic (N files and N symlinks to them: N²/:data:`_LOOKUP` row reads)."""
+    return ("SELECT k.dev, k.ino FROM (VALUES " + ",".join(["(?, ?)"] * files) + ") v CROSS JOIN links k "
+            "ON k.dev = v.column1 AND k.ino = v.column2 WHERE k.regular")
+
+
 _SCHEMA = """
 CREATE TABLE linked (seq INTEGER PRIMARY KEY, relative TEXT, dev INTEGER, ino INTEGER, size INTEGER,
                      mtime_ns INTEGER, ctime_ns INTEGER, nlink INTEGER);
@@ -218,16 +231,17 @@ CREATE TABLE found (dev INTEGER, ino INTEGER, relative TEXT, outside TEXT, PRIMA
 
 
 class LocalWalk:
-    """What a walk (:func:`walk_local`) reports besides the files it yields: what it skipped or
-    found reserved, and the entries held back until it has seen the whole tree, on disk
+    """What a walk (:func:`walk_local`) reports besides the files it yields: what it skipped
+    (handed on, :attr:`skip`), and the entries held back until it has seen the whole tree, on disk
     (:meth:`hold_linked`, :meth:`hold_link`; decided by :meth:`decided`). The file is made at the
     first held entry: most trees have none. ``holds=False``: a walk that only looks for files
     with one link (the second walk), dropping what it would hold. Close it (or use ``with``)."""
 
-    def __init__(self, *, holds: bool = True) -> None:
-        self.skipped: list[Skipped] = []
-        #: Entries with a reserved name (our state directory, temp names), relative to the root.
-        self.reserved: list[str] = []
+    def __init__(self, *, holds: bool = True, skip: Callable[..., None] | None = None) -> None:
+        #: Where what the walk skips goes as it meets it (a summary's :meth:`~.summary.TransferSummary.skip`,
+        #: which keeps the first names and counts the rest): a tree of a million FIFOs or leftover
+        #: temp files held here would grow with the tree. None: dropped (a walk that only sizes).
+        self.skip: Callable[..., None] = skip or (lambda *skipped: None)
         self._holds = holds
         self._db: sqlite3.Connection | None = None
         self._linked: list[tuple[object, ...]] = []
@@ -276,18 +290,27 @@ class LocalWalk:
                                  [value for row in rows for value in row])
                 rows.clear()
 
-    def decided(self, root: Path) -> Iterator[tuple[LocalFile, str | None] | Skipped]:
+    def decided(self, root: Path, *, on_directory: Callable[[], None] | None = None,
+                ) -> Iterator[tuple[LocalFile, str | None] | Skipped]:
         """Each held-back entry, decided now that the walk is over: a file to upload with why it
         must not be (it is also reachable from outside the tree) or None, or what was skipped.
         A symlink's target is looked for among the multi-link files first, and otherwise by a
-        second walk for just the inodes still wanted."""
+        second walk for just the inodes still wanted (``on_directory``: called at each directory it
+        enters, as by the first walk — an upload's lease is renewed on it)."""
         if self._db is None and not self._linked and not self._links:
             return
         self._flush()
         db = self._db
         assert db is not None
+        # Counting names against st_nlink holds only if no name moved while the tree was walked:
+        # a name met, then renamed into a directory not yet walked, is met twice. A rename or a
+        # new link changes the inode's ctime (and a link its count), so names of one inode met
+        # with different ones are refused: which of them are in the tree cannot be told.
         db.execute("INSERT INTO found SELECT dev, ino, (SELECT relative FROM linked first WHERE first.dev = l.dev "
-                   "AND first.ino = l.ino ORDER BY seq LIMIT 1), CASE WHEN MAX(nlink) > COUNT(*) THEN "
+                   "AND first.ino = l.ino ORDER BY seq LIMIT 1), CASE WHEN MIN(ctime_ns) != MAX(ctime_ns) OR "
+                   "MIN(nlink) != MAX(nlink) THEN 'a hard link whose names changed while the tree was walked "
+                   "(renamed or linked again): which of them are in this tree cannot be told' "
+                   "WHEN MAX(nlink) > COUNT(*) THEN "
                    "'a hard link to a file with ' || MAX(nlink) || ' links, only ' || COUNT(*) || ' of them in "
                    "this tree: it is also reachable from outside it' END FROM linked l GROUP BY dev, ino")
         for relative, dev, ino, size, mtime_ns, ctime_ns, nlink, outside in db.execute(
@@ -297,7 +320,7 @@ class LocalWalk:
                              None, nlink), outside)
         if db.execute("SELECT 1 FROM links k WHERE regular AND NOT EXISTS (SELECT 1 FROM found f WHERE f.dev = k.dev "
                       "AND f.ino = k.ino) LIMIT 1").fetchone():
-            self._find_targets(root)
+            self._find_targets(root, on_directory)
         for (relative, link, missing, error, regular, dev, ino, size, mtime_ns, ctime_ns, nlink, name,
              outside) in db.execute("SELECT k.relative, link, missing, error, regular, k.dev, k.ino, size, mtime_ns, "
                                     "ctime_ns, nlink, f.relative, f.outside FROM links k LEFT JOIN found f ON "
@@ -314,7 +337,7 @@ class LocalWalk:
                 yield (LocalFile(relative, root / name, size, mtime_ns, ctime_ns, _unsigned(ino), _unsigned(dev),
                                  name, nlink), outside)
 
-    def _find_targets(self, root: Path) -> None:
+    def _find_targets(self, root: Path, on_directory: Callable[[], None] | None) -> None:
         """A second walk, made only for symlinks to files the first found no second link of: the
         first name the walk's policy finds for each target wanted, into ``found``."""
         assert self._db is not None
@@ -323,12 +346,10 @@ class LocalWalk:
         except OSError:
             return
         try:
-            files = walk_local(fd, root, LocalWalk(holds=False))
+            files = walk_local(fd, root, LocalWalk(holds=False), on_directory=on_directory)
             while chunk := [local for _, local in zip(range(_LOOKUP), files)]:
                 identities = [value for local in chunk for value in (_signed(local.dev), _signed(local.ino))]
-                wanted = set(self._db.execute(
-                    "SELECT dev, ino FROM links WHERE regular AND (dev, ino) IN (VALUES "
-                    + ",".join(["(?, ?)"] * len(chunk)) + ")", identities))
+                wanted = set(self._db.execute(_wanted_statement(len(chunk)), identities))
                 met = [(dev, ino, local.relative) for local in chunk
                        if (dev := _signed(local.dev), ino := _signed(local.ino)) in wanted]
                 if met:  # the first name met is the one kept (the walk's order, as for a multi-link file)
