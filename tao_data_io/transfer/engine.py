@@ -582,7 +582,8 @@ class TransferEngine:
                     items = [(local, prefix.key + local.relative) for local in chunk
                              if self._admitted(local, None, prefix, options, summary) and budget.takes(local, summary)]
                     yield self._plan_upload(prefix.bucket, items, remote, store, strategy, summary, options, tracker)
-                for chunk in _chunks(walk.decided(source, on_directory=beat), PLAN_CHUNK):  # what the walk held back, decided
+                # What the walk held back, decided (the second walk it may take beats as the first did).
+                for chunk in _chunks(walk.decided(source, on_directory=beat), PLAN_CHUNK):
                     files = [entry for entry in chunk if not isinstance(entry, Skipped)]
                     summary.skip(*(entry for entry in chunk if isinstance(entry, Skipped)))
                     remote = listing.among([prefix.key + local.relative for local, _ in files])

@@ -303,13 +303,13 @@ class LocalWalk:
         db = self._db
         assert db is not None
         # Counting names against st_nlink holds only if no name moved while the tree was walked:
-        # a name met, then renamed into a directory not yet walked, is met twice. A rename or a
-        # new link changes the inode's ctime (and a link its count), so names of one inode met
-        # with different ones are refused: which of them are in the tree cannot be told.
+        # a name met, then renamed into a directory not yet walked, is met twice. A rename, a new
+        # link or a write changes the inode's ctime (and a link its count), so names of one inode
+        # met with different ones are refused: which of them are in the tree cannot be told.
         db.execute("INSERT INTO found SELECT dev, ino, (SELECT relative FROM linked first WHERE first.dev = l.dev "
                    "AND first.ino = l.ino ORDER BY seq LIMIT 1), CASE WHEN MIN(ctime_ns) != MAX(ctime_ns) OR "
-                   "MIN(nlink) != MAX(nlink) THEN 'a hard link whose names changed while the tree was walked "
-                   "(renamed or linked again): which of them are in this tree cannot be told' "
+                   "MIN(nlink) != MAX(nlink) THEN 'a hard link that changed while the tree was walked (renamed, "
+                   "linked or written): which of its names are in this tree cannot be told' "
                    "WHEN MAX(nlink) > COUNT(*) THEN "
                    "'a hard link to a file with ' || MAX(nlink) || ' links, only ' || COUNT(*) || ' of them in "
                    "this tree: it is also reachable from outside it' END FROM linked l GROUP BY dev, ino")
