@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tao_data_io.launch.plan import LaunchPlan, PlanMount
 from tao_data_io.local.backend import LocalBackend
-from tao_data_io.local.preflight import BWRAP_INSTALL, find_tool
+from tao_data_io.local.tools import BWRAP_INSTALL, find_tool
 from tao_data_io.local.sandbox import Host, frame_argv, frame_env, host_system_dirs
 from tao_data_io.local.settings import LocalSettings
 from tao_data_io.records import OutputRoute

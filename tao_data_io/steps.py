@@ -76,6 +76,14 @@ def staging_dir(job_id: str, root: str | Path | None = None, environ: Mapping[st
     return staging_root(root, environ) / job_id
 
 
+def state_roots(store: RecordStore, root: str | Path | None = None,
+                environ: Mapping[str, str] | None = None) -> list[str]:
+    """Where a submit keeps state on this host (:attr:`~tao_data_io.launch.plan.LaunchPlan.state_roots`):
+    the root it stages every job under, and the records' directory when they are in one."""
+    records = store.directory
+    return [str(staging_root(root, environ)), *([str(records.expanduser().absolute())] if records else [])]
+
+
 def identified(request: JobRequest) -> JobRequest:
     """``request`` with its job id: its own, or one minted now — once, before the first step, so
     every retry of every step opens the same record (and a flow can name its run after it)."""

@@ -39,6 +39,7 @@ from .steps import (
     open_record,
     read_record,
     read_staging_map,
+    state_roots,
     record_end,
     resync_job,
     route_outputs,
@@ -207,7 +208,8 @@ def _launch(request: JobRequest, backend: Backend, store: RecordStore, record: J
     tell(staging_map.describe())
     record = run(route_outputs, store, record.job_id, environ)
     assert record.output_route is not None
-    plan = run(build_plan, request, staging_map, decision, record, record.output_route, environ=environ)
+    plan = run(build_plan, request, staging_map, decision, record, record.output_route, environ=environ,
+               state_roots=state_roots(store, staging_root, environ))
     submission = run(start, plan, backend, environ=environ, documents=JobDocuments(request, record), store=store,
                      source=source)
     verdict = run(confirm, plan, backend, store, submission, source=source)
@@ -226,7 +228,8 @@ def _confirm_launched(request: JobRequest, backend: Backend, store: RecordStore,
                          "record; follow it with status or collect, or cancel it")
     decision = run(decide_tier, request, backend, store, record.job_id)
     staging_map = run(read_staging_map, staging_dir(record.job_id, staging_root, environ))
-    plan = run(build_plan, request, staging_map, decision, record, record.output_route, environ=environ)
+    plan = run(build_plan, request, staging_map, decision, record, record.output_route, environ=environ,
+               state_roots=state_roots(store, staging_root, environ))
     verdict = run(confirm, plan, backend, store, Submission(backend_ref=record.backend_ref, started=False),
                   source=source)
     return Submitted(record.job_id, record.backend_ref, decision.tier, False, verdict)

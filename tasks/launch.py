@@ -9,7 +9,7 @@ command never started, the record says ERROR with the verdict, and the UI shows 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -29,9 +29,11 @@ from tasks.reports import launch_report
 
 @step("plan-launch", timeout_seconds=QUICK, task_run_name="plan-launch-{record.job_id}")
 def build_plan(request: JobRequest, staging_map: StagingMap, decision: TierDecision, record: JobRecord,
-               route: OutputRoute, *, environ: Mapping[str, str] | None = None) -> LaunchPlan:
+               route: OutputRoute, *, environ: Mapping[str, str] | None = None,
+               state_roots: Sequence[str] = ()) -> LaunchPlan:
     """What the backend launches: the image, command, mounts and environment, names only."""
-    return planning.build_plan(request, staging_map, decision, record, route, environ=environ)
+    return planning.build_plan(request, staging_map, decision, record, route, environ=environ,
+                               state_roots=state_roots)
 
 
 @step("launch", timeout_seconds=LAUNCH, task_run_name="launch-{plan.job_id}")

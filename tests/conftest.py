@@ -140,14 +140,28 @@ def sandbox() -> None:
     skip: ``make test`` installs it) and the kernel grants it user namespaces (else skip, in
     bubblewrap's own words)."""
     from tao_data_io.errors import UsageError
-    from tao_data_io.local.preflight import BWRAP_INSTALL, check_sandbox, find_tool
-    from tao_data_io.local.sandbox import host_system_dirs
+    from tao_data_io.local.preflight import check_sandbox
+    from tao_data_io.local.run_as import run_as
+    from tao_data_io.local.sandbox import Host, host_system_dirs
+    from tao_data_io.local.tools import BWRAP_INSTALL, find_tool
 
     bwrap = find_tool("bwrap", BWRAP_INSTALL)
     try:
-        check_sandbox(bwrap, host_system_dirs())
+        check_sandbox(Host(bwrap=bwrap, system=host_system_dirs(), run_as=run_as(None, None)))
     except UsageError as exc:
         pytest.skip(f"this kernel refuses bubblewrap the user namespaces it needs: {exc}")
+
+
+@pytest.fixture
+def local_backend(tmp_path: Path, sandbox: None) -> Iterator[Any]:
+    """A local backend whose run root is the test's; nothing a failed test started outlives it."""
+    from tao_data_io.local.backend import LocalBackend
+    from tao_data_io.local.settings import LocalSettings
+
+    backend = LocalBackend(LocalSettings(run_root=str(tmp_path / "local")))
+    yield backend
+    for run in backend.run_root.glob("*/run"):
+        backend.cancel(f"local/{run.parent.name}")
 
 
 @pytest.fixture(scope="session")

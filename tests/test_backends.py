@@ -39,7 +39,8 @@ KUBERNETES = {"namespace": "tao", "context": "prod", "pvc_claim": "tao-data", "c
 
 
 @pytest.mark.parametrize(("platform", "config"), [
-    ("local", {"run_root": "/srv/tao/runs", "allow_network": True}),
+    ("local", {"run_root": "/srv/tao/runs", "allow_network": True, "run_as_user": 1000, "run_as_group": 1000,
+               "log_limit": "16Mi"}),
     ("kubernetes", KUBERNETES),
 ], ids=["local", "kubernetes"])
 def test_a_backends_recorded_config_is_its_settings_and_rebuilds_an_equal_backend(platform: str,
@@ -71,7 +72,7 @@ def test_an_old_local_record_with_workdir_root_rebuilds_its_backend(tmp_path: Pa
     record = store.update("old-job", lambda current: current.model_copy(update={"backend_config": old}))
     backend = backend_of(record)
     assert isinstance(backend, LocalBackend)
-    assert backend.config() == {"run_root": str(tmp_path / "runs"), "allow_network": True}
+    assert backend.config() == LocalSettings(run_root=str(tmp_path / "runs"), allow_network=True).model_dump()
     assert backend_of(record, {"run_root": str(tmp_path / "elsewhere")}).config()["run_root"] == str(
         tmp_path / "elsewhere")
 

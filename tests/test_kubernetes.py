@@ -370,11 +370,29 @@ def test_adversarial_a_subpath_reused_by_two_sources_is_refused(tmp_path: Path) 
         render(request, tmp_path, "C", plan=bad)
 
 
-def test_a_pre_positioned_source_inside_the_stage_cache_is_refused_with_its_own_fix(tmp_path: Path) -> None:
-    request = req(storage={"pvc_claim": "lustre"}, mounts=[{"source": "/cache/s3/bkt-1/data", "target": "/mine"}])
-    with pytest.raises(UsageError, match="would serve two sources.*pre-positioned mount source lies where the stage "
-                                         "cache keeps a staged input"):
+@pytest.mark.parametrize(("mount", "refusal"), [
+    ({"source": "/cache/s3/bkt-1/data", "target": "/mine"}, "lies in the claim's stage cache"),
+    ({"source": "/cache", "target": "/mine"}, "lies in the claim's stage cache"),
+    ({"source": "/results", "target": "/mine"}, "holds every job's results"),
+    ({"source": "/results/other-job", "target": "/mine", "read_only": False}, "mount it read-only"),
+    ({"source": "/results/other-job/sub", "target": "/mine", "read_only": False}, "mount it read-only"),
+], ids=["in-the-cache", "the-cache", "every-jobs-results", "another-jobs-results-writable", "inside-them-writable"])
+def test_a_request_cannot_reach_the_claims_cache_or_write_other_jobs_results(
+        tmp_path: Path, mount: dict[str, Any], refusal: str) -> None:
+    """subPaths were compared for equality only: a request's mount of the claim's ``cache/…`` or
+    ``results/…`` with ``read_only: false`` gave the training container the shared stage cache
+    or every job's results, writable. The stage cache is tao-data-io's; another job's results may
+    be read (a pipeline's next step), never written."""
+    request = req(storage={"pvc_claim": "lustre"}, mounts=[mount])
+    with pytest.raises(UsageError, match=f"pre-positioned mount source '{mount['source']}' .*{refusal}"):
         render(request, tmp_path, "B", pvc_claim="lustre")
+
+
+def test_another_jobs_results_on_the_claim_are_an_input(tmp_path: Path) -> None:
+    request = req(storage={"pvc_claim": "lustre"}, mounts=[{"source": "/results/train-job", "target": "/previous"}])
+    train = by_name(training_pod(render(request, tmp_path, "B", pvc_claim="lustre"))["containers"])["train"]
+    assert {"name": "data", "mountPath": "/previous", "subPath": "results/train-job", "readOnly": True} in \
+        train["volumeMounts"]
 
 
 def test_adversarial_a_forward_env_name_also_in_environment_is_refused(tmp_path: Path) -> None:

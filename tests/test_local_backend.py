@@ -19,120 +19,47 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import tao_data_io
 from tao_data_io.errors import UsageError
 from tao_data_io.backends import backend_for
 from tao_data_io.launch.collective import HANG_EXIT, PROBE_PROGRAM, read_probe
-from tao_data_io.launch.backend import Backend, JobStatus
-from tao_data_io.launch.plan import PROBE_DIR, LaunchPlan, build_plan
+from tao_data_io.launch.backend import Backend
+from tao_data_io.launch.plan import PROBE_DIR, LaunchPlan
 from tao_data_io.launch.rendezvous import MASTER_PORT
 from tao_data_io.local.backend import LocalBackend
-from tao_data_io.local.preflight import BWRAP_INSTALL, find_tool
+from tao_data_io.local.tools import BWRAP_INSTALL, find_tool
 from tao_data_io.local.sandbox import (FRAME_PATH, MASTER_ADDR, Bind, Host, Namespaces, SystemDir, frame_argv,
-                                       frame_binds, frame_env,
-                                       host_system_dirs)
+                                       frame_binds, frame_env, host_system_dirs)
+from tao_data_io.local.run_as import RunAs
 from tao_data_io.local.settings import LocalSettings
-from tao_data_io.records import JobRecord, OutputRoute
-from tao_data_io.request import JobRequest
-from tao_data_io.staging.stage_map import StagedSource, StagingMap
-from tao_data_io.tier import TierDecision
+from tao_data_io.records import OutputRoute
 
 from .helpers import (DEADLINE_S, args_request, job_processes, live_processes, needs_bwrap, proc_text, run_cli,
                       torchrun_arguments, wait_for, write_request)
-
-REPO = Path(__file__).resolve().parents[1]
-STAND_IN = REPO / "examples" / "stand_in"
-#: Where the supervisor imports tao-data-io from.
-PACKAGE_ROOT = Path(tao_data_io.__file__).resolve().parents[1]
-CONFIG = "/tao-action-config/spec.yaml"
-DATA = "/tao-inputs/s3/bkt/data"
-S3_ROUTE = OutputRoute(route="s3", destination="s3://bkt/results/job-1/", reason="S3_BUCKET_NAME is set")
-#: sh that says, for each argument, whether that path exists in the frame.
-VISIBILITY = 'for p in "$@"; do if [ -e "$p" ]; then echo "visible $p"; else echo "absent $p"; fi; done'
-
-
-# ----------------------------------------------------------------------------- building plans
-def make_plan(tmp_path: Path, job_id: str = "job-1", *, script: str | None = None, script_args: list[str] | None = None,
-              command: list[str] | None = None, environment: dict[str, str] | None = None,
-              mounts: list[dict[str, Any]] | None = None, forward_env: list[str] | None = None, nodes: int = 1,
-              network: bool = False, route: OutputRoute = S3_ROUTE, environ: dict[str, str] | None = None,
-              results_dir: str = "/results", shape: dict[str, Any] | None = None) -> LaunchPlan:
-    """A plan as build_plan makes it: a staged folder (one file) under ``tmp_path/stage``; the
-    stand-in in config mode by default, ``/bin/sh -c script`` or ``command`` in args mode; a
-    read-write ``/control`` from ``tmp_path/control-<job id>`` for markers and hold files."""
-    stage = tmp_path / "stage"
-    (stage / "s3/bkt/data").mkdir(parents=True, exist_ok=True)
-    (stage / "s3/bkt/data/part-0.bin").write_bytes(b"training bytes")
-    control = tmp_path / f"control-{job_id}"
-    control.mkdir(exist_ok=True)
-    sources = [StagedSource(source="s3://bkt/data/", kind="folder", sub_path="s3/bkt/data", container_path=DATA,
-                            local_path=str(stage / "s3/bkt/data"), files=1, bytes=14)]
-    fields: dict[str, Any]
-    if script is None and command is None:
-        (stage / "config").mkdir(exist_ok=True)
-        (stage / "config/spec.yaml").write_text("train:\n  epochs: 1\n")
-        sources.append(StagedSource(source="config:sha256:0", kind="config", sub_path="config/spec.yaml",
-                                    container_path=CONFIG, local_path=str(stage / "config/spec.yaml"), files=1,
-                                    bytes=20))
-        fields = {"mode": "config", "command": "sh /stand-in/train.sh -e {config_path}", "config_format": "yaml",
-                  "spec": {"train": {"epochs": 1}}}
-        environment = {"EPOCHS": "1", "EPOCH_SECONDS": "0", "TRAIN_INPUTS": DATA, "MARKER_DIR": "/control",
-                       **(environment or {})}
-    else:
-        fields = {"mode": "args", "command": command or ["/bin/sh", "-c"],
-                  "args": [] if command else [script, "frame", *(script_args or [])]}
-    request = JobRequest.model_validate({
-        "schema_version": "1", "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt", **fields,
-        "environment": environment or {}, "forward_env": forward_env or [], "network": network,
-        "outputs": {"results_dir": results_dir}, "inputs": [{"source": "s3://bkt/data/", "kind": "folder"}],
-        "compute_shape": {"gpus": 1, "nodes": nodes, "shm_size": "64Mi", **(shape or {})},
-        "mounts": [{"source": str(STAND_IN), "target": "/stand-in"},
-                   {"source": str(control), "target": "/control", "read_only": False}, *(mounts or [])]})
-    staging_map = StagingMap(job_id=job_id, workdir=str(stage), inputs_root="/tao-inputs", sources=sources)
-    now = datetime.now(timezone.utc)
-    record = JobRecord(job_id=job_id, platform="local", image=request.image, network_arch="stand-in", action="train",
-                       storage_tier="B", results_dir=results_dir, state="PENDING", created_at=now, updated_at=now)
-    return build_plan(request, staging_map, TierDecision(tier="B", reason="local"), record, route, environ=environ)
-
-
-def control(tmp_path: Path, job_id: str = "job-1") -> Path:
-    return tmp_path / f"control-{job_id}"
-
-
-# ----------------------------------------------------------------------------- waiting and looking
-def wait_state(backend: LocalBackend, ref: str, *states: str) -> JobStatus:
-    def reached() -> JobStatus | None:
-        status = backend.status(ref)
-        return status if status.state in states else None
-
-    return wait_for(f"{ref} to be {'/'.join(states)} (last: {backend.status(ref).describe()})", reached)
-
-
-def finished(backend: LocalBackend, ref: str) -> JobStatus:
-    return wait_state(backend, ref, "COMPLETE", "ERROR", "CANCELED")
+from .local_frame import (CONFIG, DATA, PACKAGE_ROOT, REPO, STAND_IN, VISIBILITY, control, finished, make_plan,
+                          wait_state)
 
 
 @pytest.fixture
-def backend(tmp_path: Path, sandbox: None) -> Iterator[LocalBackend]:
-    backend = LocalBackend(LocalSettings(run_root=str(tmp_path / "local")))
-    yield backend
-    for run in (backend.run_root.glob("*/run")):  # nothing a failed test started outlives it
-        backend.cancel(f"local/{run.parent.name}")
+def backend(local_backend: LocalBackend) -> LocalBackend:
+    return local_backend
 
 
 # ----------------------------------------------------------------------------- the argv, pure
-ARITY = {"--ro-bind": 2, "--bind": 2, "--ro-bind-fd": 2, "--bind-fd": 2, "--symlink": 2, "--proc": 1, "--dev": 1,
-         "--tmpfs": 1, "--size": 1, "--hostname": 1, "--cap-drop": 1, "--chdir": 1, "--json-status-fd": 1,
-         "--remount-ro": 1, "--unshare-all": 0, "--as-pid-1": 0, "--share-net": 0, "--new-session": 0}
+ARITY = {"--ro-bind": 2, "--ro-bind-try": 2, "--ro-bind-fd": 2, "--bind-fd": 2, "--symlink": 2, "--proc": 1,
+         "--dev": 1, "--dir": 1, "--tmpfs": 1, "--size": 1, "--perms": 1, "--hostname": 1, "--cap-drop": 1,
+         "--cap-add": 1, "--chdir": 1, "--json-status-fd": 1, "--remount-ro": 1, "--unshare-user": 0,
+         "--unshare-ipc": 0, "--unshare-pid": 0, "--unshare-uts": 0, "--unshare-cgroup-try": 0, "--unshare-net": 0,
+         "--as-pid-1": 0, "--new-session": 0}
 HOST = Host(bwrap="/usr/bin/bwrap", system=(SystemDir("/usr"), SystemDir("/bin", "usr/bin"), SystemDir("/etc/passwd")),
             nsenter="/usr/bin/nsenter")
+#: The same host with the backend run by root: the frame's command becomes nobody.
+ROOT_HOST = Host(bwrap=HOST.bwrap, system=HOST.system, nsenter=HOST.nsenter,
+                 run_as=RunAs(uid=65534, gid=65534, setpriv="/usr/bin/setpriv"))
 
 
 def options(argv: list[str]) -> tuple[list[tuple[str, ...]], list[str]]:
@@ -148,12 +75,12 @@ def options(argv: list[str]) -> tuple[list[tuple[str, ...]], list[str]]:
 
 
 def argv_of(plan: LaunchPlan, command: list[str], *, results_host: str = "/host/results", probe_dir: str | None = None,
-            absent: tuple[str, ...] = (), **kwargs: Any) -> tuple[list[Bind], list[str]]:
+            absent: tuple[str, ...] = (), host: Host = HOST, **kwargs: Any) -> tuple[list[Bind], list[str]]:
     """The frame's binds and argv, each bind's source given descriptor ``100 + its index``
     (but the targets in ``absent``: no descriptor, as when the source is missing)."""
     binds = frame_binds(plan, results_host, probe_dir)
     opened = {bind.target: 100 + n for n, bind in enumerate(binds) if bind.target not in absent}
-    return binds, frame_argv(plan, HOST, binds, opened, command, **kwargs)
+    return binds, frame_argv(plan, host, binds, opened, command, **kwargs)
 
 
 def test_frame_argv_unshares_everything_and_binds_exactly_the_plan(tmp_path: Path) -> None:
@@ -164,13 +91,20 @@ def test_frame_argv_unshares_everything_and_binds_exactly_the_plan(tmp_path: Pat
     found, command = options(argv)
     stage = tmp_path / "stage"
     assert command == ["sh", "-c", "true"]
-    assert found[:5] == [("--unshare-all",), ("--as-pid-1",), ("--new-session",), ("--cap-drop", "ALL"),
-                         ("--hostname", "job-1-0")]
-    assert ("--share-net",) not in found  # no network unless the plan asks
-    assert found[5:13] == [("--tmpfs", "/etc"), ("--ro-bind", "/usr", "/usr"), ("--symlink", "usr/bin", "/bin"),
-                           ("--ro-bind", "/etc/passwd", "/etc/passwd"), ("--remount-ro", "/etc"),
-                           ("--proc", "/proc"), ("--dev", "/dev"), ("--size", str(4 * 1024**3))]
-    assert found[13:16] == [("--tmpfs", "/tmp"), ("--size", str(64 * 1024**2)), ("--tmpfs", "/dev/shm")]
+    assert found[:10] == [("--unshare-user",), ("--unshare-ipc",), ("--unshare-pid",), ("--unshare-uts",),
+                          ("--unshare-cgroup-try",), ("--unshare-net",), ("--as-pid-1",), ("--new-session",),
+                          ("--cap-drop", "ALL"), ("--hostname", "job-1-0")]  # no network unless the plan asks
+    assert found[10:29] == [
+        ("--size", str(4 * 1024**3)), ("--tmpfs", "/"),  # the root: the request's ephemeral_storage (4Gi here)
+        ("--tmpfs", "/etc"), ("--ro-bind", "/usr", "/usr"), ("--symlink", "usr/bin", "/bin"),
+        ("--ro-bind", "/etc/passwd", "/etc/passwd"), ("--remount-ro", "/etc"),
+        ("--perms", "1777"), ("--dir", "/tmp"),
+        ("--proc", "/proc"), ("--ro-bind", "/proc/sys", "/proc/sys"),
+        ("--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger"),
+        ("--dev", "/dev"), ("--perms", "1777"), ("--size", str(64 * 1024**2)), ("--tmpfs", "/dev/shm"),
+        ("--remount-ro", "/dev"),
+        ("--dir", "/tao-action-config"), ("--dir", "/tao-inputs")]
+    assert found[29:31] == [("--dir", "/tao-inputs/s3"), ("--dir", "/tao-inputs/s3/bkt")]  # parents, mode 0755
     assert sorted((b.source, b.target, b.read_only) for b in binds) == sorted([
         (str(stage / "s3/bkt/data"), DATA, True),
         (str(stage / "config/spec.yaml"), CONFIG, True),
@@ -181,9 +115,22 @@ def test_frame_argv_unshares_everything_and_binds_exactly_the_plan(tmp_path: Pat
         ("/host/results/job-1", "/results", False)])  # nothing else of the host
     depths = [b.target.count("/") for b in binds]
     assert depths == sorted(depths)  # a parent before anything mounted inside it
-    assert found[16:-1] == [("--ro-bind-fd" if b.read_only else "--bind-fd", str(100 + n), b.target)
+    assert found[31:-1] == [("--ro-bind-fd" if b.read_only else "--bind-fd", str(100 + n), b.target)
                             for n, b in enumerate(binds)]  # each source by its checked descriptor, never a path
     assert found[-1] == ("--chdir", "/tmp")
+
+
+def test_a_frame_started_by_root_switches_its_command_to_the_job_user(tmp_path: Path) -> None:
+    """Started by root, bubblewrap makes no user namespace (its namespaces stay the host's, as a
+    rootful container's do), keeps only what setpriv needs, and setpriv makes the command the
+    job's user with nothing kept: the command never runs as host root."""
+    found, command = options(argv_of(make_plan(tmp_path), ["sh", "-c", "true"], host=ROOT_HOST)[1])
+    assert found[:12] == [("--unshare-ipc",), ("--unshare-pid",), ("--unshare-uts",), ("--unshare-cgroup-try",),
+                          ("--unshare-net",), ("--as-pid-1",), ("--new-session",), ("--cap-drop", "ALL"),
+                          ("--cap-add", "CAP_SETUID"), ("--cap-add", "CAP_SETGID"), ("--cap-add", "CAP_SETPCAP"),
+                          ("--hostname", "job-1-0")]
+    assert command == ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+                       "--bounding-set=-all", "--no-new-privs", "--", "sh", "-c", "true"]
 
 
 def test_a_bind_without_a_descriptor_leaves_its_target_absent(tmp_path: Path) -> None:
@@ -194,8 +141,8 @@ def test_a_bind_without_a_descriptor_leaves_its_target_absent(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(("kwargs", "present", "absent"), [
-    ({"network": True}, [("--share-net",)], []),
-    ({}, [], [("--share-net",), PROBE_DIR]),
+    ({"network": True}, [], [("--unshare-net",)]),
+    ({}, [("--unshare-net",)], [PROBE_DIR]),
     ({"probe_dir": "/run/probe"}, [PROBE_DIR], []),
     ({"status_fd": 7}, [("--json-status-fd", "7")], []),
 ], ids=["network", "no-probe-files-for-the-job", "probe-files", "status-fd"])
@@ -206,12 +153,15 @@ def test_frame_argv_options(tmp_path: Path, kwargs: dict[str, Any], present: lis
     assert all(item in items for item in present) and not any(item in items for item in absent)
 
 
-def test_a_higher_rank_joins_rank_0s_network_through_nsenter(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("host", "joined"), [(HOST, ["--user=/proc/self/fd/5", "--net=/proc/self/fd/6"]),
+                                              (ROOT_HOST, ["--net=/proc/self/fd/6"])], ids=["user", "root"])
+def test_a_higher_rank_joins_rank_0s_network_through_nsenter(tmp_path: Path, host: Host, joined: list[str]) -> None:
     plan = make_plan(tmp_path, nodes=2)
-    _, argv = argv_of(plan, ["true"], rank=1, join=Namespaces(user="/proc/self/fd/5", net="/proc/self/fd/6"))
-    assert argv[:4] == ["/usr/bin/nsenter", "--user=/proc/self/fd/5", "--net=/proc/self/fd/6", "--"]
-    found, _ = options(argv[4:])
-    assert ("--share-net",) in found and ("--hostname", "job-1-1") in found
+    user = "/proc/self/fd/5" if host.run_as is None else None
+    _, argv = argv_of(plan, ["true"], rank=1, join=Namespaces(user=user, net="/proc/self/fd/6"), host=host)
+    assert argv[:len(joined) + 2] == ["/usr/bin/nsenter", *joined, "--"]
+    found, _ = options(argv[len(joined) + 2:])
+    assert ("--unshare-net",) not in found and ("--hostname", "job-1-1") in found
 
 
 def test_argv_never_carries_an_environment_value(tmp_path: Path) -> None:
@@ -376,6 +326,7 @@ def test_the_frame_sees_only_what_the_plan_declares(tmp_path: Path, backend: Loc
     monkeypatch.setenv("HOST_ONLY_VARIABLE", "host-value")
     scratch = tmp_path / "scratch"
     scratch.mkdir()
+    scratch.chmod(0o1777)  # a read-write mount the job's user writes
     hidden = [str(home_file), str(REPO / "pyproject.toml"), str(Path(__file__)),
               str(backend.run_root / "other-job" / "run" / "launch.json"),
               str(backend.run_root / "other-job" / "results" / "checkpoint_epoch_1.pth"), str(tmp_path)]
@@ -939,7 +890,8 @@ def test_backend_for_local_and_its_facts(tmp_path: Path, monkeypatch: pytest.Mon
     assert (facts.backend, facts.supports_in_frame_fetch) == ("local", False)
     monkeypatch.setenv("TAO_DATA_IO_LOCAL_ROOT", "from-env")
     monkeypatch.chdir(tmp_path)
-    assert LocalBackend(LocalSettings()).config() == {"run_root": str(tmp_path / "from-env"), "allow_network": False}
+    assert LocalBackend(LocalSettings()).config() == {"run_root": str(tmp_path / "from-env"), "allow_network": False,
+                                                      "run_as_user": None, "run_as_group": None, "log_limit": "64Mi"}
 
 
 # ----------------------------------------------------------------------------- what a job may not reach

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tao_data_io.local.settings import LocalSettings
 from tao_data_io.records import RecordStore
 
 from .helpers import args_request, held_request, needs_bwrap, run_cli, wait_cli_state, write_request
@@ -68,7 +69,7 @@ def test_submit_then_collect_runs_the_job_and_uploads_its_results(env: dict[str,
     assert [t.state for t in record.history] == ["PENDING", "PENDING", "RUNNING", "COMPLETE"]  # opened, launched…
     status = run_cli("status", "--job-id", "cli-ok", env=env)
     assert status.returncode == 0 and status.stdout.startswith("COMPLETE")
-    assert record.backend_config == {"run_root": str(tmp_path / "work"), "allow_network": False}
+    assert record.backend_config == LocalSettings(run_root=str(tmp_path / "work")).model_dump()
 
 
 def test_a_job_gets_the_hosts_network_only_with_allow_network(env: dict[str, str], bucket: str,
@@ -81,8 +82,8 @@ def test_a_job_gets_the_hosts_network_only_with_allow_network(env: dict[str, str
     assert RecordStore(tmp_path / "jobs").get("cli-net").backend_ref is None  # nothing was launched
     allowed = run_cli("submit", "--request", str(request), "--allow-network", env=env)
     assert allowed.returncode == 0, allowed.stderr
-    assert RecordStore(tmp_path / "jobs").get("cli-net").backend_config == {"run_root": str(tmp_path / "work"),
-                                                                          "allow_network": True}
+    assert RecordStore(tmp_path / "jobs").get("cli-net").backend_config == LocalSettings(
+        run_root=str(tmp_path / "work"), allow_network=True).model_dump()
     collected = run_cli("collect", "--job-id", "cli-net", "--wait", "--poll-seconds", "0.2", env=env)
     assert collected.returncode == 0, collected.stderr
 

@@ -112,6 +112,8 @@ VOLUME_ROOT = "/tao-data-io/volume"
 RESERVED = ("/tao-data-io", PROBE_DIR, "/dev/shm")
 #: Tier B stages into this directory of the claim (the stage cache, :mod:`tao_data_io.staging.cache`).
 CACHE_DIR = "cache"
+#: Each job's results on the claim are ``results/<job>``.
+RESULTS_DIR = "results"
 #: The final upload's time: the budget at the measured rate, plus this much for start-up.
 GRACE_MARGIN_SECONDS = 60
 #: A one-pod training Job's failure policy (rules in order, the first match wins): a pod that was
@@ -624,7 +626,7 @@ class _Job:
     def _results_mount(self, *, read_only: bool = False) -> dict[str, Any]:
         mount: dict[str, Any] = {"name": "data" if self.results_on_claim else "results", "mountPath": self.plan.results_dir}
         if self.results_on_claim:
-            mount["subPath"] = f"results/{self.names.job}"
+            mount["subPath"] = f"{RESULTS_DIR}/{self.names.job}"
         if read_only:
             mount["readOnly"] = True
         return mount
@@ -641,13 +643,9 @@ class _Job:
             seen.add(mount.target)
             volume, sub_path = self._source_of(mount)
             other = owners.setdefault((volume, sub_path), mount)
-            if other.input != mount.input:
-                fix = ("a pre-positioned mount source lies where the stage cache keeps a staged input: mount the "
-                       "pre-positioned data from another path of the claim"
-                       if "pre-positioned" in (other.origin, mount.origin) else
-                       "each source needs its own sub_path in the staging map: stage the request again")
+            if other.input != mount.input:  # a hand-edited staging map: pre-positioned ones never meet the cache
                 raise UsageError(f"subPath {sub_path!r} would serve two sources, {other.input!r} and {mount.input!r}; "
-                                 f"{fix}")
+                                 "each source needs its own sub_path in the staging map: stage the request again")
             mounts.append({"name": volume, "mountPath": mount.target, "subPath": sub_path, "readOnly": mount.read_only})
         mounts.append(self._results_mount())
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
@@ -686,11 +684,32 @@ def mebibytes(size: int) -> str:
 def claim_sub_path(plan: LaunchPlan, mount: PlanMount) -> str | None:
     """Where on the claim ``mount``'s input is (its subPath), or None when the claim does not serve it."""
     if mount.origin == "pre-positioned":
-        relative = mount.source.lstrip("/")
-        return check_relative(relative, what=f"pre-positioned mount source {mount.source!r} as subPath")
+        relative = check_relative(mount.source.lstrip("/"), what=f"pre-positioned mount source {mount.source!r} as "
+                                                                 "subPath")
+        _refuse_our_state(relative, mount)
+        return relative
     if mount.origin == "staged" and plan.tier == "B":
         return f"{CACHE_DIR}/{check_relative(mount.source, what=f'staging map sub_path of {mount.input!r}')}"
     return None
+
+
+def _refuse_our_state(sub_path: str, mount: PlanMount) -> None:
+    """The claim's stage cache and results are tao-data-io's, whatever a request names: a
+    pre-positioned mount may read another job's results (``results/<job>``: a pipeline's next
+    step reads them), never write them, never hold every job's, and never reach the stage cache
+    (its layout and markers are ours, and what it holds was staged for other jobs)."""
+    top, _, below = sub_path.partition("/")
+    if top == CACHE_DIR:
+        problem = (f"lies in the claim's stage cache ({CACHE_DIR}/), which is tao-data-io's: mount the pre-positioned "
+                   "data from another path of the claim")
+    elif top == RESULTS_DIR and not below:
+        problem = f"holds every job's results ({RESULTS_DIR}/): mount one job's, {RESULTS_DIR}/<job id>, read-only"
+    elif top == RESULTS_DIR and not mount.read_only:
+        problem = (f"lies in the claim's results ({RESULTS_DIR}/), which hold other jobs' results: another job's are "
+                   "an input, never a place to write; mount it read-only")
+    else:
+        return
+    raise UsageError(f"pre-positioned mount source {mount.source!r} (target {mount.target}) {problem}")
 
 
 def _env_entries(values: Mapping[str, Any]) -> list[dict[str, Any]]:

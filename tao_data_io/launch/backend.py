@@ -96,6 +96,9 @@ class FailureAnalysis(Strict):
 FOLLOW_BYTES = 64 * 1024
 #: Where following a log starts when it has not been followed before: its last few lines.
 FOLLOW_START_BYTES = 8 * 1024
+#: The most of a job's log a tail of its last lines reads (per rank): a job that printed one
+#: endless line still gives a failure report of bounded size.
+TAIL_BYTES = 1024 * 1024
 
 
 class LogChunk(Strict):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from pydantic import Field
@@ -71,6 +71,10 @@ class LaunchPlan(Strict):
     #: The staging root the ``staged`` mounts are relative to (on the submitting host, or the
     #: job's PVC in tier B; the pod's emptyDir in tier C).
     staging_root: str
+    #: Where tao-data-io keeps state on the submitting host for this submit — the root of every
+    #: job's staging, the job records' directory — which a backend that binds host paths keeps
+    #: out of the request's mounts, however its target is configured.
+    state_roots: list[str] = Field(default_factory=list)
     results_dir: str
     config_path: str | None = None
     route: OutputRoute
@@ -134,9 +138,11 @@ def _split(text: str, field: str) -> list[str]:
 
 
 def build_plan(request: JobRequest, staging_map: StagingMap, decision: TierDecision, record: JobRecord,
-               route: OutputRoute, *, environ: Mapping[str, str] | None = None) -> LaunchPlan:
-    """The plan for ``record``'s job. Pure but for one check: a plain ``environment`` value that
-    equals a credential in ``environ`` is refused (a secret smuggled under an innocent name)."""
+               route: OutputRoute, *, environ: Mapping[str, str] | None = None,
+               state_roots: Sequence[str] = ()) -> LaunchPlan:
+    """The plan for ``record``'s job (``state_roots``: see :attr:`LaunchPlan.state_roots`). Pure
+    but for one check: a plain ``environment`` value that equals a credential in ``environ`` is
+    refused (a secret smuggled under an innocent name)."""
     refuse_smuggled_secrets(request.environment, environ)
     config = staging_map.config()
     config_path = config.container_path if config is not None else None
@@ -156,6 +162,7 @@ def build_plan(request: JobRequest, staging_map: StagingMap, decision: TierDecis
     return LaunchPlan(job_id=record.job_id, image=request.image, argv=argv, shell=shell, env=env,
                       attempt=attempt, restore_from=restore_from,
                       forward_env=list(request.forward_env), mounts=mounts, staging_root=staging_map.workdir,
+                      state_roots=list(state_roots),
                       results_dir=request.outputs.results_dir, config_path=config_path, route=route,
                       tier=decision.tier, gpus=request.compute_shape.gpus, nodes=request.compute_shape.nodes,
                       shm_size=request.compute_shape.shm_size, cpu=request.compute_shape.cpu,

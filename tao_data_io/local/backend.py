@@ -37,6 +37,7 @@ from ..launch.backend import (
     DEFAULT_VERIFY_TIMEOUT_S,
     FOLLOW_BYTES,
     FOLLOW_START_BYTES,
+    TAIL_BYTES,
     FailureAnalysis,
     JobDocuments,
     JobStatus,
@@ -52,13 +53,18 @@ from ..tier import ClusterFacts
 from ..routing import RESULTS_ROOT_VARIABLE
 from ..vocabulary import (DEFAULT_RECORDS_ROOT, DEFAULT_WORKDIR, JOBS_DIR_VARIABLE, RECORDS_VARIABLE, TERMINAL_STATES,
                           WORKDIR_VARIABLE)
-from .preflight import (BWRAP_INSTALL, NSENTER_INSTALL, SourceRules, check_binds, check_memory_sizes, check_paths,
-                        check_sandbox, find_tool, host_memory_bytes, needs_nsenter)
+from .binding import BoundSource, open_source
+from .preflight import (SourceRules, check_binds, check_memory_sizes, check_paths, check_sandbox, host_memory_bytes,
+                        needs_nsenter)
 from .process import ProcessId
-from .rundir import Canceled, ExitRecord, Launch, RunDir, lines_since
-from .sandbox import FRAME_LANG, FRAME_PATH, frame_binds, host_system_dirs
+from .results_owner import hand_over
+from .joblog import JobLog, lines_since, segment_bytes
+from .rundir import Canceled, ExitRecord, Launch, RunDir
+from .run_as import RunAs, run_as
+from .sandbox import FRAME_LANG, FRAME_PATH, Host, frame_binds, host_system_dirs
 from .settings import LocalSettings
 from .supervisor import credentials_env
+from .tools import BWRAP_INSTALL, NSENTER_INSTALL, find_tool
 
 #: ``backend_ref`` is ``local/<job id>``: a valid NAMESPACE/NAME, as the job record requires.
 NAMESPACE = "local"
@@ -69,6 +75,8 @@ _SUPERVISOR_START_TIMEOUT_S = 60.0
 _PACKAGE_ROOT_PATH = Path(__file__).resolve().parents[2]
 _PACKAGE_ROOT = str(_PACKAGE_ROOT_PATH)
 _LOG_LINES_IN_ERRORS = 5
+#: The cursor's key for the rank whose line the last look cut (see :meth:`LocalBackend.follow_logs`).
+_OPEN = "open"
 
 
 class LocalBackend:
@@ -95,21 +103,23 @@ class LocalBackend:
             raise UsageError(f"job {plan.job_id} asks for the network (network: true), which this local backend does "
                              "not allow (allow_network is off): drop network from the request, or, if the job may "
                              "reach this host's network, let the backend allow it (allow_network)")
-        check_sandbox(find_tool("bwrap", BWRAP_INSTALL), host_system_dirs())
+        check_sandbox(Host(bwrap=find_tool("bwrap", BWRAP_INSTALL), system=host_system_dirs(), run_as=self._run_as()))
         if needs_nsenter(plan):
             find_tool("nsenter", NSENTER_INSTALL)
         check_paths(plan)
         check_memory_sizes(plan, host_memory_bytes())
-        check_binds(plan, frame_binds(plan, self._results_host(plan)), self._source_rules())
+        check_binds(plan, frame_binds(plan, self._results_host(plan)), self._source_rules(plan))
 
-    def _source_rules(self) -> SourceRules:
-        """What no pre-positioned source may show (see :func:`.preflight.source_refusal`): the run
-        root (other jobs), the staging work directory, the job record directories and every home's
-        hidden directories (credentials live there) are private; every home — the password
-        database's, whatever ``HOME`` says, and ``HOME`` — and the results root are never mounted
-        whole."""
+    def _source_rules(self, plan: LaunchPlan) -> SourceRules:
+        """What no pre-positioned source may show (see :func:`.preflight.source_refusal`):
+        tao-data-io's state is private, wherever this target or this submit keeps it — the run
+        root (other jobs), the plan's state roots (the staging root and the records' directory
+        this submit uses), and the ones the environment and the defaults name — and so is every
+        home's hidden directories (credentials live there); every home — the password database's,
+        whatever ``HOME`` says, and ``HOME`` — and the results root are never mounted whole; the
+        results root and the code the supervisor imports are read-only at most."""
         env = os.environ
-        private = [self.run_root]
+        private = [self.run_root, *(Path(root) for root in plan.state_roots)]
         private += [Path(value).expanduser() for value in (env.get(RECORDS_VARIABLE), env.get(JOBS_DIR_VARIABLE),
                                                             DEFAULT_RECORDS_ROOT, env.get(WORKDIR_VARIABLE),
                                                             DEFAULT_WORKDIR)
@@ -120,9 +130,9 @@ class LocalBackend:
                 private += [entry for entry in home.iterdir() if entry.name.startswith(".")]
             except OSError:  # a home that is not there, or not a directory
                 continue
-        whole = [*homes, *([Path(env[RESULTS_ROOT_VARIABLE])] if env.get(RESULTS_ROOT_VARIABLE) else [])]
-        return SourceRules(package_root=_PACKAGE_ROOT_PATH, private=[_real(p) for p in private],
-                           whole=[_real(p) for p in whole])
+        results = [Path(env[RESULTS_ROOT_VARIABLE])] if env.get(RESULTS_ROOT_VARIABLE) else []
+        return SourceRules(private=[_real(p) for p in private], whole=[_real(p) for p in (*homes, *results)],
+                           read_only=[_real(p) for p in (_PACKAGE_ROOT_PATH, *results)])
 
     # ------------------------------------------------------------------ submit
     def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None,
@@ -130,8 +140,10 @@ class LocalBackend:
         credentials = forwarded_values(plan.forward_env, environ)  # a missing one fails before anything exists
         bwrap = find_tool("bwrap", BWRAP_INSTALL)
         nsenter = find_tool("nsenter", NSENTER_INSTALL) if needs_nsenter(plan) else None
+        user = self._run_as()
         ref = f"{NAMESPACE}/{plan.job_id}"
         run = self._run_dir(ref)
+        run.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the results below: the job's user only
         run.create()
         with file_lock(run.lock):
             existing = run.launch()
@@ -147,8 +159,11 @@ class LocalBackend:
             Path(results_host).mkdir(parents=True, exist_ok=True)
             restored = (None if plan.restore_from is None else
                         restore_results(plan.restore_from, Path(results_host), environ=environ))
-            sources = check_binds(plan, frame_binds(plan, results_host), self._source_rules())
+            sources = check_binds(plan, frame_binds(plan, results_host), self._source_rules(plan))
+            if user is not None:
+                _hand_over(sources[plan.results_dir], user)
             run.write(run.launch_file, Launch(plan=plan, results_host=results_host, bwrap=bwrap, nsenter=nsenter,
+                                              run_as=user, log_segment=segment_bytes(self.settings.log_limit),
                                               submitted_at=datetime.now(timezone.utc), sources=sources,
                                               restored=restored))
             try:
@@ -157,6 +172,9 @@ class LocalBackend:
                 remove_if_exists(run.launch_file)  # nothing runs: a retry may start it
                 raise
         return Submission(backend_ref=ref, restored=restored)
+
+    def _run_as(self) -> RunAs | None:
+        return run_as(self.settings.run_as_user, self.settings.run_as_group)
 
     def _put_away(self, run: RunDir, earlier: Launch, ref: str) -> None:
         """Move an earlier attempt's run files into ``attempts/<n>/`` for the next attempt to start
@@ -190,7 +208,7 @@ class LocalBackend:
             raise BackendError(f"the supervisor of {run.path} did not detach within {_SUPERVISOR_START_TIMEOUT_S:g}s",
                                retryable=True) from None
         if done.returncode != 0:
-            said = run.tail(run.supervisor_log, _LOG_LINES_IN_ERRORS).strip()
+            said = JobLog(run.supervisor_log, None).tail(_LOG_LINES_IN_ERRORS, TAIL_BYTES).strip()
             raise BackendError(f"the supervisor of {run.path} did not start (exit code {done.returncode}): {said}")
 
     # ------------------------------------------------------------------ follow
@@ -226,19 +244,19 @@ class LocalBackend:
         return None if run is None else self._outcome(run)[1]
 
     def logs(self, ref: str, tail: int | None = None) -> str:
-        """The command's output; each line prefixed ``[rank N]`` when there are several ranks
-        (``tail`` lines per rank, as ``kubectl logs -l … --tail`` gives per pod)."""
+        """The command's output as kept (:mod:`.joblog`: within the target's ``log_limit``); each
+        line prefixed ``[rank N]`` when there are several ranks (``tail`` lines per rank, as
+        ``kubectl logs -l … --tail`` gives per pod, from at most :data:`TAIL_BYTES` each)."""
         run = self._known(ref)
         if run is None:
             raise UsageError(f"{ref} is not known to the local backend under {self.run_root}")
         launch = run.launch()
         assert launch is not None
+        logs = [JobLog(run.rank_log(rank), launch.log_segment) for rank in range(launch.plan.nodes)]
+        said = [log.text() if tail is None else log.tail(tail, TAIL_BYTES) for log in logs]
         if launch.plan.nodes == 1:
-            return run.tail(run.rank_log(0), tail)
-        lines = []
-        for rank in range(launch.plan.nodes):
-            lines += [f"[rank {rank}] {line}\n" for line in run.tail(run.rank_log(rank), tail).splitlines()]
-        return "".join(lines)
+            return said[0]
+        return "".join(f"[rank {rank}] {line}\n" for rank, text in enumerate(said) for line in text.splitlines())
 
     def results_path(self, ref: str) -> str | None:
         run = self._known(ref)
@@ -247,19 +265,47 @@ class LocalBackend:
 
     def follow_logs(self, ref: str, cursor: str | None) -> LogChunk:
         """What each rank printed since ``cursor`` (a byte offset per rank's log, which lives in
-        the run directory, out of the job's reach)."""
+        the run directory, out of the job's reach), ``[rank N]`` before each line when there are
+        several ranks.
+
+        A line longer than a look is shown in pieces, and a watcher masks what it is shown as one
+        stream, so a piece must be followed by its line's next piece and nothing else: a cut piece
+        ends a look (one rank's at most; another rank's waits), and the next look begins with its
+        continuation, unprefixed (the cursor says which rank's line is open)."""
         run = self._known(ref)
         if run is None:
             raise UsageError(f"{ref} is not known to the local backend under {self.run_root}")
         launch = run.launch()
         assert launch is not None
-        offsets = _offsets(cursor)
-        parts: list[str] = []
-        for rank in range(launch.plan.nodes):
-            text, offsets[str(rank)] = lines_since(run.rank_log(rank), offsets.get(str(rank)), limit=FOLLOW_BYTES,
-                                                   start_bytes=FOLLOW_START_BYTES)
-            parts += [f"[rank {rank}] {line}\n" for line in text.splitlines()] if launch.plan.nodes > 1 else [text]
-        return LogChunk(text="".join(parts), cursor=json.dumps(offsets, sort_keys=True))
+        offsets, open_rank = _cursor(cursor)
+
+        def look(rank: int) -> str:
+            text, after = lines_since(JobLog(run.rank_log(rank), launch.log_segment), offsets.get(str(rank)),
+                                      limit=FOLLOW_BYTES, start_bytes=FOLLOW_START_BYTES)
+            offsets[str(rank)] = after
+            return text
+
+        if launch.plan.nodes == 1:
+            return LogChunk(text=look(0), cursor=_cursor_text(offsets, None))
+        ranks = sorted(range(launch.plan.nodes), key=lambda rank: rank != open_rank)  # the open line first
+        shown: list[str] = []
+        cut: tuple[int, str] | None = None
+        for rank in ranks:
+            before = offsets.get(str(rank))
+            text = look(rank)
+            if text.endswith("\n") or not text:
+                shown.append(_prefixed(rank, text, continues=rank == open_rank))
+            elif rank == open_rank:  # its line goes on past this look too: nothing else may come between
+                return LogChunk(text=text, cursor=_cursor_text(offsets, rank))
+            elif cut is None:
+                cut = (rank, text)
+            elif before is None:  # a second cut piece waits for a later look
+                del offsets[str(rank)]
+            else:
+                offsets[str(rank)] = before
+        if cut is not None:
+            shown.append(_prefixed(*cut, continues=False))
+        return LogChunk(text="".join(shown), cursor=_cursor_text(offsets, cut[0] if cut is not None else None))
 
     def training_status(self, ref: str) -> bytes | None:
         results = self.results_path(ref)
@@ -356,6 +402,23 @@ def _ended(ended: ExitRecord, run: RunDir) -> tuple[JobStatus, FailureAnalysis |
                      err_class=analysis.err_class), analysis
 
 
+def _hand_over(results: BoundSource, user: RunAs) -> None:
+    """Give the results directory — the very one submit checked — and what a retry restored into
+    it to the job's user (:func:`.results_owner.hand_over`)."""
+    changed = BackendError(f"the results directory {results.source} changed while the job was being submitted; "
+                           "submit again", retryable=True)
+    fd = open_source(results.source)
+    if fd is None:
+        raise changed
+    try:
+        found = os.fstat(fd)
+        if (found.st_dev, found.st_ino) != (results.device, results.inode):
+            raise changed
+        hand_over(fd, user.uid, user.gid)
+    finally:
+        os.close(fd)
+
+
 def _alive(process: ProcessId | None) -> bool:
     return process is not None and process.alive()
 
@@ -408,10 +471,31 @@ def _real(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
 
-def _offsets(cursor: str | None) -> dict[str, int]:
-    """A cursor of :meth:`LocalBackend.follow_logs` read back; anything else starts afresh."""
+def _cursor(cursor: str | None) -> tuple[dict[str, int], int | None]:
+    """A cursor of :meth:`LocalBackend.follow_logs` read back — each rank's offset, and the rank
+    whose line the last look cut — anything else starts afresh."""
     try:
         data = json.loads(cursor) if cursor else {}
     except ValueError:
-        return {}
-    return {str(k): v for k, v in data.items() if isinstance(v, int) and v >= 0} if isinstance(data, dict) else {}
+        return {}, None
+    if not isinstance(data, dict):
+        return {}, None
+    offsets = {str(k): v for k, v in data.items() if str(k).isdigit() and isinstance(v, int) and v >= 0}
+    open_rank = data.get(_OPEN)
+    return offsets, open_rank if isinstance(open_rank, int) and str(open_rank) in offsets else None
+
+
+def _cursor_text(offsets: dict[str, int], open_rank: int | None) -> str:
+    return json.dumps({**offsets, **({_OPEN: open_rank} if open_rank is not None else {})}, sort_keys=True)
+
+
+def _prefixed(rank: int, text: str, *, continues: bool) -> str:
+    """``text`` of ``rank`` with ``[rank N] `` before each line, but the first when it
+    ``continues`` a line an earlier look cut (its start was prefixed then); a last line without
+    its newline (cut) stays without one."""
+    lines = text.split("\n")
+    ends = lines.pop() if lines else ""  # "" after a final newline, else the cut line
+    said = [("" if n == 0 and continues else f"[rank {rank}] ") + line + "\n" for n, line in enumerate(lines)]
+    if ends:
+        said.append(("" if not said and continues else f"[rank {rank}] ") + ends)
+    return "".join(said)

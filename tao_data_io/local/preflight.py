@@ -9,7 +9,6 @@ The verify probe still checks every path *inside* the frame — a path can vanis
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,10 +20,8 @@ from ..reporting import human_size
 from ..quantities import quantity_bytes
 from ..routing import RESULTS_ROOT_VARIABLE
 from .binding import BoundSource, identify, open_source, resolved_path
-from .sandbox import FRAME_PATH, Bind, Host, SystemDir, frame_tmp_bytes, mount_source, trivial_argv
+from .sandbox import FRAME_PATH, Bind, Host, frame_memory_bytes, frame_root_bytes, mount_source, trivial_argv
 
-BWRAP_INSTALL = "install it: apt-get install bubblewrap (Debian, Ubuntu), dnf install bubblewrap (Fedora, RHEL)"
-NSENTER_INSTALL = "install it: apt-get install util-linux (Debian, Ubuntu), dnf install util-linux (Fedora, RHEL)"
 USERNS_HINT = ("bubblewrap needs user namespaces: check `sysctl user.max_user_namespaces` (must be above 0), "
                "`sysctl kernel.unprivileged_userns_clone` (Debian kernels: must be 1) and "
                "`sysctl kernel.apparmor_restrict_unprivileged_userns` (Ubuntu 23.10 and later: 0, or an AppArmor "
@@ -32,28 +29,23 @@ USERNS_HINT = ("bubblewrap needs user namespaces: check `sysctl user.max_user_na
 _CHECK_TIMEOUT_S = 30
 
 
-def find_tool(name: str, install: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        raise UsageError(f"{name} is not installed here (not on PATH), and the local backend needs it: {install}")
-    return path
-
-
 def needs_nsenter(plan: LaunchPlan) -> bool:
     """Ranks above 0 join rank 0's private network with nsenter (see sandbox.Namespaces)."""
     return plan.nodes > 1 and not plan.network
 
 
-def check_sandbox(bwrap: str, system: Sequence[SystemDir]) -> None:
-    """Start a trivial frame (``true`` with every namespace unshared); raise with the fix if it fails."""
+def check_sandbox(host: Host) -> None:
+    """Start a trivial frame made as a job's is (``true``, every namespace its own, the user
+    switched where root starts it); raise with the fix if it fails."""
     try:
-        done = subprocess.run(trivial_argv(Host(bwrap=bwrap, system=tuple(system))), env={"PATH": FRAME_PATH}, stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, timeout=_CHECK_TIMEOUT_S)
+        done = subprocess.run(trivial_argv(host), env={"PATH": FRAME_PATH}, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=_CHECK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise UsageError(f"bubblewrap ({bwrap}) did not start a trivial sandbox within {_CHECK_TIMEOUT_S}s") from None
+        raise UsageError(f"bubblewrap ({host.bwrap}) did not start a trivial sandbox within {_CHECK_TIMEOUT_S}s"
+                         ) from None
     if done.returncode != 0:
         said = done.stderr.strip() or f"exit code {done.returncode}"
-        raise UsageError(f"bubblewrap ({bwrap}) cannot start a sandbox here ({said}): {USERNS_HINT}")
+        raise UsageError(f"bubblewrap ({host.bwrap}) cannot start a sandbox here ({said}): {USERNS_HINT}")
 
 
 #: Host directories no pre-positioned source may be, hold or lie in: the frame's own system, the
@@ -67,14 +59,16 @@ _SYSTEM_ROOTS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/
 class SourceRules:
     """What no pre-positioned source may show a frame (see :func:`source_refusal`)."""
 
-    #: The code the supervisor imports: read-only at most.
-    package_root: Path
-    #: Never mounted, nor anything in or around them: tao-data-io's own state and every home's
-    #: hidden directories (credentials live there).
+    #: Never mounted, nor anything in or around them: tao-data-io's own state (run roots, staging
+    #: roots, job records) and every home's hidden directories (credentials live there).
     private: Sequence[Path]
     #: Never mounted whole (a directory inside may be): every user's home, and the results root
     #: that holds every job's results.
     whole: Sequence[Path]
+    #: Never mounted read-write, nor anything in or around them: the code the supervisor imports,
+    #: and the results root — another job's results are an input (a pipeline's next step reads
+    #: them), never a place to write.
+    read_only: Sequence[Path]
 
 
 def source_refusal(source: Path, read_only: bool, rules: SourceRules) -> str | None:
@@ -83,9 +77,10 @@ def source_refusal(source: Path, read_only: bool, rules: SourceRules) -> str | N
     A request names its mounts, and a request can come from anyone who can reach a deployment:
     so no source may be ``/`` or a system directory (or lie in one), no source may hold a home
     directory or the results root, no source may hold or lie in tao-data-io's private state (job
-    records, work directories) or a dot-directory of a home such as ``~/.ssh``, and the code the
-    supervisor imports may be mounted read-only at most — a writable mount there would let one
-    job plant code that runs outside every frame, with the next job's credentials.
+    records, staging and run roots) or a dot-directory of a home such as ``~/.ssh``, and the code
+    the supervisor imports and the results root may be mounted read-only at most — a writable
+    mount of the code would let one job plant code that runs outside every frame, with the next
+    job's credentials, and one in the results root would let it rewrite another job's results.
     """
     if str(source) == "/" or any(_inside(source, Path(root)) for root in _SYSTEM_ROOTS):
         return "it is (or lies in) a system directory of this host"
@@ -94,10 +89,12 @@ def source_refusal(source: Path, read_only: bool, rules: SourceRules) -> str | N
         return f"it holds {held}, a home directory or the results root"
     private = next((root for root in rules.private if _inside(source, root) or _inside(root, source)), None)
     if private is not None:
-        return (f"it holds or lies in {private}: tao-data-io's own state (job records, work directories) or a hidden "
-                "directory of a home (~/.ssh, ~/.aws, …)")
-    if not read_only and (_inside(rules.package_root, source) or _inside(source, rules.package_root)):
-        return f"it would let the job write the code this backend runs ({rules.package_root}); mount it read-only"
+        return (f"it holds or lies in {private}: tao-data-io's own state (job records, staging and run roots) or a "
+                "hidden directory of a home (~/.ssh, ~/.aws, …)")
+    kept = next((root for root in rules.read_only if _inside(source, root) or _inside(root, source)), None)
+    if not read_only and kept is not None:
+        return (f"it would let the job write {kept} (the code this backend runs, or the results root, which holds "
+                "every job's results); mount it read-only")
     return None
 
 
@@ -162,18 +159,20 @@ def check_paths(plan: LaunchPlan) -> None:
 
 
 def check_memory_sizes(plan: LaunchPlan, memory_bytes: int | None) -> None:
-    """The frame's /tmp and /dev/shm are memory (tmpfs): together they may not exceed this host's
-    (``memory_bytes``, from /proc/meminfo; None: unknown, nothing checked) — a job filling them
-    would take the host's RAM from everything else."""
+    """Every tmpfs a job can write (its root with /tmp, and /dev/shm:
+    :func:`~.sandbox.frame_memory_bytes`) is memory: for every rank together they may not exceed
+    this host's (``memory_bytes``, from /proc/meminfo; None: unknown, nothing checked) — a job
+    filling them would take the host's RAM from everything else."""
     if memory_bytes is None:
         return
-    tmp, shm = frame_tmp_bytes(plan), quantity_bytes(plan.shm_size)
-    total = (tmp + shm) * plan.nodes  # each rank's frame has its own
+    total = frame_memory_bytes(plan) * plan.nodes  # each rank's frame has its own
     if total > memory_bytes:
+        tmp, shm = frame_root_bytes(plan), quantity_bytes(plan.shm_size)
         ranks = f" for each of its {plan.nodes} ranks" if plan.nodes > 1 else ""
-        raise UsageError(f"job {plan.job_id}'s /tmp ({human_size(tmp)}: compute_shape.ephemeral_storage) and /dev/shm "
-                         f"({human_size(shm)}: compute_shape.shm_size){ranks} are memory in the local frame, "
-                         f"{human_size(total)} in all, more than this host's {human_size(memory_bytes)}: lower them")
+        raise UsageError(f"job {plan.job_id}'s root with /tmp ({human_size(tmp)}: compute_shape.ephemeral_storage) "
+                         f"and /dev/shm ({human_size(shm)}: compute_shape.shm_size){ranks} are memory in the local "
+                         f"frame, {human_size(total)} in all, more than this host's {human_size(memory_bytes)}: "
+                         "lower them")
 
 
 def host_memory_bytes() -> int | None:

@@ -16,7 +16,8 @@ file                what                                                        
 ``ranks.json``      each rank's bubblewrap and sandbox pid-1 identities          the supervisor
 ``exit.json``       how the job ended                                            the supervisor
 ``cancel.json``     a cancel was asked for                                       cancel (under lock)
-``*.log``           the probe's, each rank's and the supervisor's own output     the processes
+``*.log``           the probe's and each rank's output (capped: :mod:`.joblog`)   the supervisor
+                    and the supervisor's own
 ==================  ==========================================================  ==================
 
 No file holds a credential value: they reach the supervisor through its environment only.
@@ -25,7 +26,6 @@ No file holds a credential value: they reach the supervisor through its environm
 from __future__ import annotations
 
 import json
-import os
 from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
@@ -38,9 +38,9 @@ from ..launch.probe import Verdict
 from ..schema import Strict
 from .binding import BoundSource
 from .process import ProcessId
+from .run_as import RunAs
 from .supervisor import RECORD_NAME
 
-_BLOCK = 1 << 16
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
@@ -52,6 +52,11 @@ class Launch(Strict):
     results_host: str
     bwrap: str
     nsenter: str | None = None
+    #: Who the command becomes (:mod:`.run_as`): set when the backend runs as root.
+    run_as: RunAs | None = None
+    #: The size of each segment of a frame's log (:mod:`.joblog`); None in a launch from before
+    #: logs had a limit: one file each.
+    log_segment: int | None = None
     submitted_at: datetime
     #: target → the object submit checked for each bind; the supervisor binds these and nothing
     #: else (:mod:`.binding`). Empty in the launch of a version before binds were checked.
@@ -143,62 +148,6 @@ class RunDir:
             return ProcessId.from_dict(json.loads(self.supervisor_file.read_bytes()))
         except FileNotFoundError:
             return None
-
-    def tail(self, path: Path, lines: int | None) -> str:
-        """The last ``lines`` lines of a log (all of it for None), read from the end: a training
-        log can be gigabytes."""
-        try:
-            handle = open(path, "rb")
-        except FileNotFoundError:
-            return ""
-        with handle:
-            if lines is None:
-                return handle.read().decode("utf-8", "replace")
-            position = handle.seek(0, os.SEEK_END)
-            data = b""
-            while position > 0 and data.count(b"\n", 0, max(len(data) - 1, 0)) < lines:
-                step = min(_BLOCK, position)
-                position -= step
-                handle.seek(position)
-                data = handle.read(step) + data
-        kept = data.splitlines(keepends=True)[-lines:] if lines > 0 else []
-        return b"".join(kept).decode("utf-8", "replace")
-
-
-def lines_since(path: Path, offset: int | None, *, limit: int, start_bytes: int) -> tuple[str, int]:
-    """The whole lines of a log from byte ``offset`` (None: the last lines within ``start_bytes``)
-    up to ``limit`` bytes, and the offset after them. A line still being written waits for the
-    next look, unless it alone fills ``limit``; a log that shrank (replaced) is read from its start."""
-    try:
-        handle = open(path, "rb")
-    except FileNotFoundError:
-        return "", offset or 0
-    with handle:
-        size = os.fstat(handle.fileno()).st_size
-        fresh = offset is None
-        start = max(0, size - start_bytes) if offset is None else offset if offset <= size else 0
-        handle.seek(start)
-        data = handle.read(limit)
-    if fresh and start > 0:  # the first line is cut by where the look starts
-        newline = data.find(b"\n")
-        start, data = (start + newline + 1, data[newline + 1:]) if newline >= 0 else (start + len(data), b"")
-    end = data.rfind(b"\n")
-    if end < 0 and len(data) < limit:
-        return "", start
-    taken = data if end < 0 else data[:end + 1]
-    if end < 0:  # a line longer than the limit, cut: not inside a UTF-8 character
-        taken = taken[:_whole_characters(taken)] or taken
-    return taken.decode("utf-8", "replace"), start + len(taken)
-
-
-def _whole_characters(data: bytes) -> int:
-    """How many leading bytes of ``data`` end on a UTF-8 character boundary."""
-    lead = len(data) - 1
-    while lead > 0 and len(data) - lead < 4 and data[lead] & 0xC0 == 0x80:
-        lead -= 1
-    first = data[lead] if data else 0
-    size = 4 if first >= 0xF0 else 3 if first >= 0xE0 else 2 if first >= 0xC0 else 1
-    return len(data) if lead + size <= len(data) else lead
 
 
 def _read(path: Path, model: type[_Model]) -> _Model | None:

@@ -32,6 +32,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -46,7 +47,9 @@ from ..fs import atomic_write
 from ..launch.plan import PROBE_DIR
 from ..launch.probe import PROBE_SCRIPT, TOKEN_FILE, Verdict, checklist, checklist_text, parse_probe_output, \
     with_persistence
+from .joblog import JobLog, LogWriter
 from .process import ProcessId
+from .results_owner import disarm
 from .rundir import ExitRecord, Launch, RankProcesses, Ranks, RunDir
 from .binding import SourceChanged, open_checked, open_source
 from .sandbox import Bind, Host, Namespaces, frame_argv, frame_binds, frame_env, host_system_dirs
@@ -55,6 +58,11 @@ from .sandbox import Bind, Host, Namespaces, frame_argv, frame_binds, frame_env,
 _SIGNAL_CODES = range(129, 129 + 64)
 #: How long rank 0's sandbox may take to write its user namespace maps (it takes milliseconds).
 _SETUP_TIMEOUT_S = 30.0
+#: How much of a frame's output one copy moves (a pipe's default capacity).
+_COPY_BYTES = 1 << 16
+#: What of a frame's log is read for bubblewrap's own message when the frame did not start.
+_SETUP_LINES = 5
+_SETUP_BYTES = 1 << 16
 
 
 class CancelRequested(Exception):
@@ -102,13 +110,40 @@ class Cancellation:
             self._interruptible = False
 
 
+class _Output:
+    """One frame's output: the pipe its processes write, copied by a thread into the frame's
+    capped log (:class:`.joblog.LogWriter`) — never a file the job writes to directly, whose size
+    nothing would bound."""
+
+    def __init__(self, log: LogWriter) -> None:
+        self.log = log
+        read_end, self.write_end = os.pipe()
+        self._thread = threading.Thread(target=self._copy, args=(read_end,), name=f"output {log.path.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _copy(self, read_end: int) -> None:
+        try:
+            while chunk := os.read(read_end, _COPY_BYTES):
+                self.log.write(chunk)
+        finally:
+            os.close(read_end)
+            self.log.close()
+
+    def finish(self) -> None:
+        """Wait (bounded) until everything the frame printed is in the log: the pipe ends once the
+        frame's last process has (a process stuck in the kernel is not waited for past
+        :data:`_SETUP_TIMEOUT_S`)."""
+        self._thread.join(_SETUP_TIMEOUT_S)
+
+
 @dataclass
 class _Frame:
     rank: int
     proc: subprocess.Popen[bytes]
     #: bubblewrap, this process's child: it stays in /proc until reaped, so it always has an identity.
     bwrap: ProcessId
-    log: Path
+    output: _Output
     #: The read end of bubblewrap's ``--json-status-fd``, and what was read from it so far.
     status_fd: int
     status: bytes = b""
@@ -134,6 +169,7 @@ class _Frame:
         """Called once bubblewrap has exited: the command's exit code, or why there was none."""
         self.read_status(until_eof=True)
         os.close(self.status_fd)
+        self.output.finish()
         code = self.proc.returncode
         if code < 0:  # bubblewrap itself was killed
             return ExitRecord(rank=self.rank, exit_code=128 - code, signal=-code)
@@ -143,7 +179,8 @@ class _Frame:
                 exit_code = int(document["exit-code"])
                 return ExitRecord(rank=self.rank, exit_code=exit_code,
                                   signal=exit_code - 128 if exit_code in _SIGNAL_CODES else None)
-        last = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()][-1:]
+        log = JobLog(self.output.log.path, self.output.log.segment)
+        last = [line for line in log.tail(_SETUP_LINES, _SETUP_BYTES).splitlines() if line.strip()][-1:]
         return ExitRecord(rank=self.rank, exit_code=code,
                           setup_error=last[0] if last else f"bubblewrap exited {code} without a message")
 
@@ -154,23 +191,25 @@ class Frames:
     def __init__(self) -> None:
         self.running: dict[int, _Frame] = {}
 
-    def start(self, argv_for: Callable[..., list[str]], env: Mapping[str, str], log: Path, *, rank: int = 0,
+    def start(self, argv_for: Callable[..., list[str]], env: Mapping[str, str], log: LogWriter, *, rank: int = 0,
               pass_fds: Sequence[int] = ()) -> _Frame:
         """Start ``argv_for(status_fd=N)`` (a partial :func:`frame_argv`) with exactly ``env``, its
         output appended to ``log``."""
         status_read, status_write = os.pipe()
+        output = _Output(log)
         try:
-            with open(log, "ab") as output:
-                proc = subprocess.Popen(argv_for(status_fd=status_write), env=dict(env), stdin=subprocess.DEVNULL,
-                                        stdout=output, stderr=subprocess.STDOUT, pass_fds=(status_write, *pass_fds))
+            proc = subprocess.Popen(argv_for(status_fd=status_write), env=dict(env), stdin=subprocess.DEVNULL,
+                                    stdout=output.write_end, stderr=subprocess.STDOUT,
+                                    pass_fds=(status_write, *pass_fds))
         except BaseException:
             os.close(status_read)
             raise
         finally:
             os.close(status_write)
+            os.close(output.write_end)  # the frame holds it now: the copy ends when the frame does
         bwrap = ProcessId.of(proc.pid)
         assert bwrap is not None, "an unreaped child is always in /proc"
-        frame = _Frame(rank=rank, proc=proc, bwrap=bwrap, log=log, status_fd=status_read)
+        frame = _Frame(rank=rank, proc=proc, bwrap=bwrap, output=output, status_fd=status_read)
         self.running[proc.pid] = frame
         frame.read_status(until_eof=False)
         first = frame.status.split(b"\n", 1)[0]
@@ -202,6 +241,7 @@ class Frames:
             frame.proc.kill()
             frame.proc.wait()
             os.close(frame.status_fd)
+            frame.output.finish()
 
 
 def _wait_gone(process: ProcessId) -> None:
@@ -216,10 +256,12 @@ def supervise(run_path: Path, credentials: Mapping[str, str]) -> int:
     cancel = Cancellation()
     run = RunDir(run_path)
     frames = Frames()
+    opened: Mapping[str, int] = {}
+    results = ""
     try:
         launch = run.launch()
         assert launch is not None, "submit writes launch.json before it starts the supervisor"
-        host = Host(bwrap=launch.bwrap, system=host_system_dirs(), nsenter=launch.nsenter)
+        host = Host(bwrap=launch.bwrap, system=host_system_dirs(), nsenter=launch.nsenter, run_as=launch.run_as)
         cancel.start_deadline(launch.plan.deadline_seconds)
         cancel.check()
         binds = frame_binds(launch.plan, launch.results_host)
@@ -228,22 +270,39 @@ def supervise(run_path: Path, credentials: Mapping[str, str]) -> int:
         except SourceChanged as exc:
             run.write(run.verdict_file, Verdict(ok=False, error=str(exc)))
             return 0
+        results = launch.plan.results_dir
         verdict = verify(run, launch, host, frames, cancel, opened)
         run.write(run.verdict_file, verdict)
         if verdict.ok:
-            run.write(run.exit_file, run_ranks(run, launch, host, frames, credentials, cancel, binds, opened))
+            ended = run_ranks(run, launch, host, frames, credentials, cancel, binds, opened)
+            _disarm(opened.get(results))
+            run.write(run.exit_file, ended)
     except CancelRequested:
         signal.alarm(0)  # decided: a deadline that fires while the frames are ended must not turn a cancel into it
         frames.kill()
+        _disarm(opened.get(results))
         run.write(run.exit_file, ExitRecord(exit_code=128 + signal.SIGKILL, signal=signal.SIGKILL,
                                             canceled=cancel.deadline is None, deadline_seconds=cancel.deadline))
     except BaseException as exc:
         frames.kill()
+        _disarm(opened.get(results))
         redact = Redactor(credentials)
         print(redact(traceback.format_exc()), file=sys.stderr)
         run.write(run.exit_file, ExitRecord(exit_code=1, setup_error=redact(f"the supervisor failed: {exc!r}")))
         return 1
     return 0
+
+
+def _disarm(results_fd: int | None) -> None:
+    """Once every frame has ended: what the job left in its results that could act for it on the
+    host is made harmless (:func:`.results_owner.disarm`), each change said in this log."""
+    if results_fd is None:
+        return
+    try:
+        for line in disarm(results_fd):
+            print(f"results: {line}", file=sys.stderr)
+    except OSError as exc:
+        print(f"results: not disarmed: {exc}", file=sys.stderr)
 
 
 def verify(run: RunDir, launch: Launch, host: Host, frames: Frames, cancel: Cancellation,
@@ -252,23 +311,25 @@ def verify(run: RunDir, launch: Launch, host: Host, frames: Frames, cancel: Canc
     with the probe's files; the verdict, with the persistence check made from outside."""
     plan = launch.plan
     checks, token = checklist(plan)
-    run.probe_dir.mkdir(mode=0o700, exist_ok=True)
-    atomic_write(run.probe_dir / "probe.sh", PROBE_SCRIPT.encode(), mode=0o600)
-    atomic_write(run.probe_dir / "checklist", checklist_text(checks).encode(), mode=0o600)
+    # Readable by the job's user (the probe runs as it); the run directory keeps everyone else out.
+    run.probe_dir.mkdir(mode=0o755, exist_ok=True)
+    atomic_write(run.probe_dir / "probe.sh", PROBE_SCRIPT.encode(), mode=0o644)
+    atomic_write(run.probe_dir / "checklist", checklist_text(checks).encode(), mode=0o644)
     command = ["/bin/sh", f"{PROBE_DIR}/probe.sh", f"{PROBE_DIR}/checklist"]
     probe_fd = open_source(str(run.probe_dir))  # the supervisor's own directory, made just above
     assert probe_fd is not None
     try:
         with_probe = {**opened, PROBE_DIR: probe_fd}
         binds = frame_binds(plan, launch.results_host, str(run.probe_dir))
-        frames.start(partial(frame_argv, plan, host, binds, with_probe, command), frame_env(plan), run.probe_log,
+        frames.start(partial(frame_argv, plan, host, binds, with_probe, command), frame_env(plan),
+                     LogWriter(run.probe_log, launch.log_segment),
                      pass_fds=tuple(with_probe.values()))
         [ended] = frames.wait(cancel)
     finally:
         os.close(probe_fd)
     if ended.setup_error is not None:
         return Verdict(ok=False, error=f"the frame could not start: {ended.setup_error}")
-    verdict = parse_probe_output(run.probe_log.read_text(errors="replace"), checks, ended.exit_code)
+    verdict = parse_probe_output(JobLog(run.probe_log, launch.log_segment).text(), checks, ended.exit_code)
     results_fd = opened.get(plan.results_dir)
     seen, detail = ((False, f"the results directory {launch.results_host} is not on this host") if results_fd is None
                     else _token_seen(Path(launch.results_host), results_fd, token))
@@ -312,12 +373,13 @@ def run_ranks(run: RunDir, launch: Launch, host: Host, frames: Frames, credentia
                 return ExitRecord(exit_code=1, rank=rank, setup_error=f"rank 0 ended before rank {rank} could "
                                                                       "join its network namespace")
             frame = frames.start(partial(frame_argv, plan, host, binds, opened, plan.argv, rank=rank, join=join),
-                                 frame_env(plan, rank=rank, credentials=credentials), run.rank_log(rank), rank=rank,
+                                 frame_env(plan, rank=rank, credentials=credentials),
+                                 LogWriter(run.rank_log(rank), launch.log_segment), rank=rank,
                                  pass_fds=(*join_fds, *opened.values()))
             recorded.append(RankProcesses(rank=rank, bwrap=frame.bwrap, sandbox=frame.sandbox))
             run.write(run.ranks_file, Ranks(ranks=recorded))
             if rank == 0 and plan.nodes > 1 and not plan.network:
-                join, join_fds = _namespaces_of(frame.sandbox)
+                join, join_fds = _namespaces_of(frame.sandbox, user=host.run_as is None)
     finally:
         for fd in join_fds:
             os.close(fd)
@@ -325,24 +387,26 @@ def run_ranks(run: RunDir, launch: Launch, host: Host, frames: Frames, credentia
     return next((end for end in ended if end.failed), None) or next(end for end in ended if end.rank == 0)
 
 
-def _namespaces_of(sandbox: ProcessId | None) -> tuple[Namespaces | None, list[int]]:
-    """Rank 0's user and network namespaces as descriptors this process holds (so they cannot
-    be another process's by the time a rank opens them), once they can be joined; None when rank
-    0 ended first."""
+def _namespaces_of(sandbox: ProcessId | None, *, user: bool) -> tuple[Namespaces | None, list[int]]:
+    """Rank 0's network namespace, and its user namespace when it has one of its own (``user``),
+    as descriptors this process holds (so they cannot be another process's by the time a rank
+    opens them), once they can be joined; None when rank 0 ended first."""
     if sandbox is None:
         return None, []
+    kinds = ("user", "net") if user else ("net",)
     fds = []
     try:
-        for kind in ("user", "net"):
+        for kind in kinds:
             fds.append(os.open(f"/proc/{sandbox.pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC))
     except FileNotFoundError:
         pass
     # Checked after opening, so the descriptors are rank 0's.
-    if len(fds) < 2 or not _user_namespace_mapped(sandbox):
+    if len(fds) < len(kinds) or not _user_namespace_mapped(sandbox):
         for fd in fds:
             os.close(fd)
         return None, []
-    return Namespaces(user=f"/proc/self/fd/{fds[0]}", net=f"/proc/self/fd/{fds[1]}"), fds
+    paths = [f"/proc/self/fd/{fd}" for fd in fds]
+    return Namespaces(user=paths[0] if user else None, net=paths[-1]), fds
 
 
 def _user_namespace_mapped(sandbox: ProcessId) -> bool:

@@ -6,30 +6,35 @@ place from the plan and a description of the host, and table-tested without star
 
 What the frame sees — what a pod would see, and nothing else of the host:
 
-* new user, mount, pid, ipc, uts and cgroup namespaces (``--unshare-all``) and no network unless
-  ``plan.network`` (``--share-net``); ranks above 0 of a multi-node job join rank 0's network
-  (see :class:`Namespaces`);
+* new mount, pid, ipc, uts and cgroup namespaces, and no network unless ``plan.network``; ranks
+  above 0 of a multi-node job join rank 0's network (see :class:`Namespaces`). Who the job is on
+  the host is :mod:`.run_as`'s decision: the unprivileged user that started bubblewrap (in a user
+  namespace of its own), or — started by root — ``run_as_user`` through ``setpriv``, never root;
 * the host's userland read-only (``/usr``, ``/bin``, ``/sbin``, ``/lib``, ``/lib64`` and the parts
-  of ``/etc`` a program needs, :data:`ETC_ENTRIES`, where present; a symlink such as usrmerge's ``/bin -> usr/bin`` stays a symlink). The plan's
-  ``image`` is recorded, never pulled: this backend runs the host's programs;
-* a fresh ``/proc`` and ``/dev``, a private ``/tmp`` (also ``HOME`` and the working directory,
-  like a container's writable layer: lost at exit), ``/dev/shm`` of ``plan.shm_size``;
+  of ``/etc`` a program needs, :data:`ETC_ENTRIES`, where present; a symlink such as usrmerge's
+  ``/bin -> usr/bin`` stays a symlink). The plan's ``image`` is recorded, never pulled: this
+  backend runs the host's programs;
+* a root of its own: a tmpfs of ``plan.ephemeral_storage`` (a container's writable layer), holding
+  a world-writable ``/tmp`` (also ``HOME`` and the working directory: lost at exit); a fresh
+  ``/proc`` whose ``/proc/sys`` and ``/proc/sysrq-trigger`` are read-only; a ``/dev`` of device
+  nodes only, read-only once made; ``/dev/shm`` of ``plan.shm_size``. Every tmpfs a job can write
+  has a size, so a job holds no more memory than the request says (:func:`frame_memory_bytes`);
 * each mount of the plan at its target (read-only where the plan says so), the results directory
   read-write from its host directory, and — for the verify probe only — the probe's files.
   Each is bound from a descriptor the supervisor opened and checked (``--bind-fd``, see
   :mod:`.binding`), never from a path that could be swapped meanwhile; a source with no
   descriptor leaves its target absent, and the verify probe, run inside, says so per path
-  (preflight reports it earlier, on the host);
-* no capabilities (``--cap-drop ALL``): root in the frame obeys file modes like a pod's user
-  does, so an unreadable input fails verification instead of passing for root, and no read-only
-  bind can be remounted writable;
+  (preflight reports it earlier, on the host). bubblewrap mounts every bind ``nosuid``;
+* no capabilities (``--cap-drop ALL``): the job obeys file modes like a pod's user does, so an
+  unreadable input fails verification, and no read-only bind can be remounted writable;
 * its own session (``--new-session``: no terminal to inject keystrokes into). There is no
   ``--die-with-parent``: the job outlives whoever submitted it;
 * the command as pid 1 of its pid namespace (``--as-pid-1``), as a container's entrypoint is:
   when it ends, the kernel ends every other process of the frame with it — what it left in
   the background (``nohup``, ``setsid``) included — and a process of the job that stops pid 1
   (``ptrace``) stops the command itself, so the job is then truly still running. (bubblewrap's
-  own reaper as pid 1 would outlive the command for as long as any orphan ran.)
+  own reaper as pid 1 would outlive the command for as long as any orphan ran.) ``setpriv``, when
+  there is one, execs the command in its own place, so the command is still pid 1.
 
 Environment: bubblewrap passes its own environment on, so the caller starts it with exactly
 :func:`frame_env` — never ``--setenv``, because argv is world-readable in ``/proc``.
@@ -39,12 +44,13 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..launch.plan import PROBE_DIR, LaunchPlan, PlanMount
 from ..launch.rendezvous import rendezvous_env
 from ..quantities import quantity_bytes
+from .run_as import SWITCH_CAPABILITIES, RunAs
 
 #: The host directories that make up the userland a frame runs.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64")
@@ -58,10 +64,13 @@ ETC_ENTRIES = ("alternatives", "ca-certificates", "ca-certificates.conf", "debia
                "ssl/certs", "ssl/openssl.cnf", "timezone")
 FRAME_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FRAME_LANG = "C.UTF-8"
-#: The private tmpfs: HOME and the working directory (no home directory of the host is visible).
+#: HOME and the working directory (no home directory of the host is visible), on the frame's root.
 FRAME_TMP = "/tmp"
-#: The frame's /tmp when the request gives no ephemeral_storage: what a laptop spares.
-DEFAULT_FRAME_TMP = "4Gi"
+#: The frame's root (its writable layer, /tmp included) when the request gives no
+#: ephemeral_storage: what a laptop spares.
+DEFAULT_FRAME_ROOT = "4Gi"
+#: Where anyone may write, as on any Unix: the sticky bit keeps each user's files their own.
+_SHARED_DIR_MODE = "1777"
 #: Ranks share one loopback (see :class:`Namespaces`), so rank 0 is reached at 127.0.0.1 (on
 #: :data:`~tao_data_io.launch.rendezvous.MASTER_PORT`).
 MASTER_ADDR = "127.0.0.1"
@@ -93,6 +102,9 @@ class Host:
     system: tuple[SystemDir, ...]
     #: Needed only for ranks above 0 of a multi-node job without network.
     nsenter: str | None = None
+    #: Who the command becomes when bubblewrap runs as root (:mod:`.run_as`); None: bubblewrap
+    #: runs as an unprivileged user, whom its own user namespace maps.
+    run_as: RunAs | None = None
 
 
 @dataclass(frozen=True)
@@ -103,12 +115,14 @@ class Namespaces:
     frames could not reach each other, and sharing the host's network would expose every service
     on this host's loopback to the job. So ranks above 0 start inside rank 0's network namespace
     (``nsenter`` joins rank 0's user namespace, which owns it, then the namespace; bubblewrap then
-    keeps it with ``--share-net``): all ranks share one private loopback where rank 0 listens on
+    keeps it): all ranks share one private loopback where rank 0 listens on
     ``MASTER_ADDR:MASTER_PORT``, and the host's network stays out of reach. Everything else —
-    mounts, pids, ``/tmp``, ``/dev/shm``, hostname — stays per rank, as per pod.
+    mounts, pids, ``/tmp``, ``/dev/shm``, hostname — stays per rank, as per pod. A frame started
+    by root has no user namespace of its own (``user`` None): root joins the network namespace
+    alone.
     """
 
-    user: str
+    user: str | None
     net: str
 
 
@@ -139,31 +153,75 @@ def frame_argv(plan: LaunchPlan, host: Host, binds: Sequence[Bind], opened: Mapp
     if join is not None:
         if host.nsenter is None:
             raise ValueError("joining rank 0's namespaces needs nsenter")
-        argv += [host.nsenter, f"--user={join.user}", f"--net={join.net}", "--"]
-    argv += [host.bwrap, "--unshare-all", "--as-pid-1"]
-    if plan.network or join is not None:
-        argv.append("--share-net")
-    argv += ["--new-session", "--cap-drop", "ALL", "--hostname", f"{plan.job_id}-{rank}", *userland_args(host.system),
-             "--size", str(frame_tmp_bytes(plan)), "--tmpfs", FRAME_TMP,
-             "--size", str(quantity_bytes(plan.shm_size)), "--tmpfs", "/dev/shm"]
+        argv += [host.nsenter, *([f"--user={join.user}"] if join.user is not None else []), f"--net={join.net}", "--"]
+    argv += [host.bwrap, *namespace_args(host, share_net=plan.network or join is not None), "--as-pid-1",
+             "--new-session", *capability_args(host), "--hostname", f"{plan.job_id}-{rank}",
+             *userland_args(host.system, root_bytes=frame_root_bytes(plan), shm_bytes=quantity_bytes(plan.shm_size))]
+    for directory in mount_parents(bind.target for bind in binds if bind.target in opened):
+        argv += ["--dir", directory]
     for bind in binds:
         if bind.target in opened:
             argv += ["--ro-bind-fd" if bind.read_only else "--bind-fd", str(opened[bind.target]), bind.target]
     if status_fd is not None:
         argv += ["--json-status-fd", str(status_fd)]
-    return argv + ["--chdir", FRAME_TMP, "--", *command]
+    prefix = host.run_as.prefix() if host.run_as is not None else []
+    return argv + ["--chdir", FRAME_TMP, "--", *prefix, *command]
 
 
-def frame_tmp_bytes(plan: LaunchPlan) -> int:
-    """The frame's ``/tmp``: what a container's writable layer is, so the request's
+def mount_parents(targets: Iterable[str]) -> list[str]:
+    """The directories above the mount targets that the frame's root must hold, parents first
+    and none inside another target (that is the mounted source's own). Made here, not left to
+    bubblewrap, which makes a target's missing parents mode 0700: a job that is not root could
+    not reach its own inputs."""
+    targets = set(targets)
+    parents: set[str] = set()
+    for target in targets:
+        parent = posixpath.dirname(target)
+        while parent != "/" and parent not in parents:
+            parents.add(parent)
+            parent = posixpath.dirname(parent)
+    inside_a_target = {parent for parent in parents for target in targets
+                       if parent == target or parent.startswith(target + "/")}
+    return sorted(parents - inside_a_target, key=lambda directory: (directory.count("/"), directory))
+
+
+def namespace_args(host: Host, *, share_net: bool) -> list[str]:
+    """Every namespace of the frame its own, the network unless ``share_net``; a user namespace
+    only for an unprivileged bubblewrap, which maps its own user (see :mod:`.run_as`)."""
+    owned = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+    if host.run_as is None:
+        owned.insert(0, "--unshare-user")
+    return owned if share_net else [*owned, "--unshare-net"]
+
+
+def capability_args(host: Host) -> list[str]:
+    """No capability for the command; a root-started bubblewrap keeps only what ``setpriv``
+    needs for its one exec (:data:`~.run_as.SWITCH_CAPABILITIES`), and ``setpriv`` drops them."""
+    argv = ["--cap-drop", "ALL"]
+    if host.run_as is not None:
+        for capability in SWITCH_CAPABILITIES:
+            argv += ["--cap-add", capability]
+    return argv
+
+
+def frame_root_bytes(plan: LaunchPlan) -> int:
+    """The frame's root, ``/tmp`` on it: what a container's writable layer is, so the request's
     ``ephemeral_storage`` — memory here (a tmpfs), so bound, never half the host's RAM."""
-    return quantity_bytes(plan.ephemeral_storage or DEFAULT_FRAME_TMP)
+    return quantity_bytes(plan.ephemeral_storage or DEFAULT_FRAME_ROOT)
 
 
-def userland_args(system: Sequence[SystemDir]) -> list[str]:
-    """The host's userland, read-only, with a fresh ``/proc`` and ``/dev``. The chosen ``/etc``
-    entries sit on an ``/etc`` of the frame's own, made read-only once they are in place."""
-    argv: list[str] = []
+def frame_memory_bytes(plan: LaunchPlan) -> int:
+    """The most memory one rank's frame can hold in files: every tmpfs a job can write (its root
+    and ``/dev/shm``; ``/etc`` and ``/dev`` are read-only once made)."""
+    return frame_root_bytes(plan) + quantity_bytes(plan.shm_size)
+
+
+def userland_args(system: Sequence[SystemDir], *, root_bytes: int, shm_bytes: int) -> list[str]:
+    """A root of ``root_bytes`` holding the host's userland, read-only; the chosen ``/etc``
+    entries sit on an ``/etc`` of the frame's own, made read-only once they are in place; a
+    world-writable ``/tmp``; a fresh ``/proc`` with the kernel's settings read-only; a ``/dev``
+    of device nodes, read-only once ``/dev/shm`` (``shm_bytes``) is in it."""
+    argv = ["--size", str(root_bytes), "--tmpfs", "/"]
     etc = [entry for entry in system if entry.path.startswith("/etc/")]
     if etc:
         argv += ["--tmpfs", "/etc"]
@@ -172,12 +230,18 @@ def userland_args(system: Sequence[SystemDir]) -> list[str]:
                  else ["--ro-bind", directory.path, directory.path])
     if etc:
         argv += ["--remount-ro", "/etc"]
-    return argv + ["--proc", "/proc", "--dev", "/dev"]
+    return argv + ["--perms", _SHARED_DIR_MODE, "--dir", FRAME_TMP,
+                   "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
+                   "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger",
+                   "--dev", "/dev", "--perms", _SHARED_DIR_MODE, "--size", str(shm_bytes), "--tmpfs", "/dev/shm",
+                   "--remount-ro", "/dev"]
 
 
 def trivial_argv(host: Host) -> list[str]:
-    """A frame with every namespace unshared that runs ``true``: can bubblewrap work here at all?"""
-    return [host.bwrap, "--unshare-all", "--cap-drop", "ALL", *userland_args(host.system), "--", "true"]
+    """A frame as a job's is made that runs ``true``: can bubblewrap (and ``setpriv``) work here?"""
+    prefix = host.run_as.prefix() if host.run_as is not None else []
+    return [host.bwrap, *namespace_args(host, share_net=False), *capability_args(host),
+            *userland_args(host.system, root_bytes=1 << 20, shm_bytes=1 << 20), "--", *prefix, "true"]
 
 
 def mount_source(plan: LaunchPlan, mount: PlanMount) -> str:

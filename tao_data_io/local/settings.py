@@ -1,7 +1,8 @@
-"""What the local backend is built from: where its jobs run, and whether a frame may have the
-host's network. Declared once: :class:`~tao_data_io.local.backend.LocalBackend` is built from
-it, the ``tao-local-target`` block embeds it, the CLI fills it from its flags, and a job record
-keeps its dump (``backend_config``) so every later verb rebuilds the same backend.
+"""What the local backend is built from: where its jobs run, whether a frame may have the host's
+network, and which host user its jobs run as when the backend runs as root. Declared once:
+:class:`~tao_data_io.local.backend.LocalBackend` is built from it, the ``tao-local-target``
+block embeds it, the CLI fills it from its flags, and a job record keeps its dump
+(``backend_config``) so every later verb rebuilds the same backend.
 """
 
 from __future__ import annotations
@@ -11,17 +12,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from ..launch.backend import BackendSettings
+from ..quantities import is_binary_quantity, quantity_bytes
 from ..schema import AbsolutePath
+from .joblog import DEFAULT_LOG_LIMIT, MIN_LOG_LIMIT
 
 ROOT_VARIABLE = "TAO_DATA_IO_LOCAL_ROOT"
 DEFAULT_ROOT = "~/.tao-data-io/local"
 
 
 class LocalSettings(BackendSettings):
-    """How the local backend runs each job: where on the host, and whether with its network."""
+    """How the local backend runs each job: where on the host, whether with its network, as whom."""
 
     platform: ClassVar[str] = "local"
 
@@ -36,6 +39,38 @@ class LocalSettings(BackendSettings):
                     "in its frames. Off by default: the host's network (its loopback services, its LAN) is reached "
                     "only where the operator allows it, and such a request is refused before anything starts. A "
                     "job that does not ask never has the network.")
+    run_as_user: int | None = Field(
+        None, title="Run as user (uid)",
+        description="The host uid a job runs as when the backend runs as root (a job never holds host root: uid 0 "
+                    "is refused). Empty: 65534 (nobody). When the backend runs as another user, jobs run as that "
+                    "user, and this must be empty or that uid. Inputs must be readable, and read-write mounts "
+                    "writable, by this uid; tao-data-io makes the results directory its.")
+    run_as_group: int | None = Field(
+        None, title="Run as group (gid)",
+        description="The host gid a job runs as when the backend runs as root (gid 0 is refused), with no "
+                    "supplementary group. Empty: 65534 (nogroup).")
+    log_limit: str = Field(
+        DEFAULT_LOG_LIMIT, title="Log limit",
+        description="The most of each rank's output (stdout and stderr) kept on the host, a binary quantity: its "
+                    "first quarter and its newest three quarters, with a line saying how many bytes were dropped "
+                    "between. What a job prints is written to the host's disk, outside every limit of its frame.")
+
+    @field_validator("log_limit")
+    @classmethod
+    def _log_limit(cls, value: str) -> str:
+        if not is_binary_quantity(value) or quantity_bytes(value) < MIN_LOG_LIMIT:
+            raise ValueError(f"log_limit {value!r} is not a binary quantity of {MIN_LOG_LIMIT // 1024}Ki or more: "
+                             f"write a whole number with Ki, Mi, Gi or Ti, such as {DEFAULT_LOG_LIMIT}")
+        return value
+
+    @field_validator("run_as_user", "run_as_group")
+    @classmethod
+    def _unprivileged(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value < 1:
+            what = "root" if value == 0 else "not an id"
+            raise ValueError(f"{info.field_name} {value} is {what}: a job never holds host root; give an unprivileged "
+                             "id, or leave it empty for 65534 (nobody)")
+        return value
 
     def resolved(self, environ: Mapping[str, str] | None = None) -> LocalSettings:
         """These settings with ``run_root`` decided (given, else ``$TAO_DATA_IO_LOCAL_ROOT``, else

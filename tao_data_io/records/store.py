@@ -35,6 +35,7 @@ from ..transfer.activity import Activity
 from ..errors import TaoDataIOError, UsageError
 from ..names import check_backend_ref, check_job_id, mint_job_id
 from .backend import DEFAULT_LEASE_SECONDS, DamagedRecordError
+from .directory import DirectoryBackend
 from .location import locate
 from .model import (GUARDED_FIELDS, IDENTITY_FIELDS, TERMINAL_STATES, JobRecord, check_state, check_tier, decoded, now,
                     validated)
@@ -80,6 +81,12 @@ class RecordStore:
         self.location = self.backend.describe()
         self._origin = where.origin
         self.retry = retry
+
+    @property
+    def directory(self) -> Path | None:
+        """The directory on this host that holds the records, or None when they live in a bucket:
+        a backend that binds host paths keeps it out of a job's reach."""
+        return self.backend.root if isinstance(self.backend, DirectoryBackend) else None
 
     # -- the rules -------------------------------------------------------------------------
 

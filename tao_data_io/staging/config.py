@@ -119,13 +119,14 @@ def materialize_config(request: JobRequest, output_dir: Path, inputs_root: str =
     The name is ``tao-action-config-<sha256>.<ext>``. The file is written to a temp name,
     fsynced, then hard-linked into place — a link never replaces an existing file, so a
     concurrent writer or an earlier run cannot be overwritten; an existing file with the same
-    name must have the same bytes (else it is an error: someone edited it). Mode 0600. The temp
+    name must have the same bytes (else it is an error: someone edited it). Mode 0644: the job
+    reads it as its own user, who is not the stager's when the backend runs as root. The temp
     name is random, so a rerun after a kill (the same PID again, in a container) or two threads
     at once never collide.
     """
     data, digest, sub_path, container_path = config_content(request, inputs_root, plan=plan)
     final = output_dir / Path(sub_path).name
-    created = atomic_write(final, data, mode=0o600, replace=False)
+    created = atomic_write(final, data, mode=0o644, replace=False)
     if not created:
         _check_same(final, data)
     return MaterializedConfig(final, digest, sub_path, container_path, created=created)

@@ -18,6 +18,12 @@ from ...reporting import Progress, ProgressCallback
 from .formats import CHUNK, DIRECTORY, HARDLINK, SPECIAL, SYMLINK, Member, reading
 from .limits import Budget
 
+#: What a member may be, whatever its mode in the archive: readable by every user — the job reads
+#: it as its own user, who is not the stager when the backend runs as root (the staging root keeps
+#: out whoever must not reach it) — and never setuid, setgid or writable by others.
+_READABLE_DIRECTORY = 0o755
+_READABLE_FILE = 0o644
+
 
 class Extractor:
     """Checks each member and writes it under ``root`` (the fresh work directory).
@@ -68,10 +74,10 @@ class Extractor:
         path.parent.mkdir(parents=True, exist_ok=True)
         if member.kind == DIRECTORY:
             if path.is_dir():
-                os.chmod(path, (member.mode & 0o755) | 0o700)
+                os.chmod(path, _READABLE_DIRECTORY)
             else:
                 self._vacate(path, member.name)
-                path.mkdir(mode=(member.mode & 0o755) | 0o700)
+                path.mkdir(mode=_READABLE_DIRECTORY)
         elif member.kind == HARDLINK:
             self._hard_link(member, target, path)
         else:
@@ -95,7 +101,7 @@ class Extractor:
         if written != member.size:
             raise UsageError(f"archive {self.label!r} is truncated or corrupt: member {member.name!r} has {written} of "
                              f"its {member.size} bytes; re-create or re-upload it")
-        os.chmod(path, (member.mode & 0o755) | 0o600)
+        os.chmod(path, (member.mode & 0o755) | _READABLE_FILE)
         self.entries[target] = {"path": target, "size": written}
         self.files_written += 1
         self.bytes_written += written
