@@ -12,9 +12,10 @@ PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || { apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
 
-# The local compute frame runs each job in a bubblewrap sandbox.
+# The local compute frame runs each job in a bubblewrap sandbox, under a seccomp filter libseccomp builds.
 bubblewrap:
 	@command -v bwrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap; }
+	@ldconfig -p | grep -q 'libseccomp\.so\.2' || { apt-get update -qq && apt-get install -y -qq libseccomp2; }
 
 # uv (installed by pip from PyPI) resolves the Prefect stack in seconds; pip's resolver spends
 # minutes backtracking through boto3 releases for prefect-aws's aiobotocore pin. pip stays the

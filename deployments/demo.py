@@ -6,7 +6,8 @@
    model on a model hub stand-in (``HF_ENDPOINT``), see :mod:`deployments.dataset`;
 3. Prefect's server (SQLite under ``.demo/prefect``, UI on), the ``tao-local`` process pool, the
    blocks (:mod:`deployments.blocks`: the local target, job records in the bucket, credential
-   blocks that name variables), a worker, and ``prefect deploy --all``;
+   blocks that name variables), a worker, ``prefect deploy --all`` and its parameter schemas closed
+   (:mod:`deployments.schemas`);
 4. ``prefect deployment run submit-tao-job/local -p request_path=.demo/request.yaml`` — a config-mode
    request whose command is the training stand-in (``examples/stand_in/train.sh``, mounted into
    the local frame) — then ``collect-tao-job/local-collect``;
@@ -111,6 +112,9 @@ def run_demo(stack: Stack, clock: Clock) -> bool:
     clock.say("worker started (it polls every second)")
     if prefect(clock, env, "deploy", "--all", "--no-prompt").returncode != 0:
         return False
+    from deployments.schemas import close_parameter_schemas
+
+    clock.say(f"parameter schemas (python -m deployments.schemas): {'; '.join(close_parameter_schemas())}")
 
     job_id = f"demo-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     request = DEMO / "request.yaml"

@@ -14,11 +14,11 @@ from flows import common
 from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, Records, S3Credentials, Target, prepare
 from tao_data_io.forms import GuardedText
 from tao_data_io.verbs import cancel
-from tasks.masking import job_run_name, masking_failures
+from tasks.masking import job_run_name, mask_parameters_of_crashed_run, masking_failures
 
 
 @flow(name="cancel-tao-job", flow_run_name=job_run_name("cancel"), persist_result=True, result_serializer="json",
-      validate_parameters=False)
+      validate_parameters=False, on_crashed=[mask_parameters_of_crashed_run])
 @masking_failures
 def cancel_tao_job(job_id: GuardedText, target: Target = DEFAULT_TARGET, records: Records = DEFAULT_RECORDS,
                    s3_credentials: S3Credentials = None, reason: GuardedText | None = None) -> dict[str, Any]:

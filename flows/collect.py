@@ -20,7 +20,7 @@ from flows.common import (DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, Records, S3Cr
 from tao_data_io.errors import TaoDataIOError
 from tao_data_io.forms import GuardedText
 from tao_data_io.verbs import DEFAULT_POLL_SECONDS, collect
-from tasks.masking import job_run_name, mask_run_logs, masking_failures
+from tasks.masking import job_run_name, mask_parameters_of_crashed_run, mask_run_logs, masking_failures
 from tasks.owners import this_run
 from tasks.records import read_record
 
@@ -35,7 +35,7 @@ class JobNotFinished(TaoDataIOError):
 
 
 @flow(name="collect-tao-job", flow_run_name=job_run_name("collect"), persist_result=True, result_serializer="json",
-      on_cancellation=[cancel_owned_job], validate_parameters=False)
+      on_cancellation=[cancel_owned_job], validate_parameters=False, on_crashed=[mask_parameters_of_crashed_run])
 @masking_failures
 def collect_tao_job(job_id: GuardedText, target: Target = DEFAULT_TARGET, records: Records = DEFAULT_RECORDS,
                     s3_credentials: S3Credentials = None, poll_seconds: float = DEFAULT_POLL_SECONDS,

@@ -21,7 +21,7 @@ from flows import common
 from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, Records, S3Credentials, Target, prepare
 from tao_data_io.errors import TaoDataIOError
 from tao_data_io.verbs import resync
-from tasks.masking import masking_failures, started_run_name
+from tasks.masking import mask_parameters_of_crashed_run, masking_failures, started_run_name
 from tasks.owners import canceled
 
 
@@ -30,7 +30,7 @@ class ResyncFailed(TaoDataIOError):
 
 
 @flow(name="resync-tao-outputs", flow_run_name=started_run_name("resync", "target"), persist_result=True,
-      result_serializer="json", validate_parameters=False)
+      result_serializer="json", validate_parameters=False, on_crashed=[mask_parameters_of_crashed_run])
 @masking_failures
 def resync_tao_outputs(target: Target = DEFAULT_TARGET, records: Records = DEFAULT_RECORDS,
                        s3_credentials: S3Credentials = None, settle_seconds: float | None = None) -> dict[str, Any]:

@@ -19,11 +19,12 @@ from flows.submit import identified_request, submit_tao_job
 from tao_data_io.forms import GuardedText
 from tao_data_io.request import JobRequest
 from tao_data_io.verbs import DEFAULT_POLL_SECONDS
-from tasks.masking import masking_failures, started_run_name
+from tasks.masking import mask_parameters_of_crashed_run, masking_failures, started_run_name
 
 
 @flow(name="run-tao-job", flow_run_name=started_run_name("run", "request_path"), persist_result=True,
-      result_serializer="json", on_cancellation=[cancel_owned_job], validate_parameters=False)
+      result_serializer="json", on_cancellation=[cancel_owned_job], validate_parameters=False,
+      on_crashed=[mask_parameters_of_crashed_run])
 @masking_failures
 def run_tao_job(request: JobRequest | None = None, request_path: GuardedText | None = None,
                 target: Target = DEFAULT_TARGET, records: Records = DEFAULT_RECORDS,

@@ -23,12 +23,13 @@ from tao_data_io.forms import GuardedText
 from tao_data_io.names import job_id_for_run
 from tao_data_io.request import JobRequest, read_request
 from tao_data_io.verbs import submit
-from tasks.masking import mask_run_logs, masking_failures, started_run_name
+from tasks.masking import mask_parameters_of_crashed_run, mask_run_logs, masking_failures, started_run_name
 from tasks.owners import this_run
 
 
 @flow(name="submit-tao-job", flow_run_name=started_run_name("submit", "request_path"), persist_result=True,
-      result_serializer="json", on_cancellation=[cancel_owned_job], validate_parameters=False)
+      result_serializer="json", on_cancellation=[cancel_owned_job], validate_parameters=False,
+      on_crashed=[mask_parameters_of_crashed_run])
 @masking_failures
 def submit_tao_job(request: JobRequest | None = None, request_path: GuardedText | None = None,
                    target: Target = DEFAULT_TARGET, records: Records = DEFAULT_RECORDS,

@@ -53,10 +53,17 @@ SECRET_NAMES: frozenset[str] = frozenset(
 )
 _SECRET_NAME_PATTERN = re.compile(r"(SECRET|TOKEN|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
 #: The userinfo of a URL (``scheme://user:password@``, up to its last ``@`` before the path):
-#: a credential in any URL — an endpoint from any variable, or one quoted back by a library.
-_USERINFO = re.compile(r"\b([a-z][a-z0-9+.\-]*://)[^/\s?#]*@", re.I)
+#: a credential in any URL — an endpoint from any variable, or one quoted back by a library. The
+#: scheme starts after any character a scheme cannot hold (not ``\b``: ``key_https://…`` is a URL).
+_USERINFO = re.compile(r"(?<![a-z0-9+.\-])([a-z][a-z0-9+.\-]*://)[^/\s?#]*@", re.I)
 #: What a masked userinfo reads as.
 USERINFO_MASK = "***USERINFO***"
+#: The most of a URL that may still be writing its userinfo (``scheme://user:pa``) a
+#: :class:`StreamRedactor` holds back at the end of a piece: a real one is far shorter, and a longer
+#: run of what an authority may hold is shown rather than held until its line ends.
+_HELD_URL_CHARS = 4096
+_SCHEME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-")
+_AUTHORITY_END = re.compile(r"[/\s?#]")
 #: Values shorter than this are not masked: masking "1" or "yes" would shred every message
 #: while protecting nothing.
 _MIN_SECRET_LENGTH = 6
@@ -373,9 +380,9 @@ class Redactor:
                 if len(candidate) >= _MIN_SECRET_LENGTH:
                     for form in _quoted_forms(candidate):
                         secrets.setdefault(form, name)
-        ordered = sorted(secrets, key=len, reverse=True)
+        self._forms = sorted(secrets, key=len, reverse=True)
         self._names = secrets
-        self._pattern = re.compile("|".join(re.escape(v) for v in ordered)) if ordered else None
+        self._pattern = re.compile("|".join(re.escape(v) for v in self._forms)) if self._forms else None
 
     def redact(self, text: str) -> str:
         """Return ``text`` with every URL's userinfo and every known secret value masked."""
@@ -388,6 +395,72 @@ class Redactor:
 
     def __call__(self, text: str) -> str:
         return self.redact(text)
+
+    def settled(self, text: str) -> int:
+        """How much of ``text`` — the newest part of a stream, cut anywhere — masks the same whatever
+        comes after it: up to where its end could begin a secret value, or a URL that may still be
+        writing its userinfo, that the next part completes, and never inside one it holds whole."""
+        cut = min(self._secret_begun(text), _url_begun(text))
+        patterns = [pattern for pattern in (_USERINFO, self._pattern) if pattern is not None]
+        while True:
+            straddling = [match.start() for pattern in patterns for match in pattern.finditer(text)
+                          if match.start() < cut < match.end()]
+            if not straddling:
+                return cut
+            cut = min(straddling)
+
+    def _secret_begun(self, text: str) -> int:
+        """Where the longest end of ``text`` that begins a secret value starts (its length: none does)."""
+        begun = len(text)
+        last = text[-1:]
+        for form in self._forms:
+            for length in range(min(len(form) - 1, len(text)), 0, -1):
+                if form[length - 1] == last and text.endswith(form[:length]):
+                    begun = min(begun, len(text) - length)
+                    break
+        return begun
+
+
+def _url_begun(text: str) -> int:
+    """Where a URL that may still be writing its userinfo starts at the end of ``text`` (its length:
+    none): a scheme, ``scheme:``, ``scheme:/``, or ``scheme://`` with nothing yet that ends the
+    authority — within the last :data:`_HELD_URL_CHARS` characters."""
+    window = max(0, len(text) - _HELD_URL_CHARS)
+    separator = text.rfind("://", window)
+    if separator >= 0 and _AUTHORITY_END.search(text, separator + 3) is None:
+        scheme_end = separator
+    else:
+        scheme_end = len(text) - (2 if text.endswith(":/") else 1 if text.endswith(":") else 0)
+    start = scheme_end
+    while start > window and text[start - 1] in _SCHEME_CHARS:
+        start -= 1
+    return start if start < scheme_end else len(text)
+
+
+class StreamRedactor:
+    """A :class:`Redactor` for a text that arrives in pieces cut anywhere: a log followed look by
+    look, where a look ends inside a line longer than it takes.
+
+    Why: masked piece by piece, a secret that straddles a cut is shown as two unmasked halves. So
+    the end of each piece that could begin a secret value (at most the longest one but a
+    character) or a URL's userinfo is held back and masked with what follows; put together, what
+    this shows is the whole text masked at once. A watcher that stops calls :meth:`end`."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        self.redactor = redactor
+        self._held = ""
+
+    def feed(self, piece: str) -> str:
+        """What of the stream so far can be shown now, masked."""
+        text = self._held + piece
+        cut = self.redactor.settled(text)
+        self._held = text[cut:]
+        return self.redactor(text[:cut])
+
+    def end(self) -> str:
+        """The rest, masked: the stream has ended, or its watcher stops."""
+        rest, self._held = self._held, ""
+        return self.redactor(rest)
 
 
 def _quoted_forms(value: str) -> set[str]:

@@ -9,8 +9,8 @@ parameters. The model's own validators still run on the worker (they say more, a
 no server): the schema only moves the common refusals earlier.
 
 Every text of the form carries ``not: {pattern: CREDENTIAL_SHAPES}``, including the free-form
-spec's values at any depth (:data:`SpecTree`, a recursive schema) and the keys of the request's
-mappings (``propertyNames``; a key deeper in the spec is refused by the worker). The runtime check is the same pattern
+spec's values and keys at any depth (:data:`SpecTree`, a recursive schema) and the keys of the request's
+mappings (``propertyNames``). The runtime check is the same pattern
 (:func:`~tao_data_io.credentials.credential_shape_fields`), so the CLI refuses what the server does.
 """
 
@@ -33,9 +33,9 @@ _NESTED_MANY = ("anyOf", "oneOf", "allOf", "prefixItems")
 
 #: A text that refuses a credential's shape, in the form (a parameter of its own, or inside a model).
 GuardedText = Annotated[str, WithJsonSchema({"type": "string", **NO_CREDENTIAL})]
-#: A JSON value whose every text is guarded, at any depth: the form's view of a TAO spec.
+#: A JSON value whose every text is guarded, a mapping's keys too, at any depth: the form's view of a TAO spec.
 SpecTree = TypeAliasType(
-    "SpecTree", Union[GuardedText, bool, int, float, None, list["SpecTree"], dict[str, "SpecTree"]])  # noqa: UP007
+    "SpecTree", Union[GuardedText, bool, int, float, None, list["SpecTree"], dict[GuardedText, "SpecTree"]])  # noqa: UP007
 
 
 def _as_is(value: Any) -> Any:

@@ -15,6 +15,11 @@ scheduled resync while it runs, because they must agree on everything that matte
 * **half-written files**: files modified in the last ``settle_seconds`` wait for a later run.
   A resync, which overlaps the writer, defaults to :data:`DEFAULT_SETTLE_SECONDS`; the explicit
   upload defaults to 0 (it runs after the job, when every byte must go now).
+* **whose**: the job's record's. The prefix is claimed for the record before a byte moves, and
+  one claimed for another record (another store's job of the same id) is refused
+  (:mod:`.results_claim`); a restore checks the same claim.
+* **how much**: the job's ``results_limit`` bounds what the prefix holds once the upload ends —
+  what earlier uploads left there counts too, since an upload never deletes.
 * **one at a time per job**: the record store's upload lock for the job (a ``flock`` beside
   directory records, a lease object beside S3 records, so pods on different machines see
   it). A scheduled resync that finds it held leaves (the holder is doing the same work); a
@@ -30,25 +35,26 @@ job's destination, a resync has nothing left to do and says so.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from .credentials import Redactor, s3_credentials_from_env
-from .errors import TransferError, UsageError
-from .fs import is_within
+from .errors import TransferError, UnsafePathError, UsageError
+from .fs import check_relative, is_within
 from .records import JobRecord, OutputRoute, RecordStore
 from .quantities import quantity_bytes
+from .results_claim import Claim, ClaimedElsewhere, check_claim, claim, claimant_of
 from .routing import decide_route, ephemeral_warning
 from .transfer.activity import Activity
 from .transfer.client import explained
 from .transfer.engine import TransferEngine, TransferOptions
 from .transfer.filters import FilterRule, PathFilter
-from .reporting import ProgressCallback, human_size
-from .transfer.summary import TransferSummary
+from .reporting import MAX_EXAMPLES, ProgressCallback, human_size
+from .transfer.summary import Skipped, TransferSummary
 from .upload_head_start import HeadStart
 from .uris import parse_s3_url
 from .vocabulary import ALWAYS_EXCLUDED, DEFAULT_SETTLE_SECONDS, SETTLE_SECONDS_BOUNDS, TERMINAL_STATES, seconds_within
@@ -130,7 +136,9 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
     is believed: the record is read and validated here, as without one.
 
     Raises :class:`UsageError` for bad input (no record, a results dir that is not a directory
-    or, on the mount route, not under the mount). Failed files are in the summary, not raised.
+    or, on the mount route, not under the mount), for a prefix another job record claimed, and for
+    results the prefix could not hold within the job's ``results_limit``: nothing is uploaded then.
+    Failed files are in the summary, not raised.
     """
     env = os.environ if environ is None else environ
     if settle_seconds is not None:
@@ -177,12 +185,12 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
                                   progress=progress, untrusted_source="results_dir", budget=budget,
                                   activity=activity)
         prefix = parse_s3_url(route.destination, field="output_route.destination")
-        if engine is not None:
+        with ExitStack() as own:
+            if engine is None:
+                assert credentials is not None
+                engine = own.enter_context(TransferEngine(credentials))
+            claim(engine, prefix, Claim(claimant_of(record, route), store.location), refused="nothing was uploaded")
             summary = engine.upload_directory(results_dir, prefix, options, None if begun is None else begun.listing)
-        else:
-            assert credentials is not None
-            with TransferEngine(credentials) as own:
-                summary = own.upload_directory(results_dir, prefix, options)
         entry = _entry(kind, route, results_dir, record, settle_seconds, started, summary,
                        Redactor(env, secret_names=record.forward_env))
         final = bool(entry["final"])
@@ -194,22 +202,64 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
     return UploadOutcome("uploaded", note, route, summary, entry if recorded else None)
 
 
-def restore_results(source: str, results_dir: Path, *, environ: Mapping[str, str] | None = None) -> str:
+def restore_results(source: str, results_dir: Path, *, belongs_to: str | None = None,
+                    environ: Mapping[str, str] | None = None) -> str:
     """Download what earlier attempts of a job uploaded (``source``: its route's prefix) into
     ``results_dir`` before its next attempt's command starts, so TAO resumes from its newest
     checkpoint instead of epoch 0 — and the upload at the end does not overwrite the earlier
-    results with a restart's. A sync down: what is already there and the same is kept. Any file
-    that fails fails the launch (retryable): a resumed job must not start
-    from less than it had. Returns what was restored, for the attempt's record."""
-    prefix = parse_s3_url(source, field="restore_from")
-    with TransferEngine(s3_credentials_from_env(environ)) as engine:
-        summary = engine.download_prefix(prefix, results_dir, TransferOptions())
+    results with a restart's. A sync down: what is already there and the same is kept.
+
+    ``belongs_to``: the job record the prefix must belong to (the route's ``belongs_to``); a
+    prefix claimed for another record is refused (:class:`UsageError`) before a byte moves. None
+    checks nothing: for a prefix named by hand, with no record behind it.
+
+    A key no directory can hold as a result (``../x``, an absolute or over-long name: it would land
+    outside ``results_dir`` or nowhere) is skipped, every time, and named with the fix in what this
+    returns: it cannot come back, and a job that could never resume for one planted key would fail
+    every retry. Any other file that fails fails the launch (retryable): a resumed job must not
+    start from less than it had. Returns what was restored, for the attempt's record."""
+    env = os.environ if environ is None else environ
+    prefix = parse_s3_url(source, field="restore_from").as_prefix()
+    unrestorable = TransferSummary(source, str(results_dir), names_kept=MAX_EXAMPLES)  # what the report names
+    with TransferEngine(s3_credentials_from_env(env)) as engine:
+        if belongs_to is not None:
+            check_claim(engine, prefix, belongs_to, refused="nothing was restored")
+        pages = _restorable(engine.pages(prefix), prefix.key, unrestorable)
+        summary = engine.download_prefix(prefix, results_dir, TransferOptions(), pages=pages)
+    redact = Redactor(env)
     if not summary.ok:
         first = summary.failed[0]
-        raise TransferError(f"restoring the results of earlier attempts from {source}: {summary.failed_files} "
-                            f"file(s) failed, first {first.name}: {first.reason}; submitting again resumes it")
-    return (f"{summary.transferred_files} file(s) ({human_size(summary.transferred_bytes)}) from {source}, "
-            f"{summary.unchanged_files} already there")
+        raise TransferError(redact(
+            f"restoring the results of earlier attempts from {source}: {summary.failed_files} file(s) failed, first "
+            f"{first.name}: {first.reason}. A passing fault (the network, the store) is cleared by submitting again, "
+            f"which restores the rest; a key that fails every time is one this results directory cannot hold: "
+            f"rename or delete it under {source}"))
+    restored = (f"{summary.transferred_files} file(s) ({human_size(summary.transferred_bytes)}) from {source}, "
+                f"{summary.unchanged_files} already there")
+    skipped = unrestorable.skipped_files
+    if skipped:
+        named = "; ".join(f"{item.name!r} ({item.reason})" for item in unrestorable.skipped)
+        more = f" and {unrestorable.skipped_unkept} more" if unrestorable.skipped_unkept else ""
+        restored += (f"; {skipped} key(s) skipped, which no results directory can hold: {named}{more}: rename or "
+                     f"delete it under {source} (a plain relative name is restored)")
+    return redact(restored)
+
+
+def _restorable(pages: Iterable[dict[str, Any]], base: str, unrestorable: TransferSummary) -> Iterator[dict[str, Any]]:
+    """``pages`` without the keys no directory can hold as a result (:func:`~tao_data_io.fs.check_relative`
+    refuses their name under ``base``), each told to ``unrestorable`` as skipped; one page at a time."""
+    for page in pages:
+        contents = []
+        for item in page.get("Contents", ()):
+            key = item["Key"]
+            if not key.endswith("/"):  # a folder marker is the engine's to skip
+                try:
+                    check_relative(key[len(base):], what="key")
+                except UnsafePathError as exc:
+                    unrestorable.skip(Skipped(key, str(exc)))
+                    continue
+            contents.append(item)
+        yield {**page, "Contents": contents}
 
 
 #: The object an upload check puts (and deletes) under a job's results prefix.
@@ -224,8 +274,9 @@ class UploadCheck:
 
 def check_upload(store: RecordStore, job_id: str, *, environ: Mapping[str, str] | None = None,
                  engine: TransferEngine | None = None) -> UploadCheck:
-    """Prove, with *this* frame's credentials, that the job's results can reach their route: put
-    a small object under the results prefix, then delete it.
+    """Prove, with *this* frame's credentials, that the job's results can reach their route: claim
+    the results prefix for the job's record (:mod:`.results_claim`; a prefix another record holds
+    fails the check), put a small object under it, then delete it.
 
     Why: where results persist only through an upload (a Kubernetes tier C pod), a token written
     into the results directory proves nothing — the directory dies with the pod. Run inside the
@@ -234,7 +285,8 @@ def check_upload(store: RecordStore, job_id: str, *, environ: Mapping[str, str] 
     ephemeral route fails: nothing will persist.
     """
     env = os.environ if environ is None else environ
-    route = resolve_route(store.get(job_id), env)
+    record = store.get(job_id)
+    route = resolve_route(record, env)
     if route.route == "mount":
         return UploadCheck(True, f"results persist on the mount {route.destination}; nothing to upload")
     if route.route != "s3":
@@ -245,12 +297,15 @@ def check_upload(store: RecordStore, job_id: str, *, environ: Mapping[str, str] 
     try:
         own = engine or TransferEngine(s3_credentials_from_env(env))
         try:
+            claim(own, prefix, Claim(claimant_of(record, route), store.location), refused="nothing was put")
             with explained(prefix.bucket, own.credentials.endpoint_url):
                 own.client.put_object(Bucket=prefix.bucket, Key=key, Body=b"tao-data-io upload check\n")
                 own.client.delete_object(Bucket=prefix.bucket, Key=key)
         finally:
             if engine is None:
                 own.close()
+    except ClaimedElsewhere as exc:  # another record's prefix: the refusal says whose, and the fix
+        return UploadCheck(False, redact(str(exc)))
     except Exception as exc:  # noqa: BLE001 - any failure is the verdict, said without a secret
         return UploadCheck(False, redact(f"cannot put and delete s3://{prefix.bucket}/{key}: {exc}"))
     return UploadCheck(True, f"put and deleted s3://{prefix.bucket}/{key} with this frame's credentials")

@@ -228,10 +228,11 @@ class OutputSpec(RequestPart):
                                                              "results_dir).")
     upload_excludes: list[str] = Field(default_factory=list, description="Patterns of results not uploaded; .tao/* "
                                                                          "never is.")
-    results_limit: str = Field(default=DEFAULT_RESULTS_LIMIT, description="The most the results may hold, a binary "
-                               "quantity counted by apparent size (a sparse file counts whole: S3 has no sparse "
-                               "objects); past it nothing is uploaded and the upload says why. On Kubernetes it "
-                               "also sizes the time the final upload gets after training exits.")
+    results_limit: str = Field(default=DEFAULT_RESULTS_LIMIT, description="The most the job's results prefix may "
+                               "hold once an upload ends (what earlier uploads left there included: an upload never "
+                               "deletes), a binary quantity counted by apparent size (a sparse file counts whole: S3 "
+                               "has no sparse objects); an upload that would pass it sends nothing and says why. On "
+                               "Kubernetes it also sizes the time the final upload gets after training exits.")
 
     @field_validator("results_limit")
     @classmethod

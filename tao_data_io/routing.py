@@ -4,7 +4,9 @@ The rule is the reference's, decided once per job from two variables, in this or
 
 1. ``TAO_RESULTS_ROOT`` set → the job writes to ``$TAO_RESULTS_ROOT/<job id>`` on a mount that
    outlives the container; **nothing is uploaded** (a copy would only double the bytes).
-2. else ``S3_BUCKET_NAME`` set → results are uploaded to ``s3://$S3_BUCKET_NAME/results/<job id>/``.
+2. else ``S3_BUCKET_NAME`` set → results are uploaded to ``s3://$S3_BUCKET_NAME/results/<job id>/``,
+   a prefix that belongs to the job's record alone (:mod:`.results_claim`: a job id is unique
+   within one record store only).
 3. else → ``ephemeral``: results stay in the container and are lost when it exits. That is
    legal (a smoke test needs no storage) but must never be silent, so the warning is loud and
    comes from :func:`ephemeral_warning` alone: submit and collect print the same words.
@@ -109,6 +111,10 @@ def record_route(store: RecordStore, job_id: str, route: OutputRoute, *, force: 
     destination already recorded is refused unless ``force`` — the job may already be writing
     to the recorded place, and silently moving the target would split its results in two. A
     different ``reason`` alone is not a conflict (the recorded one is kept).
+
+    An S3 route is pinned with the record it belongs to (``belongs_to``: the record's own claimant
+    unless ``route`` names one, as a pod's imported copy does), so every upload, wherever it runs,
+    claims the prefix for the same record (:mod:`tao_data_io.results_claim`).
     """
 
     def change(record: JobRecord) -> JobRecord:
@@ -121,7 +127,9 @@ def record_route(store: RecordStore, job_id: str, route: OutputRoute, *, force: 
             raise UsageError(f"job {job_id!r} already has an output route and this decision differs: "
                              f"{'; '.join(differs)}. The environment ({RESULTS_ROOT_VARIABLE}, {BUCKET_VARIABLE}) "
                              "changed since it was recorded; restore it, or replace the recorded route deliberately (force)")
-        return record.model_copy(update={"output_route": route})
+        pinned = (route.model_copy(update={"belongs_to": record.claimant()})
+                  if route.route == "s3" and route.belongs_to is None else route)
+        return record.model_copy(update={"output_route": pinned})
 
     return store.update(job_id, change)
 

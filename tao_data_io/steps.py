@@ -15,10 +15,12 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .credentials import Redactor
+from .console import printable, shown
+from .credentials import Redactor, StreamRedactor
 from .errors import UsageError
 from .backends import backend_for
 from .launch.backend import Backend, FailureAnalysis, JobDocuments, JobStatus, Submission
@@ -47,6 +49,9 @@ from .vocabulary import (
 DEFAULT_LOG_TAIL = 100
 #: The most lines of a job's log one look shows (a job printing faster is shown its newest).
 MAX_LOG_LINES = 200
+#: The most of one line a look shows: with :data:`MAX_LOG_LINES`, what a look says fits one record
+#: of Prefect's run logs (a million characters by default).
+MAX_LINE_CHARS = 4000
 
 log = logging.getLogger(__name__)
 
@@ -271,13 +276,16 @@ def look(job_id: str, backend: Backend, store: RecordStore) -> JobStatus:
 
 def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seconds: float = DEFAULT_POLL_SECONDS,
                  timeout: float | None = None, say: Say | None = None, on_log: Say | None = None,
-                 on_training: Callable[[TrainingStatus], None] | None = None) -> JobStatus:
+                 on_training: Callable[[TrainingStatus], None] | None = None,
+                 mask: Redactor | None = None) -> JobStatus:
     """Poll until the job is terminal (long PENDING is normal: no timeout unless one is given),
     saying each change; records nothing of the end — :func:`record_end` does.
 
     At each look, ``on_log`` gets what the job printed since the last (its cursor kept in the
-    record, so a restarted watcher goes on where this one stopped) and ``on_training`` what TAO's
-    ``status.json`` says when it changed (see :func:`watch_training`).
+    record, so a restarted watcher goes on where this one stopped; after the end, until it has
+    all) and ``on_training`` what TAO's ``status.json`` says when it changed (see
+    :func:`watch_training`), both masked with ``mask`` (default: this process's credentials and
+    the job's forwarded ones).
 
     ``poll_seconds`` is the longest pause between two looks: the pauses start at a second and
     double up to it, so a job that ends in seconds is seen in seconds and one that trains for
@@ -288,58 +296,85 @@ def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seco
     started = time.monotonic()
     last = None
     pause = min(FIRST_POLL_SECONDS, poll_seconds)
-    shown: TrainingStatus | None = None
+    watched: Watched | None = None
     while True:
         record = store.get(job_id)  # one read a look, for the status and what the job says
         status = observe(record, backend)
         if on_log is not None or on_training is not None:
-            shown = watch_training(record, backend, store, on_log=on_log, on_training=on_training, shown=shown)
+            watched = watched or Watched(StreamRedactor(mask or Redactor(secret_names=record.forward_env)))
+            watch_training(record, backend, store, watched, on_log=on_log, on_training=on_training,
+                           to_the_end=status.terminal)
+        over = status.terminal or (timeout is not None and time.monotonic() - started > timeout)
+        if over and watched is not None and on_log is not None:
+            _say_printed(job_id, watched.printed.end(), on_log)  # held back at the last look: nobody else shows it
         if status.terminal:
             return status
         if say is not None and status.describe() != last:
-            say(f"job {job_id}: {status.describe()}")
+            say(f"job {job_id}: {shown(status.describe())}")
             last = status.describe()
-        if timeout is not None and time.monotonic() - started > timeout:
+        if over:
             return status
         time.sleep(pause)
         pause = min(pause * 2, poll_seconds)
 
 
-def watch_training(record: JobRecord, backend: Backend, store: RecordStore, *, on_log: Say | None = None,
-                   on_training: Callable[[TrainingStatus], None] | None = None,
-                   shown: TrainingStatus | None = None) -> TrainingStatus | None:
+@dataclass
+class Watched:
+    """What one watcher has shown of a job: the log masked across looks (a look may end inside a
+    line longer than it takes: :class:`~tao_data_io.credentials.StreamRedactor`), and TAO's
+    progress last shown."""
+
+    printed: StreamRedactor
+    training: TrainingStatus | None = None
+
+
+def watch_training(record: JobRecord, backend: Backend, store: RecordStore, watched: Watched, *,
+                   on_log: Say | None = None, on_training: Callable[[TrainingStatus], None] | None = None,
+                   to_the_end: bool = False) -> None:
     """One look at what the job of ``record`` is saying: the log since the record's cursor to
-    ``on_log`` (at most :data:`MAX_LOG_LINES` lines a look; the cursor then moves on in the
-    record), and TAO's progress to ``on_training`` when it differs from ``shown``, the last one
-    shown; returns the one shown now. Never raises: a display must not fail the watch of the job
-    it describes (the record and the end are the watch's)."""
-    job_id = record.job_id
-    if record.backend_ref is None:
-        return shown
+    ``on_log`` (at most :data:`MAX_LOG_LINES` lines a look, masked whole and made printable; the
+    cursor then moves on in the record; ``to_the_end``, the job has ended: looks again until
+    nothing is new), and TAO's progress to ``on_training`` when it differs from the one
+    ``watched`` last showed. Never raises: a display must not fail the watch of the job it
+    describes (the record and the end are the watch's)."""
+    job_id, ref = record.job_id, record.backend_ref
+    if ref is None:
+        return
     try:
         if on_log is not None:
-            chunk = backend.follow_logs(record.backend_ref, record.log_cursor)
-            if chunk.text:
-                on_log(_capped(job_id, chunk.text))
-            if chunk.cursor != record.log_cursor:
-                store.update(job_id, lambda current: current.model_copy(update={"log_cursor": chunk.cursor}))
+            cursor = record.log_cursor
+            while True:
+                chunk = backend.follow_logs(ref, cursor)
+                _say_printed(job_id, watched.printed.feed(chunk.text), on_log)
+                if chunk.cursor == cursor:
+                    break
+                cursor = chunk.cursor
+                store.update(job_id, lambda current, moved=cursor: current.model_copy(update={"log_cursor": moved}))
+                if not (to_the_end and chunk.text):
+                    break
         if on_training is not None:
-            status = read_training_status(backend.training_status(record.backend_ref))
-            if status is not None and status != shown:
+            status = read_training_status(backend.training_status(ref), mask=watched.printed.redactor)
+            if status is not None and status != watched.training:
                 on_training(status)
-                shown = status
+                watched.training = status
     except Exception as exc:  # noqa: BLE001 - a pod not started yet, a log gone, a display that failed
         log.debug("job %s: nothing to show this time: %s", job_id, exc)  # the next look tries again
-    return shown
 
 
-def _capped(job_id: str, text: str) -> str:
-    lines = text.splitlines()
-    if len(lines) <= MAX_LOG_LINES:
-        return "\n".join(lines)
-    skipped = len(lines) - MAX_LOG_LINES
-    return "\n".join([f"[{skipped:,} earlier lines of job {job_id} not shown here; its whole log has them]",
-                      *lines[-MAX_LOG_LINES:]])
+def _say_printed(job_id: str, text: str, on_log: Say) -> None:
+    """Hand on what the job printed (masked already), as at most :data:`MAX_LOG_LINES` lines of at
+    most :data:`MAX_LINE_CHARS` each, every control character but the tab escaped: a job's text
+    moves no cursor and starts no line of its own but where it printed one."""
+    if not text:
+        return
+    lines = printable(text).removesuffix("\n").split("\n")
+    shown_lines = [line if len(line) <= MAX_LINE_CHARS else
+                   f"{line[:MAX_LINE_CHARS]} [{len(line) - MAX_LINE_CHARS:,} more characters of this line not shown]"
+                   for line in lines[-MAX_LOG_LINES:]]
+    if len(lines) > MAX_LOG_LINES:
+        shown_lines.insert(0, f"[{len(lines) - MAX_LOG_LINES:,} earlier lines of job {job_id} not shown here; "
+                              "its whole log has them]")
+    on_log("\n".join(shown_lines))
 
 
 def upload_job_results(job_id: str, backend: Backend, store: RecordStore, *, kind: Kind = "upload",

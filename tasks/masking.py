@@ -5,7 +5,8 @@ failed it (stored as the run's state message in the database, and in a persisted
 its parameters, stored when the run was created. A run's logs pass :func:`mask_run_logs`'
 filter; a failure passes :func:`masking_failures`, which every flow and every step wears; stored
 parameters that hold a worker's credential value are replaced by a masked copy
-(:func:`mask_stored_parameters`). Nothing of ours puts a value in any — they are safety nets for
+(:func:`mask_stored_parameters`; of a run that crashed before its body, by
+:func:`mask_parameters_of_crashed_run`). Nothing of ours puts a value in any — they are safety nets for
 a library's message, a job's output, or a credential pasted into the wrong field.
 
 Which values: those of the worker's environment whose names look like credentials', plus what
@@ -25,10 +26,11 @@ from typing import Any, TypeVar
 
 from prefect import runtime
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.exceptions import FailedRun
 from prefect.logging import get_run_logger
-from prefect.states import Failed
+from prefect.states import Failed, State
 
 from tao_data_io.credentials import (RedactingFilter, Redactor, credential_shape_fields, credential_value_fields,
                                      mask_credential_shapes, masked)
@@ -77,7 +79,24 @@ def mask_stored_parameters(environ: Mapping[str, str] | None = None) -> list[str
     context = FlowRunContext.get()
     if context is None or context.flow_run is None:
         return []
-    stored = context.flow_run.parameters  # as the server holds them (the run's own are live objects)
+    return _mask_parameters_of(context.flow_run, environ)  # as the server holds them (the run's own are live objects)
+
+
+def mask_parameters_of_crashed_run(flow: Any, flow_run: FlowRun, state: State) -> None:
+    """``on_crashed`` of every flow: a run that crashed before its first line — a parameter the
+    flow does not take, which a run created without the server's check (an older deployment's
+    schema, or ``enforce_parameter_schema: false``) can hold, fails binding — never reached
+    :func:`mask_stored_parameters`. The worker runs this hook once the run is Crashed, so the
+    parameters the server keeps are masked then, by the worker's environment and the well-known
+    shapes (the credential blocks a crashed run names were never loaded)."""
+    del flow, state
+    with get_client(sync_client=True) as client:
+        stored = client.read_flow_run(flow_run.id)  # as it is now: the hook's copy is the run's at its start
+    _mask_parameters_of(stored, None)
+
+
+def _mask_parameters_of(flow_run: FlowRun, environ: Mapping[str, str] | None) -> list[str]:
+    stored = flow_run.parameters
     forwarded = _forwarded_names(stored)
     leaked = sorted({*credential_value_fields(stored, environ, secret_names=forwarded),
                      *credential_shape_fields(stored)})
@@ -88,8 +107,7 @@ def mask_stored_parameters(environ: Mapping[str, str] | None = None) -> list[str
             return mask_credential_shapes(redact(text))
 
         with get_client(sync_client=True) as client:
-            client.update_flow_run(context.flow_run.id, parameters=_masked(stored, clean),
-                                   name=clean(context.flow_run.name))
+            client.update_flow_run(flow_run.id, parameters=_masked(stored, clean), name=clean(flow_run.name))
     return leaked
 
 

@@ -24,22 +24,26 @@ from tasks.progress import ProgressArtifact, TrainingArtifacts
 from tasks.reports import failure_report as failure_markdown
 from tasks.reports import upload_report
 
+#: Before each line a job printed, in the run's logs: no line of the job's passes for one of ours.
+JOB_LINE = "| "
+
 
 @step("wait-for-end", timeout_seconds=WAIT, task_run_name="wait-{job_id}")
 def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seconds: float,
                  timeout: float | None = None, say: Any = None, on_log: Any = None,
                  on_training: Any = None) -> JobStatus:
     """Poll the backend until the job is terminal (or ``timeout`` passed), logging each change of
-    state and, as it arrives, what the job prints (masked by the run's log mask, like every run
-    log) — and keeping TAO's own progress current as artifacts."""
+    state and, as it arrives, what the job prints (masked whole by the run's log mask, even across
+    the end of a look; each of its lines marked ``| `` as the job's) — and keeping TAO's own
+    progress current as artifacts."""
     logger = get_run_logger()
 
     def printed(text: str) -> None:
-        logger.info("job %s printed:\n%s", job_id, text)
+        logger.info("job %s printed:\n%s", job_id, "\n".join(f"{JOB_LINE}{line}" for line in text.split("\n")))
 
     with TrainingArtifacts(job_id) as training:
         status = steps.wait_for_end(job_id, backend, store, poll_seconds=poll_seconds, timeout=timeout,
-                                    say=logger.info, on_log=printed, on_training=training.show)
+                                    say=logger.info, on_log=printed, on_training=training.show, mask=run_mask())
     logger.info("job %s: %s", job_id, status.describe())
     return status
 

@@ -8,7 +8,9 @@ import itertools
 import os
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
+from prefect import Flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import Artifact, TaskRun
@@ -127,3 +129,13 @@ def by_key(found: list[Artifact], key: str) -> Artifact:
 def results_keys(s3_client: Any, bucket: str, job_id: str) -> set[str]:
     listed = s3_client.list_objects_v2(Bucket=bucket, Prefix=f"results/{job_id}/").get("Contents", [])
     return {item["Key"].removeprefix(f"results/{job_id}/") for item in listed}
+
+
+def deployed(flow: Flow[..., Any]) -> UUID:
+    """``flow`` as a deployment of its own (no worker: what matters is what the server accepts),
+    its parameter schema closed as ``python -m deployments.schemas`` closes it after a deploy."""
+    from deployments.schemas import close_parameter_schemas
+
+    deployment_id = flow.to_deployment(name=f"deployed-{name()}").apply()
+    close_parameter_schemas([deployment_id])
+    return deployment_id

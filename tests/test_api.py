@@ -80,7 +80,8 @@ def test_the_core_names_parameters_never_cli_flags() -> None:
     import re
 
     flag = re.compile(r"(^|[\s`(])--[a-z][a-z-]+")
-    other_programs_argv = ("transfer/s5cmd_executor.py", "local/sandbox.py")  # s5cmd's; bubblewrap's and nsenter's
+    # s5cmd's; bubblewrap's and nsenter's; setpriv's
+    other_programs_argv = ("transfer/s5cmd_executor.py", "local/sandbox.py", "local/run_as.py")
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE).as_posix()

@@ -111,8 +111,10 @@ def test_a_resync_loads_the_record_but_not_botocore(s3_server: EmbeddedS3, bucke
     jobs.open(job_id="start-light", platform="test", image="tao", network_arch="dino", action="train",
               storage_tier="B", results_dir=str(tmp_path / "results"))
     env = {**s3_server.env(), "HOME": str(tmp_path), "S3_BUCKET_NAME": bucket, "TAO_DATA_IO_JOBS_DIR": str(tmp_path / "jobs")}
-    modules = imported_by(["resync", "--job-id", "start-light", "--results-dir", str(tmp_path / "results"),
-                           "--settle-seconds", "0"], env)
+    resync = ["resync", "--job-id", "start-light", "--results-dir", str(tmp_path / "results"), "--settle-seconds", "0"]
+    imported_by(resync, env)  # the job's first upload claims its prefix: one conditional PUT, through boto3
+    write_tree(tmp_path / "results", {"model.pth": b"w2"})
+    modules = imported_by(resync, env)
     loaded = roots(modules)
     assert jobs.get("start-light").uploads[-1]["uploaded_files"] == 1
     assert "pydantic" in loaded and not loaded & {"boto3", "botocore", "s3transfer", "pandas", "pyarrow", "yaml",

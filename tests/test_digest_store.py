@@ -5,12 +5,15 @@ the JSON schema before it is imported once; a damaged one costs a rehash, never 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+
+import pytest
 
 from tao_data_io.transfer.digests import COMMIT_EVERY, DigestStore
 from tao_data_io.transfer.local_walk import LocalFile
@@ -109,3 +112,39 @@ def test_an_entry_describes_a_file_only_while_its_stat_is_unchanged(tmp_path: Pa
         assert store.same_stat(local(3)) is None
     finally:
         store.close()
+
+
+#: A file the killed run above records first; its row is what another user's store vouches for.
+VOUCHED = LocalFile("f0", Path("/f0"), 1, 0, 0, 0)
+
+
+@pytest.mark.parametrize("foreign", ["store", "wal", "link", "legacy"])
+def test_a_store_another_user_left_vouches_for_nothing(tmp_path: Path, foreign: str) -> None:
+    """Rows another user wrote — their store, the WAL SQLite would replay into ours, a link to a
+    store elsewhere, a cache of the JSON schema — are never read: set aside, the file is hashed
+    again. (Another user is uid 65534, given the file with chown; we run as root.)"""
+    path = tmp_path / "digests.sqlite3"
+    if foreign == "legacy":
+        legacy = tmp_path / "digests.json"
+        legacy.write_text(json.dumps({"schema_version": 2, "entries": {VOUCHED.relative: {
+            "identity": [1, 0, 0, 0], "recorded_ns": 1, "md5": None, "etag": "e" * 32}}}))
+        planted = legacy
+    elif foreign == "wal":
+        subprocess.run([sys.executable, "-c", _KILLED, str(path), str(COMMIT_EVERY)], check=False)
+        planted = Path(f"{path}-wal")  # the rows are in the WAL only: the run was killed before a checkpoint
+    else:
+        theirs = tmp_path / "theirs" / "digests.sqlite3" if foreign == "link" else path
+        theirs.parent.mkdir(exist_ok=True)
+        store = DigestStore(theirs)
+        store.record(VOUCHED, etag="e" * 32)
+        store.close()
+        if foreign == "link":
+            path.symlink_to(theirs)
+        planted = path
+    os.chown(planted, 65534, 65534, follow_symlinks=False)
+    store = DigestStore(path)
+    try:
+        assert store.same_stat(VOUCHED) is None
+    finally:
+        store.close()
+    assert os.stat(path, follow_symlinks=False).st_uid == os.geteuid()

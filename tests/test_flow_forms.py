@@ -1,13 +1,20 @@
 """The flows' typed parameters, on the Prefect server: the deployment's schema is the request's
 form (every field described, the blocks as pickers), and what it refuses is refused when a run
-is *created* — a misspelt field, a wrong type, a well-known credential's shape anywhere in the
-request — so it never reaches a worker and is never stored as a run's parameters. A reference to
-a saved block passes the server's check (Prefect's ``oneOf`` of a block and a reference) and is
-loaded by the flow. On the worker, a parameter holding one of its credential values fails the run
-with the run's stored parameters replaced by a masked copy."""
+is *created* — a parameter the flow does not take, a misspelt field, a wrong type, a well-known
+credential's shape anywhere in the request, keys included, a reference that is not a block's —
+so it never reaches a worker and is never stored as a run's parameters. A reference to a saved
+block passes the server's check (Prefect's ``oneOf`` of a block and a reference) and is loaded by
+the flow. On the worker, a parameter holding one of its credential values fails the run with the
+run's stored parameters replaced by a masked copy; so are those of a run that crashed before its
+first line."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -15,8 +22,9 @@ from uuid import UUID
 import pytest
 from prefect.blocks.core import Block
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, LogFilter, LogFilterFlowRunId
 from prefect.exceptions import PrefectHTTPStatusError
+from prefect.settings import PREFECT_API_URL
 from pydantic import Field
 
 from blocks import JobRecords, LocalTarget, S3EnvCredentials
@@ -25,20 +33,22 @@ from flows.run import run_tao_job
 from flows.submit import submit_tao_job
 from tao_data_io.errors import UsageError
 
-from .flow_helpers import local_target, name, records_block
-from .helpers import args_request
+from .flow_helpers import REPO, deployed, local_target, name, records_block
+from .helpers import args_request, wait_for
 
 #: Shapes of real credentials (made up, of the right form), as a user might paste them.
 ACCESS_KEY = "AKIA" + "Q2XM7TZ4W5R6N3PL"
 HF_TOKEN = "hf_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7"
 NGC_KEY = "nvapi-" + "Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0FeDcBa98765"
 USERINFO = "https://someone:hunter22@registry.example.com/v2/"
+#: A value of the worker's own credential variable, of no well-known shape.
+WORKER_SECRET = "team-secret-3c4d5e6f7a8b"
 
 
 @pytest.fixture(scope="module")
 def submit_deployment(prefect_harness: None) -> UUID:
     """submit-tao-job as a deployment (no worker: what matters is what the server accepts)."""
-    return submit_tao_job.to_deployment(name=f"forms-{name()}").apply()
+    return deployed(submit_tao_job)
 
 
 def _create(deployment_id: UUID, **parameters: Any) -> UUID:
@@ -107,7 +117,8 @@ def test_a_request_missing_a_required_field_is_refused_when_the_run_is_created(s
 
 
 @pytest.mark.parametrize("credential", [ACCESS_KEY, HF_TOKEN, NGC_KEY, USERINFO], ids=["aws", "hf", "ngc", "url"])
-@pytest.mark.parametrize("where", ["spec", "inputs", "environment", "args", "request_path"])
+@pytest.mark.parametrize("where", ["spec", "spec key", "spec list key", "inputs", "environment", "args",
+                                   "request_path"])
 def test_a_well_known_credential_shape_anywhere_is_refused_when_the_run_is_created(
         submit_deployment: UUID, credential: str, where: str) -> None:
     """Whoever's credential it is: the server refuses it before any worker, and stores no run."""
@@ -115,6 +126,10 @@ def test_a_well_known_credential_shape_anywhere_is_refused_when_the_run_is_creat
         parameters = {"request": args_request(mode="config", args=None, command="t -e {config_path}",
                                               config_format="yaml",
                                               spec={"train": {"notes": ["ok", {"deep": f"key {credential} here"}]}})}
+    elif where in ("spec key", "spec list key"):  # a key of a mapping deep in the spec, or in a list of it
+        deep = {"train": {credential: 1}} if where == "spec key" else {"train": {"notes": [{credential: "x"}]}}
+        parameters = {"request": args_request(mode="config", args=None, command="t -e {config_path}",
+                                              config_format="yaml", spec=deep)}
     elif where == "inputs":
         parameters = {"request": args_request(inputs=[{"source": f"s3://b/{credential}/"}])}
     elif where == "environment":
@@ -201,7 +216,126 @@ def test_a_credential_shape_in_any_parameter_is_refused_when_the_run_is_created(
     from flows.collect import collect_tao_job
 
     flows = {"collect": collect_tao_job, "cancel": cancel_tao_job, "submit": submit_tao_job}
-    _refused(flows[flow_name].to_deployment(name=f"shapes-{name()}").apply(), **parameters)
+    _refused(deployed(flows[flow_name]), **parameters)
+
+
+@pytest.mark.parametrize("flow_name", ["submit", "run", "collect", "cancel", "resync"])
+def test_a_parameter_the_flow_does_not_take_is_refused_when_the_run_is_created(prefect_harness: None,
+                                                                                flow_name: str) -> None:
+    """A run the flow could not even start (its worker would crash binding the parameters, before
+    any mask) is never created: the server names the parameter, never its value."""
+    from flows.cancel import cancel_tao_job
+    from flows.collect import collect_tao_job
+    from flows.resync import resync_tao_outputs
+
+    flows = {"submit": submit_tao_job, "run": run_tao_job, "collect": collect_tao_job, "cancel": cancel_tao_job,
+             "resync": resync_tao_outputs}
+    required = {"job_id": "j"} if flow_name in ("collect", "cancel") else {}  # refused for what it sends, only
+    detail = _refused(deployed(flows[flow_name]), **required, aws_key=ACCESS_KEY)
+    assert "aws_key" in detail and ACCESS_KEY not in detail
+
+
+def test_the_deploy_step_closes_this_projects_deployments_only_and_again_changes_nothing(
+        prefect_harness: None) -> None:
+    """``python -m deployments.schemas`` after ``prefect deploy``: the deployment Prefect wrote
+    open is closed; another flow's deployment on the same server is left as it was."""
+    from prefect import flow
+
+    from deployments.schemas import close_parameter_schemas
+
+    @flow(name=f"foreign-{name()}")
+    def foreign(note: str = "") -> None:
+        del note
+
+    ours = submit_tao_job.to_deployment(name=f"open-{name()}").apply()  # as `prefect deploy` writes it
+    theirs = foreign.to_deployment(name="open").apply()
+    assert _create(ours, request=args_request(), aws_key="x")  # open: what the step is for
+    said = close_parameter_schemas()
+    with get_client(sync_client=True) as client:
+        assert client.read_deployment(theirs).parameter_openapi_schema.get("additionalProperties") is None
+        shown = f"submit-tao-job/{client.read_deployment(ours).name}"
+    assert f"{shown}: closed" in said
+    assert "aws_key" in _refused(ours, request=args_request(), aws_key="x")
+    assert f"{shown}: closed already" in close_parameter_schemas([ours])
+
+
+@pytest.mark.parametrize("reference", [
+    {"block_document_id": ACCESS_KEY}, ACCESS_KEY, {"note": ACCESS_KEY},
+    {"block_document_slug": f"tao-local-target/{ACCESS_KEY}"}, {"block_document_id": "not-an-id"},
+], ids=["id", "bare", "other-key", "slug", "not-an-id"])
+@pytest.mark.parametrize("where", ["target", "records.bucket"])
+def test_a_block_reference_that_is_not_a_block_document_id_is_refused_when_the_run_is_created(
+        submit_deployment: UUID, reference: Any, where: str) -> None:
+    """A reference is a saved block's id (what the form's picker sends) or its ``TYPE/NAME``; any
+    other text in it — a parameter's or a nested block's — is refused like any other text."""
+    ref = {"$ref": reference}
+    parameters = {"target": ref} if where == "target" else {"records": {"bucket": ref}}
+    assert where.split(".")[0] in _refused(submit_deployment, request=args_request(), **parameters)
+
+
+@pytest.fixture
+def served_submit(prefect_harness: None, tmp_path: Path) -> Any:
+    """submit-tao-job served by a runner in a process of its own, as a worker runs deployments —
+    with a credential of the worker's own (``MY_TEAM_TOKEN``) in its environment."""
+    environ = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_RUNNER_POLL_FREQUENCY": "1",
+               "PYTHONPATH": str(REPO), "MY_TEAM_TOKEN": WORKER_SECRET}
+    served = f"crash-{name()}"
+    code = ("from flows.submit import submit_tao_job; "
+            f"submit_tao_job.serve(name={served!r}, print_starting_message=False)")
+    runner = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=environ, start_new_session=True,
+                              stdout=(tmp_path / "runner.log").open("w"), stderr=subprocess.STDOUT)
+    yield f"submit-tao-job/{served}"
+    if runner.poll() is None:
+        os.killpg(runner.pid, signal.SIGTERM)
+        runner.wait(30)
+
+
+def test_a_run_that_crashes_before_its_body_leaves_no_credential_in_what_the_server_keeps(
+        served_submit: str) -> None:
+    """A run created past the schema (``enforce_parameter_schema: false``, which the API lets any
+    caller ask for, or a deployment made before its schema was closed) with a parameter the flow
+    does not take crashes before the flow's first line, where nothing of ours masks. Its
+    ``on_crashed`` hook, which the worker runs, replaces the stored parameters with a masked copy:
+    the run, its logs and its events hold neither a key's shape nor the worker's value."""
+
+    def deployment() -> Any:
+        with get_client(sync_client=True) as client:
+            try:
+                return client.read_deployment_by_name(served_submit)
+            except Exception:  # noqa: BLE001 - not served yet
+                return None
+
+    deployment_id = wait_for("the served deployment", deployment).id
+    with get_client(sync_client=True) as client:
+        created = client.request("POST", "/deployments/{id}/create_flow_run", path_params={"id": deployment_id},
+                                 json={"parameters": {"request_path": "examples/args-mode.yaml", "aws_key": ACCESS_KEY,
+                                                      "team_note": WORKER_SECRET},
+                                       "enforce_parameter_schema": False})
+    run_id = UUID(created.json()["id"])
+
+    def read() -> Any:
+        with get_client(sync_client=True) as client:
+            return client.read_flow_run(run_id)
+
+    wait_for("the run to crash", lambda: read().state.is_crashed() or None, deadline_s=90)
+    stored = wait_for("the crashed run's parameters masked", lambda: (
+        run if ACCESS_KEY not in repr((run := read()).parameters) else None), deadline_s=30)
+    assert stored.parameters == {"request_path": "examples/args-mode.yaml", "aws_key": "***CREDENTIAL***",
+                                 "team_note": "***MY_TEAM_TOKEN***"}
+    shown = f"{stored.name} {stored.state.message}"
+    assert ACCESS_KEY not in shown and WORKER_SECRET not in shown
+
+    def events() -> list[dict[str, Any]] | None:  # the server stores events a moment after they happen
+        with get_client(sync_client=True) as client:
+            found = client.request("POST", "/events/filter", json={
+                "filter": {"any_resource": {"id": [f"prefect.flow-run.{run_id}"]}}, "limit": 50}).json()["events"]
+        return found if any(event["event"] == "prefect.flow-run.Crashed" for event in found) else None
+
+    kept_events = wait_for("the run's Crashed event", events)
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+    kept = json.dumps([log.message for log in logs]) + json.dumps(kept_events)
+    assert ACCESS_KEY not in kept and WORKER_SECRET not in kept
 
 
 @pytest.mark.parametrize("text", ["KEY_" + ACCESS_KEY, "é" + ACCESS_KEY, f"token={HF_TOKEN}ä"])

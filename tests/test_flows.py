@@ -305,7 +305,8 @@ def normalized(record: JobRecord, root: Path) -> dict[str, Any]:
     the directory each composition ran
     in, and the backend's own settings (the local target allows no network by default, the CLI's
     backend does)."""
-    text = record.model_dump_json().replace(record.job_id, "job-x").replace(str(root), "/root-of-the-run")
+    text = (record.model_dump_json().replace(record.claimant(), "job-x@created").replace(record.job_id, "job-x")
+            .replace(str(root), "/root-of-the-run"))
     data = JobRecord.model_validate_json(text).model_dump(mode="json")
     data.pop("created_at"), data.pop("updated_at"), data.pop("backend_config"), data.pop("owner"), data.pop("log_cursor")
     data["history"] = [(entry["state"], entry["message"]) for entry in data["history"]]

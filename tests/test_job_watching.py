@@ -18,7 +18,7 @@ from flows.collect import collect_tao_job
 from flows.submit import submit_tao_job
 from tasks.reports import training_key
 
-from .helpers import wait_for
+from .helpers import args_request, wait_for
 from .flow_helpers import artifacts, by_key, local_target, records_block, stand_in_request
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -43,8 +43,8 @@ def test_the_collect_run_shows_the_jobs_log_and_taos_progress_while_it_trains(
     printed = wait_for("the job's last lines in the run's logs", printed_logs)
     assert len(printed) >= 2  # shown as it came, not once at the end
     lines = [line for message in printed for line in message.splitlines()[1:]]
-    epochs = [line for line in lines if "epoch" in line and "done" in line and line.startswith("train.sh")]
-    assert epochs == [f"train.sh[rank 0]: epoch {n}/6 done" for n in range(1, 7)]  # in order, each once
+    epochs = [line for line in lines if "epoch" in line and "done" in line and line.startswith("| train.sh")]
+    assert epochs == [f"| train.sh[rank 0]: epoch {n}/6 done" for n in range(1, 7)]  # in order, each once, the job's
 
     found = artifacts(state)
     progress = [a for a in found if a.type == "progress" and "training of job watched-job" in (a.description or "")]
@@ -110,3 +110,29 @@ def test_a_log_followed_in_pieces_comes_out_whole_even_when_a_piece_ends_inside_
             break
         shown, offset = shown + piece, after
     assert shown == text + "\n"
+
+
+def test_what_the_job_prints_is_marked_as_its_own_and_drives_no_terminal_in_the_runs_logs(
+        no_cloud: None, sandbox: None, tmp_path: Path) -> None:
+    """A job that prints a line made to look like Prefect's own, and escape sequences: in the run's
+    logs each of its lines is marked as the job's, and no control character is left as is."""
+    forged = "12:00:00.000 | INFO    | Flow run 'forged' - Finished in state Completed()"
+    script = f"printf '%s\\n' \"{forged}\"; printf 'title \\033]0;owned\\007 clear \\033[2J red \\033[31mred\\r\\n'"
+    target, records = local_target(tmp_path), records_block(tmp_path / "jobs")
+    request = args_request(job_id="forging-job", command=["/bin/sh", "-c", script])
+    assert submit_tao_job(request, target=target, records=records, return_state=True).is_completed()
+    state = collect_tao_job("forging-job", target=target, records=records, poll_seconds=0.3, return_state=True)
+    assert state.is_completed(), state.message
+
+    def printed_logs() -> list[str] | None:
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
+                any_=[state.state_details.flow_run_id])))
+        messages = [log.message for log in logs]
+        return messages if any(message.startswith("job forging-job: COMPLETE") for message in messages) else None
+
+    messages = wait_for("the watch's last log line", printed_logs)
+    printed = [message for message in messages if "printed:" in message]
+    job_lines = [line for message in printed for line in message.splitlines()[1:]]
+    assert job_lines == [f"| {forged}", "| title \\x1b]0;owned\\x07 clear \\x1b[2J red \\x1b[31mred\\r"]
+    assert not [message for message in messages if "\x1b" in message or "\x07" in message or "\r" in message]

@@ -373,10 +373,12 @@ def test_adversarial_a_subpath_reused_by_two_sources_is_refused(tmp_path: Path) 
 @pytest.mark.parametrize(("mount", "refusal"), [
     ({"source": "/cache/s3/bkt-1/data", "target": "/mine"}, "lies in the claim's stage cache"),
     ({"source": "/cache", "target": "/mine"}, "lies in the claim's stage cache"),
+    ({"source": "/jobs", "target": "/mine", "read_only": False}, "lies in the claim's staging maps"),
     ({"source": "/results", "target": "/mine"}, "holds every job's results"),
     ({"source": "/results/other-job", "target": "/mine", "read_only": False}, "mount it read-only"),
     ({"source": "/results/other-job/sub", "target": "/mine", "read_only": False}, "mount it read-only"),
-], ids=["in-the-cache", "the-cache", "every-jobs-results", "another-jobs-results-writable", "inside-them-writable"])
+], ids=["in-the-cache", "the-cache", "the-staging-maps", "every-jobs-results", "another-jobs-results-writable",
+        "inside-them-writable"])
 def test_a_request_cannot_reach_the_claims_cache_or_write_other_jobs_results(
         tmp_path: Path, mount: dict[str, Any], refusal: str) -> None:
     """subPaths were compared for equality only: a request's mount of the claim's ``cache/…`` or
@@ -521,7 +523,18 @@ def _sidecar(tmp_path: Path, then: str = "", *, passed: bool = True) -> tuple[su
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "TAO_JOB_ID": "job-1", "TAO_RESULTS_DIR": "/results",
            "TAO_DATA_IO_RESYNC_SECONDS": "3600", "TAO_DATA_IO_VERIFY_FILE": ".tao-data-io-verify",
            "TAO_DATA_IO_VERDICT": str(verdict)}
-    return subprocess.Popen(["/bin/sh", str(tmp_path / "sidecar.sh")], env=env), log
+    # Its own process group: what it started (a resync in flight) is ended with it by _end, never
+    # left running into later tests (a leftover with TAO_JOB_ID=job-1 passes for a job's process).
+    return subprocess.Popen(["/bin/sh", str(tmp_path / "sidecar.sh")], env=env, start_new_session=True), log
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the sidecar and everything it started."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def _calls(log: Path) -> list[str]:
@@ -545,7 +558,7 @@ def test_sidecar_resyncs_then_uploads_once_on_sigterm(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
     finally:
-        proc.kill()
+        _end(proc)
     assert code == 0 and _calls(log) == ["resync", "upload-results"]
     assert "--exclude .tao-data-io-verify" in log.read_text().splitlines()[-1]
 
@@ -560,7 +573,7 @@ def test_a_resync_in_flight_never_delays_the_final_upload(tmp_path: Path) -> Non
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
     finally:
-        proc.kill()
+        _end(proc)
     assert code == 0 and _calls(log) == ["resync", "upload-results"] and time.monotonic() - started < 20
 
 
@@ -575,7 +588,7 @@ def test_a_second_stop_signal_never_starts_a_second_final_upload(tmp_path: Path)
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
     finally:
-        proc.kill()
+        _end(proc)
     assert code == 0 and _calls(log) == ["resync", "upload-results"]
 
 
@@ -610,7 +623,7 @@ def test_after_a_failed_verify_the_sidecar_uploads_nothing(tmp_path: Path) -> No
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
     finally:
-        proc.kill()
+        _end(proc)
     assert code == 0 and _calls(log) == []
 
 
@@ -646,14 +659,15 @@ def test_a_later_attempts_stager_restores_the_results_before_it_stages(
     bin_dir, log = fake_tao_data_io(tmp_path, f'[ "$1" = restore-results ] && exit {restore_exit}\nexit 0\n')
     (tmp_path / "stager.sh").write_text(STAGER_SCRIPT)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "TAO_DATA_IO_FILES": str(tmp_path), "NODE_RANK": rank,
-           "TAO_DATA_IO_RESTORE_FROM": "s3://b/results/job-1/", "TAO_RESULTS_DIR": "/results",
+           "TAO_JOB_ID": "job-1", "TAO_DATA_IO_RESTORE_FROM": "s3://b/results/job-1/", "TAO_RESULTS_DIR": "/results",
            "TAO_DATA_IO_STAGE_ROOT": "/tao-stage", "TAO_DATA_IO_STATE": str(tmp_path)}
     done = subprocess.run(["/bin/sh", str(tmp_path / "stager.sh")], env=env, timeout=60)
     assert done.returncode == code
     assert [line.split()[0] for line in log.read_text().splitlines()] == calls
     if "restore-results" in calls:
         restore = next(line for line in log.read_text().splitlines() if line.startswith("restore-results"))
-        assert "--from s3://b/results/job-1/ --results-dir /results" in restore
+        # The record the pod imported must own the prefix: another record's results are never restored.
+        assert "--from s3://b/results/job-1/ --results-dir /results --job-id job-1" in restore
 
 
 def test_the_status_sidecar_waits_for_status_json_then_follows_it_and_ends_on_sigterm(tmp_path: Path) -> None:

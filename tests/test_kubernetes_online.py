@@ -907,6 +907,22 @@ def test_a_followed_line_cut_by_the_byte_limit_waits_for_the_next_look() -> None
     assert new_lines(same, "2026-12-01T10:00:02Z") == (["a", "b", "c"], "2026-12-01T10:00:04Z")
 
 
+def test_a_followed_line_longer_than_a_look_is_passed_over_not_waited_for_forever() -> None:
+    """A look reads at most ``limitBytes`` from the start of its window, and the window starts
+    before the last line shown (the margin): a line that does not fit comes back cut every time,
+    and waiting for its end held back every line after it for good. It is passed over, said, and
+    never shown in part (a part could be half a secret no mask knows)."""
+    seen = "2026-12-01T10:00:04Z shown before\n"
+    look = (seen + "2026-12-01T10:00:05Z " + "A" * 100)[:120]
+    lines, newest = new_lines(look, "2026-12-01T10:00:04Z", limit=120)
+    assert newest == "2026-12-01T10:00:05Z" and lines == [
+        "[tao-data-io: a line too long for one look (120 bytes with the lines before it) was not shown]"]
+    assert new_lines(look, "2026-12-01T10:00:05Z", limit=120) == ([], "2026-12-01T10:00:05Z")  # passed over once
+    assert new_lines(look[:80], "2026-12-01T10:00:04Z", limit=120) == ([], "2026-12-01T10:00:04Z")  # not full: wait
+    whole = seen + "2026-12-01T10:00:05Z new\n2026-12-01T10:00:06Z " + "B" * 100
+    assert new_lines(whole[:120], "2026-12-01T10:00:04Z", limit=120) == (["new"], "2026-12-01T10:00:05Z")
+
+
 def test_following_a_chatty_pod_keeps_showing_its_newest_lines(kube: KubeStandIn, tmp_path: Path) -> None:
     """A pod printing more between two looks than one read returns: the newest lines are shown
     and the cursor moves on (a read of the oldest part of the window would never catch up). Encodes

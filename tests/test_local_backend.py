@@ -528,20 +528,27 @@ def test_a_mount_source_that_keeps_flipping_never_binds_what_was_not_checked(
     assert finished(backend, ref).state == "COMPLETE" and backend.logs(ref) == "only data here\n"
 
 
+@pytest.mark.parametrize(("leads_to", "refusal"), [
+    ("the home's credentials", "which is refused: it holds or lies in .*hidden directory"),
+    ("an empty directory elsewhere", "not where tao-data-io made it"),
+])
 def test_a_results_directory_planted_as_a_symlink_is_never_bound(tmp_path: Path, backend: LocalBackend,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                   monkeypatch: pytest.MonkeyPatch, leads_to: str,
+                                                                   refusal: str) -> None:
     """``$TAO_RESULTS_ROOT/<job id>`` is where tao-data-io makes the results directory; a symlink
     planted there (by an earlier job that could write the root) is refused, not followed."""
     home, secret = _credentials_home(tmp_path, monkeypatch)
+    target = home / ".aws" if leads_to == "the home's credentials" else tmp_path / "elsewhere"
+    target.mkdir(exist_ok=True)
     (tmp_path / "shared").mkdir()
-    (tmp_path / "shared" / "job-1").symlink_to(home / ".aws")
+    (tmp_path / "shared" / "job-1").symlink_to(target)
     route = OutputRoute(route="mount", destination=str(tmp_path / "shared" / "job-1"), reason="TAO_RESULTS_ROOT")
     plan = make_plan(tmp_path, script='cat "$TAO_RESULTS_DIR/credentials"; touch "$TAO_RESULTS_DIR/planted"',
                      route=route)
-    with pytest.raises(UsageError, match="not where tao-data-io made it") as refused:
+    with pytest.raises(UsageError, match=refusal) as refused:
         backend.submit(plan)
-    assert str(home / ".aws") in str(refused.value)
-    assert sorted(p.name for p in (home / ".aws").iterdir()) == ["credentials"]
+    assert str(target) in str(refused.value)
+    assert not (target / "planted").exists() and sorted(p.name for p in (home / ".aws").iterdir()) == ["credentials"]
 
 
 def test_a_staged_input_replaced_by_a_symlink_is_never_bound(tmp_path: Path, backend: LocalBackend,
@@ -601,7 +608,7 @@ def test_the_persistence_check_never_follows_or_blocks_on_what_the_results_hold(
     token = tmp_path / "shared" / "job-1" / ".tao-data-io-verify"
     os.mkfifo(token) if planted == "fifo" else token.symlink_to("/etc/hostname")
     route = OutputRoute(route="mount", destination=str(tmp_path / "shared" / "job-1"), reason="TAO_RESULTS_ROOT")
-    plan = make_plan(tmp_path, script="true", route=route)
+    plan = make_plan(tmp_path, script="true", route=route).model_copy(update={"attempt": 2})  # its earlier results
     hostname = Path("/etc/hostname").read_bytes()
     ref = backend.submit(plan).backend_ref
     verdict = backend.verify(ref, plan, timeout=DEADLINE_S)

@@ -103,3 +103,43 @@ def test_a_tail_is_the_last_lines_whatever_the_blocks(tmp_path: Path, segment: i
     assert read.tail(None, 1 << 20) == kept
     text, _ = lines_since(read, None, limit=1 << 16, start_bytes=2000)
     assert kept.endswith(text) and text.endswith("\n") and text.count("\n") >= 1
+
+
+SECRET = "wandb-0123456789abcdef-SECRET-VALUE"
+
+
+def _fragments(text: str) -> list[str]:
+    """Every 8 characters of :data:`SECRET` in a row found in ``text`` outside a whole copy of it
+    (which a mask knows): none may be there."""
+    rest = text.replace(SECRET, "")
+    return [SECRET[i:i + 8] for i in range(len(SECRET) - 7) if SECRET[i:i + 8] in rest]
+
+
+@pytest.mark.parametrize("segment", [16 * 1024, 1 << 20])
+def test_no_half_of_a_secret_is_left_beside_a_gap(tmp_path: Path, segment: int) -> None:
+    """Segments are cut at byte counts, so a dropped segment can cut a line — and a secret in it —
+    in two: each half alone is nothing a mask knows. The lines a gap cuts are dropped whole, and a
+    line longer than the look for its end (64 KiB) loses that much beside the gap."""
+    for line_bytes in (200, 300_000):  # shorter and longer than the look for a line's end
+        log = tmp_path / f"rank-{line_bytes}.log"
+        writer = LogWriter(log, segment)
+        filler = b"A" * (segment - len(SECRET) // 2 - (line_bytes // 2 if line_bytes < segment else 0))
+        writer.write(filler + SECRET.encode() + b"B" * line_bytes + b"\n")
+        for _ in range(6):  # enough to drop segments after the head
+            writer.write(b"C" * (segment - 1) + b"\n")
+        writer.close()
+        shown = JobLog(log, segment).text()
+        assert "were dropped here" in shown and _fragments(shown) == [], (line_bytes, _fragments(shown))
+
+
+def test_a_tail_that_begins_inside_a_line_never_shows_the_end_of_a_secret(tmp_path: Path) -> None:
+    """A tail reads the end of a log within a byte budget: the line its window begins inside could
+    begin with the end of a secret (``logs --tail`` and the failure report showed one). That line
+    goes."""
+    log = tmp_path / "rank-0.log"
+    writer = LogWriter(log, None)
+    writer.write(b"x" * 100 + SECRET.encode() + b"y" * 1000 + b"\nlast line\n")
+    writer.close()
+    budget = 1000 + len(SECRET) // 2 + len(b"\nlast line\n")  # the window begins inside the secret
+    assert JobLog(log, None).tail(5, budget) == "last line\n"
+    assert _fragments(JobLog(log, None).tail(None, budget)) == []

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
 from flows.collect import collect_tao_job
 from flows.submit import submit_tao_job
@@ -242,7 +243,6 @@ def test_a_failure_whose_cause_quotes_a_credential_leaves_no_trace_of_it_in_the_
     """Our own errors are masked in place, but the exception they were raised from is logged with
     them (the traceback's chain), before any flow installed its log mask."""
     from prefect import flow
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     from tao_data_io.errors import TransferError
     from tasks.masking import masking_failures
@@ -270,3 +270,65 @@ def test_a_failure_whose_cause_quotes_a_credential_leaves_no_trace_of_it_in_the_
     logs = wait_for("the run's last log line", logged)
     assert any("Traceback" in log.message for log in logs)  # the chain is logged: it must hold no value
     assert not [log.message for log in logs if value in log.message]
+
+
+def test_a_forwarded_credential_the_job_prints_across_a_look_or_writes_in_status_json_is_masked_whole(
+        prefect_harness: None, no_cloud: None, sandbox: None, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job prints the value of what it is given in a line longer than one look at its log takes,
+    across where that look ends, and writes it into status.json past where a text is cut for
+    display: the run's logs and its training artifacts hold no piece of it."""
+    import threading
+
+    from tao_data_io.launch.backend import FOLLOW_BYTES
+    from tao_data_io.records import RecordStore
+
+    value = "wandb-" + "Fw7dCutSecret" * 3 + "-0"  # 47 characters
+    monkeypatch.setenv("WANDB_KEY", value)
+    control = tmp_path / "control"
+    control.mkdir()
+    control.chmod(0o1777)
+    script = ("echo ready; while [ ! -e /control/go ]; do sleep 0.1; done; "
+              "m=$(head -c 150 /dev/zero | tr '\\0' m); n=$(head -c 60 /dev/zero | tr '\\0' n); "
+              "printf '{\"status\": \"RUNNING\", \"epoch\": 1, \"max_epoch\": 2, \"message\": \"%s%s\", "
+              "\"kpi\": {\"note\": \"%s%s\"}}\\n' \"$m\" \"$WANDB_KEY\" \"$n\" \"$WANDB_KEY\" "
+              "> \"$TAO_RESULTS_DIR/status.json\"; "
+              f"yes A | head -c {FOLLOW_BYTES - 20} | tr '\\n' ' '; printf %s \"$WANDB_KEY\"; echo; echo done")
+    request = args_request(job_id="cut-secret", command=["/bin/sh", "-c", script], forward_env=["WANDB_KEY"],
+                           mounts=[{"source": str(control), "target": "/control", "read_only": False}])
+    target, records = local_target(tmp_path), records_block(tmp_path / "jobs")
+    try:
+        assert submit_tao_job(request, target=target, records=records, return_state=True).is_completed()
+
+        def release_after_the_first_look() -> None:  # the long line comes after a look has been made
+            store = RecordStore(tmp_path / "jobs")
+            wait_for("the collect run's first look", lambda: store.get("cut-secret").log_cursor)
+            (control / "go").touch()
+
+        releasing = threading.Thread(target=release_after_the_first_look, daemon=True)
+        releasing.start()
+        state = collect_tao_job("cut-secret", target=target, records=records, poll_seconds=0.3, max_wait_seconds=120,
+                                return_state=True)
+        releasing.join()
+        assert state.is_completed(), state.message
+
+        def logged() -> list[str] | None:  # the run's logs reach the server a moment after the run returns
+            with get_client(sync_client=True) as client:
+                logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
+                    any_=[state.state_details.flow_run_id])))
+            messages = [log.message for log in sorted(logs, key=lambda log: log.timestamp)]
+            return messages if any(message.startswith("job cut-secret: COMPLETE") for message in messages) else None
+
+        messages = wait_for("the watch's last log line", logged)
+        found = artifacts(state)
+        shown = "\n".join(messages + [f"{a.description} {a.data}" for a in found])
+        assert [value[i:i + 8] for i in range(len(value) - 7) if value[i:i + 8] in shown] == []
+        printed = [line for message in messages if "printed:" in message for line in message.splitlines()[1:]]
+        assert printed[-2:] == ["| ***WANDB_KEY***", "| done"]
+        assert any("training of job cut-secret" in str(a.description) and "***WANDB_KEY***" in str(a.description)
+                   for a in found)
+    finally:
+        from tao_data_io.local.backend import LocalBackend
+        from tao_data_io.local.settings import LocalSettings
+
+        LocalBackend(LocalSettings(run_root=str(tmp_path / "local"))).cancel("local/cut-secret")

@@ -3,7 +3,8 @@
 What must hold: the three routes and their precedence; bad variables refused by name; ``.tao/*``
 never uploaded whatever the user includes; no symlink followed out of the tree; uploads after a
 failed job; a file still being written never uploaded half-done; one resync at a time; a resync
-that stops once the final upload is in; a summary in the record without any credential value.
+that stops once the final upload is in; a summary in the record without any credential value; the
+results limit bounding what the prefix holds; a restore that skips keys no directory can hold.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from typing import Any
 
 import pytest
 
+from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.errors import UsageError
 from tao_data_io.records import RecordStore
 from tao_data_io.routing import decide_route, ephemeral_warning, record_route
+from tao_data_io.transfer.client import make_s3_client
 
 from .helpers import run_cli, write_tree
 
@@ -201,6 +204,38 @@ def test_results_past_the_jobs_limit_by_apparent_size_upload_nothing_and_say_why
     assert remote(s3_client, bucket, "job-sparse") == {}
     (results / "sparse.bin").unlink()
     assert upload_results(store, "job-sparse", results, environ=env).summary.ok  # within it: uploaded
+
+
+def test_the_results_limit_bounds_what_the_prefix_holds_across_resyncs(
+        env: dict[str, str], bucket: str, s3_client: Any, results: Path, tmp_path: Path) -> None:
+    """A job that keeps only its newest checkpoint: each resync alone is under the limit, but an
+    upload never deletes, so the prefix would grow by one checkpoint a resync. The limit counts what
+    the prefix holds (a rewritten file once, at its new size) and refuses the resync that would
+    pass it, saying what the prefix holds and the fix."""
+    from tao_data_io.outputs import upload_results
+
+    mib = 1024**2
+    store = RecordStore(tmp_path / "jobs")
+    store.open(job_id="job-limit", results_limit="4Mi", **JOB)
+    for name in RESULTS:
+        (results / name).unlink()
+    refusals = []
+    for epoch in range(1, 6):
+        for older in results.glob("checkpoint_*.pth"):
+            older.unlink()
+        write_tree(results, {f"checkpoint_{epoch}.pth": os.urandom(3 * mib // 2), "latest.pth": os.urandom(mib // 4)})
+        try:
+            upload_results(store, "job-limit", results, kind="resync", settle_seconds=0, environ=env)
+        except UsageError as refused:
+            refusals.append((epoch, str(refused)))
+        held = sum(len(data) for data in remote(s3_client, bucket, "job-limit").values())
+        assert held <= 4 * mib, f"after resync {epoch} the prefix holds {held} bytes"
+    assert sorted(remote(s3_client, bucket, "job-limit")) == ["checkpoint_1.pth", "checkpoint_2.pth", "latest.pth"]
+    assert [epoch for epoch, _ in refusals] == [3, 4, 5]
+    message = refusals[0][1]
+    assert "s3://" in message and "already holds 3.0 MiB under names this upload does not write" in message
+    assert "more than the job's outputs.results_limit 4Mi allows (4.0 MiB); nothing was uploaded" in message
+    assert "delete from" in message and "Raise the job's outputs.results_limit" in message
 
 
 def test_symlinks_out_of_the_tree_and_special_files_are_not_uploaded(store: RecordStore, env: dict[str, str],
@@ -414,6 +449,50 @@ def test_tao_state_at_any_depth_and_declared_excludes_are_final() -> None:
     assert not admit_all(".tao/state.json") and not admit_all("sub/.tao/x") and not admit_all("a/b/.tao/c/d")
     assert not admit_all("scratch.tmp") and not admit_all("deep/scratch.tmp")
     assert admit_all("checkpoint.pth") and admit_all("my.tao/file") and admit_all("x.taox/y")
+
+
+# --------------------------------------------------------------------------- restore-results
+def moto_env(credentials: S3Credentials) -> dict[str, str]:
+    return {"AWS_ACCESS_KEY_ID": credentials.access_key_id, "AWS_SECRET_ACCESS_KEY": credentials.secret_access_key,
+            "AWS_ENDPOINT_URL": str(credentials.endpoint_url)}
+
+
+def test_a_key_no_results_directory_can_hold_is_skipped_by_every_restore_naming_it_and_the_fix(
+        moto_credentials: S3Credentials, tmp_path: Path) -> None:
+    """One planted key under the results prefix (``../x``: it would land outside the results
+    directory) failed every retry of the job; it is skipped, named with the fix, and the rest is
+    restored, each time."""
+    from tao_data_io.outputs import restore_results
+
+    client = make_s3_client(moto_credentials)
+    client.create_bucket(Bucket="planted-restore")
+    client.put_object(Bucket="planted-restore", Key="results/job-1/model.pth", Body=b"weights")
+    client.put_object(Bucket="planted-restore", Key="results/job-1/../x", Body=b"planted")
+    for attempt in (2, 3, 4):
+        report = restore_results("s3://planted-restore/results/job-1/", tmp_path / "results",
+                                 environ=moto_env(moto_credentials))
+        assert "'results/job-1/../x'" in report and "'..' component" in report, (attempt, report)
+        assert "rename or delete it under s3://planted-restore/results/job-1/" in report
+    assert (tmp_path / "results" / "model.pth").read_bytes() == b"weights" and not (tmp_path / "x").exists()
+
+
+def test_a_failed_restore_never_promises_that_submitting_again_resumes_it(moto_credentials: S3Credentials,
+                                                                          tmp_path: Path) -> None:
+    """``a`` and ``a/b`` can both be keys, but not both be in one directory: that fails every time,
+    so the error says what a new submit does and does not fix, and names the fix for a key."""
+    from tao_data_io.errors import TransferError
+    from tao_data_io.outputs import restore_results
+
+    client = make_s3_client(moto_credentials)
+    client.create_bucket(Bucket="clashing-restore")
+    client.put_object(Bucket="clashing-restore", Key="results/job-1/a", Body=b"a file")
+    client.put_object(Bucket="clashing-restore", Key="results/job-1/a/b", Body=b"a file in a directory")
+    with pytest.raises(TransferError) as failed:
+        restore_results("s3://clashing-restore/results/job-1/", tmp_path / "results",
+                        environ=moto_env(moto_credentials))
+    message = str(failed.value)
+    assert "submitting again resumes it" not in message
+    assert "rename or delete it under s3://clashing-restore/results/job-1/" in message
 
 
 # --------------------------------------------------------------------------- the command's head start

@@ -688,3 +688,16 @@ def test_a_record_from_a_newer_version_reads_and_keeps_its_new_fields(
     monkeypatch.setenv("TAO_TEST_RECORD_SECRET_KEY", secret)
     with pytest.raises(UsageError, match="holds the value of a credential"):
         validated({**kept, "added_later": secret})
+
+
+def test_a_pods_copy_of_a_record_keeps_what_its_uploads_are_held_to(tmp_path: Path) -> None:
+    """A pod's resyncs and final upload read the copy of the record it imported: the copy lost the
+    job's ``results_limit`` (its uploads ran with no limit at all), its ``forward_env`` (masked by
+    name) and its request's digest."""
+    submitted = RecordStore(tmp_path / "submitter")
+    submitted.open(job_id="held-job", results_limit="4Mi", forward_env=["HF_TOKEN"], request_digest="ab" * 32, **JOB)
+    imported = run_cli("record", "import", str(tmp_path / "submitter" / "held-job.json"), "--root",
+                       str(tmp_path / "pod"), env={})
+    assert imported.returncode == 0, imported.stderr
+    copy = RecordStore(tmp_path / "pod").get("held-job")
+    assert (copy.results_limit, copy.forward_env, copy.request_digest) == ("4Mi", ["HF_TOKEN"], "ab" * 32)

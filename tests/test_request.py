@@ -105,11 +105,13 @@ def test_uri_that_would_escape_the_staging_root_is_refused_at_load_time(tmp_path
 
 
 @pytest.mark.parametrize("fmt", ["json", "yaml", "toml"])
-def test_materialize_is_content_addressed_atomic_and_private(tmp_path: Path, fmt: str) -> None:
+def test_materialize_is_content_addressed_atomic_and_readable_by_the_jobs_user(tmp_path: Path, fmt: str) -> None:
+    """0644: the job reads it as its own user, who is not the stager when the backend runs as
+    root (the spec holds no credential: one is refused before this)."""
     req = JobRequest.model_validate(request(config_format=fmt))
     first = materialize_config(req, tmp_path / "out")
     assert first.created and first.path.name == f"tao-action-config-{first.sha256}.{fmt}"
-    assert stat.S_IMODE(first.path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(first.path.stat().st_mode) == 0o644
     assert "/tao-inputs/s3/data-bucket/coco/train" in first.path.read_text()
     assert "s3://" not in first.path.read_text()
     again = materialize_config(req, tmp_path / "out")

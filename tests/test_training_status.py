@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tao_data_io.credentials import Redactor
 from tao_data_io.launch.training import KPI_EPOCHS, read_training_status
 
 
@@ -85,3 +87,31 @@ def test_a_status_file_built_to_break_the_reader_is_only_not_shown() -> None:
         assert status is not None and status.epoch == 1
         assert status.eta_seconds is None or math.isfinite(status.eta_seconds)
         status.describe()  # shown without an OverflowError
+
+
+def test_a_secret_in_status_json_text_is_masked_before_the_text_is_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each text is cut to a length for display, and a credential the job writes across that cut
+    leaves no piece of itself: it is masked first (the environment's credentials by default)."""
+    secret = "nvapi-" + "s3cr3tK3y" * 4  # 42 characters
+    monkeypatch.setenv("NGC_API_KEY", secret)
+    status = read_training_status(lines({
+        "date": "d" * 70 + secret, "status": "S" * 70 + secret, "epoch": 1, "max_epoch": 2,
+        "kpi": {"k" * 70 + secret: "v" * 70 + secret}}, {"message": "m" * 150 + secret}))
+    assert status is not None
+    shown = json.dumps(status.model_dump()) + status.describe()
+    assert [secret[i:i + 8] for i in range(len(secret) - 7) if secret[i:i + 8] in shown] == []
+    assert "m" * 150 + "***NGC_" in shown and "v" * 70 + "***NGC_" in shown
+
+
+def test_status_json_text_is_masked_with_the_credentials_the_watcher_names() -> None:
+    secret = "a-plain-forwarded-value-0123456789"
+    mask = Redactor({"WANDB_KEY": secret}, secret_names=["WANDB_KEY"])
+    status = read_training_status(lines({"status": "RUNNING", "message": "x" * 140 + secret}), mask=mask)
+    assert status is not None and status.message == "x" * 140 + "***WANDB_KEY***"
+
+
+def test_status_json_text_is_shown_on_one_line_with_its_control_characters_escaped() -> None:
+    status = read_training_status(lines({"status": "RUNNING", "message": "a\nFAILURE\x1b[2J\rb\tc",
+                                         "kpi": {"lo\nss": "x\x07y"}}))
+    assert status is not None and status.message == "a\\nFAILURE\\x1b[2J\\rb\\tc"
+    assert status.kpi == {"lo\\nss": "x\\x07y"}

@@ -56,6 +56,10 @@ def register(verbs: Any) -> None:
                          help="where the earlier attempts uploaded (the job's output route)")
     restore.add_argument("--results-dir", required=True, metavar="DIR", type=Path,
                          help="the directory the job writes its results to")
+    restore.add_argument("--job-id", metavar="ID",
+                         help="the job whose results these are: its record must own the prefix (another record's "
+                              "results are never restored); without it, nothing is checked")
+    add_root_option(restore)
     restore.set_defaults(run=_restore)
 
     check = add_verb(verbs, "check-upload", help="prove results can reach the job's S3 route from here: put and "
@@ -84,7 +88,18 @@ def _add_upload_arguments(sub: argparse.ArgumentParser, *, settle_help: str) -> 
 def _restore(args: argparse.Namespace, console: Console) -> int:
     from ..outputs import restore_results
 
-    console.out(f"restored {restore_results(args.source, args.results_dir)}")
+    belongs_to = None
+    if args.job_id is not None:
+        from ..records import RecordStore
+        from ..results_claim import claimant_of
+
+        record = RecordStore(args.root).get(args.job_id)
+        if record.output_route is None:
+            console.err(f"error: job {args.job_id} has no output route in its record: route it first (route-outputs "
+                        "--record)")
+            return 2
+        belongs_to = claimant_of(record, record.output_route)
+    console.out(f"restored {restore_results(args.source, args.results_dir, belongs_to=belongs_to)}")
     return 0
 
 

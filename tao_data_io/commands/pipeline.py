@@ -168,16 +168,25 @@ def _logs(args: argparse.Namespace, console: Console) -> int:
         return 0
     import time
 
+    from ..credentials import StreamRedactor
+
+    printed = StreamRedactor(console.redact)  # a look may end inside a long line: a secret across it is masked whole
     cursor = None
-    while True:  # each look after the job's end shows its last lines before the loop ends
+    while True:  # after the job's end, the looks go on until one finds nothing new
         ended = backend.status(ref).state not in ("PENDING", "RUNNING")  # over, or no longer known there
         chunk = backend.follow_logs(ref, cursor)
-        if chunk.text:
-            console.out(chunk.text.rstrip("\n"))
+        shown = printed.feed(chunk.text)
+        if shown:
+            console.out(shown.removesuffix("\n"))
+        caught_up = chunk.cursor == cursor or not chunk.text
         cursor = chunk.cursor
-        if ended:
+        if ended and caught_up:
+            rest = printed.end()
+            if rest:
+                console.out(rest.removesuffix("\n"))
             return 0
-        time.sleep(FOLLOW_SECONDS)
+        if not ended:
+            time.sleep(FOLLOW_SECONDS)
 
 
 def _cancel(args: argparse.Namespace, console: Console) -> int:

@@ -113,8 +113,9 @@ def _open(args: argparse.Namespace, console: Console) -> int:
 
 
 def _import(args: argparse.Namespace, console: Console) -> int:
-    """Open the same job here (identity, excludes, reason) and pin its recorded output route, so
-    a pod's resync and upload follow the route decided at submit."""
+    """Open the same job here (identity, excludes, results limit, forwarded names, request digest,
+    reason) and pin its recorded output route, so a pod's resync and upload follow the route
+    decided at submit and are held to the same limit."""
     from pydantic import ValidationError
 
     from ..records import JobRecord
@@ -130,7 +131,8 @@ def _import(args: argparse.Namespace, console: Console) -> int:
     store = _store(args)
     store.open(platform=given.platform, image=given.image, network_arch=given.network_arch, action=given.action,
                storage_tier=given.storage_tier, storage_reason=given.storage_reason, results_dir=given.results_dir,
-               job_id=given.job_id, source=args.source, upload_excludes=given.upload_excludes)
+               job_id=given.job_id, source=args.source, upload_excludes=given.upload_excludes,
+               forward_env=given.forward_env, request_digest=given.request_digest, results_limit=given.results_limit)
     if given.output_route is not None:
         record_route(store, given.job_id, given.output_route)
     console.out(given.job_id)

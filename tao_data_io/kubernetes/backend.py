@@ -346,7 +346,7 @@ class KubernetesBackend:
                 if exc.status in (400, 404):  # not started yet, or already gone
                     continue
                 raise
-            lines, newest = new_lines(text, last)
+            lines, newest = new_lines(text, last, limit=FOLLOW_BYTES)
             if newest is not None:
                 shown[pod_name] = newest
             prefix = f"[rank {pod_reading.rank(pod)}] " if indexed else ""

@@ -40,15 +40,16 @@ def stamp(text: str) -> tuple[datetime, int] | None:
     return when, int((fraction or "0").ljust(9, "0")[:9])
 
 
-def new_lines(text: str, last: str | None) -> tuple[list[str], str | None]:
+def new_lines(text: str, last: str | None, *, limit: int | None = None) -> tuple[list[str], str | None]:
     """The lines of a ``timestamps=true`` log newer than ``last`` (without their time), and the
-    newest time among them (``last`` when none is newer). A line cut by ``limitBytes`` at the end
-    waits for the next look."""
+    newest time among them (``last`` when none is newer). A line cut by ``limitBytes`` (``limit``)
+    at the end waits for the next look — unless no new line came whole before it: the next look's
+    window starts no later (the margin re-reads what was shown), so it would come back cut for
+    ever and hold back every line after it. It is passed over then, and said, never shown in part
+    (a part could be half a secret)."""
     lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    elif lines:
-        lines.pop()  # no newline at the end: cut short
+    cut = None if not lines or lines[-1] == "" else lines[-1]
+    lines.pop()  # "" after the last newline, or the cut line
     after = stamp(last) if last else None  # lines of one instant are all new after an older cursor
     shown: list[str] = []
     newest, newest_at = last, after
@@ -60,6 +61,12 @@ def new_lines(text: str, last: str | None) -> tuple[list[str], str | None]:
         shown.append(rest)
         if newest_at is None or when > newest_at:
             newest, newest_at = head, when
+    if not shown and cut is not None and limit is not None and len(text.encode()) >= limit:
+        head = cut.partition(" ")[0]
+        when = stamp(head)
+        if when is not None and (after is None or when > after):
+            return [f"[tao-data-io: a line too long for one look ({limit} bytes with the lines before it) was not "
+                    "shown]"], head
     return shown, newest
 
 

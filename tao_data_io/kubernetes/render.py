@@ -114,6 +114,8 @@ RESERVED = ("/tao-data-io", PROBE_DIR, "/dev/shm")
 CACHE_DIR = "cache"
 #: Each job's results on the claim are ``results/<job>``.
 RESULTS_DIR = "results"
+#: Each tier B job's staging maps on the claim are under ``jobs/<job>/``.
+JOBS_DIR = "jobs"
 #: The final upload's time: the budget at the measured rate, plus this much for start-up.
 GRACE_MARGIN_SECONDS = 60
 #: A one-pod training Job's failure policy (rules in order, the first match wins): a pod that was
@@ -413,7 +415,7 @@ class _Job:
         command = ["tao-data-io", "stage", "--request", f"{FILES_DIR}/request.json", "--workdir",
                    f"{VOLUME_ROOT}/{CACHE_DIR}", "--cache", "--map"]
         env = [*self._secret_env(), {"name": "XDG_CACHE_HOME", "value": "/tmp/tao-data-io-cache"}]
-        map_path = f"{VOLUME_ROOT}/jobs/{self.names.job}/staging-map"
+        map_path = f"{VOLUME_ROOT}/{JOBS_DIR}/{self.names.job}/staging-map"
         if shards > 1:
             env.append({"name": "TAO_SHARD_INDEX", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}})
             command += [f"{map_path}.shard-$(TAO_SHARD_INDEX).json", "--shard", f"$(TAO_SHARD_INDEX)/{shards}"]
@@ -694,14 +696,16 @@ def claim_sub_path(plan: LaunchPlan, mount: PlanMount) -> str | None:
 
 
 def _refuse_our_state(sub_path: str, mount: PlanMount) -> None:
-    """The claim's stage cache and results are tao-data-io's, whatever a request names: a
-    pre-positioned mount may read another job's results (``results/<job>``: a pipeline's next
-    step reads them), never write them, never hold every job's, and never reach the stage cache
-    (its layout and markers are ours, and what it holds was staged for other jobs)."""
+    """The claim's stage cache, staging maps and results are tao-data-io's, whatever a request
+    names: a pre-positioned mount may read another job's results (``results/<job>``: a pipeline's
+    next step reads them), never write them, never hold every job's, and never reach the stage
+    cache or the staging maps (their layout and markers are ours, and what the cache holds was
+    staged for other jobs)."""
     top, _, below = sub_path.partition("/")
-    if top == CACHE_DIR:
-        problem = (f"lies in the claim's stage cache ({CACHE_DIR}/), which is tao-data-io's: mount the pre-positioned "
-                   "data from another path of the claim")
+    if top in (CACHE_DIR, JOBS_DIR):
+        what = "stage cache" if top == CACHE_DIR else "staging maps"
+        problem = (f"lies in the claim's {what} ({top}/), which is tao-data-io's: mount the pre-positioned data from "
+                   "another path of the claim")
     elif top == RESULTS_DIR and not below:
         problem = f"holds every job's results ({RESULTS_DIR}/): mount one job's, {RESULTS_DIR}/<job id>, read-only"
     elif top == RESULTS_DIR and not mount.read_only:

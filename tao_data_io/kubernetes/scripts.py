@@ -62,7 +62,8 @@ if [ -n "${TAO_DATA_IO_UPLOAD_CHECK:-}" ]; then
   fi
 fi
 if [ -n "${TAO_DATA_IO_RESTORE_FROM:-}" ] && [ "${NODE_RANK:-0}" = 0 ]; then
-  tao-data-io restore-results --from "$TAO_DATA_IO_RESTORE_FROM" --results-dir "$TAO_RESULTS_DIR" || exit 1
+  tao-data-io restore-results --from "$TAO_DATA_IO_RESTORE_FROM" --results-dir "$TAO_RESULTS_DIR" \
+    --job-id "$TAO_JOB_ID" || exit 1
 fi
 if [ -n "${TAO_DATA_IO_STAGE_ROOT:-}" ]; then
   exec tao-data-io stage --request "$TAO_DATA_IO_FILES/request.json" --workdir "$TAO_DATA_IO_STAGE_ROOT" \

@@ -9,16 +9,21 @@ metrics epoch by epoch — which no other orchestrator does.
 
 The file is the job's: fields vary by network, the last line may be half written, and a line may
 be anything. So the reader folds what it understands, ignores what it does not, and never
-raises: a progress display must never fail the job it describes.
+raises: a progress display must never fail the job it describes. Each text it keeps is masked
+whole (a job may write what it is given), then made one printable line, then cut to a length.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+from ..console import shown
+from ..credentials import Redactor
 
 #: The file TAO's containers write in the results directory.
 STATUS_FILE = "status.json"
@@ -30,6 +35,8 @@ KPI_EPOCHS = 50
 _MAX_TEXT = 80
 #: Longer than any training (ten years): a time beyond it is a number a job made up.
 MAX_SECONDS = 10 * 365 * 86400.0
+#: What masks the credentials in a text the job wrote: a :class:`~tao_data_io.credentials.Redactor`.
+Mask = Callable[[str], str]
 
 
 class TrainingStatus(BaseModel):
@@ -71,17 +78,23 @@ class TrainingStatus(BaseModel):
         return said + (f" ({state})" if state else "")
 
 
-def read_training_status(data: bytes | None) -> TrainingStatus | None:
-    """The status the lines of ``data`` (the file, or its tail) tell; None when none of them is
+def read_training_status(data: bytes | None, *, mask: Mask | None = None) -> TrainingStatus | None:
+    """The status the lines of ``data`` (the file, or its tail) tell, every text masked with
+    ``mask`` (default: this process's credentials) before it is cut; None when none of them is
     an event (no file yet, an empty one, nothing but noise, or anything this reader cannot fold:
     whatever the job wrote, this never raises)."""
     try:
-        return _read(data)
+        return _read(data, mask or Redactor())
     except Exception:  # noqa: BLE001 - deep nesting (RecursionError) and whatever else a job can write
         return None
 
 
-def _read(data: bytes | None) -> TrainingStatus | None:
+def _text(value: str, mask: Mask, limit: int = _MAX_TEXT) -> str:
+    """A text the job wrote, as shown: masked whole, on one printable line, then cut to ``limit``."""
+    return shown(mask(value))[:limit]
+
+
+def _read(data: bytes | None, mask: Mask) -> TrainingStatus | None:
     if not data:
         return None
     status = TrainingStatus()
@@ -95,20 +108,20 @@ def _read(data: bytes | None) -> TrainingStatus | None:
         except ValueError:
             continue  # a line cut by the tail's start, or not JSON at all
         if isinstance(event, dict):
-            seen = _fold(status, event) or seen
+            seen = _fold(status, event, mask) or seen
     if not seen:
         return None
     _fill_eta(status)
     return status
 
 
-def _fold(status: TrainingStatus, event: dict[str, Any]) -> bool:
+def _fold(status: TrainingStatus, event: dict[str, Any], mask: Mask) -> bool:
     """Fold one event into ``status``; False when it holds nothing of a status event."""
     known = False
     if isinstance(event.get("status"), str):  # a new status: the message is its event's, if any
-        status.status, status.message, known = event["status"][:_MAX_TEXT], None, True
+        status.status, status.message, known = _text(event["status"], mask), None, True
     if isinstance(event.get("message"), str):
-        status.message, known = event["message"][:_MAX_TEXT * 2], True
+        status.message, known = _text(event["message"], mask, _MAX_TEXT * 2), True
     epoch, max_epoch = _whole(event.get("epoch")), _whole(event.get("max_epoch"))
     if epoch is not None:
         status.epoch, known = epoch, True
@@ -121,7 +134,7 @@ def _fold(status: TrainingStatus, event: dict[str, Any]) -> bool:
     if eta is not None:
         status.eta_seconds = eta
     kpis = {name: value for group in ("kpi", "graphical", "categorical")
-            if isinstance(event.get(group), dict) for name, value in _values(event[group]).items()}
+            if isinstance(event.get(group), dict) for name, value in _values(event[group], mask).items()}
     if kpis:
         known = True
         status.kpi.update(kpis)
@@ -131,7 +144,7 @@ def _fold(status: TrainingStatus, event: dict[str, Any]) -> bool:
                 del status.kpi_by_epoch[old]
     if known:
         written = " ".join(str(event[key]) for key in ("date", "time") if isinstance(event.get(key), str | int))
-        status.written = written[:_MAX_TEXT] or status.written
+        status.written = _text(written, mask) or status.written
     return known
 
 
@@ -143,15 +156,15 @@ def _fill_eta(status: TrainingStatus) -> None:
         status.eta_seconds = None  # no such training: an overflow, not a time
 
 
-def _values(group: dict[str, Any]) -> dict[str, float | str]:
+def _values(group: dict[str, Any], mask: Mask) -> dict[str, float | str]:
     values: dict[str, float | str] = {}
     for name, value in list(group.items())[:32]:
         if isinstance(value, bool) or not isinstance(name, str):
             continue
         if isinstance(value, int | float) and math.isfinite(value):
-            values[name[:_MAX_TEXT]] = float(value)
+            values[_text(name, mask)] = float(value)
         elif isinstance(value, str):
-            values[name[:_MAX_TEXT]] = value[:_MAX_TEXT]
+            values[_text(name, mask)] = _text(value, mask)
     return values
 
 

@@ -55,7 +55,7 @@ from ..vocabulary import (DEFAULT_RECORDS_ROOT, DEFAULT_WORKDIR, JOBS_DIR_VARIAB
                           WORKDIR_VARIABLE)
 from .binding import BoundSource, open_source
 from .preflight import (SourceRules, check_binds, check_memory_sizes, check_paths, check_sandbox, host_memory_bytes,
-                        needs_nsenter)
+                        mark_state_root, needs_nsenter, results_refusal)
 from .process import ProcessId
 from .results_owner import hand_over
 from .joblog import JobLog, lines_since, segment_bytes
@@ -106,9 +106,11 @@ class LocalBackend:
         check_sandbox(Host(bwrap=find_tool("bwrap", BWRAP_INSTALL), system=host_system_dirs(), run_as=self._run_as()))
         if needs_nsenter(plan):
             find_tool("nsenter", NSENTER_INSTALL)
+        rules = self._source_rules(plan)
+        _check_results_mount(plan, rules)
         check_paths(plan)
         check_memory_sizes(plan, host_memory_bytes())
-        check_binds(plan, frame_binds(plan, self._results_host(plan)), self._source_rules(plan))
+        check_binds(plan, frame_binds(plan, self._results_host(plan)), rules)
 
     def _source_rules(self, plan: LaunchPlan) -> SourceRules:
         """What no pre-positioned source may show (see :func:`.preflight.source_refusal`):
@@ -130,9 +132,9 @@ class LocalBackend:
                 private += [entry for entry in home.iterdir() if entry.name.startswith(".")]
             except OSError:  # a home that is not there, or not a directory
                 continue
-        results = [Path(env[RESULTS_ROOT_VARIABLE])] if env.get(RESULTS_ROOT_VARIABLE) else []
-        return SourceRules(private=[_real(p) for p in private], whole=[_real(p) for p in (*homes, *results)],
-                           read_only=[_real(p) for p in (_PACKAGE_ROOT_PATH, *results)])
+        results = env.get(RESULTS_ROOT_VARIABLE)
+        return SourceRules(private=[_real(p) for p in private], homes=[_real(p) for p in homes],
+                           package_root=_real(_PACKAGE_ROOT_PATH), results_root=_real(Path(results)) if results else None)
 
     # ------------------------------------------------------------------ submit
     def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None,
@@ -141,10 +143,15 @@ class LocalBackend:
         bwrap = find_tool("bwrap", BWRAP_INSTALL)
         nsenter = find_tool("nsenter", NSENTER_INSTALL) if needs_nsenter(plan) else None
         user = self._run_as()
+        rules = self._source_rules(plan)
+        _check_results_mount(plan, rules)
         ref = f"{NAMESPACE}/{plan.job_id}"
         run = self._run_dir(ref)
-        run.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the results below: the job's user only
-        run.create()
+        run.path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(run.path.parent, 0o700)  # whoever made it (staging, on the command line): the results below are
+        run.create()                      # the job's user's and this backend's alone
+        for root in (self.run_root, *(Path(root) for root in plan.state_roots)):
+            mark_state_root(root)
         with file_lock(run.lock):
             existing = run.launch()
             if existing is not None and existing.plan.attempt < plan.attempt:
@@ -156,10 +163,13 @@ class LocalBackend:
                                      f"plan ({run.launch_file}); submit this one under a new job id")
                 return Submission(backend_ref=ref, started=False, restored=existing.restored)
             results_host = self._results_host(plan)
+            if plan.attempt == 1 and plan.route.route == "mount":
+                _check_results_new(plan, Path(results_host))
             Path(results_host).mkdir(parents=True, exist_ok=True)
             restored = (None if plan.restore_from is None else
-                        restore_results(plan.restore_from, Path(results_host), environ=environ))
-            sources = check_binds(plan, frame_binds(plan, results_host), self._source_rules(plan))
+                        restore_results(plan.restore_from, Path(results_host), belongs_to=plan.route.belongs_to,
+                                        environ=environ))
+            sources = check_binds(plan, frame_binds(plan, results_host), rules)
             if user is not None:
                 _hand_over(sources[plan.results_dir], user)
             run.write(run.launch_file, Launch(plan=plan, results_host=results_host, bwrap=bwrap, nsenter=nsenter,
@@ -400,6 +410,34 @@ def _ended(ended: ExitRecord, run: RunDir) -> tuple[JobStatus, FailureAnalysis |
                                    suggestion="read the last lines of the job's log")
     return JobStatus(state="ERROR", message=analysis.reason, exit_code=ended.exit_code,
                      err_class=analysis.err_class), analysis
+
+
+def _check_results_mount(plan: LaunchPlan, rules: SourceRules) -> None:
+    """Results that go to a mount (``$TAO_RESULTS_ROOT/<job id>``) go where a job may write: not in
+    or around tao-data-io's state or a system directory (:func:`.preflight.results_refusal`)."""
+    if plan.route.route != "mount":
+        return
+    destination = plan.route.destination
+    problem = results_refusal(Path(os.path.realpath(destination)), rules)
+    if problem is not None:
+        root = os.path.dirname(destination)
+        raise UsageError(f"{RESULTS_ROOT_VARIABLE} {root!r} would put job {plan.job_id}'s results in {destination}, "
+                         f"which is refused: {problem}; set it to a directory that holds results only, or unset it")
+
+
+def _check_results_new(plan: LaunchPlan, results: Path) -> None:
+    """A first attempt's results directory on a mount is new or empty: the job id is the
+    request's to choose, and a directory already there under it (another record store's job, a
+    dataset) would be handed to the job's user and written."""
+    try:
+        with os.scandir(results) as entries:
+            taken = next(entries, None) is not None
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if taken:
+        raise UsageError(f"job {plan.job_id}'s results directory {results} already holds files, and this is the "
+                         "job's first launch: it is another job's results or data. Submit under another job id, or "
+                         f"move that directory out of {RESULTS_ROOT_VARIABLE}")
 
 
 def _hand_over(results: BoundSource, user: RunAs) -> None:

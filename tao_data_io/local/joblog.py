@@ -17,8 +17,10 @@ A log written before logs had segments (``segment`` None) is its one file.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,8 @@ TAIL_SEGMENTS = 3
 DEFAULT_LOG_LIMIT = "64Mi"
 #: The smallest limit a target may set: four segments of a page each.
 MIN_LOG_LIMIT = 16 * 1024
+#: The largest: a log is the host's disk, per rank of every job.
+MAX_LOG_LIMIT = "64Gi"
 _BLOCK = 1 << 16
 #: How far from a gap a line break is looked for, to drop the lines the gap cuts whole.
 _EDGE_BYTES = 1 << 16
@@ -80,8 +84,7 @@ class LogWriter:
         if self._fd is not None and self._open_index == index:
             return self._fd
         self.close()
-        self._fd = os.open(segment_path(self.path, index), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-                           0o600)
+        self._fd = _open_segment(segment_path(self.path, index))
         self._open_index = index
         dropped = index - TAIL_SEGMENTS
         if dropped >= 1:
@@ -90,6 +93,25 @@ class LogWriter:
             except FileNotFoundError:
                 pass
         return self._fd
+
+
+def _open_segment(path: Path) -> int:
+    """A segment to append to, never through a link or into anything but a regular file: what
+    is at the name and is not ours to write (planted by whoever could write the run directory)
+    is removed and a file made in its place."""
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         0o600)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENXIO):  # a symlink; a FIFO with no reader
+                raise
+        else:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return fd
+            os.close(fd)
+        os.unlink(path)
+    raise OSError(errno.EEXIST, "something keeps taking the log's place", str(path))
 
 
 def segment_path(path: Path, index: int) -> Path:
@@ -107,16 +129,23 @@ def _segments(path: Path) -> list[int]:
     return sorted(int(match.group(1) or 0) for match in found if match is not None)
 
 
+def _held(path: Path) -> int | None:
+    """How many bytes the segment at ``path`` holds; None when it is gone, or is not a regular
+    file (a log is never read through a link)."""
+    try:
+        found = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return found.st_size if stat.S_ISREG(found.st_mode) else None
+
+
 def _size(path: Path, segment: int | None) -> int:
     """Where the stream ends: the newest segment's start plus what it holds."""
     indices = _segments(path)
     if not indices:
         return 0
     last = indices[-1]
-    try:
-        held = os.stat(segment_path(path, last)).st_size
-    except FileNotFoundError:
-        held = 0
+    held = _held(segment_path(path, last)) or 0
     return held if segment is None else last * segment + held
 
 
@@ -148,9 +177,8 @@ class JobLog:
         position = 0
         for index in _segments(self.path):
             start = 0 if self.segment is None else index * self.segment
-            try:
-                held = os.stat(segment_path(self.path, index)).st_size
-            except FileNotFoundError:  # dropped between the listing and now
+            held = _held(segment_path(self.path, index))
+            if held is None:  # dropped between the listing and now
                 continue
             if start > position and pieces:
                 kept, ends_a_line = self._through_last_newline(pieces.pop())
@@ -164,22 +192,22 @@ class JobLog:
         return pieces
 
     def _through_last_newline(self, piece: _Piece) -> tuple[_Piece, bool]:
-        """``piece`` up to its last line break (in its last :data:`_EDGE_BYTES`), else whole; and
-        whether it now ends a line."""
+        """``piece`` up to its last line break in its last :data:`_EDGE_BYTES`, else without them
+        (a longer line is cut far enough from the gap that no secret across it keeps a half);
+        and whether it now ends a line."""
         assert piece.index is not None
         edge = min(_EDGE_BYTES, piece.length)
         newline = self._read_segment(piece.index, piece.offset + piece.length - edge, edge).rfind(b"\n")
-        if newline < 0:
-            return piece, False
-        return _Piece(piece.start, piece.length - edge + newline + 1, piece.index, piece.offset), True
+        return _Piece(piece.start, piece.length - edge + newline + 1, piece.index, piece.offset), newline >= 0
 
     def _from_first_newline(self, piece: _Piece) -> _Piece:
-        """``piece`` from after its first line break (in its first :data:`_EDGE_BYTES`), else whole."""
+        """``piece`` from after its first line break in its first :data:`_EDGE_BYTES`, else from
+        after them."""
         assert piece.index is not None
-        newline = self._read_segment(piece.index, piece.offset, min(_EDGE_BYTES, piece.length)).find(b"\n")
-        skip = newline + 1
-        return piece if newline < 0 else _Piece(piece.start + skip, piece.length - skip, piece.index,
-                                                 piece.offset + skip)
+        edge = min(_EDGE_BYTES, piece.length)
+        newline = self._read_segment(piece.index, piece.offset, edge).find(b"\n")
+        skip = newline + 1 if newline >= 0 else edge
+        return _Piece(piece.start + skip, piece.length - skip, piece.index, piece.offset + skip)
 
     def size(self) -> int:
         """The stream's end: what the frame has printed so far, dropped bytes included."""
@@ -212,12 +240,16 @@ class JobLog:
         return b"".join(out), position
 
     def _read_segment(self, index: int, offset: int, count: int) -> bytes:
+        """``count`` bytes of segment ``index`` from ``offset``; nothing when it is gone or is not
+        a regular file (never through a link, never blocking on a FIFO)."""
         try:
-            with open(segment_path(self.path, index), "rb") as handle:
-                handle.seek(offset)
-                return handle.read(count)
-        except FileNotFoundError:
+            fd = os.open(segment_path(self.path, index), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
             return b""
+        try:
+            return os.pread(fd, count, offset) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        finally:
+            os.close(fd)
 
     def text(self) -> str:
         """The whole stream as kept (head, a note for what was dropped, tail)."""
@@ -229,13 +261,21 @@ class JobLog:
         stream: read backwards in blocks, each byte once, so a log of one endless line costs no
         more than ``max_bytes``."""
         blocks: list[bytes] = []
-        newlines = 0
+        newlines = read = 0
         for block in self._backwards(max_bytes):
             blocks.append(block)
+            read += len(block)
             newlines += block.count(b"\n")
             if lines is not None and newlines >= lines + blocks[0].endswith(b"\n"):
                 break  # the newline before the first line wanted is in
-        kept = b"".join(reversed(blocks)).splitlines(keepends=True)
+        data = b"".join(reversed(blocks))
+        if read >= max_bytes and self.size() > read:
+            # The window begins inside a line: what it holds of it could be the end of a secret
+            # no mask knows by its end alone. That line goes (its last _EDGE_BYTES when it is all
+            # the window holds).
+            newline = data.find(b"\n")
+            data = data[newline + 1:] if newline >= 0 else data[_EDGE_BYTES:]
+        kept = data.splitlines(keepends=True)
         if lines is not None:
             kept = kept[-lines:] if lines > 0 else []
         return b"".join(kept).decode("utf-8", "replace")

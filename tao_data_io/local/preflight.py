@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
+from ..fs import atomic_write
 from ..launch.plan import LaunchPlan
 from ..reporting import human_size
 from ..quantities import quantity_bytes
 from ..routing import RESULTS_ROOT_VARIABLE
 from .binding import BoundSource, identify, open_source, resolved_path
+from .seccomp import filter_fd
 from .sandbox import FRAME_PATH, Bind, Host, frame_memory_bytes, frame_root_bytes, mount_source, trivial_argv
 
 USERNS_HINT = ("bubblewrap needs user namespaces: check `sysctl user.max_user_namespaces` (must be above 0), "
@@ -37,12 +39,15 @@ def needs_nsenter(plan: LaunchPlan) -> bool:
 def check_sandbox(host: Host) -> None:
     """Start a trivial frame made as a job's is (``true``, every namespace its own, the user
     switched where root starts it); raise with the fix if it fails."""
+    seccomp = filter_fd()
     try:
-        done = subprocess.run(trivial_argv(host), env={"PATH": FRAME_PATH}, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=_CHECK_TIMEOUT_S)
+        done = subprocess.run(trivial_argv(host, seccomp), env={"PATH": FRAME_PATH}, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=_CHECK_TIMEOUT_S, pass_fds=(seccomp,))
     except subprocess.TimeoutExpired:
         raise UsageError(f"bubblewrap ({host.bwrap}) did not start a trivial sandbox within {_CHECK_TIMEOUT_S}s"
                          ) from None
+    finally:
+        os.close(seccomp)
     if done.returncode != 0:
         said = done.stderr.strip() or f"exit code {done.returncode}"
         raise UsageError(f"bubblewrap ({host.bwrap}) cannot start a sandbox here ({said}): {USERNS_HINT}")
@@ -57,18 +62,60 @@ _SYSTEM_ROOTS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/
 
 @dataclass(frozen=True)
 class SourceRules:
-    """What no pre-positioned source may show a frame (see :func:`source_refusal`)."""
+    """What no pre-positioned source may show a frame (see :func:`source_refusal`), and where no
+    results directory may be (see :func:`results_refusal`)."""
 
     #: Never mounted, nor anything in or around them: tao-data-io's own state (run roots, staging
     #: roots, job records) and every home's hidden directories (credentials live there).
     private: Sequence[Path]
-    #: Never mounted whole (a directory inside may be): every user's home, and the results root
-    #: that holds every job's results.
-    whole: Sequence[Path]
-    #: Never mounted read-write, nor anything in or around them: the code the supervisor imports,
-    #: and the results root — another job's results are an input (a pipeline's next step reads
-    #: them), never a place to write.
-    read_only: Sequence[Path]
+    #: Never mounted whole (a directory inside may be): every user's home.
+    homes: Sequence[Path]
+    #: The code the supervisor imports: read-only at most, nor anything around it.
+    package_root: Path
+    #: ``$TAO_RESULTS_ROOT``, which holds every job's results: never mounted whole, and a
+    #: directory inside it (another job's results: a pipeline's next step reads them) read-only
+    #: at most.
+    results_root: Path | None = None
+
+
+def _system_refusal(path: Path) -> str | None:
+    if str(path) == "/" or any(_inside(path, Path(root)) for root in _SYSTEM_ROOTS):
+        return "it is (or lies in) a system directory of this host"
+    return None
+
+
+#: The file that says "tao-data-io keeps state here" in a run root, a staging root and a records
+#: directory (:func:`mark_state_root`): what no mount may lie in, whichever target or submit made it.
+STATE_MARKER = ".tao-data-io-state"
+
+
+def mark_state_root(root: Path) -> None:
+    """Say in ``root`` (a directory tao-data-io keeps state in) that it does, once, so a later
+    request's mount that lies in it is refused even by a backend that was told of other roots:
+    another ``--workdir``, another target's staging root."""
+    marker = root / STATE_MARKER
+    if root.is_dir() and not os.path.lexists(marker):
+        atomic_write(marker, b"tao-data-io keeps state in this directory: no job may mount what lies in it\n",
+                     replace=False)
+
+
+def _marked(path: Path) -> Path | None:
+    """The nearest directory of ``path`` or above it that holds :data:`STATE_MARKER`, if any."""
+    return next((directory for directory in (path, *path.parents) if os.path.lexists(directory / STATE_MARKER)),
+                None)
+
+
+def _state_refusal(path: Path, rules: SourceRules) -> str | None:
+    """Why ``path`` — as something a job reads or writes — would show tao-data-io's state, a
+    home, or a home's hidden directory; None when it would not."""
+    home = next((home for home in rules.homes if _inside(home, path)), None)
+    if home is not None:
+        return f"it holds {home}, a home directory"
+    private = next((root for root in rules.private if _inside(path, root) or _inside(root, path)), None) or _marked(path)
+    if private is not None:
+        return (f"it holds or lies in {private}: tao-data-io's own state (job records, staging and run roots) or a "
+                "hidden directory of a home (~/.ssh, ~/.aws, …)")
+    return None
 
 
 def source_refusal(source: Path, read_only: bool, rules: SourceRules) -> str | None:
@@ -82,20 +129,31 @@ def source_refusal(source: Path, read_only: bool, rules: SourceRules) -> str | N
     mount of the code would let one job plant code that runs outside every frame, with the next
     job's credentials, and one in the results root would let it rewrite another job's results.
     """
-    if str(source) == "/" or any(_inside(source, Path(root)) for root in _SYSTEM_ROOTS):
-        return "it is (or lies in) a system directory of this host"
-    held = next((whole for whole in rules.whole if _inside(whole, source)), None)
-    if held is not None:
-        return f"it holds {held}, a home directory or the results root"
-    private = next((root for root in rules.private if _inside(source, root) or _inside(root, source)), None)
-    if private is not None:
-        return (f"it holds or lies in {private}: tao-data-io's own state (job records, staging and run roots) or a "
-                "hidden directory of a home (~/.ssh, ~/.aws, …)")
-    kept = next((root for root in rules.read_only if _inside(source, root) or _inside(root, source)), None)
-    if not read_only and kept is not None:
-        return (f"it would let the job write {kept} (the code this backend runs, or the results root, which holds "
-                "every job's results); mount it read-only")
+    problem = _system_refusal(source) or _state_refusal(source, rules)
+    if problem is not None:
+        return problem
+    results = rules.results_root
+    if results is not None and _inside(results, source):
+        return f"it holds {results}, the results root (every job's results)"
+    if read_only:
+        return None
+    for kept, what in ((rules.package_root, "the code this backend runs"),
+                       (results, "the results root, which holds every job's results")):
+        if kept is not None and (_inside(source, kept) or _inside(kept, source)):
+            return f"it would let the job write {kept} ({what}); mount it read-only"
     return None
+
+
+def results_refusal(results: Path, rules: SourceRules) -> str | None:
+    """Why ``results`` (a results mount's directory, ``$TAO_RESULTS_ROOT/<job id>``, its own path)
+    may not be where a job writes, or None: not in a system directory, not holding a home, not
+    in or around tao-data-io's state (a results root set to the run root once made a job's
+    results directory its own run directory, which the supervisor writes as root), not around
+    the code the supervisor runs."""
+    problem = _system_refusal(results) or _state_refusal(results, rules)
+    if problem is None and (_inside(results, rules.package_root) or _inside(rules.package_root, results)):
+        problem = f"it holds or lies in {rules.package_root}, the code this backend runs"
+    return problem
 
 
 def check_binds(plan: LaunchPlan, binds: Sequence[Bind], rules: SourceRules) -> dict[str, BoundSource]:

@@ -1,63 +1,167 @@
 """The host results directory between the host and the job's user: handed to that user before the
-command starts, and disarmed once every frame of the job has ended.
+command starts, and taken back once every frame of the job has ended.
 
 Why: a job started by root runs as another user (:mod:`.run_as`), so the directory it writes —
 and what an earlier attempt left there and a retry restored — must be that user's. And what the
 job leaves behind is the host's from then on: a setuid or setgid program in it runs with the
-job's user for whoever executes it, and a device node is a door to a device. The job itself can
-make neither of those harmful while it runs (it is never root, every mount is ``nosuid``, it has
-no ``CAP_MKNOD``), so once its frames are gone their bits are cleared and device nodes removed,
-before anything reports the job ended.
+job's user for whoever executes it (a host user then read another job's credentials out of its
+``/proc/<pid>/environ``), a device node is a door to a device, and files left to the job's user
+can still be changed, after the job, by anything else running as that user. So once its frames
+are gone, the privilege bits are cleared, device nodes removed, and — when the backend runs as
+root — everything is given back to the backend's user, before anything reports the job ended.
 
-Both walk the tree from a descriptor, never following a symlink (``os.fwalk``), so nothing the
-job planted leads them outside it.
+Both walk the tree from a descriptor, never following a symlink, depth first with one open
+directory per level and no recursion: a job's tree may be thousands of directories deep (Python's
+``os.fwalk`` recursed, hit its limit and left setuid files behind). A directory deeper than
+:data:`MAX_DEPTH` is not entered: it is closed instead (the backend's user's alone, mode 0700),
+so nothing below it is reachable by anyone else.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-#: What a job may not leave on a file: privileges for whoever runs it.
+#: What a job may not leave on a file or directory: privileges for whoever runs it.
 _PRIVILEGE_BITS = stat.S_ISUID | stat.S_ISGID
+#: How deep a walk goes: results are a few levels deep; a job's deeper tree is closed, not entered.
+MAX_DEPTH = 64
+#: How many changes a walk names; the rest are counted.
+NAMED_CHANGES = 20
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def hand_over(directory: int, uid: int, gid: int) -> None:
-    """Give the tree under the directory descriptor ``directory`` (itself included) to ``uid:gid``."""
-    for _, _, names, parent in os.fwalk(".", dir_fd=directory, follow_symlinks=False):
-        os.fchown(parent, uid, gid)
-        for name in names:
-            os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
+class Changes:
+    """What a walk did, said in a bounded number of lines."""
+
+    def __init__(self) -> None:
+        self.named: list[str] = []
+        self.unnamed = 0
+
+    def say(self, line: str) -> None:
+        if len(self.named) < NAMED_CHANGES:
+            self.named.append(line)
+        else:
+            self.unnamed += 1
+
+    def lines(self) -> list[str]:
+        return self.named + ([f"… and {self.unnamed} more changes like these"] if self.unnamed else [])
 
 
-def disarm(directory: int) -> list[str]:
-    """Clear the setuid and setgid bits and remove the device nodes in the tree under the
-    directory descriptor ``directory``; what was done, one line each (paths relative to it).
-    A directory the walk cannot enter is left as it is and said."""
-    done: list[str] = []
+def hand_over(directory: int, uid: int, gid: int) -> list[str]:
+    """Give the tree under the directory descriptor ``directory`` (itself included) to ``uid:gid``;
+    what could not be (a directory too deep, not entered), one line each."""
+    changes = Changes()
 
-    def unreadable(error: OSError) -> None:
-        done.append(f"not walked: {error.filename} ({error.strerror})")
+    def entry(parent: int, name: str, found: os.stat_result, where: str) -> None:
+        os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
 
-    for path, _, names, parent in os.fwalk(".", dir_fd=directory, follow_symlinks=False, onerror=unreadable):
-        _clear_privileges(parent, os.path.normpath(path), done)
-        for name in names:
-            found = os.stat(name, dir_fd=parent, follow_symlinks=False)
-            where = os.path.normpath(os.path.join(path, name))
-            if stat.S_ISCHR(found.st_mode) or stat.S_ISBLK(found.st_mode):
-                os.unlink(name, dir_fd=parent)
-                done.append(f"removed the device node {where}")
-            elif stat.S_ISREG(found.st_mode) and found.st_mode & _PRIVILEGE_BITS:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+    _walk(directory, on_directory=lambda fd, where: os.fchown(fd, uid, gid), on_entry=entry,
+          too_deep=lambda fd, where: changes.say(f"not handed over, deeper than {MAX_DEPTH} levels: {where}"),
+          changes=changes)
+    return changes.lines()
+
+
+def take_back(directory: int, owner: tuple[int, int] | None) -> list[str]:
+    """Once the job has ended: clear the setuid and setgid bits and remove the device nodes in the
+    tree under the directory descriptor ``directory``, and give it all to ``owner`` (uid, gid;
+    None: leave owners as they are — an unprivileged backend, whose job ran as itself). What was
+    done, in a bounded number of lines (paths relative to the directory)."""
+    changes = Changes()
+
+    def own(fd: int, where: str) -> None:
+        mode = os.fstat(fd).st_mode
+        if mode & _PRIVILEGE_BITS:
+            os.fchmod(fd, stat.S_IMODE(mode) & ~_PRIVILEGE_BITS)
+            changes.say(f"cleared the setuid/setgid bits of {where}")
+        if owner is not None:
+            os.fchown(fd, *owner)
+
+    def entry(parent: int, name: str, found: os.stat_result, where: str) -> None:
+        if stat.S_ISCHR(found.st_mode) or stat.S_ISBLK(found.st_mode):
+            os.unlink(name, dir_fd=parent)
+            changes.say(f"removed the device node {where}")
+        elif stat.S_ISREG(found.st_mode) and (found.st_mode & _PRIVILEGE_BITS or owner is not None):
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+            try:
+                own(fd, where)
+            finally:
+                os.close(fd)
+        elif owner is not None:
+            os.chown(name, *owner, dir_fd=parent, follow_symlinks=False)
+
+    def close(fd: int, where: str) -> None:
+        own(fd, where)
+        os.fchmod(fd, 0o700)
+        changes.say(f"closed {where}: deeper than {MAX_DEPTH} levels, not walked, now the backend's user's alone")
+
+    _walk(directory, on_directory=own, on_entry=entry, too_deep=close, changes=changes)
+    return changes.lines()
+
+
+def _walk(top: int, *, on_directory: Callable[[int, str], None],
+          on_entry: Callable[[int, str, os.stat_result, str], None], too_deep: Callable[[int, str], None],
+          changes: Changes) -> None:
+    """Call ``on_directory`` for each directory under ``top`` (itself included) and ``on_entry``
+    for everything else, never following a link; ``too_deep`` for a directory past
+    :data:`MAX_DEPTH`, which is not entered. A directory that cannot be entered is said and left."""
+    with _opened(".", top) as root:
+        on_directory(root, ".")
+        stack: list[tuple[int, str, Iterator[os.DirEntry[str]]]] = []
+        try:
+            stack.append((root, ".", _listing(root)))
+            while stack:
+                parent, path, entries = stack[-1]
+                entry = next(entries, None)
+                if entry is None:
+                    stack.pop()
+                    if parent != root:
+                        os.close(parent)
+                    continue
+                where = entry.name if path == "." else f"{path}/{entry.name}"
+                found = entry.stat(follow_symlinks=False)
+                if not stat.S_ISDIR(found.st_mode):
+                    on_entry(parent, entry.name, found, where)
+                    continue
                 try:
-                    _clear_privileges(fd, where, done)
-                finally:
-                    os.close(fd)
-    return done
+                    child = os.open(entry.name, _DIRECTORY, dir_fd=parent)
+                except OSError as exc:  # swapped for a link meanwhile, or unreadable
+                    changes.say(f"not walked: {where} ({exc.strerror})")
+                    continue
+                on_directory(child, where)
+                if len(stack) >= MAX_DEPTH:
+                    too_deep(child, where)
+                    os.close(child)
+                    continue
+                try:
+                    stack.append((child, where, _listing(child)))
+                except OSError as exc:
+                    os.close(child)
+                    changes.say(f"not walked: {where} ({exc.strerror})")
+        finally:
+            for parent, _, _ in stack:
+                if parent != root:
+                    os.close(parent)
 
 
-def _clear_privileges(fd: int, where: str, done: list[str]) -> None:
-    mode = os.fstat(fd).st_mode
-    if mode & _PRIVILEGE_BITS:
-        os.fchmod(fd, stat.S_IMODE(mode) & ~_PRIVILEGE_BITS)
-        done.append(f"cleared the setuid/setgid bits of {where}")
+def _listing(directory: int) -> Iterator[os.DirEntry[str]]:
+    """The entries of the open directory ``directory``, read as they are needed (opened now: a
+    directory that cannot be read fails here, not at the first entry)."""
+    scanner = os.scandir(directory)
+
+    def entries() -> Iterator[os.DirEntry[str]]:
+        with scanner:
+            yield from scanner
+
+    return entries()
+
+
+@contextmanager
+def _opened(name: str, parent: int) -> Iterator[int]:
+    fd = os.open(name, _DIRECTORY, dir_fd=parent)
+    try:
+        yield fd
+    finally:
+        os.close(fd)

@@ -49,9 +49,10 @@ from ..launch.probe import PROBE_SCRIPT, TOKEN_FILE, Verdict, checklist, checkli
     with_persistence
 from .joblog import JobLog, LogWriter
 from .process import ProcessId
-from .results_owner import disarm
+from .results_owner import take_back
 from .rundir import ExitRecord, Launch, RankProcesses, Ranks, RunDir
 from .binding import SourceChanged, open_checked, open_source
+from .seccomp import filter_fd
 from .sandbox import Bind, Host, Namespaces, frame_argv, frame_binds, frame_env, host_system_dirs
 
 #: Signals are 1..64; bubblewrap reports a command killed by signal N as exit code 128 + N.
@@ -193,19 +194,21 @@ class Frames:
 
     def start(self, argv_for: Callable[..., list[str]], env: Mapping[str, str], log: LogWriter, *, rank: int = 0,
               pass_fds: Sequence[int] = ()) -> _Frame:
-        """Start ``argv_for(status_fd=N)`` (a partial :func:`frame_argv`) with exactly ``env``, its
-        output appended to ``log``."""
+        """Start ``argv_for(status_fd=N, seccomp_fd=M)`` (a partial :func:`frame_argv`) with exactly
+        ``env``, its output appended to ``log``."""
         status_read, status_write = os.pipe()
+        seccomp = filter_fd()  # bubblewrap reads it whole: one per frame
         output = _Output(log)
         try:
-            proc = subprocess.Popen(argv_for(status_fd=status_write), env=dict(env), stdin=subprocess.DEVNULL,
-                                    stdout=output.write_end, stderr=subprocess.STDOUT,
-                                    pass_fds=(status_write, *pass_fds))
+            proc = subprocess.Popen(argv_for(status_fd=status_write, seccomp_fd=seccomp), env=dict(env),
+                                    stdin=subprocess.DEVNULL, stdout=output.write_end, stderr=subprocess.STDOUT,
+                                    pass_fds=(status_write, seccomp, *pass_fds))
         except BaseException:
             os.close(status_read)
             raise
         finally:
             os.close(status_write)
+            os.close(seccomp)
             os.close(output.write_end)  # the frame holds it now: the copy ends when the frame does
         bwrap = ProcessId.of(proc.pid)
         assert bwrap is not None, "an unreaped child is always in /proc"
@@ -258,6 +261,7 @@ def supervise(run_path: Path, credentials: Mapping[str, str]) -> int:
     frames = Frames()
     opened: Mapping[str, int] = {}
     results = ""
+    launch: Launch | None = None
     try:
         launch = run.launch()
         assert launch is not None, "submit writes launch.json before it starts the supervisor"
@@ -275,17 +279,17 @@ def supervise(run_path: Path, credentials: Mapping[str, str]) -> int:
         run.write(run.verdict_file, verdict)
         if verdict.ok:
             ended = run_ranks(run, launch, host, frames, credentials, cancel, binds, opened)
-            _disarm(opened.get(results))
+            _take_back(launch, opened.get(results))
             run.write(run.exit_file, ended)
     except CancelRequested:
         signal.alarm(0)  # decided: a deadline that fires while the frames are ended must not turn a cancel into it
         frames.kill()
-        _disarm(opened.get(results))
+        _take_back(launch, opened.get(results))
         run.write(run.exit_file, ExitRecord(exit_code=128 + signal.SIGKILL, signal=signal.SIGKILL,
                                             canceled=cancel.deadline is None, deadline_seconds=cancel.deadline))
     except BaseException as exc:
         frames.kill()
-        _disarm(opened.get(results))
+        _take_back(launch, opened.get(results))
         redact = Redactor(credentials)
         print(redact(traceback.format_exc()), file=sys.stderr)
         run.write(run.exit_file, ExitRecord(exit_code=1, setup_error=redact(f"the supervisor failed: {exc!r}")))
@@ -293,16 +297,19 @@ def supervise(run_path: Path, credentials: Mapping[str, str]) -> int:
     return 0
 
 
-def _disarm(results_fd: int | None) -> None:
+def _take_back(launch: Launch | None, results_fd: int | None) -> None:
     """Once every frame has ended: what the job left in its results that could act for it on the
-    host is made harmless (:func:`.results_owner.disarm`), each change said in this log."""
-    if results_fd is None:
+    host is made harmless, and — when the job ran as another user — the results are this
+    backend's user's again (:func:`.results_owner.take_back`), each change said in this log. A
+    failure here is said and never keeps the job's end from being recorded."""
+    if launch is None or results_fd is None:
         return
     try:
-        for line in disarm(results_fd):
+        owner = (os.geteuid(), os.getegid()) if launch.run_as is not None else None
+        for line in take_back(results_fd, owner):
             print(f"results: {line}", file=sys.stderr)
-    except OSError as exc:
-        print(f"results: not disarmed: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - the end must be recorded whatever this meets
+        print(f"results: not taken back: {exc!r}", file=sys.stderr)
 
 
 def verify(run: RunDir, launch: Launch, host: Host, frames: Frames, cancel: Cancellation,

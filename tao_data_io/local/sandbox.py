@@ -26,7 +26,8 @@ What the frame sees — what a pod would see, and nothing else of the host:
   descriptor leaves its target absent, and the verify probe, run inside, says so per path
   (preflight reports it earlier, on the host). bubblewrap mounts every bind ``nosuid``;
 * no capabilities (``--cap-drop ALL``): the job obeys file modes like a pod's user does, so an
-  unreadable input fails verification, and no read-only bind can be remounted writable;
+  unreadable input fails verification, and no read-only bind can be remounted writable; and no
+  user namespace of its own, nor the kernel keyring (a seccomp filter, :mod:`.seccomp`);
 * its own session (``--new-session``: no terminal to inject keystrokes into). There is no
   ``--die-with-parent``: the job outlives whoever submitted it;
 * the command as pid 1 of its pid namespace (``--as-pid-1``), as a container's entrypoint is:
@@ -141,13 +142,14 @@ class Bind:
 
 def frame_argv(plan: LaunchPlan, host: Host, binds: Sequence[Bind], opened: Mapping[str, int],
                command: Sequence[str], *, rank: int = 0, join: Namespaces | None = None,
-               status_fd: int | None = None) -> list[str]:
+               status_fd: int | None = None, seccomp_fd: int | None = None) -> list[str]:
     """The argv that runs ``command`` in ``plan``'s frame (see the module docstring).
 
     ``binds`` are :func:`frame_binds`; ``opened`` maps a bind's target to the descriptor of its
     source (a bind without one is left out: its target stays absent); ``join`` rank 0's
     namespaces for a higher rank; ``status_fd`` a descriptor on which bubblewrap reports the
-    sandbox's pid and the command's exit code.
+    sandbox's pid and the command's exit code; ``seccomp_fd`` the filter of :mod:`.seccomp`
+    (bubblewrap reads it whole, so one descriptor per frame).
     """
     argv: list[str] = []
     if join is not None:
@@ -164,6 +166,8 @@ def frame_argv(plan: LaunchPlan, host: Host, binds: Sequence[Bind], opened: Mapp
             argv += ["--ro-bind-fd" if bind.read_only else "--bind-fd", str(opened[bind.target]), bind.target]
     if status_fd is not None:
         argv += ["--json-status-fd", str(status_fd)]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     prefix = host.run_as.prefix() if host.run_as is not None else []
     return argv + ["--chdir", FRAME_TMP, "--", *prefix, *command]
 
@@ -237,11 +241,13 @@ def userland_args(system: Sequence[SystemDir], *, root_bytes: int, shm_bytes: in
                    "--remount-ro", "/dev"]
 
 
-def trivial_argv(host: Host) -> list[str]:
-    """A frame as a job's is made that runs ``true``: can bubblewrap (and ``setpriv``) work here?"""
+def trivial_argv(host: Host, seccomp_fd: int) -> list[str]:
+    """A frame as a job's is made that runs ``true``: can bubblewrap (with ``setpriv`` and the
+    seccomp filter) work here?"""
     prefix = host.run_as.prefix() if host.run_as is not None else []
     return [host.bwrap, *namespace_args(host, share_net=False), *capability_args(host),
-            *userland_args(host.system, root_bytes=1 << 20, shm_bytes=1 << 20), "--", *prefix, "true"]
+            *userland_args(host.system, root_bytes=1 << 20, shm_bytes=1 << 20), "--seccomp", str(seccomp_fd), "--",
+            *prefix, "true"]
 
 
 def mount_source(plan: LaunchPlan, mount: PlanMount) -> str:

@@ -17,9 +17,11 @@ from pydantic import Field, ValidationInfo, field_validator
 from ..launch.backend import BackendSettings
 from ..quantities import is_binary_quantity, quantity_bytes
 from ..schema import AbsolutePath
-from .joblog import DEFAULT_LOG_LIMIT, MIN_LOG_LIMIT
+from .joblog import DEFAULT_LOG_LIMIT, MAX_LOG_LIMIT, MIN_LOG_LIMIT
 
 ROOT_VARIABLE = "TAO_DATA_IO_LOCAL_ROOT"
+#: ``(uid_t)-1``: no id (``setresuid`` and ``setpriv`` read it as "unchanged"); every id is below it.
+MAX_ID = 2**32 - 1
 DEFAULT_ROOT = "~/.tao-data-io/local"
 
 
@@ -51,23 +53,32 @@ class LocalSettings(BackendSettings):
                     "supplementary group. Empty: 65534 (nogroup).")
     log_limit: str = Field(
         DEFAULT_LOG_LIMIT, title="Log limit",
-        description="The most of each rank's output (stdout and stderr) kept on the host, a binary quantity: its "
-                    "first quarter and its newest three quarters, with a line saying how many bytes were dropped "
-                    "between. What a job prints is written to the host's disk, outside every limit of its frame.")
+        description="The most of each rank's output (stdout and stderr) kept on the host, a binary quantity (at most "
+                    f"{MAX_LOG_LIMIT}): its first quarter and its newest three quarters, with a line saying how many "
+                    "bytes were dropped between. What a job prints is written to the host's disk, outside every limit "
+                    "of its frame.")
 
     @field_validator("log_limit")
     @classmethod
     def _log_limit(cls, value: str) -> str:
-        if not is_binary_quantity(value) or quantity_bytes(value) < MIN_LOG_LIMIT:
-            raise ValueError(f"log_limit {value!r} is not a binary quantity of {MIN_LOG_LIMIT // 1024}Ki or more: "
-                             f"write a whole number with Ki, Mi, Gi or Ti, such as {DEFAULT_LOG_LIMIT}")
+        if not is_binary_quantity(value) or not MIN_LOG_LIMIT <= quantity_bytes(value) <= quantity_bytes(MAX_LOG_LIMIT):
+            raise ValueError(f"log_limit {value!r} is not a binary quantity from {MIN_LOG_LIMIT // 1024}Ki to "
+                             f"{MAX_LOG_LIMIT}: write a whole number with Ki, Mi or Gi, such as {DEFAULT_LOG_LIMIT}")
         return value
 
-    @field_validator("run_as_user", "run_as_group")
+    @field_validator("run_as_user", "run_as_group", mode="before")
     @classmethod
-    def _unprivileged(cls, value: int | None, info: ValidationInfo) -> int | None:
-        if value is not None and value < 1:
-            what = "root" if value == 0 else "not an id"
+    def _unprivileged(cls, value: object, info: ValidationInfo) -> object:
+        """An id the kernel gives a process, other than root's: 0 is root, and ``(uid_t)-1``
+        (4294967295) is no id at all — setpriv reads it as "leave the id as it is", which for a
+        backend run by root is root."""
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{info.field_name} {value!r} is not a numeric id: give a number (`id -u NAME` prints "
+                             "a user's), or leave it empty for 65534 (nobody)")
+        if not 0 < value < MAX_ID:
+            what = "root" if value == 0 else f"not an id (ids are 1 to {MAX_ID - 1})"
             raise ValueError(f"{info.field_name} {value} is {what}: a job never holds host root; give an unprivileged "
                              "id, or leave it empty for 65534 (nobody)")
         return value

@@ -113,6 +113,10 @@ class OutputRoute(_Stored):
     route: NonEmpty
     destination: NonEmpty
     reason: str | None = None
+    #: An S3 route's claimant: the job record its prefix belongs to (``<job id>@<created_at>``, see
+    #: :mod:`tao_data_io.results_claim`), pinned here so a pod's copy of the record claims for the
+    #: original. None on other routes, and on a route recorded before claims: the record's own.
+    belongs_to: str | None = None
 
 
 class JobRecord(_Stored):
@@ -129,8 +133,9 @@ class JobRecord(_Stored):
     #: The request's declared ``outputs.upload_excludes`` (aws-cli patterns), applied by every
     #: upload of this job's results on top of the ``.tao/*`` that is always excluded.
     upload_excludes: list[str] = Field(default_factory=list)
-    #: The request's ``outputs.results_limit`` (a binary quantity): the most any upload of this
-    #: job's results may move, by apparent size. None in a record that predates it: no limit.
+    #: The request's ``outputs.results_limit`` (a binary quantity): the most the job's results
+    #: prefix may hold once an upload ends, by apparent size, counting what earlier uploads left
+    #: there. None in a record that predates it: no limit.
     results_limit: str | None = None
     #: The NAMES of the credential variables the request forwards to the job (never values):
     #: whatever they are called, their values are masked in the job's log wherever it is shown.
@@ -178,6 +183,12 @@ class JobRecord(_Stored):
 
     def identity(self) -> dict[str, Any]:
         return self.model_dump(include=set(IDENTITY_FIELDS))
+
+    def claimant(self) -> str:
+        """This record as the claimant of a results prefix (:mod:`tao_data_io.results_claim`): its
+        job id and creation time, which it keeps for life (attempts, a changed request, a copy into
+        another store) and which two records of one job id in two stores do not share."""
+        return f"{self.job_id}@{self.created_at.isoformat()}"
 
     def encode(self) -> bytes:
         """The stored form: indented JSON, readable and diffable by hand, one document per job."""

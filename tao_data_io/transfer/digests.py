@@ -27,10 +27,17 @@ written :data:`COMMIT_EVERY` records at a time (and by :meth:`DigestStore.save`)
 changes 20 files writes about 20 rows, memory stays SQLite's page cache, and a run killed
 mid-way loses only the entries recorded since the last write (a rehash, never a wrong answer).
 A cache left by a version before (``digests.json``) is imported once, then removed.
+
+**Whose it is.** A store vouches for files, so one planted by another user (who could write the
+state directory before it was ours) could keep a stale file in place: a store, WAL or legacy
+cache that is not this process's own regular file (judged on its descriptor,
+:func:`tao_data_io.fs.check_own_file`) is set aside unread, as a damaged one is — a rehash, never
+a wrong answer, and never a failed run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -44,7 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from .local_walk import LocalFile
-from ..fs import open_scanned, read_bounded
+from ..errors import UnsafePathError
+from ..fs import check_own_file, open_scanned, read_bounded, read_state_file
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +263,7 @@ def _open(path: Path) -> sqlite3.Connection:
     """The store at ``path``, made if absent; a cache of the JSON schema beside it is imported
     once; a file that is not one of ours is set aside (``.damaged``) and a new one made."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    _set_aside_unless_own(path)
     for attempt in range(2):
         db = sqlite3.connect(path, timeout=_BUSY_MS / 1000, check_same_thread=False, isolation_level="DEFERRED")
         try:
@@ -280,9 +289,22 @@ def _open(path: Path) -> sqlite3.Connection:
     raise AssertionError("unreachable")
 
 
+def _set_aside_unless_own(path: Path) -> None:
+    """Set the store at ``path`` aside unread when it, or the WAL SQLite would replay into it, is
+    not this process's own file: another user's rows must never vouch for a file."""
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        try:
+            check_own_file(name)
+        except UnsafePathError as exc:
+            log.warning("the digest cache %s is not trusted (%s): set aside unread, started again", path, exc)
+            _set_aside(path)
+            return
+
+
 def _set_aside(path: Path) -> None:
-    """Move a damaged store out of the way (``.damaged``), with its WAL and shared memory."""
-    os.replace(path, path.with_name(path.name + ".damaged"))
+    """Move a damaged or untrusted store out of the way (``.damaged``), with its WAL and shared memory."""
+    with contextlib.suppress(FileNotFoundError):  # a WAL alone can be what is set aside
+        os.replace(path, path.with_name(path.name + ".damaged"))
     for suffix in ("-wal", "-shm"):
         Path(str(path) + suffix).unlink(missing_ok=True)
 
@@ -290,14 +312,14 @@ def _set_aside(path: Path) -> None:
 def _import_json(db: sqlite3.Connection, legacy: Path) -> None:
     """Entries of a schema-2 JSON cache, once; the file is removed after (its rows are here)."""
     try:
-        data: Any = json.loads(legacy.read_text(encoding="utf-8"))
+        data: Any = json.loads(read_state_file(legacy))
         entries = data["entries"] if data.get("schema_version") == 2 else {}
         rows = [(relative, *fields["identity"], fields["recorded_ns"], fields.get("md5"), fields.get("etag"),
                  json.dumps(fields["multipart"]) if fields.get("multipart") else None)
                 for relative, fields in entries.items()]
     except FileNotFoundError:
         return
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        rows = []  # a damaged cache only costs a rehash
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # UnsafePathError is a ValueError
+        rows = []  # a damaged or untrusted cache only costs a rehash
     db.executemany(_UPSERT, rows)
     legacy.unlink(missing_ok=True)

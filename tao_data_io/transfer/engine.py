@@ -42,7 +42,7 @@ from .work import DownloadItem, Executor, Item, ItemFailed, Landed, UploadItem
 from .listing import RemoteObject, clean_etag, read_ahead, remote_objects, s3_time_ns
 from .local_walk import LocalFile, LocalWalk, local_file, temp_leftovers, walk_local
 from ..fs import (SPOOL_NAME, DestinationTree, UnsafePathError, check_relative, confined_path,
-                  destination_lock_path, file_lock, has_control_character, lock_owner, open_directory_nofollow,
+                  destination_lock, destination_lock_path, has_control_character, lock_owner, open_directory_nofollow,
                   remove_stale_temps)
 from .signed_list import list_pages
 from .strategy import ContentStrategy
@@ -93,8 +93,9 @@ class TransferOptions:
     #: job's ``results_dir``). The source must then not be a symlink or lie under one, is read
     #: without following any, and the refusal names the parameter.
     untrusted_source: str | None = None
-    #: Uploads only: (bytes, what sets it) — the most the source may hold, by apparent size (a
-    #: sparse file counts whole, as S3 will store it). Past it nothing is uploaded.
+    #: Uploads only: (bytes, what sets it) — the most the destination prefix may hold once the
+    #: upload ends, by apparent size (a sparse file counts whole, as S3 will store it): what earlier
+    #: uploads left there, less what this one replaces, plus what it sends. Past it nothing is uploaded.
     budget: tuple[int, str] | None = None
     #: Beats as the transfer moves (the listing, the scan, each file planned, each chunk read or
     #: sent, each file finished): the upload lock held for it is renewed only while it does.
@@ -111,7 +112,8 @@ def locked_destination(dest: Path, dry_run: bool = False, shard: Shard | None = 
     the caller removes killed temp files as its scan finds them (:meth:`DestinationTree.remove_temps`),
     and only ever this lock's: a destination inside this one has its own lock and its own writers.
     """
-    lock = destination_lock_path(dest, None if shard is None else shard.label)
+    part = None if shard is None else shard.label
+    lock = destination_lock_path(dest, part)
     tree = DestinationTree(dest, lock_owner(lock), lock.parent)
     if dry_run:  # no lock, no write; its lookups still open directories, closed here
         try:
@@ -119,7 +121,7 @@ def locked_destination(dest: Path, dry_run: bool = False, shard: Shard | None = 
         finally:
             tree.close()
         return
-    with file_lock(lock):
+    with destination_lock(dest, part):
         remove_stale_temps(tree.state_dir / SPOOL_NAME, tree.owner)
         try:
             yield tree
@@ -138,23 +140,28 @@ def _chunks(items: Iterable[T], size: int, first: int | None = None) -> Iterator
 
 
 class _Budget:
-    """The results budget as the upload walk spends it: the first walk counted the tree, but a
-    job may write between the two walks, so a file past the budget is not sent (a failure of its
-    own, naming the budget) — what S3 stores never exceeds it."""
+    """The results budget as the upload walk spends it, starting from what the prefix holds: each
+    file sent changes that by its size less the object it replaces. The first walk counted the
+    tree, but a job may write between the two walks, so a file that would take the prefix past the
+    budget is not sent (a failure of its own, naming the budget) — what this upload leaves in the
+    prefix never exceeds it."""
 
-    def __init__(self, budget: tuple[int, str] | None) -> None:
+    def __init__(self, budget: tuple[int, str] | None, prefix: S3Url, listing: RemoteIndex) -> None:
         self._limit, self._what = budget if budget is not None else (None, "")
-        self._spent = 0
+        self._prefix = prefix
+        self._held = 0 if budget is None else listing.total_bytes()
 
-    def takes(self, local: LocalFile, summary: TransferSummary) -> bool:
+    def takes(self, local: LocalFile, replaced: RemoteObject | None, summary: TransferSummary) -> bool:
         if self._limit is None:
             return True
-        if self._spent + local.size > self._limit:
-            summary.fail(Failure(local.relative, f"{human_size(local.size)} more would pass {self._what} "
-                                 f"({human_size(self._limit)}): the results grew while they were counted; "
-                                 "not uploaded"))
+        grows = local.size - (replaced.size if replaced is not None else 0)
+        if grows > 0 and self._held + grows > self._limit:
+            summary.fail(Failure(local.relative, f"{human_size(local.size)} would take {self._prefix} past "
+                                 f"{self._what} ({human_size(self._limit)}) at this point of the upload (the "
+                                 "results changed since they were counted); not uploaded — the next run counts "
+                                 "again"))
             return False
-        self._spent += local.size
+        self._held += grows
         return True
 
 
@@ -195,6 +202,11 @@ class RemoteIndex:
                              [value for obj in chunk
                               for value in (obj.key, obj.relative, obj.size, obj.etag, obj.last_modified)])
         self._db.commit()
+
+    def total_bytes(self) -> int:
+        """What every listed object takes (once the listing is in: its errors are raised here)."""
+        self._filling.result()
+        return int(self._db.execute("SELECT COALESCE(SUM(size), 0) FROM remote").fetchone()[0])
 
     def among(self, keys: Sequence[str]) -> dict[str, RemoteObject]:
         """The listed objects among ``keys`` (once the listing is in: its errors are raised here); a
@@ -561,18 +573,18 @@ class TransferEngine:
         try:
             if "executor" not in self.__dict__:
                 threading.Thread(target=_import_data_path, daemon=True).start()  # ~40 ms of a fresh process, overlapped
-            if options.budget is not None:  # before a byte moves: a first walk, sizes only
-                self._within_budget(source, root_fd, prefix, options)
             if listing is None or listing.prefix != prefix:
                 if listing is not None:
                     listing.close()  # begun for another prefix: of no use here
                 listing = self.list_into_index(prefix, options.activity)
             stack.callback(listing.close)
+            if options.budget is not None:  # before a byte moves: a first walk, sizes only, beside the listing
+                self._within_budget(source, root_fd, prefix, options, listing)
             store = _upload_digests(source, options)
             stack.callback(store.close)
             tracker = ProgressTracker(0, 0, options.progress, planning=True)
             strategy = self._upload_strategy(prefix.bucket, store, options)
-            budget = _Budget(options.budget)
+            budget = _Budget(options.budget, prefix, listing)
             walk = stack.enter_context(LocalWalk(skip=summary.skip))
             beat = None if options.activity is None else options.activity.beat
 
@@ -580,7 +592,8 @@ class TransferEngine:
                 for chunk in _chunks(walk_local(root_fd, source, walk, on_directory=beat), PLAN_CHUNK, FIRST_CHUNK):
                     remote = listing.among([prefix.key + local.relative for local in chunk])
                     items = [(local, prefix.key + local.relative) for local in chunk
-                             if self._admitted(local, None, prefix, options, summary) and budget.takes(local, summary)]
+                             if self._admitted(local, None, prefix, options, summary)
+                             and budget.takes(local, remote.get(prefix.key + local.relative), summary)]
                     yield self._plan_upload(prefix.bucket, items, remote, store, strategy, summary, options, tracker)
                 # What the walk held back, decided (the second walk it may take beats as the first did).
                 for chunk in _chunks(walk.decided(source, on_directory=beat), PLAN_CHUNK):
@@ -589,7 +602,7 @@ class TransferEngine:
                     remote = listing.among([prefix.key + local.relative for local, _ in files])
                     items = [(local, prefix.key + local.relative) for local, outside in files
                              if self._admitted(local, outside, prefix, options, summary)
-                             and budget.takes(local, summary)]
+                             and budget.takes(local, remote.get(prefix.key + local.relative), summary)]
                     yield self._plan_upload(prefix.bucket, items, remote, store, strategy, summary, options, tracker)
 
             self._execute(planned(), summary, options, store, tracker,
@@ -619,25 +632,45 @@ class TransferEngine:
             return True
         return False
 
-    def _within_budget(self, source: Path, root_fd: int, prefix: S3Url, options: TransferOptions) -> None:
-        """Refuse, before a byte moves, a source holding more than the budget by apparent size (a
-        sparse file counts whole, as S3 stores it), counting what this upload would send."""
+    def _within_budget(self, source: Path, root_fd: int, prefix: S3Url, options: TransferOptions,
+                       listing: RemoteIndex) -> None:
+        """Refuse, before a byte moves, an upload that would leave the prefix holding more than the
+        budget by apparent size (a sparse file counts whole, as S3 stores it): what this upload
+        would send, plus what ``listing`` holds under names it does not write — an upload never
+        deletes, so a job that keeps only its newest checkpoint still adds one to the prefix a run.
+        A prefix already past the budget (it was lowered) takes an upload that does not grow it."""
         limit, what = options.budget or (0, "")
         ignored = TransferSummary(str(source), str(prefix))
+        replaced = 0
+
+        def replacing(files: Iterable[LocalFile]) -> Iterator[LocalFile]:
+            nonlocal replaced
+            for chunk in _chunks(files, PLAN_CHUNK):
+                replaced += sum(obj.size for obj in listing.among([prefix.key + local.relative for local in chunk])
+                                .values())
+                yield from chunk
+
         with LocalWalk() as walk:
             admitted = (local for local in walk_local(root_fd, source, walk)
                         if self._admitted(local, None, prefix, options, ignored))
-            total, largest = _sizes(admitted)
-            more, more_largest = _sizes(entry[0] for entry in walk.decided(source)
-                                        if not isinstance(entry, Skipped)
-                                        and self._admitted(entry[0], entry[1], prefix, options, ignored))
+            total, largest = _sizes(replacing(admitted))
+            more, more_largest = _sizes(replacing(entry[0] for entry in walk.decided(source)
+                                                  if not isinstance(entry, Skipped)
+                                                  and self._admitted(entry[0], entry[1], prefix, options, ignored)))
         total += more
-        if total > limit:
+        held = listing.total_bytes()
+        kept = held - replaced
+        if total + kept > max(limit, held):  # a prefix already past it (a lowered limit) may still shrink
             shown = ", ".join(f"{local.relative} ({human_size(local.size)})"
                               for local in heapq.nlargest(3, [*largest, *more_largest], key=lambda local: local.size))
+            earlier = (f" and {prefix} already holds {human_size(kept)} under names this upload does not write (an "
+                       f"upload never deletes: what earlier uploads left stays), {human_size(total + kept)} in all"
+                       if kept else "")
+            fix = f", or delete from {prefix} what earlier uploads left that need not be kept" if kept else ""
             raise UsageError(f"{source} holds {human_size(total)} to upload (apparent sizes: a sparse file counts whole, "
-                             f"as S3 stores it), more than {what} allows ({human_size(limit)}); nothing was uploaded. "
-                             f"The largest: {shown}. Raise {what}, or exclude what need not be kept")
+                             f"as S3 stores it){earlier}, more than {what} allows ({human_size(limit)}); nothing was "
+                             f"uploaded. The largest: {shown}. Raise {what}, or exclude what need not be kept{fix}")
+
     def upload_file(self, source: Path, url: S3Url, options: TransferOptions) -> TransferSummary:
         summary = TransferSummary(str(source), str(url), dry_run=options.dry_run)
         started = time.monotonic()

@@ -42,7 +42,7 @@ from typing import Any
 
 from ...credentials import s3_credentials_from_env
 from ...errors import UsageError
-from ...fs import atomic_write, destination_lock_path, file_lock, lock_owner, remove_stale_temps, temp_path_for
+from ...fs import atomic_write, destination_lock, lock_owner, remove_stale_temps, temp_path_for
 from ...reporting import Progress, ProgressCallback
 from ...transfer.engine import TransferEngine
 from ...uris import S3Url, is_s3_url, parse_s3_url
@@ -104,8 +104,7 @@ def extract_archive(archive: str | S3Url, destination: str | os.PathLike[str], *
     dest = Path(os.path.abspath(destination))
     # Every writer of a destination holds its lock (the engine's syncs too): two extractions into
     # one place wait for each other, and the sweep below only ever meets abandoned temp names.
-    lock = destination_lock_path(dest)
-    with file_lock(lock):
+    with destination_lock(dest) as lock:
         return _extract_locked(archive, dest, strip_components, engine, progress, limits or ArchiveLimits.from_env(),
                                lock_owner(lock))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UnsafePathError, UsageError
-from ...fs import confined_path, state_dir_for
+from ...fs import confined_path, read_state_file, state_dir_for
 
 #: The marker beside the destination (``fs.state_dir_for``), which says what was extracted there.
 MARKER_NAME = "extracted.json"
@@ -27,7 +27,8 @@ def marker_path(dest: Path) -> Path:
 
 def read_destination(dest: Path, marker: Path) -> dict[str, Any] | None:
     """The marker of an earlier extraction at ``dest`` (``{}`` if unreadable), or None when
-    ``dest`` is absent or empty. Refuses a destination extraction must not replace."""
+    ``dest`` is absent or empty. Refuses a destination extraction must not replace, and a marker
+    that is not this process's own file (:func:`~tao_data_io.fs.read_state_file`)."""
     try:
         mode = os.lstat(dest).st_mode
     except FileNotFoundError:
@@ -41,7 +42,7 @@ def read_destination(dest: Path, marker: Path) -> dict[str, Any] | None:
         raise UsageError(f"destination {str(dest)!r} is a mount point, which a finished tree cannot be renamed "
                          f"over; extract into a subdirectory such as {str(dest / 'data')!r}")
     try:
-        text = marker.read_text(encoding="utf-8")
+        text = read_state_file(marker)  # another user's marker is refused: it would vouch for a tree
     except FileNotFoundError:
         with os.scandir(dest) as entries:
             if next(entries, None) is not None:

@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import TransferError, UsageError, VerificationError
-from ...fs import (DestinationTree, atomic_write, check_relative, confined_path, destination_lock_path, file_digest,
-                   file_lock, lock_owner, remove_stale_temps, state_dir_for, temp_path_for)
+from ...fs import (DestinationTree, atomic_write, check_relative, confined_path, destination_lock, file_digest,
+                   lock_owner, read_state_file, remove_stale_temps, state_dir_for, temp_path_for)
 from ...reporting import ProgressCallback, ProgressTracker, human_size
 from ...uris import HFModelURI, NGCModelURI, parse_model_uri
 from .hub import HubRegistry
@@ -106,8 +106,7 @@ def pull_model(uri: str | HFModelURI | NGCModelURI, destination: str | os.PathLi
         raise UsageError(f"destination {str(dest)!r} exists and is not a directory; give a directory path")
     registry = registry_for(parsed, env)
     listing = _checked(registry.listing(), parsed)
-    lock = destination_lock_path(dest)
-    with file_lock(lock):
+    with destination_lock(dest) as lock:
         owner = lock_owner(lock)
         remove_stale_temps(dest, owner)
         marker = _read_marker(dest)
@@ -224,9 +223,9 @@ def _marker_payload(uri: HFModelURI | NGCModelURI, listing: Listing) -> dict[str
 
 def _read_marker(dest: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads((state_dir_for(dest) / MARKER_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # a missing or damaged marker only costs a rehash
+        data = json.loads(read_state_file(state_dir_for(dest) / MARKER_NAME))
+    except (OSError, ValueError):  # UnsafePathError too: another user's marker vouches for nothing
+        return None  # a missing, damaged or untrusted marker only costs a rehash
     return data if isinstance(data, dict) else None
 
 
