@@ -7,8 +7,9 @@ every repetition, as in the other benchmarks):
 
 * **bare** — ``sh examples/stand_in/train.sh -e SPEC`` with ``EPOCHS=1 EPOCH_SECONDS=0``, reading a
   small input, writing its results: the work itself;
-* **frame** — the same command in the job's bubblewrap frame (:func:`frame_argv`, :func:`frame_env`),
-  started and waited for directly: what the sandbox adds;
+* **frame** — the same command in the job's bubblewrap frame (:func:`frame_argv`, :func:`frame_env`:
+  each source bound by descriptor, the seccomp filter, and — run as root — the job's user through
+  setpriv), started and waited for directly: what the sandbox adds;
 * **job** — ``LocalBackend.submit`` until ``status`` says COMPLETE: the supervisor, the verify
   probe in its own frame, the rank's frame and the records, as a user pays them;
 * **submit→RUNNING** — ``submit`` until ``status`` says RUNNING, for a job that then waits for a
@@ -30,9 +31,12 @@ from pathlib import Path
 
 from tao_data_io.launch.plan import LaunchPlan, PlanMount
 from tao_data_io.local.backend import LocalBackend
-from tao_data_io.local.tools import BWRAP_INSTALL, find_tool
-from tao_data_io.local.sandbox import Host, frame_argv, frame_env, host_system_dirs
+from tao_data_io.local.binding import open_source
+from tao_data_io.local.run_as import run_as
+from tao_data_io.local.sandbox import Host, frame_argv, frame_binds, frame_env, host_system_dirs
+from tao_data_io.local.seccomp import filter_fd
 from tao_data_io.local.settings import LocalSettings
+from tao_data_io.local.tools import BWRAP_INSTALL, find_tool
 from tao_data_io.records import OutputRoute
 
 STAND_IN = Path(__file__).resolve().parents[1] / "examples" / "stand_in"
@@ -70,7 +74,7 @@ def main() -> None:
             (stage / "data" / f"part-{index}.bin").write_bytes(os.urandom(64 * 1024))
         (stage / "spec.yaml").write_text("train:\n  epochs: 1\n")
         backend = LocalBackend(LocalSettings(run_root=str(root / "local")))
-        host = Host(bwrap=find_tool("bwrap", BWRAP_INSTALL), system=host_system_dirs())
+        host = Host(bwrap=find_tool("bwrap", BWRAP_INSTALL), system=host_system_dirs(), run_as=run_as(None, None))
         counter = iter(range(10**6))
 
         def bare() -> float:
@@ -87,9 +91,19 @@ def main() -> None:
             plan = make_plan(stage, f"frame-{next(counter)}")
             results = root / plan.job_id
             results.mkdir()
-            argv = frame_argv(plan, host, str(results), plan.argv)
-            start = time.perf_counter()
-            subprocess.run(argv, env=frame_env(plan), check=True, stdout=subprocess.DEVNULL)
+            if host.run_as is not None:
+                os.chown(results, host.run_as.uid, host.run_as.gid)
+            binds = frame_binds(plan, str(results))
+            start = time.perf_counter()  # the descriptors and the filter are the frame's cost too
+            opened = {bind.target: fd for bind in binds if (fd := open_source(bind.source)) is not None}
+            seccomp = filter_fd()
+            try:
+                argv = frame_argv(plan, host, binds, opened, plan.argv, seccomp_fd=seccomp)
+                subprocess.run(argv, env=frame_env(plan), check=True, stdout=subprocess.DEVNULL,
+                               pass_fds=(*opened.values(), seccomp))
+            finally:
+                for fd in (*opened.values(), seccomp):
+                    os.close(fd)
             return time.perf_counter() - start
 
         def job() -> float:

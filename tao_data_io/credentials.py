@@ -349,6 +349,22 @@ def is_secret_name(name: str) -> bool:
     return name in SECRET_NAMES or bool(_SECRET_NAME_PATTERN.search(name))
 
 
+#: What a reader puts where it left bytes of a stream out (the dropped middle of a capped log, the
+#: start of a tail inside one line): a secret there is cut in two, and each half alone is nothing a
+#: mask of the whole value knows — so what stands right beside a cut and could be half of a secret
+#: is masked too (:meth:`Redactor.redact`).
+CUT_MARK = "[tao-data-io cut: "
+_CUT = re.compile(re.escape(CUT_MARK) + r"[^\]\n]*\]")
+#: The shortest half of a secret masked beside a cut: a few characters in common with a secret's
+#: start or end are everywhere, and three reveal nothing.
+_MIN_HALF = 4
+
+
+def cut_note(what: str) -> str:
+    """The line a reader puts where it left bytes out, saying ``what`` (see :data:`CUT_MARK`)."""
+    return f"{CUT_MARK}{what}]"
+
+
 class Redactor:
     """Masks every credential value found in the environment, and the userinfo of every URL.
 
@@ -391,7 +407,34 @@ class Redactor:
         text = mask_userinfo(text)
         if self._pattern is None:
             return text
-        return self._pattern.sub(lambda m: f"***{self._names[m.group(0)]}***", text)
+        text = self._pattern.sub(lambda m: f"***{self._names[m.group(0)]}***", text)
+        return self._halves_beside_cuts(text) if CUT_MARK in text else text
+
+    def _halves_beside_cuts(self, text: str) -> str:
+        """``text`` with the end of a secret's start right before each cut, and the start of a
+        secret's end right after it (a line break between allowed), masked."""
+        for cut in reversed(list(_CUT.finditer(text))):
+            after = cut.end() + (1 if text[cut.end():cut.end() + 1] == "\n" else 0)
+            tail = self._half(text[after:after + max(map(len, self._forms))], at_start=True)
+            if tail is not None:
+                text = text[:after] + f"***{tail[1]}***" + text[after + tail[0]:]
+            before = cut.start() - (1 if text[cut.start() - 1:cut.start()] == "\n" else 0)
+            head = self._half(text[max(0, before - max(map(len, self._forms))):before], at_start=False)
+            if head is not None:
+                text = text[:before - head[0]] + f"***{head[1]}***" + text[before:]
+        return text
+
+    def _half(self, text: str, *, at_start: bool) -> tuple[int, str] | None:
+        """The longest part of a secret's end at ``text``'s start (``at_start``), or of a secret's
+        start at its end, of :data:`_MIN_HALF` characters or more: (its length, the secret's name)."""
+        found: tuple[int, str] | None = None
+        for form in self._forms:
+            for length in range(min(len(form) - 1, len(text)), _MIN_HALF - 1, -1):
+                if (text.startswith(form[-length:]) if at_start else text.endswith(form[:length])):
+                    if found is None or length > found[0]:
+                        found = (length, self._names[form])
+                    break
+        return found
 
     def __call__(self, text: str) -> str:
         return self.redact(text)

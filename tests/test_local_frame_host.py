@@ -42,6 +42,16 @@ KERNEL_WRITES = r"""
 """
 
 
+def _routed(tmp_path: Path, route: str) -> dict[str, OutputRoute]:
+    """``make_plan``'s route for ``route``: the run root's results directory (its default), or a
+    results mount (``$TAO_RESULTS_ROOT/job-1`` under ``tmp_path/shared``)."""
+    if route != "results mount":
+        return {}
+    (tmp_path / "shared").mkdir()
+    return {"route": OutputRoute(route="mount", destination=str(tmp_path / "shared" / "job-1"),
+                                 reason="TAO_RESULTS_ROOT")}
+
+
 def _remove_deep(tree: Path) -> None:
     """Remove a tree deeper than Python's recursion limit, which pytest's own clean-up of old
     temporary directories (``shutil.rmtree``) cannot."""
@@ -110,12 +120,7 @@ def test_what_a_job_leaves_in_its_results_carries_no_privilege_to_the_host(
         cp /bin/sh "$r/group/both"; chmod 6755 "$r/group/both"
         ls -ln "$r" "$r/group" >&2
     """
-    plan_route = {}
-    if route == "results mount":
-        (tmp_path / "shared").mkdir()
-        plan_route = {"route": OutputRoute(route="mount", destination=str(tmp_path / "shared" / "job-1"),
-                                           reason="TAO_RESULTS_ROOT")}
-    ref = local_backend.submit(make_plan(tmp_path, script=script, **plan_route)).backend_ref
+    ref = local_backend.submit(make_plan(tmp_path, script=script, **_routed(tmp_path, route))).backend_ref
     assert finished(local_backend, ref).state == "COMPLETE", local_backend.logs(ref)
     results = Path(str(local_backend.results_path(ref)))
     left = {path.relative_to(results).as_posix(): path.lstat() for path in [results, *results.rglob("*")]}
@@ -159,14 +164,68 @@ def test_a_job_that_hides_setuid_files_thousands_of_directories_deep_still_ends_
 
 
 @needs_root
+@pytest.mark.parametrize("route", ["run root", "results mount"])
+def test_what_a_job_left_writable_by_others_is_writable_by_no_one_else_after_it(
+        tmp_path: Path, local_backend: LocalBackend, route: str) -> None:
+    """Given back to root, results kept the modes and ACLs the job set: others appended to a file
+    it made 0666, planted files in a directory it made 0777, and a uid its ACL named rewrote a
+    0600 file. After the job, nothing grants anyone but the owner a write, or anything an ACL
+    or a file capability says."""
+    script = r"""
+        r=$TAO_RESULTS_DIR
+        mkdir "$r/open" && chmod 0777 "$r/open" && chmod 0777 "$r"
+        echo x > "$r/open/f" && chmod 0666 "$r/open/f"
+        echo y > "$r/g" && chmod 0600 "$r/g"
+        /usr/bin/python3 -c '
+import os, struct, sys
+def grant(path, default=False):
+    mode = os.lstat(path).st_mode
+    entries = [(1, (mode >> 6) & 7, -1), (2, 7, 1000), (4, (mode >> 3) & 7, -1), (0x10, 7, -1), (0x20, mode & 7, -1)]
+    value = struct.pack("<I", 2) + b"".join(struct.pack("<HHi", t, p, i) for t, p, i in entries)
+    os.setxattr(path, "system.posix_acl_default" if default else "system.posix_acl_access", value)
+for path in sys.argv[1:]:
+    grant(path)
+grant(sys.argv[1], default=True)
+print("granted")' "$r/open" "$r/g"
+    """
+    if not Path("/usr/bin/python3").exists():
+        pytest.skip("the host userland has no /usr/bin/python3")
+    ref = local_backend.submit(make_plan(tmp_path, script=script, **_routed(tmp_path, route))).backend_ref
+    assert finished(local_backend, ref).state == "COMPLETE", local_backend.logs(ref)
+    assert local_backend.logs(ref) == "granted\n", "the job could not set the ACLs: the test proves nothing"
+    results = Path(str(local_backend.results_path(ref)))
+    for path in [results, *results.rglob("*")]:
+        found = path.lstat()
+        assert stat.S_IMODE(found.st_mode) & 0o7022 == 0, (path, oct(found.st_mode))
+        assert not {name for name in os.listxattr(path, follow_symlinks=False)
+                    if name.startswith("system.posix_acl") or name == "security.capability"}, path
+
+
+@needs_root
+def test_a_results_directory_another_user_made_is_never_handed_over(tmp_path: Path, local_backend: LocalBackend,
+                                                                   no_cloud: None,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty ``$TAO_RESULTS_ROOT/<job id>`` another user made (granting itself a way in by an
+    ACL) passed as new: the job wrote there, and that user changed its results after. A results
+    directory already there must be this backend's."""
+    root = tmp_path / "results-root"
+    (root / "their-job").mkdir(parents=True)
+    os.chown(root / "their-job", 1000, 1000)
+    monkeypatch.setenv("TAO_RESULTS_ROOT", str(root))
+    request = JobRequest.model_validate(args_request(job_id="their-job", command=["true"]))
+    with pytest.raises(UsageError, match="belongs to uid 1000, not to this backend"):
+        submit(request, local_backend, RecordStore(tmp_path / "records"), staging_root=tmp_path / "staging")
+    assert (root / "their-job").stat().st_uid == 1000
+
+
+@needs_root
 @pytest.mark.parametrize("owner", [None, (0, 0)], ids=["unprivileged-backend", "root-backend"])
 def test_taking_results_back_never_follows_a_link_and_removes_device_nodes(tmp_path: Path,
                                                                            owner: tuple[int, int] | None) -> None:
     """What :func:`take_back` meets in a job's results: setuid and setgid files and directories (bits
-    cleared), a device node (removed: the job cannot make one, but the rule holds for whatever
-    is found), a FIFO (not opened, so nothing blocks), and a symlink to a setuid file outside
-    (not followed: the file outside keeps its bits and its owner); with an owner (a root backend),
-    everything is the backend's user's again."""
+    cleared), a device node and a FIFO (removed, never opened: no result is one), and a symlink to
+    a setuid file outside (not followed: the file outside keeps its bits and its owner); with an
+    owner (a root backend), everything is the backend's user's again."""
     outside = tmp_path / "outside"
     outside.write_bytes(b"#!/bin/sh\n")
     os.chown(outside, 65534, 65534)  # before the modes: a chown clears a file's setuid bit
@@ -188,10 +247,11 @@ def test_taking_results_back_never_follows_a_link_and_removes_device_nodes(tmp_p
     finally:
         os.close(fd)
     assert sorted(done) == ["cleared the setuid/setgid bits of deep", "cleared the setuid/setgid bits of deep/setgid",
-                            "cleared the setuid/setgid bits of setuid", "removed the device node deep/null"]
+                            "cleared the setuid/setgid bits of setuid", "removed the special file deep/null",
+                            "removed the special file fifo"]
     assert [oct(stat.S_IMODE((results / name).lstat().st_mode)) for name in ("deep", "deep/setgid", "setuid", "plain")
-            ] == [oct(0o775), oct(0o755), oct(0o755), oct(0o644)]
-    assert not (results / "deep" / "null").exists() and stat.S_ISFIFO((results / "fifo").lstat().st_mode)
+            ] == [oct(0o755), oct(0o755), oct(0o755), oct(0o644)]
+    assert not (results / "deep" / "null").exists() and not (results / "fifo").exists()
     assert stat.S_IMODE(outside.stat().st_mode) == 0o4755 and outside.stat().st_uid == 65534
     owners = {path.lstat().st_uid for path in [results, *results.rglob("*")]}
     assert owners == ({65534} if owner is None else {0})
@@ -321,6 +381,28 @@ def test_a_request_cannot_mount_the_run_root_of_another_backend(tmp_path: Path, 
     with pytest.raises(UsageError, match="which is refused: it holds or lies in .*tao-data-io's own state"):
         elsewhere.submit(plan)
     assert (results / "model.pth").read_text() == "mine\n"
+
+
+def test_a_mount_that_holds_another_backends_state_is_refused_and_a_planted_marker_marks_nothing(
+        tmp_path: Path, local_backend: LocalBackend) -> None:
+    """A mount of a directory that holds another ``--workdir`` (not one inside it) read its jobs'
+    logs and records: the roots a few levels below a source are looked for too. And a marker is
+    the backend's own: one a job planted in a read-write mount does not refuse that data."""
+    from tao_data_io.local.settings import LocalSettings
+
+    team = tmp_path / "team"
+    other = LocalBackend(LocalSettings(run_root=str(team / "alice" / "work")))
+    ref = other.submit(make_plan(tmp_path, "alices-job", script="true")).backend_ref
+    assert finished(other, ref).state == "COMPLETE"
+    holding = make_plan(tmp_path, "reader", script="true", mounts=[{"source": str(team), "target": "/team"}])
+    with pytest.raises(UsageError, match="which is refused: it holds or lies in .*alice/work"):
+        local_backend.preflight(holding)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / ".tao-data-io-state").write_text("planted by a job")
+    os.chown(data / ".tao-data-io-state", 65534, 65534)
+    local_backend.preflight(make_plan(tmp_path, "planted", script="true", mounts=[{"source": str(data),
+                                                                                   "target": "/data"}]))
 
 
 def test_another_jobs_results_are_an_input_never_a_place_to_write(tmp_path: Path, local_backend: LocalBackend,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tao_data_io.credentials import Redactor
 from tao_data_io.launch.backend import TAIL_BYTES
 from tao_data_io.local.backend import LocalBackend
 from tao_data_io.local.joblog import JobLog, LogWriter, lines_since
@@ -56,7 +57,7 @@ def test_a_capped_log_keeps_its_head_and_tail_and_says_what_was_dropped(tmp_path
     # secret in it, comes out), the first ones and the last ones, in order, none repeated.
     assert head == [f"line {n:06d}" for n in range(1, len(head) + 1)]
     assert tail == [f"line {n:06d}" for n in range(count - len(tail) + 1, count + 1)]
-    assert int(shown[note].split()[1]) == 12 * (count - len(head) - len(tail))  # exactly what was dropped
+    assert int(shown[note].split()[2]) == 12 * (count - len(head) - len(tail))  # exactly what was dropped
 
 
 def test_a_follower_sees_everything_kept_once_and_each_gap_once(tmp_path: Path, small_logs: LocalBackend) -> None:
@@ -115,31 +116,61 @@ def _fragments(text: str) -> list[str]:
     return [SECRET[i:i + 8] for i in range(len(SECRET) - 7) if SECRET[i:i + 8] in rest]
 
 
+#: What a watcher masks what it shows with: the job forwards SECRET as WANDB_KEY.
+MASK = Redactor({"WANDB_KEY": SECRET}, secret_names=["WANDB_KEY"])
+
+
 @pytest.mark.parametrize("segment", [16 * 1024, 1 << 20])
-def test_no_half_of_a_secret_is_left_beside_a_gap(tmp_path: Path, segment: int) -> None:
-    """Segments are cut at byte counts, so a dropped segment can cut a line — and a secret in it —
-    in two: each half alone is nothing a mask knows. The lines a gap cuts are dropped whole, and a
-    line longer than the look for its end (64 KiB) loses that much beside the gap."""
+@pytest.mark.parametrize("secret_at", ["across the segment's end", "across where the gap's look for a line ends"])
+def test_no_half_of_a_secret_is_shown_beside_a_gap(tmp_path: Path, segment: int, secret_at: str) -> None:
+    """Segments are cut at byte counts, so a dropped segment cuts a line — and a secret in it — in
+    two, and each half alone is nothing a mask of the whole value knows. The lines a gap cuts are
+    dropped whole; a line longer than the look for its end is cut that far from the gap, and what
+    stands beside the cut and could be half of a secret is masked."""
     for line_bytes in (200, 300_000):  # shorter and longer than the look for a line's end
-        log = tmp_path / f"rank-{line_bytes}.log"
+        log = tmp_path / f"rank-{line_bytes}-{segment}.log"
         writer = LogWriter(log, segment)
-        filler = b"A" * (segment - len(SECRET) // 2 - (line_bytes // 2 if line_bytes < segment else 0))
-        writer.write(filler + SECRET.encode() + b"B" * line_bytes + b"\n")
+        edge = 0 if secret_at == "across the segment's end" else 65536
+        before = segment - edge - len(SECRET) // 2 - (line_bytes // 2 if line_bytes < segment and not edge else 0)
+        if before < 0:
+            continue
+        writer.write(b"A" * before + SECRET.encode() + b"B" * line_bytes + b"\n")
         for _ in range(6):  # enough to drop segments after the head
             writer.write(b"C" * (segment - 1) + b"\n")
         writer.close()
-        shown = JobLog(log, segment).text()
-        assert "were dropped here" in shown and _fragments(shown) == [], (line_bytes, _fragments(shown))
+        read = JobLog(log, segment)
+        for shown in (read.text(), read.tail(5, 1 << 20), read.tail(None, 4 * segment)):
+            assert _fragments(MASK(shown)) == [], (line_bytes, _fragments(MASK(shown)))
+        assert "were dropped here" in read.text()
 
 
-def test_a_tail_that_begins_inside_a_line_never_shows_the_end_of_a_secret(tmp_path: Path) -> None:
+@pytest.mark.parametrize("newline_at_the_end", [True, False])
+def test_a_tail_that_begins_inside_a_line_never_shows_the_end_of_a_secret(tmp_path: Path,
+                                                                         newline_at_the_end: bool) -> None:
     """A tail reads the end of a log within a byte budget: the line its window begins inside could
     begin with the end of a secret (``logs --tail`` and the failure report showed one). That line
-    goes."""
+    goes, or — when it is all the window holds — the start of what is shown is a cut, beside which
+    a half of a secret is masked."""
     log = tmp_path / "rank-0.log"
     writer = LogWriter(log, None)
-    writer.write(b"x" * 100 + SECRET.encode() + b"y" * 1000 + b"\nlast line\n")
+    ending = b"\nlast line\n" if newline_at_the_end else b""
+    writer.write(b"x" * 100 + SECRET.encode() + b"y" * 70_000 + ending)
     writer.close()
-    budget = 1000 + len(SECRET) // 2 + len(b"\nlast line\n")  # the window begins inside the secret
-    assert JobLog(log, None).tail(5, budget) == "last line\n"
-    assert _fragments(JobLog(log, None).tail(None, budget)) == []
+    budget = 70_000 + len(SECRET) // 2 + len(ending)  # the window begins inside the secret
+    for lines in (5, None):
+        shown = MASK(JobLog(log, None).tail(lines, budget))
+        assert _fragments(shown) == [], shown[:200]
+    if newline_at_the_end:
+        assert JobLog(log, None).tail(5, budget) == "last line\n"
+
+
+def test_a_followed_job_s_last_line_is_shown_even_without_its_end(tmp_path: Path, local_backend: LocalBackend) -> None:
+    """A follower waits for a line's end; a job's last line may never get one (``printf`` without
+    ``\\n``): once the job has ended, it is shown."""
+    ref = local_backend.submit(make_plan(tmp_path, script="echo first; printf 'the last, unended'")).backend_ref
+    assert finished(local_backend, ref).state == "COMPLETE"
+    cursor, shown = json.dumps({"0": 0}), ""
+    for _ in range(10):
+        chunk = local_backend.follow_logs(ref, cursor)
+        shown, cursor = shown + chunk.text, chunk.cursor
+    assert shown == "first\nthe last, unended"

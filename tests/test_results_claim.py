@@ -147,3 +147,18 @@ def test_a_pods_restore_of_another_records_results_is_refused(env: dict[str, str
     restored = run_cli("restore-results", "--from", destination, "--results-dir", str(tmp_path / "a-next"),
                        "--job-id", JOB_ID, "--root", str(tmp_path / "a"), env=env)
     assert restored.returncode == 0 and (tmp_path / "a-next" / "private.txt").exists(), restored.stderr
+
+
+def test_a_restore_for_a_job_reads_only_the_prefix_its_record_names(env: dict[str, str], bucket: str,
+                                                                    tmp_path: Path) -> None:
+    """The claim holds for the prefix it is beside: a restore naming the job but another prefix (the
+    bucket's whole results/, or a folder inside another job's) would step around it."""
+    first = routed_store(tmp_path / "a", env)
+    routed_store(tmp_path / "b", env)
+    write_tree(tmp_path / "a-results", {"sub/model.pth": b"A's weights"})
+    assert upload_results(first, JOB_ID, tmp_path / "a-results", environ=env).summary.ok  # type: ignore[union-attr]
+    for source in (f"s3://{bucket}/results/", f"s3://{bucket}/results/{JOB_ID}/sub/"):
+        refused = run_cli("restore-results", "--from", source, "--results-dir", str(tmp_path / "b-next"),
+                          "--job-id", JOB_ID, "--root", str(tmp_path / "b"), env=env)
+        assert refused.returncode == 2 and "is not where job" in refused.stderr, refused.stderr
+    assert not (tmp_path / "b-next").exists()

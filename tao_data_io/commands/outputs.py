@@ -94,11 +94,13 @@ def _restore(args: argparse.Namespace, console: Console) -> int:
         from ..results_claim import claimant_of
 
         record = RecordStore(args.root).get(args.job_id)
-        if record.output_route is None:
-            console.err(f"error: job {args.job_id} has no output route in its record: route it first (route-outputs "
-                        "--record)")
+        route = record.output_route
+        if route is None or route.destination.rstrip("/") != args.source.rstrip("/"):
+            named = "no output route" if route is None else f"the output route {route.destination}"
+            console.err(f"error: --from {args.source} is not where job {args.job_id}'s results go: its record names "
+                        f"{named}; restore from the prefix its record names")
             return 2
-        belongs_to = claimant_of(record, record.output_route)
+        belongs_to = claimant_of(record, route)
     console.out(f"restored {restore_results(args.source, args.results_dir, belongs_to=belongs_to)}")
     return 0
 

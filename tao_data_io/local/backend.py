@@ -163,8 +163,8 @@ class LocalBackend:
                                      f"plan ({run.launch_file}); submit this one under a new job id")
                 return Submission(backend_ref=ref, started=False, restored=existing.restored)
             results_host = self._results_host(plan)
-            if plan.attempt == 1 and plan.route.route == "mount":
-                _check_results_new(plan, Path(results_host))
+            if plan.route.route == "mount":
+                _check_results_ours(plan, Path(results_host), user)
             Path(results_host).mkdir(parents=True, exist_ok=True)
             restored = (None if plan.restore_from is None else
                         restore_results(plan.restore_from, Path(results_host), belongs_to=plan.route.belongs_to,
@@ -288,10 +288,11 @@ class LocalBackend:
         launch = run.launch()
         assert launch is not None
         offsets, open_rank = _cursor(cursor)
+        ended = run.exit() is not None  # read first: what a look finds after it is all there is
 
         def look(rank: int) -> str:
             text, after = lines_since(JobLog(run.rank_log(rank), launch.log_segment), offsets.get(str(rank)),
-                                      limit=FOLLOW_BYTES, start_bytes=FOLLOW_START_BYTES)
+                                      limit=FOLLOW_BYTES, start_bytes=FOLLOW_START_BYTES, ended=ended)
             offsets[str(rank)] = after
             return text
 
@@ -425,16 +426,24 @@ def _check_results_mount(plan: LaunchPlan, rules: SourceRules) -> None:
                          f"which is refused: {problem}; set it to a directory that holds results only, or unset it")
 
 
-def _check_results_new(plan: LaunchPlan, results: Path) -> None:
-    """A first attempt's results directory on a mount is new or empty: the job id is the
-    request's to choose, and a directory already there under it (another record store's job, a
-    dataset) would be handed to the job's user and written."""
+def _check_results_ours(plan: LaunchPlan, results: Path, user: RunAs | None) -> None:
+    """A results directory on a mount that is already there must be this backend's (or, left by
+    an attempt whose end was not taken back, its job user's); and on a first attempt, empty. The
+    job id is the request's to choose: a directory under it that another user made (one granting
+    itself a way in through an ACL) or that holds files (another record store's job, a dataset)
+    would be handed to the job's user and written."""
     try:
+        found = os.stat(results)
         with os.scandir(results) as entries:
             taken = next(entries, None) is not None
     except (FileNotFoundError, NotADirectoryError):
         return
-    if taken:
+    ours = {os.geteuid(), *([user.uid] if user is not None else [])}
+    if found.st_uid not in ours:
+        raise UsageError(f"job {plan.job_id}'s results directory {results} is already there and belongs to uid "
+                         f"{found.st_uid}, not to this backend: another user made it. Submit under another job id, or "
+                         f"remove that directory from {RESULTS_ROOT_VARIABLE}")
+    if taken and plan.attempt == 1:
         raise UsageError(f"job {plan.job_id}'s results directory {results} already holds files, and this is the "
                          "job's first launch: it is another job's results or data. Submit under another job id, or "
                          f"move that directory out of {RESULTS_ROOT_VARIABLE}")

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..credentials import cut_note
 from ..quantities import quantity_bytes
 
 #: How many segments after the head are kept: with the head, the log's limit in four parts.
@@ -47,8 +48,9 @@ def segment_bytes(limit: str) -> int:
 
 def dropped_note(count: int, *, in_a_line: bool = False) -> bytes:
     """The line that stands where ``count`` bytes of a frame's output were dropped (on a line of
-    its own: after a line break of its own when the drop began ``in_a_line``)."""
-    note = f"[tao-data-io: {count} bytes of this output were dropped here; the log keeps its head and tail]\n"
+    its own: after a line break of its own when the drop began ``in_a_line``); a cut, which a mask
+    knows (:data:`~tao_data_io.credentials.CUT_MARK`)."""
+    note = cut_note(f"{count} bytes of this output were dropped here; the log keeps its head and tail") + "\n"
     return ("\n" if in_a_line else "").encode() + note.encode()
 
 
@@ -274,7 +276,8 @@ class JobLog:
             # no mask knows by its end alone. That line goes (its last _EDGE_BYTES when it is all
             # the window holds).
             newline = data.find(b"\n")
-            data = data[newline + 1:] if newline >= 0 else data[_EDGE_BYTES:]
+            data = (data[newline + 1:] if newline >= 0 else
+                    (cut_note("this line began before what is shown") + "\n").encode() + data[_EDGE_BYTES:])
         kept = data.splitlines(keepends=True)
         if lines is not None:
             kept = kept[-lines:] if lines > 0 else []
@@ -300,11 +303,13 @@ class JobLog:
                     yield block
 
 
-def lines_since(log: JobLog, offset: int | None, *, limit: int, start_bytes: int) -> tuple[str, int]:
+def lines_since(log: JobLog, offset: int | None, *, limit: int, start_bytes: int,
+                ended: bool = False) -> tuple[str, int]:
     """The whole lines of ``log`` from position ``offset`` (None: the last lines within
     ``start_bytes``) up to ``limit`` bytes, and the position after them. A line still being
-    written waits for the next look, unless it alone fills ``limit``; a log that shrank (its run
-    directory replaced) is read from its start.
+    written waits for the next look, unless it alone fills ``limit`` or the frame has ``ended``
+    (its last line has no end coming); a log that shrank (its run directory replaced) is read
+    from its start.
 
     Positions are counted back from where the read ended: what is left unread at the end holds
     no newline, so no note of dropped bytes (which has one) — its bytes are the stream's own."""
@@ -316,7 +321,7 @@ def lines_since(log: JobLog, offset: int | None, *, limit: int, start_bytes: int
         newline = data.find(b"\n")
         data = data[newline + 1:] if newline >= 0 else b""
     end = data.rfind(b"\n")
-    if end < 0 and len(data) < limit:
+    if end < 0 and len(data) < limit and not ended:
         return "", after - len(data)
     # A line longer than the limit is cut, but not inside a UTF-8 character.
     taken = data[:end + 1] if end >= 0 else (data[:_whole_characters(data)] or data)

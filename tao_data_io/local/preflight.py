@@ -9,6 +9,7 @@ The verify probe still checks every path *inside* the frame — a path can vanis
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -99,10 +100,47 @@ def mark_state_root(root: Path) -> None:
                      replace=False)
 
 
+#: How far below a source its own state roots are looked for: a few levels, a bounded count of
+#: entries (breadth first), so a dataset of a million files costs no more than this at submit.
+_HELD_DEPTH = 3
+_HELD_ENTRIES = 10_000
+
+
+def _is_marker(directory: Path) -> bool:
+    """Whether ``directory`` holds a marker this backend's user (or root) made: one a job planted
+    in a read-write mount marks nothing."""
+    try:
+        found = os.lstat(directory / STATE_MARKER)
+    except OSError:
+        return False
+    return stat.S_ISREG(found.st_mode) and found.st_uid in (0, os.geteuid())
+
+
 def _marked(path: Path) -> Path | None:
-    """The nearest directory of ``path`` or above it that holds :data:`STATE_MARKER`, if any."""
-    return next((directory for directory in (path, *path.parents) if os.path.lexists(directory / STATE_MARKER)),
-                None)
+    """A directory of ``path``, above it or a few levels below it (:data:`_HELD_DEPTH`) that holds
+    a :data:`STATE_MARKER`: the nearest above first; None when none is found."""
+    above = next((directory for directory in (path, *path.parents) if _is_marker(directory)), None)
+    if above is not None:
+        return above
+    level, seen = [path], 0
+    for _ in range(_HELD_DEPTH):
+        below: list[Path] = []
+        for directory in level:
+            try:
+                with os.scandir(directory) as entries:
+                    for entry in entries:
+                        seen += 1
+                        if seen > _HELD_ENTRIES:
+                            return None
+                        if entry.is_dir(follow_symlinks=False):
+                            child = Path(entry.path)
+                            if _is_marker(child):
+                                return child
+                            below.append(child)
+            except OSError:
+                continue
+        level = below
+    return None
 
 
 def _state_refusal(path: Path, rules: SourceRules) -> str | None:

@@ -18,7 +18,8 @@ What the frame sees — what a pod would see, and nothing else of the host:
   a world-writable ``/tmp`` (also ``HOME`` and the working directory: lost at exit); a fresh
   ``/proc`` whose ``/proc/sys`` and ``/proc/sysrq-trigger`` are read-only; a ``/dev`` of device
   nodes only, read-only once made; ``/dev/shm`` of ``plan.shm_size``. Every tmpfs a job can write
-  has a size, so a job holds no more memory than the request says (:func:`frame_memory_bytes`);
+  has a size, so what a job keeps in files in memory is what the request says
+  (:func:`frame_memory_bytes`);
 * each mount of the plan at its target (read-only where the plan says so), the results directory
   read-write from its host directory, and — for the verify probe only — the probe's files.
   Each is bound from a descriptor the supervisor opened and checked (``--bind-fd``, see

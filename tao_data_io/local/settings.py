@@ -58,10 +58,10 @@ class LocalSettings(BackendSettings):
                     "bytes were dropped between. What a job prints is written to the host's disk, outside every limit "
                     "of its frame.")
 
-    @field_validator("log_limit")
+    @field_validator("log_limit", mode="before")
     @classmethod
-    def _log_limit(cls, value: str) -> str:
-        if not is_binary_quantity(value) or not MIN_LOG_LIMIT <= quantity_bytes(value) <= quantity_bytes(MAX_LOG_LIMIT):
+    def _log_limit(cls, value: object) -> str:
+        if not isinstance(value, str) or not is_binary_quantity(value) or not MIN_LOG_LIMIT <= quantity_bytes(value) <= quantity_bytes(MAX_LOG_LIMIT):
             raise ValueError(f"log_limit {value!r} is not a binary quantity from {MIN_LOG_LIMIT // 1024}Ki to "
                              f"{MAX_LOG_LIMIT}: write a whole number with Ki, Mi or Gi, such as {DEFAULT_LOG_LIMIT}")
         return value
@@ -72,8 +72,10 @@ class LocalSettings(BackendSettings):
         """An id the kernel gives a process, other than root's: 0 is root, and ``(uid_t)-1``
         (4294967295) is no id at all — setpriv reads it as "leave the id as it is", which for a
         backend run by root is root."""
-        if value is None:
+        if value is None or value == "":  # a form's empty field
             return None
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{info.field_name} {value!r} is not a numeric id: give a number (`id -u NAME` prints "
                              "a user's), or leave it empty for 65534 (nobody)")
