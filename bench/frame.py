@@ -123,11 +123,13 @@ def main() -> None:
             plan = plan.model_copy(update={"mounts": [*plan.mounts, PlanMount(
                 origin="pre-positioned", source=str(hold), target="/hold", input=str(hold))]})
             hold.mkdir()
+            (hold / "waiting").touch()  # verify refuses an empty input directory
             start = time.perf_counter()
             ref = backend.submit(plan).backend_ref
             submit_only.append(time.perf_counter() - start)
-            until(lambda: backend.status(ref).state == "RUNNING")
+            until(lambda: backend.status(ref).state == "RUNNING" or backend.status(ref).terminal)
             elapsed = time.perf_counter() - start
+            assert backend.status(ref).state == "RUNNING", backend.status(ref)
             (hold / "go").touch()
             until(lambda: backend.status(ref).terminal)
             return elapsed

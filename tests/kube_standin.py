@@ -3,10 +3,10 @@
 kmock's ``KubernetesEmulator`` (objects in memory behind aiohttp on 127.0.0.1) gives create, get,
 list, patch, delete, 404 and 409. :class:`ApiServer` adds what a real API server does and kmock
 does not: ``uid``/``resourceVersion``/``creationTimestamp``, label and field selectors,
-server-side dry-run (validates a create against what exists, stores nothing), ``/version/``,
-SelfSubjectAccessReview (answered from a ``denied`` set), pod logs as ``text/plain``, and the
-garbage collector (deleting an object deletes everything whose ``ownerReferences`` name it). It
-refuses (422 Invalid, in a dry run too) the names and labels a real API server refuses: see
+server-side dry-run (validates a create against what exists, stores nothing), ``/version/``, RBAC
+on every request from the shipped Role (:mod:`.kube_rbac`, which answers SelfSubjectAccessReview
+too), pod logs as ``text/plain``, and the garbage collector (deleting an object deletes
+everything whose ``ownerReferences`` name it). It refuses (422 Invalid, in a dry run too) the names and labels a real API server refuses: see
 :func:`invalid`. It can also be told to fail the N-th request from now: a 500 before the request
 is applied, or a dropped connection after it was (the reply is lost).
 
@@ -43,6 +43,9 @@ from tao_data_io.errors import UNWRITABLE_EXIT
 from tao_data_io.launch.probe import CheckResult, Verdict
 from tao_data_io.staging.writable import unwritable_message
 
+from .kube_rbac import Attributes as RbacAttributes
+from .kube_rbac import Authorizer
+from .kube_rbac import attributes as rbac_attributes
 from .kube_volumes import Volume, identity_of, supports_fs_group
 from .pod_security import pod_security_violations
 
@@ -201,8 +204,9 @@ class Fault:
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesEmulator):
     minor: int = 30
-    #: (verb, group, resource) that SelfSubjectAccessReview answers "not allowed".
-    denied: set[tuple[str, str, str]] = attrs.field(factory=set)
+    #: RBAC: every request, and every SelfSubjectAccessReview, is judged by the Role and
+    #: ClusterRole shipped in deployments/ (:mod:`.kube_rbac`); a test revokes a grant there.
+    rbac: Authorizer = attrs.field(factory=Authorizer.shipped)
     fault: Fault | None = None
     #: What an injected 500 says.
     fault_message: str = "injected: etcd timeout"
@@ -215,8 +219,6 @@ class ApiServer(kmock.KubernetesEmulator):
     quota: set[str] = attrs.field(factory=set)
     #: Resource plural → why admission refuses a create of it (422, in a dry run too).
     admission: dict[str, str] = attrs.field(factory=dict)
-    #: Resource plural → why RBAC refuses a delete of it (403): a Role that does not grant it.
-    forbidden_deletes: dict[str, str] = attrs.field(factory=dict)
     control: ControlPlane = attrs.field(factory=lambda: ControlPlane())
     #: (namespace, pod, container) → its log.
     logs: dict[tuple[str, str, str], str] = attrs.field(factory=dict)
@@ -253,13 +255,19 @@ class ApiServer(kmock.KubernetesEmulator):
     async def _serve(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         if request.method == kmock.method.GET and request.url.path.rstrip("/") == "/version":
             return aiohttp.web.json_response(version_info(self.minor))
+        asked = rbac_attributes(request.method.value, request.url.path, request.url.query_string)
+        if not self.rbac.allowed(asked):
+            return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 403,
+                                              "reason": "Forbidden", "message": self.rbac.refusal(asked)}, status=403)
         resource = request.resource
         if resource is None:
             return await super()._handle(request)
         if resource.plural == "selfsubjectaccessreviews" and request.action == kmock.action.CREATE:
-            attributes = request.data["spec"]["resourceAttributes"]
-            key = (attributes["verb"], attributes.get("group", ""), attributes["resource"])
-            allowed = key not in self.denied
+            review = request.data["spec"]["resourceAttributes"]
+            allowed = self.rbac.allowed(RbacAttributes(
+                verb=review["verb"], group=review.get("group", ""), resource=review["resource"],
+                subresource=review.get("subresource", ""), namespace=review.get("namespace", ""),
+                name=review.get("name", "")))
             return aiohttp.web.json_response({**request.data, "status": {
                 "allowed": allowed, **({} if allowed else {"reason": "RBAC: no rule allows it"})}}, status=201)
         if request.subresource == "log":
@@ -318,10 +326,6 @@ class ApiServer(kmock.KubernetesEmulator):
             request.data.setdefault("metadata", {})["resourceVersion"] = str(next(self._versions))
         elif request.action == kmock.action.FETCH and resource == JOBS and not request.subresource:
             await self.locked(lambda: self.control.advance(self, request.namespace or "", request.name or ""))
-        elif request.action == kmock.action.DELETE and resource.plural in self.forbidden_deletes:
-            return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 403,
-                                              "reason": "Forbidden", "message": self.forbidden_deletes[resource.plural]},
-                                             status=403)
         elif request.action == kmock.action.DELETE and resource == PODS and request.name:
             terminating = self._graceful_delete(request)
             if terminating is not None:
@@ -542,6 +546,17 @@ def _running() -> dict[str, Any]:
 def _terminated(code: int, reason: str, message: str | None = None) -> dict[str, Any]:
     return {"terminated": {"exitCode": code, "reason": reason, "startedAt": now(), "finishedAt": now(),
                            **({"message": message} if message else {})}}
+
+
+def kubelet_message(written: str, pod_spec: dict[str, Any]) -> str:
+    """What the API server shows of a termination message a container wrote. The kubelet reads
+    at most the file's *last* 4096 bytes (``MaxContainerTerminationMessageLength``,
+    ``getTerminationMessage`` in pkg/kubelet/kuberuntime/kuberuntime_container.go), then
+    ``normalizeStatus`` (pkg/kubelet/status/status_manager.go) keeps the *first*
+    ``MaxPodTerminationMessageLogLength`` (12 KiB) / (containers + initContainers) bytes of every
+    container's message — a byte cut, which Go's JSON encoding shows as U+FFFD mid-character."""
+    containers = len(pod_spec.get("containers", [])) + len(pod_spec.get("initContainers", []))
+    return written.encode()[-4096:][:12288 // max(containers, 1)].decode(errors="replace")
 
 
 #: The annotation the stand-in's Job controller puts on a pod it made to replace a failed one.
@@ -796,23 +811,28 @@ class ControlPlane:
                 self._start(server, namespace, raw, container)
         if name in self._refusals:  # the stage could not write its volume: it exited 3 at once
             state_of, phase = (lambda c: _terminated(UNWRITABLE_EXIT, "Error", self._refusals[name])), "Failed"
+        # verify.sh cuts its verdict to its 4th argument (after /bin/sh and the script), else 4 KiB
+        verify_argv = next((c["command"] for c in init if c["name"] == "verify"), [])
+        limit = int(verify_argv[5]) if len(verify_argv) > 5 else 4096
         statuses = []
         for position, container in enumerate([*init, *main]):
             sidecar = container.get("restartPolicy") == "Always"
             if position < current:
                 state = _running() if sidecar and phase in ("Pending", "Running") else _terminated(
                     0, "Completed",
-                    self._verdict(server, namespace, spec).termination_message() if container["name"] == "verify"
+                    self._verdict(server, namespace, spec).termination_message(limit) if container["name"] == "verify"
                     else None)
             elif position == current:
                 state = state_of(container)
                 if container["name"] == "verify" and "terminated" in state:
-                    state["terminated"]["message"] = self._verdict(server, namespace, spec).termination_message()
+                    state["terminated"]["message"] = self._verdict(server, namespace, spec).termination_message(limit)
             else:
                 state = _waiting("PodInitializing")
             statuses.append({"name": container["name"], "image": container["image"], "imageID": "", "ready": False,
                              "restartCount": 0, "started": "running" in state, "state": state})
             self._logs(server, namespace, name, container["name"], state)
+            if "message" in state.get("terminated", {}):  # the log has what was written, the status the kubelet's cut
+                state["terminated"]["message"] = kubelet_message(state["terminated"]["message"], spec)
         if name in self._refusals:
             server.logs[namespace, name, "stage"] = self._refusals[name]
         conditions = [{"type": "PodScheduled", "status": "True"}]

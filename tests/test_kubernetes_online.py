@@ -205,12 +205,12 @@ def test_the_api_requests_of_a_single_node_submit(kube: KubeStandIn, tmp_path: P
     step (the verify polls depend on how fast the pod gets there: here four looks)."""
     submit(tmp_path, job_request(), make_backend())
     sent = kube.requests()
-    facts, gates, dry_runs = sent[:4], sent[4:17], sent[17:21]
-    applied, verify = sent[21:26], sent[26:]
+    facts, gates, dry_runs = sent[:4], sent[4:18], sent[18:22]
+    applied, verify = sent[22:27], sent[27:]
     assert facts == ["GET /version/", "GET /api/v1/nodes", "GET /api/v1/namespaces/tao/persistentvolumeclaims",
                      "GET /apis/storage.k8s.io/v1/storageclasses"]
     assert gates[:1] == ["GET /api/v1/nodes"]  # the version is read once per connection
-    assert gates[1:] == ["POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews"] * 12
+    assert gates[1:] == ["POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews"] * 13
     assert [r.split("?")[0] for r in dry_runs] == ["POST /api/v1/namespaces/tao/secrets",
                                                    "POST /api/v1/namespaces/tao/configmaps",
                                                    "POST /apis/batch/v1/namespaces/tao/jobs",
@@ -223,7 +223,7 @@ def test_the_api_requests_of_a_single_node_submit(kube: KubeStandIn, tmp_path: P
     looks = verify[1:]
     assert len(looks) == 2 * 4 and all(r.startswith(("GET /apis/batch/v1/namespaces/tao/jobs/job-1",
                                                      "GET /api/v1/namespaces/tao/pods?")) for r in looks)
-    assert len(sent) == 4 + 13 + 4 + 5 + 1 + 8
+    assert len(sent) == 4 + 14 + 4 + 5 + 1 + 8
 
 
 def test_tier_b_runs_the_stage_job_to_completion_before_the_training_job(kube: KubeStandIn, tmp_path: Path) -> None:
@@ -613,6 +613,28 @@ def test_a_failed_verify_deletes_the_job_and_the_record_says_error(kube: KubeSta
     assert status.state == "ERROR" and "the record says ERROR" in status.message
 
 
+def test_a_passing_verdict_of_many_checks_survives_the_kubelets_cut(kube: KubeStandIn, tmp_path: Path,
+                                                                     input_bucket: str) -> None:
+    """The kubelet keeps 12 KiB of termination messages per pod, shared by its containers
+    (normalizeStatus, pkg/kubelet/status/status_manager.go): tier C's five (stager, results and
+    status sidecars, verify, train) leave the verdict 2457 bytes. A passing verdict of 33 checks
+    is longer than that, and must still read as passed — not as a probe that stopped mid-way,
+    whose job the backend would delete."""
+    client = make_s3_client(S3Credentials(SECRETS["AWS_ACCESS_KEY_ID"], SECRETS["AWS_SECRET_ACCESS_KEY"],
+                                          endpoint_url=input_bucket))
+    for i in range(31):
+        client.put_object(Bucket="bkt-1", Key=f"shards/{i:03d}/0001.jpg", Body=b"x")
+    inputs = [{"source": f"s3://bkt-1/shards/{i:03d}/", "target": f"/workspace/datasets/coco-2017/train-shard-{i:03d}"}
+              for i in range(31)]
+    done = submit(tmp_path, job_request(inputs=inputs), make_backend())
+    assert done.tier == "C" and done.verdict.ok, done.verdict.describe()
+    assert len(done.verdict.checks) == 33 and "job-1" in ours(kube, "Job")
+    assert any(c.detail.startswith("passed (not shown") for c in done.verdict.checks)  # it was cut, honestly
+    pod = next(iter(kube.server.alive("Pod", NAMESPACE).values()))
+    verify = next(c for c in pod["status"]["initContainerStatuses"] if c["name"] == "verify")
+    assert len(verify["state"]["terminated"]["message"].encode()) <= 12288 // 5
+
+
 @pytest.mark.parametrize(("script", "fragment"), [
     (["pulling", "stager-failed"], "container stager exited 1 (Error): stage: s3://bkt-1/data/: AccessDenied"),
     (["image-pull-backoff"], "spent"),
@@ -769,7 +791,7 @@ def test_a_cancel_refused_delete_on_pods_still_cancels_and_leaves_them_their_own
     said: list[str] = []
     backend = make_backend(said)
     done = submit(tmp_path, job_request(), backend)
-    kube.server.forbidden_deletes = {"pods": "RBAC: no rule allows delete on pods"}
+    kube.server.rbac.revoke("delete", "", "pods")
     assert verbs.cancel("job-1", backend, store_in(tmp_path)).record.state == "CANCELED"
     assert any("end within their own grace period" in line for line in said), said
     assert ours(kube, "Job") == {} and backend.cancel(done.backend_ref) is False
@@ -1061,6 +1083,7 @@ def test_a_namespace_quota_on_requests_refuses_only_what_the_request_leaves_unse
     kube.server.quota = {"requests.cpu", "requests.memory"}
     message = gate_case(kube, tmp_path, job_request(), make_backend(), "admission refuses the pods of Job job-1")
     assert "must specify requests.cpu" in message and "requests.memory" not in message
+    assert "RoleBinding" not in message  # quota's refusal is not RBAC's: no advice to ask for a Role
     shaped = job_request(compute_shape={"gpus": 1, "cpu": "8"})
     assert submit(tmp_path / "shaped", shaped, make_backend()).verdict.ok
 
@@ -1109,7 +1132,8 @@ def test_a_limit_range_maximum_below_tier_cs_staging_disk_is_refused_before_anyt
 
 
 def test_gate_access_lists_every_refusal_in_one_line(kube: KubeStandIn, tmp_path: Path) -> None:
-    kube.server.denied |= {("create", "batch", "jobs"), ("patch", "", "secrets")}
+    kube.server.rbac.revoke("create", "batch", "jobs")
+    kube.server.rbac.revoke("patch", "", "secrets")
     gate_case(kube, tmp_path, job_request(), make_backend(),
               "kubeconfig context 'stand-in' may not create jobs.batch, patch secrets in namespace 'tao': ask the "
               "cluster's admin for a Role granting them and a RoleBinding to this identity")
@@ -1440,6 +1464,38 @@ def _granted() -> set[tuple[str, str, str]]:
             for verb in rule["verbs"]}
 
 
+def test_status_of_a_pod_waiting_for_a_node_reads_its_events_under_the_shipped_role(kube: KubeStandIn,
+                                                                                     tmp_path: Path) -> None:
+    """Issue 39, finding 1: status reads the events of a pod that waits for a node or an image
+    (the scheduler's FailedScheduling), and every job passes through that state. Under the
+    shipped Role (the stand-in authorizes every request by it, as the RBAC authorizer of
+    plugin/pkg/auth/authorizer/rbac/rbac.go does) that ``list events`` must be granted."""
+    backend = make_backend()
+    kube.server.control.scripts["job-1"] = ["unschedulable"]
+    submission, _ = launch_only(tmp_path, job_request(), backend)
+    found = backend.status(submission.backend_ref)
+    assert found.state == "PENDING" and "Insufficient nvidia.com/gpu" in found.message, found
+
+
+def test_the_access_gate_asks_for_the_events_that_status_reads(kube: KubeStandIn, tmp_path: Path) -> None:
+    """A Role without ``list events`` would let a job start and then fail every status while a
+    pod waits: the gate asks for it before anything is made, as for the rest of what status does."""
+    kube.server.rbac.revoke("list", "", "events")
+    gate_case(kube, tmp_path, job_request(), make_backend(), "may not list events in namespace 'tao'")
+
+
+def test_a_claim_that_waits_for_its_first_consumer_is_read_with_get_on_its_storage_class(kube: KubeStandIn,
+                                                                                       tmp_path: Path) -> None:
+    """Issue 39, finding 2: the claim gate reads the Pending claim's StorageClass by name (a
+    ``get``, requestinfo.go); the shipped ClusterRole must grant exactly that, and where an admin
+    did not, the gate says which grant it needs instead of failing as the backend's own fault."""
+    kube.server.store(claim(phase="Pending", storage_class="standard"))
+    kube.server.rbac.revoke("get", "storage.k8s.io", "storageclasses")
+    gate_case(kube, tmp_path, job_request(**TIER_A), make_backend(pvc_claim="tao-data"),
+              "pvc_claim 'tao-data' is Pending and its StorageClass 'standard' cannot be read (this identity may not "
+              "get storageclasses.storage.k8s.io)")
+
+
 def test_the_role_grants_exactly_the_calls_the_backend_makes(kube: KubeStandIn, tmp_path: Path) -> None:
     """Every path of the backend once — a tier C submit that is followed, read and canceled; a
     multi-node tier B submit whose stage Job runs first; a later attempt that replaces an ended
@@ -1453,6 +1509,11 @@ def test_the_role_grants_exactly_the_calls_the_backend_makes(kube: KubeStandIn, 
     assert verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01).state == "ERROR"
     submit(tmp_path, job_request(), make_backend())  # attempt 2 replaces attempt 1's objects
     backend.cancel(done.backend_ref)
+    kube.server.control.scripts["job-4"] = ["unschedulable"]  # status reads the events of a pod waiting for a node
+    waiting, _ = launch_only(tmp_path / "four", job_request(job_id="job-4"), make_backend())
+    assert backend.status(waiting.backend_ref).state == "PENDING"
+    kube.server.store(claim(name="tao-late", phase="Pending"))  # the gate reads its class: WaitForFirstConsumer
+    launch_only(tmp_path / "five", job_request(job_id="job-5", **TIER_A), make_backend(pvc_claim="tao-late"))
     kube.server.store(claim())
     multi = job_request(job_id="job-2", storage={"pvc_claim": "tao-data", "tier": "B"},
                         compute_shape={"gpus": 1, "nodes": 2})

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from tao_data_io.errors import UsageError
+from tao_data_io.kubernetes.scripts import VERIFY_SCRIPT
 from tao_data_io.launch.plan import build_plan, command_argv
 from tao_data_io.launch.probe import (PROBE_SCRIPT, Check, Verdict, checklist, checklist_text, parse_probe_output,
-                                      with_persistence)
+                                      termination_budget, with_persistence)
 from tao_data_io.records import JobRecord, OutputRoute
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage_map import StagedSource, StagingMap
@@ -195,6 +196,51 @@ def test_termination_message_fits_4kib_failures_first_and_round_trips() -> None:
     assert not again.ok and [c.path for c in again.failures][0].endswith("dataset-150")
     passing = parse_probe_output(lines.replace("\tfail\t", "\tok\t"), checks, 0)
     assert parse_probe_output(passing.termination_message(), checks, 0).ok
+
+
+def test_a_more_line_says_whether_the_checks_it_left_out_passed() -> None:
+    """verify.sh lists failures first and ends a cut message with ``more<TAB>N not shown, M of
+    them passed``: M == N is a pass cut short; M < N fails, saying how many failures went unseen."""
+    checks = [Check(kind="file", path=f"/in/{i}", subject=f"s{i}") for i in range(4)]
+    shown = "TAO-VERIFY\tok\tfile\t/in/0\treadable\n"
+    passed = parse_probe_output(shown + "TAO-VERIFY\tmore\t3 not shown, 3 of them passed\n", checks, 0)
+    assert passed.ok and passed.checks[3].detail.startswith("passed (not shown")
+    failed = parse_probe_output(shown + "TAO-VERIFY\tmore\t3 not shown, 1 of them passed\n", checks, 1)
+    assert not failed.ok and not failed.checks[3].ok
+    assert "2 of the 3 checks left out failed" in failed.checks[3].detail
+    miscounted = parse_probe_output(shown + "TAO-VERIFY\tmore\t2 not shown, 2 of them passed\n", checks, 0)
+    assert not miscounted.ok and miscounted.checks[3].detail.startswith("not reported")
+
+
+def test_the_termination_budget_is_the_kubelets_12_kib_shared_by_the_pods_containers() -> None:
+    """normalizeStatus (pkg/kubelet/status/status_manager.go) keeps 12 KiB / (containers +
+    initContainers) of each termination message, of the at most 4 KiB the kubelet read; a passing
+    verdict cut to that still reads as passed."""
+    assert [termination_budget(n) for n in (1, 3, 4, 5, 6)] == [4096, 4096, 3072, 2457, 2048]
+    checks = [Check(kind="dir-nonempty", path=f"/workspace/datasets/coco-2017/train-shard-{i:03d}", subject=f"s{i}")
+              for i in range(33)]
+    lines = "".join(f"TAO-VERIFY\tok\tdir-nonempty\t{c.path}\treadable, not empty\n" for c in checks)
+    message = parse_probe_output(lines, checks, 0).termination_message(termination_budget(5))
+    assert len(message.encode()) <= 2457 < len(lines.encode()) and parse_probe_output(message, checks, 0).ok
+
+
+def test_the_verify_wrapper_cuts_a_passing_verdict_to_the_budget_it_is_given(tmp_path: Path) -> None:
+    """verify.sh's LIMIT argument (the renderer's termination_budget) is the same cut as
+    Verdict.termination_message, so what the kubelet keeps of a passing verdict still passes."""
+    checks = [Check(kind="present", path=str(tmp_path / f"input-shard-{i:03d}-of-a-long-dataset-name"),
+                    subject=f"s{i}") for i in range(33)]
+    for check in checks:
+        Path(check.path).write_text("x")
+    (tmp_path / "probe.sh").write_text(PROBE_SCRIPT)
+    (tmp_path / "verify.sh").write_text(VERIFY_SCRIPT)
+    (tmp_path / "checklist").write_text(checklist_text(checks))
+    done = subprocess.run(["/bin/sh", str(tmp_path / "verify.sh"), str(tmp_path / "probe.sh"),
+                           str(tmp_path / "checklist"), str(tmp_path / "log"), str(termination_budget(5))],
+                          capture_output=True, text=True, timeout=60)
+    message = (tmp_path / "log").read_text()
+    assert done.returncode == 0 and len(done.stdout.encode()) > 2457 >= len(message.encode()), done.stderr
+    assert message == parse_probe_output(done.stdout, checks, 0).termination_message(termination_budget(5))
+    assert parse_probe_output(message, checks, 0).ok and message.splitlines()[-1].startswith("TAO-VERIFY\tmore\t")
 
 
 def test_persistence_is_its_own_check() -> None:

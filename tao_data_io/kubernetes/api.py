@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +190,12 @@ class Api:
         return BackendError(f"{what}: the API server of {self.connection.origin} {how}; try again", retryable=True)
 
 
+#: How the API server words an authorization refusal (apiserver pkg/endpoints/handlers/
+#: responsewriters/errors.go, forbiddenMessage): ``User "NAME" cannot VERB ...``; other 403s are
+#: admission's (Pod Security, ResourceQuota, LimitRanger, webhooks), which RBAC advice would misdirect.
+_RBAC_REFUSAL = re.compile(r'User "[^"]*" cannot ')
+
+
 def _api_error(what: str, exc: ApiException, redact: Redactor) -> ApiError:
     status = int(exc.status or 0)
     reason = str(exc.reason or "")
@@ -204,9 +211,11 @@ def _api_error(what: str, exc: ApiException, redact: Redactor) -> ApiError:
     if status == 401:
         message = (f"{what}: the API server did not accept this identity (401 Unauthorized); refresh the "
                    "kubeconfig's credentials (an expired token or certificate)")
-    elif status == 403:
-        message = (f"{what}: forbidden (403): {said or reason}; ask the cluster's admin for a Role (and a "
+    elif status == 403 and _RBAC_REFUSAL.search(said or ""):
+        message = (f"{what}: forbidden (403): {said}; ask the cluster's admin for a Role (and a "
                    "RoleBinding to this identity) that allows it")
+    elif status == 403:  # admission (Pod Security, quota, a webhook): its own message says what to change
+        message = f"{what}: forbidden (403): {said or reason}"
     elif status in _RETRYABLE:
         message = f"{what}: the API server answered {status} {reason}{': ' + said if said else ''}; try again"
     else:

@@ -48,9 +48,10 @@ class Access:
 def needed_access(objects: Sequence[Mapping[str, Any]], reads_secrets: bool) -> list[Access]:
     """What submit and verify do: create each kind (and read it back after a conflict), adopt the
     dependents (patch), follow the pods (list), delete the Job when its verdict fails — and
-    delete its pods on cancel, checked now so a cancel is never the first to find it refused."""
+    what later verbs do, checked now so that none is the first to find it refused: cancel
+    deletes the pods, status lists the events of a pod that waits for a node or an image."""
     found: set[Access] = {Access("list", "", "pods"), Access("create", "", "pods"),  # create: admission's dry run
-                          Access("delete", "", "pods")}
+                          Access("delete", "", "pods"), Access("list", "", "events")}
     for obj in objects:
         group, resource = RESOURCES[obj["kind"]]
         found |= {Access("create", group, resource), Access("get", group, resource)}
@@ -162,6 +163,14 @@ def _binds_on_first_use(api: Api, claim: Mapping[str, Any]) -> bool:
         found = api.get(f"reading StorageClass {name}", api.storage.read_storage_class, name)
     except UsageError:
         return False
+    except ApiError as exc:
+        if exc.status != 403:
+            raise
+        claim_name = (claim.get("metadata") or {}).get("name")
+        raise UsageError(f"pvc_claim {claim_name!r} is Pending and its StorageClass {name!r} cannot be read (this "
+                         "identity may not get storageclasses.storage.k8s.io), so the gate cannot tell whether it "
+                         "binds on first use: ask the cluster's admin for the ClusterRole of "
+                         "deployments/kubernetes-rbac.yaml, or bind the claim first") from None
     return bool(found) and found.get("volumeBindingMode") == "WaitForFirstConsumer"
 
 

@@ -44,7 +44,7 @@ from ..credentials import AWS_TO_LEGACY, Redactor
 from ..errors import UNWRITABLE_EXIT, UsageError
 from ..fs import check_relative
 from ..launch.plan import PROBE_DIR, LaunchPlan, PlanMount, refuse_smuggled_secrets
-from ..launch.probe import PROBE_SCRIPT, TOKEN_FILE, Check, checklist, checklist_text
+from ..launch.probe import PROBE_SCRIPT, TOKEN_FILE, Check, checklist, checklist_text, termination_budget
 from ..launch.rendezvous import MASTER_PORT, RENDEZVOUS_NAMES, rendezvous_env
 from ..launch.training import STATUS_FILE
 from ..names import check_env_name, object_names
@@ -475,6 +475,8 @@ class _Job:
             init.append(self._status_sidecar())
         init.append(verify)
         pod.update(initContainers=init, containers=[train], volumes=volumes)
+        # verify.sh cuts its verdict to what the kubelet keeps of it here: 12 KiB shared by all the pod's containers
+        verify["command"].append(str(termination_budget(len(init) + len(pod["containers"]))))
         if self.multi:
             pod["subdomain"] = self.names.service
         if self.settings.priority_class:

@@ -11,9 +11,13 @@ from __future__ import annotations
 from ..launch.probe import TERMINATION_MESSAGE_LIMIT
 
 #: The last initContainer of the training pod (training image): runs the probe, prints its lines,
-#: writes the verdict to the termination message (failures first, at most 4 KiB, the same cut as
-#: ``Verdict.termination_message``) and exits non-zero on any failure, so training never starts.
-#: Usage: ``sh verify.sh PROBE CHECKLIST TERMINATION_FILE``.
+#: writes the verdict to the termination message and exits non-zero on any failure, so training
+#: never starts. The message lists failures first and is cut, with a ``more`` line counting what it
+#: left out, to the bytes the kubelet keeps of it in this pod (LIMIT, the renderer's
+#: :func:`tao_data_io.launch.probe.termination_budget`; 4 KiB without it) — the same cut as
+#: ``Verdict.termination_message``. A longer message would lose its tail to the kubelet, and a
+#: passing verdict would read as a probe that stopped mid-way.
+#: Usage: ``sh verify.sh PROBE CHECKLIST TERMINATION_FILE [LIMIT]``.
 VERIFY_SCRIPT = r"""#!/bin/sh
 # tao-data-io verify: the probe's verdict into the termination message, failures first.
 # The image's PATH (set by the request, /opt/conda/bin say) may not hold awk: look in the usual places too.
@@ -23,7 +27,7 @@ out=$(sh "$1" "$2")
 code=$?
 printf '%s\n' "$out"
 tab=$(printf '\t')
-printf '%s\n' "$out" | LC_ALL=C awk -F "$tab" -v limit=@LIMIT@ '
+printf '%s\n' "$out" | LC_ALL=C awk -F "$tab" -v limit="${4:-@LIMIT@}" '
   $1 == "TAO-VERIFY" && $2 == "fail" { fail[++nf] = $0 }
   $1 == "TAO-VERIFY" && $2 == "ok" { pass[++np] = $0 }
   END {

@@ -37,8 +37,13 @@ CheckKind = Literal["dir-nonempty", "file", "readable", "present", "results-writ
 #: Name of the token file the probe writes into the results directory.
 TOKEN_FILE = ".tao-data-io-verify"
 LINE_PREFIX = "TAO-VERIFY"
-#: Kubernetes keeps at most 4 KiB of a container's termination message.
+#: The kubelet reads at most the last 4 KiB of a container's termination message file
+#: (``MaxContainerTerminationMessageLength``, pkg/kubelet/kuberuntime/kuberuntime_container.go
+#: ``getTerminationMessage``): a one-container pod's whole budget.
 TERMINATION_MESSAGE_LIMIT = 4096
+#: What the kubelet keeps of all a pod's termination messages together
+#: (``MaxPodTerminationMessageLogLength``, pkg/kubelet/container/runtime.go).
+POD_TERMINATION_MESSAGES = 12288
 
 PROBE_SCRIPT = r"""#!/bin/sh
 # tao-data-io verify probe: runs inside the compute frame before the job's command.
@@ -157,8 +162,9 @@ class Verdict(Strict):
         return f"verify failed inside the frame: {len(self.failures)} of {len(self.checks)} checks failed — {shown}"
 
     def termination_message(self, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
-        """The verdict as probe lines, failures first, cut to ``limit`` bytes with a count of what
-        was left out (Kubernetes keeps 4 KiB of a termination message)."""
+        """The verdict as probe lines, failures first, cut to ``limit`` bytes (the pod's
+        :func:`termination_budget`) with a count of what was left out — the same cut as the
+        Kubernetes verify wrapper (``tao_data_io.kubernetes.scripts.VERIFY_SCRIPT``)."""
         ordered = self.failures + [check for check in self.checks if check.ok]
         lines: list[str] = []
         size = 0
@@ -172,6 +178,15 @@ class Verdict(Strict):
             lines.append(line)
             size += len(line.encode())
         return "".join(lines)
+
+
+def termination_budget(containers: int) -> int:
+    """The bytes of a termination message that survive in a pod of ``containers`` containers (its
+    initContainers, native sidecars among them, and its containers). The kubelet keeps the *first*
+    ``MaxPodTerminationMessageLogLength / containers`` bytes of each container's message
+    (pkg/kubelet/status/status_manager.go, ``normalizeStatus``), of the at most 4 KiB it read: a
+    verdict longer than this loses its tail, and with it the line saying the rest passed."""
+    return min(TERMINATION_MESSAGE_LIMIT, POD_TERMINATION_MESSAGES // max(containers, 1))
 
 
 def checklist(plan: LaunchPlan, token: str | None = None, located: Mapping[str, str] | None = None, *,
@@ -221,15 +236,16 @@ def read_checklist(text: str, plan: LaunchPlan, located: Mapping[str, str] | Non
 def parse_probe_output(output: str, checks: list[Check], exit_code: int | None = None) -> Verdict:
     """Turn the probe's lines into a verdict. A check the probe never reported is a failure (the
     probe died mid-way), so a truncated run can never pass — unless the message says every line
-    it left out passed (a termination message cut at 4 KiB lists failures first)."""
+    it left out passed (a termination message cut to its pod's :func:`termination_budget` lists
+    failures first, and ends with a ``more`` line counting what it left out)."""
     subjects = {(c.kind, c.path): c.subject for c in checks}
     results: dict[tuple[str, str], CheckResult] = {}
-    elided = False
+    more: tuple[int, int] | None = None
     for line in output.splitlines():
         parts = line.split("\t")
         if len(parts) == 3 and parts[:2] == [LINE_PREFIX, "more"]:
             counts = re.fullmatch(r"(\d+) not shown, (\d+) of them passed", parts[2])
-            elided = counts is not None and counts[1] == counts[2]  # failures come first: the rest passed
+            more = (int(counts[1]), int(counts[2])) if counts else None
             continue
         if len(parts) != 5 or parts[0] != LINE_PREFIX or parts[1] not in ("ok", "fail"):
             continue
@@ -239,10 +255,8 @@ def parse_probe_output(output: str, checks: list[Check], exit_code: int | None =
                                                 subject=subjects[(kind, path)])
     if not results and checks:
         return Verdict(ok=False, error="the probe printed no verdict lines (did the frame start a POSIX sh?)")
-    passed_unshown = elided
-    missing_detail = ("passed (not shown: the message was cut at its size limit)" if passed_unshown
-                      else "not reported: the probe stopped before it")
-    ordered = [results.get((c.kind, c.path)) or CheckResult(kind=c.kind, path=c.path, ok=passed_unshown,
+    missing_ok, missing_detail = _unshown(more, sum((c.kind, c.path) not in results for c in checks))
+    ordered = [results.get((c.kind, c.path)) or CheckResult(kind=c.kind, path=c.path, ok=missing_ok,
                                                               detail=missing_detail, subject=c.subject) for c in checks]
     lines_ok = all(r.ok for r in ordered)
     if exit_code not in (None, 0) and lines_ok:
@@ -255,6 +269,19 @@ def with_persistence(verdict: Verdict, results_dir: str, seen_outside: bool, det
     """Add the persistence check the backend made from outside the frame."""
     check = CheckResult(kind="persistent", path=results_dir, ok=seen_outside, detail=detail, subject="results")
     return Verdict(ok=verdict.ok and seen_outside, checks=[*verdict.checks, check], error=verdict.error)
+
+
+def _unshown(more: tuple[int, int] | None, missing: int) -> tuple[bool, str]:
+    """Whether the ``missing`` checks the output did not report passed, and why: only when its
+    ``more`` line (not shown, of them passed) accounts for exactly them and says all passed. Fewer
+    passed: some of them failed — which, the cut message cannot say, so none reads as passed."""
+    if more is None or more[0] != missing:
+        return False, "not reported: the probe stopped before it"
+    not_shown, passed = more
+    if passed == not_shown:
+        return True, "passed (not shown: the message was cut at its size limit)"
+    return False, (f"not shown (the message was cut at its size limit): {not_shown - passed} of the {not_shown} "
+                   "checks left out failed")
 
 
 def _line(check: CheckResult) -> str:
