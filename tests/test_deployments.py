@@ -14,6 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from .kube_rbac import Attributes, Authorizer
+
 REPO = Path(__file__).resolve().parents[1]
 FLOWS = {"submit-tao-job": "flows/submit.py:submit_tao_job", "collect-tao-job": "flows/collect.py:collect_tao_job",
          "resync-tao-outputs": "flows/resync.py:resync_tao_outputs", "run-tao-job": "flows/run.py:run_tao_job",
@@ -57,6 +59,25 @@ def test_the_rbac_manifests_are_valid_kubernetes_objects() -> None:
         kubernetes_validate.validate(document, "1.32", strict=True)
     kinds = {document["kind"] for document in documents}
     assert kinds == {"Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+
+
+def test_a_worker_in_its_own_namespace_may_run_flow_runs_in_the_jobs_namespace() -> None:
+    """Issue 39, finding 9: a Prefect worker installed in its own namespace (the Helm chart's
+    default) has a Role there only; the flow runs of deployments/kubernetes.yaml go to ``tao``,
+    so the worker needs a Role and a RoleBinding in ``tao`` too — shipped, schema-valid, and
+    granting the chart's worker what it does with a flow run's Job and pod there."""
+    path = REPO / "deployments" / "prefect-worker-rbac.yaml"
+    documents = list(yaml.safe_load_all(path.read_text()))
+    for document in documents:
+        kubernetes_validate.validate(document, "1.32", strict=True)
+    pool_namespace = yaml.safe_load((REPO / "deployments" / "kubernetes.yaml").read_text())[
+        "definitions"]["work_pools"]["kubernetes"]["job_variables"]["namespace"]
+    rbac = Authorizer.shipped(path)
+    for verb in ("create", "watch", "delete"):
+        assert rbac.allowed(Attributes(verb, "batch", "jobs", namespace=pool_namespace))
+    assert rbac.allowed(Attributes("get", "", "pods", "log", namespace=pool_namespace))
+    assert not rbac.allowed(Attributes("get", "", "secrets", namespace=pool_namespace))
+    assert not rbac.allowed(Attributes("create", "batch", "jobs", namespace="prefect"))  # the chart's own Role does
 
 
 def test_the_blocks_module_saves_every_block_the_local_deployments_name_and_a_rerun_keeps_them(
