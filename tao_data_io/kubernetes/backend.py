@@ -115,7 +115,7 @@ class KubernetesBackend:
         rendered, settings = self._render(plan, documents, None)
         objects = creation_order(rendered, secret_object(rendered, None))
         warnings = check_gpus(api, plan, settings)
-        check_version(api, plan, training_job(objects))
+        warnings += check_version(api, plan, training_job(objects), settings)
         given_secret = rendered.secret is not None and not rendered.secret.per_job
         reads_secrets = bool(settings.image_pull_secrets) or given_secret
         check_access(api, needed_access(objects, reads_secrets))

@@ -54,9 +54,12 @@ def gpu_nodes(api: Api) -> list[Node] | None:
     for item in nodes.get("items", []):
         allocatable = (item.get("status") or {}).get("allocatable") or {}
         spec, meta = item.get("spec") or {}, item["metadata"]
+        kubelet = re.match(r"v?(\d+)\.(\d+)", str(((item.get("status") or {}).get("nodeInfo") or {}).get(
+            "kubeletVersion") or ""))
         found.append(Node(name=meta["name"], gpus=int(parse_quantity(allocatable.get(GPU, "0"))),
                           labels=meta.get("labels") or {}, taints=spec.get("taints") or (),
-                          cordoned=bool(spec.get("unschedulable"))))
+                          cordoned=bool(spec.get("unschedulable")),
+                          kubelet=(int(kubelet[1]), int(kubelet[2])) if kubelet else None))
     return found
 
 

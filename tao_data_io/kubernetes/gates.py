@@ -96,7 +96,9 @@ def check_gpus(api: Api, plan: LaunchPlan, settings: KubernetesSettings) -> list
                      "node_selector or tolerations — or set its capacity to autoscaled if the pool grows on demand")
 
 
-def check_version(api: Api, plan: LaunchPlan, training_job: Mapping[str, Any]) -> None:
+def check_version(api: Api, plan: LaunchPlan, training_job: Mapping[str, Any],
+                  settings: KubernetesSettings) -> list[str]:
+    """Refuse what the cluster's versions cannot run; a warning (returned) where only some nodes can."""
     version = server_version(api)
     shown = f"{version[0]}.{version[1]}"
     if plan.nodes > 1 and version < MULTI_NODE_VERSION:
@@ -109,6 +111,32 @@ def check_version(api: Api, plan: LaunchPlan, training_job: Mapping[str, Any]) -
         raise UsageError(f"the job's pod runs the {', '.join(sidecars)} sidecar (results uploaded to S3 while it "
                          f"runs), which needs Kubernetes 1.29 or newer; the cluster runs {shown}: keep results on a "
                          "claim (pvc_claim, without S3_BUCKET_NAME), or use a newer cluster")
+    return _sidecar_kubelets(api, plan, settings, sidecars, shown) if sidecars else []
+
+
+def _sidecar_kubelets(api: Api, plan: LaunchPlan, settings: KubernetesSettings, sidecars: Sequence[str],
+                      server: str) -> list[str]:
+    """Kubelets may lag the API server by up to three minors (the version skew policy), and one
+    older than 1.29 refuses a pod with a native sidecar at admission
+    (pkg/kubelet/lifecycle/predicate.go, InitContainerRestartPolicyForbidden). Among the nodes the
+    pods may run on (:mod:`.placement`, and enough GPUs): all too old is a refusal, some a warning.
+    Nodes this identity may not list, or that report no version, are not judged."""
+    nodes = gpu_nodes(api) or []
+    usable = [node for node in nodes if barred(node, settings.node_selector, settings.tolerations) is None
+              and node.gpus >= plan.gpus and node.kubelet is not None]
+    old = sorted((node for node in usable if node.kubelet is not None and node.kubelet < SIDECAR_VERSION),
+                 key=lambda node: node.name)
+    if not old:
+        return []
+    shown = ", ".join(f"{node.name} ({node.kubelet[0]}.{node.kubelet[1]})" for node in old if node.kubelet)
+    said = (f"the job's pod runs the {', '.join(sidecars)} sidecar, which needs kubelet 1.29 or newer on its node, "
+            f"and the API server runs {server} but the kubelets of {shown} are older (a kubelet may lag the API "
+            "server by three minors)")
+    if len(old) == len(usable):
+        raise UsageError(f"{said}: upgrade those nodes, or keep results on a claim (pvc_claim, without "
+                         "S3_BUCKET_NAME) so the pod has no sidecar")
+    return [f"{said}: a pod placed there is refused by its kubelet; set the target's node_selector to the newer "
+            "nodes"]
 
 
 def check_access(api: Api, needed: Sequence[Access]) -> None:

@@ -34,6 +34,8 @@ class Node:
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: Sequence[Mapping[str, Any]] = ()
     cordoned: bool = False
+    #: (major, minor) of the kubelet (``status.nodeInfo.kubeletVersion``); None when not reported.
+    kubelet: tuple[int, int] | None = None
 
 
 def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
