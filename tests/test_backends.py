@@ -108,3 +108,13 @@ def test_each_refused_setting_is_named_and_no_input_is_echoed() -> None:
         settings_from("local", {"run_root": "runs"})
     with pytest.raises(UsageError, match="unknown field 'run_roots': did you mean 'run_root'"):
         settings_from("local", {"run_roots": "/srv/runs"})
+
+
+def test_a_queue_name_is_refused_where_it_cannot_be_the_jobs_queue_label() -> None:
+    """Issue 39 (cosmetic): queue_name becomes the Jobs' ``kueue.x-k8s.io/queue-name`` label, and a
+    label value is at most 63 characters (apimachinery IsValidLabelValue), though a LocalQueue's
+    own name may be a 253-character subdomain: refused at the setting, not by the API server."""
+    long = "q" * 64
+    with pytest.raises(UsageError, match=f"queue_name {long!r} is 64 characters.*at most 63"):
+        settings_from("kubernetes", {"capacity": "queued", "queue_name": long})
+    assert settings_from("kubernetes", {"capacity": "queued", "queue_name": "q" * 63})

@@ -231,6 +231,17 @@ class KubernetesSettings(BackendSettings):
     def _object_name(cls, value: str | None, info: ValidationInfo) -> str | None:
         return value if value is None else check_dns_subdomain(value, what=str(info.field_name))
 
+    @field_validator("queue_name")
+    @classmethod
+    def _queue_label(cls, value: str | None) -> str | None:
+        """The name becomes the Jobs' ``kueue.x-k8s.io/queue-name`` label, and a label value is at
+        most 63 characters (apimachinery IsValidLabelValue), though a LocalQueue's own name may be longer."""
+        if value is not None and len(value) > 63:
+            raise UsageError(f"queue_name {value!r} is {len(value)} characters: it becomes the Jobs' "
+                             "kueue.x-k8s.io/queue-name label, whose value is at most 63; name a LocalQueue with a "
+                             "shorter name")
+        return value
+
     @field_validator("stager_image")
     @classmethod
     def _stager_image(cls, value: str | None) -> str | None:
