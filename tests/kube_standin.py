@@ -213,9 +213,9 @@ class ApiServer(kmock.KubernetesEmulator):
     #: The Pod Security level the namespaces enforce (``pod-security.kubernetes.io/enforce``):
     #: a pod that breaks it is refused at create, in a dry run too (403), as admission does.
     pod_security: str | None = None
-    #: The resources a namespace ResourceQuota constrains (``requests.cpu``, ``requests.memory``):
-    #: a pod any of whose containers does not request one is refused at create, in a dry run too
-    #: (403, "must specify"), as quota admission does (enforcePodContainerConstraints).
+    #: The resources a namespace ResourceQuota constrains (``requests.cpu``, ``limits.memory``):
+    #: a pod any of whose containers does not set a cpu or memory one is refused at create, in a
+    #: dry run too (403, "must specify"), as quota admission does (enforcePodContainerConstraints).
     quota: set[str] = attrs.field(factory=set)
     #: Resource plural → why admission refuses a create of it (422, in a dry run too).
     admission: dict[str, str] = attrs.field(factory=dict)
@@ -302,13 +302,26 @@ class ApiServer(kmock.KubernetesEmulator):
                 return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure",
                                                   "code": 403, "reason": "Forbidden", "message": message}, status=403)
         if request.action == kmock.action.CREATE and resource.plural == "pods" and self.quota:
+            # Quota admission's podEvaluator.Constraints (pkg/quota/v1/evaluator/core/pods.go):
+            # only the quota's cpu and memory names are required (its validationSet), by every
+            # container, init containers included (enforcePodContainerConstraints); a bare name
+            # and requests.* are looked up in requests, limits.* in limits (podComputeUsageHelper),
+            # the requests as the API server's defaulting left them: a limit is a missing request.
             spec = request.data.get("spec") or {}
-            containers = [*spec.get("initContainers", []), *spec.get("containers", [])]
-            missing = sorted(need for need in self.quota for c in containers
-                             if need.partition(".")[2] not in ((c.get("resources") or {}).get("requests") or {}))
+            required = self.quota & {f"{kind}{what}" for kind in ("", "requests.", "limits.")
+                                     for what in ("cpu", "memory")}
+            missing: dict[str, list[str]] = {}
+            for c in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+                limits = (c.get("resources") or {}).get("limits") or {}
+                has = {"limits": limits, "requests": {**limits, **((c.get("resources") or {}).get("requests") or {})}}
+                for need in sorted(required):
+                    kind, _, what = need.rpartition(".")
+                    if what not in has[kind or "requests"]:
+                        missing.setdefault(need, []).append(c["name"])
             if missing:
                 name = (request.data.get("metadata") or {}).get("name")
-                message = f'pods "{name}" is forbidden: failed quota: compute: must specify {",".join(dict.fromkeys(missing))}'
+                said = "; ".join(f"{need} for: {','.join(sorted(names))}" for need, names in sorted(missing.items()))
+                message = f'pods "{name}" is forbidden: failed quota: compute: must specify {said}'
                 return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure",
                                                   "code": 403, "reason": "Forbidden", "message": message}, status=403)
         if request.action == kmock.action.CREATE and resource.plural in self.admission:
@@ -611,6 +624,9 @@ STEPS: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] = 
     # The collective probe's rank stuck in its rendezvous: its own alarm ends it (HANG_EXIT).
     "probe-hang": ("main", lambda c: _terminated(124, "Error"), "Failed"),
     "verify-failed": ("verify", lambda c: _terminated(1, "Error"), "Failed"),
+    # Training ended, then the results sidecar's final upload failed (it exits non-zero once the
+    # kubelet signals it, pkg/kubelet/kuberuntime: sidecars are stopped after the main containers).
+    "upload-failed": ("main", lambda c: _terminated(0, "Completed"), "Failed"),
     "stager-failed": ("stager", lambda c: _terminated(1, "Error", "stage: s3://bkt-1/data/: AccessDenied"), "Failed"),
 }
 TRAIN_SCRIPT = ["pulling", "staging", "verifying", "verified", "running"]
@@ -835,6 +851,11 @@ class ControlPlane:
                 state["terminated"]["message"] = kubelet_message(state["terminated"]["message"], spec)
         if name in self._refusals:
             server.logs[namespace, name, "stage"] = self._refusals[name]
+        if step == "upload-failed":
+            for status in statuses:
+                if status["name"] == "results":
+                    status["state"] = _terminated(1, "Error")
+                    server.logs[namespace, name, "results"] = "upload: s3://bkt-1/results/: AccessDenied\n"
         conditions = [{"type": "PodScheduled", "status": "True"}]
         if step.startswith("disrupted"):
             conditions.append({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",

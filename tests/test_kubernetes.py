@@ -242,7 +242,8 @@ def test_tier_b_stage_job_shards_into_the_claims_cache(tmp_path: Path) -> None:
     assert (stage["spec"]["completionMode"], stage["spec"]["completions"], stage["spec"]["parallelism"]) == \
         ("Indexed", 3, 3)
     container = stage["spec"]["template"]["spec"]["containers"][0]
-    assert "limits" not in container["resources"]  # no GPU held while staging, and no cap on the stager
+    # No GPU held while staging; cpu and memory limited for a quota on limits, far above the stager's use.
+    assert container["resources"]["limits"] == {"cpu": "2", "memory": "4Gi"}
     assert container["command"][-2:] == ["--shard", "$(TAO_SHARD_INDEX)/3"]
     assert "--cache" in container["command"] and "/tao-data-io/volume/cache" in container["command"]
     train = training_pod(rendered)["containers"][0]

@@ -1023,9 +1023,12 @@ def test_gate_gpu_capacity_refuses_a_job_no_node_can_hold(kube: KubeStandIn, tmp
 
 
 def test_gate_gpu_capacity_is_skipped_for_a_job_without_gpus(kube: KubeStandIn, tmp_path: Path) -> None:
-    submit(tmp_path, job_request(compute_shape={"gpus": 0}), make_backend())
+    for index in range(2):  # no node has a GPU to give
+        kube.server.store({"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"gpu-{index}"},
+                           "status": {"allocatable": {"cpu": "64"}}})
+    assert submit(tmp_path, job_request(compute_shape={"gpus": 0}), make_backend()).verdict.ok
     preflight = kube.requests()[4:]
-    assert "GET /api/v1/nodes" not in preflight
+    assert preflight.count("GET /api/v1/nodes") <= 1  # read once, for the kubelets' versions (the sidecar)
 
 
 @pytest.mark.parametrize(("minor", "fields", "fragment"), [
@@ -1086,6 +1089,39 @@ def test_a_namespace_quota_on_requests_refuses_only_what_the_request_leaves_unse
     assert "RoleBinding" not in message  # quota's refusal is not RBAC's: no advice to ask for a Role
     shaped = job_request(compute_shape={"gpus": 1, "cpu": "8"})
     assert submit(tmp_path / "shaped", shaped, make_backend()).verdict.ok
+
+
+@pytest.mark.parametrize("storage", [{}, {"storage": {"pvc_claim": "tao-data", "tier": "B"}}], ids=["C", "B"])
+def test_a_namespace_quota_on_limits_refuses_only_what_the_request_leaves_unset(
+        kube: KubeStandIn, tmp_path: Path, storage: dict[str, Any]) -> None:
+    """A ResourceQuota on limits.cpu and limits.memory refuses a pod any of whose containers, init
+    containers included, sets no such limit (enforcePodContainerConstraints looks limits.* up in
+    limits): ours — stager, results and status sidecars, verify, the stage Job's — set both, so
+    the admission gate names only the training container's, which compute_shape.cpu and memory
+    set; a shaped request then submits."""
+    kube.server.store(claim())
+    kube.server.quota = {"limits.cpu", "limits.memory"}
+    message = gate_case(kube, tmp_path, job_request(**storage), make_backend(),
+                        "admission refuses the pods of Job job-1: ")
+    assert message.endswith("must specify limits.cpu for: train; limits.memory for: train"), message
+    shaped = job_request(compute_shape={"gpus": 1, "cpu": "8", "memory": "64Gi"}, **storage)
+    assert submit(tmp_path / "shaped", shaped, make_backend()).verdict.ok
+
+
+@pytest.mark.parametrize("quota", [{"requests.cpu", "requests.memory"}, {"limits.cpu", "limits.memory"}],
+                         ids=["requests", "limits"])
+def test_the_collective_probe_is_never_why_a_quota_refuses_a_multi_node_job(kube: KubeStandIn, tmp_path: Path,
+                                                                             quota: set[str]) -> None:
+    """A multi-node GPU job's collective probe pods are dry-run by the admission gate first: a
+    probe that set only its GPU would be refused by any quota on cpu or memory, whatever the
+    request gives (and be BestEffort, evicted first). It sets both, so a request that sets
+    what the quota needs submits."""
+    kube.server.quota = quota
+    shaped = job_request(compute_shape={"gpus": 1, "nodes": 2, "cpu": "8", "memory": "64Gi"})
+    done = submit(tmp_path, shaped, make_backend())
+    assert done.verdict.ok, done.verdict.describe()
+    created = [r.data for r in kube.server if r.method.value == "POST" and "dryRun" not in r.url.path_qs]
+    assert any(o.get("kind") == "Job" and o["metadata"]["labels"][STEP_LABEL] == "probe" for o in created)
 
 
 def limit_range(**item: Any) -> dict[str, Any]:

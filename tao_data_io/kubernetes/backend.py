@@ -52,7 +52,7 @@ from .apply import adopt, attempt_of, create, creation_order, kinds, secret_obje
 from .facts import SIDECAR_VERSION, cluster_facts, server_version
 from .follow import FIRST_LINES, LOOK_LINES, new_lines, read_cursor, since_seconds
 from .gates import (admit_pods, check_access, check_claim, check_gpus, check_secrets, check_version, dry_run,
-                    needed_access)
+                    needed_access, node_list)
 from .render import (CACHE_LABEL, COLLECTIVE_TIMEOUT_S, JOB_ID_LABEL, MANAGED_BY, VOLUME_ROOT, RenderedJob,
                      claim_paths, probe_key, read_config, render_job)
 from .settings import KubernetesSettings
@@ -114,8 +114,9 @@ class KubernetesBackend:
         api = self._api()
         rendered, settings = self._render(plan, documents, None)
         objects = creation_order(rendered, secret_object(rendered, None))
-        warnings = check_gpus(api, plan, settings)
-        warnings += check_version(api, plan, training_job(objects), settings)
+        nodes = node_list(api)
+        warnings = check_gpus(nodes, plan, settings)
+        warnings += check_version(api, plan, training_job(objects), settings, nodes)
         given_secret = rendered.secret is not None and not rendered.secret.per_job
         reads_secrets = bool(settings.image_pull_secrets) or given_secret
         check_access(api, needed_access(objects, reads_secrets))
@@ -298,16 +299,20 @@ class KubernetesBackend:
 
     def logs(self, ref: str, tail: int | None = None) -> str:
         """Each pod's log (``tail`` lines each), rank by rank; ``[rank N]`` before every line of a
-        multi-node job. A pod that stopped in an init container (the probe, the stager) gives
-        that container's log; one whose containers have not started gives none."""
+        multi-node job. A pod that stopped in an init container before training started (the
+        probe, the stager) gives that container's log; one whose containers have not started
+        gives none. Native sidecars are init containers too, and one that ended non-zero (a failed
+        final upload, one killed at the end of its grace) never hides training's log."""
         namespace, name = self._ref(ref)
         api = self._api()
         found = list_pods(api, namespace, name, "train")
         indexed = any(pod_reading.COMPLETION_INDEX in (p["metadata"].get("annotations") or {}) for p in found)
         parts = []
         for pod in found:
-            stopped = next((c for c in pod_reading.containers(pod) if c.init and c.state == "terminated"
-                            and c.exit_code), None)
+            every = pod_reading.containers(pod)
+            trained = any(c.name == pod_reading.TRAIN and c.state in ("running", "terminated") for c in every)
+            stopped = None if trained else next((c for c in every if c.init and not c.sidecar
+                                                 and c.state == "terminated" and c.exit_code), None)
             container = stopped.name if stopped else pod_reading.TRAIN
             try:
                 text = api.call(f"reading the log of {container} in pod {namespace}/{pod['metadata']['name']}",

@@ -17,9 +17,10 @@ user fixes things, each failure one line naming what and the fix.
 
 from __future__ import annotations
 
+import functools
 import re
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ from ..launch.plan import LaunchPlan
 from .api import Api, ApiError
 from .apply import RESOURCES, create, step_of
 from .facts import MULTI_NODE_VERSION, SIDECAR_VERSION, gpu_nodes, server_version
-from .placement import HOSTNAME_LABEL, barred
+from .placement import HOSTNAME_LABEL, Node, barred
 from .render import SecretRef
 from .settings import KubernetesSettings
 
@@ -61,13 +62,22 @@ def needed_access(objects: Sequence[Mapping[str, Any]], reads_secrets: bool) -> 
     return sorted(found)
 
 
-def check_gpus(api: Api, plan: LaunchPlan, settings: KubernetesSettings) -> list[str]:
+#: The cluster's nodes, listed at most once per preflight (the GPU gate and the kubelets' versions
+#: read the same list); None when this identity may not list them.
+NodeList = Callable[[], list[Node] | None]
+
+
+def node_list(api: Api) -> NodeList:
+    return functools.cache(lambda: gpu_nodes(api))
+
+
+def check_gpus(nodes: NodeList, plan: LaunchPlan, settings: KubernetesSettings) -> list[str]:
     """Refuse a job the GPU nodes its pods may run on (:mod:`.placement`) cannot hold now — or,
     on an autoscaled pool, where no room now is normal, say so as a warning (returned)."""
     if plan.gpus == 0:
         return []
     need = plan.gpus * plan.nodes
-    nodes = gpu_nodes(api)
+    nodes = nodes()
     if nodes is None:
         raise UsageError("the GPU capacity gate cannot read the nodes' allocatable nvidia.com/gpu (this identity may "
                          "not list nodes): ask the cluster's admin for a ClusterRole granting list on nodes")
@@ -96,8 +106,8 @@ def check_gpus(api: Api, plan: LaunchPlan, settings: KubernetesSettings) -> list
                      "node_selector or tolerations — or set its capacity to autoscaled if the pool grows on demand")
 
 
-def check_version(api: Api, plan: LaunchPlan, training_job: Mapping[str, Any],
-                  settings: KubernetesSettings) -> list[str]:
+def check_version(api: Api, plan: LaunchPlan, training_job: Mapping[str, Any], settings: KubernetesSettings,
+                  nodes: NodeList) -> list[str]:
     """Refuse what the cluster's versions cannot run; a warning (returned) where only some nodes can."""
     version = server_version(api)
     shown = f"{version[0]}.{version[1]}"
@@ -111,18 +121,17 @@ def check_version(api: Api, plan: LaunchPlan, training_job: Mapping[str, Any],
         raise UsageError(f"the job's pod runs the {', '.join(sidecars)} sidecar (results uploaded to S3 while it "
                          f"runs), which needs Kubernetes 1.29 or newer; the cluster runs {shown}: keep results on a "
                          "claim (pvc_claim, without S3_BUCKET_NAME), or use a newer cluster")
-    return _sidecar_kubelets(api, plan, settings, sidecars, shown) if sidecars else []
+    return _sidecar_kubelets(nodes, plan, settings, sidecars, shown) if sidecars else []
 
 
-def _sidecar_kubelets(api: Api, plan: LaunchPlan, settings: KubernetesSettings, sidecars: Sequence[str],
+def _sidecar_kubelets(nodes: NodeList, plan: LaunchPlan, settings: KubernetesSettings, sidecars: Sequence[str],
                       server: str) -> list[str]:
     """Kubelets may lag the API server by up to three minors (the version skew policy), and one
     older than 1.29 refuses a pod with a native sidecar at admission
     (pkg/kubelet/lifecycle/predicate.go, InitContainerRestartPolicyForbidden). Among the nodes the
     pods may run on (:mod:`.placement`, and enough GPUs): all too old is a refusal, some a warning.
     Nodes this identity may not list, or that report no version, are not judged."""
-    nodes = gpu_nodes(api) or []
-    usable = [node for node in nodes if barred(node, settings.node_selector, settings.tolerations) is None
+    usable = [node for node in nodes() or [] if barred(node, settings.node_selector, settings.tolerations) is None
               and node.gpus >= plan.gpus and node.kubelet is not None]
     old = sorted((node for node in usable if node.kubelet is not None and node.kubelet < SIDECAR_VERSION),
                  key=lambda node: node.name)

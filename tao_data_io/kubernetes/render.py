@@ -77,16 +77,26 @@ RESTRICTED: dict[str, Any] = {"runAsNonRoot": True, "allowPrivilegeEscalation": 
 STAGER_UID = 1000
 #: Who the status sidecar runs as in the training image, whose own user is root: it only reads.
 NOBODY = 65534
-#: What our own containers request (no limits: an upload must not be OOM-killed). Why at all: a
-#: ResourceQuota on requests.cpu or requests.memory refuses a pod any of whose containers, init
-#: containers included, does not request them (pkg/quota/v1/evaluator/core/pods.go,
-#: enforcePodContainerConstraints) — ours must never be the reason a job's pod is refused.
-OWN_REQUESTS: dict[str, dict[str, Any]] = {
-    "stage": {"requests": {"cpu": "250m", "memory": "512Mi"}},
-    "results": {"requests": {"cpu": "50m", "memory": "256Mi"}},
-    "status": {"requests": {"cpu": "10m", "memory": "16Mi"}},
-    "verify": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+#: What our own containers request and their limits. Why both: a ResourceQuota on cpu or memory
+#: — requests.*, or limits.* — refuses a pod any of whose containers, init containers included,
+#: leaves that one unset (pkg/quota/v1/evaluator/core/pods.go, Constraints and
+#: enforcePodContainerConstraints), and ours must never be the reason a job's pod is refused.
+#: Quota only needs them set, so the limits are bounds well above use, not the requests: a cpu
+#: limit only throttles (a few cores for the transfers, and never training's to lose), but a
+#: memory limit OOM-kills — the final upload, or a stage — so it sits far past what s5cmd's parts
+#: in flight and the tool hold; the status sidecar is a ``tail``, verify a shell probe.
+OWN_RESOURCES: dict[str, dict[str, Any]] = {
+    "stage": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "4Gi"}},
+    "results": {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "4Gi"}},
+    "status": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
+    "verify": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
 }
+#: The collective probe's container, one GPU besides: cpu and memory requested and limited for the
+#: same quotas, and so it is not BestEffort (evicted first). ``import torch`` and a CUDA context
+#: take a GiB or two of host memory; the limit leaves room, as an OOM kill would read as a failed
+#: probe; a core or two keeps the import well inside the probe's deadline.
+PROBE_RESOURCES: dict[str, dict[str, str]] = {"requests": {"cpu": "1", "memory": "2Gi"},
+                                              "limits": {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1"}}
 #: What tier C's staging volume holds besides the inputs: the config and the stager's state.
 STAGING_MARGIN = 256 * 2**20
 #: Which attempt of the job made an object (``LaunchPlan.attempt``): a later attempt replaces an
@@ -364,7 +374,7 @@ class _Job:
         env.append({"name": "TAO_DATA_IO_PROBE_TIMEOUT", "value": str(COLLECTIVE_TIMEOUT_S)})
         container: dict[str, Any] = {"name": "probe", "image": self.plan.image,
                                      "command": ["python3", "-c", PROBE_PROGRAM], "env": env,
-                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+                                     "resources": PROBE_RESOURCES}
         security = self._training_security()
         if security is not None:
             container["securityContext"] = security
@@ -422,7 +432,7 @@ class _Job:
         else:
             command.append(f"{map_path}.json")
         container = {"name": "stage", "image": self.settings.stager_image, "command": command, "env": env,
-                     "securityContext": RESTRICTED, "resources": OWN_REQUESTS["stage"],
+                     "securityContext": RESTRICTED, "resources": OWN_RESOURCES["stage"],
                      "volumeMounts": [{"name": "data", "mountPath": VOLUME_ROOT},
                                       {"name": "files", "mountPath": FILES_DIR, "readOnly": True}],
                      "terminationMessagePolicy": "FallbackToLogsOnError"}
@@ -456,7 +466,7 @@ class _Job:
                   "command": ["/bin/sh", f"{PROBE_DIR}/verify.sh", f"{PROBE_DIR}/probe.sh", f"{PROBE_DIR}/checklist",
                               TERMINATION_LOG],
                   "env": env, "terminationMessagePath": TERMINATION_LOG, "terminationMessagePolicy": "File",
-                  "resources": OWN_REQUESTS["verify"],
+                  "resources": OWN_RESOURCES["verify"],
                   "volumeMounts": [*probe_mounts, {"name": "files", "mountPath": PROBE_DIR, "readOnly": True}]}
         training_security = self._training_security()
         if training_security is not None:  # the probe proves what training can read: as the same user
@@ -582,7 +592,7 @@ class _Job:
             extra.append({"name": "TAO_DATA_IO_RESTORE_FROM", "value": restore})
             mounts.append(self._results_mount())
         return {"name": "stager", "image": self.settings.stager_image, "command": ["/bin/sh", f"{FILES_DIR}/stager.sh"],
-                "securityContext": RESTRICTED, "resources": OWN_REQUESTS["stage"],
+                "securityContext": RESTRICTED, "resources": OWN_RESOURCES["stage"],
                 "env": [*self._tool_env(env), *extra], "volumeMounts": mounts,
                 "terminationMessagePolicy": "FallbackToLogsOnError"}
 
@@ -591,7 +601,7 @@ class _Job:
                  {"name": "TAO_DATA_IO_VERIFY_FILE", "value": TOKEN_FILE},
                  {"name": "TAO_DATA_IO_VERDICT", "value": VERDICT_DIR}]
         return {"name": "results", "image": self.settings.stager_image, "restartPolicy": "Always",
-                "securityContext": RESTRICTED, "resources": OWN_REQUESTS["results"],
+                "securityContext": RESTRICTED, "resources": OWN_RESOURCES["results"],
                 "command": ["/bin/sh", f"{FILES_DIR}/sidecar.sh"], "env": [*self._tool_env(env), *extra],
                 "volumeMounts": [{"name": "files", "mountPath": FILES_DIR, "readOnly": True},
                                  {"name": "state", "mountPath": STATE_DIR}, self._results_mount(read_only=True),
@@ -603,7 +613,7 @@ class _Job:
                {"name": "TAO_DATA_IO_STATUS_FILE", "value": STATUS_FILE},
                {"name": "TAO_DATA_IO_STATUS_SECONDS", "value": str(STATUS_WAIT_SECONDS)}]
         return {"name": STATUS, "image": self.plan.image, "restartPolicy": "Always",
-                "securityContext": {**RESTRICTED, "runAsUser": NOBODY}, "resources": OWN_REQUESTS["status"],
+                "securityContext": {**RESTRICTED, "runAsUser": NOBODY}, "resources": OWN_RESOURCES["status"],
                 "command": ["/bin/sh", f"{PROBE_DIR}/status.sh"], "env": env,
                 "volumeMounts": [{"name": "files", "mountPath": PROBE_DIR, "readOnly": True},
                                  self._results_mount(read_only=True)]}
