@@ -217,6 +217,11 @@ class ApiServer(kmock.KubernetesEmulator):
     #: a pod any of whose containers does not set a cpu or memory one is refused at create, in a
     #: dry run too (403, "must specify"), as quota admission does (enforcePodContainerConstraints).
     quota: set[str] = attrs.field(factory=set)
+    #: A ResourceQuota ``compute``'s hard limits and what the namespace uses of them now
+    #: (``requests.nvidia.com/gpu``, ``limits.cpu``…): a pod that would take a resource past its
+    #: limit is refused at create, in a dry run too (403, "exceeded quota"), as quota admission does.
+    quota_hard: dict[str, str] = attrs.field(factory=dict)
+    quota_used: dict[str, str] = attrs.field(factory=dict)
     #: Resource plural → why admission refuses a create of it (422, in a dry run too).
     admission: dict[str, str] = attrs.field(factory=dict)
     control: ControlPlane = attrs.field(factory=lambda: ControlPlane())
@@ -324,6 +329,12 @@ class ApiServer(kmock.KubernetesEmulator):
                 message = f'pods "{name}" is forbidden: failed quota: compute: must specify {said}'
                 return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure",
                                                   "code": 403, "reason": "Forbidden", "message": message}, status=403)
+        if request.action == kmock.action.CREATE and resource.plural == "pods" and self.quota_hard:
+            if exceeded := quota_exceeded(request.data.get("spec") or {}, self.quota_hard, self.quota_used):
+                name = (request.data.get("metadata") or {}).get("name")
+                return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                                                  "code": 403, "reason": "Forbidden",
+                                                  "message": f'pods "{name}" is forbidden: {exceeded}'}, status=403)
         if request.action == kmock.action.CREATE and resource.plural in self.admission:
             return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422,
                                               "reason": "Invalid", "message": self.admission[resource.plural]},
@@ -548,6 +559,37 @@ def _quantity(text: str) -> float:
 
 
 # ----------------------------------------------------------------------------- the control plane
+def pod_usage(spec: dict[str, Any], kind: str, what: str) -> float:
+    """What a pod counts against a quota's ``kind.what`` (k8s.io/component-helpers resource
+    PodRequests/PodLimits, as pods.go's podComputeUsageHelper calls them): its containers' sum,
+    native sidecars added, and at least the largest of the other init containers. A limit with
+    no request is requested at it (the API server's defaulting)."""
+    def amount(container: dict[str, Any]) -> float:
+        resources = container.get("resources") or {}
+        limits = resources.get("limits") or {}
+        chosen = limits if kind == "limits" else {**limits, **(resources.get("requests") or {})}
+        return _quantity(chosen[what]) if what in chosen else 0.0
+    init = spec.get("initContainers", [])
+    running = sum(amount(c) for c in [*spec.get("containers", []), *(c for c in init if c.get("restartPolicy") == "Always")])
+    return max([running, *(amount(c) for c in init if c.get("restartPolicy") != "Always")])
+
+
+def quota_exceeded(spec: dict[str, Any], hard: dict[str, str], used: dict[str, str]) -> str | None:
+    """Quota admission's refusal of a pod that would take a tracked resource past its limit
+    (apiserver pkg/admission/plugin/resourcequota/controller.go, CheckRequest): ``exceeded
+    quota: NAME, requested: …, used: …, limited: …``, listing only the exceeded resources, sorted."""
+    over = []
+    for name in sorted(hard):
+        kind, _, what = name.partition(".") if name.startswith(("requests.", "limits.")) else ("requests", "", name)
+        asked = pod_usage(spec, kind, what)
+        if asked and _quantity(used.get(name, "0")) + asked > _quantity(hard[name]):
+            over.append((name, f"{asked:g}", used.get(name, "0"), hard[name]))
+    if not over:
+        return None
+    listed = [",".join(f"{name}={value}" for name, *values in over for value in [values[i]]) for i in range(3)]
+    return f"exceeded quota: compute, requested: {listed[0]}, used: {listed[1]}, limited: {listed[2]}"
+
+
 def _waiting(reason: str, message: str | None = None) -> dict[str, Any]:
     return {"waiting": {"reason": reason, **({"message": message} if message else {})}}
 

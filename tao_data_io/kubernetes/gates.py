@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kubernetes.utils.quantity import parse_quantity
+
 from ..errors import UsageError
 from ..launch.plan import LaunchPlan
 from .api import Api, ApiError
@@ -251,14 +253,37 @@ def dry_run(api: Api, objects: Sequence[dict[str, Any]], job_id: str) -> None:
 _POD_SECURITY = re.compile(r'violates PodSecurity "(?P<level>[a-z]+):(?P<version>[^"]+)": (?P<why>.*)')
 
 
+#: Quota admission's refusal of a pod that would take a resource past a ResourceQuota's hard limit
+#: (apiserver pkg/admission/plugin/resourcequota/controller.go, CheckRequest).
+_EXCEEDED = re.compile(r"exceeded quota: (?P<quota>[^,]+), requested: (?P<requested>\S*), used: (?P<used>\S*), "
+                       r"limited: (?P<limited>[^\s;]*)")
+
+
+def _quota_full(found: re.Match[str], job: str) -> str:
+    """A quota only full now is a wait: the Job controller retries creating the pods (FailedCreate,
+    requeued with backoff) until the namespace's other pods free it. A pod asking more than the
+    quota's limit itself never fits: that is a refusal."""
+    def amounts(text: str) -> dict[str, str]:
+        return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+    requested, limited = amounts(found["requested"]), amounts(found["limited"])
+    never = [f"{name} {requested[name]} of {limited[name]}" for name in sorted(requested)
+             if name in limited and parse_quantity(requested[name]) > parse_quantity(limited[name])]
+    if never:
+        raise UsageError(f"the pods of Job {job} ask for more than ResourceQuota {found['quota']} allows at all: "
+                         f"{', '.join(never)}; lower compute_shape, or ask the namespace's admin to raise the quota")
+    return (f"ResourceQuota {found['quota']} is full right now ({found[0]}): the Job controller creates the pods of "
+            f"Job {job} once the namespace's other pods free it, and the job waits Pending until then (status says "
+            "FailedCreate)")
+
+
 def admit_pods(api: Api, objects: Sequence[dict[str, Any]]) -> list[str]:
     """A server-side dry run of a Pod made from each Job's template, before anything is created.
     Why: admission — Pod Security, policy webhooks, quotas, a LimitRange — judges pods, not Jobs,
     so the Job's own dry run passes and, created, its controller would loop on FailedCreate while
     verify waits for a pod that never comes. A refusal names the level, the fields and the fix.
-    Returns what admission would change in the pods' resources (a LimitRange's defaults, set in
-    every container that leaves a resource unset: a default cpu limit throttles training without
-    a word), one line per Job, for the submit to say."""
+    Returns what the submit should say, one line per Job: what admission would change in the
+    pods' resources (a LimitRange's defaults, set in every container that leaves a resource unset:
+    a default cpu limit throttles training without a word), and a quota that is only full now."""
     changed = []
     for job in (obj for obj in objects if obj["kind"] == "Job"):
         template = job["spec"]["template"]
@@ -277,6 +302,10 @@ def admit_pods(api: Api, objects: Sequence[dict[str, Any]]) -> list[str]:
                                  "run the training container as the level allows (the target's training_security: "
                                  "restricted with a non-root training_user), or use a namespace whose level admits "
                                  "the image's user") from None
+            full = _EXCEEDED.search(str(exc)) if exc.status == 403 else None
+            if full is not None:
+                changed.append(_quota_full(full, name))
+                continue
             if exc.status in (403, 422):
                 raise UsageError(f"admission refuses the pods of Job {name}: {exc}") from None
             raise
