@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
 import os
 
 from ..errors import UsageError
@@ -50,6 +51,7 @@ class _Comparison(ctypes.Structure):
                 ("datum_b", ctypes.c_uint64)]
 
 
+@functools.cache  # find_library runs `ldconfig -p`: once per process, not once per frame
 def _library() -> ctypes.CDLL:
     name = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
     try:
