@@ -43,6 +43,7 @@ from tao_data_io.errors import UNWRITABLE_EXIT
 from tao_data_io.launch.probe import CheckResult, Verdict
 from tao_data_io.staging.writable import unwritable_message
 
+from .kube_kueue import Kueue
 from .kube_rbac import Attributes as RbacAttributes
 from .kube_rbac import Authorizer
 from .kube_rbac import attributes as rbac_attributes
@@ -222,9 +223,18 @@ class ApiServer(kmock.KubernetesEmulator):
     #: limit is refused at create, in a dry run too (403, "exceeded quota"), as quota admission does.
     quota_hard: dict[str, str] = attrs.field(factory=dict)
     quota_used: dict[str, str] = attrs.field(factory=dict)
+    #: Kyverno's "prevent bare pods" policy: a pod no controller owns is refused at create, in a
+    #: dry run too (403, the webhook's denial as the API server words it: apiserver
+    #: pkg/admission/plugin/webhook/errors ToStatusErr gives a denial without a code 403).
+    bare_pods_refused: bool = False
+    #: A validating webhook that refuses every pod, with this message (403, as above).
+    admission_webhook: str | None = None
     #: Resource plural → why admission refuses a create of it (422, in a dry run too).
     admission: dict[str, str] = attrs.field(factory=dict)
     control: ControlPlane = attrs.field(factory=lambda: ControlPlane())
+    #: Kueue, once a test installs it (:mod:`.kube_kueue`): its webhook mutates each Job created
+    #: and its controllers look at a Job each time the backend reads it.
+    kueue: Kueue | None = None
     #: (namespace, pod, container) → its log.
     logs: dict[tuple[str, str, str], str] = attrs.field(factory=dict)
     #: When each line of a log was written, as the kubelet stamps it (a line is stamped when the
@@ -335,10 +345,24 @@ class ApiServer(kmock.KubernetesEmulator):
                 return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure",
                                                   "code": 403, "reason": "Forbidden",
                                                   "message": f'pods "{name}" is forbidden: {exceeded}'}, status=403)
+        if request.action == kmock.action.CREATE and resource == PODS:
+            name = (request.data.get("metadata") or {}).get("name")
+            owners = [o for o in (request.data.get("metadata") or {}).get("ownerReferences") or [] if o.get("controller")]
+            denial = (self.admission_webhook if self.admission_webhook else
+                      "prevent-bare-pods: bare-pods: Pods must be managed by a controller (a Deployment, a Job…)"
+                      if self.bare_pods_refused and not owners else None)
+            if denial is not None:
+                return aiohttp.web.json_response({
+                    "apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 403, "reason": "Forbidden",
+                    "message": f'admission webhook "validate.kyverno.svc-fail" denied the request: resource '
+                               f"Pod/{request.namespace}/{name} was blocked due to the following policies {denial}"},
+                    status=403)
         if request.action == kmock.action.CREATE and resource.plural in self.admission:
             return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422,
                                               "reason": "Invalid", "message": self.admission[resource.plural]},
                                              status=422)
+        if request.action == kmock.action.CREATE and resource == JOBS and self.kueue is not None:
+            self.kueue.default(self, request.namespace or "", request.data)  # a mutating webhook: dry runs too
         if request.action == kmock.action.CREATE:
             metadata = request.data.setdefault("metadata", {})
             metadata.setdefault("namespace", request.namespace)
@@ -524,13 +548,14 @@ class ApiServer(kmock.KubernetesEmulator):
                 obj.delete()
         return ended
 
-    def store(self, obj: dict[str, Any]) -> None:
-        """Put an object the way the cluster has it (nodes, claims, a foreign ConfigMap…)."""
+    def store(self, obj: dict[str, Any], resource: kmock.resource | None = None) -> None:
+        """Put an object the way the cluster has it (nodes, claims, a foreign ConfigMap…);
+        ``resource``: a kind the core stand-in does not know (Kueue's, :mod:`.kube_kueue`)."""
         metadata = obj["metadata"]
         metadata.setdefault("uid", hashlib.sha256(f"seed-{metadata['name']}".encode()).hexdigest()[:32])
         metadata.setdefault("creationTimestamp", now())
         metadata.setdefault("resourceVersion", str(next(self._versions)))
-        self.objects[RESOURCES[obj["kind"]], metadata.get("namespace"), metadata["name"]] = obj
+        self.objects[resource or RESOURCES[obj["kind"]], metadata.get("namespace"), metadata["name"]] = obj
 
     def alive(self, kind: str, namespace: str | None = None) -> dict[str, dict[str, Any]]:
         """Name → object of every existing object of ``kind`` (in ``namespace``)."""
@@ -663,6 +688,13 @@ STEPS: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] = 
     # grace period — and the pod gets the DisruptionTarget condition (GA in 1.31).
     "disrupted": ("main", lambda c: _terminated(137, "Error"), "Failed"),
     "disrupted-while-staging": ("stager", lambda c: _terminated(137, "Error"), "Failed"),
+    # The Eviction API (pkg/registry/core/pod/storage/eviction.go, addConditionAndDeletePod): the
+    # DisruptionTarget condition first, then a graceful delete; the kubelet ends the pod over the
+    # next looks (ControlPlane._end_gracefully), and only then does the Job controller see it fail.
+    "evicting": ("main", lambda c: _running(), "Running"),
+    # The kubelet's own evictions for local storage (LOCAL_STORAGE_EVICTIONS): killed at once.
+    "results-evicted": ("main", lambda c: _terminated(137, "Error"), "Failed"),
+    "storage-evicted": ("main", lambda c: _terminated(137, "Error"), "Failed"),
     # The collective probe's rank stuck in its rendezvous: its own alarm ends it (HANG_EXIT).
     "probe-hang": ("main", lambda c: _terminated(124, "Error"), "Failed"),
     "verify-failed": ("verify", lambda c: _terminated(1, "Error"), "Failed"),
@@ -670,6 +702,17 @@ STEPS: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] = 
     # kubelet signals it, pkg/kubelet/kuberuntime: sidecars are stopped after the main containers).
     "upload-failed": ("main", lambda c: _terminated(0, "Completed"), "Failed"),
     "stager-failed": ("stager", lambda c: _terminated(1, "Error", "stage: s3://bkt-1/data/: AccessDenied"), "Failed"),
+}
+#: What the kubelet's eviction manager says when it evicts a pod for its local storage
+#: (pkg/kubelet/eviction/eviction_manager.go: emptyDirLimitEviction, podEphemeralStorageLimitEviction;
+#: the messages are helpers.go's emptyDirMessageFmt and podEphemeralStorageMessageFmt): the pod is
+#: killed with no grace (its containers exit 137), Failed with reason Evicted — and evictPod is
+#: given no condition on this path, so no DisruptionTarget, unlike a node-pressure eviction.
+LOCAL_STORAGE_EVICTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "results-evicted": lambda spec: 'Usage of EmptyDir volume "results" exceeds the limit "{}". '.format(
+        next(v for v in spec["volumes"] if v["name"] == "results")["emptyDir"].get("sizeLimit")),
+    "storage-evicted": lambda spec: "Pod ephemeral local storage usage exceeds the total limit of containers "
+                                    f"{spec['containers'][0]['resources']['limits']['ephemeral-storage']}. ",
 }
 TRAIN_SCRIPT = ["pulling", "staging", "verifying", "verified", "running"]
 STAGE_SCRIPT = ["pulling", "running", "succeeded"]
@@ -732,6 +775,9 @@ class ControlPlane:
         indexed = spec.get("completionMode") == "Indexed"
         suffix = hashlib.sha256(f"{meta['uid']}{index}{replacing or ''}".encode()).hexdigest()[:5]
         pod_name = f"{name}-{index}-{suffix}" if indexed else f"{name}-{suffix}"
+        while (PODS, namespace, pod_name) in server.objects:  # never a name used before (a suspended Job's pods)
+            suffix = hashlib.sha256(suffix.encode()).hexdigest()[:5]
+            pod_name = f"{name}-{index}-{suffix}" if indexed else f"{name}-{suffix}"
         template = copy.deepcopy(spec["template"])
         labels = {**template["metadata"].get("labels", {}), "batch.kubernetes.io/job-name": name, "job-name": name,
                   "batch.kubernetes.io/controller-uid": meta["uid"], "controller-uid": meta["uid"]}
@@ -746,18 +792,30 @@ class ControlPlane:
             "spec": template["spec"], "status": {"phase": "Pending"}})
 
     def advance(self, server: ApiServer, namespace: str, job: str) -> None:
-        """One step for the pods of ``job``, and the Job's status after it (a terminating pod is
-        the kubelet's to end: :meth:`ApiServer.end_terminating`)."""
+        """One step for the pods of ``job``, and the Job's status after it. A terminating pod of a
+        Job that exists takes a step of its grace (:meth:`_end_gracefully`); one whose Job is gone
+        (canceled, its TTL passed) is the kubelet's to end: :meth:`ApiServer.end_terminating`."""
         key = (JOBS, namespace, job)
+        if server.kueue is not None:
+            server.kueue.reconcile(server, namespace, job)
         found = server.objects[key] if key in server.objects and not server.objects[key].deleted else None
         if found is None:
             return
         pods = [obj for (resource, ns, _), obj in server.objects.items() if resource == PODS and ns == namespace
                 and not obj.deleted and obj.raw["metadata"]["labels"].get("batch.kubernetes.io/job-name") == job
                 and "deletionTimestamp" not in obj.raw["metadata"]]
+        if found.raw["spec"].get("suspend"):  # suspended (again): the Job controller deletes its active pods
+            for pod in pods:
+                pod.delete()
+            found["status"] = {**found.raw.get("status", {}), "active": 0, "conditions": [
+                {"type": "Suspended", "status": "True", "reason": "JobSuspended", "message": "Job suspended"}]}
+            return
+        ending = self._end_gracefully(server, namespace, job)
         if not pods:
-            if "Suspended" in str(found.raw.get("status")) and not found.raw["spec"].get("suspend"):
+            if "Suspended" in str(found.raw.get("status")):
                 self._start_pods(server, found.raw)  # resumed: the Job controller makes its pods now
+            elif ending:
+                self._job_status(server, namespace, job)  # it sees the pods that stopped
             return
         step = pods[0].raw["metadata"]["labels"].get("tao-data-io/step")  # the pod template's, as the backend set it
         first = self.scripts.get(job) or {"stage": STAGE_SCRIPT, "probe": PROBE_SCRIPT}.get(step, TRAIN_SCRIPT)
@@ -899,11 +957,46 @@ class ControlPlane:
                     status["state"] = _terminated(1, "Error")
                     server.logs[namespace, name, "results"] = "upload: s3://bkt-1/results/: AccessDenied\n"
         conditions = [{"type": "PodScheduled", "status": "True"}]
-        if step.startswith("disrupted"):
+        if step.startswith("disrupted") or step == "evicting":
             conditions.append({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
                                "message": "Eviction API: evicting"})
         pod["status"] = {"phase": phase, "conditions": conditions,
-                         "initContainerStatuses": statuses[:len(init)], "containerStatuses": statuses[len(init):]}
+                         "initContainerStatuses": statuses[:len(init)], "containerStatuses": statuses[len(init):],
+                         **({"reason": "Evicted", "message": LOCAL_STORAGE_EVICTIONS[step](spec)}
+                            if step in LOCAL_STORAGE_EVICTIONS else {})}
+        if step == "evicting":
+            server._terminate(pod, None)
+
+    def _end_gracefully(self, server: ApiServer, namespace: str, job: str) -> bool:
+        """The kubelet, one step a look, for each pod of ``job`` deleted with a grace period (an
+        eviction, the Job controller ending the pods of a Job that failed): first SIGTERM ends
+        the running containers — training exits 143, TRAIN_WRAPPER passes the signal on — while
+        native sidecars run on, since the kubelet stops them only after the regular containers
+        (KEP-753, pkg/kubelet/kuberuntime/kuberuntime_termination_order.go): the phase stays what
+        it was; at the next look the sidecars have ended (the results sidecar's final upload) and
+        the pod is Failed. Whether any pod of ``job`` was terminating."""
+        found = False
+        for (resource, ns, _), obj in server.objects.items():
+            if resource != PODS or ns != namespace or obj.deleted:
+                continue
+            raw = obj.raw
+            if ("deletionTimestamp" not in raw["metadata"] or raw["status"].get("phase") in ("Succeeded", "Failed")
+                    or raw["metadata"]["labels"].get("batch.kubernetes.io/job-name") != job):
+                continue
+            found = True
+            status = raw["status"]
+            init, main = status.get("initContainerStatuses", []), status.get("containerStatuses", [])
+            sidecars = {c["name"] for c in raw["spec"].get("initContainers", []) if c.get("restartPolicy") == "Always"}
+            signalled = [{**c, "state": _terminated(143, "Error")} if "running" in c["state"]
+                         and c["name"] not in sidecars else c for c in [*init, *main]]
+            phase = status.get("phase")
+            if signalled == [*init, *main]:  # nothing but sidecars left running: they end, and so does the pod
+                signalled = [{**c, "state": _terminated(0, "Completed")} if "running" in c["state"] else c
+                             for c in signalled]
+                phase = "Failed"
+            obj["status"] = {**status, "phase": phase, "initContainerStatuses": signalled[:len(init)],
+                             "containerStatuses": signalled[len(init):]}
+        return found
 
     def _verdict(self, server: ApiServer, namespace: str, spec: dict[str, Any]) -> Verdict:
         """The verify container's verdict on the checklist in the job's ConfigMap: what a test said
@@ -942,17 +1035,28 @@ class ControlPlane:
     def _job_status(self, server: ApiServer, namespace: str, name: str) -> None:
         """The Job controller's verdict on the Job's pods: each failed pod is handled once, by the
         Job's ``podFailurePolicy`` (:func:`pod_failure_action`); FailJob fails the Job, a counted
-        failure beyond ``backoffLimit`` fails it, and any other failed pod is replaced (upstream
-        ``pkg/controller/job/job_controller.go``: a pod of an Indexed Job keeps its index)."""
+        failure beyond ``backoffLimit`` fails it, so does a passed ``activeDeadlineSeconds``, and
+        any other failed pod is replaced (upstream ``pkg/controller/job/job_controller.go``: a pod
+        of an Indexed Job keeps its index).
+
+        A Job that fails has its active pods deleted, each with its own grace (``deleteActivePods``;
+        the kubelet ends them: :meth:`_end_gracefully`). Before 1.31 it is Failed at once. From
+        1.31 (kubernetes/kubernetes#125510: ``delayTerminalCondition``, on with JobManagedBy or
+        JobPodReplacementPolicy) it gets the interim FailureTarget at once and Failed, with the
+        same reason, only once none of its pods is terminating (``enactJobFinished``); a
+        FailureTarget once set is the verdict (``newFailedConditionForFailureTarget``)."""
         job = server.objects[JOBS, namespace, name]
         spec = job.raw["spec"]
-        pods = [obj.raw for (resource, ns, _), obj in server.objects.items() if resource == PODS and ns == namespace
+        objs = [obj for (resource, ns, _), obj in server.objects.items() if resource == PODS and ns == namespace
                 and not obj.deleted and obj.raw["metadata"]["labels"].get("batch.kubernetes.io/job-name") == name]
+        pods = [obj.raw for obj in objs]
         phases = [pod["status"].get("phase") for pod in pods]
         failed, succeeded = phases.count("Failed"), phases.count("Succeeded")
         status: dict[str, Any] = {"startTime": job.raw.get("status", {}).get("startTime", now())}
         counted = 0
-        verdict: tuple[str, str] | None = None
+        target = next((c for c in job.raw.get("status", {}).get("conditions", []) if c["type"] == "FailureTarget"),
+                      None)
+        verdict: tuple[str, str] | None = (target["reason"], target["message"]) if target else None
         for index, pod in enumerate(pods):
             if pod["status"].get("phase") != "Failed":
                 continue
@@ -967,11 +1071,6 @@ class ControlPlane:
         started = datetime.fromisoformat(str(status["startTime"]).replace("Z", "+00:00"))
         if verdict is None and deadline is not None and (datetime.now(timezone.utc) - started).total_seconds() > deadline:
             verdict = ("DeadlineExceeded", "Job was active longer than specified deadline")
-            for (resource, ns, _), obj in list(server.objects.items()):  # its active pods are deleted
-                if (resource == PODS and ns == namespace and not obj.deleted and obj.raw["status"].get("phase") not in
-                        ("Failed", "Succeeded") and obj.raw["metadata"]["labels"].get("batch.kubernetes.io/job-name")
-                        == name):
-                    obj.delete()
         if verdict is None:
             for pod in pods:
                 pod_name = pod["metadata"]["name"]
@@ -981,18 +1080,33 @@ class ControlPlane:
                         "batch.kubernetes.io/job-completion-index", 0))
                     self._new_pod(server, job.raw, index, replacing=pod_name)
         if verdict is not None:
+            terminating = self._end_active(server, objs)
+            reached = ["FailureTarget", *(["Failed"] if server.minor < 31 or not terminating else [])]
             status.update(failed=failed, conditions=[
-                {"type": "FailureTarget", "status": "True", "reason": verdict[0], "message": verdict[1]},
-                {"type": "Failed", "status": "True", "reason": verdict[0], "message": verdict[1]}])
+                {"type": kind, "status": "True", "reason": verdict[0], "message": verdict[1]} for kind in reached])
         elif succeeded == int(spec.get("completions") or 1):
             # Set once, as the Job controller does (a later look at a finished Job changes nothing).
             completed = job.raw.get("status", {}).get("completionTime") or now()
             status.update(succeeded=succeeded, failed=failed, completionTime=completed, conditions=[
                 {"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}])
         else:
-            status.update(active=len(phases) - succeeded - failed, ready=phases.count("Running"),
-                          **({"failed": failed} if failed else {}))
+            # A terminating pod is not active (controller.FilterActivePods).
+            active = [pod for pod in pods if "deletionTimestamp" not in pod["metadata"]
+                      and pod["status"].get("phase") not in ("Succeeded", "Failed")]
+            status.update(active=len(active), ready=phases.count("Running"), **({"failed": failed} if failed else {}))
         job["status"] = status
+
+    @staticmethod
+    def _end_active(server: ApiServer, pods: list[Any]) -> int:
+        """``deleteActivePods``: each pod of a failed Job that is still active is deleted with its
+        own grace period (at once where no node runs it); how many of its pods still terminate."""
+        for obj in pods:
+            raw = obj.raw
+            active = raw["status"].get("phase") not in ("Succeeded", "Failed") and "deletionTimestamp" not in raw["metadata"]
+            if active and server._terminate(obj, None) == 0:
+                obj.delete()
+        return sum(1 for obj in pods if not obj.deleted and "deletionTimestamp" in obj.raw["metadata"]
+                   and obj.raw["status"].get("phase") not in ("Succeeded", "Failed"))
 
     def _event(self, server: ApiServer, namespace: str, kind: str, about: dict[str, Any], reason: str,
                message: str) -> None:

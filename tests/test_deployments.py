@@ -78,6 +78,13 @@ def test_a_worker_in_its_own_namespace_may_run_flow_runs_in_the_jobs_namespace()
     assert rbac.allowed(Attributes("get", "", "pods", "log", namespace=pool_namespace))
     assert not rbac.allowed(Attributes("get", "", "secrets", namespace=pool_namespace))
     assert not rbac.allowed(Attributes("create", "batch", "jobs", namespace="prefect"))  # the chart's own Role does
+    # The worker's observer (prefect-kubernetes, a kopf operator) watches pods and Jobs — in the
+    # namespaces its setting names, else cluster-wide, which needs a ClusterRole — and kopf posts
+    # what its handlers log as events.
+    for group, resource in (("", "pods"), ("batch", "jobs")):
+        assert all(rbac.allowed(Attributes(verb, group, resource, namespace=pool_namespace)) for verb in ("list", "watch"))
+    assert rbac.allowed(Attributes("create", "", "events", namespace=pool_namespace))
+    assert f"PREFECT_INTEGRATIONS_KUBERNETES_OBSERVER_NAMESPACES=prefect,{pool_namespace}" in path.read_text()
 
 
 def test_the_blocks_module_saves_every_block_the_local_deployments_name_and_a_rerun_keeps_them(

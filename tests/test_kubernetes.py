@@ -24,6 +24,7 @@ from tao_data_io.kubernetes.render import DISRUPTIONS_RETRIED, RenderedJob, lite
 from tao_data_io.kubernetes.apply import step_of
 from tao_data_io.kubernetes.scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, TRAIN_WRAPPER, VERIFY_SCRIPT
 from tao_data_io.kubernetes.settings import KubernetesSettings
+from tao_data_io.quantities import quantity_bytes
 from tao_data_io.records import OutputRoute
 from tao_data_io.request import JobRequest, load_request
 
@@ -126,7 +127,9 @@ def test_single_pod_tier_c_shape(tmp_path: Path) -> None:
     assert verify["image"] == request.image and verify["terminationMessagePath"] == "/dev/termination-log"
     assert verify["command"][:2] == ["/bin/sh", "/tao-data-io-verify/verify.sh"]
     train = pod["containers"][0]
-    assert train["resources"] == {"requests": {"memory": "8Gi"}, "limits": {"nvidia.com/gpu": "2"}}
+    # The results volume's bound (outputs.results_limit, 20Gi) is reserved on the node's disk.
+    assert train["resources"] == {"requests": {"memory": "8Gi", "ephemeral-storage": "20480Mi"},
+                                  "limits": {"nvidia.com/gpu": "2"}}
     assert train["command"] == ["/bin/sh", "-c", TRAIN_WRAPPER, "tao-train"]  # PID 1 hands SIGTERM on
     assert train["args"][:3] == ["dino", "train", "-e"]
     mounts = by_name_list(train["volumeMounts"])
@@ -725,11 +728,12 @@ def test_the_training_pod_is_never_best_effort_and_takes_the_requests_cpu_memory
                                 "ephemeral_storage": "200Gi"})
     rendered = render(shaped, tmp_path / "a", "C")
     validate(rendered)
+    disk = "225280Mi"  # the request's 200Gi and the results volume's 20Gi (outputs.results_limit)
     assert training_pod(rendered)["containers"][0]["resources"] == {
-        "requests": {"memory": "96Gi", "cpu": "7500m", "ephemeral-storage": "200Gi"},
-        "limits": {"nvidia.com/gpu": "1", "cpu": "7500m", "memory": "96Gi", "ephemeral-storage": "200Gi"}}
+        "requests": {"memory": "96Gi", "cpu": "7500m", "ephemeral-storage": disk},
+        "limits": {"nvidia.com/gpu": "1", "cpu": "7500m", "memory": "96Gi", "ephemeral-storage": disk}}
     plain = training_pod(render(req(compute_shape={"gpus": 0}), tmp_path / "b", "C"))["containers"][0]
-    assert plain["resources"] == {"requests": {"memory": "16Gi"}}  # Burstable, and a quota can count it
+    assert plain["resources"] == {"requests": {"memory": "16Gi", "ephemeral-storage": "20480Mi"}}  # Burstable
     with pytest.raises(UsageError, match="compute_shape.memory '16Gi' is less than the target's shm_size '32Gi'"):
         render(req(compute_shape={"memory": "16Gi"}), tmp_path / "c", "C", shm_size="32Gi")
 
@@ -834,14 +838,45 @@ def test_tier_c_reserves_and_limits_its_staging_disk_with_the_training_container
     plain = sized(req(), tmp_path / "p")
     train = training_pod(plain)["containers"][0]["resources"]
     staging = next(v for v in training_pod(plain)["volumes"] if v["name"] == "staging")["emptyDir"]["sizeLimit"]
-    assert staging == "102656Mi" and train["requests"]["ephemeral-storage"] == staging  # 100 GiB and the margin
+    assert staging == "102656Mi"  # 100 GiB and the margin; with the results volume's 20Gi:
+    assert train["requests"]["ephemeral-storage"] == "123136Mi"
     assert "ephemeral-storage" not in train.get("limits", {})
     shaped = sized(req(compute_shape={"gpus": 1, "ephemeral_storage": "10Gi"}), tmp_path / "s")
     resources = training_pod(shaped)["containers"][0]["resources"]
-    assert resources["requests"]["ephemeral-storage"] == resources["limits"]["ephemeral-storage"] == "112896Mi"
+    assert resources["requests"]["ephemeral-storage"] == resources["limits"]["ephemeral-storage"] == "133376Mi"
     validate(shaped)
     unknown = training_pod(render(req(), tmp_path / "u", "C"))
     assert next(v for v in unknown["volumes"] if v["name"] == "staging")["emptyDir"] == {}
+
+
+def test_the_results_volume_is_bounded_by_the_results_limit_and_reserved_with_the_pods_disk(tmp_path: Path) -> None:
+    """Finding 16. Without a claim the results live in an emptyDir on the node's disk, which the
+    kubelet counts (pkg/kubelet/eviction/eviction_manager.go): it evicts a pod whose emptyDir
+    passes its sizeLimit (``emptyDirLimitEviction``), and every emptyDir not in memory is part of
+    the pod's use, held against the sum of its containers' ephemeral-storage limits
+    (``podEphemeralStorageLimitEviction``). The results volume is bounded by the request's
+    outputs.results_limit, and that bound joins the staging volume's in the training container's
+    request — the scheduler reserves it — and in its limit when the request sets one."""
+    def sized(request: JobRequest, where: Path) -> dict[str, Any]:
+        plan, _ = plan_for(request, where, "C")
+        rendered = render(request, where, "C", plan=plan.model_copy(update={"staging_bytes": 100 * 2**30}))
+        validate(rendered)
+        return training_pod(rendered)
+
+    plain = sized(req(outputs={"results_limit": "8Gi"}), tmp_path / "p")
+    volumes = by_name(plain["volumes"])
+    assert volumes["results"]["emptyDir"] == {"sizeLimit": "8Gi"}
+    staging = quantity_bytes(volumes["staging"]["emptyDir"]["sizeLimit"])
+    train = plain["containers"][0]["resources"]
+    assert quantity_bytes(train["requests"]["ephemeral-storage"]) == staging + 8 * 2**30
+    assert "ephemeral-storage" not in train.get("limits", {})
+    shaped = sized(req(outputs={"results_limit": "8Gi"}, compute_shape={"gpus": 1, "ephemeral_storage": "10Gi"}),
+                   tmp_path / "s")["containers"][0]["resources"]
+    assert shaped["requests"]["ephemeral-storage"] == shaped["limits"]["ephemeral-storage"]
+    assert quantity_bytes(shaped["limits"]["ephemeral-storage"]) == 10 * 2**30 + staging + 8 * 2**30
+    on_claim = training_pod(render(req(storage={"pvc_claim": "lustre"}), tmp_path / "b", "B", pvc_claim="lustre"))
+    assert "results" not in by_name(on_claim["volumes"])  # the claim holds them, not the node's disk
+    assert "ephemeral-storage" not in on_claim["containers"][0]["resources"]["requests"]
 
 
 def test_the_final_uploads_grace_follows_the_requests_results_limit_and_is_bounded(tmp_path: Path) -> None:

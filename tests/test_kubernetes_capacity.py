@@ -111,55 +111,7 @@ def test_pending_timeout_is_refused_unless_the_pool_autoscales() -> None:
         KubernetesSettings(capacity="autoscaled", pending_timeout=0)
 
 
-# ----------------------------------------------------------------------------- Kueue and scheduling metadata
-QUEUED = {"capacity": "queued", "queue_name": "gpu-queue"}
-
-
-def test_a_queued_job_is_made_suspended_in_its_queue_and_runs_once_kueue_admits_it(kube: KubeStandIn,
-                                                                                 tmp_path: Path) -> None:
-    """Kueue owns ``suspend``: the Job is made suspended with the queue's label, its pods appear
-    only when Kueue resumes it, and until then the job reads PENDING, saying it is queued."""
-    import threading
-
-    said: list[str] = []
-    backend = make_backend(said, priority_class="tao-high", **QUEUED)
-
-    def admit() -> None:  # Kueue, once the quota allows: resumes the Job
-        def resume() -> bool:
-            key = online.kube_key("Job", "job-1")
-            job = kube.server.objects[key] if key in kube.server.objects else None
-            if job is None or not job.raw["spec"].get("suspend"):
-                return False
-            job.raw["spec"]["suspend"] = False
-            return True
-
-        for _ in range(200):
-            if kube.run(resume):
-                return
-            time.sleep(0.02)
-
-    admission = threading.Thread(target=admit)
-    admission.start()
-    done = submit(tmp_path, job_request(compute_shape={"gpus": 16}), backend)
-    admission.join()
-    job = ours(kube, "Job")["job-1"]
-    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
-    assert job["spec"]["template"]["spec"]["priorityClassName"] == "tao-high"
-    assert done.started and store_in(tmp_path).get("job-1").state == "RUNNING"
-    assert any("Kueue admits the job from queue 'gpu-queue'" in line for line in said), said
-
-
-def test_a_queued_job_never_admitted_is_deleted_at_its_pending_timeout_saying_why(kube: KubeStandIn,
-                                                                                 tmp_path: Path) -> None:
-    backend = make_backend(pending_timeout=0.05, **QUEUED)
-    submission, _ = online.launch_only(tmp_path, job_request(), backend)
-    assert backend.status(submission.backend_ref).message.startswith(
-        "suspended, waiting for Kueue to admit it from queue 'gpu-queue'")
-    with pytest.raises(VerifyFailed, match="more than pending_timeout"):
-        submit(tmp_path, job_request(), make_backend(pending_timeout=0.05, **QUEUED))
-    assert "job-1" not in ours(kube, "Job")
-
-
+# ----------------------------------------------------------------------------- scheduling metadata (Kueue: test_kubernetes_kueue)
 def test_the_targets_labels_and_annotations_ride_on_every_job_and_pod_but_never_ours(kube: KubeStandIn,
                                                                                     tmp_path: Path) -> None:
     kube.server.control.scripts["job-1"] = ["pulling"]

@@ -120,15 +120,114 @@ def test_a_job_past_its_deadline_is_ended_and_says_so(kube: KubeStandIn, tmp_pat
     submit(tmp_path, job_request(compute_shape={"gpus": 1, "deadline_seconds": 60}), backend)
     job = ours(kube, "Job")["job-1"]
     assert job["spec"]["activeDeadlineSeconds"] == 60
-
-    def started_long_ago() -> None:
-        found = kube.server.objects[online.kube_key("Job", "job-1")]
-        found["status"] = {**found.raw["status"], "startTime": "2020-01-01T00:00:00Z"}
-
-    kube.run(started_long_ago)
+    kube.run(lambda: _started_long_ago(kube))
     collected = verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01)
     assert collected.state == "ERROR" and collected.failure is not None
     assert "ran longer than its compute_shape.deadline_seconds (60 s)" in collected.failure.reason
+
+
+@pytest.mark.parametrize("minor", [30, 31])
+def test_a_job_past_its_deadline_says_the_job_controllers_reason_and_ends_once_its_pods_stopped(
+        kube: KubeStandIn, tmp_path: Path, minor: int) -> None:
+    """Finding 11. Past activeDeadlineSeconds the Job controller deletes the Job's active pods
+    (``deleteActivePods``): training exits 143 on SIGTERM while the results sidecar makes its
+    final upload for the rest of the grace. Before 1.31 the Job is Failed at once; from 1.31 it
+    gets FailureTarget at once and Failed only once no pod terminates
+    (pkg/controller/job/job_controller.go: ``delayTerminalCondition``, ``enactJobFinished``;
+    kubernetes/kubernetes#125510). On both, the status names the controller's reason, never the
+    143 of the pods it is ending, and the job ends only once they stopped: what collect reports
+    must not still be uploading."""
+    kube.server.minor = minor
+    backend = make_backend()
+    done = submit(tmp_path, job_request(compute_shape={"gpus": 1, "deadline_seconds": 60}), backend)
+    kube.run(lambda: _started_long_ago(kube))
+    ending = backend.status(done.backend_ref)
+    conditions = [c["type"] for c in ours(kube, "Job")["job-1"]["status"]["conditions"]]
+    assert conditions == (["FailureTarget"] if minor >= 31 else ["FailureTarget", "Failed"])
+    assert not ending.terminal and "DeadlineExceeded: Job was active longer than specified deadline" in ending.message
+    said: list[str] = []
+    collected = verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01, say=said.append)
+    assert collected.state == "ERROR" and collected.failure is not None, collected
+    assert "ran longer than its compute_shape.deadline_seconds (60 s)" in collected.failure.reason
+    assert not [line for line in said if "143" in line], said
+    assert {pod["status"]["phase"] for pod in _pods(kube).values()} == {"Failed"}  # every pod had stopped
+    assert [c["type"] for c in ours(kube, "Job")["job-1"]["status"]["conditions"]] == ["FailureTarget", "Failed"]
+
+
+def _started_long_ago(kube: KubeStandIn) -> None:
+    found = kube.server.objects[online.kube_key("Job", "job-1")]
+    found["status"] = {**found.raw["status"], "startTime": "2020-01-01T00:00:00Z"}
+
+
+# ----------------------------------------------------------------------------- an eviction's grace
+def test_a_pod_in_its_eviction_grace_is_being_replaced_not_the_end_of_the_job(kube: KubeStandIn,
+                                                                              tmp_path: Path) -> None:
+    """Finding 10. The Eviction API sets DisruptionTarget, then deletes the pod gracefully
+    (pkg/registry/core/pod/storage/eviction.go, ``addConditionAndDeletePod``): training exits 143
+    on SIGTERM while the native sidecars run on, and the phase stays Running. The Job controller
+    acts only once the pod is Failed (a Job with a podFailurePolicy defaults podReplacementPolicy
+    to Failed, pkg/apis/batch/v1/defaults.go), and the policy's first rule then counts it
+    (pkg/controller/job/pod_failure_policy.go): a one-pod job with retries left is being
+    replaced all that time, and the wait goes on to the replacement's end."""
+    kube.server.control.scripts["job-1"] = [*TRAIN_SCRIPT, "evicting"]
+    kube.server.control.replacement_scripts["job-1"] = [*TRAIN_SCRIPT, "succeeded"]
+    backend = make_backend()
+    submit(tmp_path, job_request(), backend)
+    said: list[str] = []
+    collected = verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01, say=said.append)
+    assert collected.state == "COMPLETE", collected
+    grace = [line for line in said if "being disrupted" in line]
+    assert grace and "EvictionByEvictionAPI" in grace[0] and "replaces it" in grace[0], said
+    assert len(_pods(kube)) == 2
+
+
+@pytest.mark.parametrize(("shape", "replacement", "why"), [
+    ({"gpus": 1, "disruption_retries": 1}, [*TRAIN_SCRIPT, "evicting"], "started again 1 times after disruptions"),
+    ({"gpus": 8, "nodes": 2}, None, "a replacement rank cannot rejoin the running rendezvous")],
+    ids=["retries-spent", "multi-node"])
+def test_an_eviction_grace_with_no_replacement_to_come_ends_the_job(kube: KubeStandIn, tmp_path: Path,
+                                                                    shape: dict, replacement: list[str] | None,
+                                                                    why: str) -> None:
+    """Finding 10: the grace of a pod the Job controller will not replace — the retries are
+    spent (``backoffLimit``), or a rank of a multi-node job — is still the job's end."""
+    kube.server.control.scripts["job-1"] = [*TRAIN_SCRIPT, "evicting"]
+    if replacement is not None:
+        kube.server.control.replacement_scripts["job-1"] = replacement
+    backend = make_backend()
+    submit(tmp_path, job_request(compute_shape=shape), backend)
+    collected = verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01)
+    assert collected.state == "ERROR" and collected.failure is not None, collected
+    assert "the pod was disrupted" in collected.failure.reason and why in collected.failure.suggestion
+    assert len(_pods(kube)) == 2
+
+
+# ----------------------------------------------------------------------------- the kubelet's own evictions
+@pytest.mark.parametrize(("step", "shape", "said", "fix"), [
+    ("results-evicted", {"gpus": 1}, 'Usage of EmptyDir volume "results" exceeds the limit "20Gi"',
+     "raise outputs.results_limit"),
+    ("storage-evicted", {"gpus": 1, "ephemeral_storage": "10Gi"},
+     "Pod ephemeral local storage usage exceeds the total limit of containers",
+     "raise compute_shape.ephemeral_storage")],
+    ids=["results-volume", "pod-disk"])
+def test_a_kubelet_eviction_for_local_storage_is_the_infrastructures_never_an_oom_kill(
+        kube: KubeStandIn, tmp_path: Path, step: str, shape: dict, said: str, fix: str) -> None:
+    """Finding 16. The kubelet evicts a pod whose emptyDir passes its sizeLimit, or whose disk use
+    passes its containers' ephemeral-storage limits, with no grace
+    (pkg/kubelet/eviction/eviction_manager.go: ``emptyDirLimitEviction``,
+    ``podEphemeralStorageLimitEviction``): its containers exit 137, which reads as an OOM kill;
+    the pod is Failed, reason Evicted, with the kubelet's message — and no DisruptionTarget
+    (``evictPod`` is given no condition there), so nothing runs it again either. The results
+    volume's limit is the request's results_limit (20Gi by default)."""
+    kube.server.control.scripts["job-1"] = [*TRAIN_SCRIPT, step]
+    backend = make_backend()
+    submit(tmp_path, job_request(compute_shape=shape), backend)
+    collected = verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01)
+    assert collected.state == "ERROR" and collected.failure is not None, collected
+    failure = collected.failure
+    assert failure.err_class == "ERR_INFRA" and "the kubelet evicted the pod" in failure.reason, failure
+    assert said in failure.reason and fix in failure.suggestion
+    assert "OOMKilled" not in failure.reason and "batch size" not in failure.suggestion
+    assert len(_pods(kube)) == 1
 
 
 # ----------------------------------------------------------------------------- the collective probe

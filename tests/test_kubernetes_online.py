@@ -6,6 +6,7 @@ cluster when TAO_E2E_KUBECONFIG names one."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -40,6 +41,7 @@ from tao_data_io.request import JobRequest
 from tao_data_io.transfer.client import make_s3_client
 
 from .kube_helpers import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID
+from .kube_kueue import Kueue
 from .kube_standin import RESOURCES, TRAIN_SCRIPT, Fault, KubeStandIn
 from .kube_volumes import Inode, Volume
 
@@ -270,7 +272,10 @@ def test_tier_c_sizes_its_staging_volume_from_the_inputs_listing(kube: KubeStand
     staging = next(v for v in pod["volumes"] if v["name"] == "staging")["emptyDir"]["sizeLimit"]
     # At least the bytes (and their blocks), and the margin; compared as sizes, not as text.
     assert quantity_bytes(staging) >= sum(INPUT_OBJECTS.values()) + STAGING_MARGIN
-    assert pod["containers"][0]["resources"]["requests"]["ephemeral-storage"] == staging
+    results = next(v for v in pod["volumes"] if v["name"] == "results")["emptyDir"]["sizeLimit"]
+    assert results == "20Gi"  # outputs.results_limit bounds the results volume on the node's disk too
+    disk = quantity_bytes(pod["containers"][0]["resources"]["requests"]["ephemeral-storage"])
+    assert disk == quantity_bytes(staging) + quantity_bytes(results)
     stager = next(c for c in pod["initContainers"] if c["name"] == "stager")
     assert "ephemeral-storage" not in stager["resources"]["requests"]
     validate(every_object_of_ours(kube))
@@ -334,6 +339,27 @@ def test_a_claim_whose_volume_ignores_fs_group_refuses_the_stage_with_the_fix(ku
     assert set(kube.server.control.volumes[volume].tree) == {""}  # nothing was written
     assert ours(kube, "Job") == {}
     assert "cannot be written by this stage" in (store_in(tmp_path).get("job-1").message or "")
+
+
+def test_the_first_stage_on_a_claim_regroups_everything_on_it_unless_its_root_already_has_the_group(
+        kube: KubeStandIn, tmp_path: Path) -> None:
+    """Issue 39, finding 18: the stage pod's fsGroup walks the whole volume the first time
+    (pkg/volume/volume_linux.go ``SetVolumeOwnership``: every file's group becomes 1000, g+rw):
+    on a claim shared with other data, another team's files are regrouped and opened to group
+    1000. ``OnRootMismatch`` skips the walk when the root already has the group and its bits —
+    the documented way to stage on a shared claim without it."""
+    volume = bound_claim(kube, "csi-file")
+    theirs = {"": Inode(0, 0, 0o755), "other-team": Inode(2000, 2000, 0o750),
+              "other-team/model.pth": Inode(2000, 2000, 0o640, directory=False)}
+    kube.server.control.volumes[volume] = Volume(ownership=True, tree=copy.deepcopy(theirs))
+    submit(tmp_path, job_request(storage={"pvc_claim": "tao-data"}), make_backend())
+    regrouped = kube.server.control.volumes[volume].tree["other-team/model.pth"]
+    assert (regrouped.gid, regrouped.mode & 0o777) == (1000, 0o660)  # the walk reached another team's file
+    prepared = {**theirs, "": Inode(0, 1000, 0o2775)}  # chgrp 1000; chmod 2775 the root, beforehand
+    kube.server.control.volumes[volume] = Volume(ownership=True, tree=copy.deepcopy(prepared))
+    submit(tmp_path / "again", job_request(job_id="job-2", storage={"pvc_claim": "tao-data"}), make_backend())
+    kept = kube.server.control.volumes[volume].tree["other-team/model.pth"]
+    assert (kept.gid, kept.mode & 0o777) == (2000, 0o640)
 
 
 def test_a_pre_created_group_writable_cache_and_jobs_on_an_nfs_export_is_the_fix(kube: KubeStandIn,
@@ -994,7 +1020,8 @@ def test_an_evicted_pod_and_a_container_that_cannot_start_are_the_infrastructure
                   message="The node was low on resource: memory.")
     analysis = pod_reading.failure_analysis(FAILED_JOB, [evicted])
     assert analysis is not None and analysis.err_class == "ERR_INFRA"
-    assert analysis.reason == "the pod failed: Evicted: The node was low on resource: memory."
+    assert analysis.reason == "the kubelet evicted the pod: The node was low on resource: memory."
+    assert "the node ran short of a resource" in analysis.suggestion
     broken = pod({"verify": {"waiting": {"reason": "CreateContainerConfigError",
                                          "message": 'secret "job-1-credentials" not found'}}},
                  {"waiting": {"reason": "PodInitializing"}}, phase="Pending")
@@ -1145,6 +1172,48 @@ def test_what_a_limit_range_would_set_in_the_pods_is_said_before_anything_is_cre
     shaped = job_request(job_id="job-2", compute_shape={"gpus": 1, "cpu": "8"})
     assert submit(tmp_path / "shaped", shaped, make_backend(chosen)).verdict.ok
     assert not any('container "train"' in line for line in chosen if "LimitRange" in line)
+
+
+def test_a_policy_against_bare_pods_judges_the_pod_the_job_controller_would_make(kube: KubeStandIn,
+                                                                                 tmp_path: Path) -> None:
+    """Issue 39, finding 8: the admission gate dry-runs a pod of each Job, and policies judge a
+    pod by what the Job controller's pods carry — Kyverno's "prevent bare pods" refuses a pod with
+    no controller ownerReference. The gate's pod is the controller's: owned by its Job
+    (``controller: true``; no ``blockOwnerDeletion``, which would ask for update on jobs/finalizers
+    under OwnerReferencesPermissionEnforcement) and labelled as pkg/controller/job labels its pods."""
+    kube.server.bare_pods_refused = True
+    assert submit(tmp_path, job_request(), make_backend()).verdict.ok
+    dry = [r for r in kube.requests() if r.startswith("POST /api/v1/namespaces/tao/pods") and "dryRun" in r]
+    assert dry, kube.requests()
+
+
+def test_a_webhook_that_refuses_the_pods_is_named_with_what_the_gate_sent(kube: KubeStandIn, tmp_path: Path) -> None:
+    """A refusal that is a webhook's may depend on who asks: the gate's pod is sent by this
+    identity, the Job's by the Job controller's — the refusal says so, so a policy exempting the
+    controller is recognised."""
+    kube.server.admission_webhook = "require-team-label: pods must carry the label team"
+    message = gate_case(kube, tmp_path, job_request(), make_backend(), "admission refuses the pods of Job job-1")
+    assert 'admission webhook "validate.kyverno.svc-fail" denied the request' in message
+    assert "sent by this identity, not by the Job controller" in message
+
+
+def test_what_a_limit_range_would_set_in_tao_data_ios_own_containers_is_said_too(kube: KubeStandIn,
+                                                                                  tmp_path: Path) -> None:
+    """Issue 39, finding 17: our containers set cpu and memory, not ephemeral-storage, so a
+    LimitRange's default ephemeral-storage limit lands on the stager, the results sidecar and the
+    rest (the LimitRanger defaults init containers too: plugin/pkg/admission/limitranger,
+    ``mergePodResourceRequirements``), and the kubelet evicts a pod past the sum of its
+    containers' limits (pkg/kubelet/eviction/eviction_manager.go, podEphemeralStorageLimitEviction):
+    a final upload or a stage can end in an eviction nobody was told of. The admission gate says so
+    before anything is created, naming our containers apart from the request's."""
+    kube.server.store(limit_range(default={"ephemeral-storage": "2Gi"}))
+    said: list[str] = []
+    within = job_request(outputs={"results_limit": "1Gi"})  # training's disk (inputs, results) under the default
+    assert submit(tmp_path, within, make_backend(said)).verdict.ok
+    (line,) = [line for line in said if "tao-data-io's own containers" in line]
+    assert 'container "stager": limits.ephemeral-storage=2Gi' in line, line
+    assert 'container "results": limits.ephemeral-storage=2Gi' in line, line
+    assert 'container "train"' not in line and "evicts the pod" in line, line
 
 
 def test_a_limit_range_default_below_what_training_requests_is_refused_before_anything_is_created(
@@ -1535,7 +1604,7 @@ def test_a_claim_that_waits_for_its_first_consumer_is_read_with_get_on_its_stora
 def test_the_role_grants_exactly_the_calls_the_backend_makes(kube: KubeStandIn, tmp_path: Path) -> None:
     """Every path of the backend once — a tier C submit that is followed, read and canceled; a
     multi-node tier B submit whose stage Job runs first; a later attempt that replaces an ended
-    one — and the RBAC file must grant each call it made, and nothing it never makes (a Role
+    one; a queued one Kueue holds — and the RBAC file must grant each call it made, and nothing it never makes (a Role
     that lists Secrets can read every credential of the namespace)."""
     kube.server.control.scripts["job-1"] = ["pulling", "staging", "verifying", "verified", "running", "oomkilled"]
     backend = make_backend()
@@ -1550,6 +1619,11 @@ def test_the_role_grants_exactly_the_calls_the_backend_makes(kube: KubeStandIn, 
     assert backend.status(waiting.backend_ref).state == "PENDING"
     kube.server.store(claim(name="tao-late", phase="Pending"))  # the gate reads its class: WaitForFirstConsumer
     launch_only(tmp_path / "five", job_request(job_id="job-5", **TIER_A), make_backend(pvc_claim="tao-late"))
+    kueue = Kueue(cluster_queues={"gpus": ("cpu", "memory", "nvidia.com/gpu", "ephemeral-storage")}, room=False)
+    kube.run(lambda: (kueue.install(kube.server), kueue.local_queue(kube.server, NAMESPACE, "gpu-queue", "gpus")))
+    queued, _ = launch_only(tmp_path / "six", job_request(job_id="job-6"),  # reads its LocalQueue, then its Workload
+                            make_backend(capacity="queued", queue_name="gpu-queue", pending_timeout=60))
+    assert backend.status(queued.backend_ref).state == "PENDING"
     kube.server.store(claim())
     multi = job_request(job_id="job-2", storage={"pvc_claim": "tao-data", "tier": "B"},
                         compute_shape={"gpus": 1, "nodes": 2})

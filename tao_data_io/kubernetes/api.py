@@ -138,6 +138,7 @@ class Api:
         self.batch = client.BatchV1Api(connection.client)
         self.storage = client.StorageV1Api(connection.client)
         self.authz = client.AuthorizationV1Api(connection.client)
+        self.custom = client.CustomObjectsApi(connection.client)  # Kueue's LocalQueues and Workloads
         self.version = client.VersionApi(connection.client)
         #: The server's (major, minor), once read (:func:`.facts.server_version`): the facts, the
         #: gates and the renderer all ask, and one connection talks to one server.

@@ -53,6 +53,7 @@ from .facts import SIDECAR_VERSION, cluster_facts, server_version
 from .follow import FIRST_LINES, LOOK_LINES, new_lines, read_cursor, since_seconds
 from .gates import (admit_pods, check_access, check_claim, check_gpus, check_secrets, check_version, dry_run,
                     needed_access, node_list)
+from .kueue import check_queue, held, waiting_text, workload_reason
 from .render import (CACHE_LABEL, COLLECTIVE_TIMEOUT_S, JOB_ID_LABEL, MANAGED_BY, VOLUME_ROOT, RenderedJob,
                      claim_paths, probe_key, read_config, render_job)
 from .settings import KubernetesSettings
@@ -117,9 +118,11 @@ class KubernetesBackend:
         nodes = node_list(api)
         warnings = check_gpus(nodes, plan, settings)
         warnings += check_version(api, plan, training_job(objects), settings, nodes)
+        if settings.queue_name is not None:
+            warnings += check_queue(api, settings.queue_name, training_job(objects)["spec"]["template"])
         given_secret = rendered.secret is not None and not rendered.secret.per_job
         reads_secrets = bool(settings.image_pull_secrets) or given_secret
-        check_access(api, needed_access(objects, reads_secrets))
+        check_access(api, needed_access(objects, reads_secrets, queued=settings.queue_name is not None))
         check_claim(api, plan, settings)
         check_secrets(api, settings, rendered.secret)
         dry_run(api, objects, plan.job_id)
@@ -273,7 +276,7 @@ class KubernetesBackend:
             checks = read_checklist((configmap.get("data") or {}).get("checklist", ""), plan, claim_paths(plan))
             watch = PodWatch(api, namespace, name, name, "train",
                              self._budget(timeout or self.verify_timeout), self.say,
-                             self.pod_poll_seconds)
+                             self.pod_poll_seconds, queued=self.settings.queue_name is not None)
             verdict = wait_for_verdict(watch, plan.nodes, checks)
         if not verdict.ok and self._delete_job(api, namespace, name):
             self.say(f"{namespace}/{name}: verify failed; the Job was deleted, which frees its GPUs")
@@ -286,6 +289,12 @@ class KubernetesBackend:
         if job is None:
             return JobStatus(state="UNKNOWN", message=f"Job {ref} does not exist (its TTL deletes it after it ends, "
                                                       "and cancel deletes it); the job record says how it ended")
+        if held(job) and not job["metadata"].get("deletionTimestamp") and not any(
+                pod_reading.condition(job, kind) for kind in ("Complete", "Failed", "FailureTarget")):
+            # Kueue holds it — not admitted yet, or taken back (preempted, evicted): the pods it
+            # had are the Job controller's to delete, and the job is queued again, not ended.
+            return JobStatus(state="PENDING", message=waiting_text(job, workload_reason(api, job),
+                                                                   queued=self.settings.queue_name is not None))
         found = list_pods(api, namespace, name, "train")
         return pod_reading.job_status(job, found, self._events(api, namespace, job, found))
 

@@ -31,7 +31,9 @@ from ..launch.plan import LaunchPlan
 from .api import Api, ApiError
 from .apply import RESOURCES, create, step_of
 from .facts import MULTI_NODE_VERSION, SIDECAR_VERSION, gpu_nodes, server_version
+from .kueue import GROUP as KUEUE_GROUP
 from .placement import HOSTNAME_LABEL, Node, barred
+from .pods import TRAIN
 from .render import SecretRef
 from .settings import KubernetesSettings
 
@@ -48,13 +50,17 @@ class Access:
         return f"{self.verb} {self.resource}" + (f".{self.group}" if self.group else "")
 
 
-def needed_access(objects: Sequence[Mapping[str, Any]], reads_secrets: bool) -> list[Access]:
+def needed_access(objects: Sequence[Mapping[str, Any]], reads_secrets: bool, queued: bool = False) -> list[Access]:
     """What submit and verify do: create each kind (and read it back after a conflict), adopt the
     dependents (patch), follow the pods (list), delete the Job when its verdict fails — and
     what later verbs do, checked now so that none is the first to find it refused: cancel
-    deletes the pods, status lists the events of a pod that waits for a node or an image."""
+    deletes the pods, status lists the events of a pod that waits for a node or an image and,
+    for a job ``queued`` in Kueue, the Workload that says why it waits (the preflight reads its
+    LocalQueue)."""
     found: set[Access] = {Access("list", "", "pods"), Access("create", "", "pods"),  # create: admission's dry run
                           Access("delete", "", "pods"), Access("list", "", "events")}
+    if queued:
+        found |= {Access("get", KUEUE_GROUP, "localqueues"), Access("list", KUEUE_GROUP, "workloads")}
     for obj in objects:
         group, resource = RESOURCES[obj["kind"]]
         found |= {Access("create", group, resource), Access("get", group, resource)}
@@ -280,7 +286,9 @@ def admit_pods(api: Api, objects: Sequence[dict[str, Any]]) -> list[str]:
     """A server-side dry run of a Pod made from each Job's template, before anything is created.
     Why: admission — Pod Security, policy webhooks, quotas, a LimitRange — judges pods, not Jobs,
     so the Job's own dry run passes and, created, its controller would loop on FailedCreate while
-    verify waits for a pod that never comes. A refusal names the level, the fields and the fix.
+    verify waits for a pod that never comes. The pod is the one the Job controller would make —
+    owned by its Job, with the controller's labels — since policies judge those (Kyverno's "prevent
+    bare pods" refuses a pod no controller owns). A refusal names the level, the fields and the fix.
     Returns what the submit should say, one line per Job: what admission would change in the
     pods' resources (a LimitRange's defaults, set in every container that leaves a resource unset:
     a default cpu limit throttles training without a word), and a quota that is only full now."""
@@ -290,7 +298,9 @@ def admit_pods(api: Api, objects: Sequence[dict[str, Any]]) -> list[str]:
         name = job["metadata"]["name"]
         pod = {"apiVersion": "v1", "kind": "Pod", "spec": template["spec"],
                "metadata": {"name": f"{name}-admission-check", "namespace": api.namespace,
-                            "labels": template["metadata"].get("labels", {})}}
+                            "labels": {**template["metadata"].get("labels", {}), **_controller_labels(name)},
+                            "annotations": template["metadata"].get("annotations", {}),
+                            "ownerReferences": [_owner(name)]}}
         try:
             admitted = api.call(f"a dry run of creating a pod of Job {api.namespace}/{name}",
                                 api.core.create_namespaced_pod, api.namespace, pod, dry_run="All")
@@ -307,24 +317,57 @@ def admit_pods(api: Api, objects: Sequence[dict[str, Any]]) -> list[str]:
                 changed.append(_quota_full(full, name))
                 continue
             if exc.status in (403, 422):
-                raise UsageError(f"admission refuses the pods of Job {name}: {exc}") from None
+                webhook = (" (judged as a pod of the Job, sent by this identity, not by the Job controller that "
+                           "makes the Job's pods: a policy keyed on who asks may judge those differently)"
+                           if _WEBHOOK in str(exc) else "")
+                raise UsageError(f"admission refuses the pods of Job {name}: {exc}{webhook}") from None
             raise
-        defaults = _defaulted_resources(template["spec"], admitted.get("spec") or {}) if step_of(job) == "train" else ""
+        sent, got = template["spec"], admitted.get("spec") or {}
+        defaults = _defaulted_resources(sent, got, ours=False) if step_of(job) == "train" else ""
         if defaults:
             caps = " a default limit caps the container (a cpu limit throttles training);" if "limits." in defaults else ""
             changed.append(f"admission in namespace {api.namespace!r} (a LimitRange, or a mutating webhook) sets what "
                            f"the request leaves unset in the training pods of Job {name} — {defaults};{caps} give "
                            "compute_shape.cpu, memory and ephemeral_storage to choose them")
+        own = _defaulted_resources(sent, got, ours=True)
+        if own:
+            changed.append(f"admission in namespace {api.namespace!r} (a LimitRange, or a mutating webhook) sets limits "
+                           f"in tao-data-io's own containers of Job {name} — {own}: the kubelet kills a container "
+                           "past its memory limit and evicts the pod past the sum of its containers' ephemeral-storage "
+                           "limits (what the job stages and uploads counts), so a stage or the final upload may end "
+                           "there; ask the namespace's admin for defaults that fit, or a namespace without them")
     return changed
 
 
-def _defaulted_resources(sent: Mapping[str, Any], admitted: Mapping[str, Any]) -> str:
+#: How the API server words a webhook's denial (apiserver pkg/admission/plugin/webhook/errors).
+_WEBHOOK = "denied the request"
+#: A uid no object has: a dry run stores nothing, and the API server only checks an owner's uid is set.
+_NO_UID = "00000000-0000-0000-0000-000000000000"
+
+
+def _controller_labels(job: str) -> dict[str, str]:
+    """The labels the Job controller puts on its pods (pkg/controller/job, batch.kubernetes.io/
+    job-name and controller-uid, and their legacy short forms), which policies may select on."""
+    return {"batch.kubernetes.io/job-name": job, "job-name": job,
+            "batch.kubernetes.io/controller-uid": _NO_UID, "controller-uid": _NO_UID}
+
+
+def _owner(job: str) -> dict[str, Any]:
+    """The Job as its pods' controller. No ``blockOwnerDeletion``: with it, the
+    OwnerReferencesPermissionEnforcement plugin would ask for update on jobs/finalizers, which the
+    Job controller has and this identity need not."""
+    return {"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": _NO_UID, "controller": True}
+
+
+def _defaulted_resources(sent: Mapping[str, Any], admitted: Mapping[str, Any], *, ours: bool) -> str:
     """``container "train": limits.cpu=1, requests.cpu=500m; …`` — what admission added to the
-    app containers that were sent (the request's own; containers a webhook injects are its
-    business, and ours request what they need)."""
+    containers that were sent: the request's own (``train``), or tao-data-io's (``ours``: its
+    stager, sidecars and probes, which set cpu and memory but may meet a default for anything
+    else). Containers a webhook injects are its business."""
     found = []
-    before = {c["name"]: c.get("resources") or {} for c in sent.get("containers", [])}
-    for container in admitted.get("containers", []):
+    sent_containers = [*sent.get("initContainers", []), *sent.get("containers", [])]
+    before = {c["name"]: c.get("resources") or {} for c in sent_containers if (c["name"] != TRAIN) == ours}
+    for container in [*admitted.get("initContainers", []), *admitted.get("containers", [])]:
         if container["name"] not in before:
             continue
         asked = before[container["name"]]

@@ -9,6 +9,7 @@ the first container of the pod that has not finished, in the order the kubelet r
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,11 +27,15 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 VERIFY, STAGER, TRAIN = "verify", "stager", "train"
 #: The native sidecar that follows TAO's status.json into its log (see .scripts.STATUS_SCRIPT).
 STATUS = "status"
+#: The emptyDirs that hold a pod's results (without a claim) and tier C's staged inputs on the
+#: node's disk, as render.py names them: a kubelet eviction names the one that outgrew its limit.
+RESULTS_VOLUME, STAGING_VOLUME = "results", "staging"
 OOM_EXIT = 137
+#: What the kubelet's eviction manager says of a volume past its sizeLimit (emptyDirMessageFmt in
+#: pkg/kubelet/eviction/helpers.go).
+EMPTY_DIR_EVICTION = re.compile(r'Usage of EmptyDir volume "(?P<volume>[^"]*)" exceeds the limit "(?P<limit>[^"]*)"')
 
-Phase = Literal["schedule", "pull", "stage", "probe", "running", "done", "failed", "fatal"]
-#: The label Kueue reads a Job's LocalQueue from (the renderer sets it; a status reads it).
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+Phase = Literal["queue", "schedule", "pull", "stage", "probe", "running", "done", "failed", "fatal"]
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,83 @@ def _failed(pod: Obj) -> bool:
     return (pod.get("status") or {}).get("phase") == "Failed"
 
 
+def terminating(pod: Obj) -> bool:
+    """Deleted and not stopped yet: in its grace period (SIGTERM, then the sidecars' end)."""
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp")) and (pod.get("status") or {}).get(
+        "phase") not in ("Succeeded", "Failed")
+
+
+def job_failure(job: Obj) -> Obj | None:
+    """The Job controller's verdict that the Job failed: ``Failed``, or from 1.31 the interim
+    ``FailureTarget`` it sets first, with the same reason, while the Job's pods still terminate
+    (pkg/controller/job/job_controller.go, ``delayTerminalCondition``)."""
+    return condition(job, "Failed") or condition(job, "FailureTarget")
+
+
+def kubelet_eviction(pod: Obj) -> str | None:
+    """The kubelet's message when its eviction manager evicted the pod without a DisruptionTarget
+    condition — for an emptyDir past its sizeLimit or a disk use past the ephemeral-storage
+    limits (pkg/kubelet/eviction/eviction_manager.go, ``localStorageEviction``): the pod is
+    Failed with reason Evicted and its containers were killed (exit 137, no OOM)."""
+    status = pod.get("status") or {}
+    if status.get("reason") != "Evicted" or disruption(pod) is not None:
+        return None
+    return (status.get("message") or "").strip() or "no message given"
+
+
+def policy_action(job: Obj, pod: Obj) -> str:
+    """What the Job's podFailurePolicy does with ``pod`` once it has failed: the action of the
+    first rule it matches, ``Count`` when none does (pkg/controller/job/pod_failure_policy.go,
+    ``matchPodFailurePolicy``: a condition of a pattern's type and status, or a container —
+    init containers too, only ``containerName`` when set — that exited non-zero with a code the
+    rule's operator admits)."""
+    for rule in ((job.get("spec") or {}).get("podFailurePolicy") or {}).get("rules") or []:
+        if any(_has_condition(pod, pattern) for pattern in rule.get("onPodConditions") or []) or _exits_match(
+                pod, rule.get("onExitCodes")):
+            return str(rule.get("action"))
+    return "Count"
+
+
+def _has_condition(pod: Obj, pattern: Obj) -> bool:
+    return any(item.get("type") == pattern.get("type") and item.get("status") == pattern.get("status", "True")
+               for item in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _exits_match(pod: Obj, codes: Obj | None) -> bool:
+    if not codes:
+        return False
+    return any(item.state == "terminated" and item.exit_code and codes.get("containerName") in (None, item.name)
+               and (item.exit_code in (codes.get("values") or [])) == (codes.get("operator") == "In")
+               for item in containers(pod))
+
+
+def _replaced(job: Obj, pod: Obj) -> bool:
+    """Whether the Job controller replaces this disrupted pod of a one-pod Job. One that failed
+    was counted already, and the Job did not fail for it. One still in its grace is not decided
+    on until it fails (a podFailurePolicy makes ``podReplacementPolicy`` Failed:
+    pkg/apis/batch/v1/defaults.go): it will be replaced when the policy ignores it, or counts it
+    with a retry left (``status.failed`` below ``backoffLimit``)."""
+    if disruption(pod) is None:
+        return False
+    if _failed(pod):
+        return True
+    if not terminating(pod):
+        return False
+    action = policy_action(job, pod)
+    counted = int((job.get("status") or {}).get("failed") or 0)
+    return action == "Ignore" or (action == "Count" and counted < int((job.get("spec") or {}).get("backoffLimit", 6)))
+
+
+def _replacing(job: Obj, pod: Obj) -> str:
+    """What the job waits for while the Job controller replaces ``pod`` (:func:`_replaced`)."""
+    if _failed(pod):
+        return f"the pod was disrupted ({disruption(pod)}); its replacement is being made"
+    retry = int((job.get("status") or {}).get("failed") or 0) + 1
+    limit = int((job.get("spec") or {}).get("backoffLimit", 6))
+    return (f"the pod is being disrupted ({disruption(pod)}); the Job controller replaces it once it has stopped "
+            f"(retry {retry} of {limit}: compute_shape.disruption_retries)")
+
+
 def where(pod: Obj) -> Where:
     """See the module docstring."""
     reason = unscheduled(pod)
@@ -175,17 +257,32 @@ def job_status(job: Obj, pods: Sequence[Obj], events: Sequence[Obj] = ()) -> Job
     ``backoffLimit: 0``; or a container that can never start, such as an invalid image name) →
     ERROR, classified; a Job being deleted (canceled) → CANCELED; a container of ours
     running → RUNNING; nothing scheduled, or images still being pulled → PENDING, with the reason
-    (the scheduler's, the kubelet's, or the newest warning event)."""
+    (the scheduler's, the kubelet's, or the newest warning event).
+
+    A one-pod job whose disrupted pod the Job controller replaces (:func:`_replaced`) — also
+    during the pod's grace, while training has exited 143 and the sidecars run on — is PENDING:
+    the replacement starts over. A Job the controller failed (:func:`job_failure`) whose pods
+    still terminate is RUNNING, with the controller's reason, not ERROR yet: an end is recorded
+    once and collect reports it, while the results sidecar of each stopping pod is still making
+    its final upload for the rest of the grace (and a next attempt would restore the results
+    while they are still being written). From 1.31 the Job only gets Failed once no pod
+    terminates; before, the terminating pods say so."""
     if condition(job, "Complete") is not None:
         return JobStatus(state="COMPLETE", message="the Job completed", exit_code=0)
     nodes = int((job.get("spec") or {}).get("completions") or 1)
     deleting = bool((job.get("metadata") or {}).get("deletionTimestamp"))
-    replaced = [pod for pod in pods if _failed(pod) and disruption(pod)] if condition(job, "Failed") is None else []
-    if replaced and nodes == 1:  # the Job controller is replacing it (disruption_retries): not the job's end
+    verdict = job_failure(job)
+    replaced = [pod for pod in pods if _replaced(job, pod)] if verdict is None and nodes == 1 else []
+    if replaced:  # the Job controller is replacing it (disruption_retries): not the job's end
         pods = [pod for pod in pods if pod not in replaced]
         if not pods:
-            return JobStatus(state="PENDING", message=f"the pod was disrupted ({disruption(replaced[-1])}); its "
-                                                      "replacement is being made")
+            return JobStatus(state="PENDING", message=_replacing(job, replaced[-1]))
+    stopping = [pod for pod in pods if terminating(pod)]
+    if verdict is not None and stopping and not deleting:
+        who = "its pod" if len(stopping) == 1 else f"{len(stopping)} of its pods"
+        return JobStatus(state="RUNNING", message=f"the Job controller failed it ({verdict.get('reason')}: "
+                                                  f"{verdict.get('message')}); waiting for {who} to stop — the final "
+                                                  "results upload runs in their grace — before it ends")
     failure = failure_analysis(job, pods)
     if failure is not None and (condition(job, "Failed") is not None or not deleting):
         trained = [c for pod in pods for c in containers(pod) if c.name == TRAIN and c.state == "terminated"]
@@ -194,11 +291,7 @@ def job_status(job: Obj, pods: Sequence[Obj], events: Sequence[Obj] = ()) -> Job
     if deleting:  # a cancel's SIGTERM fails the pods too: that is not the program's failure
         return JobStatus(state="CANCELED", message="the Job is being deleted before it finished")
     if not pods:
-        said = newest_warning(events)
-        queue = ((job.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL)
-        if (job.get("spec") or {}).get("suspend") and queue:
-            return JobStatus(state="PENDING", message=f"suspended, waiting for Kueue to admit it from queue {queue!r}"
-                                                      + (f": {said}" if said else ""))
+        said = newest_warning(events)  # a Job Kueue holds is the backend's to say (:mod:`.kueue`)
         return JobStatus(state="PENDING", message="no pod yet" + (f": {said}" if said else ""))
     places = [(pod, where(pod)) for pod in by_rank(pods)]
     started = [_who(pod, nodes) + w.text for pod, w in places if w.phase in ("stage", "probe", "running", "done")]
@@ -228,16 +321,18 @@ def failure_analysis(job: Obj, pods: Sequence[Obj]) -> FailureAnalysis | None:
     infrastructure's (ERR_INFRA); the command exiting non-zero is the program's (ERR_PROGRAM).
     None while nothing has failed."""
     nodes = int((job.get("spec") or {}).get("completions") or 1)
-    failed = condition(job, "Failed")
+    failed = job_failure(job)
     if failed is not None and failed.get("reason") == "DeadlineExceeded":  # its pods were ended for it: first
         return FailureAnalysis.deadline_passed((job.get("spec") or {}).get("activeDeadlineSeconds"))
-    # A pod that failed on its own says more than one that was disrupted (a replacement that then
-    # failed is why the Job ended, not the eviction before it).
-    for pod in sorted(by_rank(pods), key=lambda pod: disruption(pod) is not None):
+    for pod in sorted(by_rank(pods), key=_telling):
         place = where(pod)
         if place.phase not in ("failed", "fatal"):
             continue
         who, item = _who(pod, nodes), place.container
+        evicted = kubelet_eviction(pod)
+        if evicted is not None:
+            return FailureAnalysis(err_class="ERR_INFRA", reason=f"{who}the kubelet evicted the pod: {evicted}",
+                                   suggestion=_eviction_fix(evicted))
         disrupted = disruption(pod)
         if disrupted is not None:
             retries = int((job.get("spec") or {}).get("backoffLimit") or 0)
@@ -281,6 +376,37 @@ def failure_analysis(job: Obj, pods: Sequence[Obj]) -> FailureAnalysis | None:
                                f"{failed.get('message', '')}) and none of its pods is left to say why",
                                suggestion="submit again under a new job id; read the cluster's events if it recurs")
     return None
+
+
+def _telling(pod: Obj) -> int:
+    """How little a failed pod says of why the Job failed, for :func:`failure_analysis`: one that
+    failed on its own says most; a disrupted one less (a replacement that then failed is why the
+    Job ended, not the eviction before it); one deleted without a disruption least — the Job
+    controller ended it because the Job had failed (exit 143 on SIGTERM), or a cancel did."""
+    if disruption(pod) is not None:
+        return 1
+    return 2 if (pod.get("metadata") or {}).get("deletionTimestamp") else 0
+
+
+def _eviction_fix(message: str) -> str:
+    """The fix for a kubelet eviction (:func:`kubelet_eviction`), from its message."""
+    volume = EMPTY_DIR_EVICTION.search(message)
+    if volume is not None and volume["volume"] == RESULTS_VOLUME:
+        return (f"the results directory outgrew its volume's {volume['limit']}, the request's outputs.results_limit "
+                "(files upload_excludes leaves out count on the node's disk too): raise outputs.results_limit, or "
+                "have the job keep fewer or smaller checkpoints")
+    if volume is not None and volume["volume"] == STAGING_VOLUME:
+        return (f"the staged inputs outgrew the staging volume's {volume['limit']}, bounded from their listing "
+                "before submit: they grew since; submit again, which bounds them again")
+    if volume is not None:
+        return (f"volume {volume['volume']!r} passed its {volume['limit']}: submit again under a new job id; "
+                "report it with the job's log if it recurs")
+    if "ephemeral" in message:
+        return ("the pod's disk use — the staged inputs, the results, and what its containers write outside their "
+                "volumes, logs included — passed its ephemeral-storage limit: raise compute_shape.ephemeral_storage "
+                "(the volumes' bounds are added to it)")
+    return ("the node ran short of a resource and its kubelet evicted the pod: submit again under a new job id; ask "
+            "the cluster's admins about the node if it recurs")
 
 
 def _first_failure(message: str) -> str:

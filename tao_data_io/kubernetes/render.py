@@ -53,8 +53,9 @@ from ..quantities import quantity_bytes
 from ..request import DEFAULT_RESULTS_LIMIT, JobRequest, check_container_path
 from ..tier import TIER_C_BYTES_PER_SECOND
 from ..launch.collective import DEFAULT_TIMEOUT_S, PROBE_PROGRAM
+from .kueue import QUEUE_LABEL
 from .placement import HOSTNAME_LABEL
-from .pods import QUEUE_LABEL, STATUS
+from .pods import RESULTS_VOLUME, STAGING_VOLUME, STATUS
 from .scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, TRAIN_WRAPPER, VERIFY_SCRIPT
 from .settings import MAX_GRACE_SECONDS, KubernetesSettings
 
@@ -539,22 +540,40 @@ class _Job:
         for name, value in (("cpu", plan.cpu), ("memory", plan.memory), ("ephemeral-storage", plan.ephemeral_storage)):
             if value is not None:
                 requests[name] = limits[name] = value
-        if self.staging_bytes is not None:
-            # Tier C's inputs stay on the node's disk while training runs: the scheduler reserves
-            # them with training's own (an app container's request counts for the pod's whole
-            # life, an init container's does not add to it), and a pod whose containers have
-            # ephemeral-storage limits is evicted past their sum, which the staging volume's
-            # usage counts toward — so both grow by it.
+        if self.volumes_on_disk:
+            # Tier C's inputs, and the results without a claim, stay on the node's disk while
+            # training runs: the scheduler reserves them with training's own (an app container's
+            # request counts for the pod's whole life, an init container's does not add to it),
+            # and a pod whose containers have ephemeral-storage limits is evicted past their sum,
+            # which its emptyDirs' usage counts toward — so both grow by their bounds.
             own = quantity_bytes(plan.ephemeral_storage) if plan.ephemeral_storage is not None else 0
-            requests["ephemeral-storage"] = mebibytes(own + self.staging_bytes)
+            requests["ephemeral-storage"] = mebibytes(own + self.volumes_on_disk)
             if plan.ephemeral_storage is not None:
                 limits["ephemeral-storage"] = requests["ephemeral-storage"]
         return {"requests": requests, **({"limits": limits} if limits else {})}
 
+    @property
+    def results_limit(self) -> str:
+        """The most the job's results may take: the request's ``outputs.results_limit``, as its
+        record keeps it (the default for a record older than the field). It also bounds the
+        results emptyDir (its ``sizeLimit``): an upload never leaves more than this under the
+        job's prefix, so results past it could not be uploaded anyway — and an unbounded volume
+        would fill the node's disk until the kubelet evicts pods for its pressure, this one or
+        others. What ``upload_excludes`` leaves out is on that disk too and counts: the analysis
+        of such an eviction says so (:func:`.pods.failure_analysis`)."""
+        return self.record.results_limit or DEFAULT_RESULTS_LIMIT
+
+    @property
+    def volumes_on_disk(self) -> int:
+        """What the pod's emptyDirs on the node's disk may hold, by their sizeLimits: tier C's
+        staged inputs (when their size is known) and the results without a claim."""
+        results = 0 if self.results_on_claim else quantity_bytes(self.results_limit)
+        return (self.staging_bytes or 0) + results
+
     def grace_seconds(self) -> int:
         """Time for the final upload after training exits: the results budget at the measured
         staging rate, plus a margin. Past it the kubelet kills the upload (docs/kubernetes.md)."""
-        limit = quantity_bytes(self.record.results_limit or DEFAULT_RESULTS_LIMIT)
+        limit = quantity_bytes(self.results_limit)
         return min(GRACE_MARGIN_SECONDS + -(-limit // TIER_C_BYTES_PER_SECOND), MAX_GRACE_SECONDS)
 
     def _tool_env(self, env: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -586,7 +605,7 @@ class _Job:
         mounts = [{"name": "files", "mountPath": FILES_DIR, "readOnly": True}, {"name": "state", "mountPath": STATE_DIR}]
         if self.stages_in_pod:
             extra.append({"name": "TAO_DATA_IO_STAGE_ROOT", "value": STAGE_ROOT})
-            mounts.append({"name": "staging", "mountPath": STAGE_ROOT})
+            mounts.append({"name": STAGING_VOLUME, "mountPath": STAGE_ROOT})
         restore = self.restore_from
         if restore is not None:  # the results uploaded so far come back first
             extra.append({"name": "TAO_DATA_IO_RESTORE_FROM", "value": restore})
@@ -638,7 +657,8 @@ class _Job:
         return env + self._secret_env()
 
     def _results_mount(self, *, read_only: bool = False) -> dict[str, Any]:
-        mount: dict[str, Any] = {"name": "data" if self.results_on_claim else "results", "mountPath": self.plan.results_dir}
+        mount: dict[str, Any] = {"name": "data" if self.results_on_claim else RESULTS_VOLUME,
+                                 "mountPath": self.plan.results_dir}
         if self.results_on_claim:
             mount["subPath"] = f"{RESULTS_DIR}/{self.names.job}"
         if read_only:
@@ -669,9 +689,9 @@ class _Job:
         if settings.pvc_claim is not None:
             volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": settings.pvc_claim}})
         else:
-            volumes.append({"name": "results", "emptyDir": {}})
+            volumes.append({"name": RESULTS_VOLUME, "emptyDir": {"sizeLimit": self.results_limit}})
         if self.stages_in_pod:
-            volumes.append({"name": "staging", "emptyDir": {} if self.staging_bytes is None
+            volumes.append({"name": STAGING_VOLUME, "emptyDir": {} if self.staging_bytes is None
                             else {"sizeLimit": mebibytes(self.staging_bytes)}})
         if self.needs_stager:
             volumes.append({"name": "state", "emptyDir": {}})
@@ -687,7 +707,7 @@ class _Job:
         on_claim = claim_sub_path(self.plan, mount)
         if on_claim is not None:
             return "data", on_claim
-        return "staging", check_relative(mount.source, what=f"staging map sub_path of {mount.input!r}")
+        return STAGING_VOLUME, check_relative(mount.source, what=f"staging map sub_path of {mount.input!r}")
 
 
 def mebibytes(size: int) -> str:

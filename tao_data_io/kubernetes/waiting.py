@@ -22,14 +22,15 @@ from ..errors import BackendError, UsageError
 from ..launch.collective import HANG_ADVICE, CollectiveVerdict, read_probe
 from ..launch.probe import Check, Verdict, parse_probe_output
 from .api import Api
+from .kueue import held, waiting_text, workload_reason
 from .pods import Where, by_rank, condition, container, disruption, rank, verify_result, where
 from .render import JOB_ID_LABEL, STEP_LABEL
 
 Say = Callable[[str], None]
 #: A pod's phase → which budget its waiting time counts against (None: not counted).
-_BUDGET = {"schedule": "verify", "probe": "verify", "pull": "pull"}
+_BUDGET = {"queue": "verify", "schedule": "verify", "probe": "verify", "pull": "pull"}
 #: Pods are compared by how far they got; the furthest behind decides what a look's time counts as.
-_PROGRESS = ("schedule", "pull", "stage", "probe", "running", "done")
+_PROGRESS = ("queue", "schedule", "pull", "stage", "probe", "running", "done")
 _FIRST_PAUSE = 0.5
 #: How long past its own alarm a running collective probe is waited for before it counts as hung.
 PROBE_GRACE_S = 60.0
@@ -55,7 +56,7 @@ class Budget:
 
     def charge(self, phase: str, seconds: float) -> None:
         which = _BUDGET.get(phase)
-        if phase == "schedule" and self.schedule_timeout is not None:
+        if phase in ("queue", "schedule") and self.schedule_timeout is not None:
             self.scheduled += seconds
         elif which == "verify":
             self.waited += seconds
@@ -67,7 +68,7 @@ class Budget:
             return (f"waited {self.scheduled:.0f}s to be admitted and given a node, more than pending_timeout "
                     f"({self.schedule_timeout:g}s)")
         if self.waited > self.verify_timeout:
-            return (f"waited {self.waited:.0f}s for a node or the probe, more than verify_timeout "
+            return (f"waited {self.waited:.0f}s for admission, a node or the probe, more than verify_timeout "
                     f"({self.verify_timeout:g}s)")
         if self.pulled > self.image_pull_timeout:
             return (f"spent {self.pulled:.0f}s pulling images, more than image_pull_timeout "
@@ -89,6 +90,9 @@ class PodWatch:
     budget: Budget
     say: Say
     poll_seconds: float
+    #: Whether tao-data-io queued this Job in Kueue (a queued target's training Job); one Kueue
+    #: holds that it made to run at once is said to be Kueue's doing (:func:`.kueue.waiting_text`).
+    queued: bool = False
     _said: str = ""
     _pause: float = 0.0
     _last: float = field(default_factory=time.monotonic)
@@ -100,12 +104,18 @@ class PodWatch:
     def pods(self) -> list[dict[str, Any]]:
         return list_pods(self.api, self.namespace, self.label, self.step)
 
-    def tick(self, places: Sequence[tuple[Mapping[str, Any], Where]], nodes: int) -> str | None:
+    def tick(self, places: Sequence[tuple[Mapping[str, Any], Where]], nodes: int,
+             job: Mapping[str, Any]) -> str | None:
         """Say where the pods are if that changed, count the time since the last look against
-        the budget of the pod furthest behind, and pause; the reason patience ran out, if it did."""
+        the budget of the pod furthest behind (a Job Kueue holds has none: it waits in its queue),
+        and pause; the reason patience ran out, if it did."""
         now = time.monotonic()
+        if not places and held(job):
+            waiting = Where("queue", waiting_text(job, workload_reason(self.api, job), queued=self.queued))
+        else:
+            waiting = Where("schedule", "no pod yet")
         behind = min((w for _, w in places), key=lambda w: _PROGRESS.index(w.phase) if w.phase in _PROGRESS else 0,
-                     default=Where("schedule", "no pod yet"))
+                     default=waiting)
         self.budget.charge(behind.phase, now - self._last)
         self._last = now
         text = "; ".join((f"rank {rank(pod)}: " if nodes > 1 else "") + w.text for pod, w in places) or behind.text
@@ -113,8 +123,8 @@ class PodWatch:
             self.say(f"{self.namespace}/{self.name}: {text}")
             self._said = text
         ran_out = self.budget.exhausted()
-        if ran_out is not None and behind.phase == "schedule":
-            ran_out = f"{ran_out}: {behind.text}"  # the scheduler's reason, for the record
+        if ran_out is not None and behind.phase in ("queue", "schedule"):
+            ran_out = f"{ran_out}: {behind.text}"  # Kueue's or the scheduler's reason, for the record
         if ran_out is None:
             self._pause = min(self.poll_seconds, (self._pause * 1.5) or min(_FIRST_PAUSE, self.poll_seconds))
             time.sleep(self._pause)
@@ -161,7 +171,7 @@ def wait_for_verdict(watch: PodWatch, nodes: int, checks: list[Check]) -> Verdic
         if ended is not None:
             return Verdict(ok=False, error=f"{where_is} failed before its verdict: {ended.get('reason')}: "
                                            f"{ended.get('message', '')}")
-        ran_out = watch.tick(places, nodes)
+        ran_out = watch.tick(places, nodes, job)
         if ran_out is not None:
             return Verdict(ok=False, error=f"no verdict from {where_is}: {ran_out}")
 
@@ -194,7 +204,7 @@ def wait_for_probe(watch: PodWatch, log_of: Callable[[Mapping[str, Any]], str],
             running_since = running_since or time.monotonic()
             if time.monotonic() - running_since > timeout + PROBE_GRACE_S:  # not even its own alarm ended it
                 raise UsageError(f"the collective probe {name} ran {timeout:g}s without a verdict: {HANG_ADVICE}")
-        ran_out = watch.tick(places, len(places) or 1)
+        ran_out = watch.tick(places, len(places) or 1, job)
         if ran_out is not None:
             raise UsageError(f"the collective probe {name} did not run: {ran_out}")
 
@@ -220,6 +230,6 @@ def wait_for_stage(watch: PodWatch) -> None:
                  for _, w in places if w.phase in ("failed", "fatal")]
         if condition(job, "Failed") is not None or any(w.phase == "fatal" for _, w in places):
             raise StageFailed(f"the stage Job {name} failed: {'; '.join(stuck) or 'its pods are gone'}")
-        ran_out = watch.tick(places, 1)
+        ran_out = watch.tick(places, 1, job)
         if ran_out is not None:
             raise StageFailed(f"the stage Job {name} did not start staging: {ran_out}")
