@@ -743,6 +743,8 @@ class ControlPlane:
     _position: dict[str, int] = field(default_factory=dict)
     #: Failed pods the Job controller has handled (replaced, or counted into the Job's failure).
     _handled: set[str] = field(default_factory=set)
+    #: Pods deleted because their Job was suspended: never counted, never replaced.
+    _uncounted: set[str] = field(default_factory=set)
     #: Pods mounted (fsGroup applied), containers started (subPaths made, a stage's writes done).
     _mounted: set[str] = field(default_factory=set)
     _started: set[tuple[str, str]] = field(default_factory=set)
@@ -801,14 +803,26 @@ class ControlPlane:
         found = server.objects[key] if key in server.objects and not server.objects[key].deleted else None
         if found is None:
             return
+        for (resource, ns, name), obj in list(server.objects.items()):
+            # A pod a suspension stopped has no finalizer left: gone once it has stopped (and was seen so).
+            if (resource == PODS and ns == namespace and name in self._uncounted and not obj.deleted
+                    and obj.raw["status"].get("phase") in ("Failed", "Succeeded")):
+                obj.delete()
         pods = [obj for (resource, ns, _), obj in server.objects.items() if resource == PODS and ns == namespace
                 and not obj.deleted and obj.raw["metadata"]["labels"].get("batch.kubernetes.io/job-name") == job
                 and "deletionTimestamp" not in obj.raw["metadata"]]
-        if found.raw["spec"].get("suspend"):  # suspended (again): the Job controller deletes its active pods
+        if found.raw["spec"].get("suspend"):
+            # Suspended (again: Kueue took it back): manageJob's deleteJobPods removes each active
+            # pod's tracking finalizer, then deletes it with its grace — so it is never counted
+            # towards backoffLimit — yet getFailJobMessage still judges every pod that failed by
+            # the podFailurePolicy (pkg/controller/job/job_controller.go): a FailJob rule that
+            # matches how a stopped pod ended fails the suspended Job.
             for pod in pods:
-                pod.delete()
-            found["status"] = {**found.raw.get("status", {}), "active": 0, "conditions": [
-                {"type": "Suspended", "status": "True", "reason": "JobSuspended", "message": "Job suspended"}]}
+                self._uncounted.add(pod.raw["metadata"]["name"])
+                if server._terminate(pod, None) == 0:
+                    pod.delete()
+            self._end_gracefully(server, namespace, job)
+            self._job_status(server, namespace, job, suspended=True)
             return
         ending = self._end_gracefully(server, namespace, job)
         if not pods:
@@ -1032,7 +1046,7 @@ class ControlPlane:
         else:
             server.logs[key] = "".join(f"{container} line {i}\n" for i in range(1, 4))
 
-    def _job_status(self, server: ApiServer, namespace: str, name: str) -> None:
+    def _job_status(self, server: ApiServer, namespace: str, name: str, *, suspended: bool = False) -> None:
         """The Job controller's verdict on the Job's pods: each failed pod is handled once, by the
         Job's ``podFailurePolicy`` (:func:`pod_failure_action`); FailJob fails the Job, a counted
         failure beyond ``backoffLimit`` fails it, so does a passed ``activeDeadlineSeconds``, and
@@ -1044,14 +1058,18 @@ class ControlPlane:
         1.31 (kubernetes/kubernetes#125510: ``delayTerminalCondition``, on with JobManagedBy or
         JobPodReplacementPolicy) it gets the interim FailureTarget at once and Failed, with the
         same reason, only once none of its pods is terminating (``enactJobFinished``); a
-        FailureTarget once set is the verdict (``newFailedConditionForFailureTarget``)."""
+        FailureTarget once set is the verdict (``newFailedConditionForFailureTarget``). A
+        ``suspended`` Job makes no pod, and the pods its suspension deleted count for nothing but
+        a FailJob rule."""
         job = server.objects[JOBS, namespace, name]
         spec = job.raw["spec"]
         objs = [obj for (resource, ns, _), obj in server.objects.items() if resource == PODS and ns == namespace
                 and not obj.deleted and obj.raw["metadata"]["labels"].get("batch.kubernetes.io/job-name") == name]
         pods = [obj.raw for obj in objs]
         phases = [pod["status"].get("phase") for pod in pods]
-        failed, succeeded = phases.count("Failed"), phases.count("Succeeded")
+        failed = sum(1 for pod in pods if pod["status"].get("phase") == "Failed"
+                     and pod["metadata"]["name"] not in self._uncounted)
+        succeeded = phases.count("Succeeded")
         status: dict[str, Any] = {"startTime": job.raw.get("status", {}).get("startTime", now())}
         counted = 0
         target = next((c for c in job.raw.get("status", {}).get("conditions", []) if c["type"] == "FailureTarget"),
@@ -1063,18 +1081,20 @@ class ControlPlane:
             action, why = pod_failure_action(spec.get("podFailurePolicy"), pod)
             if action == "FailJob":
                 verdict = verdict or ("PodFailurePolicy", why)
-            elif action == "Count":
+            elif action == "Count" and pod["metadata"]["name"] not in self._uncounted:
                 counted += 1
         if verdict is None and counted > int(spec.get("backoffLimit", 6)):
             verdict = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
         deadline = spec.get("activeDeadlineSeconds")
         started = datetime.fromisoformat(str(status["startTime"]).replace("Z", "+00:00"))
-        if verdict is None and deadline is not None and (datetime.now(timezone.utc) - started).total_seconds() > deadline:
+        if (verdict is None and deadline is not None and not suspended  # pastActiveDeadline: never while suspended
+                and (datetime.now(timezone.utc) - started).total_seconds() > deadline):
             verdict = ("DeadlineExceeded", "Job was active longer than specified deadline")
-        if verdict is None:
+        if verdict is None and not suspended:
             for pod in pods:
                 pod_name = pod["metadata"]["name"]
-                if pod["status"].get("phase") == "Failed" and pod_name not in self._handled:
+                if (pod["status"].get("phase") == "Failed" and pod_name not in self._handled
+                        and pod_name not in self._uncounted):
                     self._handled.add(pod_name)
                     index = int(pod["metadata"].get("annotations", {}).get(
                         "batch.kubernetes.io/job-completion-index", 0))
@@ -1084,6 +1104,9 @@ class ControlPlane:
             reached = ["FailureTarget", *(["Failed"] if server.minor < 31 or not terminating else [])]
             status.update(failed=failed, conditions=[
                 {"type": kind, "status": "True", "reason": verdict[0], "message": verdict[1]} for kind in reached])
+        elif suspended:
+            status.update(active=0, conditions=[{"type": "Suspended", "status": "True", "reason": "JobSuspended",
+                                                 "message": "Job suspended"}])
         elif succeeded == int(spec.get("completions") or 1):
             # Set once, as the Job controller does (a later look at a finished Job changes nothing).
             completed = job.raw.get("status", {}).get("completionTime") or now()

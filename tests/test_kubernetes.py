@@ -20,7 +20,7 @@ import yaml
 from tao_data_io.errors import UNWRITABLE_EXIT, UsageError
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.launch.probe import PROBE_SCRIPT, Check, parse_probe_output
-from tao_data_io.kubernetes.render import DISRUPTIONS_RETRIED, RenderedJob, literal, read_config, render_job
+from tao_data_io.kubernetes.render import DISRUPTIONS_RETRIED, STOPPED_EXIT, RenderedJob, literal, read_config, render_job
 from tao_data_io.kubernetes.apply import step_of
 from tao_data_io.kubernetes.scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, TRAIN_WRAPPER, VERIFY_SCRIPT
 from tao_data_io.kubernetes.settings import KubernetesSettings
@@ -611,11 +611,11 @@ def _wrapped_until_signalled(command: list[str], ready: Path, signum: int) -> in
 def test_the_training_wrapper_stops_the_command_on_sigint_too(tmp_path: Path) -> None:
     """A shell starts a background command with SIGINT ignored (and no trap can give it back): an
     image whose stop signal is SIGINT still stops its command, which is handed SIGTERM."""
-    ready = tmp_path / "ready"
+    ready, got = tmp_path / "ready", tmp_path / "got-term"
     command = ["python3", "-c", "import pathlib,signal,sys,time\n"
-               "signal.signal(signal.SIGTERM, lambda *a: sys.exit(5))\n"
+               f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(got)!r}).touch(), sys.exit(5)))\n"
                f"pathlib.Path({str(ready)!r}).touch()\ntime.sleep(60)"]
-    assert _wrapped_until_signalled(command, ready, signal.SIGINT) == 5
+    assert _wrapped_until_signalled(command, ready, signal.SIGINT) == STOPPED_EXIT and got.exists()
 
 
 def test_after_a_failed_verify_the_sidecar_uploads_nothing(tmp_path: Path) -> None:
@@ -632,17 +632,29 @@ def test_after_a_failed_verify_the_sidecar_uploads_nothing(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("exit_code", [0, 3, 137])
-def test_the_training_wrapper_hands_sigterm_to_the_command_and_keeps_its_exit_code(tmp_path: Path,
-                                                                                   exit_code: int) -> None:
+def test_a_command_kubernetes_stopped_exits_143_whatever_it_returned(tmp_path: Path, exit_code: int) -> None:
     """TRAIN_WRAPPER as the container's PID 1 runs it: the kubelet's SIGTERM reaches the command
-    (here one that traps it and exits with a chosen code), and the container exits with the
-    command's code — the failure policy and the analysis read that code."""
+    (here one that traps it and exits with a chosen code, 0 included), and the container exits
+    143, the code the pod failure policy ignores: a command stopped by a Kueue preemption is not a
+    failed one (it would fail the Job) nor a finished one (it would complete it)."""
     ready, got = tmp_path / "ready", tmp_path / "got-term"
     command = ["python3", "-c", "import signal,sys,time,pathlib\n"
                f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(got)!r}).touch(), sys.exit({exit_code})))\n"
                f"pathlib.Path({str(ready)!r}).touch()\ntime.sleep(60)"]
     code = _wrapped_until_signalled(command, ready, signal.SIGTERM)
-    assert got.exists() and code == exit_code
+    assert got.exists() and code == STOPPED_EXIT == 143
+
+
+@pytest.mark.parametrize(("own", "container"), [(0, 0), (3, 3), (137, 137), (143, 1)])
+def test_a_command_that_ends_by_itself_keeps_its_exit_code_unless_it_is_the_stopped_code(own: int,
+                                                                                         container: int) -> None:
+    """Without a stop, the container's code is the command's — the failure policy and the
+    analysis read it — except 143, which would read as stopped and be ignored (the pod replaced
+    forever): it becomes 1, said on stderr."""
+    done = subprocess.run(["/bin/sh", "-c", TRAIN_WRAPPER, "tao-train", "sh", "-c", f"exit {own}"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == container
+    assert ("exited 143 though Kubernetes did not stop it" in done.stderr) == (own == 143)
 
 
 def test_the_training_wrapper_passes_the_commands_words_as_they_are(tmp_path: Path) -> None:

@@ -103,12 +103,15 @@ def test_disruption_retries_for_a_multi_node_job_are_refused_naming_why() -> Non
 def test_the_rendered_policy_counts_disruptions_before_it_fails_the_job_on_any_exit_code(
         kube: KubeStandIn, tmp_path: Path) -> None:
     """The order is the point: an evicted pod's containers exit non-zero too, so the disruption
-    rule must match first."""
+    rule must match first; training that Kubernetes stopped (a Kueue preemption deletes the pods
+    with no condition) is ignored before any other exit fails the Job."""
     kube.server.control.scripts["job-1"] = ["pulling"]
     launch_only(tmp_path, job_request(compute_shape={"gpus": 1, "disruption_retries": 3}), make_backend())
     spec = ours(kube, "Job")["job-1"]["spec"]
     assert spec["backoffLimit"] == 3
-    assert [rule["action"] for rule in spec["podFailurePolicy"]["rules"]] == ["Count", "FailJob"]
+    assert [rule["action"] for rule in spec["podFailurePolicy"]["rules"]] == ["Count", "Ignore", "FailJob"]
+    assert spec["podFailurePolicy"]["rules"][1]["onExitCodes"] == {"containerName": "train", "operator": "In",
+                                                                    "values": [143]}
     assert spec["podFailurePolicy"]["rules"][0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
 
 

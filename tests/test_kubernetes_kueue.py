@@ -169,3 +169,28 @@ def test_a_stage_job_kueues_webhook_queues_waits_saying_it_is_kueues(kube: KubeS
     done = submit(tmp_path / "again", job_request(job_id="job-2", **TIER_B), make_backend())
     assert done.started and store_in(tmp_path / "again").get("job-2").state == "RUNNING"
 
+
+
+def test_a_kueue_preemption_of_a_one_pod_job_requeues_it_and_never_fails_it(kube: KubeStandIn,
+                                                                          tmp_path: Path) -> None:
+    """Finding 12: Kueue preempts by suspending the Job; the Job controller deletes its pods
+    without a DisruptionTarget, and though it never counts them, ``getFailJobMessage`` still
+    judges each by the podFailurePolicy (pkg/controller/job/job_controller.go). Training stopped
+    by SIGTERM must not match a FailJob rule: the Job stays, suspended, and runs again once
+    readmitted."""
+    kueue = _kueue(kube)
+    done = submit(tmp_path, job_request(), make_backend(pending_timeout=30, **QUEUED))
+    backend = make_backend(**QUEUED)
+    while "train is running" not in (backend.status(done.backend_ref).message or ""):
+        pass  # a look at a time, until training runs
+    kube.run(lambda: kueue.evict(kube.server, NAMESPACE, "job-1", "Preempted",
+                                 "Preempted to accommodate a workload (UID: 1234) due to prioritization in the "
+                                 "ClusterQueue"))
+    for _ in range(4):  # the pods stop over a few looks: training first, then the sidecars
+        status = backend.status(done.backend_ref)
+    job = kube.server.alive("Job", NAMESPACE)["job-1"]
+    assert not any(c["type"] in ("Failed", "FailureTarget") for c in job["status"].get("conditions", [])), job["status"]
+    assert status.state == "PENDING" and "Kueue evicted it (Preempted)" in (status.message or ""), status
+    kube.run(lambda: kueue.readmit(kube.server, NAMESPACE, "job-1"))
+    backend.status(done.backend_ref)
+    assert backend.status(done.backend_ref).state in ("PENDING", "RUNNING")

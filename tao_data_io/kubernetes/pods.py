@@ -192,6 +192,14 @@ def _replaced(job: Obj, pod: Obj) -> bool:
     return action == "Ignore" or (action == "Count" and counted < int((job.get("spec") or {}).get("backoffLimit", 6)))
 
 
+def _stopped(job: Obj, pod: Obj) -> bool:
+    """A pod Kubernetes stopped — its training exited ``STOPPED_EXIT`` (TRAIN_WRAPPER) — that the
+    Job's podFailurePolicy ignores: the Job controller neither counts it nor fails the Job for it.
+    Kueue suspended the Job (a preemption: the pods are deleted with no condition), or someone
+    deleted the pod and the controller replaces it."""
+    return (_failed(pod) or terminating(pod)) and policy_action(job, pod) == "Ignore"
+
+
 def _replacing(job: Obj, pod: Obj) -> str:
     """What the job waits for while the Job controller replaces ``pod`` (:func:`_replaced`)."""
     if _failed(pod):
@@ -277,6 +285,8 @@ def job_status(job: Obj, pods: Sequence[Obj], events: Sequence[Obj] = ()) -> Job
         pods = [pod for pod in pods if pod not in replaced]
         if not pods:
             return JobStatus(state="PENDING", message=_replacing(job, replaced[-1]))
+    if verdict is None:  # a pod Kubernetes stopped and the policy ignores is not the job's end
+        pods = [pod for pod in pods if not _stopped(job, pod)]
     stopping = [pod for pod in pods if terminating(pod)]
     if verdict is not None and stopping and not deleting:
         who = "its pod" if len(stopping) == 1 else f"{len(stopping)} of its pods"

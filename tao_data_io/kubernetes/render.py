@@ -134,10 +134,16 @@ GRACE_MARGIN_SECONDS = 60
 #: towards ``backoffLimit`` (the request's ``disruption_retries``) and is replaced; any container
 #: of ours exiting non-zero (the command, the verify probe, the stager; an OOM kill is exit 137)
 #: fails the Job at once, since running it again gives the same. The disruption rule comes first:
-#: an evicted pod's containers exit non-zero too. A multi-node Job keeps ``backoffLimit: 0`` and
-#: no policy: a replacement rank cannot rejoin the static rendezvous the others are in.
+#: an evicted pod's containers exit non-zero too. Training that Kubernetes stopped (TRAIN_WRAPPER
+#: exits ``STOPPED_EXIT`` then) is ignored: a Kueue preemption suspends the Job, whose controller
+#: deletes the pods with no condition and never counts them, yet still judges each by this policy
+#: (``getFailJobMessage``) — FailJob would end a Job Kueue meant to requeue; a deadline or a cancel
+#: has ended the Job already. A multi-node Job keeps ``backoffLimit: 0`` and no policy: a
+#: replacement rank cannot rejoin the static rendezvous the others are in.
+STOPPED_EXIT = 143
 DISRUPTIONS_RETRIED = {"rules": [
     {"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    {"action": "Ignore", "onExitCodes": {"containerName": "train", "operator": "In", "values": [STOPPED_EXIT]}},
     {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
 ]}
 #: A ConfigMap holds at most 1 MiB.

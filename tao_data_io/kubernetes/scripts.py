@@ -80,17 +80,28 @@ fi
 #: installed) never sees SIGTERM — the kernel drops signals PID 1 has no handler for — so a cancel,
 #: a preemption or a drain held the GPUs for the whole grace period, and the results sidecar, which
 #: is stopped only after training exits, was left seconds for its final upload. The command's
-#: words come after the script as its arguments ("$@"), never parsed by the shell; its exit status
-#: is the container's, so the failure policy and the analysis see the command's own code. SIGINT
+#: words come after the script as its arguments ("$@"), never parsed by the shell. The command's
+#: exit status is the container's, except once Kubernetes stopped it: then 143 (128 + SIGTERM),
+#: whatever the command returned, so the pod failure policy can tell a stopped pod from a failed
+#: one (:data:`.render.STOPPED_EXIT`) — a Kueue preemption suspends the Job and stops its pods
+#: with no condition on them, and the Job controller still judges them by the policy. A command
+#: that exits 143 by itself exits 1 instead, said on stderr, so it is never taken for stopped. SIGINT
 #: (an image's stop signal may be it) is handed on as SIGTERM: a shell starts a background command
 #: with SIGINT ignored, and POSIX lets no trap give it back, so SIGINT itself would never stop it.
-TRAIN_WRAPPER = r"""trap 'kill -TERM "$child" 2>/dev/null' TERM INT
+TRAIN_WRAPPER = r"""stopped=
+trap 'stopped=1; kill -TERM "$child" 2>/dev/null' TERM INT
 "$@" &
 child=$!
 while :; do
   wait "$child"
   code=$?
-  kill -0 "$child" 2>/dev/null || exit "$code"
+  kill -0 "$child" 2>/dev/null && continue
+  [ -n "$stopped" ] && exit 143
+  if [ "$code" = 143 ]; then
+    echo "tao-data-io: the command exited 143 though Kubernetes did not stop it; exiting 1 (143 is a stopped command's code here)" >&2
+    exit 1
+  fi
+  exit "$code"
 done
 """
 
