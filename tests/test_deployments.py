@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from .kube_rbac import Attributes, Authorizer
+from .kube.rbac import Attributes, Authorizer
 
 REPO = Path(__file__).resolve().parents[1]
 FLOWS = {"submit-tao-job": "flows/submit.py:submit_tao_job", "collect-tao-job": "flows/collect.py:collect_tao_job",

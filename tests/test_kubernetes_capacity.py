@@ -8,7 +8,6 @@ scheduler's reason in the record."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from tao_data_io.errors import UsageError
 from tao_data_io.steps import VerifyFailed
 
 from . import test_kubernetes_online as online
-from .kube_standin import KubeStandIn
+from .kube.apiserver import KubeStandIn
 from .test_kubernetes_online import creates, job_request, make_backend, ours, store_in, submit
 
 #: The stand-in cluster and the input bucket, as the online tests have them (pytest fixtures).

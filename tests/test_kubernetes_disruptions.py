@@ -16,7 +16,10 @@ from tao_data_io import verbs
 from tao_data_io.errors import UsageError
 from tao_data_io.request import JobRequest
 
-from .kube_standin import REPLACES, RESOURCES, TRAIN_SCRIPT, KubeStandIn
+from .kube.apiserver import KubeStandIn
+from .kube.job_controller import REPLACES
+from .kube.kubelet import TRAIN_SCRIPT
+from .kube.objects import RESOURCES
 from . import test_kubernetes_online as online
 from .test_kubernetes_online import job_request, launch_only, make_backend, ours, store_in, submit
 

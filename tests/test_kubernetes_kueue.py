@@ -1,5 +1,5 @@
 """Jobs under Kueue (issue 39, findings 6, 12, 13 and 14), over the stand-in's Kueue
-(:mod:`.kube_kueue`, each rule cited there from kubernetes-sigs/kueue): a queued job waits in
+(:mod:`tests.kube.kueue`, each rule cited there from kubernetes-sigs/kueue): a queued job waits in
 its queue with Kueue's own reason; what Kueue would never admit is said before anything is made;
 a Job Kueue takes back is queued again, not ended; a Job tao-data-io made to run at once that
 Kueue's webhook queued anyway is said to be Kueue's."""
@@ -15,8 +15,8 @@ from tao_data_io.kubernetes.waiting import StageFailed
 from tao_data_io.steps import VerifyFailed
 
 from . import test_kubernetes_online as online
-from .kube_kueue import Kueue
-from .kube_standin import KubeStandIn
+from .kube.kueue import Kueue
+from .kube.apiserver import KubeStandIn
 from .test_kubernetes_online import (
     NAMESPACE,
     TIER_B,

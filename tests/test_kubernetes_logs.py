@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import test_kubernetes_online as online
-from .kube_standin import KubeStandIn
+from .kube.apiserver import KubeStandIn
 from .test_kubernetes_online import job_request, launch_only, make_backend
 
 #: The stand-in cluster and the input bucket, as the online tests have them (pytest fixtures).

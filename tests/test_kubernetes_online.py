@@ -1,5 +1,5 @@
 """The Kubernetes backend against an API server over HTTP: the kmock stand-in of
-:mod:`tests.kube_standin` (objects, selectors, dry-run, access reviews, logs, garbage collection,
+:mod:`tests.kube` (objects, selectors, dry-run, access reviews, logs, garbage collection,
 and a control plane that moves pods along a script), reached through a kubeconfig as a user's
 would be. Pipelines run with a RecordStore in tmp_path. The last section runs against a real
 cluster when TAO_E2E_KUBECONFIG names one."""
@@ -41,9 +41,11 @@ from tao_data_io.request import JobRequest
 from tao_data_io.transfer.client import make_s3_client
 
 from .kube_helpers import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID
-from .kube_kueue import Kueue
-from .kube_standin import RESOURCES, TRAIN_SCRIPT, Fault, KubeStandIn
-from .kube_volumes import Inode, Volume
+from .kube.kueue import Kueue
+from .kube.apiserver import Fault, KubeStandIn
+from .kube.kubelet import TRAIN_SCRIPT
+from .kube.objects import RESOURCES
+from .kube.volumes import Inode, Volume
 
 NAMESPACE = "tao"
 STAGER = "registry.example.com/tao-data-io-stager:0.1.0"
@@ -282,7 +284,7 @@ def test_tier_c_sizes_its_staging_volume_from_the_inputs_listing(kube: KubeStand
 
 
 #: A PersistentVolume's source by kind, for :func:`bound_claim`; what the kubelet does with a
-#: pod's fsGroup on each is in tests/kube_volumes.py.
+#: pod's fsGroup on each is in tests/kube/volumes.py.
 VOLUME_SOURCES: dict[str, dict[str, Any]] = {
     "nfs": {"nfs": {"server": "nfs.example.com", "path": "/exports/tao"}},
     "hostPath": {"hostPath": {"path": "/srv/tao"}},
@@ -1268,7 +1270,7 @@ def test_gate_the_claim(kube: KubeStandIn, tmp_path: Path, seeded: dict[str, Any
 def test_an_input_missing_on_the_claim_fails_verify_and_is_never_made_an_empty_directory(kube: KubeStandIn,
                                                                                          tmp_path: Path) -> None:
     """The kubelet creates a missing subPath, root-owned and empty, when a container that mounts it
-    starts (pkg/kubelet/kubelet_pods.go makeMounts; tests/kube_volumes.py). The probe reads each
+    starts (pkg/kubelet/kubelet_pods.go makeMounts; tests/kube/volumes.py). The probe reads each
     claim input through the claim's root, so a pre-positioned source that is not there fails
     verify, and nothing mounts it by subPath: the claim is left as it was."""
     volume = bound_claim(kube, "csi-file")

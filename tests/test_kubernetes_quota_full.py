@@ -13,7 +13,8 @@ import pytest
 from tao_data_io.errors import UsageError
 
 from . import test_kubernetes_online as online
-from .kube_standin import KubeStandIn, quota_exceeded
+from .kube.admission import quota_exceeded
+from .kube.apiserver import KubeStandIn
 from .test_kubernetes_online import creates, job_request, launch_only, make_backend, ours
 
 #: The stand-in cluster and the input bucket, as the online tests have them (pytest fixtures).

@@ -13,7 +13,7 @@ import pytest
 from tao_data_io.errors import UsageError
 
 from . import test_kubernetes_online as online
-from .kube_standin import KubeStandIn
+from .kube.apiserver import KubeStandIn
 from .test_kubernetes_online import creates, job_request, make_backend, submit
 
 #: The stand-in cluster and the input bucket, as the online tests have them (pytest fixtures).

@@ -1,5 +1,5 @@
 """Names derived from job ids: every object a job's render makes has a name a real API server
-takes (the stand-in's rules, :func:`tests.kube_standin.invalid`), and no two valid job ids — nor
+takes (the stand-in's rules, :func:`tests.kube.validation.invalid`), and no two valid job ids — nor
 two roles of one id — share a name within a kind, whatever the ids look like; ids the project
 mints begin with a letter."""
 
@@ -25,7 +25,7 @@ from tao_data_io.names import mint_job_id
 from tao_data_io.records import JobRecord, RecordStore
 from tao_data_io.request import JobRequest
 
-from .kube_standin import invalid
+from .kube.validation import invalid
 from .kube_helpers import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID, STAGER, plan_for, req
 
 #: The job id rule (docs/requests.md: 1-52 lowercase letters, digits or '-', a letter or digit at each end).

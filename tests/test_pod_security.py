@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .pod_security import pod_security_violations
+from .kube.pod_security import pod_security_violations
 
 FIXTURES = Path(__file__).parent / "data" / "pod-security"
 VERSIONS = {"1.29": (1, 29), "1.32": (1, 32)}

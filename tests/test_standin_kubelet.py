@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .kube_standin import kubelet_message
+from .kube.kubelet import kubelet_message
 
 
 def pod_spec(init: int, main: int) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from .kube_standin import KubeStandIn
+from .kube.apiserver import KubeStandIn
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The stand-in's RBAC (tests/kube_rbac.py) pinned to what upstream does: the request-info
+"""The stand-in's RBAC (tests/kube/rbac.py) pinned to what upstream does: the request-info
 resolver's verbs (k8s.io/apiserver pkg/endpoints/request/requestinfo.go), RuleAllows
 (plugin/pkg/auth/authorizer/rbac/rbac.go), the bootstrap policy's grants to everyone, and the
 binding of the shipped Role to its namespace only."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from .kube_rbac import Attributes, Authorizer, attributes
+from .kube.rbac import Attributes, Authorizer, attributes
 
 
 @pytest.mark.parametrize(("method", "path", "query", "expected"), [

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-SHIPPED = Path(__file__).resolve().parents[1] / "deployments" / "kubernetes-rbac.yaml"
+SHIPPED = Path(__file__).resolve().parents[2] / "deployments" / "kubernetes-rbac.yaml"
 #: The bootstrap policy's grants to every authenticated identity (bootstrappolicy/policy.go).
 _EVERYONE = ({"apiGroups": ["authorization.k8s.io"], "resources": ["selfsubjectaccessreviews"],
               "verbs": ["create"]},)
