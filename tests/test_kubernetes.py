@@ -105,6 +105,12 @@ def test_every_example_renders_and_passes_strict_validation(name: str, tmp_path:
     assert not any(value in text for value in SECRET_ENV.values() if value.startswith(("AKIA", "wJal", "nvapi")))
     pod = training_pod(rendered)
     assert pod["initContainers"][-1]["name"] == "verify" and pod["restartPolicy"] == "Never"
+    # Issue 39 (cosmetic): a Job's pod template is immutable (pkg/apis/batch/validation
+    # ValidateJobSpecUpdate), so kubectl apply of a changed render under the same id changes the
+    # rest and refuses the Job: the output says so, naming the delete that comes first.
+    job_name = next(o["metadata"]["name"] for o in rendered.objects if o["kind"] == "Job"
+                    and o["metadata"]["labels"]["tao-data-io/step"] == "train")
+    assert f"kubectl delete job {job_name}" in text and "immutable" in text
 
 
 # ----------------------------------------------------------------------------- pod shapes

@@ -1,4 +1,5 @@
-"""The stand-in's kubelet keeps of a container's termination message what the real one does.
+"""The stand-in's kubelet keeps of a container's termination message what the real one does, and
+admits at its node what the real one admits.
 
 Two cuts, both upstream's: ``getTerminationMessage`` (pkg/kubelet/kuberuntime/kuberuntime_container.go)
 reads at most the *last* ``MaxContainerTerminationMessageLength`` (4096) bytes of the file, and
@@ -12,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from .kube.kubelet import kubelet_message
+from .kube.apiserver import KubeStandIn
+from .kube.kubelet import admission_refusal, kubelet_message
 
 
 def pod_spec(init: int, main: int) -> dict[str, Any]:
@@ -33,3 +35,20 @@ def test_the_kubelet_keeps_12_kib_shared_by_the_pods_containers_and_at_most_4_ki
 def test_a_message_within_the_budget_is_kept_whole() -> None:
     line = "TAO-VERIFY\tok\tfile\t/a\treadable\n"
     assert kubelet_message(line, pod_spec(4, 1)) == line
+
+
+@pytest.mark.parametrize(("kubelet", "init", "refused"), [
+    ("v1.28.9", [{"name": "results", "restartPolicy": "Always"}], True),
+    ("v1.29.0", [{"name": "results", "restartPolicy": "Always"}], False),
+    ("v1.28.9", [{"name": "stager"}], False),  # an ordinary init container is every kubelet's
+])
+def test_a_kubelet_older_than_1_29_refuses_a_native_sidecar_at_admission(kubelet: str, init: list[dict[str, Any]],
+                                                                         refused: bool) -> None:
+    """canAdmitPod (pkg/kubelet/kubelet.go) with SidecarContainers off, its default before 1.29:
+    an init container with a restartPolicy is refused, reason InitContainerRestartPolicyForbidden."""
+    with KubeStandIn() as kube:
+        kube.server.store({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-0"},
+                           "status": {"nodeInfo": {"kubeletVersion": kubelet}}})
+        spec = {"nodeName": "gpu-0", "initContainers": init, "containers": [{"name": "train"}]}
+        said = kube.run(lambda: admission_refusal(kube.server, spec))
+    assert (said is not None and said[0] == "InitContainerRestartPolicyForbidden") == refused

@@ -31,6 +31,13 @@ STATUS = "status"
 #: node's disk, as render.py names them: a kubelet eviction names the one that outgrew its limit.
 RESULTS_VOLUME, STAGING_VOLUME = "results", "staging"
 OOM_EXIT = 137
+#: The reasons a kubelet gives a pod it rejects at admission (``admissionRejectionReasons``,
+#: pkg/kubelet/kubelet.go), besides ``OutOf<resource>``.
+KUBELET_REJECTIONS = frozenset({
+    "InitContainerRestartPolicyForbidden", "PodOSSelectorNodeLabelDoesNotMatch", "PodOSNotSupported",
+    "InvalidNodeInfo", "SupplementalGroupsPolicyNotSupported", "UnexpectedAdmissionError", "UnknownReason",
+    "UnexpectedPredicateFailureType", "PodFeatureUnsupported", "NodeAffinity", "TaintToleration", "SysctlForbidden",
+    "TopologyAffinityError", "NodeShutdown", "VolumeAttachmentLimitExceeded"})
 #: What the kubelet's eviction manager says of a volume past its sizeLimit (emptyDirMessageFmt in
 #: pkg/kubelet/eviction/helpers.go).
 EMPTY_DIR_EVICTION = re.compile(r'Usage of EmptyDir volume "(?P<volume>[^"]*)" exceeds the limit "(?P<limit>[^"]*)"')
@@ -149,6 +156,18 @@ def kubelet_eviction(pod: Obj) -> str | None:
     return (status.get("message") or "").strip() or "no message given"
 
 
+def kubelet_rejection(pod: Obj) -> str | None:
+    """Why the kubelet of the node the pod was bound to refused to run it, if it did: the pod is
+    Failed before any container existed, with the kubelet's reason (``admissionRejectionReasons``
+    in pkg/kubelet/kubelet.go; ``OutOf<resource>`` from pkg/kubelet/lifecycle/predicate.go)."""
+    status = pod.get("status") or {}
+    reason = str(status.get("reason") or "")
+    if status.get("phase") != "Failed" or not (reason in KUBELET_REJECTIONS or reason.startswith("OutOf")):
+        return None
+    node = (pod.get("spec") or {}).get("nodeName") or "its node"
+    return f"the kubelet of {node} refused the pod ({reason}): {status.get('message') or 'no message given'}"
+
+
 def policy_action(job: Obj, pod: Obj) -> str:
     """What the Job's podFailurePolicy does with ``pod`` once it has failed: the action of the
     first rule it matches, ``Count`` when none does (pkg/controller/job/pod_failure_policy.go,
@@ -216,6 +235,9 @@ def where(pod: Obj) -> Where:
     if reason is not None:
         return Where("schedule", f"waiting for a node: {reason}")
     status = pod.get("status") or {}
+    refused = kubelet_rejection(pod)
+    if refused is not None:  # said with its fix: a verify that meets it ends there
+        return Where("failed", f"{refused}; {_rejection_fix(pod)}")
     if not status.get("conditions") and not status.get("containerStatuses"):
         return Where("schedule", "waiting to be scheduled")
     place = _first_unfinished(pod)
@@ -339,6 +361,9 @@ def failure_analysis(job: Obj, pods: Sequence[Obj]) -> FailureAnalysis | None:
         if place.phase not in ("failed", "fatal"):
             continue
         who, item = _who(pod, nodes), place.container
+        refused = kubelet_rejection(pod)
+        if refused is not None:
+            return FailureAnalysis(err_class="ERR_INFRA", reason=who + refused, suggestion=_rejection_fix(pod))
         evicted = kubelet_eviction(pod)
         if evicted is not None:
             return FailureAnalysis(err_class="ERR_INFRA", reason=f"{who}the kubelet evicted the pod: {evicted}",
@@ -396,6 +421,16 @@ def _telling(pod: Obj) -> int:
     if disruption(pod) is not None:
         return 1
     return 2 if (pod.get("metadata") or {}).get("deletionTimestamp") else 0
+
+
+def _rejection_fix(pod: Obj) -> str:
+    """The fix for a kubelet's refusal (:func:`kubelet_rejection`)."""
+    if (pod.get("status") or {}).get("reason") == "InitContainerRestartPolicyForbidden":
+        return ("that node's kubelet is older than 1.29 and runs no native sidecar (the results upload): set the "
+                "target's node_selector to nodes whose kubelets are 1.29 or newer (kubectl get nodes shows each "
+                "VERSION), or keep results on a claim (pvc_claim, without S3_BUCKET_NAME)")
+    return ("the node could not run the pod as it was bound to it: submit again; if its kubelet refuses again, ask "
+            "the cluster's admins about the node")
 
 
 def _eviction_fix(message: str) -> str:

@@ -171,12 +171,18 @@ class RenderedJob:
     warnings: list[str] = field(default_factory=list)
 
     def to_yaml(self) -> str:
-        """Multi-document YAML for ``kubectl apply -f -``; the Secret is named in a comment."""
+        """Multi-document YAML for ``kubectl apply -f -``. Comments name the Secret and say that a
+        Job's pod template is immutable (pkg/apis/batch/validation ``ValidateJobSpecUpdate``):
+        ``kubectl apply`` of a changed render under the same id would change the other objects
+        and refuse the Job — a partial apply — so the Job is deleted first."""
         head = ""
         if self.secret is not None:
             owner = ("the per-job Secret, created with values from the submitting environment at apply time"
                      if self.secret.per_job else "pre-created; it must hold these keys")
             head = f"# Secret {self.secret.name} ({owner}): keys {', '.join(self.secret.keys)}\n"
+        for job in (obj["metadata"]["name"] for obj in self.objects if obj["kind"] == "Job"):
+            head += (f"# Job {job}: its pod template is immutable; to apply a changed render under this job id, "
+                     f"kubectl delete job {job} first (apply alone changes the rest and refuses the Job)\n")
         return head + yaml.dump_all(self.objects, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
 
 

@@ -108,8 +108,37 @@ STAGE_SCRIPT = ["pulling", "running", "succeeded"]
 PROBE_SCRIPT = ["pulling", "running", "succeeded"]
 
 
+def admission_refusal(server: ApiServer, spec: dict[str, Any]) -> tuple[str, str] | None:
+    """The kubelet's pod admission on the node the pod was bound to: a kubelet older than 1.29
+    runs no native sidecar, and rejects a pod with an init container that sets ``restartPolicy``
+    (``canAdmitPod`` in pkg/kubelet/kubelet.go with SidecarContainers off, its default in 1.28;
+    reason ``InitContainerRestartPolicyForbidden`` of pkg/kubelet/lifecycle/predicate.go)."""
+    node = server.alive("Node").get(spec["nodeName"])
+    version = ((node or {}).get("status") or {}).get("nodeInfo", {}).get("kubeletVersion")
+    if version is None:
+        return None
+    minor = int(version.lstrip("v").split(".")[1])
+    sidecar = next((c["name"] for c in spec.get("initContainers", []) if c.get("restartPolicy")), None)
+    if minor >= 29 or sidecar is None:
+        return None
+    return ("InitContainerRestartPolicyForbidden",
+            f'Init container "{sidecar}" may not have a non-default restartPolicy')
+
+
 class Kubelet:
     """The kubelet's and the scheduler's side of :class:`.control_plane.ControlPlane`."""
+
+    @staticmethod
+    def _bind(server: ApiServer, raw: dict[str, Any]) -> str:
+        """The scheduler's choice of node: among the GPU nodes whose labels the pod's nodeSelector
+        selects, by name, one per completion index (no node knows its kubelet's version here, as
+        no scheduler plugin does); ``node-N`` where no node is modelled."""
+        index = int(raw["metadata"].get("annotations", {}).get("batch.kubernetes.io/job-completion-index", "0"))
+        wanted = raw["spec"].get("nodeSelector") or {}
+        nodes = sorted(name for name, node in server.alive("Node").items()
+                       if ((node.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", "0") != "0"
+                       and wanted.items() <= ((node.get("metadata") or {}).get("labels") or {}).items())
+        return nodes[index % len(nodes)] if nodes else f"node-{index}"
 
     def _volume(self, server: ApiServer, namespace: str, pod_spec: dict[str, Any], name: str) -> Volume | None:
         """The modelled filesystem behind the pod's volume ``name`` (a claim bound to a PersistentVolume)."""
@@ -183,6 +212,8 @@ class Kubelet:
     def _apply(self, server: ApiServer, namespace: str, pod: Any, step: str) -> None:
         raw = pod.raw
         name, spec = raw["metadata"]["name"], raw["spec"]
+        if raw["status"].get("phase") == "Failed" and not raw["status"].get("containerStatuses"):
+            return  # the kubelet rejected it at admission: it never runs
         if step == "unschedulable":
             condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                          **({"message": self.unschedulable_message} if self.condition_messages else {})}
@@ -190,8 +221,11 @@ class Kubelet:
             self._event(server, namespace, "Pod", raw["metadata"], "FailedScheduling", self.unschedulable_message)
             return
         if not spec.get("nodeName"):  # the scheduler binds the pod to a node before anything else
-            index = raw["metadata"].get("annotations", {}).get("batch.kubernetes.io/job-completion-index", "0")
-            pod["spec"] = spec = {**spec, "nodeName": f"node-{index}"}
+            pod["spec"] = spec = {**spec, "nodeName": self._bind(server, raw)}
+            refused = admission_refusal(server, spec)
+            if refused is not None:  # the kubelet rejects it before any container exists
+                pod["status"] = {"phase": "Failed", "reason": refused[0], "message": refused[1]}
+                return
         target, state_of, phase = STEPS[step]
         init, main = spec.get("initContainers", []), spec["containers"]
         order = [c["name"] for c in [*init, *main]]
