@@ -1537,6 +1537,86 @@ def test_e2e_a_quota_on_requests_refuses_only_what_the_request_leaves_unset(tmp_
         assert done.verdict.ok, (done.verdict.describe(), said)
 
 
+#: An S3 endpoint this host and the cluster's pods both reach (an S3 server on the kind nodes'
+#: network), and the stager image loaded into the cluster (``kind load docker-image``): a job that
+#: stages in its pods, or uploads from them, needs both.
+E2E_S3 = os.environ.get("TAO_E2E_S3_ENDPOINT")
+E2E_STAGER = os.environ.get("TAO_E2E_STAGER_IMAGE")
+real_cluster_with_s3 = pytest.mark.skipif(
+    not (E2E_KUBECONFIG and E2E_S3 and E2E_STAGER),
+    reason="set TAO_E2E_KUBECONFIG, TAO_E2E_S3_ENDPOINT and TAO_E2E_STAGER_IMAGE to run the real-cluster jobs that "
+           "stage and upload in their pods (README: Kubernetes, proved here and on a real cluster)")
+
+
+@contextmanager
+def e2e_bucket(job_id: str) -> Iterator[tuple[Any, str, dict[str, str]]]:
+    """(an S3 client, a fresh bucket holding ``data/readme.txt``, the environment a submit
+    forwards to the pods: the keys, the endpoint, the results bucket); the bucket is emptied and
+    deleted afterwards."""
+    keys = {"AWS_ACCESS_KEY_ID": os.environ.get("TAO_E2E_S3_KEY_ID", "tao-e2e-key"),
+            "AWS_SECRET_ACCESS_KEY": os.environ.get("TAO_E2E_S3_SECRET", "tao-e2e-secret")}
+    client = make_s3_client(S3Credentials(keys["AWS_ACCESS_KEY_ID"], keys["AWS_SECRET_ACCESS_KEY"],
+                                          endpoint_url=E2E_S3))
+    bucket = f"tao-e2e-{job_id}-{os.getpid()}"
+    client.create_bucket(Bucket=bucket)
+    client.put_object(Bucket=bucket, Key="data/readme.txt", Body=b"staged in the pod\n")
+    try:
+        yield client, bucket, {**keys, "AWS_ENDPOINT_URL": str(E2E_S3), "S3_BUCKET_NAME": bucket}
+    finally:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            for item in page.get("Contents", []):
+                client.delete_object(Bucket=bucket, Key=item["Key"])
+        client.delete_bucket(Bucket=bucket)
+
+
+def e2e_staged_request(job_id: str, bucket: str, **shape: Any) -> JobRequest:
+    """A GPU-free tier C job: its input staged from ``bucket`` inside the pod, its results uploaded."""
+    return e2e_request(job_id, mounts=[], inputs=[{"source": f"s3://{bucket}/data/", "target": "/data"}],
+                       forward_env=["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"],
+                       args=["cat /data/readme.txt; echo trained > /results/out.txt"],
+                       compute_shape={**E2E_SHAPE, **shape})
+
+
+@real_cluster_with_s3
+def test_e2e_a_tier_c_job_stages_in_its_pod_verifies_and_uploads_its_results(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tier C on a real kubelet: the stager initContainer fetches the input into an emptyDir, the
+    verify probe reads it and proves the results prefix writable, the command runs, and the
+    results sidecar's final upload puts ``out.txt`` under the job's prefix."""
+    said: list[str] = []
+    with e2e_namespace(monkeypatch, "tier-c") as (_, namespace, _claim), e2e_bucket("c") as (client, bucket, env):
+        backend = KubernetesBackend(KubernetesSettings(namespace=namespace, stager_image=str(E2E_STAGER)),
+                                    verify_timeout=600, image_pull_timeout=900, pod_poll_seconds=2.0, say=said.append)
+        store = store_in(tmp_path)
+        done = verbs.submit(e2e_staged_request("e2e-tier-c", bucket), backend, store, staging_root=tmp_path / "work",
+                            environ=env)
+        assert done.tier == "C" and done.verdict.ok, (done.verdict.describe(), said)
+        assert verbs.collect("e2e-tier-c", backend, store, poll_seconds=2.0, max_wait_seconds=600,
+                             environ=env).state == "COMPLETE"
+        listed = client.list_objects_v2(Bucket=bucket).get("Contents", [])
+        assert any(item["Key"].endswith("/out.txt") for item in listed), [item["Key"] for item in listed]
+
+
+@real_cluster_with_s3
+def test_e2e_a_two_node_job_runs_one_rank_per_node_each_verified(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Multi-node on a real cluster: an Indexed Job of two pods, one per node (the required
+    anti-affinity), each staging and verifying its own copy before rank 0 uploads."""
+    said: list[str] = []
+    with e2e_namespace(monkeypatch, "multi") as (cluster, namespace, _claim), e2e_bucket("m") as (_, bucket, env):
+        backend = KubernetesBackend(KubernetesSettings(namespace=namespace, stager_image=str(E2E_STAGER)),
+                                    verify_timeout=600, image_pull_timeout=900, pod_poll_seconds=2.0, say=said.append)
+        store = store_in(tmp_path)
+        done = verbs.submit(e2e_staged_request("e2e-multi", bucket, nodes=2), backend, store,
+                            staging_root=tmp_path / "work", environ=env)
+        try:
+            assert done.verdict.ok, (done.verdict.describe(), said)
+            pods = cluster.core.list_namespaced_pod(namespace, label_selector=f"{JOB_ID_LABEL}=e2e-multi").items
+            assert len({pod.spec.node_name for pod in pods if pod.spec.node_name}) == 2, pods
+        finally:
+            verbs.cancel("e2e-multi", backend, store)
+
+
 # ----------------------------------------------------------------------------- least privilege
 #: Requests every authenticated identity may make (the API server's discovery and self-review).
 _ALWAYS_ALLOWED = ("/version", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
