@@ -20,7 +20,8 @@ import yaml
 from tao_data_io.errors import UNWRITABLE_EXIT, UsageError
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.launch.probe import PROBE_SCRIPT, Check, parse_probe_output
-from tao_data_io.kubernetes.render import DISRUPTIONS_RETRIED, STOPPED_EXIT, RenderedJob, literal, read_config, render_job
+from tao_data_io.kubernetes.pods import STOPPED_EXIT
+from tao_data_io.kubernetes.render import RenderedJob, failure_policy, literal, read_config, render_job
 from tao_data_io.kubernetes.apply import step_of
 from tao_data_io.kubernetes.scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, TRAIN_WRAPPER, VERIFY_SCRIPT
 from tao_data_io.kubernetes.settings import KubernetesSettings
@@ -125,7 +126,7 @@ def test_single_pod_tier_c_shape(tmp_path: Path) -> None:
     job = rendered.objects[-1]
     # One pod: replaced after a disruption (twice, by default), failed at any non-zero exit.
     assert (job["spec"]["backoffLimit"], job["spec"]["ttlSecondsAfterFinished"]) == (2, 3600)
-    assert job["spec"]["podFailurePolicy"] == DISRUPTIONS_RETRIED
+    assert job["spec"]["podFailurePolicy"] == failure_policy(job["spec"]["template"]["spec"])
     pod = training_pod(rendered)
     assert [c["name"] for c in pod["initContainers"]] == ["stager", "results", "status", "verify"]
     stager, sidecar, _, verify = pod["initContainers"]

@@ -106,15 +106,17 @@ def test_disruption_retries_for_a_multi_node_job_are_refused_naming_why() -> Non
 def test_the_rendered_policy_counts_disruptions_before_it_fails_the_job_on_any_exit_code(
         kube: KubeStandIn, tmp_path: Path) -> None:
     """The order is the point: an evicted pod's containers exit non-zero too, so the disruption
-    rule must match first; training that Kubernetes stopped (a Kueue preemption deletes the pods
-    with no condition) is ignored before any other exit fails the Job."""
+    rule must match first; training, the stager or the probe that Kubernetes stopped (a Kueue
+    preemption deletes the pods with no condition) is counted, each by name, before any other exit
+    fails the Job."""
     kube.server.control.scripts["job-1"] = ["pulling"]
     launch_only(tmp_path, job_request(compute_shape={"gpus": 1, "disruption_retries": 3}), make_backend())
     spec = ours(kube, "Job")["job-1"]["spec"]
     assert spec["backoffLimit"] == 3
-    assert [rule["action"] for rule in spec["podFailurePolicy"]["rules"]] == ["Count", "Ignore", "FailJob"]
-    assert spec["podFailurePolicy"]["rules"][1]["onExitCodes"] == {"containerName": "train", "operator": "In",
-                                                                    "values": [143]}
+    rules = spec["podFailurePolicy"]["rules"]
+    assert [rule["action"] for rule in rules] == ["Count", "Count", "Count", "Count", "FailJob"]
+    assert [rule["onExitCodes"] for rule in rules[1:4]] == [
+        {"containerName": name, "operator": "In", "values": [143]} for name in ("train", "stager", "verify")]
     assert spec["podFailurePolicy"]["rules"][0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
 
 
@@ -182,8 +184,8 @@ def test_a_pod_in_its_eviction_grace_is_being_replaced_not_the_end_of_the_job(ku
     said: list[str] = []
     collected = verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01, say=said.append)
     assert collected.state == "COMPLETE", collected
-    grace = [line for line in said if "being disrupted" in line]
-    assert grace and "EvictionByEvictionAPI" in grace[0] and "replaces it" in grace[0], said
+    grace = [line for line in said if "once it has stopped" in line]
+    assert grace and "the pod was disrupted (EvictionByEvictionAPI" in grace[0] and "replaces it" in grace[0], said
     assert len(_pods(kube)) == 2
 
 

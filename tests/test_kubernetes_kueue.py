@@ -91,7 +91,7 @@ def test_a_resource_the_cluster_queue_does_not_cover_is_said_before_submit_and_w
         submit(tmp_path, job_request(), make_backend(said, pending_timeout=0.05, **QUEUED))
     warning = next(line for line in said if "does not cover" in line)
     assert "requests ephemeral-storage, which LocalQueue tao/gpu-queue's ClusterQueue 'gpus' does not cover" in warning
-    assert "excludeResourcePrefixes" in warning and "tier B or A" in warning
+    assert "excludeResourcePrefixes" in warning and "a job on a claim (tier A or B) requests none" in warning
     assert "resource ephemeral-storage unavailable in ClusterQueue" in str(info.value), info.value
 
 
@@ -194,3 +194,23 @@ def test_a_kueue_preemption_of_a_one_pod_job_requeues_it_and_never_fails_it(kube
     kube.run(lambda: kueue.readmit(kube.server, NAMESPACE, "job-1"))
     backend.status(done.backend_ref)
     assert backend.status(done.backend_ref).state in ("PENDING", "RUNNING")
+
+
+def test_a_job_suspended_by_hand_where_kueue_holds_nothing_is_not_said_to_be_kueues(kube: KubeStandIn,
+                                                                                   tmp_path: Path) -> None:
+    """A Job someone suspended (``kubectl patch … suspend: true``) on a cluster without Kueue has no
+    Workload: its status says it is suspended and how to resume it, never Kueue's queue or the
+    namespace selector of a Kueue that is not there."""
+    done = submit(tmp_path, job_request(), make_backend())
+    kube.run(lambda: kube.server.objects[online.kube_key("Job", "job-1")].raw["spec"].update(suspend=True))
+    status = make_backend().status(done.backend_ref)
+    assert status.state == "PENDING" and "Kueue" not in (status.message or ""), status
+    assert '"suspend":false' in (status.message or "") and "cancel" in (status.message or ""), status
+
+
+def test_what_kueue_says_is_cut_to_a_line_a_status_can_carry(kube: KubeStandIn, tmp_path: Path) -> None:
+    kueue = _kueue(kube, room=False)
+    submission, _ = online.launch_only(tmp_path, job_request(), make_backend(**QUEUED))
+    kube.run(lambda: kueue.evict(kube.server, NAMESPACE, "job-1", "Preempted", "x" * 1_000_000))
+    message = make_backend(**QUEUED).status(submission.backend_ref).message or ""
+    assert "Kueue evicted it (Preempted)" in message and len(message) < 2000, len(message)

@@ -663,15 +663,17 @@ def test_a_passing_verdict_of_many_checks_survives_the_kubelets_cut(kube: KubeSt
     assert len(verify["state"]["terminated"]["message"].encode()) <= 12288 // 5
 
 
-@pytest.mark.parametrize(("script", "fragment"), [
-    (["pulling", "stager-failed"], "container stager exited 1 (Error): stage: s3://bkt-1/data/: AccessDenied"),
-    (["image-pull-backoff"], "spent"),
-    (["unschedulable"], "waited"),
+@pytest.mark.parametrize(("script", "fragment", "patience"), [
+    # the stager's failure must be what ends it: no budget runs out first on a loaded machine
+    (["pulling", "stager-failed"], "container stager exited 1 (Error): stage: s3://bkt-1/data/: AccessDenied", 3600),
+    (["image-pull-backoff"], "spent", 0.05),
+    (["unschedulable"], "waited", 0.05),
 ], ids=["stager", "pull-timeout", "schedule-timeout"])
 def test_verify_fails_and_deletes_the_job_when_the_probe_never_runs(kube: KubeStandIn, tmp_path: Path,
-                                                                    script: list[str], fragment: str) -> None:
+                                                                    script: list[str], fragment: str,
+                                                                    patience: float) -> None:
     kube.server.control.scripts["job-1"] = script
-    backend = make_backend(verify_timeout=0.05, image_pull_timeout=0.05)
+    backend = make_backend(verify_timeout=patience, image_pull_timeout=patience)
     submission, plan = launch_only(tmp_path, job_request(), backend)
     verdict = backend.verify(submission.backend_ref, plan)
     assert not verdict.ok and verdict.error is not None and fragment in verdict.error

@@ -53,7 +53,7 @@ from .facts import SIDECAR_VERSION, cluster_facts, server_version
 from .follow import FIRST_LINES, LOOK_LINES, new_lines, read_cursor, since_seconds
 from .gates import (admit_pods, check_access, check_claim, check_gpus, check_secrets, check_version, dry_run,
                     needed_access, node_list)
-from .kueue import check_queue, held, waiting_text, workload_reason
+from .kueue import check_queue, held, hold_text
 from .render import (CACHE_LABEL, COLLECTIVE_TIMEOUT_S, JOB_ID_LABEL, MANAGED_BY, VOLUME_ROOT, RenderedJob,
                      claim_paths, probe_key, read_config, render_job)
 from .settings import KubernetesSettings
@@ -293,8 +293,7 @@ class KubernetesBackend:
                 pod_reading.condition(job, kind) for kind in ("Complete", "Failed", "FailureTarget")):
             # Kueue holds it — not admitted yet, or taken back (preempted, evicted): the pods it
             # had are the Job controller's to delete, and the job is queued again, not ended.
-            return JobStatus(state="PENDING", message=waiting_text(job, workload_reason(api, job),
-                                                                   queued=self.settings.queue_name is not None))
+            return JobStatus(state="PENDING", message=hold_text(api, job, queued=self.settings.queue_name is not None))
         found = list_pods(api, namespace, name, "train")
         return pod_reading.job_status(job, found, self._events(api, namespace, job, found))
 

@@ -41,6 +41,8 @@ GROUP, VERSION = "kueue.x-k8s.io", "v1beta1"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 #: The label Kueue puts on a Job's Workload: the Job's uid (``pkg/controller/constants``, JobUIDLabel).
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+#: How much of Kueue's word a status carries (a condition message may be 32 KiB).
+REASON_CHARS = 500
 #: Kueue's default ``waitForPodsReady.timeout`` (``DefaultWaitForPodsReadyTimeout``).
 PODS_READY_MINUTES = 30
 
@@ -54,25 +56,33 @@ def held(job: Mapping[str, Any]) -> bool:
     return bool((job.get("spec") or {}).get("suspend"))
 
 
-def waiting_text(job: Mapping[str, Any], reason: str | None, *, queued: bool = True) -> str:
-    """What a held Job waits for, with Kueue's reason. ``queued``: whether tao-data-io queued it;
-    a Job it made to run at once that Kueue's webhook took anyway is said to be so, with the way out."""
-    queue = queue_of(job)
+def hold_text(api: Api, job: Mapping[str, Any], *, queued: bool) -> str:
+    """What a suspended Job waits for, from its Workload when Kueue keeps one: Kueue's reason
+    (``queued``: whether tao-data-io queued it — a Job it made to run at once that Kueue's webhook
+    took anyway is said to be so, with the way out). No Workload and no queue label: someone else
+    suspended it (by hand, or a render applied as is), and it waits for them."""
+    meta = job.get("metadata") or {}
+    queue, name = queue_of(job), meta.get("name", "")
+    workload = _workload(api, job)
+    if workload is None and queue is None:
+        return (f"suspended (spec.suspend), and no queue holds it: resume it with kubectl patch job {name} "
+                "--type=merge -p '{\"spec\":{\"suspend\":false}}', or cancel it")
     text = (f"suspended, waiting for Kueue to admit it from queue {queue!r}" if queue else
             "suspended by Kueue (manageJobsWithoutQueueName), waiting for it to admit the Job")
+    if workload is None:
+        text += " (Kueue has made no Workload for it yet: if that lasts, Kueue is not installed or not managing it)"
     if not queued:
-        namespace = (job.get("metadata") or {}).get("namespace", "")
         text += (f" (tao-data-io made this Job to run at once; Kueue's webhook queued it, as it does every Job of a "
                  f"namespace with a LocalQueue named 'default' or under manageJobsWithoutQueueName: the wait counts "
-                 f"against verify_timeout; ask the admin to leave namespace {namespace!r} out of Kueue's "
-                 "managedJobsNamespaceSelector, or raise verify_timeout)")
-    return text + (f": {reason}" if reason else "")
+                 f"against verify_timeout; ask the admin to leave namespace {meta.get('namespace', '')!r} out of "
+                 "Kueue's managedJobsNamespaceSelector, or raise verify_timeout)")
+    said = _reason(workload) if workload is not None else None
+    return text + (f": {said}" if said else "")
 
 
-def workload_reason(api: Api, job: Mapping[str, Any]) -> str | None:
-    """Why Kueue has not admitted the Job, or why it took it back, in Kueue's words: the
-    Workload's Evicted message (preempted, not ready in time…) or its QuotaReserved=False one
-    ("couldn't assign flavors…", "LocalQueue q doesn't exist"); None when it has none yet."""
+def _workload(api: Api, job: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The Job's Workload (labelled with the Job's uid, ``JobUIDLabel``), or None: none yet, Kueue
+    not installed (404), or a Role without the grant (403: the Job's own word stands)."""
     meta = job.get("metadata") or {}
     namespace, uid = meta.get("namespace", api.namespace), meta.get("uid")
     if not uid:
@@ -82,17 +92,27 @@ def workload_reason(api: Api, job: Mapping[str, Any]) -> str | None:
                          api.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "workloads",
                          label_selector=f"{JOB_UID_LABEL}={uid}")
     except ApiError as exc:
-        if exc.status in (403, 404):  # Kueue not installed, or a Role without the grant: the Job's own word stands
+        if exc.status in (403, 404):
             return None
         raise
-    for workload in found.get("items", []):
-        conditions = {c.get("type"): c for c in (workload.get("status") or {}).get("conditions") or []}
-        evicted, reserved = conditions.get("Evicted") or {}, conditions.get("QuotaReserved") or {}
-        if evicted.get("status") == "True":
-            return f"Kueue evicted it ({evicted.get('reason')}): {evicted.get('message', '')}".rstrip(": ")
-        if reserved.get("status") == "False" and reserved.get("message"):
-            return f"Kueue: {reserved['message']}"
-    return None
+    items = found.get("items") if isinstance(found, Mapping) else None
+    return next((item for item in items or [] if isinstance(item, Mapping)), None)
+
+
+def _reason(workload: Mapping[str, Any]) -> str | None:
+    """Why Kueue has not admitted the Job, or why it took it back, in Kueue's words, cut to a line:
+    the Workload's Evicted message (preempted, not ready in time…) or its QuotaReserved=False one
+    ("couldn't assign flavors…", "LocalQueue q doesn't exist")."""
+    listed = (workload.get("status") or {}).get("conditions") if isinstance(workload.get("status"), Mapping) else None
+    conditions = {c.get("type"): c for c in listed if isinstance(c, Mapping)} if isinstance(listed, list) else {}
+    evicted, reserved = conditions.get("Evicted") or {}, conditions.get("QuotaReserved") or {}
+    if evicted.get("status") == "True":
+        said = f"Kueue evicted it ({evicted.get('reason')}): {evicted.get('message', '')}".rstrip(": ")
+    elif reserved.get("status") == "False" and reserved.get("message"):
+        said = f"Kueue: {reserved['message']}"
+    else:
+        return None
+    return said if len(said) <= REASON_CHARS else said[:REASON_CHARS] + f"… ({len(said) - REASON_CHARS} more characters)"
 
 
 def check_queue(api: Api, queue: str, pod: Mapping[str, Any]) -> list[str]:
@@ -131,7 +151,8 @@ def check_queue(api: Api, queue: str, pod: Mapping[str, Any]) -> list[str]:
             f"{cluster_queue!r} does not cover (it covers {', '.join(sorted(covered))}): Kueue leaves such a "
             f"workload pending ('resource {missing[0]} unavailable in ClusterQueue') unless its configuration's "
             "resources.excludeResourcePrefixes names it; ask the admin to cover it in the ClusterQueue or exclude "
-            "it" + ("; a tier B or A job requests no ephemeral-storage" if "ephemeral-storage" in missing else "")]
+            "it" + ("; a job on a claim (tier A or B) requests none unless compute_shape.ephemeral_storage sets it"
+                    if "ephemeral-storage" in missing else "")]
 
 
 def _readiness(staged: float) -> list[str]:

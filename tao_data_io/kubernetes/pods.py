@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
 from ..launch.backend import FailureAnalysis, JobStatus
@@ -31,6 +32,14 @@ STATUS = "status"
 #: node's disk, as render.py names them: a kubelet eviction names the one that outgrew its limit.
 RESULTS_VOLUME, STAGING_VOLUME = "results", "staging"
 OOM_EXIT = 137
+#: The exit of a container of ours, or of training (TRAIN_WRAPPER), that Kubernetes stopped:
+#: 128 + SIGTERM.
+STOPPED_EXIT = 143
+#: The containers whose stop (``STOPPED_EXIT``) the failure policy counts and retries rather than
+#: failing the Job (:func:`.render.failure_policy`).
+STOPPABLE = (TRAIN, STAGER, VERIFY)
+#: How long past the end of its grace a terminating pod is waited for.
+OVERDUE = timedelta(minutes=1)
 #: The reasons a kubelet gives a pod it rejects at admission (``admissionRejectionReasons``,
 #: pkg/kubelet/kubelet.go), besides ``OutOf<resource>``.
 KUBELET_REJECTIONS = frozenset({
@@ -194,39 +203,61 @@ def _exits_match(pod: Obj, codes: Obj | None) -> bool:
                for item in containers(pod))
 
 
+def _retried_for(pod: Obj) -> str | None:
+    """Why a one-pod Job's pod stopped, when it is the cluster's doing and the failure policy
+    counts it rather than failing the Job (:func:`.render.failure_policy`): a disruption, the
+    kubelet's eviction for local storage, a container Kubernetes stopped (``STOPPED_EXIT``), or a
+    delete whose pod has not stopped yet. None for anything else (the command's own exit, a
+    kubelet's refusal at admission)."""
+    said = disruption(pod)
+    if said is not None:
+        return f"the pod was disrupted ({said})"
+    evicted = kubelet_eviction(pod)
+    if evicted is not None:
+        return f"the kubelet evicted the pod ({evicted})"
+    stopped = [c.name for c in containers(pod) if c.state == "terminated" and c.exit_code == STOPPED_EXIT
+               and c.name in STOPPABLE]
+    if stopped:
+        return f"Kubernetes stopped {stopped[0]} (exit {STOPPED_EXIT}: a preemption, an eviction or a delete)"
+    if terminating(pod) and not any(c.state == "terminated" and c.exit_code for c in containers(pod)):
+        return "the pod is being deleted"
+    return None
+
+
 def _replaced(job: Obj, pod: Obj) -> bool:
-    """Whether the Job controller replaces this disrupted pod of a one-pod Job. One that failed
-    was counted already, and the Job did not fail for it. One still in its grace is not decided
-    on until it fails (a podFailurePolicy makes ``podReplacementPolicy`` Failed:
-    pkg/apis/batch/v1/defaults.go): it will be replaced when the policy ignores it, or counts it
-    with a retry left (``status.failed`` below ``backoffLimit``)."""
-    if disruption(pod) is None:
-        return False
-    if _failed(pod):
-        return True
-    if not terminating(pod):
+    """Whether the Job controller replaces this pod of a one-pod Job rather than fail the Job for
+    it: the cluster stopped it (:func:`_retried_for`) and the policy ignores it, or counts it with
+    a retry left. A pod in its grace is not decided on until it fails (a podFailurePolicy makes
+    ``podReplacementPolicy`` Failed: pkg/apis/batch/v1/defaults.go); a failed one the controller
+    has counted already (``status.failed``) and, with no verdict on the Job, replaces."""
+    if not (_failed(pod) or terminating(pod)) or _retried_for(pod) is None:
         return False
     action = policy_action(job, pod)
     counted = int((job.get("status") or {}).get("failed") or 0)
-    return action == "Ignore" or (action == "Count" and counted < int((job.get("spec") or {}).get("backoffLimit", 6)))
-
-
-def _stopped(job: Obj, pod: Obj) -> bool:
-    """A pod Kubernetes stopped — its training exited ``STOPPED_EXIT`` (TRAIN_WRAPPER) — that the
-    Job's podFailurePolicy ignores: the Job controller neither counts it nor fails the Job for it.
-    Kueue suspended the Job (a preemption: the pods are deleted with no condition), or someone
-    deleted the pod and the controller replaces it."""
-    return (_failed(pod) or terminating(pod)) and policy_action(job, pod) == "Ignore"
+    limit = int((job.get("spec") or {}).get("backoffLimit", 6))
+    return action == "Ignore" or (action == "Count" and (counted <= limit if _failed(pod) else counted < limit))
 
 
 def _replacing(job: Obj, pod: Obj) -> str:
     """What the job waits for while the Job controller replaces ``pod`` (:func:`_replaced`)."""
+    why = _retried_for(pod)
     if _failed(pod):
-        return f"the pod was disrupted ({disruption(pod)}); its replacement is being made"
+        return f"{why}; its replacement is being made (compute_shape.disruption_retries)"
     retry = int((job.get("status") or {}).get("failed") or 0) + 1
     limit = int((job.get("spec") or {}).get("backoffLimit", 6))
-    return (f"the pod is being disrupted ({disruption(pod)}); the Job controller replaces it once it has stopped "
-            f"(retry {retry} of {limit}: compute_shape.disruption_retries)")
+    return (f"{why}; the Job controller replaces it once it has stopped (retry {retry} of {limit}: "
+            "compute_shape.disruption_retries)")
+
+
+def _overdue(pod: Obj) -> bool:
+    """A pod still terminating a minute past its ``deletionTimestamp`` (the end of its grace): its
+    node will not say it stopped (lost, or partitioned)."""
+    stamp = (pod.get("metadata") or {}).get("deletionTimestamp")
+    try:
+        due = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return datetime.now(timezone.utc) > due + OVERDUE
 
 
 def where(pod: Obj) -> Where:
@@ -307,9 +338,9 @@ def job_status(job: Obj, pods: Sequence[Obj], events: Sequence[Obj] = ()) -> Job
         pods = [pod for pod in pods if pod not in replaced]
         if not pods:
             return JobStatus(state="PENDING", message=_replacing(job, replaced[-1]))
-    if verdict is None:  # a pod Kubernetes stopped and the policy ignores is not the job's end
-        pods = [pod for pod in pods if not _stopped(job, pod)]
-    stopping = [pod for pod in pods if terminating(pod)]
+    if verdict is None and nodes > 1:  # a deleted rank's end is the Job controller's to judge (it counts it,
+        pods = [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")]  # or Kueue took it)
+    stopping = [pod for pod in pods if terminating(pod) and not _overdue(pod)]
     if verdict is not None and stopping and not deleting:
         who = "its pod" if len(stopping) == 1 else f"{len(stopping)} of its pods"
         return JobStatus(state="RUNNING", message=f"the Job controller failed it ({verdict.get('reason')}: "

@@ -15,7 +15,7 @@ says how, and why no two jobs share a name):
   ``<id>-0.ranks-<id>``;
 * the training **Job** ``<id>``: one pod (or an Indexed Job of ``nodes`` pods), ``backoffLimit: 0``
   (one pod: as many replacements after a disruption as the request allows, and a failure policy
-  that ends it at any non-zero exit; see :data:`DISRUPTIONS_RETRIED`), ``restartPolicy: Never``, ``ttlSecondsAfterFinished``. Its initContainers, in order: the
+  that ends it at any other non-zero exit; see :func:`failure_policy`), ``restartPolicy: Never``, ``ttlSecondsAfterFinished``. Its initContainers, in order: the
   stager (tier C, or whenever results are uploaded), the results sidecar (a native sidecar,
   whenever results are uploaded), the status sidecar (a native sidecar on every tier, in the
   training image: it follows TAO's ``status.json`` into its log, for the collect run's progress
@@ -55,7 +55,7 @@ from ..tier import TIER_C_BYTES_PER_SECOND
 from ..launch.collective import DEFAULT_TIMEOUT_S, PROBE_PROGRAM
 from .kueue import QUEUE_LABEL
 from .placement import HOSTNAME_LABEL
-from .pods import RESULTS_VOLUME, STAGING_VOLUME, STATUS
+from .pods import RESULTS_VOLUME, STAGING_VOLUME, STATUS, STOPPABLE, STOPPED_EXIT
 from .scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, TRAIN_WRAPPER, VERIFY_SCRIPT
 from .settings import MAX_GRACE_SECONDS, KubernetesSettings
 
@@ -129,23 +129,33 @@ RESULTS_DIR = "results"
 JOBS_DIR = "jobs"
 #: The final upload's time: the budget at the measured rate, plus this much for start-up.
 GRACE_MARGIN_SECONDS = 60
-#: A one-pod training Job's failure policy (rules in order, the first match wins): a pod that was
-#: disrupted — preempted, evicted, its node drained: the ``DisruptionTarget`` condition — counts
-#: towards ``backoffLimit`` (the request's ``disruption_retries``) and is replaced; any container
-#: of ours exiting non-zero (the command, the verify probe, the stager; an OOM kill is exit 137)
-#: fails the Job at once, since running it again gives the same. The disruption rule comes first:
-#: an evicted pod's containers exit non-zero too. Training that Kubernetes stopped (TRAIN_WRAPPER
-#: exits ``STOPPED_EXIT`` then) is ignored: a Kueue preemption suspends the Job, whose controller
-#: deletes the pods with no condition and never counts them, yet still judges each by this policy
-#: (``getFailJobMessage``) — FailJob would end a Job Kueue meant to requeue; a deadline or a cancel
-#: has ended the Job already. A multi-node Job keeps ``backoffLimit: 0`` and no policy: a
-#: replacement rank cannot rejoin the static rendezvous the others are in.
-STOPPED_EXIT = 143
-DISRUPTIONS_RETRIED = {"rules": [
-    {"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-    {"action": "Ignore", "onExitCodes": {"containerName": "train", "operator": "In", "values": [STOPPED_EXIT]}},
-    {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
-]}
+def failure_policy(pod: dict[str, Any]) -> dict[str, Any]:
+    """A one-pod training Job's failure policy (rules in order, the first match wins):
+
+    1. a pod that was disrupted — preempted, evicted, its node drained: the ``DisruptionTarget``
+       condition — counts towards ``backoffLimit`` (the request's ``disruption_retries``) and is
+       replaced; it comes first, since an evicted pod's containers exit non-zero too;
+    2. training, the stager or the verify probe that Kubernetes stopped (``STOPPED_EXIT``) counts
+       too. A Kueue preemption or eviction suspends the Job, whose controller deletes the pods
+       with no condition and never counts them, yet still judges each by this policy
+       (``getFailJobMessage``): failing them would end a Job Kueue meant to requeue. The kubelet's
+       own evictions for local storage stop the pod the same way with no condition; counted, they
+       are retried at most ``backoffLimit`` times, never forever. One rule per container: a rule
+       without ``containerName`` would match a native sidecar the kubelet stops after training
+       failed, and retry the failure;
+    3. any other non-zero exit of any container (the command, an OOM kill at 137, the verify
+       probe, the stager) fails the Job at once, since running it again gives the same.
+
+    A ``containerName`` must name a container of the pod (batch validation), so the rules name
+    only those this pod has. A multi-node Job keeps ``backoffLimit: 0`` and no policy: a
+    replacement rank cannot rejoin the static rendezvous the others are in."""
+    names = {c["name"] for c in [*pod.get("initContainers", []), *pod.get("containers", [])]}
+    stops = [{"action": "Count", "onExitCodes": {"containerName": name, "operator": "In", "values": [STOPPED_EXIT]}}
+             for name in STOPPABLE if name in names]
+    return {"rules": [{"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                      *stops, {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}}]}
+
+
 #: A ConfigMap holds at most 1 MiB.
 CONFIGMAP_LIMIT = 1024 * 1024
 #: Either family of S3 key names (forwarded names are projected as given: the per-job Secret's
@@ -511,7 +521,7 @@ class _Job:
         spec: dict[str, Any] = {"backoffLimit": 0, "ttlSecondsAfterFinished": self.settings.ttl_seconds,
                                 "template": {"metadata": template_meta, "spec": pod}}
         if not self.multi:
-            spec.update(backoffLimit=plan.disruption_retries, podFailurePolicy=DISRUPTIONS_RETRIED)
+            spec.update(backoffLimit=plan.disruption_retries, podFailurePolicy=failure_policy(pod))
         if plan.deadline_seconds is not None:
             spec["activeDeadlineSeconds"] = plan.deadline_seconds
         if self.multi:

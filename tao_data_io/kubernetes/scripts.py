@@ -83,7 +83,7 @@ fi
 #: words come after the script as its arguments ("$@"), never parsed by the shell. The command's
 #: exit status is the container's, except once Kubernetes stopped it: then 143 (128 + SIGTERM),
 #: whatever the command returned, so the pod failure policy can tell a stopped pod from a failed
-#: one (:data:`.render.STOPPED_EXIT`) — a Kueue preemption suspends the Job and stops its pods
+#: one (:func:`.render.failure_policy`) — a Kueue preemption suspends the Job and stops its pods
 #: with no condition on them, and the Job controller still judges them by the policy. A command
 #: that exits 143 by itself exits 1 instead, said on stderr, so it is never taken for stopped. SIGINT
 #: (an image's stop signal may be it) is handed on as SIGTERM: a shell starts a background command

@@ -22,7 +22,7 @@ from ..errors import BackendError, UsageError
 from ..launch.collective import HANG_ADVICE, CollectiveVerdict, read_probe
 from ..launch.probe import Check, Verdict, parse_probe_output
 from .api import Api
-from .kueue import held, waiting_text, workload_reason
+from .kueue import held, hold_text
 from .pods import Where, by_rank, condition, container, disruption, rank, verify_result, where
 from .render import JOB_ID_LABEL, STEP_LABEL
 
@@ -91,7 +91,7 @@ class PodWatch:
     say: Say
     poll_seconds: float
     #: Whether tao-data-io queued this Job in Kueue (a queued target's training Job); one Kueue
-    #: holds that it made to run at once is said to be Kueue's doing (:func:`.kueue.waiting_text`).
+    #: holds that it made to run at once is said to be Kueue's doing (:func:`.kueue.hold_text`).
     queued: bool = False
     _said: str = ""
     _pause: float = 0.0
@@ -111,7 +111,7 @@ class PodWatch:
         and pause; the reason patience ran out, if it did."""
         now = time.monotonic()
         if not places and held(job):
-            waiting = Where("queue", waiting_text(job, workload_reason(self.api, job), queued=self.queued))
+            waiting = Where("queue", hold_text(self.api, job, queued=self.queued))
         else:
             waiting = Where("schedule", "no pod yet")
         behind = min((w for _, w in places), key=lambda w: _PROGRESS.index(w.phase) if w.phase in _PROGRESS else 0,
