@@ -66,7 +66,7 @@ def hold_text(api: Api, job: Mapping[str, Any], *, queued: bool) -> str:
     workload = _workload(api, job)
     if workload is None and queue is None:
         return (f"suspended (spec.suspend), and no queue holds it: resume it with kubectl patch job {name} "
-                "--type=merge -p '{\"spec\":{\"suspend\":false}}', or cancel it")
+                "-p '{\"spec\":{\"suspend\":false}}', or cancel it")
     text = (f"suspended, waiting for Kueue to admit it from queue {queue!r}" if queue else
             "suspended by Kueue (manageJobsWithoutQueueName), waiting for it to admit the Job")
     if workload is None:
