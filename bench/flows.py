@@ -68,8 +68,8 @@ from flows.submit import submit_tao_job  # noqa: E402
 from tao_data_io import steps, verbs  # noqa: E402
 from tao_data_io.embedded.s3 import EmbeddedS3  # noqa: E402
 from tao_data_io.launch.backend import Backend  # noqa: E402
-from tao_data_io.local.backend import LocalBackend  # noqa: E402
-from tao_data_io.local.settings import LocalSettings  # noqa: E402
+from tao_data_io.backends.local.backend import LocalBackend  # noqa: E402
+from tao_data_io.backends.local.settings import LocalSettings  # noqa: E402
 from tao_data_io.records import RecordStore  # noqa: E402
 from tao_data_io.request import parse_request  # noqa: E402
 from tao_data_io.transfer.engine import TransferEngine, TransferOptions  # noqa: E402

@@ -5,14 +5,16 @@ Why blocks: a deployment names a target (``tao-local-target/local``,
 ``tao-kubernetes-target/prod``) and the same flow runs anywhere; the block holds settings only —
 paths, a namespace, a context *name* — never kubeconfig contents or a credential. Each target
 embeds its backend's settings model (``settings``) rather than repeating its fields, so the
-block, the backend, the CLI and the job record share one declaration and its rules. The Kubernetes
+block, the backend, the CLI and the job record share one declaration and its rules; and each
+target block is made from its backend's declaration (:func:`target_block`), so a backend the
+registry finds has its block without a line here. The Kubernetes
 target finds its cluster the standard way at run time (in-cluster configuration inside a pod,
 else the kubeconfig's context), so nothing about access is stored in Prefect.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
 from typing import Any, ClassVar
 
 from prefect.blocks.core import Block
@@ -20,11 +22,9 @@ from pydantic import Field, model_validator
 
 from blocks.picker import PICKABLE
 from blocks.presentation import DOCUMENTATION_URL, LOGO_URL, code_example
-from tao_data_io.backends import backend_from
-from tao_data_io.errors import UsageError
-from tao_data_io.kubernetes.settings import KubernetesSettings
+from tao_data_io.backends import backend_from, platforms
 from tao_data_io.launch.backend import Backend
-from tao_data_io.local.settings import LocalSettings
+from tao_data_io.launch.platform import Platform
 from tao_data_io.schema import AbsolutePath
 
 
@@ -58,53 +58,35 @@ class ComputeTarget(Block, ABC):
                 settings.setdefault(new, data.pop(old))
         return {**data, "settings": settings}
 
-    @abstractmethod
     def backend(self) -> Backend:
-        """The core's backend for this target, built now (on the worker)."""
-
-
-class LocalTarget(ComputeTarget):
-    _block_type_name = "TAO Local Target"
-    _block_type_slug = "tao-local-target"
-    _description = ("Run each job on the worker's host in a bubblewrap sandbox that sees what a pod would: the "
-                    "embedded default, for CPU work, tests and demos.")
-    _code_example = code_example("LocalTarget", "local_target",
-                                 "backend = local_target.backend()  # the core's local backend\n"
-                                 "print(backend.settings.run_root)")
-    _flat_settings = {"workdir_root": "run_root", "network": "allow_network"}
-
-    settings: LocalSettings = Field(
-        default_factory=LocalSettings, title="Local backend",
-        description="Where on the worker's host each job runs, and whether a job that asks may use its network.")
-
-    def backend(self) -> Backend:
+        """The core's backend for this target, built now (on the worker); a worker without what
+        the backend imports is told what to install."""
         return backend_from(self.settings)
 
 
-class KubernetesTarget(ComputeTarget):
-    _block_type_name = "TAO Kubernetes Target"
-    _block_type_slug = "tao-kubernetes-target"
-    _description = ("Run each job as a Kubernetes Job. The cluster is found at run time: in-cluster configuration "
-                    "inside a pod, else the kubeconfig context named here (or the current one). Nothing about "
-                    "access is stored in Prefect.")
-    _code_example = code_example("KubernetesTarget", "kubernetes_target",
-                                 "print(kubernetes_target.settings.namespace)\n"
-                                 "backend = kubernetes_target.backend()  # the core's Kubernetes backend")
-    _flat_settings = {name: name for name in ("namespace", "context", "pvc_claim", "stager_image",
-                                              "image_pull_secret", "ttl_seconds", "shm_size")}
+def target_block(platform: Platform) -> type[ComputeTarget]:
+    """The target block of ``platform``: ``TAO <title> Target`` (slug ``tao-<name>-target``),
+    embedding its settings model as ``settings`` — made from the backend's declaration, so a new
+    backend gets its block, its form and its place in the flows' target parameter from its
+    registry line alone. The slugs and names are those the blocks saved before had."""
+    title = platform.title or platform.name.title()
+    name = f"{title.replace(' ', '')}Target"
+    variable = f"{platform.name.replace('-', '_')}_target"
+    namespace = {
+        "__module__": __name__, "__qualname__": name, "__doc__": platform.summary,
+        "__annotations__": {"settings": platform.settings},
+        "settings": Field(default_factory=platform.settings, title=f"{title} backend",
+                          description=platform.settings_summary),
+        "_block_type_name": f"TAO {title} Target", "_block_type_slug": f"tao-{platform.name}-target",
+        "_description": platform.summary, "_flat_settings": dict(platform.flat_block_fields),
+        "_code_example": code_example(name, variable, f"backend = {variable}.backend()  # the core's {title} backend\n"
+                                                      f"print({variable}.settings)"),
+    }
+    return type(name, (ComputeTarget,), namespace)
 
-    settings: KubernetesSettings = Field(
-        default_factory=KubernetesSettings, title="Kubernetes backend",
-        description="The namespace, the kubeconfig context's NAME, the claim, Secret NAMES, images, TTL and "
-                    "scheduling of each job's objects; names only, never the kubeconfig or a Secret's contents.")
 
-    def backend(self) -> Backend:
-        """The Kubernetes backend; a worker without the official client (the ``kubernetes`` extra,
-        which a worker that runs only local jobs need not have) is told to install it."""
-        try:
-            return backend_from(self.settings)
-        except ImportError as exc:
-            if exc.name == "kubernetes" or (exc.name or "").startswith("kubernetes."):
-                raise UsageError("the Kubernetes target needs the official client on the worker: install "
-                                 "tao-data-io[kubernetes]") from exc
-            raise
+#: Every backend's target block, by platform name.
+TARGETS: dict[str, type[ComputeTarget]] = {name: target_block(platform) for name, platform in platforms().items()}
+# ``prefect block register --file blocks/__init__.py`` registers the block classes it finds among a
+# module's members, so each made class is one, under its own name (``LocalTarget``, …).
+globals().update({target.__name__: target for target in TARGETS.values()})

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from prefect.blocks.core import Block
 
-from blocks import (HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, LocalTarget, NGCEnvCredentials,
-                    S3EnvCredentials, TaoS3Bucket)
-from tao_data_io.local.settings import DEFAULT_ROOT, ROOT_VARIABLE, LocalSettings
+from blocks import TARGETS, HuggingFaceEnvCredentials, JobRecords, NGCEnvCredentials, S3EnvCredentials, TaoS3Bucket
+from tao_data_io.backends import settings_from
+from tao_data_io.backends.local.settings import DEFAULT_ROOT, ROOT_VARIABLE
 from tao_data_io.uris import parse_s3_url
 
 
@@ -42,9 +42,9 @@ class Defaults:
             url = parse_s3_url(self.results, field="--results")
             results["tao-s3-bucket/results"] = TaoS3Bucket(bucket_name=url.bucket, bucket_folder=url.key)
         return {**results,
-            "tao-local-target/local": LocalTarget(
+            "tao-local-target/local": TARGETS["local"](
                 staging_root=self.staging_root,
-                settings=LocalSettings(run_root=self.run_root, allow_network=self.allow_network)),
+                settings=settings_from("local", {"run_root": self.run_root, "allow_network": self.allow_network})),
             "tao-job-records/local": JobRecords(location=self.records),
             "tao-s3-credentials/default": S3EnvCredentials(),
             "tao-hugging-face-credentials/default": HuggingFaceEnvCredentials(),
@@ -54,7 +54,8 @@ class Defaults:
 
 def save_defaults(defaults: Defaults, *, overwrite: bool = False) -> list[str]:
     """Register every block type and save the defaults; returns one line per block."""
-    KubernetesTarget.register_type_and_schema()  # no default to save: a cluster needs its own settings
+    for target in TARGETS.values():  # every backend's, the embedded default's saved below (a cluster needs its own)
+        target.register_type_and_schema()
     TaoS3Bucket.register_type_and_schema()
     said = []
     for slug_name, block in defaults.blocks().items():

@@ -21,7 +21,7 @@ import gc
 from dataclasses import dataclass
 from functools import cache
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Union
 
 from prefect.blocks.core import Block
 from pydantic import ValidationError
@@ -30,7 +30,7 @@ from prefect.states import State
 
 from blocks.credentials import CredentialSet, HuggingFaceEnvCredentials, NGCEnvCredentials, S3EnvCredentials
 from blocks.records import JobRecords
-from blocks.targets import ComputeTarget, KubernetesTarget, LocalTarget
+from blocks.targets import TARGETS, ComputeTarget
 from tao_data_io.errors import UsageError
 from tao_data_io.forms import GuardedText
 from tao_data_io.runner import Runner, direct
@@ -52,7 +52,7 @@ OWNING_FLOWS = ("submit", "run", "collect")
 B = TypeVar("B", bound=Block)
 
 #: The block parameters' types: a picker in the run form, or ``BLOCK-TYPE/NAME``.
-Target = LocalTarget | KubernetesTarget | GuardedText
+Target = Union[(*TARGETS.values(), GuardedText)]  # every backend's target block
 Records = JobRecords | GuardedText
 S3Credentials = S3EnvCredentials | GuardedText | None
 HFCredentials = HuggingFaceEnvCredentials | GuardedText | None

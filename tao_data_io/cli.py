@@ -80,8 +80,8 @@ def _named_verb(argv: Sequence[str] | None) -> str | None:
 def _attach_flag_names(parser: argparse.ArgumentParser) -> None:
     """Give every (sub)command the map parameter → flag of its own options, so a core message
     that names a parameter (``job_id 'x'``) reaches the terminal naming the flag (``--job-id 'x'``)."""
-    flags = {action.dest: action.option_strings[-1] for action in parser._actions
-             if action.option_strings and action.option_strings[-1].startswith("--")}
+    flags = {action.dest: long[-1] for action in parser._actions  # a yes/no setting by its yes (--allow-network)
+             if (long := [flag for flag in action.option_strings if flag.startswith("--") and not flag.startswith("--no-")])}
     parser.set_defaults(flag_names=flags)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):

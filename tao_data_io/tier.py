@@ -44,21 +44,36 @@ class VolumeFacts(Strict):
     holds_inputs: bool = False
 
 
+class Capabilities(Strict):
+    """What a backend can do, as the tier decision reads it — never the backend's name, so a new
+    backend gets the decision its abilities call for. A backend declares the most it can do
+    (:attr:`~tao_data_io.launch.platform.Platform.capabilities`); its ``facts()`` may say less for
+    the cluster at hand (Kubernetes older than 1.29 cannot run the upload sidecar)."""
+
+    #: A stage step on the submitting host fills a directory the frame mounts (tier B needs no volume).
+    stages_on_host: bool = False
+    #: The frame can fetch its own inputs and upload its results (tier C): network in the frame and,
+    #: on Kubernetes, native sidecars (1.29+).
+    fetches_in_frame: bool = False
+    #: The frame mounts named volumes (``storage.pvc_claim``): tier B stages into a Bound one, and
+    #: none is ever picked on a guess (it could be someone else's).
+    binds_claims: bool = False
+
+
 class ClusterFacts(Strict):
     """What the compute side offers, as the tier decision needs it."""
 
-    backend: Literal["local", "kubernetes"]
+    #: The backend's name, for people (``plan``, the record's reason); the decision reads ``capabilities``.
+    backend: str
+    capabilities: Capabilities = Field(default_factory=Capabilities)
     volumes: list[VolumeFacts] = Field(default_factory=list)
     #: StorageClasses that can provision a new volume (dynamic provisioning).
     storage_classes: list[str] = Field(default_factory=list)
-    #: Whether the backend can fetch inside the compute frame (tier C): needs network in the frame
-    #: and, on Kubernetes, native sidecars (1.29+).
-    supports_in_frame_fetch: bool = True
     air_gapped: bool = False
     #: Total bytes of the request's inputs, when known (None: unknown).
     input_bytes: int | None = None
     #: ``major.minor`` of the Kubernetes API server (None elsewhere). Reported for people and for
-    #: ``plan --facts``; the decision reads only ``supports_in_frame_fetch``, which follows from it.
+    #: ``plan --facts``; the decision reads only ``capabilities.fetches_in_frame``, which follows from it.
     server_version: str | None = None
     #: Allocatable ``nvidia.com/gpu`` per node, when the backend may list nodes (None: unknown).
     #: Reported, not decided on: the capacity gate is the launch's preflight.
@@ -105,27 +120,31 @@ def choose_tier(request: JobRequest, facts: ClusterFacts, *,
                          f"({', '.join(remote[:3])}{', …' if len(remote) > 3 else ''}); pre-position them, or let "
                          "the tier be chosen")
     if wanted == "B":
-        if facts.backend == "kubernetes" and volume is None:
+        if not facts.capabilities.stages_on_host and volume is None:
+            if not facts.capabilities.binds_claims:
+                raise UsageError(f"storage.tier 'B' is impossible on {facts.backend}: it neither stages on this host "
+                                 "nor mounts a claim to stage into; let the tier be chosen")
             raise UsageError("storage.tier 'B' needs a Bound PersistentVolumeClaim to stage into: "
                              + _no_volume_reason(request, facts))
         return TierDecision(tier="B", reason="storage.tier 'B' was asked: a stage step fills a durable volume "
                                              "before the job starts", volume=volume)
     if wanted == "C":
-        if not facts.supports_in_frame_fetch:
-            raise UsageError("storage.tier 'C' is impossible here: the compute frame cannot fetch its own inputs "
-                             "(no network in the frame, or Kubernetes older than 1.29 for the upload sidecar)")
+        if not facts.capabilities.fetches_in_frame:
+            raise UsageError(f"storage.tier 'C' is impossible on {facts.backend}: the compute frame cannot fetch its "
+                             "own inputs (no network in the frame, or Kubernetes older than 1.29 for the upload "
+                             "sidecar); let the tier be chosen, or ask for 'B'")
         return TierDecision(tier="C", reason="storage.tier 'C' was asked: the pod fetches its inputs and uploads "
                                              "its results", warnings=_tier_c_warnings(facts, tier_c_warn_bytes))
     # Nothing asked: prefer a volume (no idle GPU, reusable), else in-frame fetch.
-    if facts.backend != "kubernetes":
-        return TierDecision(tier="B", reason="the local frame stages into the workdir on this host before the "
-                                             "job starts; the job reads it through read-only mounts")
+    if facts.capabilities.stages_on_host:
+        return TierDecision(tier="B", reason=f"{facts.backend} stages every input into the workdir on this host "
+                                             "before the job starts; the job reads it through read-only mounts")
     if volume is not None:
         held = next(v for v in facts.volumes if v.name == volume).holds_inputs
         reason = (f"PVC {volume!r} already holds every input (stage cache): nothing moves" if held else
                   f"PVC {volume!r} is Bound: a stage Job fills it before the GPU is requested")
         return TierDecision(tier="B", reason=reason, volume=volume)
-    if facts.supports_in_frame_fetch:
+    if facts.capabilities.fetches_in_frame:
         return TierDecision(tier="C", reason="no usable PVC (" + _no_volume_reason(request, facts) + "): the pod "
                                              "fetches its inputs into an emptyDir",
                             warnings=_tier_c_warnings(facts, tier_c_warn_bytes))
@@ -138,7 +157,7 @@ def _usable_volume(request: JobRequest, facts: ClusterFacts) -> str | None:
     candidates = [v for v in facts.volumes if v.phase == "Bound"]
     if request.storage.pvc_claim is not None:
         candidates = [v for v in candidates if v.name == request.storage.pvc_claim]
-    elif facts.backend == "kubernetes":
+    elif facts.capabilities.binds_claims:
         return None  # never pick someone else's claim on a guess
     return candidates[0].name if candidates else None
 

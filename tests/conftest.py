@@ -140,10 +140,10 @@ def sandbox() -> None:
     skip: ``make test`` installs it) and the kernel grants it user namespaces (else skip, in
     bubblewrap's own words)."""
     from tao_data_io.errors import UsageError
-    from tao_data_io.local.preflight import check_sandbox
-    from tao_data_io.local.run_as import run_as
-    from tao_data_io.local.sandbox import Host, host_system_dirs
-    from tao_data_io.local.tools import BWRAP_INSTALL, find_tool
+    from tao_data_io.backends.local.preflight import check_sandbox
+    from tao_data_io.backends.local.run_as import run_as
+    from tao_data_io.backends.local.sandbox import Host, host_system_dirs
+    from tao_data_io.backends.local.tools import BWRAP_INSTALL, find_tool
 
     bwrap = find_tool("bwrap", BWRAP_INSTALL)
     try:
@@ -155,8 +155,8 @@ def sandbox() -> None:
 @pytest.fixture
 def local_backend(tmp_path: Path, sandbox: None) -> Iterator[Any]:
     """A local backend whose run root is the test's; nothing a failed test started outlives it."""
-    from tao_data_io.local.backend import LocalBackend
-    from tao_data_io.local.settings import LocalSettings
+    from tao_data_io.backends.local.backend import LocalBackend
+    from tao_data_io.backends.local.settings import LocalSettings
 
     backend = LocalBackend(LocalSettings(run_root=str(tmp_path / "local")))
     yield backend

@@ -20,7 +20,7 @@ from tao_data_io.launch.backend import FailureAnalysis, JobDocuments, JobStatus,
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.launch.probe import CheckResult, Verdict, checklist
 from tao_data_io.launch.training import STATUS_FILE, STATUS_TAIL_BYTES
-from tao_data_io.tier import ClusterFacts
+from tao_data_io.tier import Capabilities, ClusterFacts
 
 
 class FakeBackend:
@@ -46,9 +46,10 @@ class FakeBackend:
         return {"results_root": str(self.results_root)}
 
     def facts(self) -> ClusterFacts:
-        """The facts of a host-like backend (no claims, no cluster): the tier decision treats the
-        fake as it treats the local frame, whichever way ``stages_on_host`` is set."""
-        return ClusterFacts(backend="local")
+        """Its own name, and the abilities ``stages_on_host`` says: a fake that stages on this host
+        is decided tier B as the local frame is; one whose cluster stages fetches in its frame (tier C)."""
+        return ClusterFacts(backend=self.name, capabilities=Capabilities(stages_on_host=self.stages_on_host,
+                                                                         fetches_in_frame=not self.stages_on_host))
 
     def preflight(self, plan: LaunchPlan, *, documents: JobDocuments | None = None) -> None:
         return None

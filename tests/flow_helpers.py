@@ -19,7 +19,7 @@ from pydantic import Field
 
 from blocks import ComputeTarget, JobRecords, LocalTarget
 from tao_data_io.launch.backend import Backend
-from tao_data_io.local.settings import LocalSettings
+from tao_data_io.backends.local.settings import LocalSettings
 
 from .fake_backend import FakeBackend
 from .helpers import wait_for

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from tao_data_io.fs import STATE_DIR_NAME, TEMP_PREFIX
-from tao_data_io.local.process import proc_stat
+from tao_data_io.backends.local.process import proc_stat
 
 
 T = TypeVar("T")

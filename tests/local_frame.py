@@ -11,7 +11,7 @@ from typing import Any
 import tao_data_io
 from tao_data_io.launch.backend import JobStatus
 from tao_data_io.launch.plan import LaunchPlan, build_plan
-from tao_data_io.local.backend import LocalBackend
+from tao_data_io.backends.local.backend import LocalBackend
 from tao_data_io.records import JobRecord, OutputRoute
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage_map import StagedSource, StagingMap

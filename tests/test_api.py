@@ -81,13 +81,13 @@ def test_the_core_names_parameters_never_cli_flags() -> None:
 
     flag = re.compile(r"(^|[\s`(])--[a-z][a-z-]+")
     # s5cmd's; bubblewrap's and nsenter's; setpriv's
-    other_programs_argv = ("transfer/s5cmd_executor.py", "local/sandbox.py", "local/run_as.py")
+    other_programs_argv = ("transfer/s5cmd_executor.py", "backends/local/sandbox.py", "backends/local/run_as.py")
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE).as_posix()
         # The renderer writes the command lines its pods run (the stage Job's argv, the pod
         # scripts): flags there are argv, not messages. The rest of kubernetes/ speaks to people.
-        if relative in ("cli.py", "kubernetes/render.py", "kubernetes/scripts.py") or relative.startswith("commands/"):
+        if relative in ("cli.py", "backends/kubernetes/render.py", "backends/kubernetes/scripts.py") or relative.startswith("commands/"):
             continue
         for line, text in _string_constants_outside_docstrings(ast.parse(path.read_text())):
             if flag.search(text) and relative not in other_programs_argv:
@@ -126,7 +126,7 @@ def test_every_error_of_ours_can_be_rebuilt_from_its_message() -> None:
 
     for package in (tao_data_io, flows, tasks):
         for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-            if module.name.startswith(("tao_data_io.embedded", "tao_data_io.local.runner")):
+            if module.name.startswith(("tao_data_io.embedded", "tao_data_io.backends.local.runner")):
                 continue  # entry points of child processes, not imported by steps
             importlib.import_module(module.name)
     from tao_data_io.errors import TaoDataIOError

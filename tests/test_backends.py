@@ -12,14 +12,13 @@ import pytest
 from pydantic import ValidationError
 
 from blocks import KubernetesTarget
-from tao_data_io.backends import SETTINGS, backend_for, settings_from
-from tao_data_io.commands.pipeline import BACKENDS
+from tao_data_io.backends import backend_for, platforms, settings_from
 from tao_data_io.errors import UsageError
-from tao_data_io.kubernetes.backend import KubernetesBackend
-from tao_data_io.kubernetes.settings import KubernetesSettings
-from tao_data_io.local.backend import LocalBackend
-from tao_data_io.local.settings import LocalSettings
-from tao_data_io.names import DNS_LABEL_RULE
+from tao_data_io.backends.kubernetes.backend import KubernetesBackend
+from tao_data_io.backends.kubernetes.settings import KubernetesSettings
+from tao_data_io.backends.local.backend import LocalBackend
+from tao_data_io.backends.local.settings import LocalSettings
+from tao_data_io.backends.kubernetes.names import DNS_LABEL_RULE
 from tao_data_io.records import RecordStore
 from tao_data_io.steps import backend_of
 
@@ -55,11 +54,7 @@ def test_the_backends_are_built_from_their_settings_model() -> None:
     local, kubernetes = LocalSettings(run_root="/srv/runs"), KubernetesSettings(**KUBERNETES)
     assert LocalBackend(local).settings == local and LocalBackend(local).config() == local.model_dump(mode="json")
     assert KubernetesBackend(kubernetes).config() == kubernetes.model_dump(mode="json")
-    assert (LocalBackend.name, KubernetesBackend.name) == ("local", "kubernetes") == tuple(SETTINGS)
-
-
-def test_the_clis_backend_choices_are_the_registrys_platforms() -> None:
-    assert BACKENDS == tuple(SETTINGS)
+    assert (LocalBackend.name, KubernetesBackend.name) == ("local", "kubernetes") == tuple(platforms())
 
 
 def test_an_old_local_record_with_workdir_root_rebuilds_its_backend(tmp_path: Path) -> None:
@@ -78,7 +73,7 @@ def test_an_old_local_record_with_workdir_root_rebuilds_its_backend(tmp_path: Pa
 
 
 def test_the_fake_is_no_platform_of_the_product() -> None:
-    with pytest.raises(UsageError, match="platform 'fake' is not a backend: use local or kubernetes"):
+    with pytest.raises(UsageError, match="platform 'fake' is not a backend: use 'local' or 'kubernetes'"):
         backend_for("fake", {"results_root": "/tmp/results"})
 
 

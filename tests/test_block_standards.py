@@ -21,8 +21,8 @@ from blocks import (HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, Loc
                     S3EnvCredentials, TaoS3Bucket)
 from blocks.presentation import LOGO_FILE, LOGO_URL
 from tao_data_io.embedded.s3 import EmbeddedS3
-from tao_data_io.kubernetes.settings import KubernetesSettings
-from tao_data_io.local.settings import LocalSettings
+from tao_data_io.backends.kubernetes.settings import KubernetesSettings
+from tao_data_io.backends.local.settings import LocalSettings
 
 from .fake_registries import FakeRegistries
 from .flow_helpers import REPO, name

@@ -14,9 +14,9 @@ from blocks import (HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, Loc
                     S3EnvCredentials)
 from blocks.credentials import CredentialSet
 from tao_data_io.errors import CredentialError, UsageError
-from tao_data_io.kubernetes.settings import KubernetesSettings
-from tao_data_io.local.backend import LocalBackend
-from tao_data_io.local.settings import LocalSettings
+from tao_data_io.backends.kubernetes.settings import KubernetesSettings
+from tao_data_io.backends.local.backend import LocalBackend
+from tao_data_io.backends.local.settings import LocalSettings
 
 ALL_BLOCKS = [S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials, LocalTarget, KubernetesTarget,
               JobRecords]
@@ -192,9 +192,9 @@ def test_the_kubernetes_target_builds_the_kubernetes_backend_from_its_settings()
 def test_the_kubernetes_target_names_the_extra_on_a_worker_without_the_kubernetes_client(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "kubernetes", None)  # the client is not installed on this worker
-    for module in ("tao_data_io.kubernetes.backend", "tao_data_io.kubernetes.api"):  # imported afresh, without it
+    for module in ("tao_data_io.backends.kubernetes.backend", "tao_data_io.backends.kubernetes.api"):  # imported afresh, without it
         monkeypatch.delitem(sys.modules, module, raising=False)
-    with pytest.raises(UsageError, match=r"needs the official client on the worker: install tao-data-io\[kubernetes\]"):
+    with pytest.raises(UsageError, match=r"the kubernetes backend needs .kubernetes., which this host lacks: install tao-data-io\[kubernetes\]"):
         KubernetesTarget(settings=KubernetesSettings(namespace="tao")).backend()
 
 

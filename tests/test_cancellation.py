@@ -24,8 +24,8 @@ from flows.common import cancel_owned_job
 from flows.resync import resync_tao_outputs
 from flows.run import run_tao_job
 from flows.submit import submit_tao_job
-from tao_data_io.local.backend import LocalBackend
-from tao_data_io.local.settings import LocalSettings
+from tao_data_io.backends.local.backend import LocalBackend
+from tao_data_io.backends.local.settings import LocalSettings
 from tao_data_io.names import job_id_for_run
 from tao_data_io.records import RecordStore
 

@@ -28,11 +28,11 @@ from flows.collect import collect_tao_job
 from flows.resync import resync_tao_outputs
 from flows.submit import submit_tao_job
 from tao_data_io.embedded.s3 import EmbeddedS3
-from tao_data_io.local.backend import LocalBackend
+from tao_data_io.backends.local.backend import LocalBackend
 from tao_data_io.runner import Runner, direct
 from tao_data_io.verbs import collect, resync, submit
 from tasks.runner import prefect_runner
-from tao_data_io.local.settings import LocalSettings
+from tao_data_io.backends.local.settings import LocalSettings
 from tao_data_io.records import JobRecord, RecordStore
 from tao_data_io.request import parse_request
 from tao_data_io import steps

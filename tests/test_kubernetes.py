@@ -20,11 +20,11 @@ import yaml
 from tao_data_io.errors import UNWRITABLE_EXIT, UsageError
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.launch.probe import PROBE_SCRIPT, Check, parse_probe_output
-from tao_data_io.kubernetes.pods import STOPPED_EXIT
-from tao_data_io.kubernetes.render import RenderedJob, failure_policy, literal, read_config, render_job
-from tao_data_io.kubernetes.apply import step_of
-from tao_data_io.kubernetes.scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, TRAIN_WRAPPER, VERIFY_SCRIPT
-from tao_data_io.kubernetes.settings import KubernetesSettings
+from tao_data_io.backends.kubernetes.pods import STOPPED_EXIT
+from tao_data_io.backends.kubernetes.render import RenderedJob, failure_policy, literal, read_config, render_job
+from tao_data_io.backends.kubernetes.apply import step_of
+from tao_data_io.backends.kubernetes.scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, TRAIN_WRAPPER, VERIFY_SCRIPT
+from tao_data_io.backends.kubernetes.settings import KubernetesSettings
 from tao_data_io.quantities import quantity_bytes
 from tao_data_io.records import OutputRoute
 from tao_data_io.request import JobRequest, load_request
@@ -1027,15 +1027,15 @@ def test_render_job_cli_prints_valid_yaml_and_translates_parameters_to_flags(tmp
     assert not re.search(r"[&*]id\d+", done.stdout)  # no YAML anchors or aliases: each object reads whole
     bad = run_cli(*args, "--namespace", "Tao", env=env)
     assert bad.returncode == 2 and "--namespace 'Tao' is not a DNS label" in bad.stderr
-    shown = run_cli("plan", "--request", str(EXAMPLES / "tier-c.yaml"), env=env)
+    shown = run_cli("plan", "--backend", "kubernetes", "--request", str(EXAMPLES / "tier-c.yaml"), env=env)
     assert shown.returncode == 0 and shown.stdout.startswith("tier C: storage.tier 'C' was asked")
     assert "Examples:" in run_cli("render-job", "--help", env=env).stdout
 
 
 def test_the_command_line_takes_several_image_pull_secrets() -> None:
     from tao_data_io.cli import build_parser
-    from tao_data_io.commands.record import given_fields
+    from tao_data_io.commands.target import target_settings
 
     args = build_parser().parse_args(["render-job", "--request", "r.yaml", "--staging-map", "m.json", "--job-id", "j",
-                                      "--image-pull-secret", "ngc-pull", "--image-pull-secret", "stager-pull"])
-    assert given_fields(KubernetesSettings, args)["image_pull_secrets"] == ["ngc-pull", "stager-pull"]
+                                      "--image-pull-secrets", "ngc-pull", "--image-pull-secrets", "stager-pull"])
+    assert target_settings(args, platform="kubernetes")["image_pull_secrets"] == ["ngc-pull", "stager-pull"]

@@ -102,7 +102,7 @@ def test_past_the_pending_timeout_the_job_is_deleted_with_the_schedulers_reason(
 
 
 def test_pending_timeout_is_refused_unless_the_pool_autoscales() -> None:
-    from tao_data_io.kubernetes.settings import KubernetesSettings
+    from tao_data_io.backends.kubernetes.settings import KubernetesSettings
 
     with pytest.raises(ValueError, match="pending_timeout applies to capacity 'autoscaled'"):
         KubernetesSettings(pending_timeout=60)
@@ -146,7 +146,7 @@ def test_a_multi_node_jobs_pods_are_placed_one_per_node_unless_the_target_says_o
     ({"priority_class": "High_Priority"}, "priority_class 'High_Priority' is not a DNS subdomain"),
 ])
 def test_bad_scheduling_settings_are_refused_naming_the_field(settings: dict[str, Any], match: str) -> None:
-    from tao_data_io.kubernetes.settings import KubernetesSettings
+    from tao_data_io.backends.kubernetes.settings import KubernetesSettings
 
     with pytest.raises(ValueError, match=match):
         KubernetesSettings(**settings)
@@ -158,7 +158,7 @@ def test_labels_kubernetes_selects_pods_by_or_reserves_are_refused(key: str) -> 
     """A Job's pods are found by job-name and controller-uid (pkg/registry/batch/job/strategy.go
     keeps one the template already has, so the Service would select nothing); kubernetes.io/ and
     k8s.io/ are reserved. app.kubernetes.io/, the recommended labels, stays the user's."""
-    from tao_data_io.kubernetes.settings import KubernetesSettings
+    from tao_data_io.backends.kubernetes.settings import KubernetesSettings
 
     with pytest.raises(ValueError, match=f"labels key '{key}' is Kubernetes' own"):
         KubernetesSettings(labels={key: "x"})
@@ -166,7 +166,7 @@ def test_labels_kubernetes_selects_pods_by_or_reserves_are_refused(key: str) -> 
 
 
 def test_annotations_past_what_an_object_may_hold_are_refused() -> None:
-    from tao_data_io.kubernetes.settings import KubernetesSettings
+    from tao_data_io.backends.kubernetes.settings import KubernetesSettings
 
     with pytest.raises(ValueError, match="annotations hold more than 131072 bytes"):
         KubernetesSettings(annotations={"example.com/note": "x" * 300_000})
@@ -197,7 +197,7 @@ def test_a_toleration_the_api_server_would_refuse_is_refused_when_the_target_is_
                                                                                     match: str) -> None:
     """Upstream's ValidateTolerations, at settings time: before, such a toleration passed into the
     GPU gate's node counting and was refused only by the server-side dry run."""
-    from tao_data_io.kubernetes.settings import KubernetesSettings
+    from tao_data_io.backends.kubernetes.settings import KubernetesSettings
 
     with pytest.raises(ValueError, match=match):
         KubernetesSettings(tolerations=[toleration])

@@ -266,7 +266,7 @@ def test_a_multi_node_gpu_job_probes_its_collectives_first_and_later_jobs_skip_a
 
 def test_a_hanging_collective_probe_refuses_the_submit_naming_the_nccl_settings_to_try(kube: KubeStandIn,
                                                                                      tmp_path: Path) -> None:
-    from tao_data_io.names import object_names
+    from tao_data_io.backends.kubernetes.names import object_names
 
     kube.server.control.scripts[object_names("job-1").probe] = ["pulling", "running", "probe-hang"]
     with pytest.raises(UsageError, match="rank 0 hung in the rendezvous.*NCCL_SOCKET_IFNAME.*NCCL_IB_DISABLE=1"):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tao_data_io.errors import UsageError
-from tao_data_io.kubernetes.waiting import StageFailed
+from tao_data_io.backends.kubernetes.waiting import StageFailed
 from tao_data_io.steps import VerifyFailed
 
 from . import test_kubernetes_online as online

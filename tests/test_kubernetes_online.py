@@ -21,19 +21,19 @@ import yaml
 
 from tao_data_io import steps, verbs
 from tao_data_io.errors import BackendError, CredentialError, UsageError
-from tao_data_io.kubernetes.api import Api, ApiError, connect
-from tao_data_io.kubernetes.follow import new_lines
-from tao_data_io.kubernetes.apply import kinds
-from tao_data_io.kubernetes import pods as pod_reading
-from tao_data_io.kubernetes.backend import DEFAULT_IMAGE_PULL_TIMEOUT_S, KubernetesBackend
-from tao_data_io.kubernetes.render import ATTEMPT_ANNOTATION, CACHE_LABEL, JOB_ID_LABEL, STAGING_MARGIN, STEP_LABEL
-from tao_data_io.kubernetes.settings import DEFAULT_CANCEL_GRACE_SECONDS, KubernetesSettings
+from tao_data_io.backends.kubernetes.api import Api, ApiError, connect
+from tao_data_io.backends.kubernetes.follow import new_lines
+from tao_data_io.backends.kubernetes.apply import kinds
+from tao_data_io.backends.kubernetes import pods as pod_reading
+from tao_data_io.backends.kubernetes.backend import DEFAULT_IMAGE_PULL_TIMEOUT_S, KubernetesBackend
+from tao_data_io.backends.kubernetes.render import ATTEMPT_ANNOTATION, CACHE_LABEL, JOB_ID_LABEL, STAGING_MARGIN, STEP_LABEL
+from tao_data_io.backends.kubernetes.settings import DEFAULT_CANCEL_GRACE_SECONDS, KubernetesSettings
 from tao_data_io.backends import backend_for
 from tao_data_io.launch.backend import DEFAULT_VERIFY_TIMEOUT_S, Backend, JobDocuments, Submission
 from tao_data_io.launch.plan import LaunchPlan, build_plan
 from tao_data_io.tier import TierDecision
 from tao_data_io.launch.training import read_training_status
-from tao_data_io.names import object_names
+from tao_data_io.backends.kubernetes.names import object_names
 from tao_data_io.records import RecordStore
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.quantities import quantity_bytes
@@ -1348,7 +1348,7 @@ def test_no_kubeconfig_and_no_service_account_is_one_clear_line(tmp_path: Path,
 
 
 def test_the_service_account_is_used_inside_a_pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tao_data_io.kubernetes import api
+    from tao_data_io.backends.kubernetes import api
 
     (tmp_path / "token").write_text("service-account-token")
     (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")  # read when a call is made, not here
@@ -1387,12 +1387,12 @@ def test_preflight_and_submit_need_the_documents(kube: KubeStandIn, tmp_path: Pa
 def test_facts_report_claims_classes_version_and_gpus(kube: KubeStandIn) -> None:
     kube.server.store(claim())
     facts = make_backend().facts()
-    assert facts.backend == "kubernetes" and facts.server_version == "1.30" and facts.supports_in_frame_fetch
+    assert facts.backend == "kubernetes" and facts.server_version == "1.30" and facts.capabilities.fetches_in_frame
     assert facts.allocatable_gpus == {"gpu-0": 8, "gpu-1": 8} and facts.storage_classes == ["standard"]
     assert [(v.name, v.phase, v.access_modes, v.capacity_bytes, v.holds_inputs) for v in facts.volumes] == [
         ("tao-data", "Bound", ["ReadWriteMany"], 100 * 1024**3, False)]
     kube.server.minor = 28
-    assert not make_backend().facts().supports_in_frame_fetch
+    assert not make_backend().facts().capabilities.fetches_in_frame
 
 
 # ----------------------------------------------------------------------------- a real cluster (opt-in)

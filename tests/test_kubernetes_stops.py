@@ -10,8 +10,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from tao_data_io.kubernetes import pods
-from tao_data_io.kubernetes.render import failure_policy
+from tao_data_io.backends.kubernetes import pods
+from tao_data_io.backends.kubernetes.render import failure_policy
 
 NODE_LOST = "2020-01-01T00:00:00Z"
 

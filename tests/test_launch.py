@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from tao_data_io.errors import UsageError
-from tao_data_io.kubernetes.scripts import VERIFY_SCRIPT
+from tao_data_io.backends.kubernetes.scripts import VERIFY_SCRIPT
 from tao_data_io.launch.plan import build_plan, command_argv
 from tao_data_io.launch.probe import (PROBE_SCRIPT, Check, Verdict, checklist, checklist_text, parse_probe_output,
                                       termination_budget, with_persistence)
 from tao_data_io.records import JobRecord, OutputRoute
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage_map import StagedSource, StagingMap
-from tao_data_io.tier import ClusterFacts, TierDecision, VolumeFacts, choose_tier
+from tao_data_io.tier import Capabilities, ClusterFacts, TierDecision, VolumeFacts, choose_tier
 
 BASE: dict[str, Any] = {"schema_version": "1", "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt"}
 
@@ -260,43 +260,53 @@ def test_checklist_dedupes_aliased_targets_and_ends_with_results(tmp_path: Path)
 S3_INPUT = {"inputs": [{"source": "s3://bkt-1/coco/"}]}
 LOCAL_INPUT = {"inputs": [{"source": "/pvc/coco", "target": "/data/coco"}]}
 BOUND = VolumeFacts(name="data", phase="Bound")
+#: What the decision reads: a cluster's frames mount claims and fetch their own inputs; a host
+#: stages them itself; an old cluster only mounts claims.
+CLUSTER = Capabilities(fetches_in_frame=True, binds_claims=True)
+HOST = Capabilities(stages_on_host=True)
+CLAIMS_ONLY = Capabilities(binds_claims=True)
 
 
 @pytest.mark.parametrize(("fields", "facts", "tier", "fragment"), [
-    (LOCAL_INPUT, ClusterFacts(backend="kubernetes"), "A", "pre-positioned"),
-    ({**LOCAL_INPUT, "storage": {"air_gapped": True}}, ClusterFacts(backend="kubernetes"), "A", "air-gapped"),
-    (S3_INPUT, ClusterFacts(backend="local"), "B", "workdir"),
-    ({**S3_INPUT, "storage": {"pvc_claim": "data"}}, ClusterFacts(backend="kubernetes", volumes=[BOUND]), "B", "Bound"),
+    (LOCAL_INPUT, ClusterFacts(backend="kubernetes", capabilities=CLUSTER), "A", "pre-positioned"),
+    ({**LOCAL_INPUT, "storage": {"air_gapped": True}}, ClusterFacts(backend="kubernetes", capabilities=CLUSTER), "A", "air-gapped"),
+    (S3_INPUT, ClusterFacts(backend="local", capabilities=HOST), "B", "workdir"),
+    ({**S3_INPUT, "storage": {"pvc_claim": "data"}}, ClusterFacts(backend="kubernetes", capabilities=CLUSTER, volumes=[BOUND]), "B", "Bound"),
     ({**S3_INPUT, "storage": {"pvc_claim": "data"}},
-     ClusterFacts(backend="kubernetes", volumes=[BOUND.model_copy(update={"holds_inputs": True})]), "B", "nothing moves"),
-    (S3_INPUT, ClusterFacts(backend="kubernetes", volumes=[BOUND]), "C", "names none"),
+     ClusterFacts(backend="kubernetes", capabilities=CLUSTER, volumes=[BOUND.model_copy(update={"holds_inputs": True})]), "B", "nothing moves"),
+    (S3_INPUT, ClusterFacts(backend="kubernetes", capabilities=CLUSTER, volumes=[BOUND]), "C", "names none"),
     ({**S3_INPUT, "storage": {"pvc_claim": "data"}},
-     ClusterFacts(backend="kubernetes", volumes=[BOUND.model_copy(update={"phase": "Pending"})]), "C", "Pending"),
-    ({**S3_INPUT, "storage": {"tier": "C", "pvc_claim": "data"}}, ClusterFacts(backend="kubernetes", volumes=[BOUND]),
+     ClusterFacts(backend="kubernetes", capabilities=CLUSTER, volumes=[BOUND.model_copy(update={"phase": "Pending"})]), "C", "Pending"),
+    ({**S3_INPUT, "storage": {"tier": "C", "pvc_claim": "data"}}, ClusterFacts(backend="kubernetes", capabilities=CLUSTER, volumes=[BOUND]),
      "C", "was asked"),
-    ({**LOCAL_INPUT, "storage": {"tier": "B"}}, ClusterFacts(backend="kubernetes"), "A", "nothing moves"),
+    ({**LOCAL_INPUT, "storage": {"tier": "B"}}, ClusterFacts(backend="kubernetes", capabilities=CLUSTER), "A", "nothing moves"),
 ], ids=["pre-positioned", "air-gapped-local", "local-frame", "bound-pvc", "cache-hit", "no-claim-named",
         "claim-pending", "explicit-c", "b-asked-nothing-remote"])
 def test_choose_tier(fields: dict[str, Any], facts: ClusterFacts, tier: str, fragment: str) -> None:
     decision = choose_tier(req(mode="args", command="train", args=[], **fields), facts)
     assert decision.tier == tier and fragment in decision.reason, decision
+    named_otherwise = facts.model_copy(update={"backend": "a-third-backend"})  # the decision reads abilities only
+    assert choose_tier(req(mode="args", command="train", args=[], **fields), named_otherwise).tier == tier
 
 
 @pytest.mark.parametrize(("fields", "facts", "fragment"), [
-    ({**S3_INPUT, "storage": {"air_gapped": True}}, ClusterFacts(backend="kubernetes"), "s3://bkt-1/coco/"),
-    (S3_INPUT, ClusterFacts(backend="kubernetes", air_gapped=True), "air-gapped"),
-    ({**S3_INPUT, "storage": {"tier": "A"}}, ClusterFacts(backend="kubernetes"), "impossible"),
-    ({**S3_INPUT, "storage": {"tier": "B"}}, ClusterFacts(backend="kubernetes"), "needs a Bound"),
-    ({**S3_INPUT, "storage": {"tier": "C"}}, ClusterFacts(backend="kubernetes", supports_in_frame_fetch=False), "1.29"),
-    (S3_INPUT, ClusterFacts(backend="kubernetes", supports_in_frame_fetch=False), "no tier is possible"),
+    ({**S3_INPUT, "storage": {"air_gapped": True}}, ClusterFacts(backend="kubernetes", capabilities=CLUSTER), "s3://bkt-1/coco/"),
+    (S3_INPUT, ClusterFacts(backend="kubernetes", capabilities=CLUSTER, air_gapped=True), "air-gapped"),
+    ({**S3_INPUT, "storage": {"tier": "A"}}, ClusterFacts(backend="kubernetes", capabilities=CLUSTER), "impossible"),
+    ({**S3_INPUT, "storage": {"tier": "B"}}, ClusterFacts(backend="kubernetes", capabilities=CLUSTER), "needs a Bound"),
+    ({**S3_INPUT, "storage": {"tier": "C"}}, ClusterFacts(backend="kubernetes", capabilities=CLAIMS_ONLY), "1.29"),
+    (S3_INPUT, ClusterFacts(backend="kubernetes", capabilities=CLAIMS_ONLY), "no tier is possible"),
 ], ids=["air-gapped-remote", "cluster-air-gapped", "a-with-remote", "b-without-pvc", "c-unsupported", "nothing-works"])
 def test_choose_tier_refusals(fields: dict[str, Any], facts: ClusterFacts, fragment: str) -> None:
     with pytest.raises(UsageError, match=fragment):
         choose_tier(req(mode="args", command="train", args=[], **fields), facts)
+    with pytest.raises(UsageError, match=fragment):
+        choose_tier(req(mode="args", command="train", args=[], **fields),
+                    facts.model_copy(update={"backend": "a-third-backend"}))
 
 
 def test_tier_c_warns_about_idle_gpus_above_the_threshold() -> None:
-    facts = ClusterFacts(backend="kubernetes", input_bytes=50 * 1024**3)
+    facts = ClusterFacts(backend="kubernetes", capabilities=CLUSTER, input_bytes=50 * 1024**3)
     decision = choose_tier(req(mode="args", command="train", args=[], **S3_INPUT), facts)
     assert decision.tier == "C" and "idle GPU" in decision.warnings[0]
     assert choose_tier(req(mode="args", command="train", args=[], **S3_INPUT),

@@ -30,12 +30,12 @@ from tao_data_io.launch.collective import HANG_EXIT, PROBE_PROGRAM, read_probe
 from tao_data_io.launch.backend import Backend
 from tao_data_io.launch.plan import PROBE_DIR, LaunchPlan
 from tao_data_io.launch.rendezvous import MASTER_PORT
-from tao_data_io.local.backend import LocalBackend
-from tao_data_io.local.tools import BWRAP_INSTALL, find_tool
-from tao_data_io.local.sandbox import (FRAME_PATH, MASTER_ADDR, Bind, Host, Namespaces, SystemDir, frame_argv,
+from tao_data_io.backends.local.backend import LocalBackend
+from tao_data_io.backends.local.tools import BWRAP_INSTALL, find_tool
+from tao_data_io.backends.local.sandbox import (FRAME_PATH, MASTER_ADDR, Bind, Host, Namespaces, SystemDir, frame_argv,
                                        frame_binds, frame_env, host_system_dirs)
-from tao_data_io.local.run_as import RunAs
-from tao_data_io.local.settings import LocalSettings
+from tao_data_io.backends.local.run_as import RunAs
+from tao_data_io.backends.local.settings import LocalSettings
 from tao_data_io.records import OutputRoute
 
 from .helpers import (DEADLINE_S, args_request, job_processes, live_processes, needs_bwrap, proc_text, run_cli,
@@ -373,7 +373,7 @@ def test_credentials_reach_the_frame_and_nowhere_else(tmp_path: Path, backend: L
     wait_for("the job to hold", lambda: (control(tmp_path) / "ready").exists())
     processes = job_processes(backend, "job-1")
     argvs = list(processes.values())
-    assert any("tao_data_io.local.supervisor" in argv for argv in argvs), argvs
+    assert any("tao_data_io.backends.local.supervisor" in argv for argv in argvs), argvs
     assert any(argv.startswith(find_tool("bwrap", BWRAP_INSTALL)) for argv in argvs), argvs
     assert all(secret not in proc_text(str(pid), "cmdline") for pid in processes)
     (control(tmp_path) / "release").touch()
@@ -674,8 +674,8 @@ def test_killing_the_submitting_process_does_not_kill_the_job(tmp_path: Path, ba
     (tmp_path / "plan.json").write_text(plan.model_dump_json())
     code = ("import sys, time\n"
             "from tao_data_io.launch.plan import LaunchPlan\n"
-            "from tao_data_io.local.backend import LocalBackend\n"
-            "from tao_data_io.local.settings import LocalSettings\n"
+            "from tao_data_io.backends.local.backend import LocalBackend\n"
+            "from tao_data_io.backends.local.settings import LocalSettings\n"
             "plan = LaunchPlan.model_validate_json(open(sys.argv[1]).read())\n"
             "print(LocalBackend(LocalSettings(run_root=sys.argv[2])).submit(plan).backend_ref, flush=True)\n"
             "time.sleep(3600)\n")
@@ -894,7 +894,7 @@ def test_backend_for_local_and_its_facts(tmp_path: Path, monkeypatch: pytest.Mon
     backend = backend_for("local", {"run_root": str(tmp_path)})
     assert isinstance(backend, LocalBackend) and isinstance(backend, Backend) and backend.run_root == tmp_path
     facts = backend.facts()
-    assert (facts.backend, facts.supports_in_frame_fetch) == ("local", False)
+    assert (facts.backend, facts.capabilities.fetches_in_frame) == ("local", False)
     monkeypatch.setenv("TAO_DATA_IO_LOCAL_ROOT", "from-env")
     monkeypatch.chdir(tmp_path)
     assert LocalBackend(LocalSettings()).config() == {"run_root": str(tmp_path / "from-env"), "allow_network": False,
@@ -909,7 +909,7 @@ def test_a_request_cannot_bind_the_checkout_read_write(cli_env: dict[str, str], 
     credentials. Submit refuses it (exit 2, an ``error:`` naming the mount) and nothing is written."""
     planted = PACKAGE_ROOT / "tao_data_io" / "local" / "planted-by-a-job.planted"
     request = write_request(tmp_path / "plant.yaml", args_request(
-        job_id="plant-checkout", command=["sh", "-c", "echo pwned > /checkout/tao_data_io/local/planted-by-a-job.planted"],
+        job_id="plant-checkout", command=["sh", "-c", "echo pwned > /checkout/tao_data_io/backends/local/planted-by-a-job.planted"],
         mounts=[{"source": str(PACKAGE_ROOT), "target": "/checkout", "read_only": False}]))
     try:
         submitted = run_cli("submit", "--request", str(request), env=cli_env)
@@ -946,7 +946,7 @@ def test_a_request_that_sets_path_still_verifies(cli_env: dict[str, str], tmp_pa
 
 
 def test_a_frame_whose_tmp_and_shm_would_take_more_memory_than_the_host_has_is_refused(tmp_path: Path) -> None:
-    from tao_data_io.local.preflight import check_memory_sizes, host_memory_bytes
+    from tao_data_io.backends.local.preflight import check_memory_sizes, host_memory_bytes
 
     plan = make_plan(tmp_path, shape={"shm_size": "3Gi", "ephemeral_storage": "2Gi"})
     with pytest.raises(UsageError, match=r"/tmp \(2\.0 GiB: compute_shape.ephemeral_storage\) and /dev/shm "

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from tao_data_io.errors import UsageError
-from tao_data_io.local.backend import LocalBackend
-from tao_data_io.local.results_owner import MAX_DEPTH, take_back
+from tao_data_io.backends.local.backend import LocalBackend
+from tao_data_io.backends.local.results_owner import MAX_DEPTH, take_back
 from tao_data_io.records import OutputRoute, RecordStore
 from tao_data_io.request import JobRequest
 from tao_data_io.verbs import submit
@@ -370,7 +370,7 @@ def test_a_request_cannot_mount_the_run_root_of_another_backend(tmp_path: Path, 
     """Only this backend's run root was private: a job submitted with one ``--workdir`` mounted a
     job's results under another ``--workdir`` read-write and wrote there. Every root tao-data-io
     keeps state in says so (a marker), and what lies in one is refused, whichever backend asks."""
-    from tao_data_io.local.settings import LocalSettings
+    from tao_data_io.backends.local.settings import LocalSettings
 
     first = local_backend.submit(make_plan(tmp_path, "first-job", script="echo mine > $TAO_RESULTS_DIR/model.pth"))
     assert finished(local_backend, first.backend_ref).state == "COMPLETE"
@@ -388,7 +388,7 @@ def test_a_mount_that_holds_another_backends_state_is_refused_and_a_planted_mark
     """A mount of a directory that holds another ``--workdir`` (not one inside it) read its jobs'
     logs and records: the roots a few levels below a source are looked for too. And a marker is
     the backend's own: one a job planted in a read-write mount does not refuse that data."""
-    from tao_data_io.local.settings import LocalSettings
+    from tao_data_io.backends.local.settings import LocalSettings
 
     team = tmp_path / "team"
     other = LocalBackend(LocalSettings(run_root=str(team / "alice" / "work")))
@@ -471,7 +471,7 @@ def test_a_job_id_never_takes_over_a_directory_under_the_results_root(tmp_path: 
 def test_a_run_as_id_that_is_root_or_no_id_at_all_is_refused(uid: int) -> None:
     """setpriv reads 4294967295 as -1, "leave it as it is": the job ran as root. Every value that
     is not an unprivileged id is refused by the settings, naming it."""
-    from tao_data_io.local.settings import LocalSettings
+    from tao_data_io.backends.local.settings import LocalSettings
 
     with pytest.raises(UsageError, match=f"run_as_user {uid} is "):
         LocalSettings.from_mapping({"run_as_user": uid})
@@ -482,7 +482,7 @@ def test_the_job_directory_is_its_backends_users_alone_when_staging_shares_it(tm
     """The command keeps its run root and staging root in one ``--workdir``: staging made the job
     directory first (0755), so the results below it were open to every host user while the job
     ran. It is the backend's user's alone, however it was made."""
-    from tao_data_io.local.settings import LocalSettings
+    from tao_data_io.backends.local.settings import LocalSettings
 
     work = tmp_path / "work"
     backend = LocalBackend(LocalSettings(run_root=str(work)))

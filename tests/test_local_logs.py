@@ -11,9 +11,9 @@ import pytest
 
 from tao_data_io.credentials import Redactor
 from tao_data_io.launch.backend import TAIL_BYTES
-from tao_data_io.local.backend import LocalBackend
-from tao_data_io.local.joblog import JobLog, LogWriter, lines_since
-from tao_data_io.local.settings import LocalSettings
+from tao_data_io.backends.local.backend import LocalBackend
+from tao_data_io.backends.local.joblog import JobLog, LogWriter, lines_since
+from tao_data_io.backends.local.settings import LocalSettings
 from tao_data_io.quantities import quantity_bytes
 
 from .local_frame import finished, make_plan

@@ -156,8 +156,8 @@ def test_a_forwarded_credential_printed_by_the_job_is_masked_in_the_failure_arti
         assert found and "key is" in str(found[0].data)
         assert value not in str(found[0].data)
     finally:
-        from tao_data_io.local.backend import LocalBackend
-        from tao_data_io.local.settings import LocalSettings
+        from tao_data_io.backends.local.backend import LocalBackend
+        from tao_data_io.backends.local.settings import LocalSettings
 
         LocalBackend(LocalSettings(run_root=str(tmp_path / "local"))).cancel("local/loud-forward")
 
@@ -328,7 +328,7 @@ def test_a_forwarded_credential_the_job_prints_across_a_look_or_writes_in_status
         assert any("training of job cut-secret" in str(a.description) and "***WANDB_KEY***" in str(a.description)
                    for a in found)
     finally:
-        from tao_data_io.local.backend import LocalBackend
-        from tao_data_io.local.settings import LocalSettings
+        from tao_data_io.backends.local.backend import LocalBackend
+        from tao_data_io.backends.local.settings import LocalSettings
 
         LocalBackend(LocalSettings(run_root=str(tmp_path / "local"))).cancel("local/cut-secret")

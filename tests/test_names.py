@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tao_data_io.kubernetes.apply import creation_order, secret_object
-from tao_data_io.kubernetes.render import render_job
-from tao_data_io.kubernetes.settings import KubernetesSettings
+from tao_data_io.backends.kubernetes.apply import creation_order, secret_object
+from tao_data_io.backends.kubernetes.render import render_job
+from tao_data_io.backends.kubernetes.settings import KubernetesSettings
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.names import mint_job_id
 from tao_data_io.records import JobRecord, RecordStore

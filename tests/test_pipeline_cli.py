@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tao_data_io.local.settings import LocalSettings
+from tao_data_io.backends.local.settings import LocalSettings
 from tao_data_io.records import RecordStore
 
 from .helpers import args_request, held_request, needs_bwrap, run_cli, wait_cli_state, write_request

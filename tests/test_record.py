@@ -136,8 +136,9 @@ def test_directory_records_are_private_files_readable_by_hand(tmp_path: Path) ->
         (["open", *OPEN_ARGS, "--storage-reason", "big"], "--storage-reason 'big' comes without a storage_tier"),
         (["open", *OPEN_ARGS, "--job-id", "tao-1", "--image", "other:1"], "--job-id 'tao-1' already names a different"),
         (["mark", "tao-1", "--state", "DONE"], "invalid choice: 'DONE'"),
-        (["mark", "tao-1", "--state", "RUNNING", "--backend-ref", "no-slash"], "--backend-ref 'no-slash'"),
-        (["mark", "tao-1", "--state", "RUNNING", "--backend-ref", "Tao/job"], "--backend-ref 'Tao/job'"),
+        (["mark", "tao-1", "--state", "RUNNING", "--backend-ref", "job\nid"], "--backend-ref 'job\\nid' must be 1-512 "
+                                                                            "printable characters on one line"),
+        (["mark", "tao-1", "--state", "RUNNING", "--backend-ref", "x" * 513], "must be 1-512 printable"),
         (["show", "tao-missing"], "no job record 'tao-missing': looked for"),
         (["list", "--state", "DONE"], "invalid choice: 'DONE'"),
     ],
@@ -701,3 +702,13 @@ def test_a_pods_copy_of_a_record_keeps_what_its_uploads_are_held_to(tmp_path: Pa
     assert imported.returncode == 0, imported.stderr
     copy = RecordStore(tmp_path / "pod").get("held-job")
     assert (copy.results_limit, copy.forward_env, copy.request_digest) == ("4Mi", ["HF_TOKEN"], "ab" * 32)
+
+
+@pytest.mark.parametrize("ref", ["12345", "tao/job-1", "c0ffee1234abcd", "slurm:4242.0"],
+                         ids=["slurm-job-id", "kubernetes", "container-id", "with-colon"])
+def test_a_record_keeps_each_backends_own_ref(tmp_path: Path, ref: str) -> None:
+    """The record keeps the backend's own text (a SLURM job id, a container id, a Kubernetes
+    NAMESPACE/NAME): the backend parses it, not the record."""
+    store = RecordStore(tmp_path)
+    store.open(**JOB, job_id="tao-1")
+    assert store.mark("tao-1", "RUNNING", source="agent", backend_ref=ref).backend_ref == ref

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from flows.submit import submit_tao_job
-from tao_data_io.local.settings import LocalSettings
+from tao_data_io.backends.local.settings import LocalSettings
 from tao_data_io.records import RecordStore
 
 from .flow_helpers import fake_request, fake_target, records_block
@@ -88,8 +88,8 @@ def test_a_job_whose_submit_failed_before_anything_ran_may_be_opened_again_for_a
     the record ERROR with the reason and no backend_ref; the request fixed under the same job id is
     then launched, not refused as already launched."""
     from tao_data_io.errors import CredentialError
-    from tao_data_io.local.backend import LocalBackend
-    from tao_data_io.local.settings import LocalSettings
+    from tao_data_io.backends.local.backend import LocalBackend
+    from tao_data_io.backends.local.settings import LocalSettings
     from tao_data_io.verbs import submit
     from tao_data_io.records import RecordStore
     from tao_data_io.request import parse_request
@@ -115,7 +115,7 @@ def test_a_job_that_ran_and_failed_resumes_from_its_uploaded_results_in_its_next
     new tier C pod's does: the second attempt starts with the first's results restored, TAO (the
     stand-in) resumes at epoch 3 instead of 1, and the record keeps both attempts."""
     from flows.run import run_tao_job
-    from tao_data_io.local.backend import LocalBackend
+    from tao_data_io.backends.local.backend import LocalBackend
 
     from .flow_helpers import local_target, stand_in_request
 

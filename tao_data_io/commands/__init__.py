@@ -2,7 +2,7 @@
 ``run(args, console) -> exit code``. Raising :class:`~tao_data_io.errors.UsageError` exits 2.
 
 Why a map of verbs: a command line names one verb, and its parser needs that verb's module
-alone. Importing all nine and registering their parsers is ~45–75 ms in a fresh process, of
+alone. Importing all ten and registering their parsers is ~45–75 ms in a fresh process, of
 which the one a resync needs is ~30: the rest was paid by every run. The whole set is built
 only when the line names no verb we know (``--help``, a typo: the error lists every verb).
 ``tests/test_cli_start.py`` checks this map against what each module registers.
@@ -14,7 +14,7 @@ from importlib import import_module
 from types import ModuleType
 
 #: The verb modules, in the order the top-level ``--help`` lists their verbs.
-MODULES = ("pipeline", "transfer", "staging", "selective", "archive", "ptm", "record", "outputs", "kubernetes")
+MODULES = ("pipeline", "plan", "transfer", "staging", "selective", "archive", "ptm", "record", "outputs", "kubernetes")
 
 #: Each top-level verb → the module that registers it.
 VERBS = {
@@ -27,7 +27,7 @@ VERBS = {
     "record": "record",
     "route-outputs": "outputs", "upload-results": "outputs", "resync": "outputs", "restore-results": "outputs",
     "check-upload": "outputs",
-    "plan": "kubernetes", "render-job": "kubernetes",
+    "plan": "plan", "render-job": "kubernetes",
 }
 
 

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..vocabulary import DEFAULT_POLL_SECONDS, POLL_SECONDS_BOUNDS, WORKDIR_VARIABLE
 from .examples import add_verb
-from .record import add_root_option, given_fields, seconds_type
+from .record import add_root_option, seconds_type
+from .target import add_target_options, target_settings
 
 if TYPE_CHECKING:
     from ..console import Console
@@ -26,28 +27,13 @@ if TYPE_CHECKING:
 
 #: How often ``logs --follow`` looks for new output.
 FOLLOW_SECONDS = 1.0
-BACKENDS = ("local", "kubernetes")
 
 
 def register(verbs: Any) -> None:
     submit = add_verb(verbs, "submit", help="run a job request: record, tier, stage, config, launch, verify "
                                             "inside the frame, then RUNNING; prints the job id")
     submit.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON)")
-    submit.add_argument("--backend", choices=BACKENDS, default="local", help="where the job runs (default: local)")
-    cluster = submit.add_argument_group("kubernetes (with --backend kubernetes; kubeconfig, $TAO_K8S_CONTEXT and "
-                                        "$TAO_K8S_NAMESPACE are read as kubectl does)")
-    cluster.add_argument("--namespace", metavar="NS", help="default $TAO_K8S_NAMESPACE or the context's")
-    cluster.add_argument("--pvc-claim", metavar="C", help="the claim tier B stages into (default: the request's)")
-    cluster.add_argument("--stager-image", metavar="I", help="the tao-data-io stager image (tiers B and C)")
-    cluster.add_argument("--image-pull-secret", metavar="S", dest="image_pull_secrets", action="append",
-                         help="a pre-created image pull secret (repeat for several: nvcr.io, the stager's registry)")
-    cluster.add_argument("--credential-secret", metavar="S",
-                         help="a pre-created Secret holding the forward_env keys (default: a per-job Secret)")
-    cluster.add_argument("--records-url", metavar="U", help="a shared job record store (s3://…) for the pods")
-    local = submit.add_argument_group("local (with --backend local)")
-    local.add_argument("--allow-network", action="store_true",
-                       help="let the job's frames use this host's network when its request asks (network: true); "
-                            "without it such a request is refused before anything starts")
+    add_target_options(submit)
     _add_common(submit)
     submit.add_argument("--json", action="store_true", help="print the submission as JSON")
     submit.set_defaults(run=_submit)
@@ -98,47 +84,34 @@ def _add_job(sub: argparse.ArgumentParser) -> None:
     _add_common(sub)
 
 
-def _config(platform: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The backend's settings the command line gives: the options named like a field of the
-    platform's settings model, and a local job's run root, which the CLI keeps beside its staging
-    directories under ``--workdir``. The registry checks them (a refusal names the field, shown
-    as its flag). The Kubernetes backend reads its kubeconfig, TAO_K8S_CONTEXT and
-    TAO_K8S_NAMESPACE itself; the verbs after submit find the job by the namespace in its
-    backend_ref."""
-    from ..backends import settings_model
-    from ..steps import staging_root
-
-    given = given_fields(settings_model(platform), args)
-    if platform == "local":
-        given["run_root"] = str(staging_root(args.workdir))
-    return given
-
-
 def _job(args: argparse.Namespace, console: Console) -> tuple[RecordStore, Backend, str]:
     """The job's store and backend: the backend as recorded at submit, unless the command line
     says otherwise (``--workdir``). From here on the console masks the values of the job's
     forwarded credentials too: the job may print them, whatever they are called."""
+    from ..backends import settings_model
     from ..credentials import Redactor
-    from ..steps import backend_of
     from ..records import RecordStore
+    from ..steps import backend_of, staging_root
 
     store = RecordStore(args.root)
     record = store.get(args.job_id)
     console.redact = Redactor(secret_names=record.forward_env)
-    overrides = _config(record.platform, args) if args.workdir is not None or not record.backend_config else {}
+    workdir = staging_root(args.workdir) if args.workdir is not None or not record.backend_config else None
+    overrides = settings_model(record.platform).from_workdir(workdir) if workdir is not None else {}
     return store, backend_of(record, overrides), record.job_id
 
 
 def _submit(args: argparse.Namespace, console: Console) -> int:
-    from ..credentials import Redactor
     from ..backends import backend_for
+    from ..credentials import Redactor
     from ..records import RecordStore
     from ..request import load_request
+    from ..steps import staging_root
     from ..verbs import submit
 
     request = load_request(args.request)
     console.redact = Redactor(secret_names=request.forward_env)
-    backend = backend_for(args.backend, _config(args.backend, args))
+    backend = backend_for(args.backend, target_settings(args, workdir=staging_root(args.workdir)))
     done = submit(request, backend, RecordStore(args.root), staging_root=args.workdir, say=console.err)
     if args.json:
         console.json(done.to_dict())

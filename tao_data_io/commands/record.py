@@ -18,8 +18,6 @@ from ..vocabulary import (DEFAULT_RECORDS_ROOT, JOBS_DIR_VARIABLE, RECORDS_VARIA
 from .examples import add_verb
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel
-
     from ..console import Console
     from ..records import JobRecord, RecordStore
 
@@ -88,13 +86,6 @@ def seconds_type(flag: str, bounds: tuple[float, float]) -> Callable[[str], floa
                                              f"{flag} {text!r} is not a number of seconds") from None
 
     return parse
-
-
-def given_fields(model: type[BaseModel], args: argparse.Namespace) -> dict[str, Any]:
-    """The fields of ``model`` the command line gave: each option whose dest is a field's name
-    (``--pvc-claim`` → ``pvc_claim``) and that was given; the model's defaults fill the rest, so
-    a default is written once, in the model."""
-    return {name: getattr(args, name) for name in model.model_fields if getattr(args, name, None) is not None}
 
 
 def _store(args: argparse.Namespace) -> RecordStore:

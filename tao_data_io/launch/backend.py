@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, Self, runtime_checkable
 
 from pydantic import ValidationError
@@ -39,6 +40,13 @@ class BackendSettings(Strict):
 
     #: The platform name a job record keeps (``JobRecord.platform``) and the registry looks up.
     platform: ClassVar[str]
+
+    @classmethod
+    def from_workdir(cls, workdir: Path) -> dict[str, Any]:
+        """The settings a command line's ``--workdir`` implies for this backend when they are not
+        given otherwise (none by default): a backend that keeps each job's state on this host keeps
+        it under the workdir a user names, so one flag keeps a whole run apart from the others."""
+        return {}
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> Self:

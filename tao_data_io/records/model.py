@@ -141,7 +141,8 @@ class JobRecord(_Stored):
     #: whatever they are called, their values are masked in the job's log wherever it is shown.
     forward_env: list[str] = Field(default_factory=list)
     state: State
-    #: ``NAMESPACE/NAME`` of the backend object (the Kubernetes Job) once it exists.
+    #: The backend's own reference to the job once it is launched (``NAMESPACE/NAME`` of a Kubernetes
+    #: Job; each backend parses its own), printable and bounded.
     backend_ref: Annotated[str, AfterValidator(check_backend_ref)] | None = None
     #: The message of the latest transition.
     message: str | None = None

@@ -1,0 +1,550 @@
+"""The local backend: each job in bubblewrap frames on this host, run by a detached supervisor.
+
+Why it is the embedded default: it needs no cluster, no image registry and no daemon — only
+bubblewrap and user namespaces — yet each job sees what a pod would (see :mod:`.sandbox`), the
+verify probe runs inside that frame before the command, and credentials reach the frame the way
+a per-job Secret reaches a pod: by value into its environment, never into argv, a file or a log.
+
+On disk, under the run root (:class:`.settings.LocalSettings`: ``run_root``, else
+``$TAO_DATA_IO_LOCAL_ROOT``, else ``~/.tao-data-io/local``)::
+
+    <job id>/run/       the run directory (:mod:`.rundir`): records and logs
+    <job id>/results/   the results directory, unless the route is a mount
+                        (then it is the route's ``$TAO_RESULTS_ROOT/<job id>``)
+
+Every call but ``submit`` reads only the run directory, so any process on this host — a later
+CLI call, a restarted Prefect worker — can follow a job submitted by another.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ...credentials import forwarded_values
+from ...errors import BackendError, UsageError
+from ...fs import file_lock, read_job_file, remove_if_exists
+from ...launch.backend import (
+    DEFAULT_VERIFY_TIMEOUT_S,
+    FOLLOW_BYTES,
+    FOLLOW_START_BYTES,
+    TAIL_BYTES,
+    FailureAnalysis,
+    JobDocuments,
+    JobStatus,
+    LogChunk,
+    Submission,
+)
+from ...launch.training import STATUS_FILE, STATUS_TAIL_BYTES
+from ...launch.plan import LaunchPlan
+from ...launch.probe import Verdict
+from ...names import is_job_id
+from ...outputs import restore_results
+from ...tier import ClusterFacts
+from ...routing import RESULTS_ROOT_VARIABLE
+from ...vocabulary import (DEFAULT_RECORDS_ROOT, DEFAULT_WORKDIR, JOBS_DIR_VARIABLE, RECORDS_VARIABLE, TERMINAL_STATES,
+                          WORKDIR_VARIABLE)
+from . import PLATFORM
+from .binding import BoundSource, open_source
+from .preflight import (SourceRules, check_binds, check_memory_sizes, check_paths, check_sandbox, host_memory_bytes,
+                        mark_state_root, needs_nsenter, results_refusal)
+from .process import ProcessId
+from .results_owner import hand_over
+from .joblog import JobLog, lines_since, segment_bytes
+from .rundir import Canceled, ExitRecord, Launch, RunDir
+from .run_as import RunAs, run_as
+from .sandbox import FRAME_LANG, FRAME_PATH, Host, frame_binds, host_system_dirs
+from .settings import LocalSettings
+from .supervisor import credentials_env
+from .tools import BWRAP_INSTALL, NSENTER_INSTALL, find_tool
+
+#: The local backend's own ``backend_ref``: ``local/<job id>``, as records have kept it from the start
+#: (the record keeps any printable text; this backend parses its own, :meth:`LocalBackend._run_dir`).
+NAMESPACE = "local"
+#: How long cancel lets the supervisor end the frames itself before it kills what is left.
+CANCEL_GRACE_S = 30.0
+_SUPERVISOR_START_TIMEOUT_S = 60.0
+#: The directory that holds the ``tao_data_io`` package: the supervisor imports this same code.
+_PACKAGE_ROOT_PATH = Path(__file__).resolve().parents[3]
+_PACKAGE_ROOT = str(_PACKAGE_ROOT_PATH)
+_LOG_LINES_IN_ERRORS = 5
+#: The cursor's key for the rank whose line the last look cut (see :meth:`LocalBackend.follow_logs`).
+_OPEN = "open"
+
+
+class LocalBackend:
+    name = LocalSettings.platform
+    stages_on_host = True
+
+    def __init__(self, settings: LocalSettings) -> None:
+        #: With the run root decided: what this backend runs with and the job record keeps.
+        self.settings = settings.resolved()
+        self.run_root = Path(str(self.settings.run_root))
+
+    def config(self) -> dict[str, Any]:
+        return self.settings.model_dump(mode="json")
+
+    # ------------------------------------------------------------------ before
+    def facts(self) -> ClusterFacts:
+        """Inputs are staged on this host (tier B) or pre-positioned (tier A): a frame without
+        network and without an upload sidecar cannot fetch its own (tier C)."""
+        return ClusterFacts(backend=self.name, capabilities=PLATFORM.capabilities)
+
+    def preflight(self, plan: LaunchPlan, *, documents: JobDocuments | None = None) -> None:
+        """``documents`` are not needed: the frame reads what this host staged."""
+        if plan.network and not self.settings.allow_network:
+            raise UsageError(f"job {plan.job_id} asks for the network (network: true), which this local backend does "
+                             "not allow (allow_network is off): drop network from the request, or, if the job may "
+                             "reach this host's network, let the backend allow it (allow_network)")
+        check_sandbox(Host(bwrap=find_tool("bwrap", BWRAP_INSTALL), system=host_system_dirs(), run_as=self._run_as()))
+        if needs_nsenter(plan):
+            find_tool("nsenter", NSENTER_INSTALL)
+        rules = self._source_rules(plan)
+        _check_results_mount(plan, rules)
+        check_paths(plan)
+        check_memory_sizes(plan, host_memory_bytes())
+        check_binds(plan, frame_binds(plan, self._results_host(plan)), rules)
+
+    def _source_rules(self, plan: LaunchPlan) -> SourceRules:
+        """What no pre-positioned source may show (see :func:`.preflight.source_refusal`):
+        tao-data-io's state is private, wherever this target or this submit keeps it — the run
+        root (other jobs), the plan's state roots (the staging root and the records' directory
+        this submit uses), and the ones the environment and the defaults name — and so is every
+        home's hidden directories (credentials live there); every home — the password database's,
+        whatever ``HOME`` says, and ``HOME`` — and the results root are never mounted whole; the
+        results root and the code the supervisor imports are read-only at most."""
+        env = os.environ
+        private = [self.run_root, *(Path(root) for root in plan.state_roots)]
+        private += [Path(value).expanduser() for value in (env.get(RECORDS_VARIABLE), env.get(JOBS_DIR_VARIABLE),
+                                                            DEFAULT_RECORDS_ROOT, env.get(WORKDIR_VARIABLE),
+                                                            DEFAULT_WORKDIR)
+                    if value and not value.startswith("s3://")]
+        homes = _homes()
+        for home in homes:
+            try:
+                private += [entry for entry in home.iterdir() if entry.name.startswith(".")]
+            except OSError:  # a home that is not there, or not a directory
+                continue
+        results = env.get(RESULTS_ROOT_VARIABLE)
+        return SourceRules(private=[_real(p) for p in private], homes=[_real(p) for p in homes],
+                           package_root=_real(_PACKAGE_ROOT_PATH), results_root=_real(Path(results)) if results else None)
+
+    # ------------------------------------------------------------------ submit
+    def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None,
+               documents: JobDocuments | None = None) -> Submission:
+        credentials = forwarded_values(plan.forward_env, environ)  # a missing one fails before anything exists
+        bwrap = find_tool("bwrap", BWRAP_INSTALL)
+        nsenter = find_tool("nsenter", NSENTER_INSTALL) if needs_nsenter(plan) else None
+        user = self._run_as()
+        rules = self._source_rules(plan)
+        _check_results_mount(plan, rules)
+        ref = f"{NAMESPACE}/{plan.job_id}"
+        run = self._run_dir(ref)
+        run.path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(run.path.parent, 0o700)  # whoever made it (staging, on the command line): the results below are
+        run.create()                      # the job's user's and this backend's alone
+        for root in (self.run_root, *(Path(root) for root in plan.state_roots)):
+            mark_state_root(root)
+        with file_lock(run.lock):
+            existing = run.launch()
+            if existing is not None and existing.plan.attempt < plan.attempt:
+                self._put_away(run, existing, ref)
+                existing = None
+            if existing is not None:
+                if existing.plan != plan:
+                    raise UsageError(f"job {plan.job_id} was already submitted to the local backend with another "
+                                     f"plan ({run.launch_file}); submit this one under a new job id")
+                return Submission(backend_ref=ref, started=False, restored=existing.restored)
+            results_host = self._results_host(plan)
+            if plan.route.route == "mount":
+                _check_results_ours(plan, Path(results_host), user)
+            Path(results_host).mkdir(parents=True, exist_ok=True)
+            restored = (None if plan.restore_from is None else
+                        restore_results(plan.restore_from, Path(results_host), belongs_to=plan.route.belongs_to,
+                                        environ=environ))
+            sources = check_binds(plan, frame_binds(plan, results_host), rules)
+            if user is not None:
+                _hand_over(sources[plan.results_dir], user)
+            run.write(run.launch_file, Launch(plan=plan, results_host=results_host, bwrap=bwrap, nsenter=nsenter,
+                                              run_as=user, log_segment=segment_bytes(self.settings.log_limit),
+                                              submitted_at=datetime.now(timezone.utc), sources=sources,
+                                              restored=restored))
+            try:
+                self._start_supervisor(run, credentials)
+            except BaseException:
+                remove_if_exists(run.launch_file)  # nothing runs: a retry may start it
+                raise
+        return Submission(backend_ref=ref, restored=restored)
+
+    def _run_as(self) -> RunAs | None:
+        return run_as(self.settings.run_as_user, self.settings.run_as_group)
+
+    def _put_away(self, run: RunDir, earlier: Launch, ref: str) -> None:
+        """Move an earlier attempt's run files into ``attempts/<n>/`` for the next attempt to start
+        clean; its results directory stays (the next attempt continues in it). Only once it has
+        ended: two attempts of one job never run at once."""
+        state = self._outcome(run)[0].state
+        if state not in TERMINAL_STATES:
+            raise UsageError(f"attempt {earlier.plan.attempt} of {ref} is still {state}; cancel it before launching "
+                             "the next attempt")
+        kept = run.path / "attempts" / str(earlier.plan.attempt)
+        kept.mkdir(parents=True, exist_ok=True)
+        for entry in run.path.iterdir():
+            if entry.name not in (run.lock.name, "attempts"):
+                entry.rename(kept / entry.name)
+
+    def _results_host(self, plan: LaunchPlan) -> str:
+        if plan.route.route == "mount":
+            return plan.route.destination
+        return str(self.run_root / plan.job_id / "results")
+
+    def _start_supervisor(self, run: RunDir, credentials: Mapping[str, str]) -> None:
+        """Start the supervisor and wait until it has detached and is on record (see
+        :mod:`.supervisor`); its environment is built, never inherited, and carries the credentials."""
+        env = {"PATH": FRAME_PATH, "LANG": FRAME_LANG, "PYTHONPATH": _PACKAGE_ROOT, **credentials_env(credentials)}
+        argv = [sys.executable, "-m", f"{__package__}.supervisor", str(run.path)]
+        try:
+            with open(run.supervisor_log, "ab") as log:
+                done = subprocess.run(argv, env=env, cwd=run.path, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                      start_new_session=True, timeout=_SUPERVISOR_START_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise BackendError(f"the supervisor of {run.path} did not detach within {_SUPERVISOR_START_TIMEOUT_S:g}s",
+                               retryable=True) from None
+        if done.returncode != 0:
+            said = JobLog(run.supervisor_log, None).tail(_LOG_LINES_IN_ERRORS, TAIL_BYTES).strip()
+            raise BackendError(f"the supervisor of {run.path} did not start (exit code {done.returncode}): {said}")
+
+    # ------------------------------------------------------------------ follow
+    def verify(self, ref: str, plan: LaunchPlan, *, timeout: float = DEFAULT_VERIFY_TIMEOUT_S) -> Verdict:
+        """Wait for the verdict the supervisor writes; on timeout the job is canceled, so a failed
+        verdict always means the command never started and nothing is left running."""
+        run = self._known(ref)
+        if run is None:
+            raise UsageError(f"{ref} is not known to the local backend under {self.run_root}; submit it first")
+        for _ in _polls(timeout):
+            alive = _alive(run.supervisor())  # before the records: a dead supervisor's records are final
+            verdict = run.verdict()
+            if verdict is not None:
+                return verdict
+            ended = run.exit()
+            if ended is not None:
+                return Verdict(ok=False, error="the job was canceled before its verdict" if ended.canceled
+                               else ended.setup_error or "the job ended before its verdict")
+            if not alive:
+                return Verdict(ok=False, error=f"the supervisor ended before its verdict; see {run.supervisor_log}")
+        self.cancel(ref)
+        return Verdict(ok=False, error=f"no verdict within {timeout:g}s; the job was canceled")
+
+    def status(self, ref: str) -> JobStatus:
+        run = self._known(ref)
+        if run is None:
+            return JobStatus(state="UNKNOWN", message=f"{ref} is not known to the local backend under "
+                                                      f"{self.run_root}")
+        return self._outcome(run)[0]
+
+    def failure_analysis(self, ref: str) -> FailureAnalysis | None:
+        run = self._known(ref)
+        return None if run is None else self._outcome(run)[1]
+
+    def logs(self, ref: str, tail: int | None = None) -> str:
+        """The command's output as kept (:mod:`.joblog`: within the target's ``log_limit``); each
+        line prefixed ``[rank N]`` when there are several ranks (``tail`` lines per rank, as
+        ``kubectl logs -l … --tail`` gives per pod, from at most :data:`TAIL_BYTES` each)."""
+        run = self._known(ref)
+        if run is None:
+            raise UsageError(f"{ref} is not known to the local backend under {self.run_root}")
+        launch = run.launch()
+        assert launch is not None
+        logs = [JobLog(run.rank_log(rank), launch.log_segment) for rank in range(launch.plan.nodes)]
+        said = [log.text() if tail is None else log.tail(tail, TAIL_BYTES) for log in logs]
+        if launch.plan.nodes == 1:
+            return said[0]
+        return "".join(f"[rank {rank}] {line}\n" for rank, text in enumerate(said) for line in text.splitlines())
+
+    def results_path(self, ref: str) -> str | None:
+        run = self._known(ref)
+        launch = run.launch() if run is not None else None
+        return launch.results_host if launch is not None else None
+
+    def follow_logs(self, ref: str, cursor: str | None) -> LogChunk:
+        """What each rank printed since ``cursor`` (a byte offset per rank's log, which lives in
+        the run directory, out of the job's reach), ``[rank N]`` before each line when there are
+        several ranks.
+
+        A line longer than a look is shown in pieces, and a watcher masks what it is shown as one
+        stream, so a piece must be followed by its line's next piece and nothing else: a cut piece
+        ends a look (one rank's at most; another rank's waits), and the next look begins with its
+        continuation, unprefixed (the cursor says which rank's line is open)."""
+        run = self._known(ref)
+        if run is None:
+            raise UsageError(f"{ref} is not known to the local backend under {self.run_root}")
+        launch = run.launch()
+        assert launch is not None
+        offsets, open_rank = _cursor(cursor)
+        ended = run.exit() is not None  # read first: what a look finds after it is all there is
+
+        def look(rank: int) -> str:
+            text, after = lines_since(JobLog(run.rank_log(rank), launch.log_segment), offsets.get(str(rank)),
+                                      limit=FOLLOW_BYTES, start_bytes=FOLLOW_START_BYTES, ended=ended)
+            offsets[str(rank)] = after
+            return text
+
+        if launch.plan.nodes == 1:
+            return LogChunk(text=look(0), cursor=_cursor_text(offsets, None))
+        ranks = sorted(range(launch.plan.nodes), key=lambda rank: rank != open_rank)  # the open line first
+        shown: list[str] = []
+        cut: tuple[int, str] | None = None
+        for rank in ranks:
+            before = offsets.get(str(rank))
+            text = look(rank)
+            if text.endswith("\n") or not text:
+                shown.append(_prefixed(rank, text, continues=rank == open_rank))
+            elif rank == open_rank:  # its line goes on past this look too: nothing else may come between
+                return LogChunk(text=text, cursor=_cursor_text(offsets, rank))
+            elif cut is None:
+                cut = (rank, text)
+            elif before is None:  # a second cut piece waits for a later look
+                del offsets[str(rank)]
+            else:
+                offsets[str(rank)] = before
+        if cut is not None:
+            shown.append(_prefixed(*cut, continues=False))
+        return LogChunk(text="".join(shown), cursor=_cursor_text(offsets, cut[0] if cut is not None else None))
+
+    def training_status(self, ref: str) -> bytes | None:
+        results = self.results_path(ref)
+        return None if results is None else read_job_file(Path(results), STATUS_FILE, limit=STATUS_TAIL_BYTES)
+
+    # ------------------------------------------------------------------ cancel
+    def cancel(self, ref: str) -> bool:
+        """Ask the supervisor to end every frame (SIGTERM) and wait for it; whatever is still
+        there after :data:`CANCEL_GRACE_S` — or whatever a vanished supervisor left — is killed.
+        Of a job that has ended, only what its frames left running is ended (the supervisor ends
+        each frame with its command; one that died in between leaves them): its end stands."""
+        run = self._known(ref)
+        if run is None:
+            return False
+        with file_lock(run.lock):
+            verdict = run.verdict()
+            if run.exit() is not None or (verdict is not None and not verdict.ok):
+                return _end(_frame_processes(run))
+            if run.canceled() is None:
+                run.write(run.cancel_file, Canceled(requested_at=datetime.now(timezone.utc)))
+        supervisor = run.supervisor()
+        running = _alive(supervisor) or any(process.alive() for process in _frame_processes(run))
+        if supervisor is not None:
+            for signum in (signal.SIGTERM, signal.SIGKILL):  # SIGKILL only if it did not end in the grace time
+                if supervisor.signal(signum):
+                    _wait_until_ended([supervisor], CANCEL_GRACE_S)
+        _end(_frame_processes(run))  # final now: the supervisor, which writes it, is gone
+        return running
+
+    # ------------------------------------------------------------------ helpers
+    def _run_dir(self, ref: str) -> RunDir:
+        namespace, _, job_id = ref.partition("/")
+        if namespace != NAMESPACE or not is_job_id(job_id):
+            raise UsageError(f"backend ref {ref!r} is not the local backend's: it is {NAMESPACE}/<job id>")
+        return RunDir(self.run_root / job_id / "run")
+
+    def _known(self, ref: str) -> RunDir | None:
+        run = self._run_dir(ref)
+        return run if run.launch_file.exists() else None
+
+    def _outcome(self, run: RunDir) -> tuple[JobStatus, FailureAnalysis | None]:
+        alive = _alive(run.supervisor())  # before the records: a dead supervisor's records are final
+        ended = run.exit()
+        verdict = run.verdict()
+        if ended is not None:
+            return _ended(ended, run)
+        if verdict is not None and not verdict.ok:
+            analysis = FailureAnalysis(err_class="ERR_INFRA", reason=verdict.describe(),
+                                       suggestion="the command never started: make every path the verdict names "
+                                                  "readable (stage the inputs again, fix a mount's source, make the "
+                                                  "results directory writable) and submit again")
+            return JobStatus(state="ERROR", message=verdict.describe(), err_class="ERR_INFRA"), analysis
+        if alive:
+            ranks = run.ranks()
+            if ranks is not None:
+                return JobStatus(state="RUNNING", message=f"{len(ranks.ranks)} rank(s) started"), None
+            return JobStatus(state="PENDING", message="verifying inside the frame" if verdict is None
+                             else "verified inside the frame; starting"), None
+        if run.canceled() is not None:
+            return JobStatus(state="CANCELED", message="canceled"), None
+        analysis = FailureAnalysis(err_class="ERR_INFRA", reason="the supervisor ended without recording how the "
+                                                                 "job ended", suggestion=f"read {run.supervisor_log}; "
+                                   "then submit again under a new job id")
+        return JobStatus(state="ERROR", message=analysis.reason, err_class="ERR_INFRA"), analysis
+
+
+def _ended(ended: ExitRecord, run: RunDir) -> tuple[JobStatus, FailureAnalysis | None]:
+    """The state and analysis of a job whose supervisor recorded how it ended."""
+    if ended.canceled:
+        return JobStatus(state="CANCELED", message="canceled", exit_code=ended.exit_code), None
+    if ended.deadline_seconds is not None:
+        analysis = FailureAnalysis.deadline_passed(ended.deadline_seconds)
+        return JobStatus(state="ERROR", message=analysis.reason, exit_code=ended.exit_code,
+                         err_class=analysis.err_class), analysis
+    if ended.setup_error is not None:
+        analysis = FailureAnalysis(err_class="ERR_INFRA", reason=f"the frame did not start: {ended.setup_error}",
+                                   suggestion="run the backend's preflight on this host; it says what bubblewrap "
+                                              "lacks")
+        return JobStatus(state="ERROR", message=analysis.reason, err_class="ERR_INFRA"), analysis
+    if ended.exit_code == 0:
+        return JobStatus(state="COMPLETE", message="exit code 0", exit_code=0), None
+    launch = run.launch()
+    who = f"rank {ended.rank}" if launch is not None and launch.plan.nodes > 1 else "the command"
+    code = f"exit code {ended.exit_code}"
+    if ended.signal == signal.SIGKILL:
+        analysis = FailureAnalysis(err_class="ERR_INFRA", reason=f"{who} was killed ({code}, SIGKILL): killed, "
+                                   "possibly out of memory", suggestion="lower the batch size or the data loader "
+                                   "workers, or run where there is more memory; the kernel log (dmesg) names OOM kills")
+    else:
+        by = f", signal {signal.Signals(ended.signal).name}" if ended.signal is not None else ""
+        analysis = FailureAnalysis(err_class="ERR_PROGRAM", reason=f"{who} failed ({code}{by})",
+                                   suggestion="read the last lines of the job's log")
+    return JobStatus(state="ERROR", message=analysis.reason, exit_code=ended.exit_code,
+                     err_class=analysis.err_class), analysis
+
+
+def _check_results_mount(plan: LaunchPlan, rules: SourceRules) -> None:
+    """Results that go to a mount (``$TAO_RESULTS_ROOT/<job id>``) go where a job may write: not in
+    or around tao-data-io's state or a system directory (:func:`.preflight.results_refusal`)."""
+    if plan.route.route != "mount":
+        return
+    destination = plan.route.destination
+    problem = results_refusal(Path(os.path.realpath(destination)), rules)
+    if problem is not None:
+        root = os.path.dirname(destination)
+        raise UsageError(f"{RESULTS_ROOT_VARIABLE} {root!r} would put job {plan.job_id}'s results in {destination}, "
+                         f"which is refused: {problem}; set it to a directory that holds results only, or unset it")
+
+
+def _check_results_ours(plan: LaunchPlan, results: Path, user: RunAs | None) -> None:
+    """A results directory on a mount that is already there must be this backend's (or, left by
+    an attempt whose end was not taken back, its job user's); and on a first attempt, empty. The
+    job id is the request's to choose: a directory under it that another user made (one granting
+    itself a way in through an ACL) or that holds files (another record store's job, a dataset)
+    would be handed to the job's user and written."""
+    try:
+        found = os.stat(results)
+        with os.scandir(results) as entries:
+            taken = next(entries, None) is not None
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    ours = {os.geteuid(), *([user.uid] if user is not None else [])}
+    if found.st_uid not in ours:
+        raise UsageError(f"job {plan.job_id}'s results directory {results} is already there and belongs to uid "
+                         f"{found.st_uid}, not to this backend: another user made it. Submit under another job id, or "
+                         f"remove that directory from {RESULTS_ROOT_VARIABLE}")
+    if taken and plan.attempt == 1:
+        raise UsageError(f"job {plan.job_id}'s results directory {results} already holds files, and this is the "
+                         "job's first launch: it is another job's results or data. Submit under another job id, or "
+                         f"move that directory out of {RESULTS_ROOT_VARIABLE}")
+
+
+def _hand_over(results: BoundSource, user: RunAs) -> None:
+    """Give the results directory — the very one submit checked — and what a retry restored into
+    it to the job's user (:func:`.results_owner.hand_over`)."""
+    changed = BackendError(f"the results directory {results.source} changed while the job was being submitted; "
+                           "submit again", retryable=True)
+    fd = open_source(results.source)
+    if fd is None:
+        raise changed
+    try:
+        found = os.fstat(fd)
+        if (found.st_dev, found.st_ino) != (results.device, results.inode):
+            raise changed
+        hand_over(fd, user.uid, user.gid)
+    finally:
+        os.close(fd)
+
+
+def _alive(process: ProcessId | None) -> bool:
+    return process is not None and process.alive()
+
+
+def _frame_processes(run: RunDir) -> list[ProcessId]:
+    """Every recorded rank's sandbox pid 1 (killing it ends the rank's pid namespace) and bubblewrap."""
+    ranks = run.ranks()
+    found: list[ProcessId] = []
+    for rank in ranks.ranks if ranks is not None else []:
+        found += [process for process in (rank.sandbox, rank.bwrap) if process is not None]
+    return found
+
+
+def _polls(timeout: float) -> Iterator[None]:
+    """Yield until ``timeout`` has passed, sleeping a little longer each time (10 ms to 250 ms):
+    quick for a fast job, cheap for a long one."""
+    deadline = time.monotonic() + timeout
+    pause = 0.01
+    while True:
+        yield
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.25)
+
+
+def _end(processes: list[ProcessId]) -> bool:
+    """SIGKILL each of ``processes`` still running and wait (bounded) until they have ended;
+    whether any was running."""
+    running = [process for process in processes if process.signal(signal.SIGKILL)]
+    _wait_until_ended(running, CANCEL_GRACE_S)
+    return bool(running)
+
+
+def _wait_until_ended(processes: list[ProcessId], timeout: float) -> None:
+    for _ in _polls(timeout):
+        if not any(process.alive() for process in processes):
+            return
+
+
+def _homes() -> list[Path]:
+    """Every home directory on this host: each user's in the password database, and ``HOME``."""
+    homes = {Path(entry.pw_dir) for entry in pwd.getpwall() if entry.pw_dir.startswith("/") and entry.pw_dir != "/"}
+    if os.environ.get("HOME"):
+        homes.add(Path(os.environ["HOME"]))
+    return sorted(homes)
+
+
+def _real(path: Path) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def _cursor(cursor: str | None) -> tuple[dict[str, int], int | None]:
+    """A cursor of :meth:`LocalBackend.follow_logs` read back — each rank's offset, and the rank
+    whose line the last look cut — anything else starts afresh."""
+    try:
+        data = json.loads(cursor) if cursor else {}
+    except ValueError:
+        return {}, None
+    if not isinstance(data, dict):
+        return {}, None
+    offsets = {str(k): v for k, v in data.items() if str(k).isdigit() and isinstance(v, int) and v >= 0}
+    open_rank = data.get(_OPEN)
+    return offsets, open_rank if isinstance(open_rank, int) and str(open_rank) in offsets else None
+
+
+def _cursor_text(offsets: dict[str, int], open_rank: int | None) -> str:
+    return json.dumps({**offsets, **({_OPEN: open_rank} if open_rank is not None else {})}, sort_keys=True)
+
+
+def _prefixed(rank: int, text: str, *, continues: bool) -> str:
+    """``text`` of ``rank`` with ``[rank N] `` before each line, but the first when it
+    ``continues`` a line an earlier look cut (its start was prefixed then); a last line without
+    its newline (cut) stays without one."""
+    lines = text.split("\n")
+    ends = lines.pop() if lines else ""  # "" after a final newline, else the cut line
+    said = [("" if n == 0 and continues else f"[rank {rank}] ") + line + "\n" for n, line in enumerate(lines)]
+    if ends:
+        said.append(("" if not said and continues else f"[rank {rank}] ") + ends)
+    return "".join(said)

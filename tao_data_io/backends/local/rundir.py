@@ -1,0 +1,158 @@
+"""The run directory of one local job: the files through which the submitter, the detached
+supervisor and every later reader (status, logs, cancel — in other processes, days later) talk.
+
+Why files, each written whole and once (:func:`~tao_data_io.fs.atomic_write`): the supervisor
+outlives the process that started it, so there is no shared memory and no connection — only the
+directory. A reader sees a record entirely or not at all, and each record has one writer:
+
+==================  ==========================================================  ==================
+file                what                                                         written by
+==================  ==========================================================  ==================
+``launch.json``     the plan, the host results directory, the tools' paths, the  submit (under lock)
+                    identity of each source submit checked
+``supervisor.json`` the supervisor's pid and start time                          the supervisor
+``probe/``          the probe script and its checklist (bound into the frame)    the supervisor
+``verdict.json``    the verify verdict, persistence check included               the supervisor
+``ranks.json``      each rank's bubblewrap and sandbox pid-1 identities          the supervisor
+``exit.json``       how the job ended                                            the supervisor
+``cancel.json``     a cancel was asked for                                       cancel (under lock)
+``*.log``           the probe's and each rank's output (capped: :mod:`.joblog`)   the supervisor
+                    and the supervisor's own
+==================  ==========================================================  ==================
+
+No file holds a credential value: they reach the supervisor through its environment only.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, Field
+
+from ...fs import atomic_write
+from ...launch.plan import LaunchPlan
+from ...launch.probe import Verdict
+from ...schema import Strict
+from .binding import BoundSource
+from .process import ProcessId
+from .run_as import RunAs
+from .supervisor import RECORD_NAME
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+class Launch(Strict):
+    """What submit decided: everything the supervisor needs but the credential values."""
+
+    plan: LaunchPlan
+    #: The host directory bound read-write at ``plan.results_dir``.
+    results_host: str
+    bwrap: str
+    nsenter: str | None = None
+    #: Who the command becomes (:mod:`.run_as`): set when the backend runs as root.
+    run_as: RunAs | None = None
+    #: The size of each segment of a frame's log (:mod:`.joblog`); None in a launch from before
+    #: logs had a limit: one file each.
+    log_segment: int | None = None
+    submitted_at: datetime
+    #: target → the object submit checked for each bind; the supervisor binds these and nothing
+    #: else (:mod:`.binding`). Empty in the launch of a version before binds were checked.
+    sources: dict[str, BoundSource] = Field(default_factory=dict)
+    #: What was restored into the results before the command started (a later attempt's).
+    restored: str | None = None
+
+
+class RankProcesses(Strict):
+    rank: int
+    #: The bubblewrap process the supervisor started (its child).
+    bwrap: ProcessId
+    #: The sandbox's pid 1: killing it ends every process of the rank (its pid namespace dies).
+    sandbox: ProcessId | None
+
+
+class Ranks(Strict):
+    ranks: list[RankProcesses] = Field(default_factory=list)
+
+
+class ExitRecord(Strict):
+    """How the job ended: the first rank that failed (or rank 0), and why."""
+
+    exit_code: int
+    #: The signal that ended the command, when it was one (an exit code above 128 by convention).
+    signal: int | None = None
+    rank: int = 0
+    canceled: bool = False
+    #: bubblewrap could not set the frame up (its own message); the command never ran.
+    setup_error: str | None = None
+    #: The run passed its ``compute_shape.deadline_seconds`` and was ended for it.
+    deadline_seconds: int | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.exit_code != 0 or self.setup_error is not None
+
+
+class Canceled(Strict):
+    requested_at: datetime
+
+
+class RunDir:
+    """Paths and records of ``<run_root>/<job id>/run``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock = path / ".lock"
+        self.launch_file = path / "launch.json"
+        self.supervisor_file = path / RECORD_NAME
+        self.verdict_file = path / "verdict.json"
+        self.ranks_file = path / "ranks.json"
+        self.exit_file = path / "exit.json"
+        self.cancel_file = path / "cancel.json"
+        self.probe_dir = path / "probe"
+        self.probe_log = path / "probe.log"
+        self.supervisor_log = path / "supervisor.log"
+
+    def create(self) -> None:
+        """Owner-only: the logs hold whatever the job prints."""
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def rank_log(self, rank: int) -> Path:
+        return self.path / f"rank-{rank}.log"
+
+    def write(self, path: Path, record: BaseModel) -> None:
+        """Whole or not at all; not ``durable`` (no directory fsync): the processes a record
+        describes do not survive a power loss either, and submit waits for two of these."""
+        atomic_write(path, record.model_dump_json(indent=2).encode() + b"\n", mode=0o600)
+
+    def launch(self) -> Launch | None:
+        return _read(self.launch_file, Launch)
+
+    def verdict(self) -> Verdict | None:
+        return _read(self.verdict_file, Verdict)
+
+    def ranks(self) -> Ranks | None:
+        return _read(self.ranks_file, Ranks)
+
+    def exit(self) -> ExitRecord | None:
+        return _read(self.exit_file, ExitRecord)
+
+    def canceled(self) -> Canceled | None:
+        return _read(self.cancel_file, Canceled)
+
+    def supervisor(self) -> ProcessId | None:
+        """Written with plain ``json`` by the supervisor before it imports anything heavy."""
+        try:
+            return ProcessId.from_dict(json.loads(self.supervisor_file.read_bytes()))
+        except FileNotFoundError:
+            return None
+
+
+def _read(path: Path, model: type[_Model]) -> _Model | None:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return model.model_validate_json(data)

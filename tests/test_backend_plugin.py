@@ -1,0 +1,204 @@
+"""A backend from another distribution plugs in with its entry point alone: the CLI's ``--backend``
+and flags, a target block, a flow's target parameter and the job record all find it, with no file
+of this project changed — and a platform no backend has is refused, naming those there are.
+
+The toy distribution is written to a temporary directory (a package and its ``.dist-info`` with
+an ``entry_points.txt``, as pip would install it) and put on the path of child processes only, so
+this session's registry never sees it: each child is a fresh interpreter that finds it as a user's
+would. Its backend keeps each job on disk, so every verb of a job can run in its own process, and
+its ref (``toy:<job id>``) is no Kubernetes name: the record keeps a backend's own text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .helpers import args_request
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TOY = '''
+"""A toy backend: each job ends at once, COMPLETE, with one results file."""
+import json
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import Field
+
+from tao_data_io.launch.backend import BackendSettings, JobStatus, LogChunk, Submission
+from tao_data_io.launch.platform import Platform
+from tao_data_io.launch.probe import CheckResult, Verdict, checklist
+from tao_data_io.tier import Capabilities, ClusterFacts
+
+
+class ToySettings(BackendSettings):
+    platform: ClassVar[str] = "toy"
+    state_root: str = Field(title="State root", description="Where the toy keeps its jobs.")
+    greeting: str = Field("hello", title="Greeting", description="What each job prints.")
+
+
+class ToyBackend:
+    name = "toy"
+    stages_on_host = True
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.root = Path(settings.state_root)
+
+    def config(self):
+        return self.settings.model_dump(mode="json")
+
+    def facts(self):
+        return ClusterFacts(backend=self.name, capabilities=PLATFORM.capabilities)
+
+    def preflight(self, plan, *, documents=None):
+        return None
+
+    def submit(self, plan, *, environ=None, documents=None):
+        job = self.root / plan.job_id
+        started = not job.exists()
+        if started:
+            (job / "results").mkdir(parents=True)
+            (job / "results" / "model.pth").write_bytes(b"weights")
+            (job / "end.json").write_text(json.dumps({"state": "COMPLETE", "exit_code": 0}))
+        return Submission(backend_ref=f"toy:{plan.job_id}", started=started)
+
+    def verify(self, ref, plan, *, timeout=600.0):
+        checks, _ = checklist(plan)
+        return Verdict(ok=True, checks=[CheckResult(kind=c.kind, path=c.path, ok=True, detail="toy: present",
+                                                    subject=c.subject) for c in checks])
+
+    def _job(self, ref):
+        kind, _, job_id = ref.partition(":")
+        assert kind == "toy", ref
+        return self.root / job_id
+
+    def status(self, ref):
+        end = self._job(ref) / "end.json"
+        if not end.exists():
+            return JobStatus(state="UNKNOWN", message=f"{ref} is not known to the toy")
+        return JobStatus(**json.loads(end.read_text()))
+
+    def logs(self, ref, tail=None):
+        return self.settings.greeting + "\\n"
+
+    def cancel(self, ref):
+        return False
+
+    def failure_analysis(self, ref):
+        return None
+
+    def results_path(self, ref):
+        return str(self._job(ref) / "results")
+
+    def follow_logs(self, ref, cursor):
+        return LogChunk(text="" if cursor else self.settings.greeting + "\\n", cursor="1")
+
+    def training_status(self, ref):
+        return None
+
+
+PLATFORM = Platform(settings=ToySettings, backend="toy_backend:ToyBackend", title="Toy",
+                    summary="A toy backend from another distribution.", settings_summary="Where the toy keeps jobs.",
+                    capabilities=Capabilities(stages_on_host=True))
+'''
+
+#: Run in a child with the toy installed: save its target block and run the run-tao-job flow on it.
+FLOW = '''
+import json, sys
+from blocks import TARGETS, JobRecords
+from flows.run import run_tao_job
+
+work, request = sys.argv[1], json.loads(sys.argv[2])
+block = TARGETS["toy"](settings={"state_root": f"{work}/toy-flow", "greeting": "from the block"},
+                       staging_root=f"{work}/staging-flow")
+block.save("toy-plugin", overwrite=True)
+JobRecords(location=f"{work}/jobs").save("toy-plugin", overwrite=True)
+print(type(block).__name__, type(block).get_block_type_slug())
+result = run_tao_job(request=request, target="tao-toy-target/toy-plugin", records="tao-job-records/toy-plugin")
+print(json.dumps(result))
+'''
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> dict[str, str]:
+    """A child's environment with the toy distribution installed beside this project."""
+    site = tmp_path / "site"
+    (site / "toy_backend").mkdir(parents=True)
+    (site / "toy_backend" / "__init__.py").write_text(TOY)
+    info = site / "toy_backend-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-backend\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[tao_data_io.backends]\ntoy = toy_backend:PLATFORM\n")
+    return {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": f"{site}{os.pathsep}{ROOT}",
+            "TAO_DATA_IO_RECORDS": str(tmp_path / "jobs"), "TAO_DATA_IO_WORKDIR": str(tmp_path / "work")}
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tao_data_io.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+
+
+def _request(tmp_path: Path, job_id: str) -> dict[str, object]:
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    (data / "a.txt").write_text("a")
+    return args_request(job_id=job_id, inputs=[{"source": str(data), "target": "/data"}])
+
+
+def test_a_backend_from_another_distribution_runs_through_the_cli_and_the_record(toy: dict[str, str],
+                                                                                 tmp_path: Path) -> None:
+    request = tmp_path / "job.yaml"
+    request.write_text(yaml.safe_dump(_request(tmp_path, "toy-cli")))
+    help_text = _cli(toy, "submit", "--help").stdout
+    assert "--backend {local,kubernetes,toy}" in help_text and "--state-root STATE_ROOT" in help_text
+    submitted = _cli(toy, "submit", "--backend", "toy", "--request", str(request), "--state-root",
+                     str(tmp_path / "toy-cli"), "--greeting", "from the flags")
+    assert submitted.returncode == 0, submitted.stderr
+    record = json.loads(_cli(toy, "record", "show", "toy-cli", "--json").stdout)
+    assert (record["platform"], record["backend_ref"], record["state"]) == ("toy", "toy:toy-cli", "RUNNING")
+    assert record["backend_config"] == {"state_root": str(tmp_path / "toy-cli"), "greeting": "from the flags"}
+    assert _cli(toy, "logs", "--job-id", "toy-cli").stdout == "from the flags\n"  # rebuilt from the record
+    collected = _cli(toy, "collect", "--job-id", "toy-cli", "--json")
+    assert json.loads(collected.stdout)["state"] == "COMPLETE", collected.stderr
+    assert json.loads(_cli(toy, "record", "show", "toy-cli", "--json").stdout)["state"] == "COMPLETE"
+
+    wrong = _cli(toy, "submit", "--backend", "toy", "--request", str(request), "--namespace", "tao")
+    assert wrong.returncode == 2 and "--namespace is not a setting of the toy backend: its settings are " \
+                                     "--state-root, --greeting" in wrong.stderr
+
+
+def test_a_backend_from_another_distribution_has_its_target_block_and_runs_in_a_flow(
+        toy: dict[str, str], tmp_path: Path, prefect_harness: None) -> None:
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**toy, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_HOME": str(tmp_path / "prefect")}
+    ran = subprocess.run([sys.executable, "-c", textwrap.dedent(FLOW), str(tmp_path),
+                          json.dumps(_request(tmp_path, "toy-flow"))],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    made, result = ran.stdout.strip().splitlines()[0], json.loads(ran.stdout.strip().splitlines()[-1])
+    assert made == "ToyTarget tao-toy-target"
+    assert result["submitted"]["backend_ref"] == "toy:toy-flow" and result["collected"]["state"] == "COMPLETE", result
+    record = json.loads((tmp_path / "jobs" / "toy-flow.json").read_text())
+    assert (record["platform"], record["backend_ref"]) == ("toy", "toy:toy-flow")
+    assert record["backend_config"]["greeting"] == "from the block"
+
+
+def test_a_platform_no_backend_has_is_refused_naming_those_there_are(toy: dict[str, str], tmp_path: Path) -> None:
+    request = tmp_path / "job.yaml"
+    request.write_text(yaml.safe_dump(_request(tmp_path, "no-such")))
+    unknown = _cli(toy, "submit", "--backend", "slurm", "--request", str(request))
+    assert unknown.returncode == 2 and "invalid choice: 'slurm' (choose from 'local', 'kubernetes', 'toy')" in unknown.stderr
+    plain = {key: value for key, value in toy.items() if key != "PYTHONPATH"} | {"PYTHONPATH": str(ROOT)}
+    _cli(toy, "submit", "--backend", "toy", "--request", str(request), "--state-root", str(tmp_path / "toy"))
+    without = _cli(plain, "status", "--job-id", "no-such")  # the toy uninstalled: its record names an unknown one
+    assert without.returncode == 2 and "platform 'toy' is not a backend: use 'local' or 'kubernetes'" in without.stderr
