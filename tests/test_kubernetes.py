@@ -23,7 +23,7 @@ from tao_data_io.launch.probe import PROBE_SCRIPT, Check, parse_probe_output
 from tao_data_io.backends.kubernetes.pods import STOPPED_EXIT
 from tao_data_io.backends.kubernetes.render import RenderedJob, failure_policy, literal, read_config, render_job
 from tao_data_io.backends.kubernetes.apply import step_of
-from tao_data_io.backends.kubernetes.scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, TRAIN_WRAPPER, VERIFY_SCRIPT
+from tao_data_io.launch.agents import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, TRAIN_WRAPPER, VERIFY_SCRIPT
 from tao_data_io.backends.kubernetes.settings import KubernetesSettings
 from tao_data_io.quantities import quantity_bytes
 from tao_data_io.records import OutputRoute

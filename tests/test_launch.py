@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tao_data_io.errors import UsageError
-from tao_data_io.backends.kubernetes.scripts import VERIFY_SCRIPT
+from tao_data_io.launch.agents import VERIFY_SCRIPT
 from tao_data_io.launch.plan import build_plan, command_argv
 from tao_data_io.launch.probe import (PROBE_SCRIPT, Check, Verdict, checklist, checklist_text, parse_probe_output,
                                       termination_budget, with_persistence)

@@ -164,7 +164,7 @@ class Verdict(Strict):
     def termination_message(self, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
         """The verdict as probe lines, failures first, cut to ``limit`` bytes (the pod's
         :func:`termination_budget`) with a count of what was left out — the same cut as the
-        Kubernetes verify wrapper (``tao_data_io.backends.kubernetes.scripts.VERIFY_SCRIPT``)."""
+        Kubernetes verify wrapper (:data:`.agents.VERIFY_SCRIPT`)."""
         ordered = self.failures + [check for check in self.checks if check.ok]
         lines: list[str] = []
         size = 0

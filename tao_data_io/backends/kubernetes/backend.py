@@ -369,7 +369,7 @@ class KubernetesBackend:
     def training_status(self, ref: str) -> bytes | None:
         """The end of what rank 0's status sidecar has printed: ``status.json`` lives in the pod
         (or on a claim) where this process cannot read it, and the sidecar follows it into its log
-        (:data:`.scripts.STATUS_SCRIPT`). The newest :data:`STATUS_LINES` lines, at most
+        (:data:`tao_data_io.launch.agents.STATUS_SCRIPT`). The newest :data:`STATUS_LINES` lines, at most
         :data:`~tao_data_io.launch.training.STATUS_TAIL_BYTES`; None while there is no pod, or its
         sidecar has not started (or is gone with the pod)."""
         namespace, name = self._ref(ref)

@@ -26,7 +26,7 @@ FATAL = frozenset({"InvalidImageName", "ErrImageNeverPull", "CreateContainerConf
                    "RunContainerError"})
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 VERIFY, STAGER, TRAIN = "verify", "stager", "train"
-#: The native sidecar that follows TAO's status.json into its log (see .scripts.STATUS_SCRIPT).
+#: The native sidecar that follows TAO's status.json into its log (see tao_data_io.launch.agents.STATUS_SCRIPT).
 STATUS = "status"
 #: The emptyDirs that hold a pod's results (without a claim) and tier C's staged inputs on the
 #: node's disk, as render.py names them: a kubelet eviction names the one that outgrew its limit.

@@ -57,7 +57,7 @@ from ...launch.collective import DEFAULT_TIMEOUT_S, PROBE_PROGRAM
 from .kueue import QUEUE_LABEL
 from .placement import HOSTNAME_LABEL
 from .pods import RESULTS_VOLUME, STAGING_VOLUME, STATUS, STOPPABLE, STOPPED_EXIT
-from .scripts import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, TRAIN_WRAPPER, VERIFY_SCRIPT
+from ...launch.agents import SIDECAR_SCRIPT, STAGER_SCRIPT, STATUS_SCRIPT, TRAIN_WRAPPER, VERIFY_SCRIPT
 from .settings import MAX_GRACE_SECONDS, KubernetesSettings
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tao-data-io"}

@@ -1,14 +1,19 @@
-"""The static POSIX ``sh`` scripts a job's pods run, shipped in the job's ConfigMap.
+"""The frame-side agents: the static POSIX ``sh`` scripts that run inside a job's compute frame
+beside its command — the verify wrapper, the stager, the training wrapper, the results sidecar
+and the status follower — whichever backend ships them there (the Kubernetes backend in the job's
+ConfigMap; a Docker or SLURM backend in its own way).
 
-Why static: every value they need (job id, paths, intervals, the shard) reaches them through the
-environment the renderer sets, so no value is ever spliced into shell text or argv — the same
-rule as the verify probe (:data:`tao_data_io.launch.probe.PROBE_SCRIPT`), which is shipped
-beside them unchanged.
+Why static and here: every value they need (job id, paths, intervals, the shard) reaches them
+through the environment the backend sets, so no value is ever spliced into shell text or argv —
+the same rule as the verify probe (:data:`tao_data_io.launch.probe.PROBE_SCRIPT`), which is shipped
+beside them unchanged; and they belong to the launch seam, below every backend, so a backend
+reuses them without importing another backend. What they say of Kubernetes below is where the
+Kubernetes backend is their first user: the signals and files they rely on are POSIX.
 """
 
 from __future__ import annotations
 
-from ...launch.probe import TERMINATION_MESSAGE_LIMIT
+from .probe import TERMINATION_MESSAGE_LIMIT
 
 #: The last initContainer of the training pod (training image): runs the probe, prints its lines,
 #: writes the verdict to the termination message and exits non-zero on any failure, so training
