@@ -40,6 +40,7 @@ from tao_data_io.quantities import quantity_bytes
 from tao_data_io.request import JobRequest
 from tao_data_io.transfer.client import make_s3_client
 
+from .contract.harness import launch_through_steps
 from .kube_helpers import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID
 from .kube.kueue import Kueue
 from .kube.apiserver import Fault, KubeStandIn
@@ -144,16 +145,9 @@ def launch_only(tmp_path: Path, request: JobRequest, backend: KubernetesBackend,
                 environ: dict[str, str] | None = None) -> tuple[Submission, LaunchPlan]:
     """The pipeline's steps up to preflight and submit, without waiting for the verdict, so a test
     can look at the job at any step of its pods' script."""
-    env = ENV if environ is None else environ
-    store = store_in(tmp_path)
-    record = steps.open_record(request, backend, store)
-    decision = steps.decide_tier(request, backend, store, record.job_id)
-    staging_map = verbs.stage_inputs(request, backend, tmp_path / "work" / record.job_id, tier=decision.tier,
-                                     environ=env)
-    record = steps.route_outputs(store, record.job_id, env)
-    assert record.output_route is not None
-    plan = build_plan(request, staging_map, decision, record, record.output_route, environ=env)
-    return steps.start(plan, backend, environ=env, documents=JobDocuments(request, record), store=store), plan
+    submission, plan, _ = launch_through_steps(request, backend, store_in(tmp_path), tmp_path / "work",
+                                               ENV if environ is None else environ)
+    return submission, plan
 
 
 def ours(kube: KubeStandIn, kind: str) -> dict[str, dict[str, Any]]:
@@ -673,17 +667,17 @@ def test_verify_fails_and_deletes_the_job_when_the_probe_never_runs(kube: KubeSt
                                                                     script: list[str], fragment: str,
                                                                     patience: float) -> None:
     kube.server.control.scripts["job-1"] = script
-    backend = make_backend(verify_timeout=patience, image_pull_timeout=patience)
+    backend = make_backend(image_pull_timeout=patience)
     submission, plan = launch_only(tmp_path, job_request(), backend)
-    verdict = backend.verify(submission.backend_ref, plan)
+    verdict = backend.verify(submission.backend_ref, plan, timeout=patience)
     assert not verdict.ok and verdict.error is not None and fragment in verdict.error
     assert "job-1" not in ours(kube, "Job")
 
 
 def test_a_timeout_counts_image_pulls_apart(kube: KubeStandIn, tmp_path: Path) -> None:
-    """Pulling for a while is fine under a short verify_timeout when image_pull_timeout allows it."""
+    """Pulling for a while is fine when image_pull_timeout allows it: it counts apart from verify's."""
     kube.server.control.scripts["job-1"] = ["pulling"] * 30 + ["verifying", "verified"]
-    backend = make_backend(verify_timeout=3600, image_pull_timeout=3600)
+    backend = make_backend(image_pull_timeout=3600)
     submission, plan = launch_only(tmp_path, job_request(), backend)
     assert backend.verify(submission.backend_ref, plan, timeout=3600).ok
 
