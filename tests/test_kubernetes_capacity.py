@@ -18,6 +18,7 @@ from tao_data_io.steps import VerifyFailed
 
 from . import test_kubernetes_online as online
 from .kube.apiserver import KubeStandIn
+from .kube.kubelet import TRAIN_SCRIPT
 from .test_kubernetes_online import creates, job_request, make_backend, ours, store_in, submit
 
 #: The stand-in cluster and the input bucket, as the online tests have them (pytest fixtures).
@@ -80,7 +81,7 @@ def test_on_an_autoscaled_pool_no_room_now_is_a_warning_and_the_pod_waits_for_a_
     """A GPU pool scaled to zero has no GPU node at all until a pod asks: refusing would refuse
     every job. The job is submitted, said to wait; a node that comes lets it run."""
     said: list[str] = []
-    kube.server.control.scripts["job-1"] = ["unschedulable", "unschedulable", *online.TRAIN_SCRIPT]
+    kube.server.control.scripts["job-1"] = ["unschedulable", "unschedulable", *TRAIN_SCRIPT]
     backend = make_backend(said, capacity="autoscaled")
     done = submit(tmp_path, job_request(compute_shape={"gpus": 16}), backend)
     assert done.started and store_in(tmp_path).get("job-1").state == "RUNNING"

@@ -30,9 +30,7 @@ from tao_data_io.backends.kubernetes.render import ATTEMPT_ANNOTATION, CACHE_LAB
 from tao_data_io.backends.kubernetes.settings import DEFAULT_CANCEL_GRACE_SECONDS, KubernetesSettings
 from tao_data_io.backends import backend_for
 from tao_data_io.launch.backend import DEFAULT_VERIFY_TIMEOUT_S, Backend, JobDocuments, Submission
-from tao_data_io.launch.plan import LaunchPlan, build_plan
-from tao_data_io.tier import TierDecision
-from tao_data_io.launch.training import read_training_status
+from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.backends.kubernetes.names import object_names
 from tao_data_io.records import RecordStore
 from tao_data_io.credentials import S3Credentials
@@ -40,10 +38,10 @@ from tao_data_io.quantities import quantity_bytes
 from tao_data_io.request import JobRequest
 from tao_data_io.transfer.client import make_s3_client
 
+from .contract.harness import launch_through_steps
 from .kube_helpers import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID
 from .kube.kueue import Kueue
 from .kube.apiserver import Fault, KubeStandIn
-from .kube.kubelet import TRAIN_SCRIPT
 from .kube.objects import RESOURCES
 from .kube.volumes import Inode, Volume
 
@@ -144,16 +142,9 @@ def launch_only(tmp_path: Path, request: JobRequest, backend: KubernetesBackend,
                 environ: dict[str, str] | None = None) -> tuple[Submission, LaunchPlan]:
     """The pipeline's steps up to preflight and submit, without waiting for the verdict, so a test
     can look at the job at any step of its pods' script."""
-    env = ENV if environ is None else environ
-    store = store_in(tmp_path)
-    record = steps.open_record(request, backend, store)
-    decision = steps.decide_tier(request, backend, store, record.job_id)
-    staging_map = verbs.stage_inputs(request, backend, tmp_path / "work" / record.job_id, tier=decision.tier,
-                                     environ=env)
-    record = steps.route_outputs(store, record.job_id, env)
-    assert record.output_route is not None
-    plan = build_plan(request, staging_map, decision, record, record.output_route, environ=env)
-    return steps.start(plan, backend, environ=env, documents=JobDocuments(request, record), store=store), plan
+    submission, plan, _ = launch_through_steps(request, backend, store_in(tmp_path), tmp_path / "work",
+                                               ENV if environ is None else environ)
+    return submission, plan
 
 
 def ours(kube: KubeStandIn, kind: str) -> dict[str, dict[str, Any]]:
@@ -673,22 +664,24 @@ def test_verify_fails_and_deletes_the_job_when_the_probe_never_runs(kube: KubeSt
                                                                     script: list[str], fragment: str,
                                                                     patience: float) -> None:
     kube.server.control.scripts["job-1"] = script
-    backend = make_backend(verify_timeout=patience, image_pull_timeout=patience)
+    backend = make_backend(image_pull_timeout=patience)
     submission, plan = launch_only(tmp_path, job_request(), backend)
-    verdict = backend.verify(submission.backend_ref, plan)
+    verdict = backend.verify(submission.backend_ref, plan, timeout=patience)
     assert not verdict.ok and verdict.error is not None and fragment in verdict.error
     assert "job-1" not in ours(kube, "Job")
 
 
 def test_a_timeout_counts_image_pulls_apart(kube: KubeStandIn, tmp_path: Path) -> None:
-    """Pulling for a while is fine under a short verify_timeout when image_pull_timeout allows it."""
+    """Pulling for a while is fine when image_pull_timeout allows it: it counts apart from verify's."""
     kube.server.control.scripts["job-1"] = ["pulling"] * 30 + ["verifying", "verified"]
-    backend = make_backend(verify_timeout=3600, image_pull_timeout=3600)
+    backend = make_backend(image_pull_timeout=3600)
     submission, plan = launch_only(tmp_path, job_request(), backend)
     assert backend.verify(submission.backend_ref, plan, timeout=3600).ok
 
 
 # ----------------------------------------------------------------------------- status, analysis, logs
+#: The reference's status table up to the command's end: how an end is classified (an exit code, a
+#: signal, an OOM kill, the deadline) is the conformance suite's (tests/test_backend_contract.py).
 STATUS_TABLE = [
     ("unschedulable", {}, "PENDING", None, "waiting for a node: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu"),
     ("unschedulable", {"condition_messages": False}, "PENDING", None,
@@ -701,9 +694,6 @@ STATUS_TABLE = [
     ("staging", {}, "RUNNING", None, "stager is staging the inputs inside the pod"),
     ("verifying", {}, "RUNNING", None, "the verify probe is checking"),
     ("running", {}, "RUNNING", None, "train is running"),
-    ("succeeded", {}, "COMPLETE", None, "the Job completed"),
-    ("failed", {}, "ERROR", "ERR_PROGRAM", "the command exited 2"),
-    ("oomkilled", {}, "ERROR", "ERR_INFRA", "train was OOMKilled (exit 137)"),
     ("verify-failed", {}, "ERROR", "ERR_INFRA", ("the verify probe failed inside the pod before the command started: "
                                                 "/data: does not exist")),
     ("stager-failed", {}, "ERROR", "ERR_INFRA", "stager failed (exit 1): stage: s3://bkt-1/data/: AccessDenied"),
@@ -734,8 +724,6 @@ def test_status_maps_the_reference_table_with_the_reason(kube: KubeStandIn, tmp_
         assert analysis.suggestion
     else:
         assert analysis is None
-    if step in ("failed", "oomkilled"):
-        assert status.exit_code == {"failed": 2, "oomkilled": 137}[step]
 
 
 def test_a_job_that_is_gone_reads_unknown_and_ttl_takes_its_objects(kube: KubeStandIn, tmp_path: Path) -> None:
@@ -853,19 +841,6 @@ def test_cancel_removes_what_a_submit_that_never_made_its_job_left(kube: KubeSta
         "DELETE /api/v1/namespaces/tao/secrets/job-1-credentials?propagationPolicy=Foreground"]
 
 
-def test_cancel_of_a_finished_job_keeps_it_whole_for_collect(kube: KubeStandIn, tmp_path: Path) -> None:
-    """Backend.cancel of an ended job ends only what is left running: a finished Job's pods have
-    ended, and collect still reads its logs, so nothing is deleted (its TTL removes it)."""
-    kube.server.control.scripts["job-1"] = [*TRAIN_SCRIPT, "succeeded"]
-    backend = make_backend()
-    done = submit(tmp_path, job_request(), backend)
-    assert verbs.collect("job-1", backend, store_in(tmp_path), poll_seconds=0.01).state == "COMPLETE"
-    before = every_object_of_ours(kube)
-    assert backend.cancel(done.backend_ref) is False
-    assert verbs.cancel("job-1", backend, store_in(tmp_path)).record.state == "COMPLETE"
-    assert not [r for r in kube.requests() if r.startswith("DELETE")] and every_object_of_ours(kube) == before
-
-
 def test_collect_after_an_error_returns_the_log_tail_and_the_analysis(kube: KubeStandIn, tmp_path: Path) -> None:
     kube.server.control.scripts["job-1"] = ["pulling", "staging", "verifying", "verified", "running", "oomkilled"]
     backend = make_backend()
@@ -899,53 +874,6 @@ def test_a_job_that_ran_and_failed_launches_again_as_its_next_attempt_with_its_r
     assert [(a.number, a.state) for a in record.attempts] == [(1, "ERROR"), (2, None)]
     assert record.state == "RUNNING" and "s3://tao-results/results/job-1/" in str(record.attempts[1].restored)
     validate(every_object_of_ours(kube))
-
-
-def test_a_running_earlier_attempt_is_never_replaced(kube: KubeStandIn, tmp_path: Path) -> None:
-    kube.server.control.scripts["job-1"] = ["pulling", "staging", "verifying", "verified", "running"]
-    backend = make_backend()
-    done = submit(tmp_path, job_request(), backend)
-    plan = build_plan(job_request(), verbs.stage_inputs(job_request(), backend, tmp_path / "work" / "job-1",
-                                                        tier="C", environ=ENV),
-                      TierDecision(tier="C", reason="test"), store_in(tmp_path).get("job-1"),
-                      store_in(tmp_path).get("job-1").output_route, environ=ENV)
-    later = plan.model_copy(update={"attempt": 2})
-    with pytest.raises(UsageError, match="attempt 1 of job job-1 still runs as tao/job-1; cancel it"):
-        backend.submit(later, environ=ENV, documents=JobDocuments(job_request(), store_in(tmp_path).get("job-1")))
-    assert ours(kube, "Job")["job-1"]["metadata"]["annotations"][ATTEMPT_ANNOTATION] == "1"
-    assert done.started
-
-
-def test_following_the_log_shows_each_line_once_across_looks_and_watchers(kube: KubeStandIn, tmp_path: Path) -> None:
-    """The API server serves a log since a number of seconds, not from an offset: each look asks
-    a little more than the time since the newest line shown and keeps the newer lines only."""
-    kube.server.control.scripts["job-1"] = ["pulling", "staging", "verifying", "verified", "running"]
-    backend = make_backend()
-    done = submit(tmp_path, job_request(), backend)
-    pod = next(iter(ours(kube, "Pod")))
-    kube.server.logs[NAMESPACE, pod, "train"] = "".join(f"epoch {i}\n" for i in range(1, 4))
-    first = backend.follow_logs(done.backend_ref, None)
-    assert first.text == "epoch 1\nepoch 2\nepoch 3\n"
-    assert backend.follow_logs(done.backend_ref, first.cursor).text == ""  # nothing new: nothing again
-    kube.server.logs[NAMESPACE, pod, "train"] += "epoch 4\nepoch 5\n"
-    later = backend.follow_logs(done.backend_ref, first.cursor)  # another watcher, with the recorded cursor
-    assert later.text == "epoch 4\nepoch 5\n"
-
-
-def test_training_status_is_what_rank_0s_status_sidecar_printed(kube: KubeStandIn, tmp_path: Path) -> None:
-    """TAO's status.json reaches the collect run through the status sidecar's log: nothing before
-    the sidecar prints, then its newest lines, which the reader turns into progress."""
-    kube.server.control.scripts["job-1"] = ["pulling", "staging", "verifying", "verified", "running"]
-    backend = make_backend()
-    done = submit(tmp_path, job_request(), backend)
-    pod = next(iter(ours(kube, "Pod")))
-    kube.server.logs.pop((NAMESPACE, pod, "status"), None)
-    assert backend.training_status(done.backend_ref) is None  # the sidecar has not started
-    lines = [json.dumps({"epoch": epoch, "max_epoch": 3, "status": "RUNNING", "kpi": {"loss": 1.0 / epoch}})
-             for epoch in (1, 2)]
-    kube.server.logs[NAMESPACE, pod, "status"] = "".join(line + "\n" for line in lines)
-    status = read_training_status(backend.training_status(done.backend_ref))
-    assert status is not None and status.epoch == 2 and status.max_epoch == 3
 
 
 def test_a_followed_line_cut_by_the_byte_limit_waits_for_the_next_look() -> None:

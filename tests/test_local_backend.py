@@ -1,6 +1,8 @@
 """The local compute frame: the sandbox argv and environment (pure, table-tested), then real jobs
-in real bubblewrap frames — what a job can see, verify before the command, credentials, status,
-cancel, detachment, idempotent submit and multi-node ranks.
+in real bubblewrap frames — what a job can see, what the probe finds, credentials, the frame ending
+with its command, detachment and multi-node ranks. The protocol's promises (a resubmit starts
+nothing, a failed verify starts no command, cancel, how an end is classified, following the log,
+progress, a next attempt) are the conformance suite's: tests/test_backend_contract.py.
 
 Real-frame tests skip (with bubblewrap's own words) only where the kernel refuses it user
 namespaces; a missing bwrap is a failure (``make test`` installs it). No timing assertions: a
@@ -30,10 +32,11 @@ from tao_data_io.launch.collective import HANG_EXIT, PROBE_PROGRAM, read_probe
 from tao_data_io.launch.backend import Backend
 from tao_data_io.launch.plan import PROBE_DIR, LaunchPlan
 from tao_data_io.launch.rendezvous import MASTER_PORT
-from tao_data_io.backends.local.backend import LocalBackend
+from tao_data_io.backends.local.backend import LocalBackend, _ended
 from tao_data_io.backends.local.tools import BWRAP_INSTALL, find_tool
 from tao_data_io.backends.local.sandbox import (FRAME_PATH, MASTER_ADDR, Bind, Host, Namespaces, SystemDir, frame_argv,
                                        frame_binds, frame_env, host_system_dirs)
+from tao_data_io.backends.local.rundir import ExitRecord, RunDir
 from tao_data_io.backends.local.run_as import RunAs
 from tao_data_io.backends.local.settings import LocalSettings
 from tao_data_io.records import OutputRoute
@@ -241,40 +244,21 @@ def test_results_go_to_the_mount_route(tmp_path: Path, backend: LocalBackend) ->
     assert (tmp_path / "shared" / "job-1" / "checkpoint_epoch_1.pth").exists()
 
 
-def test_a_failing_job_reports_error_with_its_exit_code(tmp_path: Path, backend: LocalBackend) -> None:
-    plan = make_plan(tmp_path, environment={"EPOCHS": "2", "FAIL_AFTER_EPOCH": "1", "FAIL_EXIT_CODE": "3"})
-    ref = backend.submit(plan).backend_ref
-    status = finished(backend, ref)
-    assert (status.state, status.exit_code, status.err_class) == ("ERROR", 3, "ERR_PROGRAM"), status
-    assert "exit code 3" in status.message
-    results = Path(str(backend.results_path(ref)))
-    assert (results / "checkpoint_epoch_1.pth").exists() and not (results / "checkpoint_epoch_2.pth").exists()
-    analysis = backend.failure_analysis(ref)
-    assert analysis is not None and analysis.err_class == "ERR_PROGRAM"
-    assert "told to fail after epoch 1" in backend.logs(ref)
-
-
-def test_a_command_killed_by_sigkill_is_an_infrastructure_error(tmp_path: Path, backend: LocalBackend) -> None:
-    # The command is its frame's pid 1, which (as a container's) ignores even SIGKILL from inside
-    # its namespace: the kernel's OOM killer is outside it. So a child of the command is killed,
-    # and the command exits with its status, as a shell entrypoint does.
-    ref = backend.submit(make_plan(tmp_path, script="sh -c 'kill -9 $$'")).backend_ref
-    status = finished(backend, ref)
-    assert (status.state, status.exit_code, status.err_class) == ("ERROR", 137, "ERR_INFRA"), status
-    assert "SIGKILL" in status.message and "killed, possibly out of memory" in status.message
-
-
-def test_a_run_past_its_deadline_is_ended_and_recorded_as_such(tmp_path: Path, backend: LocalBackend) -> None:
-    """compute_shape.deadline_seconds bounds the whole run, in the local frame as on Kubernetes
-    (its activeDeadlineSeconds): the frame is ended and the job is ERROR saying why — not
-    CANCELED, and not "killed, possibly out of memory". (The request's own floor is 60 s; the
-    plan is given 2 here.)"""
-    plan = make_plan(tmp_path, script="sleep 60").model_copy(update={"deadline_seconds": 2})
-    ref = backend.submit(plan).backend_ref
-    status = finished(backend, ref)
-    assert (status.state, status.err_class) == ("ERROR", "ERR_PROGRAM"), status
-    assert "ran longer than its compute_shape.deadline_seconds (2 s)" in status.message
-    wait_for("every process of the job to end", lambda: True if not job_processes(backend, "job-1") else None)
+@pytest.mark.parametrize(("ended", "says", "err_class"), [
+    (ExitRecord(exit_code=137, signal=signal.SIGKILL), "the command was killed (exit code 137, SIGKILL): killed, "
+                                                      "possibly out of memory", "ERR_INFRA"),
+    (ExitRecord(exit_code=139, signal=signal.SIGSEGV), "the command failed (exit code 139, signal SIGSEGV)",
+     "ERR_PROGRAM"),
+    (ExitRecord(exit_code=137, deadline_seconds=2), "the job ran longer than its compute_shape.deadline_seconds "
+                                                    "(2 s) and was ended", "ERR_PROGRAM"),
+], ids=["sigkill", "sigsegv", "deadline"])
+def test_how_a_frame_ended_is_said_in_the_local_backends_words(tmp_path: Path, ended: ExitRecord, says: str,
+                                                                err_class: str) -> None:
+    """The classes are the conformance suite's (tests/test_backend_contract.py); the words are the
+    local backend's: a SIGKILL may be the kernel's OOM killer, which the frame cannot tell apart,
+    and a deadline's end is no kill."""
+    status, analysis = _ended(ended, RunDir(tmp_path))
+    assert (status.message, status.err_class) == (says, err_class) and analysis is not None
 
 
 def _break_dataset(tmp_path: Path, how: str) -> None:
@@ -298,8 +282,10 @@ def _break_dataset(tmp_path: Path, how: str) -> None:
     ("unreadable", DATA, "is not readable"),
     ("results-not-writable", "/results", "is not writable"),
 ])
-def test_verify_fails_and_the_command_never_starts(tmp_path: Path, backend: LocalBackend, how: str, path: str,
-                                                   detail: str) -> None:
+def test_the_probe_in_the_frame_names_each_input_it_cannot_use(tmp_path: Path, backend: LocalBackend, how: str,
+                                                               path: str, detail: str) -> None:
+    """That the command then never starts is the conformance suite's promise; here, what the probe
+    finds inside the frame, and says."""
     plan = make_plan(tmp_path)
     _break_dataset(tmp_path, how)
     try:
@@ -311,9 +297,6 @@ def test_verify_fails_and_the_command_never_starts(tmp_path: Path, backend: Loca
             (tmp_path / "stage" / "s3/bkt/data").chmod(0o755)
     assert not verdict.ok and [(c.path, c.detail) for c in verdict.failures][0] == (path, detail), verdict.describe()
     assert (status.state, status.err_class) == ("ERROR", "ERR_INFRA") and detail in status.message
-    assert not (control(tmp_path) / "started").exists()  # the stand-in's first act: it never ran
-    assert not (backend.run_root / "job-1" / "run" / "rank-0.log").exists()
-    assert backend.cancel(ref) is False  # nothing is left running
 
 
 def test_the_frame_sees_only_what_the_plan_declares(tmp_path: Path, backend: LocalBackend,
@@ -383,18 +366,6 @@ def test_credentials_reach_the_frame_and_nowhere_else(tmp_path: Path, backend: L
     written = [p for p in backend.run_root.rglob("*") if p.is_file()]
     assert len(written) > 8 and not [p for p in written if secret.encode() in p.read_bytes()]
     assert secret not in backend.logs(ref)
-
-
-def test_cancel_ends_every_process_of_the_job(tmp_path: Path, backend: LocalBackend) -> None:
-    plan = make_plan(tmp_path, environment={"HOLD_FILE": "/control/never"})
-    ref = backend.submit(plan).backend_ref
-    wait_state(backend, ref, "RUNNING")
-    wait_for("the stand-in to start", lambda: (control(tmp_path) / "started").exists())
-    assert len(job_processes(backend, "job-1")) >= 3  # supervisor, bwrap, the command (the sandbox's pid 1)…
-    assert backend.cancel(ref) is True
-    assert backend.status(ref).state == "CANCELED"
-    assert job_processes(backend, "job-1") == {}
-    assert backend.cancel(ref) is False
 
 
 LINGER = """
@@ -691,18 +662,11 @@ def test_killing_the_submitting_process_does_not_kill_the_job(tmp_path: Path, ba
     assert finished(backend, ref).state == "COMPLETE", backend.logs(ref)
 
 
-def test_a_rerun_of_submit_starts_nothing_while_running_or_after(tmp_path: Path, backend: LocalBackend) -> None:
-    plan = make_plan(tmp_path, environment={"HOLD_FILE": "/control/release"})
-    ref = backend.submit(plan).backend_ref
-    wait_state(backend, ref, "RUNNING")
-    again = backend.submit(plan)
-    assert (again.backend_ref, again.started) == (ref, False)
-    supervisors = [argv for argv in job_processes(backend, "job-1").values() if "local.supervisor" in argv]
-    assert len(supervisors) == 1, supervisors
-    (control(tmp_path) / "release").touch()
-    assert finished(backend, ref).state == "COMPLETE"
-    assert backend.submit(plan).started is False and backend.status(ref).state == "COMPLETE"
-    assert (control(tmp_path) / "started").read_text() == "rank 0 started\n"  # the command ran once
+def test_another_plan_under_a_submitted_job_id_is_refused(tmp_path: Path, backend: LocalBackend) -> None:
+    """A submit of the same plan again starts nothing (the conformance suite's promise); another
+    plan under the job's id is not that job: it is refused, not run as if it were."""
+    plan = make_plan(tmp_path)
+    backend.submit(plan)
     with pytest.raises(UsageError, match="another plan"):
         backend.submit(plan.model_copy(update={"argv": ["true"]}))
 
@@ -879,11 +843,10 @@ def test_preflight_names_the_sysctl_when_namespaces_are_refused(tmp_path: Path,
         LocalBackend(LocalSettings(run_root=str(tmp_path / "local"))).preflight(make_plan(tmp_path))
 
 
-def test_unknown_and_foreign_refs(tmp_path: Path) -> None:
+def test_an_unknown_ref_names_the_run_root_and_a_foreign_one_is_refused(tmp_path: Path) -> None:
     backend = LocalBackend(LocalSettings(run_root=str(tmp_path)))
-    status = backend.status("local/never-submitted")
-    assert status.state == "UNKNOWN" and str(tmp_path) in status.message
-    assert backend.cancel("local/never-submitted") is False and backend.results_path("local/never-submitted") is None
+    assert str(tmp_path) in backend.status("local/never-submitted").message  # where it was looked for
+    assert backend.results_path("local/never-submitted") is None
     with pytest.raises(UsageError, match="not the local backend's"):
         backend.status("tao-jobs/job-1")
     with pytest.raises(UsageError, match="not the local backend's"):

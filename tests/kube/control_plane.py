@@ -5,12 +5,13 @@ then the Job controller's verdict (:meth:`ControlPlane.advance`)."""
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .job_controller import REPLACES, JobController
 from .kubelet import GPU_UNSCHEDULABLE, PROBE_SCRIPT, STAGE_SCRIPT, TRAIN_SCRIPT, Kubelet
-from .objects import JOBS, PODS, now
+from .objects import JOB_NAME, JOBS, PODS, now
 from .volumes import Volume
 
 if TYPE_CHECKING:
@@ -39,6 +40,10 @@ class ControlPlane(JobController, Kubelet):
     #: Job name → the steps of the pods the Job controller makes to replace failed ones (default:
     #: the first pods' steps, so a failure that is the image's or the data's happens again).
     replacement_scripts: dict[str, list[str]] = field(default_factory=dict)
+    #: (Job name, container) whose log a test wrote (:meth:`prints`): the kubelet keeps it as written.
+    printed: set[tuple[str, str]] = field(default_factory=set)
+    #: (Job name, container) → how many of the Job's pods have started that container.
+    starts: Counter[tuple[str, str]] = field(default_factory=Counter)
     _position: dict[str, int] = field(default_factory=dict)
     #: Failed pods the Job controller has handled (replaced, or counted into the Job's failure).
     _handled: set[str] = field(default_factory=set)
@@ -67,7 +72,7 @@ class ControlPlane(JobController, Kubelet):
                     and obj.raw["status"].get("phase") in ("Failed", "Succeeded")):
                 obj.delete()
         pods = [obj for (resource, ns, _), obj in server.objects.items() if resource == PODS and ns == namespace
-                and not obj.deleted and obj.raw["metadata"]["labels"].get("batch.kubernetes.io/job-name") == job
+                and not obj.deleted and obj.raw["metadata"]["labels"].get(JOB_NAME) == job
                 and "deletionTimestamp" not in obj.raw["metadata"]]
         if found.raw["spec"].get("suspend"):
             # Suspended (again: Kueue took it back): manageJob's deleteJobPods removes each active
@@ -98,6 +103,15 @@ class ControlPlane(JobController, Kubelet):
             position = self._position[name] = min(self._position.get(name, -1) + 1, len(script) - 1)
             self._apply(server, namespace, pod, script[position])
         self._job_status(server, namespace, job)
+
+    def prints(self, server: ApiServer, namespace: str, job: str, container: str, text: str) -> None:
+        """``container`` of each pod of ``job`` prints ``text``: its log grows by it (and each new
+        line is stamped when first served), and the kubelet no longer writes stock lines there."""
+        self.printed.add((job, container))
+        for (resource, ns, name), obj in server.objects.items():
+            if resource == PODS and ns == namespace and not obj.deleted and obj.raw["metadata"]["labels"].get(
+                    JOB_NAME) == job:
+                server.logs[namespace, name, container] = server.logs.get((namespace, name, container), "") + text
 
     def _event(self, server: ApiServer, namespace: str, kind: str, about: dict[str, Any], reason: str,
                message: str) -> None:

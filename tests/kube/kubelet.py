@@ -22,7 +22,7 @@ from tao_data_io.errors import UNWRITABLE_EXIT
 from tao_data_io.launch.probe import CheckResult, Verdict
 from tao_data_io.staging.writable import unwritable_message
 
-from .objects import PODS, RESOURCES, now
+from .objects import JOB_NAME, PODS, RESOURCES, now
 from .volumes import Volume, identity_of, supports_fs_group
 
 if TYPE_CHECKING:
@@ -108,6 +108,22 @@ STAGE_SCRIPT = ["pulling", "running", "succeeded"]
 PROBE_SCRIPT = ["pulling", "running", "succeeded"]
 
 
+def exited(code: int) -> str:
+    """The step in which the training container's command exits ``code``: 128 + N is a command
+    ended by signal N, as the container runtime reports it (reason Error; an OOM kill is the
+    ``oomkilled`` step, whose reason is the kubelet's OOMKilled)."""
+    return f"exited {code}"
+
+
+def _step(step: str) -> tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]:
+    """What :data:`STEPS` says of ``step``, or of an :func:`exited` step."""
+    if step in STEPS:
+        return STEPS[step]
+    code = int(step.removeprefix("exited "))
+    return ("main", lambda c: _terminated(code, "Completed" if code == 0 else "Error"),
+            "Succeeded" if code == 0 else "Failed")
+
+
 def admission_refusal(server: ApiServer, spec: dict[str, Any]) -> tuple[str, str] | None:
     """The kubelet's pod admission on the node the pod was bound to: a kubelet older than 1.29
     runs no native sidecar, and rejects a pod with an init container that sets ``restartPolicy``
@@ -172,6 +188,7 @@ class Kubelet:
         if (name, container["name"]) in self._started:
             return
         self._started.add((name, container["name"]))
+        self.starts[raw["metadata"]["labels"].get(JOB_NAME), container["name"]] += 1
         for mount in container.get("volumeMounts", []):
             volume = self._volume(server, namespace, spec, mount["name"])
             if volume is not None and mount.get("subPath"):
@@ -226,7 +243,7 @@ class Kubelet:
             if refused is not None:  # the kubelet rejects it before any container exists
                 pod["status"] = {"phase": "Failed", "reason": refused[0], "message": refused[1]}
                 return
-        target, state_of, phase = STEPS[step]
+        target, state_of, phase = _step(step)
         init, main = spec.get("initContainers", []), spec["containers"]
         order = [c["name"] for c in [*init, *main]]
         if target == "first":
@@ -263,7 +280,7 @@ class Kubelet:
                 state = _waiting("PodInitializing")
             statuses.append({"name": container["name"], "image": container["image"], "imageID": "", "ready": False,
                              "restartCount": 0, "started": "running" in state, "state": state})
-            self._logs(server, namespace, name, container["name"], state)
+            self._logs(server, namespace, raw, container["name"], state)
             if "message" in state.get("terminated", {}):  # the log has what was written, the status the kubelet's cut
                 state["terminated"]["message"] = kubelet_message(state["terminated"]["message"], spec)
         if name in self._refusals:
@@ -298,7 +315,7 @@ class Kubelet:
                 continue
             raw = obj.raw
             if ("deletionTimestamp" not in raw["metadata"] or raw["status"].get("phase") in ("Succeeded", "Failed")
-                    or raw["metadata"]["labels"].get("batch.kubernetes.io/job-name") != job):
+                    or raw["metadata"]["labels"].get(JOB_NAME) != job):
                 continue
             found = True
             status = raw["status"]
@@ -332,11 +349,16 @@ class Kubelet:
             results.append(CheckResult(kind=kind, path=path, ok=failure is None, detail=failure or "readable"))  # type: ignore[arg-type]
         return Verdict(ok=not any(not r.ok for r in results), checks=results)
 
-    def _logs(self, server: ApiServer, namespace: str, pod: str, container: str, state: dict[str, Any]) -> None:
-        key = (namespace, pod, container)
-        if "waiting" in state:
+    def _logs(self, server: ApiServer, namespace: str, raw: dict[str, Any], container: str,
+              state: dict[str, Any]) -> None:
+        """The container's log as the kubelet has it once it started: what a test made it print
+        (:meth:`.control_plane.ControlPlane.prints`), else stock lines for its state."""
+        key = (namespace, raw["metadata"]["name"], container)
+        if "waiting" in state or (raw["metadata"]["labels"].get(JOB_NAME), container) in self.printed:
             return
-        if container == "verify":
+        if container == "status":  # the status sidecar prints status.json's lines: none until the job writes one
+            server.logs.setdefault(key, "")
+        elif container == "verify":
             server.logs[key] = state.get("terminated", {}).get("message") or "TAO-VERIFY probe running\n"
         elif container == "probe":  # what PROBE_PROGRAM prints, as far as its rank got
             code = state.get("terminated", {}).get("exitCode")

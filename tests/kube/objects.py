@@ -17,6 +17,8 @@ RESOURCES = {kind: kmock.resource(*parts) for kind, parts in {
     "Node": ("", "v1", "nodes"), "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
     "PersistentVolume": ("", "v1", "persistentvolumes"), "StorageClass": ("storage.k8s.io", "v1", "storageclasses"),
     "CSIDriver": ("storage.k8s.io", "v1", "csidrivers"), "LimitRange": ("", "v1", "limitranges")}.items()}
+#: The label the Job controller puts on each pod of a Job: the Job's name.
+JOB_NAME = "batch.kubernetes.io/job-name"
 #: Resource plural → kind, for the kinds the backend creates (what :func:`invalid` checks).
 KINDS = {"secrets": "Secret", "configmaps": "ConfigMap", "services": "Service", "jobs": "Job"}
 

@@ -84,8 +84,9 @@ class KubernetesBackend:
                  image_pull_timeout: float = DEFAULT_IMAGE_PULL_TIMEOUT_S, pod_poll_seconds: float = POD_POLL_SECONDS,
                  say: Callable[[str], None] | None = None) -> None:
         """``settings`` are what the job record keeps; the keyword arguments belong to this process
-        only: a kubeconfig path (of this machine, never recorded), the waits' budgets, the pause
-        between looks at pods, and where progress messages go."""
+        only: a kubeconfig path (of this machine, never recorded), the budgets of the waits submit
+        makes itself (a tier B stage Job, the collective probe; :meth:`verify` is given its own),
+        the pause between looks at pods, and where progress messages go."""
         for what, value in (("verify_timeout", verify_timeout), ("image_pull_timeout", image_pull_timeout),
                             ("pod_poll_seconds", pod_poll_seconds)):
             if not value > 0:
@@ -261,10 +262,10 @@ class KubernetesBackend:
                               "deleted, so the next submit stages again") from None
 
     # ------------------------------------------------------------------ follow
-    def verify(self, ref: str, plan: LaunchPlan, *, timeout: float | None = None) -> Verdict:
-        """Wait for every rank's verdict (see :mod:`.waiting` for the two budgets; ``timeout``
-        overrides ``verify_timeout``). Any failed verdict deletes the Job: the command never
-        started, and the GPUs are freed."""
+    def verify(self, ref: str, plan: LaunchPlan, *, timeout: float = DEFAULT_VERIFY_TIMEOUT_S) -> Verdict:
+        """Wait for every rank's verdict (see :mod:`.waiting` for the two budgets: ``timeout`` is
+        the verify one). Any failed verdict deletes the Job: the command never started, and the
+        GPUs are freed."""
         namespace, name = self._ref(ref)
         api = self._api()
         files = object_names(plan.job_id).files
@@ -274,8 +275,7 @@ class KubernetesBackend:
             verdict = Verdict(ok=False, error=f"ConfigMap {namespace}/{files}, which holds the checklist, is gone")
         else:
             checks = read_checklist((configmap.get("data") or {}).get("checklist", ""), plan, claim_paths(plan))
-            watch = PodWatch(api, namespace, name, name, "train",
-                             self._budget(timeout or self.verify_timeout), self.say,
+            watch = PodWatch(api, namespace, name, name, "train", self._budget(timeout), self.say,
                              self.pod_poll_seconds, queued=self.settings.queue_name is not None)
             verdict = wait_for_verdict(watch, plan.nodes, checks)
         if not verdict.ok and self._delete_job(api, namespace, name):
