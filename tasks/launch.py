@@ -5,6 +5,10 @@ the frame.
 Why separate tasks: starting is idempotent and quick to retry (a retried submit starts nothing
 new); the verdict can take minutes (an image pull), and a failed verdict is final — the job's
 command never started, the record says ERROR with the verdict, and the UI shows it path by path.
+
+Why neither declares a timeout: each runs a backend's wait (a stage Job, a collective probe; a
+queue's admission, a node, an image pull) whose bound only the backend knows, for the plan at
+hand. The runner times each call by it (``tasks.runner.WAITS``, :func:`tasks.policy.waiting`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from tao_data_io.records import JobRecord, OutputRoute, RecordStore
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage_map import StagingMap
 from tao_data_io.tier import TierDecision
-from tasks.policy import LAUNCH, QUICK, step
+from tasks.policy import QUICK, step
 from tasks.reports import launch_report
 
 
@@ -36,7 +40,7 @@ def build_plan(request: JobRequest, staging_map: StagingMap, decision: TierDecis
                                state_roots=state_roots)
 
 
-@step("launch", timeout_seconds=LAUNCH, task_run_name="launch-{plan.job_id}")
+@step("launch", timeout_seconds=None, task_run_name="launch-{plan.job_id}")
 def start(plan: LaunchPlan, backend: Backend, *, environ: Mapping[str, str] | None = None,
           documents: JobDocuments | None = None, store: RecordStore | None = None,
           source: str = "cli") -> Submission:
@@ -47,7 +51,7 @@ def start(plan: LaunchPlan, backend: Backend, *, environ: Mapping[str, str] | No
     return submission
 
 
-@step("verify", timeout_seconds=LAUNCH, task_run_name="verify-{plan.job_id}")
+@step("verify", timeout_seconds=None, task_run_name="verify-{plan.job_id}")
 def confirm(plan: LaunchPlan, backend: Backend, store: RecordStore, submission: Submission, *,
             source: str) -> Verdict:
     """The verdict from inside the frame, stored in the record and shown with the tier and route;

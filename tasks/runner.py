@@ -10,10 +10,15 @@ into models and mappings — slow for a staging map, and wrong for a model with 
 ``keys``. ``opaque`` resolves the value itself but does not walk into it, so a task still
 records the upstream task run whose result it received (the graph keeps its edges), which
 ``quote`` would lose.
+
+Why ``WAITS``: the launch and verify steps run the backend's own waits, so their tasks' timeouts
+are those waits' bounds for the plan at hand (``backend.waits(plan)``), set per call — never a
+fixed number that would cut, in a flow and not from the CLI, a wait the backend still allows.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
@@ -25,6 +30,7 @@ from tao_data_io import steps
 from tao_data_io.launch import plan
 from tao_data_io.staging import stage
 from tasks import launch, outputs, records, staging
+from tasks.policy import waiting
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -55,6 +61,10 @@ TASKS: Mapping[Callable[..., Any], Task[..., Any]] = {
     steps.cancel_job: outputs.cancel_job,
 }
 
+#: The steps that run one of the backend's waits, by its name in
+#: :class:`~tao_data_io.launch.backend.Waits`; each takes the ``plan`` and the ``backend``.
+WAITS: Mapping[Callable[..., Any], str] = {steps.start: "submit", steps.confirm: "verify"}
+
 
 def prefect_runner(step: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
     """Run ``step`` as its task (in this flow run, on this thread: a task's timeout can interrupt
@@ -63,6 +73,9 @@ def prefect_runner(step: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -
     if task is None:
         raise TypeError(f"step {step.__module__}.{step.__qualname__} has no task in tasks.runner.TASKS: wrap it "
                         "in a task and add it there")
+    if step in WAITS:
+        given = inspect.signature(step).bind(*args, **kwargs).arguments
+        task = waiting(task, getattr(given["backend"].waits(given["plan"]), WAITS[step]))
     result: T = task(*(_opaque(value) for value in args), **{name: _opaque(value) for name, value in kwargs.items()})
     _forget_untracked_links()
     return result

@@ -20,7 +20,7 @@ from typing import Any
 from tao_data_io.errors import BackendError, UsageError
 from tao_data_io.fs import read_job_file
 from tao_data_io.launch.backend import (DEFAULT_VERIFY_TIMEOUT_S, FailureAnalysis, JobDocuments, JobStatus, LogChunk,
-                                        Submission)
+                                        Submission, Waits)
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.launch.probe import CheckResult, Verdict, checklist
 from tao_data_io.launch.training import STATUS_FILE, STATUS_TAIL_BYTES
@@ -66,6 +66,10 @@ class FakeBackend:
 
     def preflight(self, plan: LaunchPlan, *, documents: JobDocuments | None = None) -> None:
         return None
+
+    def waits(self, plan: LaunchPlan) -> Waits:
+        """Its submit and verify answer at once: they wait for nothing."""
+        return Waits(submit=0.0, verify=0.0)
 
     def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None,
                documents: JobDocuments | None = None) -> Submission:

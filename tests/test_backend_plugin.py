@@ -33,7 +33,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from tao_data_io.launch.backend import BackendSettings, JobStatus, LogChunk, Submission
+from tao_data_io.launch.backend import BackendSettings, JobStatus, LogChunk, Submission, Waits
 from tao_data_io.launch.platform import Platform
 from tao_data_io.launch.probe import CheckResult, Verdict, checklist
 from tao_data_io.tier import Capabilities, ClusterFacts
@@ -61,6 +61,9 @@ class ToyBackend:
 
     def preflight(self, plan, *, documents=None):
         return None
+
+    def waits(self, plan):
+        return Waits(submit=0.0, verify=0.0)
 
     def submit(self, plan, *, environ=None, documents=None):
         job = self.root / plan.job_id

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, Self, runtime_checkable
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from ..errors import UsageError
 from ..records import JobRecord
@@ -135,6 +135,24 @@ class Submission(Strict):
         return f"{'started' if self.started else 'already running'} as {self.backend_ref}"
 
 
+class Waits(Strict):
+    """How long a backend's own waits inside ``submit`` and ``verify`` may last for one plan, in
+    seconds, by the backend's own bounds: what an orchestrator that runs them as steps must allow
+    (the Prefect tasks' timeouts are these, plus the step's own work: ``tasks.policy``). ``None``:
+    no bound of time — the wait moves bytes for as long as they take (a stage, a restore of
+    earlier results) and ends when that work ends or fails — so nothing may cut it sooner.
+
+    Why the backend says: only it knows what its submit waits for (a cluster's stage Job, a
+    collective probe) and which of its budgets bound its verify (a queue's admission, a node, an
+    image pull, the probe); a fixed timeout laid over them would end, when run by Prefect and not
+    from the CLI, a wait the backend still allows."""
+
+    #: ``submit``'s waits (besides its API calls and files): 0 when it waits for nothing.
+    submit: float | None = Field(ge=0)
+    #: ``verify``'s wait for the verdict, as :meth:`Backend.verify` is called with its default timeout.
+    verify: float | None = Field(ge=0)
+
+
 @dataclass(frozen=True)
 class JobDocuments:
     """The request and the record a plan was built from. A backend whose pods stage their own
@@ -170,6 +188,13 @@ class Backend(Protocol):
 
     def preflight(self, plan: LaunchPlan, *, documents: JobDocuments | None = None) -> None:
         """Every check that can run before anything is created; raise on the first failure."""
+        ...
+
+    def waits(self, plan: LaunchPlan) -> Waits:
+        """How long ``submit`` and ``verify`` may wait for ``plan`` by this backend's own bounds
+        (see :class:`Waits`): an orchestrator's timeout for each is the wait's, never a fixed one.
+        Answered from the settings and the plan alone, calling nothing: it is asked before each
+        step starts."""
         ...
 
     def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None,

@@ -39,6 +39,7 @@ from ...launch.backend import (
     JobStatus,
     LogChunk,
     Submission,
+    Waits,
 )
 from ...launch.plan import LaunchPlan
 from ...launch.probe import Verdict, read_checklist
@@ -55,9 +56,10 @@ from .gates import (admit_pods, check_access, check_claim, check_gpus, check_sec
                     needed_access, node_list)
 from .kueue import check_queue, held, hold_text
 from .render import (CACHE_LABEL, COLLECTIVE_TIMEOUT_S, JOB_ID_LABEL, MANAGED_BY, VOLUME_ROOT, RenderedJob,
-                     claim_paths, probe_key, read_config, render_job)
+                     claim_paths, probe_key, probes_collectives, read_config, render_job, stager_in_pod)
 from .settings import KubernetesSettings
-from .waiting import Budget, PodWatch, StageFailed, list_pods, wait_for_probe, wait_for_stage, wait_for_verdict
+from .waiting import (PROBE_GRACE_S, Budget, PodWatch, StageFailed, list_pods, wait_for_probe, wait_for_stage,
+                      wait_for_verdict)
 
 log = logging.getLogger(__name__)
 #: A first pull of a TAO image (tens of GB) takes minutes; a wrong name shows as ImagePullBackOff
@@ -129,6 +131,21 @@ class KubernetesBackend:
         dry_run(api, objects, plan.job_id)
         for warning in [*warnings, *admit_pods(api, objects)]:
             self.say(f"warning: {warning}")
+
+    def waits(self, plan: LaunchPlan) -> Waits:
+        """``submit``: tier B's stage Job moves the inputs for as long as they take (no bound of
+        time: it ends when its transfer does); else a multi-node job's collective probe (one
+        budget's patience, then the probe's own alarm); else nothing. ``verify``: one budget's
+        patience (admission, a node, the pulls, the probe: :class:`.waiting.Budget`) — no bound
+        of time when the pods' stager runs first, since its transfers are not timed either."""
+        submit: float | None = 0.0
+        if plan.tier == "B":
+            submit = None
+        elif probes_collectives(plan, self.settings):
+            submit = self._budget(self.verify_timeout).most + COLLECTIVE_TIMEOUT_S + PROBE_GRACE_S
+        # verify's own budget is the protocol's default timeout, which the verify step passes
+        verify = None if stager_in_pod(plan) else self._budget(DEFAULT_VERIFY_TIMEOUT_S).most
+        return Waits(submit=submit, verify=verify)
 
     # ------------------------------------------------------------------ submit
     def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None,

@@ -222,6 +222,18 @@ def read_config(plan: LaunchPlan) -> bytes | None:
         raise UsageError(f"config {str(path)!r} cannot be read ({exc.strerror}); stage the request again") from None
 
 
+def stager_in_pod(plan: LaunchPlan) -> bool:
+    """Whether the training pods run the stager before the verify probe: tier C's stages the
+    inputs there, and a job whose results are uploaded restores those uploaded so far (a later
+    attempt, a replaced pod) and checks that it can upload."""
+    return plan.tier == "C" or plan.route.route == "s3"
+
+
+def probes_collectives(plan: LaunchPlan, settings: KubernetesSettings) -> bool:
+    """A multi-node GPU job probes its collectives first (see :mod:`tao_data_io.launch.collective`)."""
+    return plan.nodes > 1 and plan.gpus > 0 and settings.collective_probe
+
+
 def render_job(plan: LaunchPlan, settings: KubernetesSettings, *, request: JobRequest, record: JobRecord,
                config: bytes | None, environ: Mapping[str, str] | None = None,
                status_sidecar: bool = True, suspend_training: bool = False) -> RenderedJob:
@@ -265,7 +277,7 @@ class _Job:
         #: Tier C's staging volume, sized to hold what its stager writes (None: unknown, no limit).
         self.staging_bytes = (plan.staging_bytes + STAGING_MARGIN
                               if plan.staging_bytes is not None and self.stages_in_pod else None)
-        self.needs_stager = self.stages_in_pod or self.uploads
+        self.needs_stager = stager_in_pod(plan)
         self.secret = self._secret()
         _check_plan(plan, settings)
         self.config_key = _check_config(plan, config)
@@ -382,8 +394,7 @@ class _Job:
 
     @property
     def probes_collectives(self) -> bool:
-        """A multi-node GPU job probes its collectives first (see :mod:`tao_data_io.launch.collective`)."""
-        return self.multi and self.plan.gpus > 0 and self.settings.collective_probe
+        return probes_collectives(self.plan, self.settings)
 
     def _probe_objects(self) -> list[dict[str, Any]]:
         """The collective probe: a headless Service and an Indexed Job of two pods on two nodes,

@@ -54,6 +54,12 @@ class Budget:
     pulled: float = 0.0
     scheduled: float = 0.0
 
+    @property
+    def most(self) -> float:
+        """The longest a watch under this budget can wait before one of its timeouts runs out, time
+        no budget counts (a stage, a running all-reduce) aside; it can overrun by one look."""
+        return self.verify_timeout + self.image_pull_timeout + (self.schedule_timeout or 0.0)
+
     def charge(self, phase: str, seconds: float) -> None:
         which = _BUDGET.get(phase)
         if phase in ("queue", "schedule") and self.schedule_timeout is not None:

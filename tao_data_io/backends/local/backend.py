@@ -43,6 +43,7 @@ from ...launch.backend import (
     JobStatus,
     LogChunk,
     Submission,
+    Waits,
 )
 from ...launch.training import STATUS_FILE, STATUS_TAIL_BYTES
 from ...launch.plan import LaunchPlan
@@ -222,6 +223,13 @@ class LocalBackend:
         if done.returncode != 0:
             said = JobLog(run.supervisor_log, None).tail(_LOG_LINES_IN_ERRORS, TAIL_BYTES).strip()
             raise BackendError(f"the supervisor of {run.path} did not start (exit code {done.returncode}): {said}")
+
+    def waits(self, plan: LaunchPlan) -> Waits:
+        """``submit`` waits for the supervisor to detach — after restoring an earlier attempt's
+        results, a transfer with no bound of time; ``verify`` for the verdict, then for the cancel
+        of a job whose verdict never came (SIGTERM, SIGKILL, the frames: a grace each)."""
+        return Waits(submit=None if plan.restore_from is not None else _SUPERVISOR_START_TIMEOUT_S,
+                     verify=DEFAULT_VERIFY_TIMEOUT_S + 3 * CANCEL_GRACE_S)
 
     # ------------------------------------------------------------------ follow
     def verify(self, ref: str, plan: LaunchPlan, *, timeout: float = DEFAULT_VERIFY_TIMEOUT_S) -> Verdict:
