@@ -36,7 +36,7 @@ from .request import JobRequest
 from .routing import decide_route, record_route
 from .staging.stage_map import STAGING_MAP_NAME, StagingMap
 from .staging.stage_map import read_staging_map as read_map
-from .tier import TierDecision, choose_tier
+from .tier import TierDecision, choose_tier, refuse_unsupported
 from .vocabulary import (
     DEFAULT_POLL_SECONDS,
     DEFAULT_WORKDIR,
@@ -129,7 +129,9 @@ def read_record(store: RecordStore, job_id: str) -> JobRecord:
 
 
 def open_record(request: JobRequest, backend: Backend, store: RecordStore, *, source: str = "cli") -> JobRecord:
-    """Open (or re-open) the job's record; the request is pinned to the job id from here on."""
+    """Open (or re-open) the job's record; the request is pinned to the job id from here on. A
+    request the backend cannot honour is refused first, so nothing is written for it."""
+    refuse_unsupported(request, backend.name, backend.capabilities)
     return open_for(request, platform=backend.name, store=store, source=source)
 
 

@@ -58,6 +58,30 @@ class Capabilities(Strict):
     #: The frame mounts named volumes (``storage.pvc_claim``): tier B stages into a Bound one, and
     #: none is ever picked on a guess (it could be someone else's).
     binds_claims: bool = False
+    #: A job may span several nodes (``compute_shape.nodes`` above 1), its ranks meeting at a rendezvous.
+    multi_node: bool = False
+    #: A pod lost to a disruption (an eviction, a node drain) is replaced (``compute_shape.disruption_retries``).
+    replaces_disrupted: bool = False
+
+
+def refuse_unsupported(request: JobRequest, backend: str, capabilities: Capabilities) -> None:
+    """Refuse, once and before anything is written, what ``backend`` cannot honour of ``request``:
+    the field, the backend and the alternative — never a request that runs as if the field were
+    not there (a claim ignored, one node of two, a retry that never comes)."""
+    claim = request.storage.pvc_claim
+    if claim is not None and not capabilities.binds_claims:
+        raise UsageError(f"storage.pvc_claim {claim!r} names a volume claim, which the {backend} backend does not "
+                         "mount: drop storage.pvc_claim (the inputs are staged or pre-positioned as this backend "
+                         "does), or submit to a backend that mounts claims")
+    nodes = request.compute_shape.nodes
+    if nodes > 1 and not capabilities.multi_node:
+        raise UsageError(f"compute_shape.nodes {nodes} asks for {nodes} nodes, and the {backend} backend runs a job "
+                         "on one: set compute_shape.nodes to 1, or submit to a backend that runs multi-node jobs")
+    retries = request.compute_shape.disruption_retries
+    if retries and not capabilities.replaces_disrupted:
+        raise UsageError(f"compute_shape.disruption_retries {retries} asks for a lost pod to be replaced, which the "
+                         f"{backend} backend never does: leave compute_shape.disruption_retries empty, or submit to a "
+                         "backend that replaces disrupted pods")
 
 
 class ClusterFacts(Strict):

@@ -256,7 +256,7 @@ def stage_inputs(request: JobRequest, backend: Backend, workdir: Path, *, tier: 
     """Stage on this host when the backend reads from it (the local frame), each input a step of
     its own; otherwise only plan it and materialize the config here — the cluster stages (tier
     B's stage Job, tier C's pod, whose own disk must hold the inputs: they are sized first)."""
-    if backend.stages_on_host:
+    if backend.capabilities.stages_on_host:
         return stage(request, workdir, environ=environ, run=run)
     return run(plan_stage, request, workdir, environ=environ, size=tier == "C")
 

@@ -61,8 +61,13 @@ class FakeBackend:
     def facts(self) -> ClusterFacts:
         """Its own name, and the abilities ``stages_on_host`` says: a fake that stages on this host
         is decided tier B as the local frame is; one whose cluster stages fetches in its frame (tier C)."""
-        return ClusterFacts(backend=self.name, capabilities=Capabilities(stages_on_host=self.stages_on_host,
-                                                                         fetches_in_frame=not self.stages_on_host))
+        return ClusterFacts(backend=self.name, capabilities=self.capabilities)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """As ``stages_on_host`` says (a test turns it), and a fake runs whatever shape it is asked."""
+        return Capabilities(stages_on_host=self.stages_on_host, fetches_in_frame=not self.stages_on_host,
+                            binds_claims=True, multi_node=True, replaces_disrupted=True)
 
     def preflight(self, plan: LaunchPlan, *, documents: JobDocuments | None = None) -> None:
         return None

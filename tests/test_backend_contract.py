@@ -92,6 +92,16 @@ def test_the_backend_takes_each_call_of_the_protocol_as_the_protocol_declares_it
         assert own.return_annotation == signature.return_annotation, (name, str(own))
 
 
+def test_the_facts_say_what_the_backend_can_do_and_never_more(harness: Harness) -> None:
+    """The tier decision reads ``facts().capabilities``, the refusals before the record reads
+    ``capabilities``: the cluster at hand may offer less than the backend can (an old API server
+    and tier C), never more, and the facts carry the backend's own name."""
+    facts = harness.backend.facts()
+    assert facts.backend == harness.backend.name
+    most, here = harness.backend.capabilities.model_dump(), facts.capabilities.model_dump()
+    assert all(most[ability] or not offered for ability, offered in here.items()), (most, here)
+
+
 # ----------------------------------------------------------------------------- submit and verify
 def test_a_resubmit_starts_nothing_while_the_job_runs_or_after_it_ended(harness: Harness) -> None:
     job = running(harness)

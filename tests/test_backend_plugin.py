@@ -47,9 +47,9 @@ class ToySettings(BackendSettings):
 
 class ToyBackend:
     name = "toy"
-    stages_on_host = True
 
     def __init__(self, settings):
+        self.capabilities = PLATFORM.capabilities
         self.settings = settings
         self.root = Path(settings.state_root)
 

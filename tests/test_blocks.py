@@ -185,7 +185,7 @@ def test_the_kubernetes_target_builds_the_kubernetes_backend_from_its_settings()
                                                           stager_image="registry/stager:1",
                                                           image_pull_secrets=["ngc-pull"]))
     backend = target.backend()
-    assert backend.name == "kubernetes" and not backend.stages_on_host
+    assert backend.name == "kubernetes" and not backend.capabilities.stages_on_host
     assert backend.config() == target.settings.model_dump(mode="json")
 
 

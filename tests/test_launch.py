@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
@@ -321,3 +322,20 @@ def test_an_empty_read_only_pre_positioned_directory_fails_but_a_writable_one_ma
     verdict = parse_probe_output(done.stdout, checks, done.returncode)
     assert [(c.kind, c.ok, c.detail) for c in verdict.checks] == [
         ("readable", False, "is an empty directory"), ("present", True, "present")]
+
+
+@pytest.mark.parametrize(("fields", "fragment"), [
+    ({"storage": {"pvc_claim": "data"}}, "storage.pvc_claim 'data' names a volume claim, which the host backend does "
+                                         "not mount: drop storage.pvc_claim"),
+    ({"compute_shape": {"nodes": 2}}, "compute_shape.nodes 2 asks for 2 nodes, and the host backend runs a job on one"),
+    ({"compute_shape": {"disruption_retries": 2}}, "compute_shape.disruption_retries 2 asks for a lost pod to be "
+                                                   "replaced, which the host backend never does"),
+], ids=["claim", "multi-node", "disruption-retries"])
+def test_what_a_backend_cannot_honour_is_refused_naming_the_field_and_the_backend(fields: dict[str, Any],
+                                                                                 fragment: str) -> None:
+    from tao_data_io.tier import refuse_unsupported
+
+    request = req(mode="args", command="train", args=[], **S3_INPUT, **fields)
+    with pytest.raises(UsageError, match=re.escape(fragment)):
+        refuse_unsupported(request, "host", HOST)
+    refuse_unsupported(request, "cluster", Capabilities(binds_claims=True, multi_node=True, replaces_disrupted=True))

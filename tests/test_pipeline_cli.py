@@ -180,3 +180,16 @@ def test_cancel_of_a_completed_job_does_not_say_canceled(tmp_path: Path) -> None
     canceled = run_cli("cancel", "--job-id", "done-1", env=env)
     assert RecordStore(tmp_path / "jobs").get("done-1").state == "COMPLETE"
     assert "CANCELED" not in canceled.stdout, canceled.stdout
+
+
+def test_a_claim_the_local_backend_cannot_mount_is_refused_before_anything_is_written(env: dict[str, str],
+                                                                                      bucket: str,
+                                                                                      tmp_path: Path) -> None:
+    request = _request(tmp_path, bucket, "cli-claim")
+    asking = yaml.safe_load(request.read_text())
+    request.write_text(yaml.safe_dump({**asking, "storage": {"pvc_claim": "tao-data"}}))
+    refused = run_cli("submit", "--request", str(request), env=env)
+    assert refused.returncode == 2 and "storage.pvc_claim 'tao-data' names a volume claim, which the local backend " \
+                                       "does not mount" in refused.stderr
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())  # no record, nothing staged
+    assert not (tmp_path / "work" / "cli-claim").exists()

@@ -20,7 +20,7 @@ from ..errors import UsageError
 from ..records import JobRecord
 from ..request import JobRequest
 from ..schema import Strict, describe_validation_error
-from ..tier import ClusterFacts
+from ..tier import Capabilities, ClusterFacts
 from ..vocabulary import TERMINAL_STATES, State
 from .plan import LaunchPlan
 from .probe import Verdict
@@ -156,7 +156,7 @@ class Waits(Strict):
 @dataclass(frozen=True)
 class JobDocuments:
     """The request and the record a plan was built from. A backend whose pods stage their own
-    inputs (``stages_on_host`` False) ships both to them — the stager stages the request and
+    inputs (``capabilities.stages_on_host`` False) ships both to them — the stager stages the request and
     reports into the record — so it needs them at preflight (to dry-run the objects) and submit;
     a backend that reads what this host staged ignores them."""
 
@@ -171,10 +171,12 @@ class Backend(Protocol):
     the backend itself fails (saying whether a retry can help)."""
 
     name: str
-    #: Whether the frame reads inputs staged on this host (the local sandbox), or the cluster
-    #: stages them itself (a tier B stage Job, a tier C pod) and this host only materializes the
-    #: config.
-    stages_on_host: bool
+    #: What this backend can do, without asking its cluster: whether the frame reads inputs staged
+    #: on this host (the local sandbox) or the cluster stages them itself (a tier B stage Job, a
+    #: tier C pod) and this host only materializes the config; and the request features it honours,
+    #: refused before anything is written when it cannot (:func:`~tao_data_io.tier.refuse_unsupported`).
+    #: ``facts()`` may say less of the cluster at hand.
+    capabilities: Capabilities
 
     def config(self) -> dict[str, Any]:
         """What :func:`tao_data_io.backends.backend_for` rebuilds this backend from in another

@@ -16,7 +16,7 @@ PLATFORM = Platform(
     settings=KubernetesSettings, backend="tao_data_io.backends.kubernetes.backend:KubernetesBackend",
     install="tao-data-io[kubernetes]", title="Kubernetes",
     # Pods mount named claims (tier B) and, from 1.29 (native sidecars), fetch and upload themselves (tier C).
-    capabilities=Capabilities(fetches_in_frame=True, binds_claims=True),
+    capabilities=Capabilities(fetches_in_frame=True, binds_claims=True, multi_node=True, replaces_disrupted=True),
     summary="Run each job as a Kubernetes Job. The cluster is found at run time: in-cluster configuration inside a "
             "pod, else the kubeconfig context named here (or the current one). Nothing about access is stored in "
             "Prefect.",

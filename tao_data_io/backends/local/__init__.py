@@ -14,7 +14,7 @@ PLATFORM = Platform(
     settings=LocalSettings, backend="tao_data_io.backends.local.backend:LocalBackend", title="Local",
     # Inputs are staged on this host (tier B) or pre-positioned (tier A): a frame without network and
     # without an upload sidecar cannot fetch its own (tier C).
-    capabilities=Capabilities(stages_on_host=True),
+    capabilities=Capabilities(stages_on_host=True, multi_node=True),
     summary="Run each job on the worker's host in a bubblewrap sandbox that sees what a pod would: the embedded "
             "default, for CPU work, tests and demos.",
     settings_summary="Where on the worker's host each job runs, and whether a job that asks may use its network.",

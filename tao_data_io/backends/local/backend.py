@@ -84,7 +84,7 @@ _OPEN = "open"
 
 class LocalBackend:
     name = LocalSettings.platform
-    stages_on_host = True
+    capabilities = PLATFORM.capabilities
 
     def __init__(self, settings: LocalSettings) -> None:
         #: With the run root decided: what this backend runs with and the job record keeps.
@@ -98,7 +98,7 @@ class LocalBackend:
     def facts(self) -> ClusterFacts:
         """Inputs are staged on this host (tier B) or pre-positioned (tier A): a frame without
         network and without an upload sidecar cannot fetch its own (tier C)."""
-        return ClusterFacts(backend=self.name, capabilities=PLATFORM.capabilities)
+        return ClusterFacts(backend=self.name, capabilities=self.capabilities)
 
     def preflight(self, plan: LaunchPlan, *, documents: JobDocuments | None = None) -> None:
         """``documents`` are not needed: the frame reads what this host staged."""
