@@ -49,7 +49,7 @@ def register(verbs: Any) -> None:
     mark = add_verb(actions, "mark", help="record a state report for a job")
     mark.add_argument("job_id", metavar="ID")
     mark.add_argument("--state", required=True, choices=STATES)
-    mark.add_argument("--backend-ref", metavar="NAMESPACE/NAME", help="the Kubernetes Job running it")
+    mark.add_argument("--backend-ref", metavar="REF", help="the backend's own reference to the job (a Kubernetes Job's NAMESPACE/NAME, local/<job id>)")
     mark.add_argument("--message")
     mark.add_argument("--source", default="cli", help="who reports it: cli, agent, flow… (default: cli)")
     add_root_option(mark)
