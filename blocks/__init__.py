@@ -7,11 +7,11 @@ the project directory: ``prefect block register --file blocks/__init__.py``.
 from blocks.bucket import TaoS3Bucket
 from blocks.credentials import CredentialSet, HuggingFaceEnvCredentials, NGCEnvCredentials, S3EnvCredentials
 from blocks.records import JobRecords
-from blocks.targets import TARGETS, ComputeTarget
+from blocks.targets import EXPORTED, TARGETS, ComputeTarget
 
 # Each backend's target block, a member under its own name (``LocalTarget``, ``KubernetesTarget``, a
 # plugin's), so that ``prefect block register --file blocks/__init__.py`` finds it too.
-globals().update({target.__name__: target for target in TARGETS.values()})
+globals().update(EXPORTED)
 
 __all__ = ["TARGETS", "ComputeTarget", "CredentialSet", "HuggingFaceEnvCredentials", "JobRecords", "NGCEnvCredentials",
-           "S3EnvCredentials", "TaoS3Bucket", *(target.__name__ for target in TARGETS.values())]
+           "S3EnvCredentials", "TaoS3Bucket", *EXPORTED]

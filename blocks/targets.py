@@ -14,7 +14,9 @@ else the kubeconfig's context), so nothing about access is stored in Prefect.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from prefect.blocks.core import Block
@@ -26,6 +28,8 @@ from tao_data_io.backends import backend_from, platforms
 from tao_data_io.launch.backend import Backend
 from tao_data_io.launch.platform import Platform
 from tao_data_io.schema import AbsolutePath
+
+log = logging.getLogger(__name__)
 
 
 class ComputeTarget(Block, ABC):
@@ -69,7 +73,7 @@ def target_block(platform: Platform) -> type[ComputeTarget]:
     embedding its settings model as ``settings`` — made from the backend's declaration, so a new
     backend gets its block, its form and its place in the flows' target parameter from its
     registry line alone. The slugs and names are those the blocks saved before had."""
-    title = platform.title or platform.name.title()
+    title = platform.label
     name = f"{title.replace(' ', '')}Target"
     variable = f"{platform.name.replace('-', '_')}_target"
     namespace = {
@@ -87,6 +91,23 @@ def target_block(platform: Platform) -> type[ComputeTarget]:
 
 #: Every backend's target block, by platform name.
 TARGETS: dict[str, type[ComputeTarget]] = {name: target_block(platform) for name, platform in platforms().items()}
-# ``prefect block register --file blocks/__init__.py`` registers the block classes it finds among a
-# module's members, so each made class is one, under its own name (``LocalTarget``, …).
-globals().update({target.__name__: target for target in TARGETS.values()})
+
+
+def exported(members: Mapping[str, Any]) -> dict[str, type[ComputeTarget]]:
+    """The target blocks to add to a module whose members are ``members``, by class name:
+    ``prefect block register --file blocks/__init__.py`` registers the block classes it finds among
+    a module's members, so each made class is one, under its own name (``LocalTarget``, …). A
+    name the module already has (a plugin titled "Compute") is not taken over: that block is in
+    :data:`TARGETS` and the flows' target parameter, and said in the log."""
+    made = {}
+    for target in TARGETS.values():
+        if target.__name__ in members:
+            log.warning("target block %s is not added to %s: the name is taken", target.__name__, members["__name__"])
+        else:
+            made[target.__name__] = target
+    return made
+
+
+#: The target blocks that are members of this module and of :mod:`blocks`, by class name.
+EXPORTED = exported(globals())
+globals().update(EXPORTED)

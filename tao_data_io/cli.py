@@ -21,6 +21,7 @@ from typing import NoReturn
 
 from .commands import MODULES, VERBS, module
 from .commands.examples import Example, examples_text, verb_examples
+from .commands.target import SETTING
 from .console import Console
 from .credentials import RedactingFilter
 from .errors import UNWRITABLE_EXIT, USAGE_EXIT, UnwritableError, UsageError, os_error_message
@@ -80,7 +81,7 @@ def _named_verb(argv: Sequence[str] | None) -> str | None:
 def _attach_flag_names(parser: argparse.ArgumentParser) -> None:
     """Give every (sub)command the map parameter → flag of its own options, so a core message
     that names a parameter (``job_id 'x'``) reaches the terminal naming the flag (``--job-id 'x'``)."""
-    flags = {action.dest: long[-1] for action in parser._actions  # a yes/no setting by its yes (--allow-network)
+    flags = {action.dest.removeprefix(SETTING): long[-1] for action in parser._actions  # a yes/no setting by its yes (--allow-network)
              if (long := [flag for flag in action.option_strings if flag.startswith("--") and not flag.startswith("--no-")])}
     parser.set_defaults(flag_names=flags)
     for action in parser._actions:

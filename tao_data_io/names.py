@@ -99,4 +99,7 @@ def check_backend_ref(value: str, *, what: str = "backend_ref") -> str:
     if not value or len(value) > MAX_BACKEND_REF or not value.isprintable():
         raise UsageError(f"{what} {value[:80]!r} must be 1-{MAX_BACKEND_REF} printable characters on one line (the "
                          "backend's own reference to the job)")
+    if value != value.strip():  # a ref is matched as text: " job" would never find "job" again
+        raise UsageError(f"{what} {value[:80]!r} must be 1-{MAX_BACKEND_REF} printable characters, not blank nor "
+                         "padded with spaces (the backend's own reference to the job, as it gave it)")
     return value

@@ -134,9 +134,14 @@ print(json.dumps(result))
 @pytest.fixture
 def toy(tmp_path: Path) -> dict[str, str]:
     """A child's environment with the toy distribution installed beside this project."""
+    return _install(tmp_path, TOY)
+
+
+def _install(tmp_path: Path, source: str) -> dict[str, str]:
+    """A child's environment with a distribution whose ``toy_backend`` module is ``source``."""
     site = tmp_path / "site"
     (site / "toy_backend").mkdir(parents=True)
-    (site / "toy_backend" / "__init__.py").write_text(TOY)
+    (site / "toy_backend" / "__init__.py").write_text(source)
     info = site / "toy_backend-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-backend\nVersion: 0.1\n")
@@ -205,3 +210,85 @@ def test_a_platform_no_backend_has_is_refused_naming_those_there_are(toy: dict[s
     _cli(toy, "submit", "--backend", "toy", "--request", str(request), "--state-root", str(tmp_path / "toy"))
     without = _cli(plain, "status", "--job-id", "no-such")  # the toy uninstalled: its record names an unknown one
     assert without.returncode == 2 and "platform 'toy' is not a backend: use 'local' or 'kubernetes'" in without.stderr
+
+
+def _toy_with(*changes: tuple[str, str]) -> str:
+    """The toy's source with each (old, new) text replaced: a plugin its author got wrong."""
+    source = TOY
+    for old, new in changes:
+        assert old in source, old
+        source = source.replace(old, new)
+    return source
+
+
+def test_a_setting_named_as_a_verbs_own_option_keeps_every_verb_working(tmp_path: Path) -> None:
+    """A plugin whose settings are called ``workdir``, ``json`` and ``run`` (the verbs' own options
+    and dispatch name) broke every verb's parser; the first two now come from ``--target`` only,
+    ``--run`` is the setting's, and the verb's own ``--workdir``, ``--json`` and dispatch keep
+    their meaning."""
+    env = _install(tmp_path, _toy_with(('    greeting: str = Field("hello"', '    workdir: str = Field("w", '
+                                        'description="Where the toy works.")\n    json: bool = Field(False, '
+                                        'description="Whether it speaks JSON.")\n    run: str = Field("r", '
+                                        'description="What it runs.")\n    greeting: str = Field("hello"')))
+    for verb in ("submit", "collect", "status", "plan", "render-job"):
+        shown = _cli(env, verb, "--help")
+        assert shown.returncode == 0, (verb, shown.stderr[-2000:])
+    help_text = _cli(env, "submit", "--help").stdout
+    assert "workdir and json: in --target only" in " ".join(help_text.split()) and "--run RUN" in help_text
+    request = tmp_path / "job.yaml"
+    request.write_text(yaml.safe_dump(_request(tmp_path, "toy-named")))
+    target = tmp_path / "toy.yaml"
+    target.write_text(yaml.safe_dump({"state_root": str(tmp_path / "toy"), "workdir": "from-the-file", "run": "x"}))
+    submitted = _cli(env, "submit", "--backend", "toy", "--request", str(request), "--target", str(target),
+                     "--workdir", str(tmp_path / "work"), "--json")
+    assert submitted.returncode == 0, submitted.stderr[-2000:]
+    assert json.loads(submitted.stdout)["backend_ref"] == "toy:toy-named"
+    record = json.loads(_cli(env, "record", "show", "toy-named", "--json").stdout)
+    assert (record["backend_config"]["workdir"], record["backend_config"]["run"]) == ("from-the-file", "x")
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    (('    platform: ClassVar[str] = "toy"\n', ""), "declare no platform name"),
+    (('ClassVar[str] = "toy"', 'ClassVar[str] = "a/b"'), "'a/b' is not a platform name"),
+    (('ClassVar[str] = "toy"', 'ClassVar[str] = "local"'), "'local', which is already a backend"),
+    (('title="Toy"', 'title="Lo-cal"'), "title 'Lo-cal' is not"),
+    (('title="Toy"', 'title="Local"'), "the title of 'local'"),
+    (("PLATFORM = Platform(settings=ToySettings", "PLATFORM = Platform(settings=dict"), "not a BackendSettings model"),
+], ids=["no-name", "slash", "taken-name", "title-chars", "taken-title", "settings-not-a-model"])
+def test_a_wrong_declaration_is_left_out_naming_why_and_every_other_backend_works(
+        tmp_path: Path, change: tuple[str, str], why: str) -> None:
+    env = _install(tmp_path, _toy_with(change))
+    shown = _cli(env, "submit", "--help")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert "--backend {local,kubernetes}" in shown.stdout
+    assert why in " ".join(shown.stderr.split()), shown.stderr
+    blocks = subprocess.run([sys.executable, "-c", "import blocks; print(blocks.LocalTarget.get_block_type_slug(), "
+                             "sorted(blocks.TARGETS))"], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert blocks.returncode == 0, blocks.stderr[-2000:]
+    assert blocks.stdout.split() == ["tao-local-target", "['kubernetes',", "'local']"]
+
+
+def test_a_title_that_names_a_block_class_of_this_project_cannot_shadow_it(tmp_path: Path) -> None:
+    env = _install(tmp_path, _toy_with(('title="Toy"', 'title="Compute"')))
+    ran = subprocess.run([sys.executable, "-c", "import blocks, blocks.targets as t; toy = blocks.TARGETS['toy']; "
+                          "print(blocks.ComputeTarget is toy, t.ComputeTarget is toy, toy.get_block_type_slug())"],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.split() == ["False", "False", "tao-toy-target"]
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    (("    def waits(self, plan):", "    def _waits(self, plan):"), "lacks waits"),
+    (('backend="toy_backend:ToyBackend"', 'backend="toy_backend:NoSuchBackend"'),
+     "toy_backend:NoSuchBackend, which cannot be loaded"),
+    (('backend="toy_backend:ToyBackend"', 'backend="no_such_module:ToyBackend"'),
+     "no_such_module:ToyBackend, which cannot be loaded"),
+], ids=["lacks-a-method", "no-such-class", "no-such-module"])
+def test_a_backend_that_does_not_keep_the_protocol_is_refused_naming_what_it_lacks(
+        tmp_path: Path, change: tuple[str, str], why: str) -> None:
+    env = _install(tmp_path, _toy_with(change))
+    request = tmp_path / "job.yaml"
+    request.write_text(yaml.safe_dump(_request(tmp_path, "toy-broken")))
+    submitted = _cli(env, "submit", "--backend", "toy", "--request", str(request), "--state-root", str(tmp_path / "t"))
+    assert submitted.returncode == 2, submitted.stderr[-2000:]
+    assert why in submitted.stderr and "Traceback" not in submitted.stderr, submitted.stderr[-2000:]

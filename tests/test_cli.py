@@ -225,7 +225,7 @@ def test_a_full_filesystem_while_writing_a_record_is_exit_2_naming_the_path(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "fsync", full)
-    code = cli.main(["record", "open", "--root", str(tmp_path / "jobs"), "--job-id", "full-disk", "--platform", "x",
+    code = cli.main(["record", "open", "--root", str(tmp_path / "jobs"), "--job-id", "full-disk", "--platform", "local",
                      "--image", "i", "--network-arch", "a", "--action", "b", "--results-dir", "/results"])
     err = capsys.readouterr().err
     assert code == 2, err

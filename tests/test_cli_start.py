@@ -151,3 +151,21 @@ def test_every_verb_help_ends_with_numbered_examples_of_itself() -> None:
         commands = re.findall(r"^     > (.+)$", examples, flags=re.M)
         assert 2 <= len(numbers) <= 3 and numbers == [str(n) for n in range(1, len(numbers) + 1)], sub.prog
         assert len(commands) == len(numbers) and all(sub.prog in command for command in commands), sub.prog
+
+
+def test_every_example_parses_as_its_help_shows_it() -> None:
+    """An example is typed as shown: its flags exist, its required ones are there (a render-job
+    example without its --stager-image read as a complete command line and failed)."""
+    import shlex
+
+    from tao_data_io.commands.examples import catalogue
+
+    parser = build_parser()
+    for verb, examples in catalogue().items():
+        for _, command in examples:
+            ours = re.search(r"tao-data-io ([^|>)]*)", command)  # in a pipe, a redirect or a $(…) too
+            assert ours and ours[1].startswith(verb), command
+            try:
+                parser.parse_args(shlex.split(ours[1]))
+            except SystemExit:
+                raise AssertionError(f"the example does not parse: {command}") from None

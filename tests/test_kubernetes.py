@@ -1039,3 +1039,30 @@ def test_the_command_line_takes_several_image_pull_secrets() -> None:
     args = build_parser().parse_args(["render-job", "--request", "r.yaml", "--staging-map", "m.json", "--job-id", "j",
                                       "--image-pull-secrets", "ngc-pull", "--image-pull-secrets", "stager-pull"])
     assert target_settings(args, platform="kubernetes")["image_pull_secrets"] == ["ngc-pull", "stager-pull"]
+
+
+@pytest.mark.parametrize("number", [0, 1, 2])
+def test_every_render_job_example_renders_as_its_help_shows_it(tmp_path: Path, number: int) -> None:
+    """Each example, after the steps its words name (``record open`` and ``stage --plan-only``
+    into its staging map's directory), prints manifests the official schemas accept."""
+    import shlex
+
+    from tao_data_io.commands.examples import catalogue
+
+    _, command = catalogue()["render-job"][number]
+    argv = shlex.split(re.search(r"tao-data-io ([^|>]*)", command)[1])
+    given = dict(zip(argv[1::2], argv[2::2]))
+    (tmp_path / "examples").symlink_to(EXAMPLES)
+    env = {"TAO_DATA_IO_RECORDS": str(tmp_path / "records"), "S3_BUCKET_NAME": "tao-results", **SECRET_ENV}
+    request = load_request(EXAMPLES / Path(given["--request"]).name)
+    planned = run_cli("stage", "--request", given["--request"], "--workdir", str(Path(given["--staging-map"]).parent),
+                      "--plan-only", env=env, cwd=tmp_path)
+    assert planned.returncode == 0, planned.stderr
+    opened = run_cli("record", "open", "--job-id", given["--job-id"], "--platform", "kubernetes", "--image",
+                     request.image, "--network-arch", "dino", "--action", "train", "--results-dir", "/results",
+                     "--storage-tier", request.storage.tier or "B", env=env, cwd=tmp_path)
+    assert opened.returncode == 0, opened.stderr
+    rendered = run_cli(*argv, env=env, cwd=tmp_path)
+    assert rendered.returncode == 0, (command, rendered.stderr)
+    for doc in (d for d in yaml.safe_load_all(rendered.stdout) if d):
+        kubernetes_validate.validate(doc, "1.32", strict=True)

@@ -36,7 +36,7 @@ from .helpers import run_cli
 
 JOB = dict(platform="k8s", image="nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt", network_arch="dino",
            action="train", results_dir="/results/dino")
-OPEN_ARGS = ["--platform", "k8s", "--image", "nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt", "--network-arch", "dino",
+OPEN_ARGS = ["--platform", "kubernetes", "--image", "nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt", "--network-arch", "dino",
              "--action", "train", "--results-dir", "/results/dino"]
 
 
@@ -135,10 +135,15 @@ def test_directory_records_are_private_files_readable_by_hand(tmp_path: Path) ->
         (["open", *OPEN_ARGS, "--job-id", "a" * 53], "1-52 lowercase"),
         (["open", *OPEN_ARGS, "--storage-reason", "big"], "--storage-reason 'big' comes without a storage_tier"),
         (["open", *OPEN_ARGS, "--job-id", "tao-1", "--image", "other:1"], "--job-id 'tao-1' already names a different"),
+        (["open", *OPEN_ARGS[2:], "--platform", "k8s"], "--platform 'k8s' is not a backend: use 'local' or "
+                                                         "'kubernetes'"),
         (["mark", "tao-1", "--state", "DONE"], "invalid choice: 'DONE'"),
         (["mark", "tao-1", "--state", "RUNNING", "--backend-ref", "job\nid"], "--backend-ref 'job\\nid' must be 1-512 "
                                                                             "printable characters on one line"),
         (["mark", "tao-1", "--state", "RUNNING", "--backend-ref", "x" * 513], "must be 1-512 printable"),
+        (["mark", "tao-1", "--state", "RUNNING", "--backend-ref", " "], "--backend-ref ' ' must be 1-512 printable "
+                                                                       "characters, not blank nor padded with spaces"),
+        (["mark", "tao-1", "--state", "RUNNING", "--backend-ref", "toy:1 "], "not blank nor padded with spaces"),
         (["show", "tao-missing"], "no job record 'tao-missing': looked for"),
         (["list", "--state", "DONE"], "invalid choice: 'DONE'"),
     ],

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 from collections.abc import Mapping
 from functools import cache
 from importlib.metadata import entry_points
@@ -65,19 +66,52 @@ def platforms() -> Mapping[str, Platform]:
 
 
 def _add(found: dict[str, Platform], platform: Any, where: str) -> None:
-    if not isinstance(platform, Platform):
-        log.warning("%s is not a tao_data_io Platform (%r), left out", where, type(platform).__name__)
-    elif platform.name in found:
-        log.warning("%s declares platform %r, which is already a backend: left out", where, platform.name)
+    refusal = _refusal(found, platform)
+    if refusal:
+        log.warning("%s is left out: %s", where, refusal)
     else:
         found[platform.name] = platform
+
+
+#: A platform's name: what records keep, ``--backend`` takes and the target block's slug holds
+#: (``tao-<name>-target``, which Prefect's slugs allow).
+NAME = re.compile(r"[a-z](?:[a-z0-9-]{0,30}[a-z0-9])?")
+#: A title: words of letters and digits (its block is ``TAO <title> Target``, whose class is the
+#: title without its spaces and ``Target``).
+TITLE = re.compile(r"[A-Za-z][A-Za-z0-9]*(?: [A-Za-z0-9]+)*")
+
+
+def _refusal(found: Mapping[str, Platform], platform: Any) -> str | None:
+    """Why ``platform`` cannot join the backends in ``found`` (None: it can). Checked where it is
+    found, so a plugin its author got wrong is left out naming why, and never breaks the parsers,
+    the blocks or the records of every other backend."""
+    if not isinstance(platform, Platform):
+        return f"it is not a tao_data_io Platform but a {type(platform).__name__}"
+    settings = platform.settings
+    if not (isinstance(settings, type) and issubclass(settings, BackendSettings)):
+        return f"its settings {settings!r} are not a BackendSettings model"
+    name = getattr(settings, "platform", None)
+    if not isinstance(name, str):
+        return f"its settings {settings.__name__} declare no platform name (platform: ClassVar[str] = \"name\")"
+    if not NAME.fullmatch(name):
+        return (f"{name[:80]!r} is not a platform name: a lowercase letter, then at most 31 lowercase letters, "
+                "digits and inner dashes")
+    if name in found:
+        return f"it declares platform {name!r}, which is already a backend"
+    if not TITLE.fullmatch(platform.label):
+        return f"its title {platform.label[:80]!r} is not words of letters and digits"
+    for other in found.values():
+        if other.label.replace(" ", "").lower() == platform.label.replace(" ", "").lower():
+            return f"its title {platform.label!r} is the title of {other.name!r} (each target block needs its own)"
+    return None
 
 
 def platform_of(name: str) -> Platform:
     """The backend called ``name``; a name no backend has is refused, naming those there are."""
     known = platforms()
     if name not in known:
-        raise UsageError(f"platform {name!r} is not a backend: use {_either(known)}")
+        raise UsageError(f"platform {name!r} is not a backend: use {_either(known)} (a backend another distribution "
+                         "provides is found once that distribution is installed here)")
     return known[name]
 
 
@@ -112,15 +146,31 @@ def backend_for(name: str, config: Mapping[str, Any] | None = None) -> Backend:
 def backend_from(settings: BackendSettings) -> Backend:
     """The backend these settings are for, built from them (how a target block builds its own).
     Its module is imported only now: a backend that needs an extra (the Kubernetes client) is
-    told to install it, naming what, on a host without it."""
+    told to install it, naming what, on a host without it; one that cannot be loaded, or does
+    not keep the protocol, is refused naming what is wrong — before a record is written."""
     platform = platform_of(settings.platform)
     module, _, name = platform.backend.partition(":")
     try:
         backend_class = getattr(importlib.import_module(module), name)
     except ImportError as exc:
-        if platform.install is None or (exc.name or "").startswith("tao_data_io"):
+        if (exc.name or "").startswith("tao_data_io"):
             raise
-        raise UsageError(f"the {platform.name} backend needs {exc.name!r}, which this host lacks: install "
-                         f"{platform.install}") from exc
+        if platform.install is not None and exc.name != module:
+            raise UsageError(f"the {platform.name} backend needs {exc.name!r}, which this host lacks: install "
+                             f"{platform.install}") from exc
+        raise _unloadable(platform, exc) from exc
+    except AttributeError as exc:
+        raise _unloadable(platform, exc) from exc
     backend: Backend = backend_class(settings)
+    if not isinstance(backend, Backend):
+        members = set(Backend.__annotations__) | {member for member, value in vars(Backend).items()
+                                                  if callable(value) and not member.startswith("_")}
+        lacking = ", ".join(sorted(member for member in members if not hasattr(backend, member)))
+        raise UsageError(f"the {platform.name} backend ({platform.backend}) lacks {lacking} of the Backend protocol "
+                         "of this tao-data-io: install a version of its distribution made for it")
     return backend
+
+
+def _unloadable(platform: Platform, exc: Exception) -> UsageError:
+    return UsageError(f"the {platform.name} backend is declared as {platform.backend}, which cannot be loaded "
+                      f"({exc}): reinstall the distribution that provides it")

@@ -24,8 +24,8 @@ def register(verbs: Any) -> None:
     render.add_argument("--staging-map", required=True, type=Path, metavar="M",
                         help="the staging map (`stage`, or `stage --plan-only` for tiers B and C)")
     render.add_argument("--job-id", required=True, metavar="ID", help="the job's record (open it first)")
-    add_settings_flags(render, [platform_of("kubernetes")], heading="the {name} backend's settings")
     add_root_option(render)
+    add_settings_flags(render, [platform_of("kubernetes")], heading="the {name} backend's settings")
     render.set_defaults(run=_render)
 
 

@@ -33,9 +33,9 @@ def register(verbs: Any) -> None:
     submit = add_verb(verbs, "submit", help="run a job request: record, tier, stage, config, launch, verify "
                                             "inside the frame, then RUNNING; prints the job id")
     submit.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON)")
-    add_target_options(submit)
     _add_common(submit)
     submit.add_argument("--json", action="store_true", help="print the submission as JSON")
+    add_target_options(submit)  # last: a plugin's setting named as one of the verb's flags is in --target
     submit.set_defaults(run=_submit)
 
     status = add_verb(verbs, "status", help="a job's state in the TAO vocabulary (PENDING, RUNNING, COMPLETE, "

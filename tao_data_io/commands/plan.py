@@ -35,10 +35,11 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     from ..request import load_request
     from ..staging.config import config_content
     from ..staging.layout import plan_inputs
-    from ..tier import choose_tier
+    from ..tier import choose_tier, refuse_unsupported
 
     request = load_request(args.request)
     facts = _facts(args.backend, args.facts)
+    refuse_unsupported(request, args.backend, facts.capabilities)  # as a submit would, before deciding
     decision = choose_tier(request, facts)
     config_path = config_content(request)[3] if request.mode == "config" else None
     argv, shell = command_argv(request, config_path)
@@ -61,7 +62,8 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
 
 def _facts(platform: str, path: Path | None) -> ClusterFacts:
     """What ``platform`` offers: the most it can do (its declaration), and what a facts file says
-    of the cluster at hand over that (its capabilities field by field)."""
+    of the cluster at hand over that — less, field by field, never more: a facts file that says
+    the local frame runs two nodes would plan a job no submit runs."""
     from pydantic import ValidationError
 
     from ..backends import platform_of
@@ -76,8 +78,19 @@ def _facts(platform: str, path: Path | None) -> ClusterFacts:
     given = load_document(read_document(path, what=what), "json", what=what)
     if not isinstance(given, dict) or not isinstance(given.get("capabilities", {}), dict):
         raise UsageError(f"{what} must be a JSON object of ClusterFacts fields, capabilities an object too")
+    if "supports_in_frame_fetch" in given:
+        raise UsageError(f"{what}: supports_in_frame_fetch is now capabilities.fetches_in_frame: write "
+                         '{"capabilities": {"fetches_in_frame": ' + json.dumps(given["supports_in_frame_fetch"]) + "}}")
+    if given.get("backend", platform) != platform:
+        raise UsageError(f"{what} are those of the {given['backend']} backend, and --backend is {platform!r}: give "
+                         "the backend the facts are of, or drop their backend field")
+    for field, value in given.get("capabilities", {}).items():
+        if value is True and getattr(declared, field, True) is False:
+            raise UsageError(f"{what}: capabilities.{field} is true in facts, and the {platform} backend does not "
+                             f"declare it (facts say what the cluster at hand offers of what the backend can do, "
+                             f"never more): drop capabilities.{field}")
     try:
-        return ClusterFacts.model_validate({"backend": platform, **given,
+        return ClusterFacts.model_validate({**given, "backend": platform,
                                             "capabilities": {**declared.model_dump(), **given.get("capabilities", {})}})
     except ValidationError as exc:
         raise UsageError(describe_validation_error(exc, f"{what} are not ClusterFacts")) from None

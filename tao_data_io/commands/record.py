@@ -95,6 +95,9 @@ def _store(args: argparse.Namespace) -> RecordStore:
 
 
 def _open(args: argparse.Namespace, console: Console) -> int:
+    from ..backends import platform_of
+
+    platform_of(args.platform)  # a record of no backend could be opened, but no later verb would reach its job
     record = _store(args).open(
         platform=args.platform, image=args.image, network_arch=args.network_arch, action=args.action,
         storage_tier=args.storage_tier, storage_reason=args.storage_reason, results_dir=args.results_dir,

@@ -47,27 +47,43 @@ def add_settings_flags(sub: argparse.ArgumentParser, platforms: Iterable[Platfor
     seen: set[str] = set()
     for platform in platforms:
         group = sub.add_argument_group(heading.format(name=platform.name) + "; the target block's fields")
+        owned = []
         for field, info in platform.settings.model_fields.items():
             if field not in seen:  # one flag for a setting two backends share
                 seen.add(field)
-                _add_flag(group, field, info.annotation, info.description or "")
+                if not _add_flag(group, field, info.annotation, info.description or ""):
+                    owned.append(field)
+        if owned:
+            group.description = (", ".join(owned[:-1]) + " and " if len(owned) > 1 else "") + owned[-1] + \
+                ": in --target only (the command has a flag of that name)"
 
 
-def _add_flag(group: Any, field: str, annotation: Any, description: str) -> None:
-    flag = "--" + field.replace("_", "-")
+#: The prefix of a setting's ``dest``: a setting called ``run`` or ``json`` must never be read as
+#: the verb's own value of that name.
+SETTING = "setting:"
+
+
+def _add_flag(group: Any, field: str, annotation: Any, description: str) -> bool:
+    """Add ``field``'s flag to ``group``; False where the command already has a flag of that name."""
+    flag, dest = "--" + field.replace("_", "-"), SETTING + field
     help_text = description.split(". ")[0].rstrip(".")
     kind = _kind(annotation)
-    if kind == "bool":
-        group.add_argument(flag, dest=field, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-    elif kind == "list":
-        group.add_argument(flag, dest=field, action="append", metavar="V", help=help_text + " (repeat for several)")
-    elif kind == "map":
-        group.add_argument(flag, dest=field, action="append", metavar="KEY=VALUE", type=_pair,
-                           help=help_text + " (repeat for several)")
-    elif kind == "scalar":
-        choices = _literal_choices(annotation)
-        group.add_argument(flag, dest=field, metavar="|".join(choices) if choices else field.upper(), help=help_text)
-    # "deep": only in --target
+    try:
+        if kind == "bool":
+            group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif kind == "list":
+            group.add_argument(flag, dest=dest, action="append", metavar="V", help=help_text + " (repeat for several)")
+        elif kind == "map":
+            group.add_argument(flag, dest=dest, action="append", metavar="KEY=VALUE", type=_pair,
+                               help=help_text + " (repeat for several)")
+        elif kind == "scalar":
+            choices = _literal_choices(annotation)
+            group.add_argument(flag, dest=dest, choices=choices or None,
+                               metavar="|".join(choices) if choices else field.upper(), help=help_text)
+        # "deep": only in --target
+    except argparse.ArgumentError:  # a flag the verb has (--workdir, --json): the setting is in --target
+        return False
+    return True
 
 
 def _kind(annotation: Any) -> str:
@@ -114,7 +130,7 @@ def target_settings(args: argparse.Namespace, *, platform: str | None = None,
     model = platform_of(name).settings
     values: dict[str, Any] = dict(_target_file(args.target)) if getattr(args, "target", None) else {}
     for field in {field for other in platforms().values() for field in other.settings.model_fields}:
-        given = getattr(args, field, None)
+        given = getattr(args, SETTING + field, None)
         if given is None:
             continue
         if field not in model.model_fields:

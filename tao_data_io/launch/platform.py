@@ -52,3 +52,8 @@ class Platform:
     @property
     def name(self) -> str:
         return self.settings.platform
+
+    @property
+    def label(self) -> str:
+        """The words people see for the backend: its title, else its name's words capitalized."""
+        return self.title or " ".join(word.capitalize() for word in self.name.split("-"))
