@@ -6,12 +6,6 @@ runner, so each step is its task: each input staged as its own task run (shown a
 its own), progress and tables in the UI, retries of transient faults. A verify failure fails
 the flow before the job's command starts, with the verdict per path in the UI. Canceling the run
 cancels the job (``on_cancellation``); a crash of the run leaves it to the next collect.
-
-Its result is not persisted, so that a Retry submits again — the verb is idempotent, and a job
-that ran and ended ERROR or CANCELED is launched as its next attempt, its training resumed. With
-a persisted result, Prefect reuses the Completed submit subflow when its ``run-tao-job`` parent
-is retried (the retry then only collects the failed attempt again), and the server refuses a
-Retry of a Completed ``submit-tao-job`` run ("Run is already COMPLETED").
 """
 
 from __future__ import annotations
@@ -33,8 +27,9 @@ from tasks.masking import mask_parameters_of_crashed_run, mask_run_logs, masking
 from tasks.owners import this_run
 
 
-@flow(name="submit-tao-job", flow_run_name=started_run_name("submit", "request_path"), persist_result=False,
-      on_cancellation=[cancel_owned_job], validate_parameters=False, on_crashed=[mask_parameters_of_crashed_run])
+@flow(name="submit-tao-job", flow_run_name=started_run_name("submit", "request_path"), persist_result=True,
+      result_serializer="json", on_cancellation=[cancel_owned_job], validate_parameters=False,
+      on_crashed=[mask_parameters_of_crashed_run])
 @masking_failures
 def submit_tao_job(request: JobRequest | None = None, request_path: GuardedText | None = None,
                    target: Target = DEFAULT_TARGET, records: Records = DEFAULT_RECORDS,

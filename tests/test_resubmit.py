@@ -7,10 +7,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pytest
 import yaml
+from prefect import Flow
 from prefect.client.orchestration import get_client
+from prefect.states import State
 
 from flows.submit import submit_tao_job
 from tao_data_io.backends.local.settings import LocalSettings
@@ -167,8 +170,8 @@ def test_a_retry_of_a_failed_run_tao_job_as_the_ui_asks_for_it_resumes_its_job_a
     worker (here Prefect's own engine, in this process) — submits its job again: the same job
     id (the request has none: it comes from the run), a second attempt that resumes the training
     from the first's checkpoints, and a collect that follows that attempt to COMPLETE. Prefect
-    reuses a completed subflow on a retry of its parent when it has a persisted result; the
-    submit flow must not be such a subflow, or the retry only collects the failed attempt again."""
+    reuses a Completed subflow that has a persisted result on a retry of its parent: the submit
+    subflow must not be one, or the retry only collects the failed attempt again."""
     from prefect.flow_engine import load_flow_run, run_flow
 
     from flows.common import job_of
@@ -199,41 +202,7 @@ def test_a_retry_of_a_failed_run_tao_job_as_the_ui_asks_for_it_resumes_its_job_a
     assert "resumed from checkpoint_epoch_2.pth" in log and "epoch 3/4 done" in log
 
 
-def test_a_retry_of_a_completed_submit_tao_job_whose_job_then_failed_resumes_the_job(
-        prefect_harness: None, no_cloud: None, env: dict[str, str], bucket: str, sandbox: None,
-        tmp_path: Path) -> None:
-    """Issue 40, item 2: a submit-tao-job run completed (its job launched), the job then failed
-    (its collect says so); a Retry of the submit run, as the UI asks for it, is accepted by the
-    server — not refused as "already COMPLETED" while the UI says it is retrying — and launches
-    the job's next attempt, which a collect follows to COMPLETE, its training resumed."""
-    from prefect.flow_engine import load_flow_run, run_flow
-
-    from flows.collect import collect_tao_job
-    from tao_data_io.backends.local.backend import LocalBackend
-
-    from .flow_helpers import local_target, stand_in_request
-
-    request = stand_in_request(bucket, "retried-submit")
-    request["environment"] = {**request["environment"], "EPOCHS": "3", "EPOCH_SECONDS": "0", "FAIL_AFTER_EPOCH": "1"}
-    target, records = local_target(tmp_path), records_block(tmp_path / "jobs")
-    with get_client(sync_client=True) as client:
-        run_id = client.create_flow_run_from_deployment(deployed(submit_tao_job), parameters={
-            "request": request, "target": target, "records": records}).id
-    assert run_flow(submit_tao_job, flow_run=load_flow_run(run_id), return_type="state").is_completed()
-    assert collect_tao_job("retried-submit", target=target, records=records, poll_seconds=0.1,
-                           return_state=True).is_failed()
-
-    assert _retried_as_the_ui_does(submit_tao_job, run_id).is_completed()
-    collected = collect_tao_job("retried-submit", target=target, records=records, poll_seconds=0.1,
-                                return_state=True)
-    assert collected.is_completed(), collected.message
-    record = RecordStore(tmp_path / "jobs").get("retried-submit")
-    assert [(a.number, a.state) for a in record.attempts] == [(1, "ERROR"), (2, "COMPLETE")]
-    log = LocalBackend(LocalSettings(run_root=str(tmp_path / "local"))).logs(str(record.backend_ref))
-    assert "resumed from checkpoint_epoch_1.pth" in log
-
-
-def _retried_as_the_ui_does(flow: Any, run_id: Any) -> Any:
+def _retried_as_the_ui_does(flow: Flow[..., Any], run_id: UUID) -> State:
     """The UI's Retry of the flow run ``run_id`` (its ``retryFlowRun``, to the letter: the run set
     to Scheduled "AwaitingRetry", not forced), then what a worker does with it — Prefect's own
     engine runs it again, here in this process; returns the run's new final state."""
