@@ -22,6 +22,15 @@ from tao_data_io.verbs import DEFAULT_POLL_SECONDS
 from tasks.masking import mask_parameters_of_crashed_run, masking_failures, started_run_name
 
 
+#: The submit subflow, its result not persisted, so that a Retry of a failed run submits again:
+#: Prefect reuses a Completed subflow that has a persisted result when its parent is retried, and
+#: the retry then only collected the failed attempt again. Submitted again, the job — the same id,
+#: from the root run — is launched as its next attempt with its results restored (the verb is
+#: idempotent: a running or COMPLETE job is left as it is). submit-tao-job on its own keeps its
+#: persisted result, for ``run_deployment(…).state.result()``.
+_submit_on_every_attempt = submit_tao_job.with_options(persist_result=False)
+
+
 @flow(name="run-tao-job", flow_run_name=started_run_name("run", "request_path"), persist_result=True,
       result_serializer="json", on_cancellation=[cancel_owned_job], validate_parameters=False,
       on_crashed=[mask_parameters_of_crashed_run])
@@ -48,9 +57,9 @@ def run_tao_job(request: JobRequest | None = None, request_path: GuardedText | N
     setup = prepare(target, records, s3_credentials, hf_credentials, ngc_credentials)
     job = identified_request(request, request_path, setup, "run")
     # opaque: Prefect would walk into the request looking for futures (a field named keys trips it).
-    submitted = submit_tao_job(opaque(job), target=target, records=records,
-                               s3_credentials=s3_credentials, hf_credentials=hf_credentials,
-                               ngc_credentials=ngc_credentials)
+    submitted = _submit_on_every_attempt(opaque(job), target=target, records=records,
+                                         s3_credentials=s3_credentials, hf_credentials=hf_credentials,
+                                         ngc_credentials=ngc_credentials)
     collected = collect_tao_job(submitted["job_id"], target=target, records=records, s3_credentials=s3_credentials,
                                 poll_seconds=poll_seconds, max_wait_seconds=max_wait_seconds)
     return {"submitted": submitted, "collected": collected}

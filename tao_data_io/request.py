@@ -307,7 +307,11 @@ class NamedSource:
 class JobRequest(RequestPart):
     """One TAO job: its image and command, its inputs, where its results go (docs/requests.md)."""
 
-    schema_version: Literal["1"] = Field(description="Always \"1\".")
+    #: A default, so the run form fills it: the form fills a field from its schema's default and
+    #: never from a const, and a request it sent without it was refused (issue 40). Any other
+    #: version is still refused.
+    schema_version: Literal["1"] = Field(default=SCHEMA_VERSION, description="The request format's version: "
+                                                                             "\"1\" (empty: \"1\").")
     job_id: str | None = Field(default=None, description="1-52 lowercase letters, digits and -; empty: derived "
                                                          "from the run (a retry keeps it).")
     image: str = Field(min_length=1, description="The TAO container image, such as "

@@ -32,8 +32,9 @@ from flows.common import load_block
 from flows.run import run_tao_job
 from flows.submit import submit_tao_job
 from tao_data_io.errors import UsageError
+from tao_data_io.records import RecordStore
 
-from .flow_helpers import REPO, deployed, local_target, name, records_block
+from .flow_helpers import REPO, deployed, fake_target, local_target, name, records_block
 from .helpers import args_request, wait_for
 
 #: Shapes of real credentials (made up, of the right form), as a user might paste them.
@@ -111,9 +112,42 @@ def test_a_bad_request_is_refused_when_the_run_is_created(submit_deployment: UUI
 
 
 def test_a_request_missing_a_required_field_is_refused_when_the_run_is_created(submit_deployment: UUID) -> None:
+    """The refusal names the field, not the whole request dumped (what the server says when it
+    cannot tell which branch of the parameter's ``anyOf`` was meant)."""
     request = args_request()
     del request["image"]
-    assert "image" in _refused(submit_deployment, request=request)
+    refused = _refused(submit_deployment, request=request)
+    assert "'image' is a required property" in refused and "not valid under any of" not in refused
+
+
+def _form_request(schema: dict[str, Any], **typed: Any) -> dict[str, Any]:
+    """What the run form sends as ``request`` from its JobRequest tab: each field the published
+    schema gives a ``default`` filled with it — the form fills a property from its default and
+    never from its ``const``, which it only shows as "cannot be changed" — then what was typed."""
+    fields = schema["definitions"]["JobRequest"]["properties"]
+    return {**{field: prop["default"] for field, prop in fields.items() if "default" in prop}, **typed}
+
+
+@pytest.mark.parametrize("sent", ["form", "json"])
+def test_the_request_a_user_fills_in_the_run_form_creates_a_run_that_completes(
+        submit_deployment: UUID, no_cloud: None, tmp_path: Path, sent: str) -> None:
+    """Issue 40, item 1: a user fills image, command and mode (args mode: its args too) in the
+    request's JobRequest tab and leaves schema_version, shown as a const, alone — the form, or a
+    user writing the request as JSON without it. The server creates the run, and the flow reads
+    the request as version "1" and completes: the form submits a request, not only JSON mode
+    with ``"schema_version": "1"`` or ``request_path``."""
+    from prefect.flow_engine import load_flow_run, run_flow
+
+    typed = {"image": "local", "command": "true", "mode": "args", "args": []}
+    with get_client(sync_client=True) as client:
+        schema = client.read_deployment(submit_deployment).parameter_openapi_schema
+    request = _form_request(schema, **typed) if sent == "form" else typed
+    run_id = _create(submit_deployment, request=request, target=fake_target(tmp_path),
+                     records=records_block(tmp_path / "jobs"))
+    state = run_flow(submit_tao_job, flow_run=load_flow_run(run_id), return_type="state")
+    assert state.is_completed(), state.message
+    job = RecordStore(tmp_path / "jobs").get(state.result()["job_id"])
+    assert job.state == "RUNNING" and job.image == "local"
 
 
 @pytest.mark.parametrize("credential", [ACCESS_KEY, HF_TOKEN, NGC_KEY, USERINFO], ids=["aws", "hf", "ngc", "url"])

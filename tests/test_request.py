@@ -48,6 +48,15 @@ def test_shipped_examples_load(example: Path) -> None:
     assert load_request(example).schema_version == "1"
 
 
+def test_a_request_that_leaves_out_its_version_is_version_1() -> None:
+    """The run form sends no schema_version unless its schema gives a default (issue 40): a
+    request without one is read as the only version there is; any other is refused (below)."""
+    given = request()
+    del given["schema_version"]
+    assert parse_request(given).schema_version == "1"
+    assert JobRequest.model_json_schema()["properties"]["schema_version"]["default"] == "1"
+
+
 @pytest.mark.parametrize(
     ("overrides", "field", "needle"),
     [

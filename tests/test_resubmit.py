@@ -7,15 +7,19 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pytest
 import yaml
+from prefect import Flow
+from prefect.client.orchestration import get_client
+from prefect.states import State
 
 from flows.submit import submit_tao_job
 from tao_data_io.backends.local.settings import LocalSettings
 from tao_data_io.records import RecordStore
 
-from .flow_helpers import fake_request, fake_target, records_block
+from .flow_helpers import deployed, fake_request, fake_target, records_block
 from .helpers import args_request, held_request, needs_bwrap, run_cli, wait_cli_state
 
 
@@ -156,3 +160,57 @@ def test_a_completed_job_submitted_again_does_not_run_again(
     state = submit_tao_job(request, target=target, records=records, return_state=True)
     assert state.is_completed() and state.result()["started"] is False
     assert len(RecordStore(tmp_path / "jobs").get("done-once").attempts) == 1
+
+
+def test_a_retry_of_a_failed_run_tao_job_as_the_ui_asks_for_it_resumes_its_job_and_training(
+        prefect_harness: None, no_cloud: None, env: dict[str, str], bucket: str, sandbox: None,
+        tmp_path: Path) -> None:
+    """Issue 40, item 2: a run-tao-job whose training fails after epoch 2, retried as the UI's
+    Retry does it — the same flow run set to Scheduled "AwaitingRetry", then run again by a
+    worker (here Prefect's own engine, in this process) — submits its job again: the same job
+    id (the request has none: it comes from the run), a second attempt that resumes the training
+    from the first's checkpoints, and a collect that follows that attempt to COMPLETE. Prefect
+    reuses a Completed subflow that has a persisted result on a retry of its parent: the submit
+    subflow must not be one, or the retry only collects the failed attempt again."""
+    from prefect.flow_engine import load_flow_run, run_flow
+
+    from flows.common import job_of
+    from flows.run import run_tao_job
+    from tao_data_io.backends.local.backend import LocalBackend
+
+    from .flow_helpers import local_target, stand_in_request
+
+    request = stand_in_request(bucket, "unused")
+    del request["job_id"]
+    request["environment"] = {**request["environment"], "EPOCHS": "4", "EPOCH_SECONDS": "0", "FAIL_AFTER_EPOCH": "2"}
+    with get_client(sync_client=True) as client:  # a Retry is offered for a deployment's runs only
+        run_id = client.create_flow_run_from_deployment(deployed(run_tao_job), parameters={
+            "request": request, "target": local_target(tmp_path), "records": records_block(tmp_path / "jobs"),
+            "poll_seconds": 0.1}).id
+    assert run_flow(run_tao_job, flow_run=load_flow_run(run_id), return_type="state").is_failed()
+    job_id = job_of(load_flow_run(run_id))
+    store = RecordStore(tmp_path / "jobs")
+    assert job_id is not None and store.get(job_id).state == "ERROR"
+
+    again = _retried_as_the_ui_does(run_tao_job, run_id)
+
+    assert again.is_completed(), again.message
+    assert job_of(load_flow_run(run_id)) == job_id
+    record = store.get(job_id)
+    assert [(a.number, a.state) for a in record.attempts] == [(1, "ERROR"), (2, "COMPLETE")]
+    log = LocalBackend(LocalSettings(run_root=str(tmp_path / "local"))).logs(str(record.backend_ref))
+    assert "resumed from checkpoint_epoch_2.pth" in log and "epoch 3/4 done" in log
+
+
+def _retried_as_the_ui_does(flow: Flow[..., Any], run_id: UUID) -> State:
+    """The UI's Retry of the flow run ``run_id`` (its ``retryFlowRun``, to the letter: the run set
+    to Scheduled "AwaitingRetry", not forced), then what a worker does with it — Prefect's own
+    engine runs it again, here in this process; returns the run's new final state."""
+    from prefect.flow_engine import load_flow_run, run_flow
+
+    with get_client(sync_client=True) as client:
+        said = client.request("POST", "/flow_runs/{id}/set_state", path_params={"id": run_id}, json={
+            "state": {"type": "SCHEDULED", "name": "AwaitingRetry", "message": "Retry from the UI"},
+            "force": False}).json()
+    assert said["status"] == "ACCEPT", said  # the UI toasts "Retrying run" whatever the server says
+    return run_flow(flow, flow_run=load_flow_run(run_id), return_type="state")
