@@ -308,7 +308,7 @@ class JobRequest(RequestPart):
     """One TAO job: its image and command, its inputs, where its results go (docs/requests.md)."""
 
     #: A default, so the run form fills it: the form fills a field from its schema's default and
-    #: never from a const, and a request it sent without it was refused (issue 40). Any other
+    #: never from a const, and a request it sent without it was refused. Any other
     #: version is still refused.
     schema_version: Literal["1"] = Field(default=SCHEMA_VERSION, description="The request format's version: "
                                                                              "\"1\" (empty: \"1\").")
