@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from prefect.blocks.abstract import CredentialsBlock
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
 
 from blocks.presentation import DOCUMENTATION_URL, LOGO_URL, code_example
 from blocks.picker import PICKABLE
 from tao_data_io.credentials import AWS_TO_LEGACY, S3Credentials, credential_shape_fields, s3_credentials_from_env
 from tao_data_io.errors import UsageError
-from tao_data_io.names import check_credential_name
+from tao_data_io.names import ENV_NAME_PATTERN, check_credential_name
 from tao_data_io.staging.pretrained import registry_for
 from tao_data_io.transfer.client import make_s3_client
 from tao_data_io.uris import HFModelURI, NGCModelURI, parse_model_uri
@@ -49,8 +49,10 @@ def _env_name(value: str) -> str:
     return check_credential_name(value, what="variable name")
 
 
-#: A field that holds the name of an environment variable (never a value).
-EnvName = Annotated[str, AfterValidator(_env_name)]
+#: A field that holds the name of an environment variable (never a value). Its schema says so
+#: too: the block's form checks each field by the schema on the server before it saves, so a key
+#: pasted here — of any shape — is refused there, never stored in Prefect.
+EnvName = Annotated[str, AfterValidator(_env_name), WithJsonSchema({"type": "string", "pattern": ENV_NAME_PATTERN})]
 #: Said once, in each credential block's description, rather than in every field's help.
 _NAMES_ONLY = ("Every field is the NAME of an environment variable on the worker, read when a task runs; no value "
                "is stored in Prefect.")

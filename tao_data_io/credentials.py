@@ -51,7 +51,9 @@ SECRET_NAMES: frozenset[str] = frozenset(
         "NGC_API_KEY",
     }
 )
-_SECRET_NAME_PATTERN = re.compile(r"(SECRET|TOKEN|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
+#: Words that make a variable's name a credential's, in any case.
+SECRET_NAME_WORDS = ("SECRET", "TOKEN", "PASSWORD", "PASSWD", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY")
+_SECRET_NAME_PATTERN = re.compile("|".join(SECRET_NAME_WORDS), re.I)
 #: The userinfo of a URL (``scheme://user:password@``, up to its last ``@`` before the path):
 #: a credential in any URL — an endpoint from any variable, or one quoted back by a library. The
 #: scheme starts after any character a scheme cannot hold (not ``\b``: ``key_https://…`` is a URL).

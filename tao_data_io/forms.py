@@ -21,10 +21,24 @@ from typing import Annotated, Any, Union
 from pydantic import BeforeValidator, WithJsonSchema
 from typing_extensions import TypeAliasType
 
-from .credentials import CREDENTIAL_SHAPES
+from .credentials import CREDENTIAL_SHAPES, SECRET_NAME_WORDS, SECRET_NAMES
 
 #: What every text of a form may not hold.
 NO_CREDENTIAL = {"not": {"pattern": CREDENTIAL_SHAPES}}
+
+
+def _any_case(word: str) -> str:
+    """``word`` as a JSON schema pattern of any case: the schema's regular expressions (ECMA 262,
+    as the server's and the UI's validators read them) have no flag for it."""
+    return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in word)
+
+
+#: A credential's variable name (:func:`~tao_data_io.credentials.is_secret_name`) as a pattern:
+#: a value has no shape to know a pasted secret access key by, its name has.
+SECRET_NAME = "|".join([*(f"^{name}$" for name in sorted(SECRET_NAMES)), *map(_any_case, SECRET_NAME_WORDS)])
+#: The names of a request's plain variables: never a credential's shape, never a credential's name
+#: (a credential is forwarded by name, ``forward_env``), so the server refuses it before storing it.
+PLAIN_VARIABLE_NAMES = {"propertyNames": {"not": {"anyOf": [{"pattern": CREDENTIAL_SHAPES}, {"pattern": SECRET_NAME}]}}}
 #: Keys that make a string schema a choice among fixed words (nothing to guard).
 _FIXED = ("enum", "const")
 #: Where a JSON schema keeps the schemas it is made of.

@@ -24,7 +24,9 @@ MAX_JOB_ID = 52
 _JOB_ID = re.compile(rf"[a-z0-9]([a-z0-9-]{{0,{MAX_JOB_ID - 2}}}[a-z0-9])?")
 JOB_ID_RULE = ("use 1-52 lowercase letters, digits or '-', starting and ending with a letter or digit "
                "(it becomes the Kubernetes Job name and the record's file name)")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: A variable's name, as a JSON schema pattern too (a form checks a field that holds one by it).
+ENV_NAME_PATTERN = "^[A-Za-z_][A-Za-z0-9_]*$"
+_ENV_NAME = re.compile(ENV_NAME_PATTERN.strip("^$"))
 ENV_NAME_RULE = "letters, digits and '_', not starting with a digit ([A-Za-z_][A-Za-z0-9_]*)"
 
 

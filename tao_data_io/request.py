@@ -23,7 +23,7 @@ from pydantic import (BeforeValidator, ConfigDict, Field, ValidationError, Valid
 from .credentials import Redactor, credential_shape_fields, credential_value_fields, is_secret_name, masked
 from .documents import load_document, read_document
 from .errors import UsageError
-from .forms import SpecMapping, guard_texts
+from .forms import PLAIN_VARIABLE_NAMES, SpecMapping, guard_texts
 from .frame import check_container_path, check_frame_target, place_sources
 from .names import ENV_NAME_RULE, check_job_id, is_env_name, process_control_problem
 from .quantities import is_binary_quantity, is_cpu_quantity, quantity_bytes
@@ -342,7 +342,8 @@ class JobRequest(RequestPart):
     #: Plain variables for the job. Numbers and booleans are written as YAML users write them
     #: (``EPOCHS: 3``) and passed as their text (``"3"``, ``"true"``).
     environment: dict[str, EnvValue] = Field(default_factory=dict, description="Plain variables for the job "
-                                                                               "(never credentials).")
+                                                                               "(never credentials).",
+                                             json_schema_extra=PLAIN_VARIABLE_NAMES)
     forward_env: list[str] = Field(default_factory=list, description="Names of the worker's variables handed to "
                                                                      "the job: the only way a credential reaches it.")
     storage: StoragePrefs = Field(default_factory=StoragePrefs, description="The storage tier and its volume.")

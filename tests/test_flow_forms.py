@@ -421,3 +421,37 @@ def test_a_request_given_both_ways_or_as_text_names_the_parameter_to_use(
     assert both.is_failed() and "one of the two" in str(both.message)
     text = run_tao_job("examples/args-mode.yaml", target=target, records=records, return_state=True)
     assert text.is_failed() and "request_path" in str(text.message)
+
+
+#: An AWS secret access key: 40 characters of no shape a pattern could tell from any other text.
+SECRET_ACCESS_KEY = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
+
+@pytest.mark.parametrize("name", ["AWS_SECRET_ACCESS_KEY", "MY_TEAM_TOKEN", "db_password", "NGC_API_KEY"])
+def test_a_value_under_a_credentials_name_in_environment_is_refused_when_the_run_is_created(
+        submit_deployment: UUID, name: str) -> None:
+    """A credential's value has no shape to know it by, but its name has: a request's
+    ``environment`` may not hold a variable a credential's name calls (forward_env names it
+    instead), so the server refuses the run before it stores its parameters, as the worker would."""
+    refused = _refused(submit_deployment, request=args_request(environment={name: SECRET_ACCESS_KEY}))
+    assert name in refused
+    assert _create(submit_deployment, request=args_request(environment={"EPOCHS": "3", "BATCH_SIZE": "8"}))
+
+
+def test_a_value_pasted_into_a_credential_blocks_name_field_is_refused_by_the_form(prefect_harness: None) -> None:
+    """The block's form checks each field against the block's schema on the server before it
+    saves (``/ui/schemas/validate``, what the UI calls): a field that holds a variable's NAME
+    takes only a name, so a key pasted there — of any shape — is refused before it is stored."""
+    import httpx
+
+    schema = S3EnvCredentials.model_json_schema()
+
+    def errors(**fields: str) -> list[Any]:
+        reply = httpx.post(f"{PREFECT_API_URL.value()}/ui/schemas/validate",
+                           json={"schema": schema, "values": fields}, timeout=30)
+        reply.raise_for_status()
+        return reply.json()["errors"]
+
+    assert errors(secret_access_key_env="MY_TEAM_S3_SECRET", region_env="AWS_REGION") == []
+    refused = errors(secret_access_key_env=SECRET_ACCESS_KEY)
+    assert [error["property"] for error in refused] == ["secret_access_key_env"], refused
