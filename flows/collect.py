@@ -17,7 +17,7 @@ from prefect import flow
 from flows import common
 from flows.common import (DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, Records, S3Credentials, Target, cancel_owned_job,
                           prepare)
-from tao_data_io.errors import TaoDataIOError
+from tao_data_io.errors import JobOutcome
 from tao_data_io.forms import GuardedText
 from tao_data_io.verbs import DEFAULT_POLL_SECONDS, collect
 from tasks.masking import job_run_name, mask_parameters_of_crashed_run, mask_run_logs, masking_failures
@@ -25,11 +25,11 @@ from tasks.owners import this_run
 from tasks.records import read_record
 
 
-class JobFailed(TaoDataIOError):
+class JobFailed(JobOutcome):
     """The job ended ERROR; its results were uploaded and the failure is reported."""
 
 
-class JobNotFinished(TaoDataIOError):
+class JobNotFinished(JobOutcome):
     """The job has not ended (never launched, or still running when the wait gave up): nothing
     was collected, so the run is not Completed; a later collect picks it up."""
 

@@ -31,7 +31,7 @@ from tasks.masking import mask_parameters_of_crashed_run, masking_failures, star
 _submit_on_every_attempt = submit_tao_job.with_options(persist_result=False)
 
 
-@flow(name="run-tao-job", flow_run_name=started_run_name("run", "request_path"), persist_result=True,
+@flow(name="run-tao-job", flow_run_name=started_run_name("run", "request_path", "request"), persist_result=True,
       result_serializer="json", on_cancellation=[cancel_owned_job], validate_parameters=False,
       on_crashed=[mask_parameters_of_crashed_run])
 @masking_failures

@@ -27,7 +27,7 @@ from tasks.masking import mask_parameters_of_crashed_run, mask_run_logs, masking
 from tasks.owners import this_run
 
 
-@flow(name="submit-tao-job", flow_run_name=started_run_name("submit", "request_path"), persist_result=True,
+@flow(name="submit-tao-job", flow_run_name=started_run_name("submit", "request_path", "request"), persist_result=True,
       result_serializer="json", on_cancellation=[cancel_owned_job], validate_parameters=False,
       on_crashed=[mask_parameters_of_crashed_run])
 @masking_failures

@@ -69,6 +69,12 @@ class VerificationError(TransferError):
     retryable = False
 
 
+class JobOutcome(TaoDataIOError):
+    """A verb did its work and the job's outcome is not a success (it ended ERROR, or has not
+    ended): the message is the whole story, so a run that ends on one says it in one line —
+    a traceback of ours would point at code that did nothing wrong."""
+
+
 class BackendError(TaoDataIOError):
     """The compute backend failed; ``retryable`` says whether trying again can help."""
 

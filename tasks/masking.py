@@ -34,7 +34,7 @@ from prefect.states import Failed, State
 
 from tao_data_io.credentials import (RedactingFilter, Redactor, credential_shape_fields, credential_value_fields,
                                      mask_credential_shapes, masked)
-from tao_data_io.errors import UsageError
+from tao_data_io.errors import JobOutcome, UsageError
 from tao_data_io.names import is_job_id
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -131,21 +131,26 @@ def job_run_name(word: str) -> Callable[[], str]:
     return name
 
 
-def started_run_name(word: str, parameter: str) -> Callable[[], str]:
-    """The run name of a flow that does not know its job yet: ``<word>: <what parameter names>,
-    <when>`` (``submit: demo-local.yaml, 2026-12-01 21:30:05Z``), so a list of runs that failed
-    before naming their job — or of scheduled resyncs — says which is which. Masked like every
-    name shown before the flow's first line, and never of the form ``<word>-<job id>``, which
-    :func:`flows.common.job_of` reads as a job this run owns."""
+def started_run_name(word: str, *parameters: str) -> Callable[[], str]:
+    """The run name of a flow that does not know its job yet: ``<word>: <what it was given>,
+    <when>`` (``submit: demo-local.yaml, 2026-12-01 21:30:05Z``; ``submit: request given in the
+    form, …``), so a list of runs that failed before naming their job — or of scheduled resyncs —
+    says which is which. What it was given is the first of ``parameters`` given: a text by its
+    last path part, anything else (a form's request, a block) by the parameter's name. Masked like
+    every name shown before the flow's first line, and never of the form ``<word>-<job id>``,
+    which :func:`flows.common.job_of` reads as a job this run owns."""
 
     def name() -> str:
-        given = runtime.flow_run.parameters.get(parameter)
-        if not isinstance(given, str) or not given:
-            what = f"{parameter} given in the form"
-        elif mask_credential_shapes(Redactor()(given)) != given:  # the whole text: a secret's tail is no safer
-            what = f"{parameter} masked"
+        given = next(((parameter, value) for parameter in parameters
+                      if (value := runtime.flow_run.parameters.get(parameter)) not in (None, "")), None)
+        if given is None:
+            what = f"no {' or '.join(parameters)} given"
+        elif not isinstance(given[1], str):
+            what = f"{given[0]} given in the form"
+        elif mask_credential_shapes(Redactor()(given[1])) != given[1]:  # the whole text: a secret's tail is no safer
+            what = f"{given[0]} masked"
         else:
-            what = PurePosixPath(given).name
+            what = PurePosixPath(given[1]).name
         return f"{word}: {what}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}Z"
 
     return name
@@ -167,9 +172,10 @@ def masking_failures(fn: F) -> F:
     is kept). Goes under ``@flow``/``@task``, so Prefect sees only the masked exception.
 
     A flow that fails on bad input (a :class:`UsageError`, whose text names the field, the value
-    and the fix) — or whose subflow did — ends ``Failed(message=…)`` with that text, logged once:
-    Prefect's engine would log its whole traceback, which says nothing a user can act on and
-    buries the one line that does."""
+    and the fix) or on its job's outcome (a :class:`JobOutcome`: the job ended ERROR) — or whose
+    subflow did — ends ``Failed(message=…)`` with that text, logged once: Prefect's engine would
+    log its whole traceback, which says nothing a user can act on and buries the one line that
+    does."""
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -179,7 +185,7 @@ def masking_failures(fn: F) -> F:
             clean = exc
             for redactor in filter(None, (_installed(), Redactor())):
                 clean = masked(clean, redactor)
-            if isinstance(clean, UsageError | FailedRun) and _in_a_flows_body():
+            if isinstance(clean, UsageError | JobOutcome | FailedRun) and _in_a_flows_body():
                 get_run_logger().error("%s", clean)
                 return Failed(message=str(clean))
             if clean is exc and not _chain_quotes_a_credential(exc):

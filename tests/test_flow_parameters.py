@@ -137,23 +137,54 @@ def test_bad_input_fails_the_run_with_its_message_once_and_no_engine_traceback(
     assert [log.message for log in logs if log.level >= 40] == [state.message]
 
 
+def test_a_job_that_fails_fails_the_run_with_its_summary_once_and_no_engine_traceback(
+        prefect_harness: None, no_cloud: None, tmp_path: Path) -> None:
+    """A job whose command exits 1 is the job's outcome, not the flow's fault: run-tao-job (and its
+    collect) end Failed with the job's failure summary as their message, logged once, with no
+    Python traceback of the engine's in either run's log."""
+    from flows.run import run_tao_job
+
+    state = run_tao_job(args_request(command=["false"], job_id="fails-once"), target=local_target(tmp_path),
+                        records=records_block(tmp_path / "jobs"), poll_seconds=0.2, return_state=True)
+    assert state.is_failed() and "fails-once" in str(state.message) and "ERROR" in str(state.message), state.message
+    with get_client(sync_client=True) as client:
+        parent = client.read_flow_run(state.state_details.flow_run_id)
+        children = [run for run in client.read_flow_runs() if run.name == "collect-fails-once"]
+    assert len(children) == 1 and parent.name == "run-fails-once"
+
+    for run_state in (state, children[0].state):
+        def logged(run_state: Any = run_state) -> list[Any] | None:
+            logs = _run_logs(run_state)
+            return logs if any("Finished in state" in log.message for log in logs) else None
+
+        logs = wait_for("the run's last log line", logged)
+        assert not [log.message[:200] for log in logs if "Traceback" in log.message
+                    or "Encountered exception" in log.message or "unexpected exception" in log.message]
+        assert len([log for log in logs if log.level >= 40]) == 1, [log.message[:200] for log in logs]
+
+
 def test_runs_that_do_not_know_their_job_yet_are_named_by_what_they_were_given(
         prefect_harness: None, no_cloud: None, tmp_path: Path) -> None:
-    """A list of runs reads as what each one was: ``submit: <request file>, <when>`` until the job
-    is known (a run that fails before stays so), ``resync: <target>, <when>`` for each resync."""
+    """A list of runs reads as what each one was: ``submit: <request file>, <when>`` (or ``request
+    given in the form``) until the job is known (a run that fails before stays so), ``resync:
+    <target>, <when>`` for each resync."""
     import re
 
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     failed = submit_tao_job(request_path="examples/no-such-request.yaml", target=local_target(tmp_path),
                             records=records_block(tmp_path / "jobs"), return_state=True)
+    formed = submit_tao_job(args_request(args=["x"], mode="config"), target=local_target(tmp_path),
+                            records=records_block(tmp_path / "jobs"), return_state=True)
     resynced = resync_tao_outputs(target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
                                   return_state=True)
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[
-            failed.state_details.flow_run_id, resynced.state_details.flow_run_id])))
+            failed.state_details.flow_run_id, formed.state_details.flow_run_id, resynced.state_details.flow_run_id])))
     names = {run.id: run.name for run in runs}
     stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ"
     assert re.fullmatch(rf"submit: no-such-request\.yaml, {stamp}", names[failed.state_details.flow_run_id])
+    assert formed.is_failed()  # a request that is no request (config mode without a spec): no job named
+    assert re.fullmatch(rf"submit: request given in the form, {stamp}", names[formed.state_details.flow_run_id])
     assert re.fullmatch(rf"resync: \S+, {stamp}", names[resynced.state_details.flow_run_id])
     assert common.job_of(next(run for run in runs if run.id == failed.state_details.flow_run_id)) is None
