@@ -26,6 +26,7 @@ from typing import Any, TypeVar, Union
 from prefect.blocks.core import Block
 from pydantic import ValidationError
 from prefect.client.schemas.objects import FlowRun
+from prefect.logging.loggers import flow_run_logger
 from prefect.states import State
 
 from blocks.credentials import CredentialSet, HuggingFaceEnvCredentials, NGCEnvCredentials, S3EnvCredentials
@@ -175,5 +176,11 @@ def cancel_owned_job(flow: Any, flow_run: FlowRun, state: State) -> None:
     parameters = flow_run.parameters
     setup = prepare(parameters.get("target") or DEFAULT_TARGET, parameters.get("records") or DEFAULT_RECORDS,
                     parameters.get("s3_credentials"))
-    cancel(job_id, setup.backend, setup.store, source=SOURCE, reason=f"its flow run {flow_run.name} was canceled",
-           owner=owner_of(flow_run), run=direct)
+    canceled = cancel(job_id, setup.backend, setup.store, source=SOURCE,
+                      reason=f"its flow run {flow_run.name} was canceled", owner=owner_of(flow_run), run=direct)
+    if canceled.record.state == "CANCELED" and not canceled.already_ended:
+        # Prefect's own lines say only that the run's process was ended (a "crash" in a subflow):
+        # this one says what became of the job, and of its results, in the run's log.
+        flow_run_logger(flow_run, flow).warning(
+            "%s: its results were not uploaded; collect-tao-job with job_id %s uploads what it wrote",
+            canceled.describe(), job_id)

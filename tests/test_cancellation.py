@@ -55,6 +55,18 @@ def test_the_cancellation_hook_cancels_the_job_the_run_owns(env: dict[str, str],
     cancel_owned_job(submit_tao_job, run, Cancelling())  # twice: nothing more happens
     assert store.get("owned").history == record.history
 
+    def said() -> list[str] | None:  # the run's log says what became of the job and its results
+        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+        found = [log.message for log in logs if log.level == 30 and "owned" in log.message]
+        return found or None
+
+    assert wait_for("the cancel's line", said) == [
+        f"job owned CANCELED (canceled: its flow run {run.name} was canceled): its results were not uploaded; "
+        "collect-tao-job with job_id owned uploads what it wrote"]
+
 
 def test_the_resync_cancels_a_running_job_whose_owner_was_canceled(env: dict[str, str], bucket: str,
                                                                     tmp_path: Path) -> None:
