@@ -17,10 +17,10 @@ from __future__ import annotations
 import logging
 from abc import ABC
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from prefect.blocks.core import Block
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from blocks.picker import PICKABLE
 from blocks.presentation import DOCUMENTATION_URL, LOGO_URL, code_example
@@ -45,23 +45,6 @@ class ComputeTarget(Block, ABC):
         description="Where the worker stages each job's inputs and writes its config, one directory per job. "
                     "Empty: $TAO_DATA_IO_WORKDIR, else ~/.tao-data-io/work.")
 
-    #: A target block saved before it embedded its backend's settings kept them at the top level,
-    #: some under older names (old name → settings field); they are moved into ``settings`` when
-    #: such a block is loaded (Prefect keeps unknown fields of a block, so they would be ignored).
-    _flat_settings: ClassVar[dict[str, str]] = {}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _nest_flat_settings(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or not cls._flat_settings.keys() & data.keys():
-            return data
-        data = dict(data)
-        settings = dict(data.get("settings") or {})
-        for old, new in cls._flat_settings.items():
-            if old in data:
-                settings.setdefault(new, data.pop(old))
-        return {**data, "settings": settings}
-
     def backend(self) -> Backend:
         """The core's backend for this target, built now (on the worker); a worker without what
         the backend imports is told what to install."""
@@ -82,7 +65,7 @@ def target_block(platform: Platform) -> type[ComputeTarget]:
         "settings": Field(default_factory=platform.settings, title=f"{title} backend",
                           description=platform.settings_summary),
         "_block_type_name": f"TAO {title} Target", "_block_type_slug": f"tao-{platform.name}-target",
-        "_description": platform.summary, "_flat_settings": dict(platform.flat_block_fields),
+        "_description": platform.summary,
         "_code_example": code_example(name, variable, f"backend = {variable}.backend()  # the core's {title} backend\n"
                                                       f"print({variable}.settings)"),
     }

@@ -1,7 +1,7 @@
 """The backend registry and the settings models it builds backends from: each backend's settings
 are declared once (the backend records them, the registry rebuilds from that record, the block
-embeds them), a job record written before ``workdir_root`` became ``run_root`` still reaches its
-job, and a bad setting is the same usage error whichever way it was given."""
+embeds them), a later verb rebuilds a job's backend from its record, and a bad setting is the
+same usage error whichever way it was given."""
 
 from __future__ import annotations
 
@@ -57,14 +57,14 @@ def test_the_backends_are_built_from_their_settings_model() -> None:
     assert (LocalBackend.name, KubernetesBackend.name) == ("local", "kubernetes") == tuple(platforms())
 
 
-def test_an_old_local_record_with_workdir_root_rebuilds_its_backend(tmp_path: Path) -> None:
-    """Records written before the rename keep the run root as ``workdir_root``: migrated as they
-    are read; a run root given now (``--workdir`` on a later verb) wins over the recorded one."""
+def test_a_run_root_given_now_wins_over_the_recorded_one(tmp_path: Path) -> None:
+    """A later verb rebuilds the job's backend from its record; a run root given then
+    (``--workdir``) wins over the recorded one."""
     store = RecordStore(tmp_path / "jobs")
     store.open(job_id="old-job", platform="local", image="tao", network_arch="dino", action="train",
                results_dir="/results")
-    old = {"workdir_root": str(tmp_path / "runs"), "allow_network": True}
-    record = store.update("old-job", lambda current: current.model_copy(update={"backend_config": old}))
+    recorded = {"run_root": str(tmp_path / "runs"), "allow_network": True}
+    record = store.update("old-job", lambda current: current.model_copy(update={"backend_config": recorded}))
     backend = backend_of(record)
     assert isinstance(backend, LocalBackend)
     assert backend.config() == LocalSettings(run_root=str(tmp_path / "runs"), allow_network=True).model_dump()

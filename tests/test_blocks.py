@@ -160,18 +160,6 @@ def test_a_target_embeds_its_backends_settings_model_and_adds_only_its_staging_r
     assert set(schema["definitions"][model.__name__]["properties"]) == set(model.model_fields)
 
 
-def test_a_target_saved_with_flat_settings_loads_with_them_nested() -> None:
-    """Blocks saved before the settings were embedded keep them at the top level (the local run
-    root as workdir_root, the network as network): Prefect keeps unknown fields of a block, so
-    without the move they would be ignored — a run root or a namespace lost, a job run elsewhere."""
-    local = LocalTarget.model_validate({"workdir_root": "/srv/runs", "network": True, "staging_root": "/srv/work"})
-    assert local.settings == LocalSettings(run_root="/srv/runs", allow_network=True)
-    assert local.staging_root == "/srv/work" and "workdir_root" not in local.model_dump()
-    old = {"namespace": "tao", "context": "prod", "pvc_claim": "tao-data", "stager_image": "registry/stager:1",
-           "image_pull_secret": "ngc-pull", "ttl_seconds": 60, "shm_size": "16Gi"}
-    assert KubernetesTarget.model_validate(old).settings == KubernetesSettings(**old)
-
-
 def test_the_kubernetes_target_checks_its_settings_by_the_renderers_rules() -> None:
     for bad, match in [({"namespace": "Not_A_Label"}, "namespace 'Not_A_Label' is not a DNS label"),
                        ({"ttl_seconds": -1}, "ttl_seconds -1 must be 0 to"),

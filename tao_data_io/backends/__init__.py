@@ -127,14 +127,8 @@ def settings_model(name: str) -> type[BackendSettings]:
 
 def settings_from(name: str, config: Mapping[str, Any] | None = None) -> BackendSettings:
     """Platform ``name``'s settings from ``config`` (a record's ``backend_config``, the CLI's
-    flags, a target file), with renamed keys migrated (a new name given beside an old one wins: it
-    is the later word); a refusal is a :class:`UsageError` naming the field, the value and the fix."""
-    platform = platform_of(name)
-    values = dict(config or {})
-    for old, new in platform.renamed.items():
-        if old in values:
-            values.setdefault(new, values.pop(old))
-    return platform.settings.from_mapping(values)
+    flags, a target file); a refusal is a :class:`UsageError` naming the field, the value and the fix."""
+    return platform_of(name).settings.from_mapping(dict(config or {}))
 
 
 def backend_for(name: str, config: Mapping[str, Any] | None = None) -> Backend:

@@ -12,9 +12,7 @@ a host that never builds it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
 from ..tier import Capabilities
 from .backend import BackendSettings
@@ -42,13 +40,6 @@ class Platform:
     summary: str = ""
     #: What the settings field holds, as the target block describes it.
     settings_summary: str = ""
-    #: Settings renamed since job records began keeping them (old name → new name): a record
-    #: written before a rename is migrated as it is read, so every verb still reaches its job.
-    renamed: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    #: Fields a target block saved before it embedded the settings kept at its top level (old
-    #: name → settings field): such a block still loads.
-    flat_block_fields: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-
     @property
     def name(self) -> str:
         return self.settings.platform

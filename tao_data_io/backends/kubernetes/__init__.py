@@ -21,6 +21,4 @@ PLATFORM = Platform(
             "pod, else the kubeconfig context named here (or the current one). Nothing about access is stored in "
             "Prefect.",
     settings_summary="The namespace, the kubeconfig context's NAME, the claim, Secret NAMES, images, TTL and "
-                     "scheduling of each job's objects; names only, never the kubeconfig or a Secret's contents.",
-    flat_block_fields={name: name for name in ("namespace", "context", "pvc_claim", "stager_image",
-                                               "image_pull_secret", "ttl_seconds", "shm_size")})
+                     "scheduling of each job's objects; names only, never the kubeconfig or a Secret's contents.")

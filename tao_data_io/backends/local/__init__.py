@@ -17,5 +17,4 @@ PLATFORM = Platform(
     capabilities=Capabilities(stages_on_host=True, multi_node=True),
     summary="Run each job on the worker's host in a bubblewrap sandbox that sees what a pod would: the embedded "
             "default, for CPU work, tests and demos.",
-    settings_summary="Where on the worker's host each job runs, and whether a job that asks may use its network.",
-    renamed={"workdir_root": "run_root"}, flat_block_fields={"workdir_root": "run_root", "network": "allow_network"})
+    settings_summary="Where on the worker's host each job runs, and whether a job that asks may use its network.")
