@@ -74,6 +74,12 @@ def run_cli(*args: str, env: Mapping[str, str], cwd: Path | None = None) -> subp
                           capture_output=True, text=True, timeout=300)
 
 
+#: Keys of objects a download must refuse: each would land outside its destination, or is no plain
+#: path, or names tao-data-io's own state beside it.
+HOSTILE_KEYS = ["p/../evil", "p/a/../../evil2", "p//abs", "p/a\\..\\b", "p/\x01ctl", "p/./dot",
+                "p/.tao-data-io/digests.json"]
+
+
 def args_request(**extra: Any) -> dict[str, Any]:
     """An args-mode request of the host's ``true``, with ``extra`` fields."""
     return {"schema_version": "1", "image": "local", "command": ["true"], "mode": "args", "args": [], **extra}

@@ -182,3 +182,22 @@ def test_no_backend_is_told_apart_by_its_name_outside_its_package_and_the_regist
                 if said:
                     offenders.append(f"{relative}:{node.lineno}: {sorted(said)}")
     assert offenders == []
+
+
+def test_no_test_module_imports_another() -> None:
+    """Tests share fixtures through conftest.py and helpers through modules that hold no tests
+    (docs/development.md): a test module imported by another runs its collection twice and ties
+    the two files' tests together."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                named = [node.module or ""] if node.module else [alias.name for alias in node.names]
+                found += [f"{path.relative_to(ROOT)}: {name}" for name in named
+                          if name.rpartition(".")[2].startswith("test_")]
+            elif isinstance(node, ast.Import):
+                found += [f"{path.relative_to(ROOT)}: {alias.name}" for alias in node.names
+                          if alias.name.rpartition(".")[2].startswith("test_")]
+    assert found == []

@@ -24,7 +24,7 @@ from tao_data_io.launch.backend import Backend
 from tao_data_io.launch.training import read_training_status
 from tao_data_io.transfer.client import make_s3_client
 
-from . import test_kubernetes_online as online
+from . import kube_cluster as cluster
 from .contract.fake import FakeHarness
 from .contract.harness import Ending, Harness, Launched
 from .contract.kubernetes import KubernetesHarness
@@ -32,7 +32,7 @@ from .contract.local import LocalHarness
 from .helpers import DEADLINE_S, wait_for
 
 #: The stand-in cluster and its S3 input, as the Kubernetes tests have them (pytest fixtures).
-kube, input_bucket = online.kube, online.input_bucket
+kube, input_bucket = cluster.kube, cluster.input_bucket
 
 ADAPTERS = [pytest.param("fake"), pytest.param("local"), pytest.param("kubernetes", marks=pytest.mark.kube)]
 #: Where every backend's results go (a bucket of moto's S3 server): a next attempt restores from it.
@@ -43,7 +43,7 @@ RESULTS_BUCKET = "tao-results"
 def submit_environ(moto_credentials: S3Credentials) -> dict[str, str]:
     """The environment every backend's jobs are submitted from: results go to a bucket of moto's
     S3 server (the Kubernetes stand-in's jobs read their input there too)."""
-    environ = {**online.SECRETS, "S3_BUCKET_NAME": RESULTS_BUCKET,
+    environ = {**cluster.SECRETS, "S3_BUCKET_NAME": RESULTS_BUCKET,
                "AWS_ENDPOINT_URL": str(moto_credentials.endpoint_url)}
     make_s3_client(s3_credentials_from_env(environ)).create_bucket(Bucket=RESULTS_BUCKET)
     return environ

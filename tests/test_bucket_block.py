@@ -26,8 +26,7 @@ from tao_data_io.fs import TEMP_PREFIX, state_dir_for
 from tao_data_io.transfer.client import make_s3_client
 
 from .flow_helpers import REPO, name
-from .helpers import temp_leftovers, tree_digest, write_tree
-from .test_transfer_adversarial import HOSTILE_KEYS
+from .helpers import HOSTILE_KEYS, temp_leftovers, tree_digest, write_tree
 
 TREE = {"a.txt": b"alpha", "sub/b.bin": os.urandom(70_000), "sub/deeper/c.json": b"{}"}
 

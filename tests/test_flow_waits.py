@@ -30,15 +30,15 @@ from tao_data_io.request import JobRequest, parse_request
 from tasks import launch, policy, runner
 from tasks.runner import prefect_runner
 
-from . import test_kubernetes_online as online
+from . import kube_cluster as cluster
 from .fake_backend import FakeBackend
 from .helpers import args_request
 from .kube.apiserver import KubeStandIn
 from .kube_helpers import plan_for, req
-from .test_kubernetes_online import ENV, SECRETS, STAGER, TIER_A, TIER_B, claim, job_request, store_in
+from .kube_cluster import ENV, SECRETS, STAGER, TIER_A, TIER_B, claim, job_request, store_in
 
-#: The stand-in cluster and the input bucket, as the online tests have them (pytest fixtures).
-kube, input_bucket = online.kube, online.input_bucket
+#: The stand-in cluster and the input bucket (pytest fixtures of tests/kube_cluster.py).
+kube, input_bucket = cluster.kube, cluster.input_bucket
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

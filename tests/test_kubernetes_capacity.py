@@ -16,13 +16,14 @@ import pytest
 from tao_data_io.errors import UsageError
 from tao_data_io.steps import VerifyFailed
 
-from . import test_kubernetes_online as online
+from . import kube_cluster as cluster
+from .kube.objects import RESOURCES
 from .kube.apiserver import KubeStandIn
 from .kube.kubelet import TRAIN_SCRIPT
-from .test_kubernetes_online import creates, job_request, make_backend, ours, store_in, submit
+from .kube_cluster import creates, job_request, make_backend, ours, store_in, submit
 
-#: The stand-in cluster and the input bucket, as the online tests have them (pytest fixtures).
-kube, input_bucket = online.kube, online.input_bucket
+#: The stand-in cluster and the input bucket (pytest fixtures of tests/kube_cluster.py).
+kube, input_bucket = cluster.kube, cluster.input_bucket
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 
@@ -116,7 +117,7 @@ def test_the_targets_labels_and_annotations_ride_on_every_job_and_pod_but_never_
                                                                                     tmp_path: Path) -> None:
     kube.server.control.scripts["job-1"] = ["pulling"]
     backend = make_backend(labels={"team": "vision"}, annotations={"example.com/cost-centre": "ml-42"})
-    online.launch_only(tmp_path, job_request(), backend)
+    cluster.launch_only(tmp_path, job_request(), backend)
     job = ours(kube, "Job")["job-1"]
     for meta in (job["metadata"], job["spec"]["template"]["metadata"]):
         assert meta["labels"]["team"] == "vision" and meta["labels"]["app.kubernetes.io/managed-by"] == "tao-data-io"
@@ -129,13 +130,13 @@ def test_the_targets_labels_and_annotations_ride_on_every_job_and_pod_but_never_
 def test_a_multi_node_jobs_pods_are_placed_one_per_node_unless_the_target_says_otherwise(kube: KubeStandIn,
                                                                                         tmp_path: Path) -> None:
     kube.server.control.scripts["job-1"] = ["pulling"]
-    online.launch_only(tmp_path, job_request(compute_shape={"gpus": 8, "nodes": 2}), make_backend())
+    cluster.launch_only(tmp_path, job_request(compute_shape={"gpus": 8, "nodes": 2}), make_backend())
     pod = ours(kube, "Job")["job-1"]["spec"]["template"]["spec"]
     [term] = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert term["topologyKey"] == "kubernetes.io/hostname"
     assert term["labelSelector"]["matchLabels"] == {"tao-data-io/job-id": "job-1", "tao-data-io/step": "train"}
     kube.server.control.scripts["job-2"] = ["pulling"]
-    online.launch_only(tmp_path, job_request(job_id="job-2", compute_shape={"gpus": 8, "nodes": 2}),
+    cluster.launch_only(tmp_path, job_request(job_id="job-2", compute_shape={"gpus": 8, "nodes": 2}),
                        make_backend(exclusive_topology=None))
     assert "affinity" not in ours(kube, "Job")["job-2"]["spec"]["template"]["spec"]
 
@@ -178,7 +179,7 @@ def test_the_gate_counts_one_rank_per_node_when_the_ranks_are_placed_one_per_nod
     """Two ranks of 4 GPUs fit one 8-GPU node by count, but their required anti-affinity puts each
     on a node of its own: with one such node the job would wait Pending forever, so it is refused."""
     for (resource, _, name), obj in list(kube.server.objects.items()):
-        if resource == online.RESOURCES["Node"] and name in ("gpu-0", "gpu-1"):
+        if resource == RESOURCES["Node"] and name in ("gpu-0", "gpu-1"):
             obj.delete()  # only the one big node is left
     _node(kube, "big-0", 8)
     with pytest.raises(UsageError, match="can hold 1 such pod"):

@@ -20,11 +20,11 @@ from .kube.apiserver import KubeStandIn
 from .kube.job_controller import REPLACES
 from .kube.kubelet import TRAIN_SCRIPT
 from .kube.objects import RESOURCES
-from . import test_kubernetes_online as online
-from .test_kubernetes_online import job_request, launch_only, make_backend, ours, store_in, submit
+from . import kube_cluster as cluster
+from .kube_cluster import job_request, launch_only, make_backend, ours, store_in, submit
 
-#: The stand-in cluster and the input bucket, as the online tests have them (pytest fixtures).
-kube, input_bucket = online.kube, online.input_bucket
+#: The stand-in cluster and the input bucket (pytest fixtures of tests/kube_cluster.py).
+kube, input_bucket = cluster.kube, cluster.input_bucket
 
 EVICTED = [*TRAIN_SCRIPT, "disrupted"]
 
@@ -151,7 +151,7 @@ def test_a_job_past_its_deadline_says_the_job_controllers_reason_and_ends_once_i
 
 
 def _started_long_ago(kube: KubeStandIn) -> None:
-    found = kube.server.objects[online.kube_key("Job", "job-1")]
+    found = kube.server.objects[cluster.kube_key("Job", "job-1")]
     found["status"] = {**found.raw["status"], "startTime": "2020-01-01T00:00:00Z"}
 
 

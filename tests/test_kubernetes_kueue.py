@@ -14,10 +14,10 @@ from tao_data_io.errors import UsageError
 from tao_data_io.backends.kubernetes.waiting import StageFailed
 from tao_data_io.steps import VerifyFailed
 
-from . import test_kubernetes_online as online
+from . import kube_cluster as cluster
 from .kube.kueue import Kueue
 from .kube.apiserver import KubeStandIn
-from .test_kubernetes_online import (
+from .kube_cluster import (
     NAMESPACE,
     TIER_B,
     claim,
@@ -29,8 +29,8 @@ from .test_kubernetes_online import (
     submit,
 )
 
-#: The stand-in cluster and the input bucket, as the online tests have them (pytest fixtures).
-kube, input_bucket = online.kube, online.input_bucket
+#: The stand-in cluster and the input bucket (pytest fixtures of tests/kube_cluster.py).
+kube, input_bucket = cluster.kube, cluster.input_bucket
 
 QUEUED = {"capacity": "queued", "queue_name": "gpu-queue"}
 #: What a GPU ClusterQueue of Kueue's own examples covers: no ephemeral-storage.
@@ -55,7 +55,7 @@ def test_a_queued_job_is_made_suspended_in_its_queue_and_runs_once_kueue_admits_
     its queue until Kueue admits it, and runs once Kueue resumes it."""
     kueue = _kueue(kube, room=False)
     said: list[str] = []
-    submission, plan = online.launch_only(tmp_path, job_request(compute_shape={"gpus": 16}),
+    submission, plan = cluster.launch_only(tmp_path, job_request(compute_shape={"gpus": 16}),
                                        make_backend(said, priority_class="tao-high", **QUEUED))
     backend = make_backend(**QUEUED)
     message = backend.status(submission.backend_ref).message or ""
@@ -129,7 +129,7 @@ def test_a_long_stage_under_kueues_readiness_timeout_is_warned(kube: KubeStandIn
     _kueue(kube)
     said: list[str] = []
     request = job_request(compute_shape={"gpus": 1, "ephemeral_storage": "40Gi"})
-    online.launch_only(tmp_path, request, make_backend(said, pending_timeout=30, **QUEUED))
+    cluster.launch_only(tmp_path, request, make_backend(said, pending_timeout=30, **QUEUED))
     warning = next(line for line in said if "waitForPodsReady" in line)
     assert "before it is Ready" in warning and "each requeue stages again" in warning
 
@@ -150,7 +150,7 @@ def test_a_job_kueue_takes_back_is_queued_again_not_ended(kube: KubeStandIn, tmp
     kube.run(lambda: kueue.readmit(kube.server, NAMESPACE, "job-1"))
     backend.status(done.backend_ref)  # Kueue resumes it; the Job controller makes its pods
     assert backend.status(done.backend_ref).state in ("PENDING", "RUNNING")
-    assert online.ours(kube, "Pod"), "the readmitted Job has pods again"
+    assert cluster.ours(kube, "Pod"), "the readmitted Job has pods again"
 
 
 def test_a_stage_job_kueues_webhook_queues_waits_saying_it_is_kueues(kube: KubeStandIn, tmp_path: Path) -> None:
@@ -202,7 +202,7 @@ def test_a_job_suspended_by_hand_where_kueue_holds_nothing_is_not_said_to_be_kue
     Workload: its status says it is suspended and how to resume it, never Kueue's queue or the
     namespace selector of a Kueue that is not there."""
     done = submit(tmp_path, job_request(), make_backend())
-    kube.run(lambda: kube.server.objects[online.kube_key("Job", "job-1")].raw["spec"].update(suspend=True))
+    kube.run(lambda: kube.server.objects[cluster.kube_key("Job", "job-1")].raw["spec"].update(suspend=True))
     status = make_backend().status(done.backend_ref)
     assert status.state == "PENDING" and "Kueue" not in (status.message or ""), status
     assert '"suspend":false' in (status.message or "") and "cancel" in (status.message or ""), status
@@ -210,7 +210,7 @@ def test_a_job_suspended_by_hand_where_kueue_holds_nothing_is_not_said_to_be_kue
 
 def test_what_kueue_says_is_cut_to_a_line_a_status_can_carry(kube: KubeStandIn, tmp_path: Path) -> None:
     kueue = _kueue(kube, room=False)
-    submission, _ = online.launch_only(tmp_path, job_request(), make_backend(**QUEUED))
+    submission, _ = cluster.launch_only(tmp_path, job_request(), make_backend(**QUEUED))
     kube.run(lambda: kueue.evict(kube.server, NAMESPACE, "job-1", "Preempted", "x" * 1_000_000))
     message = make_backend(**QUEUED).status(submission.backend_ref).message or ""
     assert "Kueue evicted it (Preempted)" in message and len(message) < 2000, len(message)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import test_kubernetes_online as online
+from . import kube_cluster as cluster
 from .kube.apiserver import KubeStandIn
-from .test_kubernetes_online import job_request, launch_only, make_backend
+from .kube_cluster import job_request, launch_only, make_backend
 
-#: The stand-in cluster and the input bucket, as the online tests have them (pytest fixtures).
-kube, input_bucket = online.kube, online.input_bucket
+#: The stand-in cluster and the input bucket (pytest fixtures of tests/kube_cluster.py).
+kube, input_bucket = cluster.kube, cluster.input_bucket
 
 
 def test_logs_show_training_when_the_results_sidecar_failed_after_it(kube: KubeStandIn, tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -25,151 +24,28 @@ from tao_data_io.backends.kubernetes.api import Api, ApiError, connect
 from tao_data_io.backends.kubernetes.follow import new_lines
 from tao_data_io.backends.kubernetes.apply import kinds
 from tao_data_io.backends.kubernetes import pods as pod_reading
-from tao_data_io.backends.kubernetes.backend import DEFAULT_IMAGE_PULL_TIMEOUT_S, KubernetesBackend
-from tao_data_io.backends.kubernetes.render import ATTEMPT_ANNOTATION, CACHE_LABEL, JOB_ID_LABEL, STAGING_MARGIN, STEP_LABEL
+from tao_data_io.backends.kubernetes.backend import KubernetesBackend
+from tao_data_io.backends.kubernetes.render import ATTEMPT_ANNOTATION, JOB_ID_LABEL, STAGING_MARGIN, STEP_LABEL
 from tao_data_io.backends.kubernetes.settings import DEFAULT_CANCEL_GRACE_SECONDS, KubernetesSettings
 from tao_data_io.backends import backend_for
-from tao_data_io.launch.backend import DEFAULT_VERIFY_TIMEOUT_S, Backend, JobDocuments, Submission
-from tao_data_io.launch.plan import LaunchPlan
+from tao_data_io.launch.backend import Backend, JobDocuments
 from tao_data_io.backends.kubernetes.names import object_names
-from tao_data_io.records import RecordStore
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.quantities import quantity_bytes
 from tao_data_io.request import JobRequest
 from tao_data_io.transfer.client import make_s3_client
 
-from .contract.harness import launch_through_steps
-from .kube_helpers import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID
+from . import kube_cluster
+from .kube_cluster import (ENV, INPUT_OBJECTS, MANAGED, NAMESPACE, SECRETS, TIER_A, TIER_B, claim, kube_key, creates, every_object_of_ours,
+                           job_request, launch_only, make_backend, ours, seeded_cluster, store_in, submit, validate,
+                           write_kubeconfig)
+from .kube_helpers import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID, STAGER
 from .kube.kueue import Kueue
 from .kube.apiserver import Fault, KubeStandIn
-from .kube.objects import RESOURCES
 from .kube.volumes import Inode, Volume
 
-NAMESPACE = "tao"
-STAGER = "registry.example.com/tao-data-io-stager:0.1.0"
-SECRETS = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEY12345", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI-k8s-very-secret"}
-ENV = {**SECRETS, "S3_BUCKET_NAME": "tao-results"}
-MANAGED = "app.kubernetes.io/managed-by"
-
-
-def job_request(**fields: Any) -> JobRequest:
-    """Tier C by default: an S3 input, results uploaded to S3, the S3 keys forwarded, one GPU."""
-    base: dict[str, Any] = {"schema_version": "1", "job_id": "job-1", "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0.0",
-                            "mode": "args", "command": ["dino", "train"], "args": ["--epochs", "1"],
-                            "inputs": [{"source": "s3://bkt-1/data/", "target": "/data"}],
-                            "forward_env": list(SECRETS), "compute_shape": {"gpus": 1}}
-    return JobRequest.model_validate({**base, **fields})
-
-
-#: What the jobs' S3 input holds (moto's S3 server over HTTP, which takes any key): tier C sizes
-#: it before submit (tao_data_io.staging.sizing).
-INPUT_OBJECTS = {"data/train/0001.jpg": 3000, "data/train/0002.jpg": 5000, "data/labels.json": 192}
-
-
-@pytest.fixture(scope="module")
-def input_bucket(moto_credentials: S3Credentials) -> str:
-    client = make_s3_client(S3Credentials(SECRETS["AWS_ACCESS_KEY_ID"], SECRETS["AWS_SECRET_ACCESS_KEY"],
-                                          endpoint_url=moto_credentials.endpoint_url))
-    client.create_bucket(Bucket="bkt-1")
-    for key, size in INPUT_OBJECTS.items():
-        client.put_object(Bucket="bkt-1", Key=key, Body=b"x" * size)
-    assert moto_credentials.endpoint_url is not None
-    return moto_credentials.endpoint_url
-
-
-@contextmanager
-def seeded_cluster(where: Path, monkeypatch: pytest.MonkeyPatch, s3_endpoint: str) -> Iterator[KubeStandIn]:
-    """The stand-in with two 8-GPU nodes and a StorageClass, and a kubeconfig context for it
-    (namespace ``tao``) in $KUBECONFIG, as a user would have it; the jobs' environment reaches
-    the S3 server holding their input."""
-    monkeypatch.setitem(ENV, "AWS_ENDPOINT_URL", s3_endpoint)
-    with KubeStandIn() as stand_in:
-        write_kubeconfig(where / "kubeconfig", stand_in.url)
-        monkeypatch.setenv("KUBECONFIG", str(where / "kubeconfig"))
-        monkeypatch.setenv("TAO_K8S_CONTEXT", "stand-in")
-        monkeypatch.delenv("TAO_K8S_NAMESPACE", raising=False)
-        for index in range(2):
-            stand_in.server.store({"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"gpu-{index}"},
-                                   "status": {"allocatable": {"nvidia.com/gpu": "8", "cpu": "64"}}})
-        stand_in.server.store({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-                               "metadata": {"name": "standard"}, "provisioner": "rancher.io/local-path",
-                               "volumeBindingMode": "WaitForFirstConsumer"})
-        yield stand_in
-
-
-@pytest.fixture
-def kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, input_bucket: str) -> Iterator[KubeStandIn]:
-    with seeded_cluster(tmp_path, monkeypatch, input_bucket) as stand_in:
-        yield stand_in
-
-
-def write_kubeconfig(path: Path, url: str) -> None:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
-        "clusters": [{"name": "stand-in", "cluster": {"server": url}}],
-        "users": [{"name": "tester", "user": {"token": "kubeconfig-bearer-t0ken"}}],
-        "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "tester",
-                                                       "namespace": NAMESPACE}}]}))
-
-
-def claim(name: str = "tao-data", phase: str = "Bound", modes: tuple[str, ...] = ("ReadWriteMany",),
-          storage_class: str = "standard") -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": NAMESPACE},
-            "spec": {"accessModes": list(modes), "storageClassName": storage_class,
-                     "resources": {"requests": {"storage": "100Gi"}}},
-            "status": {"phase": phase, **({"accessModes": list(modes), "capacity": {"storage": "100Gi"}}
-                                          if phase == "Bound" else {})}}
-
-
-def make_backend(said: list[str] | None = None, *, verify_timeout: float = DEFAULT_VERIFY_TIMEOUT_S,
-                 image_pull_timeout: float = DEFAULT_IMAGE_PULL_TIMEOUT_S, **settings: Any) -> KubernetesBackend:
-    return KubernetesBackend(KubernetesSettings(**{"stager_image": STAGER, **settings}), verify_timeout=verify_timeout,
-                             image_pull_timeout=image_pull_timeout, pod_poll_seconds=0.001,
-                             say=(said if said is not None else []).append)
-
-
-def store_in(tmp_path: Path) -> RecordStore:
-    return RecordStore(tmp_path / "records")
-
-
-def submit(tmp_path: Path, request: JobRequest, backend: KubernetesBackend,
-           environ: dict[str, str] | None = None) -> verbs.Submitted:
-    return verbs.submit(request, backend, store_in(tmp_path), staging_root=tmp_path / "work",
-                           environ=ENV if environ is None else environ)
-
-
-def launch_only(tmp_path: Path, request: JobRequest, backend: KubernetesBackend,
-                environ: dict[str, str] | None = None) -> tuple[Submission, LaunchPlan]:
-    """The pipeline's steps up to preflight and submit, without waiting for the verdict, so a test
-    can look at the job at any step of its pods' script."""
-    submission, plan, _ = launch_through_steps(request, backend, store_in(tmp_path), tmp_path / "work",
-                                               ENV if environ is None else environ)
-    return submission, plan
-
-
-def ours(kube: KubeStandIn, kind: str) -> dict[str, dict[str, Any]]:
-    return {name: obj for name, obj in kube.server.alive(kind, NAMESPACE).items()
-            if obj["metadata"].get("labels", {}).get(MANAGED) == "tao-data-io"}
-
-
-def every_object_of_ours(kube: KubeStandIn) -> list[dict[str, Any]]:
-    """Every object of a job (the collective probe's remembered passes are the namespace's, kept)."""
-    return [obj for kind in ("Secret", "ConfigMap", "Service", "Job") for obj in ours(kube, kind).values()
-            if CACHE_LABEL not in obj["metadata"].get("labels", {})]
-
-
-def validate(objects: list[dict[str, Any]]) -> None:
-    """What the backend created, as the API server holds it after the ownerReferences patches."""
-    assert objects
-    for obj in objects:
-        for version in ("1.29", "1.32"):
-            kubernetes_validate.validate(json.loads(json.dumps(obj)), version, strict=True)
-
-
-def creates(kube: KubeStandIn) -> list[str]:
-    return [r for r in kube.requests() if r.startswith(("POST", "PATCH", "DELETE", "PUT")) and "dryRun" not in r
-            and "selfsubjectaccessreviews" not in r]
-
+#: The stand-in cluster and the input bucket (pytest fixtures of tests/kube_cluster.py).
+kube, input_bucket = kube_cluster.kube, kube_cluster.input_bucket
 
 # ----------------------------------------------------------------------------- submit
 def test_a_single_node_submit_creates_secret_configmap_job_owned_by_the_job(kube: KubeStandIn, tmp_path: Path) -> None:
@@ -744,10 +620,6 @@ def test_a_job_that_is_gone_reads_unknown_and_ttl_takes_its_objects(kube: KubeSt
     assert backend.failure_analysis(done.backend_ref) is None and backend.logs(done.backend_ref) == ""
 
 
-def kube_key(kind: str, name: str) -> tuple[Any, str, str]:
-    return RESOURCES[kind], NAMESPACE, name
-
-
 def test_logs_show_the_verify_probe_when_it_failed(kube: KubeStandIn, tmp_path: Path) -> None:
     kube.server.control.scripts["job-1"] = ["verify-failed"]
     kube.server.control.verify_failures["/data"] = "is empty"
@@ -1176,8 +1048,6 @@ def test_gate_access_lists_every_refusal_in_one_line(kube: KubeStandIn, tmp_path
               "cluster's admin for a Role granting them and a RoleBinding to this identity")
 
 
-TIER_A = {"inputs": [], "mounts": [{"source": "/datasets/coco", "target": "/data"}]}  # pre-positioned on the claim
-TIER_B = {"storage": {"pvc_claim": "tao-data"}}
 
 
 @pytest.mark.parametrize(("seeded", "settings", "fields", "fragment"), [

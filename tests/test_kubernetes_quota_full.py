@@ -12,13 +12,13 @@ import pytest
 
 from tao_data_io.errors import UsageError
 
-from . import test_kubernetes_online as online
+from . import kube_cluster as cluster
 from .kube.admission import quota_exceeded
 from .kube.apiserver import KubeStandIn
-from .test_kubernetes_online import creates, job_request, launch_only, make_backend, ours
+from .kube_cluster import creates, job_request, launch_only, make_backend, ours
 
-#: The stand-in cluster and the input bucket, as the online tests have them (pytest fixtures).
-kube, input_bucket = online.kube, online.input_bucket
+#: The stand-in cluster and the input bucket (pytest fixtures of tests/kube_cluster.py).
+kube, input_bucket = cluster.kube, cluster.input_bucket
 
 
 def test_the_stand_in_refuses_only_what_goes_past_the_quota() -> None:

@@ -13,12 +13,12 @@ import pytest
 from tao_data_io.errors import UsageError
 from tao_data_io.steps import VerifyFailed
 
-from . import test_kubernetes_online as online
+from . import kube_cluster as cluster
 from .kube.apiserver import KubeStandIn
-from .test_kubernetes_online import creates, job_request, make_backend, store_in, submit
+from .kube_cluster import creates, job_request, make_backend, store_in, submit
 
-#: The stand-in cluster and the input bucket, as the online tests have them (pytest fixtures).
-kube, input_bucket = online.kube, online.input_bucket
+#: The stand-in cluster and the input bucket (pytest fixtures of tests/kube_cluster.py).
+kube, input_bucket = cluster.kube, cluster.input_bucket
 
 
 def _kubelets(kube: KubeStandIn, versions: dict[str, str]) -> None:

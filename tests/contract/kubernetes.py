@@ -15,7 +15,7 @@ from tao_data_io.request import JobRequest
 from ..kube.apiserver import KubeStandIn
 from ..kube.kubelet import TRAIN_SCRIPT, exited
 from ..kube.objects import JOB_NAME, RESOURCES
-from ..test_kubernetes_online import NAMESPACE, every_object_of_ours, job_request, make_backend
+from ..kube_cluster import NAMESPACE, every_object_of_ours, job_request, make_backend
 from .harness import Ending, Harness, Launched
 
 
