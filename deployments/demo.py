@@ -43,7 +43,8 @@ from tao_data_io.records import JobRecord, RecordStore
 from tao_data_io.reporting import human_size
 from tao_data_io.request import parse_request
 from tao_data_io.staging.layout import plan_inputs
-from tao_data_io.transfer.engine import TransferEngine, TransferOptions
+from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.options import TransferOptions
 from tao_data_io.uris import parse_s3_url
 from tao_data_io.vocabulary import ALWAYS_EXCLUDED
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from types import FrameType
 
 from ...credentials import Redactor
-from ...fs import atomic_write
+from ...fs.atomic import atomic_write
 from ...launch.plan import PROBE_DIR
 from ...launch.probe import PROBE_SCRIPT, TOKEN_FILE, Verdict, checklist, checklist_text, parse_probe_output, \
     with_persistence

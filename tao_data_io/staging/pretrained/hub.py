@@ -13,7 +13,7 @@ from typing import Any
 
 from ...credentials import mask_userinfo
 from ...errors import CredentialError, TransferError, UsageError
-from ...fs import STATE_DIR_NAME
+from ...fs.confinement import STATE_DIR_NAME
 from ...uris import HFModelURI
 from .registry import GIT_BLOB_SHA1, SHA256, Digest, Listing, RemoteFile
 
