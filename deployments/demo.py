@@ -37,7 +37,8 @@ import yaml
 
 from deployments.dataset import MODEL_REPO, PREFIX, build
 from deployments.stack import Service, Stack, free_port
-from tao_data_io.credentials import S3Credentials, is_secret_name, s3_credentials_from_env
+from tao_data_io.credentials import S3Credentials, s3_credentials_from_env
+from tao_data_io.redaction import is_secret_name
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.records import JobRecord, RecordStore
 from tao_data_io.reporting import human_size

@@ -33,7 +33,7 @@ _EXPORTS: dict[str, str] = {
     "decide_route": "routing", "record_route": "routing", "upload_results": "outputs",
     "TransferEngine": "transfer.engine", "TransferOptions": "transfer.options",
     # helpers a step's caller needs
-    "s3_credentials_from_env": "credentials", "forwarded_values": "credentials", "Redactor": "credentials",
+    "s3_credentials_from_env": "credentials", "forwarded_values": "credentials", "Redactor": "redaction",
     "throttled": "reporting",
 }
 

@@ -42,7 +42,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from .credentials import Redactor, s3_credentials_from_env
+from .credentials import s3_credentials_from_env
+from .redaction import Redactor
 from .errors import TransferError, UnsafePathError, UsageError
 from .fs.confinement import check_relative, is_within
 from .records import JobRecord, OutputRoute, RecordStore

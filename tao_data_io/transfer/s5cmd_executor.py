@@ -37,7 +37,8 @@ from contextlib import ExitStack
 from functools import cache
 from pathlib import Path
 
-from ..credentials import POD_IDENTITY_VARIABLES, Redactor, S3Credentials
+from ..credentials import POD_IDENTITY_VARIABLES, S3Credentials
+from ..redaction import Redactor
 from ..errors import TaoDataIOError, UnsafePathError
 from ..fs.tree import DestinationTree, Spool
 from .client import resolved_keys

@@ -40,7 +40,8 @@ from typing import Any
 
 import yaml
 
-from ...credentials import AWS_TO_LEGACY, Redactor
+from ...credentials import AWS_TO_LEGACY
+from ...redaction import Redactor
 from ...errors import UNWRITABLE_EXIT, UsageError
 from ...fs.confinement import check_relative
 from ...launch.plan import PROBE_DIR, LaunchPlan, PlanMount, refuse_smuggled_secrets

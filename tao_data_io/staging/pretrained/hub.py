@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ...credentials import mask_userinfo
+from ...redaction import mask_userinfo
 from ...errors import CredentialError, TransferError, UsageError
 from ...fs.confinement import STATE_DIR_NAME
 from ...uris import HFModelURI
