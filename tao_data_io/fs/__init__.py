@@ -18,5 +18,10 @@ checks containment comes here — to the module that holds that one property:
 - :mod:`.reading` — reading a file a job controls: the one scanned, no more than scanned;
 - :mod:`.digest` — :func:`~.digest.file_digest`.
 
-Nothing is exported here: each importer names the module that holds what it uses.
+Nothing is exported here — each importer names the module that holds what it uses — but
+:class:`~.reading.ReplacedError`, under the name it had when this was one module: a flow whose run
+failed with it has it stored by that name (Prefect's JSON result serializer keeps an exception as
+its qualified name, ``tao_data_io.fs.ReplacedError``, and rebuilds it from there).
 """
+
+from .reading import ReplacedError as ReplacedError  # noqa: F401 - see above
