@@ -72,7 +72,8 @@ from tao_data_io.backends.local.backend import LocalBackend  # noqa: E402
 from tao_data_io.backends.local.settings import LocalSettings  # noqa: E402
 from tao_data_io.records import RecordStore  # noqa: E402
 from tao_data_io.request import parse_request  # noqa: E402
-from tao_data_io.transfer.engine import TransferEngine, TransferOptions  # noqa: E402
+from tao_data_io.transfer.engine import TransferEngine  # noqa: E402
+from tao_data_io.transfer.options import TransferOptions  # noqa: E402
 from tao_data_io.uris import parse_s3_url  # noqa: E402
 from tasks.policy import step  # noqa: E402
 from tests.fake_backend import FakeBackend  # noqa: E402

@@ -35,7 +35,8 @@ from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.outputs import results_filter
 from tao_data_io.records import RecordStore
 from tao_data_io.transfer.client import make_s3_client
-from tao_data_io.transfer.engine import TransferEngine, TransferOptions
+from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.options import TransferOptions
 
 BUCKET = "bench"
 JOB_ID = "bench-resync"

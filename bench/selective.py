@@ -39,7 +39,8 @@ from urllib.parse import urlsplit
 
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.staging.selective import selective_download
-from tao_data_io.transfer.engine import TransferEngine, TransferOptions
+from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.options import TransferOptions
 
 BUCKET = "bench"
 RSS_LIMIT_MIB, SECONDS_LIMIT, RATIO_LIMIT = 500, 3.0, 1.2

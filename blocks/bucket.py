@@ -37,8 +37,9 @@ from blocks.credentials import S3EnvCredentials
 from blocks.picker import PICKABLE
 from blocks.presentation import DOCUMENTATION_URL, LOGO_URL, code_example
 from tao_data_io.errors import TransferError, UsageError
-from tao_data_io.fs import check_relative
-from tao_data_io.transfer.engine import TransferEngine, TransferOptions
+from tao_data_io.fs.confinement import check_relative
+from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.options import TransferOptions
 from tao_data_io.transfer.summary import TransferSummary
 from tao_data_io.uris import S3Url, parse_s3_url
 

@@ -27,7 +27,8 @@ from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
 
 from blocks.presentation import DOCUMENTATION_URL, LOGO_URL, code_example
 from blocks.picker import PICKABLE
-from tao_data_io.credentials import AWS_TO_LEGACY, S3Credentials, credential_shape_fields, s3_credentials_from_env
+from tao_data_io.credentials import AWS_TO_LEGACY, S3Credentials, s3_credentials_from_env
+from tao_data_io.redaction import credential_shape_fields
 from tao_data_io.errors import UsageError
 from tao_data_io.names import ENV_NAME_PATTERN, check_credential_name
 from tao_data_io.staging.pretrained import registry_for

@@ -37,13 +37,15 @@ import yaml
 
 from deployments.dataset import MODEL_REPO, PREFIX, build
 from deployments.stack import Service, Stack, free_port
-from tao_data_io.credentials import S3Credentials, is_secret_name, s3_credentials_from_env
+from tao_data_io.credentials import S3Credentials, s3_credentials_from_env
+from tao_data_io.redaction import is_secret_name
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.records import JobRecord, RecordStore
 from tao_data_io.reporting import human_size
 from tao_data_io.request import parse_request
 from tao_data_io.staging.layout import plan_inputs
-from tao_data_io.transfer.engine import TransferEngine, TransferOptions
+from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.options import TransferOptions
 from tao_data_io.uris import parse_s3_url
 from tao_data_io.vocabulary import ALWAYS_EXCLUDED
 

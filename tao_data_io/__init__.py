@@ -31,9 +31,9 @@ _EXPORTS: dict[str, str] = {
     "stage": "staging.stage", "check_air_gap": "staging.stage", "materialize_config": "staging.config",
     "selective_download": "staging.selective", "extract_archive": "staging.archive", "pull_model": "staging.pretrained",
     "decide_route": "routing", "record_route": "routing", "upload_results": "outputs",
-    "TransferEngine": "transfer.engine", "TransferOptions": "transfer.engine",
+    "TransferEngine": "transfer.engine", "TransferOptions": "transfer.options",
     # helpers a step's caller needs
-    "s3_credentials_from_env": "credentials", "forwarded_values": "credentials", "Redactor": "credentials",
+    "s3_credentials_from_env": "credentials", "forwarded_values": "credentials", "Redactor": "redaction",
     "throttled": "reporting",
 }
 

@@ -23,7 +23,7 @@ from .commands import MODULES, VERBS, module
 from .commands.examples import Example, examples_text, verb_examples
 from .commands.target import SETTING
 from .console import Console
-from .credentials import RedactingFilter
+from .redaction import RedactingFilter
 from .errors import UNWRITABLE_EXIT, USAGE_EXIT, UnwritableError, UsageError, os_error_message
 
 #: The exit status of a command whose output was cut off by its reader (128 + SIGPIPE).

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from .credentials import Redactor
+from .redaction import Redactor
 from .reporting import Progress
 
 

@@ -11,7 +11,7 @@ no server): the schema only moves the common refusals earlier.
 Every text of the form carries ``not: {pattern: CREDENTIAL_SHAPES}``, including the free-form
 spec's values and keys at any depth (:data:`SpecTree`, a recursive schema) and the keys of the request's
 mappings (``propertyNames``). The runtime check is the same pattern
-(:func:`~tao_data_io.credentials.credential_shape_fields`), so the CLI refuses what the server does.
+(:func:`~tao_data_io.redaction.credential_shape_fields`), so the CLI refuses what the server does.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Annotated, Any, Union
 from pydantic import BeforeValidator, WithJsonSchema
 from typing_extensions import TypeAliasType
 
-from .credentials import CREDENTIAL_SHAPES, SECRET_NAME_WORDS, SECRET_NAMES
+from .redaction import CREDENTIAL_SHAPES, SECRET_NAME_WORDS, SECRET_NAMES
 
 #: What every text of a form may not hold.
 NO_CREDENTIAL = {"not": {"pattern": CREDENTIAL_SHAPES}}

@@ -42,16 +42,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from .credentials import Redactor, s3_credentials_from_env
+from .credentials import s3_credentials_from_env
+from .redaction import Redactor
 from .errors import TransferError, UnsafePathError, UsageError
-from .fs import check_relative, is_within
+from .fs.confinement import check_relative, is_within
 from .records import JobRecord, OutputRoute, RecordStore
 from .quantities import quantity_bytes
 from .results_claim import Claim, ClaimedElsewhere, check_claim, claim, claimant_of
 from .routing import decide_route, ephemeral_warning
 from .transfer.activity import Activity
 from .transfer.client import explained
-from .transfer.engine import TransferEngine, TransferOptions
+from .transfer.engine import TransferEngine
+from .transfer.options import TransferOptions
 from .transfer.filters import FilterRule, PathFilter
 from .reporting import MAX_EXAMPLES, ProgressCallback, human_size
 from .transfer.summary import Skipped, TransferSummary
@@ -246,7 +248,7 @@ def restore_results(source: str, results_dir: Path, *, belongs_to: str | None = 
 
 
 def _restorable(pages: Iterable[dict[str, Any]], base: str, unrestorable: TransferSummary) -> Iterator[dict[str, Any]]:
-    """``pages`` without the keys no directory can hold as a result (:func:`~tao_data_io.fs.check_relative`
+    """``pages`` without the keys no directory can hold as a result (:func:`~tao_data_io.fs.confinement.check_relative`
     refuses their name under ``base``), each told to ``unrestorable`` as skipped; one page at a time."""
     for page in pages:
         contents = []

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
-from .credentials import Redactor, credential_shape_fields, credential_value_fields, is_secret_name, masked
+from .redaction import Redactor, credential_shape_fields, credential_value_fields, is_secret_name, masked
 from .documents import load_document, read_document
 from .errors import UsageError
 from .forms import PLAIN_VARIABLE_NAMES, SpecMapping, guard_texts

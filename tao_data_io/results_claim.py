@@ -9,7 +9,7 @@ the command starts, claims the prefix for the job's record with a conditional wr
 (``If-None-Match: *``: of two claimers, one wins); every upload and restore checks the claim
 before a byte moves; a prefix claimed for another record is refused, naming both and the fix.
 
-**Where.** Beside the prefix, never inside it, as :func:`tao_data_io.fs.state_dir_for` keeps
+**Where.** Beside the prefix, never inside it, as :func:`tao_data_io.fs.state.state_dir_for` keeps
 local state beside a tree: ``results/.tao-data-io/J/claim.json`` for ``results/J/``. So a
 restore brings back results only, no file a job writes can reach the claim (its upload's keys
 are the prefix plus a relative path), and the results limit counts results only. A job id never
@@ -33,7 +33,7 @@ import json
 from typing import NamedTuple
 
 from .errors import TransferError, UsageError
-from .fs import STATE_DIR_NAME
+from .fs.confinement import STATE_DIR_NAME
 from .records import JobRecord, OutputRoute
 from .records.conditional import put_if
 from .routing import BUCKET_VARIABLE, RESULTS_PREFIX

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .console import printable, shown
-from .credentials import Redactor, StreamRedactor
+from .redaction import Redactor, StreamRedactor
 from .errors import UsageError
 from .backends import backend_for
 from .launch.backend import Backend, FailureAnalysis, JobDocuments, JobStatus, Submission
@@ -323,7 +323,7 @@ def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seco
 @dataclass
 class Watched:
     """What one watcher has shown of a job: the log masked across looks (a look may end inside a
-    line longer than it takes: :class:`~tao_data_io.credentials.StreamRedactor`), and TAO's
+    line longer than it takes: :class:`~tao_data_io.redaction.StreamRedactor`), and TAO's
     progress last shown."""
 
     printed: StreamRedactor

@@ -38,7 +38,8 @@ from .names import is_job_id
 from .records.backend import DEFAULT_LEASE_SECONDS, RecordBackend
 from .records.location import locate
 from .transfer.activity import Activity
-from .transfer.engine import RemoteIndex, TransferEngine
+from .transfer.engine import TransferEngine
+from .transfer.objects import RemoteIndex
 from .uris import S3Url, parse_s3_url
 from .vocabulary import TERMINAL_STATES
 

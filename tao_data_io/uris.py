@@ -37,7 +37,7 @@ import urllib.parse
 from dataclasses import dataclass
 
 from .errors import UnsafePathError, UsageError
-from .fs import check_relative
+from .fs.confinement import check_relative
 
 #: Schemes of inputs that have to be fetched (everything else is a local path: tier A).
 REMOTE_SCHEMES = ("s3://", "hf://", "ngc://")

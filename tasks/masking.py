@@ -32,8 +32,8 @@ from prefect.exceptions import FailedRun
 from prefect.logging import get_run_logger
 from prefect.states import Failed, State
 
-from tao_data_io.credentials import (RedactingFilter, Redactor, credential_shape_fields, credential_value_fields,
-                                     mask_credential_shapes, masked)
+from tao_data_io.redaction import (RedactingFilter, Redactor, credential_shape_fields, credential_value_fields,
+                                   mask_credential_shapes, masked)
 from tao_data_io.errors import JobOutcome, UsageError
 from tao_data_io.names import is_job_id
 
@@ -168,7 +168,7 @@ def _masked(value: Any, clean: Callable[[str], str]) -> Any:
 
 def masking_failures(fn: F) -> F:
     """``fn``, whose exceptions leave it with every credential value in their text masked (see
-    :func:`tao_data_io.credentials.masked`: our errors keep their type, whether a retry can help
+    :func:`tao_data_io.redaction.masked`: our errors keep their type, whether a retry can help
     is kept). Goes under ``@flow``/``@task``, so Prefect sees only the masked exception.
 
     A flow that fails on bad input (a :class:`UsageError`, whose text names the field, the value

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tao_data_io.errors import BackendError, UsageError
-from tao_data_io.fs import read_job_file
+from tao_data_io.fs.reading import read_job_file
 from tao_data_io.launch.backend import (DEFAULT_VERIFY_TIMEOUT_S, FailureAnalysis, JobDocuments, JobStatus, LogChunk,
                                         Submission, Waits)
 from tao_data_io.launch.plan import LaunchPlan

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from tao_data_io.fs import STATE_DIR_NAME, TEMP_PREFIX
+from tao_data_io.fs.confinement import STATE_DIR_NAME, TEMP_PREFIX
 from tao_data_io.backends.local.process import proc_stat
 
 

@@ -22,7 +22,9 @@ from typing import Any
 
 import pytest
 
-from tao_data_io.fs import STATE_DIR_NAME, destination_lock_path, lock_owner, temp_path_for
+from tao_data_io.fs.confinement import STATE_DIR_NAME
+from tao_data_io.fs.locks import destination_lock_path
+from tao_data_io.fs.temp import lock_owner, temp_path_for
 from tao_data_io.staging.archive import ArchiveLimits, ExtractResult, extract_archive, marker_path
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded.s3 import EmbeddedS3

@@ -22,7 +22,8 @@ from blocks import JobRecords, S3EnvCredentials, TaoS3Bucket
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.errors import TransferError, UnsafePathError, UsageError
-from tao_data_io.fs import TEMP_PREFIX, state_dir_for
+from tao_data_io.fs.confinement import TEMP_PREFIX
+from tao_data_io.fs.state import state_dir_for
 from tao_data_io.transfer.client import make_s3_client
 
 from .flow_helpers import REPO, name

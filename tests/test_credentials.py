@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from tao_data_io.credentials import RedactingFilter, Redactor, s3_credentials_from_env
+from tao_data_io.credentials import s3_credentials_from_env
+from tao_data_io.redaction import RedactingFilter, Redactor
 from tao_data_io.errors import CredentialError, UsageError
 
 

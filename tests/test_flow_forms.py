@@ -378,7 +378,7 @@ def test_a_credential_shape_next_to_any_character_but_a_letter_or_digit_is_found
     ASCII lookarounds, so the loader refuses what the server and the UI refuse."""
     import re
 
-    from tao_data_io.credentials import CREDENTIAL_SHAPES, credential_shape_fields
+    from tao_data_io.redaction import CREDENTIAL_SHAPES, credential_shape_fields
 
     assert credential_shape_fields({"note": text}) == ["note"]
     assert re.search(CREDENTIAL_SHAPES, ACCESS_KEY + "X") is None  # a longer word is not a key

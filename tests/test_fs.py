@@ -16,13 +16,19 @@ from typing import Any
 import pytest
 
 from tao_data_io.credentials import S3Credentials
-from tao_data_io.fs import (NAME_MAX_BYTES, DestinationTree, atomic_write, file_digest, file_lock, is_within,
-                            lock_owner, remove_stale_temps, state_dir_for, temp_name, temp_path_for)
+from tao_data_io.fs.atomic import atomic_write
+from tao_data_io.fs.confinement import NAME_MAX_BYTES, is_within
+from tao_data_io.fs.digest import file_digest
+from tao_data_io.fs.locks import file_lock
+from tao_data_io.fs.state import state_dir_for
+from tao_data_io.fs.temp import lock_owner, remove_stale_temps, temp_name, temp_path_for
+from tao_data_io.fs.tree import DestinationTree
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.archive import extract_archive
 from tao_data_io.staging.config import materialize_config
 from tao_data_io.staging.selective import selective_download
-from tao_data_io.transfer.engine import TransferEngine, TransferOptions
+from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.options import TransferOptions
 
 REQUEST = {"schema_version": "1", "image": "img", "mode": "config", "command": "train -e {config_path}",
            "config_format": "yaml", "spec": {"train": {"epochs": 3}}}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tao_data_io.fs import read_job_file
+from tao_data_io.fs.reading import read_job_file
 
 
 def test_a_regular_file_is_read_from_its_end_within_the_limit(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tao_data_io.credentials import Redactor, StreamRedactor, mask_userinfo
+from tao_data_io.redaction import Redactor, StreamRedactor, mask_userinfo
 from tao_data_io.launch.backend import FOLLOW_BYTES
 from tao_data_io.records import RecordStore
 from tao_data_io.steps import backend_of, wait_for_end

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tao_data_io.credentials import Redactor
+from tao_data_io.redaction import Redactor
 from tao_data_io.launch.backend import TAIL_BYTES
 from tao_data_io.backends.local.backend import LocalBackend
 from tao_data_io.backends.local.joblog import JobLog, LogWriter, lines_since

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tao_data_io.credentials import S3Credentials
-from tao_data_io.fs import temp_name
+from tao_data_io.fs.temp import temp_name
 from tao_data_io.transfer import local_walk
 from tao_data_io.transfer.engine import TransferEngine
 from tao_data_io.transfer.local_walk import LocalFile, LocalWalk, walk_local

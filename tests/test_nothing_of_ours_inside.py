@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tao_data_io.errors import UsageError
-from tao_data_io.fs import STATE_DIR_NAME, TEMP_PREFIX
+from tao_data_io.fs.confinement import STATE_DIR_NAME, TEMP_PREFIX
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage import stage
 

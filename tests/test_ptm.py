@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 from tao_data_io.errors import TransferError, UnsafePathError, UsageError
-from tao_data_io.fs import STATE_DIR_NAME, destination_lock_path, lock_owner, state_dir_for, temp_path_for
+from tao_data_io.fs.confinement import STATE_DIR_NAME
+from tao_data_io.fs.locks import destination_lock_path
+from tao_data_io.fs.state import state_dir_for
+from tao_data_io.fs.temp import lock_owner, temp_path_for
 from tao_data_io.staging.pretrained import pull_model
 from tao_data_io.uris import HF_SHAPE, NGC_SHAPE, HFModelURI, NGCModelURI, parse_model_uri
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tao_data_io.errors import CredentialError, UsageError
-from tao_data_io.fs import lock_owner, temp_path_for
+from tao_data_io.fs.temp import lock_owner, temp_path_for
 from tao_data_io.records import (DamagedRecordError, JobRecord, RecordConflictError, RecordStore, Retry,
                                network_and_action, open_for)
 from tao_data_io.records.directory import DirectoryBackend

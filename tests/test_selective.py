@@ -21,7 +21,8 @@ from tao_data_io.errors import UsageError
 from tao_data_io.staging.selective import MISSING_REPORT, MissingReferencesError, read_references, selective_download
 from tao_data_io.transfer.client import make_s3_client
 from tao_data_io.transfer.engine import TransferEngine
-from tao_data_io.fs import STATE_DIR_NAME, state_dir_for
+from tao_data_io.fs.confinement import STATE_DIR_NAME
+from tao_data_io.fs.state import state_dir_for
 
 from .helpers import run_cli, tree_digest
 

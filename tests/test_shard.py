@@ -9,8 +9,10 @@ import pytest
 
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.errors import UsageError
-from tao_data_io.fs import destination_lock_path, lock_owner, temp_path_for
-from tao_data_io.transfer.engine import TransferEngine, TransferOptions
+from tao_data_io.fs.locks import destination_lock_path
+from tao_data_io.fs.temp import lock_owner, temp_path_for
+from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.options import TransferOptions
 from tao_data_io.transfer.shard import Shard, parse_shard, shard_of
 
 from .helpers import tree_digest

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tao_data_io.credentials import S3Credentials
-from tao_data_io.fs import STATE_DIR_NAME
+from tao_data_io.fs.confinement import STATE_DIR_NAME
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.cache import marker_path, stage_cached
 from tao_data_io.staging.stage import plan_stage, stage

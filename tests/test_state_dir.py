@@ -20,7 +20,8 @@ import pytest
 
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.errors import UnsafePathError
-from tao_data_io.fs import STATE_DIR_NAME, state_dir_for
+from tao_data_io.fs.confinement import STATE_DIR_NAME
+from tao_data_io.fs.state import state_dir_for
 from tao_data_io.staging.archive import extract_archive
 from tao_data_io.staging.pretrained import pull_model
 from tao_data_io.transfer.engine import TransferEngine

@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from tao_data_io.fs import file_digest
+from tao_data_io.fs.digest import file_digest
 from tao_data_io.transfer.digests import DigestStore
 from tao_data_io.transfer.local_walk import local_file
 from tao_data_io.transfer.strategy import ContentStrategy

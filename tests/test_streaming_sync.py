@@ -25,10 +25,11 @@ from tao_data_io.console import Console
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.errors import TaoDataIOError
-from tao_data_io.transfer import engine as engine_module
+from tao_data_io.transfer import options as engine_module
 from tao_data_io.transfer import summary as summary_module
 from tao_data_io.transfer.client import make_s3_client
-from tao_data_io.transfer.engine import TransferEngine, TransferOptions
+from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.options import TransferOptions
 from tao_data_io.transfer.obstore_executor import ObstoreExecutor
 from tao_data_io.transfer.work import Item, ItemDone
 
@@ -185,8 +186,9 @@ def test_an_object_overwritten_while_the_stream_runs_is_read_as_one_version(
 _KILLED = textwrap.dedent("""
     import os, signal, sys
     from tao_data_io.credentials import S3Credentials
-    from tao_data_io.transfer import engine as engine_module
-    from tao_data_io.transfer.engine import TransferEngine, TransferOptions
+    from tao_data_io.transfer import options as engine_module
+    from tao_data_io.transfer.engine import TransferEngine
+    from tao_data_io.transfer.options import TransferOptions
     from tao_data_io.transfer.obstore_executor import ObstoreExecutor
 
     class Killed(ObstoreExecutor):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tao_data_io.credentials import Redactor
+from tao_data_io.redaction import Redactor
 from tao_data_io.launch.training import KPI_EPOCHS, read_training_status
 
 

@@ -30,7 +30,9 @@ from tao_data_io.transfer.engine import TransferEngine
 from tao_data_io.transfer.s5cmd_executor import PART_SIZE_MIB as S5CMD_PART_SIZE_MIB
 from tao_data_io.transfer.work import Executor
 from tao_data_io.transfer.client import make_s3_client
-from tao_data_io.fs import TEMP_PREFIX, file_lock, state_dir_for
+from tao_data_io.fs.confinement import TEMP_PREFIX
+from tao_data_io.fs.locks import file_lock
+from tao_data_io.fs.state import state_dir_for
 
 from .helpers import HOSTILE_KEYS, run_cli, temp_leftovers, tree_digest, write_tree
 
@@ -225,7 +227,7 @@ def test_a_file_swapped_for_a_fifo_before_its_digest_never_blocks_the_comparison
         s3_credentials: S3Credentials, s3_client, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Skip-unchanged reads a file the remote already has (its MD5) between the walk and the
     upload: the same window, before any byte moves."""
-    from tao_data_io.transfer import engine as engine_module
+    from tao_data_io.transfer import upload as engine_module
 
     source = tmp_path / "results"
     write_tree(source, {"logs/train.log": b"epoch 1\n"})
@@ -260,7 +262,7 @@ def test_a_result_whose_name_holds_a_control_character_is_skipped_once_never_ret
 
 def test_a_file_gone_before_its_digest_fails_alone_and_the_rest_uploads(
         s3_credentials: S3Credentials, s3_client, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tao_data_io.transfer import engine as engine_module
+    from tao_data_io.transfer import upload as engine_module
 
     source = tmp_path / "results"
     write_tree(source, {"a.txt": b"one", "b.txt": b"two"})
@@ -305,7 +307,7 @@ def test_a_results_tree_nested_deeper_than_the_scan_goes_is_uploaded_but_its_dep
 
 
 def test_symlink_to_an_excluded_file_is_excluded_too(s3_credentials: S3Credentials, bucket: str, tmp_path: Path) -> None:
-    from tao_data_io.transfer.engine import TransferOptions
+    from tao_data_io.transfer.options import TransferOptions
     from tao_data_io.transfer.filters import PathFilter
 
     source = tmp_path / "results"

@@ -19,8 +19,9 @@ import pytest
 
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded.s3 import EmbeddedS3
-from tao_data_io.transfer import engine as engine_module
-from tao_data_io.transfer.engine import TransferEngine, TransferOptions
+from tao_data_io.transfer import options as engine_module
+from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.options import TransferOptions
 from tao_data_io.transfer.obstore_executor import ObstoreExecutor
 from tao_data_io.transfer.work import Item, ItemDone
 

@@ -20,7 +20,8 @@ from tao_data_io.reporting import Progress
 from tao_data_io.transfer import digests as digests_module
 from tao_data_io.transfer import summary as summary_module
 from tao_data_io.transfer.digests import DigestStore
-from tao_data_io.transfer.engine import TransferEngine, TransferOptions
+from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.options import TransferOptions
 from tao_data_io.transfer.local_walk import LocalFile
 from tao_data_io.uris import S3Url
 
@@ -54,7 +55,7 @@ _TEMPS = textwrap.dedent("""
 
 def test_killed_temp_files_are_found_below_more_directories_than_descriptors_allow(tmp_path: Path) -> None:
     """One descriptor per level at a time: 300 sibling directories under a limit of 64 descriptors."""
-    from tao_data_io.fs import temp_name
+    from tao_data_io.fs.temp import temp_name
 
     for index in range(300):
         write_tree(tmp_path / "dest", {f"d{index:03d}/{temp_name('x.bin', 'killed')}": b"partial"})

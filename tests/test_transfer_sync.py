@@ -10,12 +10,14 @@ import pytest
 
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.errors import UsageError
-from tao_data_io.transfer.engine import TransferEngine, TransferOptions, upload_digest_path
+from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.options import TransferOptions
+from tao_data_io.transfer.upload import upload_digest_path
 from tao_data_io.transfer.filters import FilterRule, PathFilter
 from tao_data_io.transfer.digests import DigestStore
 from tao_data_io.transfer.listing import list_remote, s3_time_ns
 from tao_data_io.transfer.local_walk import local_file
-from tao_data_io.fs import state_dir_for
+from tao_data_io.fs.state import state_dir_for
 from tao_data_io.uris import parse_s3_url
 
 from .helpers import tree_digest, write_tree

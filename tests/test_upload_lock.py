@@ -23,7 +23,9 @@ from tao_data_io.records import RecordStore
 from tao_data_io.records.s3 import S3Backend
 from tao_data_io.credentials import s3_credentials_from_env
 from tao_data_io.transfer.activity import Activity
-from tao_data_io.transfer.engine import TransferEngine, TransferOptions, upload_digest_path
+from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.options import TransferOptions
+from tao_data_io.transfer.upload import upload_digest_path
 from tao_data_io.transfer.listing import s3_time_ns
 from tao_data_io.uris import S3Url
 

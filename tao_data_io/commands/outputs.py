@@ -106,7 +106,7 @@ def _restore(args: argparse.Namespace, console: Console) -> int:
 
 
 def _check_upload(args: argparse.Namespace, console: Console) -> int:
-    from ..fs import atomic_write
+    from ..fs.atomic import atomic_write
     from ..outputs import check_upload
     from ..records import RecordStore
 

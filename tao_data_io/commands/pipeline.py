@@ -89,7 +89,7 @@ def _job(args: argparse.Namespace, console: Console) -> tuple[RecordStore, Backe
     says otherwise (``--workdir``). From here on the console masks the values of the job's
     forwarded credentials too: the job may print them, whatever they are called."""
     from ..backends import settings_model
-    from ..credentials import Redactor
+    from ..redaction import Redactor
     from ..records import RecordStore
     from ..steps import backend_of, staging_root
 
@@ -103,7 +103,7 @@ def _job(args: argparse.Namespace, console: Console) -> tuple[RecordStore, Backe
 
 def _submit(args: argparse.Namespace, console: Console) -> int:
     from ..backends import backend_for
-    from ..credentials import Redactor
+    from ..redaction import Redactor
     from ..records import RecordStore
     from ..request import load_request
     from ..steps import staging_root
@@ -141,7 +141,7 @@ def _logs(args: argparse.Namespace, console: Console) -> int:
         return 0
     import time
 
-    from ..credentials import StreamRedactor
+    from ..redaction import StreamRedactor
 
     printed = StreamRedactor(console.redact)  # a look may end inside a long line: a secret across it is masked whole
     cursor = None

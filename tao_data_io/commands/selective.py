@@ -51,7 +51,8 @@ def register(verbs: Any) -> None:
 def _run(args: argparse.Namespace, console: Console) -> int:
     from ..credentials import s3_credentials_from_env
     from ..staging.selective import MissingReferencesError, selective_download
-    from ..transfer.engine import TransferEngine, TransferOptions
+    from ..transfer.engine import TransferEngine
+    from ..transfer.options import TransferOptions
 
     keys = split_keys(args.keys)
     with TransferEngine(s3_credentials_from_env(), concurrency=args.concurrency) as engine, \

@@ -72,7 +72,8 @@ def register(verbs: Any) -> None:
 
 def _run(args: argparse.Namespace, console: Console, verb: str) -> int:
     from ..credentials import s3_credentials_from_env
-    from ..transfer.engine import TransferEngine, TransferOptions
+    from ..transfer.engine import TransferEngine
+    from ..transfer.options import TransferOptions
     from ..transfer.filters import PathFilter
 
     with TransferEngine(s3_credentials_from_env(), concurrency=args.concurrency) as engine, \

@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..credentials import Redactor
+from ..redaction import Redactor
 from ..errors import UsageError
 from ..records import JobRecord, OutputRoute
 from ..frame import PROBE_DIR as PROBE_DIR  # where backends mount the probe's files

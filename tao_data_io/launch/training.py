@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ..console import shown
-from ..credentials import Redactor
+from ..redaction import Redactor
 
 #: The file TAO's containers write in the results directory.
 STATUS_FILE = "status.json"
@@ -35,7 +35,7 @@ KPI_EPOCHS = 50
 _MAX_TEXT = 80
 #: Longer than any training (ten years): a time beyond it is a number a job made up.
 MAX_SECONDS = 10 * 365 * 86400.0
-#: What masks the credentials in a text the job wrote: a :class:`~tao_data_io.credentials.Redactor`.
+#: What masks the credentials in a text the job wrote: a :class:`~tao_data_io.redaction.Redactor`.
 Mask = Callable[[str], str]
 
 

@@ -20,7 +20,9 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from ..transfer.activity import Activity
-from ..fs import atomic_write, file_lock, lock_owner, remove_stale_temps
+from ..fs.atomic import atomic_write
+from ..fs.locks import file_lock
+from ..fs.temp import lock_owner, remove_stale_temps
 from ..names import is_job_id
 from .backend import RECORD_SUFFIX, Document, read_capped
 from .lease import directory_lease

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
-from ..credentials import credential_value_fields
+from ..redaction import credential_value_fields
 from ..errors import UsageError
 from ..names import check_backend_ref, check_job_id
 from ..schema import Strict, describe_validation_error

@@ -4,7 +4,7 @@ and mount from, so a second job on the same dataset moves zero bytes.
 Layout: each source lives at its usual sub-path below the cache root (``s3/<bucket>/<key>``,
 ``archive/s3/…``, ``hf/<org>/<repo>/<revision>``, …), so its place is known before anything is
 staged and the renderer can mount it read-only by ``subPath``. Beside the entries, under the
-reserved ``.tao-data-io/`` (never an entry: :func:`tao_data_io.fs.check_relative` refuses it):
+reserved ``.tao-data-io/`` (never an entry: :func:`tao_data_io.fs.confinement.check_relative` refuses it):
 
 * ``locks/<sha256 of the sub-path>[.<shard>].lock`` — an entry is staged only under its lock, so
   two stage Jobs on one dataset take turns (the second finds it done); shards of one entry lock
@@ -33,7 +33,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..fs import STATE_DIR_NAME, atomic_write, file_lock
+from ..fs.atomic import atomic_write
+from ..fs.confinement import STATE_DIR_NAME
+from ..fs.locks import file_lock
 from ..reporting import ProgressCallback
 from ..transfer.client import head_or_none
 from ..transfer.engine import TransferEngine

@@ -21,7 +21,7 @@ import yaml
 
 from ..documents import omegaconf_dumper
 from ..errors import UsageError
-from ..fs import atomic_write
+from ..fs.atomic import atomic_write
 from ..request import JobRequest
 from .layout import DEFAULT_INPUTS_ROOT, PlannedInput, config_location, placements
 from ..spec import rewrite

@@ -18,7 +18,8 @@ from typing import Any
 
 from ..errors import TransferError, UsageError
 from ..reporting import ProgressCallback
-from ..transfer.engine import TransferEngine, TransferOptions
+from ..transfer.engine import TransferEngine
+from ..transfer.options import TransferOptions
 from ..transfer.filters import GlobFilter, PathFilter
 from ..transfer.shard import Shard, shard_of
 from ..transfer.summary import TransferSummary

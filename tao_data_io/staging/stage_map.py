@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ..fs import atomic_write
+from ..fs.atomic import atomic_write
 from ..reporting import human_size
 from ..vocabulary import STAGING_MAP_NAME  # noqa: F401 - the name callers import from here
 

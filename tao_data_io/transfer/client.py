@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
-from ..credentials import S3Credentials, mask_userinfo
+from ..credentials import S3Credentials
+from ..redaction import mask_userinfo
 from ..errors import CredentialError
 
 #: Retries after the first attempt (botocore's ``max_attempts``).

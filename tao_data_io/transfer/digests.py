@@ -31,7 +31,7 @@ A cache left by a version before (``digests.json``) is imported once, then remov
 **Whose it is.** A store vouches for files, so one planted by another user (who could write the
 state directory before it was ours) could keep a stale file in place: a store, WAL or legacy
 cache that is not this process's own regular file (judged on its descriptor,
-:func:`tao_data_io.fs.check_own_file`) is set aside unread, as a damaged one is — a rehash, never
+:func:`tao_data_io.fs.state.check_own_file`) is set aside unread, as a damaged one is — a rehash, never
 a wrong answer, and never a failed run.
 """
 
@@ -52,7 +52,8 @@ from typing import Any
 
 from .local_walk import LocalFile
 from ..errors import UnsafePathError
-from ..fs import check_own_file, open_scanned, read_bounded, read_state_file
+from ..fs.reading import open_scanned, read_bounded
+from ..fs.state import check_own_file, read_state_file
 
 log = logging.getLogger(__name__)
 

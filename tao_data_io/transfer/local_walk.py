@@ -32,7 +32,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..fs import STATE_DIR_NAME, is_temp_name
+from ..fs.confinement import STATE_DIR_NAME
+from ..fs.temp import is_temp_name
 from .summary import Skipped
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class LocalFile:
 
     @property
     def identity(self) -> tuple[int, int]:
-        """(device, inode): what a later open must find under the scanned name (:func:`~tao_data_io.fs.open_scanned`)."""
+        """(device, inode): what a later open must find under the scanned name (:func:`~tao_data_io.fs.reading.open_scanned`)."""
         return self.dev, self.ino
 
 

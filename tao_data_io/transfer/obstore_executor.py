@@ -13,7 +13,7 @@ checked before a byte is sent.
 The executor owns one long-lived event loop in a daemon thread: callers may be plain threads or
 already inside an event loop (a Prefect task), and a long-lived loop avoids tearing obstore's
 runtime down after every batch. Downloads are written to a temp file created through the item's
-:class:`~tao_data_io.fs.DestinationTree` (directory descriptors, never a path that a symlink could
+:class:`~tao_data_io.fs.tree.DestinationTree` (directory descriptors, never a path that a symlink could
 redirect); the engine publishes it. Credentials are handed to the store as arguments, never via
 argv or the process environment.
 
@@ -41,7 +41,7 @@ from obstore.store import S3Store
 
 from ..credentials import S3Credentials
 from ..errors import UnsafePathError
-from ..fs import open_scanned, read_bounded
+from ..fs.reading import open_scanned, read_bounded
 from .activity import beating
 from .feed import Feed
 from .work import DownloadItem, Item, ItemDone, ItemFailed, Landed, UploadItem

@@ -13,7 +13,7 @@ stderr, which drives the progress callback.
 redirected by a symlink swapped in while it runs. So it writes into a private spool directory
 (0700, on the destination's filesystem, beside the destination and never inside it) under names
 we choose (``0``, ``1``, …), and each finished file is moved into place through the
-destination's directory descriptors (:meth:`~tao_data_io.fs.DestinationTree.adopt`).
+destination's directory descriptors (:meth:`~tao_data_io.fs.tree.DestinationTree.adopt`).
 
 **Its lifetime.** The child gets ``PR_SET_PDEATHSIG``: if this process dies (even by SIGKILL)
 the kernel kills s5cmd too, so it never goes on writing outside the destination's lock.
@@ -37,9 +37,10 @@ from contextlib import ExitStack
 from functools import cache
 from pathlib import Path
 
-from ..credentials import POD_IDENTITY_VARIABLES, Redactor, S3Credentials
+from ..credentials import POD_IDENTITY_VARIABLES, S3Credentials
+from ..redaction import Redactor
 from ..errors import TaoDataIOError, UnsafePathError
-from ..fs import DestinationTree, Spool
+from ..fs.tree import DestinationTree, Spool
 from .client import resolved_keys
 from .work import DownloadItem, Item, ItemDone, ItemFailed, Landed
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..fs import file_digest
+from ..fs.digest import file_digest
 from .digests import DigestStore, is_md5_etag, multipart_count, multipart_etag
 from .local_walk import LocalFile
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ..fs import DestinationTree, TempFile
+from ..fs.tree import DestinationTree, TempFile
 from .activity import Activity
 from .local_walk import LocalFile
 

@@ -35,7 +35,7 @@ from pydantic import ValidationError
 from urllib3.exceptions import HTTPError, MaxRetryError, NewConnectionError, ProtocolError, SSLError
 from urllib3.exceptions import TimeoutError as RequestTimeout
 
-from ...credentials import Redactor
+from ...redaction import Redactor
 from ...errors import BackendError, CredentialError, TaoDataIOError, UsageError
 from .names import check_dns_label
 

@@ -40,9 +40,10 @@ from typing import Any
 
 import yaml
 
-from ...credentials import AWS_TO_LEGACY, Redactor
+from ...credentials import AWS_TO_LEGACY
+from ...redaction import Redactor
 from ...errors import UNWRITABLE_EXIT, UsageError
-from ...fs import check_relative
+from ...fs.confinement import check_relative
 from ...launch.plan import PROBE_DIR, LaunchPlan, PlanMount, refuse_smuggled_secrets
 from ...launch.probe import PROBE_SCRIPT, TOKEN_FILE, Check, checklist, checklist_text, termination_budget
 from ...launch.rendezvous import MASTER_PORT, RENDEZVOUS_NAMES, rendezvous_env

@@ -32,7 +32,9 @@ from typing import Any
 
 from ...credentials import forwarded_values
 from ...errors import BackendError, UsageError
-from ...fs import file_lock, read_job_file, remove_if_exists
+from ...fs.locks import file_lock
+from ...fs.reading import read_job_file
+from ...fs.temp import remove_if_exists
 from ...launch.backend import (
     DEFAULT_VERIFY_TIMEOUT_S,
     FOLLOW_BYTES,

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...credentials import cut_note
+from ...redaction import cut_note
 from ...quantities import quantity_bytes
 
 #: How many segments after the head are kept: with the head, the log's limit in four parts.
@@ -49,7 +49,7 @@ def segment_bytes(limit: str) -> int:
 def dropped_note(count: int, *, in_a_line: bool = False) -> bytes:
     """The line that stands where ``count`` bytes of a frame's output were dropped (on a line of
     its own: after a line break of its own when the drop began ``in_a_line``); a cut, which a mask
-    knows (:data:`~tao_data_io.credentials.CUT_MARK`)."""
+    knows (:data:`~tao_data_io.redaction.CUT_MARK`)."""
     note = cut_note(f"{count} bytes of this output were dropped here; the log keeps its head and tail") + "\n"
     return ("\n" if in_a_line else "").encode() + note.encode()
 

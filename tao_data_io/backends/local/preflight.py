@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import UsageError
-from ...fs import atomic_write
+from ...fs.atomic import atomic_write
 from ...launch.plan import LaunchPlan
 from ...reporting import human_size
 from ...quantities import quantity_bytes

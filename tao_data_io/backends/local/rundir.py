@@ -1,7 +1,7 @@
 """The run directory of one local job: the files through which the submitter, the detached
 supervisor and every later reader (status, logs, cancel — in other processes, days later) talk.
 
-Why files, each written whole and once (:func:`~tao_data_io.fs.atomic_write`): the supervisor
+Why files, each written whole and once (:func:`~tao_data_io.fs.atomic.atomic_write`): the supervisor
 outlives the process that started it, so there is no shared memory and no connection — only the
 directory. A reader sees a record entirely or not at all, and each record has one writer:
 
@@ -32,7 +32,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, Field
 
-from ...fs import atomic_write
+from ...fs.atomic import atomic_write
 from ...launch.plan import LaunchPlan
 from ...launch.probe import Verdict
 from ...schema import Strict

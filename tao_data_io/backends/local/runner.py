@@ -42,8 +42,8 @@ from functools import partial
 from pathlib import Path
 from types import FrameType
 
-from ...credentials import Redactor
-from ...fs import atomic_write
+from ...redaction import Redactor
+from ...fs.atomic import atomic_write
 from ...launch.plan import PROBE_DIR
 from ...launch.probe import PROBE_SCRIPT, TOKEN_FILE, Verdict, checklist, checklist_text, parse_probe_output, \
     with_persistence

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from ...fs import atomic_write
+from ...fs.atomic import atomic_write
 from .process import ProcessId
 
 CREDENTIAL_PREFIX = "TAO_DATA_IO_FORWARD_"

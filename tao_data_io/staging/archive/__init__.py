@@ -4,11 +4,11 @@ Why each property, and how it is kept:
 
 * **Safe.** Every member is checked before a byte of it is written, the same way for tar and
   zip (:mod:`.formats` turns both into one member shape), so an error names the member: its
-  name must pass the package's one confinement check (:func:`tao_data_io.fs.check_relative`),
+  name must pass the package's one confinement check (:func:`tao_data_io.fs.confinement.check_relative`),
   symlink and hard-link targets must stay inside the destination, devices, FIFOs, sockets and
   setuid/setgid bits are refused. We never call ``tarfile.extract``/``zipfile.extract``: the
   extractor (:mod:`.extractor`) writes every file itself, with ``O_EXCL`` and through
-  :func:`tao_data_io.fs.confined_path` (which never follows a symlink on the way), and creates
+  :func:`tao_data_io.fs.confinement.confined_path` (which never follows a symlink on the way), and creates
   symlinks only after all files, so nothing can be written through one. Modes keep the execute
   bits but never group/other write. What one archive may expand to is bounded (:mod:`.limits`).
 * **Atomic.** Extraction happens in a fresh directory beside the destination (same parent, so
@@ -16,7 +16,7 @@ Why each property, and how it is kept:
   aside, the new one renamed in, then the old one removed: the destination is never
   half-written, and a corrupt or hostile archive leaves it untouched.
 * **Idempotent.** The marker (:mod:`.marker`), kept beside the tree and never inside it
-  (``PARENT/.tao-data-io/NAME/extracted.json``, :func:`tao_data_io.fs.state_dir_for`), records
+  (``PARENT/.tao-data-io/NAME/extracted.json``, :func:`tao_data_io.fs.state.state_dir_for`), records
   the archive's identity (S3: bucket, key, size, ETag from one HEAD; local: size and SHA-256,
   :mod:`.sources`), ``--strip-components`` and every file with its size. A rerun with the same
   archive over a complete tree does nothing beyond the identity check; a changed archive, or a
@@ -42,7 +42,9 @@ from typing import Any
 
 from ...credentials import s3_credentials_from_env
 from ...errors import UsageError
-from ...fs import atomic_write, destination_lock, lock_owner, remove_stale_temps, temp_path_for
+from ...fs.atomic import atomic_write
+from ...fs.locks import destination_lock
+from ...fs.temp import lock_owner, remove_stale_temps, temp_path_for
 from ...reporting import Progress, ProgressCallback
 from ...transfer.engine import TransferEngine
 from ...uris import S3Url, is_s3_url, parse_s3_url
@@ -111,7 +113,7 @@ def extract_archive(archive: str | S3Url, destination: str | os.PathLike[str], *
 
 def _extract_locked(archive: str | S3Url, dest: Path, strip_components: int, engine: TransferEngine | None,
                     progress: ProgressCallback | None, limits: ArchiveLimits, owner: str) -> ExtractResult:
-    """Extract under the destination's lock, whose :func:`~tao_data_io.fs.lock_owner` is ``owner``
+    """Extract under the destination's lock, whose :func:`~tao_data_io.fs.temp.lock_owner` is ``owner``
     (it names this extraction's temp directories, so only this lock's holders ever sweep them)."""
     marker = marker_path(dest)
     remove_stale_temps(dest, owner)  # what a killed extraction (or zip spool) left beside dest

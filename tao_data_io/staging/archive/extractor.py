@@ -1,5 +1,5 @@
 """The confined extractor: checks each member before a byte of it is written and writes it under
-the fresh work directory through :func:`~tao_data_io.fs.confined_path` (which never follows a
+the fresh work directory through :func:`~tao_data_io.fs.confinement.confined_path` (which never follows a
 symlink on the way), with ``O_EXCL``; symlinks are made only after every file, so nothing is ever
 written through one."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UnsafePathError, UsageError
-from ...fs import check_relative, confined_path, is_within
+from ...fs.confinement import check_relative, confined_path, is_within
 from ...reporting import Progress, ProgressCallback
 from .formats import CHUNK, DIRECTORY, HARDLINK, SPECIAL, SYMLINK, Member, reading
 from .limits import Budget

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any, Self
 
 from ...errors import UsageError
-from ...fs import remove_if_exists, temp_path_for
+from ...fs.temp import remove_if_exists, temp_path_for
 from ...vocabulary import ARCHIVE_FORMATS
 
 CHUNK = 1 << 20

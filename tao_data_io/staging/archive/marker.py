@@ -1,4 +1,4 @@
-"""The extraction marker, beside the destination (``fs.state_dir_for``), never inside it: the
+"""The extraction marker, beside the destination (``fs.state.state_dir_for``), never inside it: the
 archive's identity, ``strip_components`` and every file with its size — and what it says about
 the tree there (absent, up to date, or why it must be extracted again)."""
 
@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UnsafePathError, UsageError
-from ...fs import confined_path, read_state_file, state_dir_for
+from ...fs.confinement import confined_path
+from ...fs.state import read_state_file, state_dir_for
 
-#: The marker beside the destination (``fs.state_dir_for``), which says what was extracted there.
+#: The marker beside the destination (``fs.state.state_dir_for``), which says what was extracted there.
 MARKER_NAME = "extracted.json"
 #: Bumped when the marker's meaning changes, so old markers cause one re-extraction.
 MARKER_FORMAT = 2
@@ -28,7 +29,7 @@ def marker_path(dest: Path) -> Path:
 def read_destination(dest: Path, marker: Path) -> dict[str, Any] | None:
     """The marker of an earlier extraction at ``dest`` (``{}`` if unreadable), or None when
     ``dest`` is absent or empty. Refuses a destination extraction must not replace, and a marker
-    that is not this process's own file (:func:`~tao_data_io.fs.read_state_file`)."""
+    that is not this process's own file (:func:`~tao_data_io.fs.state.read_state_file`)."""
     try:
         mode = os.lstat(dest).st_mode
     except FileNotFoundError:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from ...errors import TransferError, UsageError
-from ...fs import file_digest, is_within
+from ...fs.confinement import is_within
+from ...fs.digest import file_digest
 from ...transfer.client import explained, head_or_none
 from ...uris import S3Url
 

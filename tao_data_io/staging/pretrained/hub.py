@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ...credentials import mask_userinfo
+from ...redaction import mask_userinfo
 from ...errors import CredentialError, TransferError, UsageError
-from ...fs import STATE_DIR_NAME
+from ...fs.confinement import STATE_DIR_NAME
 from ...uris import HFModelURI
 from .registry import GIT_BLOB_SHA1, SHA256, Digest, Listing, RemoteFile
 

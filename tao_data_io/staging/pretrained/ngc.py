@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ...credentials import mask_userinfo, require_env
+from ...credentials import require_env
+from ...redaction import mask_userinfo
 from ...errors import CredentialError, TransferError, UsageError
 from ...uris import NGCModelURI
 from .registry import HEX, SHA256, Digest, Listing, RemoteFile

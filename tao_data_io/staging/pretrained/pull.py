@@ -21,14 +21,14 @@ URIs (parsed by :func:`tao_data_io.uris.parse_model_uri`; registries in :mod:`.h
 
 Publishing: missing or wrong files are fetched into a temp directory beside the destination (same
 filesystem). A destination that does not exist yet appears whole, by one rename. Into an existing
-one each verified file is renamed into place and the marker ``model.json`` beside it (``fs.state_dir_for``) (URI,
+one each verified file is renamed into place and the marker ``model.json`` beside it (``fs.state.state_dir_for``) (URI,
 resolved revision, every file with size and digest) is written last. A rerun trusts a file the
 marker lists for the same revision while its size is unchanged, hashes files the marker does not
 vouch for, and fetches only what is missing or wrong. Files the model does not list are left
 alone. A pull holds the destination's lock, as every writer of a destination does (a sync or an
 extraction into the same place waits for it), and removes the staging directories that killed
 pulls under that lock left beside the destination. Files are renamed into an existing destination
-through its directory descriptors (:class:`~tao_data_io.fs.DestinationTree`), so a directory
+through its directory descriptors (:class:`~tao_data_io.fs.tree.DestinationTree`), so a directory
 inside it replaced by a symlink meanwhile is never followed.
 """
 
@@ -44,8 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import TransferError, UsageError, VerificationError
-from ...fs import (DestinationTree, atomic_write, check_relative, confined_path, destination_lock, file_digest,
-                   lock_owner, read_state_file, remove_stale_temps, state_dir_for, temp_path_for)
+from ...fs.atomic import atomic_write
+from ...fs.confinement import check_relative, confined_path
+from ...fs.digest import file_digest
+from ...fs.locks import destination_lock
+from ...fs.state import read_state_file, state_dir_for
+from ...fs.temp import lock_owner, remove_stale_temps, temp_path_for
+from ...fs.tree import DestinationTree
 from ...reporting import ProgressCallback, ProgressTracker, human_size
 from ...uris import HFModelURI, NGCModelURI, parse_model_uri
 from .hub import HubRegistry

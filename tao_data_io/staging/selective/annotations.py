@@ -8,7 +8,7 @@ Reference rules (the same for every format):
   nothing). A null, missing, empty or non-string cell is a malformed annotation: the error
   names the file and the row.
 * References are paths relative to ``src_prefix`` and are normalised as POSIX paths before the
-  one confinement check (:func:`tao_data_io.fs.check_relative`): runs of ``/``
+  one confinement check (:func:`tao_data_io.fs.confinement.check_relative`): runs of ``/``
   collapse to one and ``.`` components are dropped, so ``./a.mp4``, ``a.mp4`` and
   ``.//a.mp4`` are one file, as they are on disk. A leading ``/`` (absolute), a trailing ``/``
   or ``.`` (a folder, not a file), ``..``, backslashes and control characters are never
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UnsafePathError, UsageError
-from ...fs import check_relative
+from ...fs.confinement import check_relative
 from ...vocabulary import ANNOTATION_FORMATS
 
 _EXTENSIONS = {".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv"}

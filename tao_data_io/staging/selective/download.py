@@ -15,14 +15,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ...errors import TransferError, UsageError
-from ...fs import DestinationTree, atomic_write, remove_if_exists, state_dir_for
-from ...transfer.engine import TransferEngine, TransferOptions
+from ...fs.atomic import atomic_write
+from ...fs.state import state_dir_for
+from ...fs.temp import remove_if_exists
+from ...fs.tree import DestinationTree
+from ...transfer.engine import TransferEngine
+from ...transfer.options import TransferOptions
 from ...transfer.summary import TransferSummary
 from ...uris import is_s3_url, parse_s3_url
 from ...vocabulary import MISSING_MODES
 from .annotations import check_keys, infer_format, read_references
 
-#: Written beside the destination (``fs.state_dir_for``) by ``missing="skip"``: one missing key per line.
+#: Written beside the destination (``fs.state.state_dir_for``) by ``missing="skip"``: one missing key per line.
 MISSING_REPORT = "missing-references.txt"
 #: How many missing keys an error message lists before giving only the total.
 MISSING_SHOWN = 20
@@ -73,7 +77,7 @@ def selective_download(engine: TransferEngine, annotation: str, keys: Sequence[s
     are removed again (files that were there before are kept) and
     :class:`MissingReferencesError` is raised; with ``missing="skip"`` the rest is staged and
     the keys are written beside it, to ``PARENT/.tao-data-io/NAME/missing-references.txt``
-    (:func:`tao_data_io.fs.state_dir_for`).
+    (:func:`tao_data_io.fs.state.state_dir_for`).
     """
     options = options or TransferOptions()
     keys = check_keys(keys)
