@@ -8,6 +8,8 @@ does with clicks and typing, checked through Prefect's API and the job's record.
    UI says so, no flow run exists, and the key is nowhere in the server's database.
 3. Canceling a running ``run-tao-job`` from its page cancels the flow run and the job (CANCELED in
    its record, its processes gone).
+4. The collect run of a training job (the stand-in) shows the job's log lines and its training
+   progress and KPI table among its artifacts.
 
 Waits are bounded deadlines (a busy machine is slow), never timing assertions.
 """
@@ -22,13 +24,14 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterParentFlowRunId
 
 from tao_data_io.errors import UsageError
 from tao_data_io.records import JobRecord, RecordStore
 
-from ..helpers import job_processes, wait_for
+from ..helpers import STAND_IN, job_processes, wait_for
 from .stack import PICKED_RECORDS, PICKED_TARGET, PrefectStack
-from .ui import field, fill_request, missing, open_custom_run, pick_block, shot, toast
+from .ui import field, fill_request, missing, open_custom_run, pick_block, shot, submit, toast
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(missing() is not None, reason=str(missing())),
               # The first test also waits for the stack to come up (about a minute on two busy cores).
@@ -89,7 +92,7 @@ def test_custom_run_typed_into_the_form_completes_on_the_picked_blocks(page: Any
     pick_block(page, "target", "LocalTarget", PICKED_TARGET.split("/")[1])
     pick_block(page, "records", "JobRecords", PICKED_RECORDS.split("/")[1])
     shot(page, tmp_path / "shots", "filled")
-    page.get_by_role("button", name="Submit", exact=True).click()
+    submit(page)
     toast(page, "scheduled to start now")
     page.get_by_role("link", name="View run").or_(page.get_by_role("button", name="View run")).first.click()
     page.wait_for_url(re.compile(r"/runs/flow-run/[0-9a-f-]{36}"))
@@ -124,7 +127,7 @@ def test_a_pasted_access_key_is_refused_and_no_run_is_created(page: Any, prefect
     given.get_by_role("button", name="Add item").click()
     given.locator("textarea").nth(1).focus()
     page.keyboard.insert_text(f"--aws-key={ACCESS_KEY}")  # what a paste does: one input event, the whole text
-    page.get_by_role("button", name="Submit", exact=True).click()
+    submit(page)
 
     said = toast(page, "Error creating flow run")
     shot(page, tmp_path / "shots", "refused")
@@ -166,3 +169,34 @@ def test_canceling_a_running_run_tao_job_from_its_page_cancels_the_job(page: Any
     page.reload()
     page.get_by_text("Cancelled").first.wait_for()
     shot(page, tmp_path / "shots", "cancelled")
+
+
+def test_the_collect_runs_page_shows_the_training_log_and_its_progress(page: Any, prefect_stack: PrefectStack,
+                                                                       tmp_path: Path) -> None:
+    deployment = _deployment(prefect_stack, "run-tao-job/local-run")
+    job_id = f"browser-train-{os.getpid()}"
+    with prefect_stack.client() as client:
+        flow_run_id = client.create_flow_run_from_deployment(deployment.id, parameters={"request": {
+            "job_id": job_id, "image": "local", "mode": "config", "config_format": "yaml",
+            "command": "sh /stand-in/train.sh -e {config_path}", "spec": {"train": {"num_epochs": 2}},
+            "mounts": [{"source": str(STAND_IN), "target": "/stand-in"}],
+            "environment": {"EPOCHS": "2", "EPOCH_SECONDS": "1"}}}).id
+    assert _final_state(prefect_stack, flow_run_id) == "Completed"
+    with prefect_stack.client() as client:
+        collect = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]), name=FlowRunFilterName(
+                any_=[f"collect-{job_id}"])))
+    assert len(collect) == 1
+
+    page.goto(f"{prefect_stack.ui}/runs/flow-run/{collect[0].id}")
+    page.get_by_text(f"collect-{job_id}").first.wait_for()
+    page.get_by_role("tab", name="Logs", exact=True).click()
+    # The job's own lines (the stand-in's), handed on by the collect's watch.
+    page.get_by_text("epoch 2/2 done").first.wait_for()
+    page.get_by_text("train.sh[rank 0]: done").first.wait_for()
+    shot(page, tmp_path / "shots", "logs")
+    page.get_by_role("tab", name="Artifacts", exact=True).click()
+    # The training's progress (from TAO's status.json) and its KPI table, keyed by the job.
+    page.get_by_text(f"training of job {job_id}").first.wait_for()
+    page.get_by_text(f"training-{job_id}").first.wait_for()
+    shot(page, tmp_path / "shots", "artifacts")

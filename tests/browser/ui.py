@@ -54,6 +54,7 @@ def fill_request(page: Any, *, image: str, command: str, mode: str, args: list[s
     field(page, "Command").locator("textarea").first.fill(command)  # the str tab, the one shown
     field(page, "Mode").get_by_role("button", name="Select Mode").click()
     page.get_by_role("option", name=mode, exact=True).click()
+    page.get_by_role("listbox").wait_for(state="detached")
     given = field(page, "Args (Optional)")
     given.get_by_role("tab", name="list", exact=True).click()
     for index, arg in enumerate(args):
@@ -65,8 +66,17 @@ def pick_block(page: Any, parameter: str, block_type_tab: str, name: str) -> Non
     """In ``parameter``'s field, the block type's tab, then the saved block ``name`` in its picker."""
     chosen = field(page, f"{parameter} (Optional)")
     chosen.get_by_role("tab", name=block_type_tab, exact=True).click()
-    chosen.get_by_role("button", name="Select a block").click()
+    picker = chosen.get_by_role("button", name="Select a block")
+    picker.click()
     page.get_by_role("option", name=name, exact=True).click()
+    page.get_by_role("listbox").wait_for(state="detached")  # closed: a click elsewhere is not swallowed
+    picker.filter(has_text=name).wait_for()
+
+
+def submit(page: Any) -> None:
+    """Submit the run form once nothing of it is open (an open list swallows the next click)."""
+    page.get_by_role("listbox").wait_for(state="detached")
+    page.get_by_role("button", name="Submit", exact=True).click()
 
 
 def toast(page: Any, text: str) -> str:
