@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: test demo demo-stop bench clean bubblewrap chromium
+.PHONY: test demo demo-stop bench clean bubblewrap
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || { apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
@@ -16,11 +16,6 @@ $(BIN)/python:
 bubblewrap:
 	@command -v bwrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap; }
 	@ldconfig -p | grep -q 'libseccomp\.so\.2' || { apt-get update -qq && apt-get install -y -qq libseccomp2; }
-
-# The browser suite (tests/browser/) drives Prefect's UI in Debian's chromium through Playwright
-# (Playwright's own browser download is never used).
-chromium:
-	@test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium; }
 
 # uv (installed by pip from PyPI) resolves the Prefect stack in seconds; pip's resolver spends
 # minutes backtracking through boto3 releases for prefect-aws's aiobotocore pin. pip stays the
@@ -37,7 +32,7 @@ $(VENV)/.test-torch: $(VENV)/.installed-test
 	$(PIP) install torch==2.13.0
 	touch $@
 
-test: $(VENV)/.installed-test $(VENV)/.test-torch bubblewrap chromium
+test: $(VENV)/.installed-test $(VENV)/.test-torch bubblewrap
 	$(BIN)/python -m pytest
 
 demo: $(VENV)/.installed-demo bubblewrap
