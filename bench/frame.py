@@ -31,7 +31,7 @@ from pathlib import Path
 
 from tao_data_io.launch.plan import LaunchPlan, PlanMount
 from tao_data_io.backends.local.backend import LocalBackend
-from tao_data_io.backends.local.binding import open_source
+from tao_data_io.launch.binding import open_source
 from tao_data_io.backends.local.run_as import run_as
 from tao_data_io.backends.local.sandbox import Host, frame_argv, frame_binds, frame_env, host_system_dirs
 from tao_data_io.backends.local.seccomp import filter_fd

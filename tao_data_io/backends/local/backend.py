@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import signal
 import subprocess
 import sys
@@ -53,13 +52,12 @@ from ...launch.probe import Verdict
 from ...names import is_job_id
 from ...outputs import restore_results
 from ...tier import ClusterFacts
-from ...routing import RESULTS_ROOT_VARIABLE
-from ...vocabulary import (DEFAULT_RECORDS_ROOT, DEFAULT_WORKDIR, JOBS_DIR_VARIABLE, RECORDS_VARIABLE, TERMINAL_STATES,
-                          WORKDIR_VARIABLE)
+from ...vocabulary import TERMINAL_STATES
+from ...launch.binding import BoundSource, open_source
+from ...launch.sources import (SourceRules, check_binds, check_paths, check_results_mount, check_results_ours,
+                               host_source_rules, mark_state_root)
 from . import PLATFORM
-from .binding import BoundSource, open_source
-from .preflight import (SourceRules, check_binds, check_memory_sizes, check_paths, check_sandbox, host_memory_bytes,
-                        mark_state_root, needs_nsenter, results_refusal)
+from .preflight import check_memory_sizes, check_sandbox, host_memory_bytes, needs_nsenter
 from .process import ProcessId
 from .results_owner import hand_over
 from .joblog import JobLog, lines_since, segment_bytes
@@ -112,34 +110,15 @@ class LocalBackend:
         if needs_nsenter(plan):
             find_tool("nsenter", NSENTER_INSTALL)
         rules = self._source_rules(plan)
-        _check_results_mount(plan, rules)
+        check_results_mount(plan, rules)
         check_paths(plan)
         check_memory_sizes(plan, host_memory_bytes())
         check_binds(plan, frame_binds(plan, self._results_host(plan)), rules)
 
     def _source_rules(self, plan: LaunchPlan) -> SourceRules:
-        """What no pre-positioned source may show (see :func:`.preflight.source_refusal`):
-        tao-data-io's state is private, wherever this target or this submit keeps it — the run
-        root (other jobs), the plan's state roots (the staging root and the records' directory
-        this submit uses), and the ones the environment and the defaults name — and so is every
-        home's hidden directories (credentials live there); every home — the password database's,
-        whatever ``HOME`` says, and ``HOME`` — and the results root are never mounted whole; the
-        results root and the code the supervisor imports are read-only at most."""
-        env = os.environ
-        private = [self.run_root, *(Path(root) for root in plan.state_roots)]
-        private += [Path(value).expanduser() for value in (env.get(RECORDS_VARIABLE), env.get(JOBS_DIR_VARIABLE),
-                                                            DEFAULT_RECORDS_ROOT, env.get(WORKDIR_VARIABLE),
-                                                            DEFAULT_WORKDIR)
-                    if value and not value.startswith("s3://")]
-        homes = _homes()
-        for home in homes:
-            try:
-                private += [entry for entry in home.iterdir() if entry.name.startswith(".")]
-            except OSError:  # a home that is not there, or not a directory
-                continue
-        results = env.get(RESULTS_ROOT_VARIABLE)
-        return SourceRules(private=[_real(p) for p in private], homes=[_real(p) for p in homes],
-                           package_root=_real(_PACKAGE_ROOT_PATH), results_root=_real(Path(results)) if results else None)
+        """What no pre-positioned source may show (:func:`~tao_data_io.launch.sources.host_source_rules`):
+        the code the supervisor imports is what runs outside every frame."""
+        return host_source_rules(plan, self.run_root, _PACKAGE_ROOT_PATH)
 
     # ------------------------------------------------------------------ submit
     def submit(self, plan: LaunchPlan, *, environ: Mapping[str, str] | None = None,
@@ -149,7 +128,7 @@ class LocalBackend:
         nsenter = find_tool("nsenter", NSENTER_INSTALL) if needs_nsenter(plan) else None
         user = self._run_as()
         rules = self._source_rules(plan)
-        _check_results_mount(plan, rules)
+        check_results_mount(plan, rules)
         ref = f"{NAMESPACE}/{plan.job_id}"
         run = self._run_dir(ref)
         run.path.parent.mkdir(parents=True, exist_ok=True)
@@ -169,7 +148,7 @@ class LocalBackend:
                 return Submission(backend_ref=ref, started=False, restored=existing.restored)
             results_host = self._results_host(plan)
             if plan.route.route == "mount":
-                _check_results_ours(plan, Path(results_host), user)
+                check_results_ours(plan, Path(results_host), {os.geteuid(), *([user.uid] if user is not None else [])}, self.name)
             Path(results_host).mkdir(parents=True, exist_ok=True)
             restored = (None if plan.restore_from is None else
                         restore_results(plan.restore_from, Path(results_host), belongs_to=plan.route.belongs_to,
@@ -425,42 +404,6 @@ def _ended(ended: ExitRecord, run: RunDir) -> tuple[JobStatus, FailureAnalysis |
                      err_class=analysis.err_class), analysis
 
 
-def _check_results_mount(plan: LaunchPlan, rules: SourceRules) -> None:
-    """Results that go to a mount (``$TAO_RESULTS_ROOT/<job id>``) go where a job may write: not in
-    or around tao-data-io's state or a system directory (:func:`.preflight.results_refusal`)."""
-    if plan.route.route != "mount":
-        return
-    destination = plan.route.destination
-    problem = results_refusal(Path(os.path.realpath(destination)), rules)
-    if problem is not None:
-        root = os.path.dirname(destination)
-        raise UsageError(f"{RESULTS_ROOT_VARIABLE} {root!r} would put job {plan.job_id}'s results in {destination}, "
-                         f"which is refused: {problem}; set it to a directory that holds results only, or unset it")
-
-
-def _check_results_ours(plan: LaunchPlan, results: Path, user: RunAs | None) -> None:
-    """A results directory on a mount that is already there must be this backend's (or, left by
-    an attempt whose end was not taken back, its job user's); and on a first attempt, empty. The
-    job id is the request's to choose: a directory under it that another user made (one granting
-    itself a way in through an ACL) or that holds files (another record store's job, a dataset)
-    would be handed to the job's user and written."""
-    try:
-        found = os.stat(results)
-        with os.scandir(results) as entries:
-            taken = next(entries, None) is not None
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    ours = {os.geteuid(), *([user.uid] if user is not None else [])}
-    if found.st_uid not in ours:
-        raise UsageError(f"job {plan.job_id}'s results directory {results} is already there and belongs to uid "
-                         f"{found.st_uid}, not to this backend: another user made it. Submit under another job id, or "
-                         f"remove that directory from {RESULTS_ROOT_VARIABLE}")
-    if taken and plan.attempt == 1:
-        raise UsageError(f"job {plan.job_id}'s results directory {results} already holds files, and this is the "
-                         "job's first launch: it is another job's results or data. Submit under another job id, or "
-                         f"move that directory out of {RESULTS_ROOT_VARIABLE}")
-
-
 def _hand_over(results: BoundSource, user: RunAs) -> None:
     """Give the results directory — the very one submit checked — and what a retry restored into
     it to the job's user (:func:`.results_owner.hand_over`)."""
@@ -516,18 +459,6 @@ def _wait_until_ended(processes: list[ProcessId], timeout: float) -> None:
     for _ in _polls(timeout):
         if not any(process.alive() for process in processes):
             return
-
-
-def _homes() -> list[Path]:
-    """Every home directory on this host: each user's in the password database, and ``HOME``."""
-    homes = {Path(entry.pw_dir) for entry in pwd.getpwall() if entry.pw_dir.startswith("/") and entry.pw_dir != "/"}
-    if os.environ.get("HOME"):
-        homes.add(Path(os.environ["HOME"]))
-    return sorted(homes)
-
-
-def _real(path: Path) -> Path:
-    return Path(os.path.realpath(path))
 
 
 def _cursor(cursor: str | None) -> tuple[dict[str, int], int | None]:

@@ -33,10 +33,10 @@ from typing import TypeVar
 from pydantic import BaseModel, Field
 
 from ...fs.atomic import atomic_write
+from ...launch.binding import BoundSource
 from ...launch.plan import LaunchPlan
 from ...launch.probe import Verdict
 from ...schema import Strict
-from .binding import BoundSource
 from .process import ProcessId
 from .run_as import RunAs
 from .supervisor import RECORD_NAME
@@ -59,7 +59,7 @@ class Launch(Strict):
     log_segment: int | None = None
     submitted_at: datetime
     #: target → the object submit checked for each bind; the supervisor binds these and nothing
-    #: else (:mod:`.binding`). Empty in the launch of a version before binds were checked.
+    #: else (:mod:`tao_data_io.launch.binding`). Empty in the launch of a version before binds were checked.
     sources: dict[str, BoundSource] = Field(default_factory=dict)
     #: What was restored into the results before the command started (a later attempt's).
     restored: str | None = None

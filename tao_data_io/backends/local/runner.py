@@ -6,7 +6,7 @@ read, and every outcome must be written down by someone who saw it (status, logs
 later, in other processes, and read only the run directory).
 
 * **Binds.** Every source is opened once and must be the very object submit checked; a swapped
-  one fails the verdict and nothing runs (:mod:`.binding`). Every frame binds these descriptors.
+  one fails the verdict and nothing runs (:mod:`tao_data_io.launch.binding`). Every frame binds these descriptors.
 * **Verify.** The probe script and its checklist go into ``probe/`` in the run directory, bound
   read-only at :data:`~tao_data_io.launch.plan.PROBE_DIR` of a frame identical to the job's (same
   mounts, same results bind, same environment but the credentials, which the probe does not
@@ -44,6 +44,7 @@ from types import FrameType
 
 from ...redaction import Redactor
 from ...fs.atomic import atomic_write
+from ...launch.binding import SourceChanged, open_checked, open_source
 from ...launch.plan import PROBE_DIR
 from ...launch.probe import PROBE_SCRIPT, TOKEN_FILE, Verdict, checklist, checklist_text, parse_probe_output, \
     with_persistence
@@ -51,9 +52,9 @@ from .joblog import JobLog, LogWriter
 from .process import ProcessId
 from .results_owner import take_back
 from .rundir import ExitRecord, Launch, RankProcesses, Ranks, RunDir
-from .binding import SourceChanged, open_checked, open_source
 from .seccomp import filter_fd
-from .sandbox import Bind, Host, Namespaces, frame_argv, frame_binds, frame_env, host_system_dirs
+from ...launch.sources import Bind
+from .sandbox import Host, Namespaces, frame_argv, frame_binds, frame_env, host_system_dirs
 
 #: Signals are 1..64; bubblewrap reports a command killed by signal N as exit code 128 + N.
 _SIGNAL_CODES = range(129, 129 + 64)
@@ -314,7 +315,7 @@ def _take_back(launch: Launch | None, results_fd: int | None) -> None:
 
 def verify(run: RunDir, launch: Launch, host: Host, frames: Frames, cancel: Cancellation,
            opened: Mapping[str, int]) -> Verdict:
-    """Run the probe in the job's frame (``opened``: the checked sources, see :mod:`.binding`),
+    """Run the probe in the job's frame (``opened``: the checked sources, see :mod:`tao_data_io.launch.binding`),
     with the probe's files; the verdict, with the persistence check made from outside."""
     plan = launch.plan
     checks, token = checklist(plan)

@@ -23,7 +23,7 @@ What the frame sees — what a pod would see, and nothing else of the host:
 * each mount of the plan at its target (read-only where the plan says so), the results directory
   read-write from its host directory, and — for the verify probe only — the probe's files.
   Each is bound from a descriptor the supervisor opened and checked (``--bind-fd``, see
-  :mod:`.binding`), never from a path that could be swapped meanwhile; a source with no
+  :mod:`tao_data_io.launch.binding`), never from a path that could be swapped meanwhile; a source with no
   descriptor leaves its target absent, and the verify probe, run inside, says so per path
   (preflight reports it earlier, on the host). bubblewrap mounts every bind ``nosuid``;
 * no capabilities (``--cap-drop ALL``): the job obeys file modes like a pod's user does, so an
@@ -49,8 +49,9 @@ import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ...launch.plan import PROBE_DIR, LaunchPlan, PlanMount
+from ...launch.plan import PROBE_DIR, LaunchPlan
 from ...launch.rendezvous import rendezvous_env
+from ...launch.sources import Bind, mount_source
 from ...quantities import quantity_bytes
 from .run_as import SWITCH_CAPABILITIES, RunAs
 
@@ -126,19 +127,6 @@ class Namespaces:
 
     user: str | None
     net: str
-
-
-@dataclass(frozen=True)
-class Bind:
-    """One bind of a frame: the host source (a path, opened by :mod:`.binding`) and its target."""
-
-    source: str
-    target: str
-    read_only: bool
-    #: For a source tao-data-io made (a staged input, the results directory, the probe's files):
-    #: the directory it was made beneath, where it must still lie exactly, with no symlink on
-    #: the way. None for a pre-positioned source, which the request names.
-    root: str | None = None
 
 
 def frame_argv(plan: LaunchPlan, host: Host, binds: Sequence[Bind], opened: Mapping[str, int],
@@ -249,11 +237,6 @@ def trivial_argv(host: Host, seccomp_fd: int) -> list[str]:
     return [host.bwrap, *namespace_args(host, share_net=False), *capability_args(host),
             *userland_args(host.system, root_bytes=1 << 20, shm_bytes=1 << 20), "--seccomp", str(seccomp_fd), "--",
             *prefix, "true"]
-
-
-def mount_source(plan: LaunchPlan, mount: PlanMount) -> str:
-    """Where ``mount``'s source is on this host."""
-    return mount.source if mount.origin == "pre-positioned" else posixpath.join(plan.staging_root, mount.source)
 
 
 def frame_binds(plan: LaunchPlan, results_host: str, probe_dir: str | None = None) -> list[Bind]:

@@ -29,7 +29,7 @@ import stat
 from collections import deque
 from collections.abc import Iterable, Mapping
 
-from ...schema import Strict
+from ..schema import Strict
 
 #: As the kernel's own limit on symlinks followed in one lookup (``ELOOP`` past it).
 MAX_LINKS = 40
