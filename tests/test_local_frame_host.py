@@ -21,7 +21,7 @@ import pytest
 
 from tao_data_io.errors import UsageError
 from tao_data_io.backends.local.backend import LocalBackend
-from tao_data_io.backends.local.results_owner import MAX_DEPTH, take_back
+from tao_data_io.launch.results_owner import MAX_DEPTH, take_back
 from tao_data_io.records import OutputRoute, RecordStore
 from tao_data_io.request import JobRequest
 from tao_data_io.verbs import submit

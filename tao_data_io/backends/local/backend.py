@@ -59,7 +59,7 @@ from ...launch.sources import (SourceRules, check_binds, check_paths, check_resu
 from . import PLATFORM
 from .preflight import check_memory_sizes, check_sandbox, host_memory_bytes, needs_nsenter
 from .process import ProcessId
-from .results_owner import hand_over
+from ...launch.results_owner import hand_over
 from .joblog import JobLog, lines_since, segment_bytes
 from .rundir import Canceled, ExitRecord, Launch, RunDir
 from .run_as import RunAs, run_as
@@ -406,7 +406,7 @@ def _ended(ended: ExitRecord, run: RunDir) -> tuple[JobStatus, FailureAnalysis |
 
 def _hand_over(results: BoundSource, user: RunAs) -> None:
     """Give the results directory — the very one submit checked — and what a retry restored into
-    it to the job's user (:func:`.results_owner.hand_over`)."""
+    it to the job's user (:func:`tao_data_io.launch.results_owner.hand_over`)."""
     changed = BackendError(f"the results directory {results.source} changed while the job was being submitted; "
                            "submit again", retryable=True)
     fd = open_source(results.source)

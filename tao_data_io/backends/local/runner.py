@@ -50,7 +50,7 @@ from ...launch.probe import PROBE_SCRIPT, TOKEN_FILE, Verdict, checklist, checkl
     with_persistence
 from .joblog import JobLog, LogWriter
 from .process import ProcessId
-from .results_owner import take_back
+from ...launch.results_owner import take_back
 from .rundir import ExitRecord, Launch, RankProcesses, Ranks, RunDir
 from .seccomp import filter_fd
 from ...launch.sources import Bind
@@ -301,7 +301,7 @@ def supervise(run_path: Path, credentials: Mapping[str, str]) -> int:
 def _take_back(launch: Launch | None, results_fd: int | None) -> None:
     """Once every frame has ended: what the job left in its results that could act for it on the
     host is made harmless, and — when the job ran as another user — the results are this
-    backend's user's again (:func:`.results_owner.take_back`), each change said in this log. A
+    backend's user's again (:func:`tao_data_io.launch.results_owner.take_back`), each change said in this log. A
     failure here is said and never keeps the job's end from being recorded."""
     if launch is None or results_fd is None:
         return

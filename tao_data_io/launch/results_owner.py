@@ -1,7 +1,7 @@
 """The host results directory between the host and the job's user: handed to that user before the
 command starts, and taken back once every frame of the job has ended.
 
-Why: a job started by root runs as another user (:mod:`.run_as`), so the directory it writes —
+Why: a job started by root runs as another user (the local backend's ``run_as``, a Docker container's ``user``), so the directory it writes —
 and what an earlier attempt left there and a retry restored — must be that user's. And what the
 job leaves behind is the host's from then on: a setuid or setgid program in it runs with the
 job's user for whoever executes it (a host user then read another job's credentials out of its
@@ -32,7 +32,7 @@ import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from ...console import shown
+from ..console import shown
 
 #: What a job may not leave on a file or directory: privileges for whoever runs it, and a way in
 #: for anyone but the owner.
