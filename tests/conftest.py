@@ -195,8 +195,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 _HTTP_NAMES = frozenset({"EmbeddedS3", "ThreadedMotoServer", "FakeRegistries", "run_cli", "subprocess"})
 #: A test that names one of these talks to a Kubernetes API server: the stand-in, or a real cluster.
 _KUBE_NAMES = frozenset({"KubeStandIn", "RealCluster"})
-#: Tiers a test is put in by hand; such a test gets neither ``unit`` nor ``http``.
-_MANUAL_TIERS = ("kube",)
+#: Tiers a test is put in by hand (a contract adapter's param, which takes its fixture by
+#: ``getfixturevalue``); such a test gets neither ``unit`` nor ``http``.
+_MANUAL_TIERS = ("kube", "docker")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
