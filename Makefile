@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: test demo demo-stop bench clean bubblewrap
+.PHONY: test demo demo-stop bench clean bubblewrap docker
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || { apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
@@ -16,6 +16,12 @@ $(BIN)/python:
 bubblewrap:
 	@command -v bwrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap; }
 	@ldconfig -p | grep -q 'libseccomp\.so\.2' || { apt-get update -qq && apt-get install -y -qq libseccomp2; }
+
+# The Docker tests start a dockerd of their own (tests/docker_daemon.py) and import their image from a
+# static busybox (nothing is pulled); a dynamic /bin/busybox (Debian's busybox) is replaced.
+docker:
+	@command -v dockerd >/dev/null || test -x /usr/sbin/dockerd || { apt-get update -qq && apt-get install -y -qq docker.io; }
+	@{ test -x /bin/busybox && ! ldd /bin/busybox >/dev/null 2>&1; } || { apt-get update -qq && apt-get install -y -qq busybox-static; }
 
 # uv (installed by pip from PyPI) resolves the Prefect stack in seconds; pip's resolver spends
 # minutes backtracking through boto3 releases for prefect-aws's aiobotocore pin. pip stays the
@@ -32,7 +38,7 @@ $(VENV)/.test-torch: $(VENV)/.installed-test
 	$(PIP) install torch==2.13.0
 	touch $@
 
-test: $(VENV)/.installed-test $(VENV)/.test-torch bubblewrap
+test: $(VENV)/.installed-test $(VENV)/.test-torch bubblewrap docker
 	$(BIN)/python -m pytest
 
 demo: $(VENV)/.installed-demo bubblewrap

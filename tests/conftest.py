@@ -195,21 +195,26 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 _HTTP_NAMES = frozenset({"EmbeddedS3", "ThreadedMotoServer", "FakeRegistries", "run_cli", "subprocess"})
 #: A test that names one of these talks to a Kubernetes API server: the stand-in, or a real cluster.
 _KUBE_NAMES = frozenset({"KubeStandIn", "RealCluster"})
-#: Tiers a test is put in by hand; such a test gets neither ``unit`` nor ``http``.
-_MANUAL_TIERS = ("kube",)
+#: Tiers a test is put in by hand (a contract adapter's param, which takes its fixture by
+#: ``getfixturevalue``); such a test gets neither ``unit`` nor ``http``.
+_MANUAL_TIERS = ("kube", "docker")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test ``flows``, ``kube``, ``http`` or ``unit`` from what it uses, so ``pytest -m unit``
-    is the fast loop without anyone remembering to mark a test (and a mark that drifts from the code
-    cannot exist): a test that needs the Prefect server (the ``prefect_harness`` fixture, directly or
-    through another fixture) is ``flows``; otherwise tier follows from the servers and children a
-    test actually needs."""
+    """Mark every test ``flows``, ``docker``, ``kube``, ``http`` or ``unit`` from what it uses, so
+    ``pytest -m unit`` is the fast loop without anyone remembering to mark a test (and a mark that
+    drifts from the code cannot exist): a test that needs the Prefect server (the ``prefect_harness``
+    fixture, directly or through another fixture) is ``flows``, one that needs the session's dockerd
+    (the ``docker_daemon`` fixture of tests/docker_daemon.py) is ``docker``; otherwise tier follows
+    from the servers and children a test actually needs."""
     for item in items:
         if not isinstance(item, pytest.Function) or any(item.get_closest_marker(tier) for tier in _MANUAL_TIERS):
             continue
         if "prefect_harness" in item.fixturenames:
             item.add_marker(pytest.mark.flows)
+            continue
+        if "docker_daemon" in item.fixturenames:
+            item.add_marker(pytest.mark.docker)
             continue
         functions = [item.function, *(defs[-1].func for defs in item._fixtureinfo.name2fixturedefs.values() if defs)]
         used = _names_used(functions)
