@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
-from .launch.backend import Backend, FailureAnalysis, JobDocuments, Submission
+from .launch.backend import Backend, FailureAnalysis, JobDocuments, JobStatus, Submission
 from .launch.plan import build_plan
 from .launch.probe import Verdict
 from .outputs import UploadOutcome
@@ -132,6 +132,18 @@ class Canceled:
 
 
 @dataclass(frozen=True)
+class Ended:
+    """A job its record said was RUNNING, which a resync found ended before anything recorded its
+    end (it was submitted alone, its collect gave up or died, or its collect has not looked yet):
+    its end as the backend told it, now in its record, and who watches the job (its record's
+    ``owner``: a run that may still be collecting it)."""
+
+    job_id: str
+    status: JobStatus
+    owner: str | None = None
+
+
+@dataclass(frozen=True)
 class Resynced:
     """What a resync of every RUNNING job did: each resynced job's outcome (None when its backend
     moves its results itself), each failed one's reason, and the RUNNING jobs of the platform the
@@ -142,6 +154,9 @@ class Resynced:
     elsewhere: list[str] = field(default_factory=list)
     #: RUNNING jobs canceled because their owner was.
     canceled: list[str] = field(default_factory=list)
+    #: RUNNING jobs that had ended: their end is recorded now, after one more resync (in
+    #: :attr:`outcomes`, or :attr:`failed` when it failed).
+    ended: dict[str, Ended] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         statuses = [outcome.status if outcome else "backend uploads" for outcome in self.outcomes.values()]
@@ -150,7 +165,9 @@ class Resynced:
                 **({"failed": len(self.failed)} if self.failed else {}),
                 **({"canceled": len(self.canceled)} if self.canceled else {}), "not on this target": len(self.elsewhere),
                 "outcomes": {job_id: outcome.to_dict() if outcome else None
-                             for job_id, outcome in self.outcomes.items()}}
+                             for job_id, outcome in self.outcomes.items()},
+                **({"ended": {job_id: ended.status.to_dict() for job_id, ended in self.ended.items()}}
+                   if self.ended else {})}
 
     def describe(self) -> str:
         if not (self.outcomes or self.failed or self.canceled or self.elsewhere):
@@ -158,7 +175,10 @@ class Resynced:
         failed = f", {len(self.failed)} failed ({', '.join(sorted(self.failed))})" if self.failed else ""
         elsewhere = f", {len(self.elsewhere)} not on this target" if self.elsewhere else ""
         canceled = f", {len(self.canceled)} canceled (their owner was)" if self.canceled else ""
-        return f"resynced {len(self.outcomes)} running jobs{failed}{canceled}{elsewhere}"
+        ended = (f", {len(self.ended)} found ended ("
+                 + ", ".join(f"{job_id} {ended.status.state}" for job_id, ended in sorted(self.ended.items()))
+                 + ": their end is recorded now)") if self.ended else ""
+        return f"resynced {len(self.outcomes)} running jobs{ended}{failed}{canceled}{elsewhere}"
 
 
 def submit(request: JobRequest, backend: Backend, store: RecordStore, *, staging_root: str | Path | None = None,
@@ -295,6 +315,12 @@ def resync(store: RecordStore, backend: Backend, *, settle_seconds: float | None
     job's failure, after its runner's retries, does not keep the others from their resync: it is
     reported in :attr:`Resynced.failed`, and the next run tries it again.
 
+    A RUNNING job the backend says has ended — nothing collected it: it was submitted alone, or
+    its collect gave up or died — is resynced this once more and its end recorded
+    (:attr:`Resynced.ended`), so its record, and whoever reads it, no longer says RUNNING; what
+    is left (the files written within the settle time, the final upload, a failure's analysis) is
+    a collect's, which finds the end recorded. Its end is recorded even when that resync fails.
+
     ``abandoned(owner)`` says whether a job's owner was canceled (its orchestrator knows): such a
     job is canceled, not resynced — a cancel whose own hook did not get to the job (hooks are
     best-effort) still stops it within one interval."""
@@ -302,6 +328,7 @@ def resync(store: RecordStore, backend: Backend, *, settle_seconds: float | None
     outcomes: dict[str, UploadOutcome | None] = {}
     failed: dict[str, str] = {}
     canceled: list[str] = []
+    ended: dict[str, Ended] = {}
     for record in seen:
         job_id = record.job_id
         try:
@@ -309,10 +336,17 @@ def resync(store: RecordStore, backend: Backend, *, settle_seconds: float | None
                 run(cancel_job, job_id, backend, store, source=source, reason=f"its owner {record.owner} was canceled")
                 canceled.append(job_id)
                 continue
-            outcomes[job_id] = run(resync_job, job_id, backend, store, settle_seconds=settle_seconds, environ=environ)
+            status = run(look, job_id, backend, store)
+            try:
+                outcomes[job_id] = run(resync_job, job_id, backend, store, settle_seconds=settle_seconds,
+                                       environ=environ)
+            finally:  # after its last resync (a job no longer RUNNING is not resynced), and whether it moved
+                if status.terminal:
+                    run(record_end, store, job_id, status, source=source)
+                    ended[job_id] = Ended(job_id, status, record.owner)
         except Exception as exc:  # noqa: BLE001 - reported per job; the others still resync
             failed[job_id] = f"{type(exc).__name__}: {exc}"
-    return Resynced(outcomes, failed, elsewhere, canceled)
+    return Resynced(outcomes, failed, elsewhere, canceled, ended)
 
 
 def _abandoned(record: JobRecord, abandoned: Callable[[str], bool] | None, say: Say | None) -> bool:

@@ -1,4 +1,4 @@
-"""Who owns a job, in Prefect's words, and whether that owner was canceled.
+"""Who owns a job, in Prefect's words, and whether that owner was canceled or still runs.
 
 Why the root flow run: a job belongs to the run a user started — ``submit-tao-job``,
 ``collect-tao-job`` or ``run-tao-job`` with the other two as its subflows — and canceling that
@@ -15,7 +15,7 @@ from uuid import UUID
 
 from prefect import runtime
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.objects import FlowRun
+from prefect.client.schemas.objects import FlowRun, State
 from prefect.exceptions import ObjectNotFound
 
 OWNER_PREFIX = "prefect-flow-run/"
@@ -44,15 +44,28 @@ def owner_of(flow_run: FlowRun) -> str:
 def canceled(owner: str) -> bool:
     """Whether ``owner`` is a flow run that was canceled (or is being canceled). An owner that is
     not a flow run, or one deleted since, is not a cancel."""
+    state = _state_of(owner)
+    return state is not None and (state.is_cancelled() or state.is_cancelling())
+
+
+def watching(owner: str) -> bool:
+    """Whether ``owner`` is a flow run still running — a collect waiting on the job, or a
+    ``run-tao-job`` (its root) — which records the job's end and uploads its results itself. An
+    owner that is not a flow run, one deleted since, and one that ended are not."""
+    state = _state_of(owner)
+    return state is not None and state.is_running()
+
+
+def _state_of(owner: str) -> State | None:
+    """The state of the flow run ``owner`` names; None when it names none (any more)."""
     if not owner.startswith(OWNER_PREFIX):
-        return False
+        return None
     try:
         run_id = UUID(owner.removeprefix(OWNER_PREFIX))
     except ValueError:
-        return False
+        return None
     with get_client(sync_client=True) as client:
         try:
-            state = client.read_flow_run(run_id).state
+            return client.read_flow_run(run_id).state
         except ObjectNotFound:
-            return False
-    return state is not None and (state.is_cancelled() or state.is_cancelling())
+            return None

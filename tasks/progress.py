@@ -56,6 +56,15 @@ def progress_line(what: str, progress: Progress) -> str:
     return f"{what}: {files}, {size}{failed}"
 
 
+def moves_anything(progress: Progress) -> bool:
+    """Whether ``progress`` has anything to show: something planned, or — once totals that were
+    unknown are final (an archive's) — something done. The last snapshot of a run that found
+    nothing to move (a resync of unchanged results) is all zeros: no bar of "0 files, 0 B"."""
+    if progress.files_total or progress.bytes_total:
+        return True
+    return progress.final and bool(progress.files_done or progress.bytes_done or progress.files_failed)
+
+
 class _TaskArtifacts:
     """Artifacts of the task run this is made in, created once and then updated in place through
     one client (opened on the first write, closed by :meth:`close`). Why captured here: updates
@@ -116,8 +125,8 @@ class ProgressArtifact:
     def _report(self, progress: Progress) -> None:
         with self._lock:
             self._last = progress
-            if self.artifact_id is None and not (progress.files_total or progress.bytes_total or progress.final):
-                return  # nothing to move (yet): no artifact
+            if self.artifact_id is None and not moves_anything(progress):
+                return  # nothing to move (yet), or nothing at all: no artifact
             self._send(progress)
 
     def _send(self, progress: Progress) -> None:

@@ -15,7 +15,7 @@ import yaml
 
 from tao_data_io.launch.backend import FailureAnalysis, JobStatus
 from tao_data_io.launch.probe import Verdict
-from tao_data_io.outputs import UploadOutcome
+from tao_data_io.outputs import UploadOutcome, final_upload
 from tao_data_io.records import JobRecord
 from tao_data_io.reporting import human_size
 from tao_data_io.request import JobRequest
@@ -114,6 +114,83 @@ def upload_report(record: JobRecord, outcome: UploadOutcome) -> str:
                               summary.failed_files]])]
         if summary.failed:
             lines += ["", "Failed (first 20): " + ", ".join(f"`{f.name}`: {f.reason}" for f in summary.failed[:20])]
+    return "\n".join(lines) + "\n"
+
+
+def _end_table(status: JobStatus) -> str:
+    code = "not known" if status.exit_code is None else status.exit_code
+    return table(["state", "exit code", "message"], [[status.state, code, status.message or ""]])
+
+
+def _ended(job_id: str, status: JobStatus) -> str:
+    """``job X ended ERROR (exit code 3): <the backend's message>`` (the code once: the message may say it)."""
+    code = ("" if status.exit_code is None or f"exit code {status.exit_code}" in status.message
+            else f" (exit code {status.exit_code})")
+    return f"job {job_id} ended {status.state}{code}" + (f": {status.message}" if status.message else "")
+
+
+def ended_line(job_id: str, status: JobStatus, watcher: str | None) -> str:
+    """What the scheduled resync says of a RUNNING job it found ended: the end, and what to do —
+    nothing when a run still watches it (``watcher``: that run collects it), else a collect."""
+    said = _ended(job_id, status)
+    if watcher is not None:
+        return f"{said}; its end is recorded, and the run that watches it ({watcher}) collects it"
+    why = " and report why it failed" if status.state == "ERROR" else ""
+    return (f"{said}; nothing collected it, and its end is recorded now: run collect-tao-job with job_id {job_id} "
+            f"to upload its results{why}")
+
+
+def ended_report(job_id: str, status: JobStatus, watcher: str | None) -> str:
+    """The resync's ``ended-<job>`` artifact: the end it found and recorded, and what to do."""
+    lines = [f"# Job `{job_id}` ended {status.state}", "", _end_table(status), "",
+             "Its record said RUNNING: the scheduled resync found its end and recorded it."]
+    if watcher is not None:
+        lines += ["", f"**Next**: nothing to do: the run that watches it (`{watcher}`) collects it."]
+    else:
+        why = " and reports why it failed (the analysis, the log's last lines)" if status.state == "ERROR" else ""
+        lines += ["", f"**Next**: run `collect-tao-job` with `job_id` `{job_id}`: it uploads the rest of its results "
+                      f"(the final upload){why}."]
+    return "\n".join(lines) + "\n"
+
+
+def results_line(record: JobRecord) -> str:
+    """Where a job's results are once it was collected: uploaded (its final upload), on a mount,
+    or not kept; or not all uploaded yet."""
+    route = record.output_route
+    if route is None:
+        return "no output route recorded"
+    if route.route == "s3":
+        if final_upload(record, route.destination) is not None:
+            return f"uploaded to {route.destination}"
+        return f"not all uploaded to {route.destination}: collect-tao-job with job_id {record.job_id} uploads them"
+    if route.route == "mount":
+        return f"on the mount at {route.destination}"
+    return f"not kept ({route.route}: {route.reason or route.destination})"
+
+
+def job_line(record: JobRecord, status: JobStatus, collect_run: str) -> str:
+    """What ``run-tao-job`` says in its own log of how its job ended, and where its results are."""
+    return (f"{_ended(record.job_id, status)}; its results: {results_line(record)} (its log, progress and "
+            f"reports: the collect run {collect_run}, and this run's artifact job-{record.job_id})")
+
+
+def job_report(record: JobRecord, status: JobStatus, collect_run: str,
+               links: dict[str, str] | None = None) -> str:
+    """``run-tao-job``'s ``job-<job>`` artifact, on its own page: how the job ended, where its
+    results are, and where its collect run shows the rest (the log, the progress, the reports) —
+    each named, and a link where ``links`` has one (by the name shown)."""
+    def named(name: str) -> str:
+        return f"[`{name}`]({links[name]})" if links and name in links else f"`{name}`"
+
+    job_id = record.job_id
+    lines = [f"# Job `{job_id}` ended {status.state}", "", _end_table(status), "",
+             f"**Results**: {results_line(record)}; what moved and what was left out: the artifact "
+             f"{named(f'results-{job_id}')}"]
+    if status.state == "ERROR":
+        lines += ["", f"**Why it failed**: the artifact {named(f'failure-{job_id}')} (the analysis and the log's "
+                      "last lines)"]
+    lines += ["", f"**The job's log and TAO's progress**: the collect run {named(collect_run)}; the KPIs epoch by "
+                  f"epoch, when TAO wrote any: the artifact {named(training_key(job_id))}"]
     return "\n".join(lines) + "\n"
 
 

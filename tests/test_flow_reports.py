@@ -14,8 +14,9 @@ from tao_data_io.records import JobRecord, OutputRoute
 from tao_data_io.reporting import Progress
 from tao_data_io.staging.stage_map import StagedSource
 from tao_data_io.transfer.summary import Failure, TransferSummary
-from tasks.progress import percent, progress_line
-from tasks.reports import cell, failure_report, launch_report, staged_rows, upload_report
+from tasks.progress import moves_anything, percent, progress_line
+from tasks.reports import (cell, ended_line, ended_report, failure_report, job_line, job_report, launch_report,
+                           results_line, staged_rows, upload_report)
 
 NOW = datetime(2025, 1, 2, tzinfo=timezone.utc)
 ROUTE = OutputRoute(route="s3", destination="s3://bkt1/results/job-1/", reason="S3_BUCKET_NAME is set")
@@ -86,7 +87,54 @@ def test_progress_is_by_bytes_when_known_else_by_files(progress: Progress, expec
     assert percent(progress) == expected
 
 
+@pytest.mark.parametrize(("progress", "shown"), [
+    (Progress(0, 0, 0, 0, 0, planning=True), False),  # the listing has not planned anything yet
+    (Progress(0, 0, 0, 0, 0, final=True), False),  # it planned nothing: a resync of unchanged results
+    (Progress(3, 300, 0, 0, 0, planning=True), True),
+    (Progress(0, 0, 7, 700, 0), False),  # an archive, its totals unknown while it runs
+    (Progress(0, 0, 7, 700, 0, final=True), True),
+])
+def test_a_progress_bar_is_made_only_for_what_moves_something(progress: Progress, shown: bool) -> None:
+    assert moves_anything(progress) is shown
+
+
 def test_the_progress_line_counts_files_and_sizes() -> None:
     assert progress_line("staging s3://b/p/", Progress(2000, 2048 * 1024, 1200, 1024 * 1024, 3)) == \
         "staging s3://b/p/: 1,200 of 2,000 files, 1.0 MiB of 2.0 MiB, 3 failed"
     assert cell("a|b\nc") == "a\\|b c"
+
+
+def test_a_jobs_end_says_its_state_exit_code_message_and_where_its_results_are() -> None:
+    ended = RECORD.model_copy(update={"state": "ERROR", "uploads": [
+        {"final": True, "destination": ROUTE.destination, "started_at": NOW.isoformat()}]})
+    status = JobStatus(state="ERROR", message="the command exited 1", exit_code=1, err_class="ERR_PROGRAM")
+    assert job_line(ended, status, "collect-job-1") == (
+        "job job-1 ended ERROR (exit code 1): the command exited 1; its results: uploaded to "
+        "s3://bkt1/results/job-1/ (its log, progress and reports: the collect run collect-job-1, and this run's "
+        "artifact job-job-1)")
+    report = job_report(ended, status, "collect-job-1", {"collect-job-1": "http://ui/runs/flow-run/1"})
+    assert "| ERROR | 1 | the command exited 1 |" in report and "[`collect-job-1`](http://ui/runs/flow-run/1)" in report
+    assert "`failure-job-1`" in report and "`training-job-1`" in report
+    complete = JobStatus(state="COMPLETE", message="exit code 0", exit_code=0)
+    assert "failure-job-1" not in job_report(ended, complete, "collect-job-1")
+    assert job_line(ended, complete, "c").startswith("job job-1 ended COMPLETE: exit code 0;")  # the code once
+
+    assert results_line(RECORD.model_copy(update={"state": "ERROR"})) == (
+        "not all uploaded to s3://bkt1/results/job-1/: collect-tao-job with job_id job-1 uploads them")
+    mounted = OutputRoute(route="mount", destination="/mnt/results/job-1")
+    assert results_line(RECORD.model_copy(update={"output_route": mounted})) == "on the mount at /mnt/results/job-1"
+    gone = OutputRoute(route="ephemeral", destination="/results", reason="no bucket and no results root")
+    assert results_line(RECORD.model_copy(update={"output_route": gone})) == (
+        "not kept (ephemeral: no bucket and no results root)")
+
+
+def test_an_end_the_resync_found_says_what_to_do_next() -> None:
+    forgotten = JobStatus(state="ERROR", message="its pod is gone; the record says ERROR")
+    line = ended_line("job-1", forgotten, None)
+    assert line.startswith("job job-1 ended ERROR: its pod is gone")  # no exit code known: none said
+    assert line.endswith("run collect-tao-job with job_id job-1 to upload its results and report why it failed")
+    assert "| ERROR | not known |" in ended_report("job-1", forgotten, None)
+    watched = ended_line("job-1", JobStatus(state="COMPLETE", exit_code=0), "prefect-flow-run/1")
+    assert watched == ("job job-1 ended COMPLETE (exit code 0); its end is recorded, and the run that watches it "
+                       "(prefect-flow-run/1) collects it")
+    assert "nothing to do" in ended_report("job-1", JobStatus(state="COMPLETE"), "prefect-flow-run/1")
