@@ -30,3 +30,13 @@ def quantity_bytes(quantity: str) -> int:
 
 def is_cpu_quantity(value: str) -> bool:
     return bool(_CPU_QUANTITY.fullmatch(value))
+
+
+def cpu_millicores(quantity: str) -> int:
+    """``500m`` → 500, ``2`` → 2000, ``0.5`` → 500: a validated CPU quantity
+    (:func:`is_cpu_quantity`) in thousandths of a core, as Kubernetes counts it (a fraction
+    finer than a millicore is rounded up, as Kubernetes rounds it)."""
+    if quantity.endswith("m"):
+        return int(quantity[:-1])
+    whole, _, fraction = quantity.partition(".")
+    return int(whole) * 1000 + int((fraction + "000")[:3])

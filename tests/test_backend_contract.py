@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import re
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,9 @@ from tao_data_io.launch.backend import Backend
 from tao_data_io.launch.training import read_training_status
 from tao_data_io.transfer.client import make_s3_client
 
+from . import docker_daemon as dockerd
 from . import kube_cluster as cluster
+from .contract.docker import DockerHarness
 from .contract.fake import FakeHarness
 from .contract.harness import Ending, Harness, Launched
 from .contract.kubernetes import KubernetesHarness
@@ -33,8 +36,11 @@ from .helpers import DEADLINE_S, wait_for
 
 #: The stand-in cluster and its S3 input, as the Kubernetes tests have them (pytest fixtures).
 kube, input_bucket = cluster.kube, cluster.input_bucket
+#: The session's own Docker daemon.
+docker_daemon = dockerd.docker_daemon
 
-ADAPTERS = [pytest.param("fake"), pytest.param("local"), pytest.param("kubernetes", marks=pytest.mark.kube)]
+ADAPTERS = [pytest.param("fake"), pytest.param("local"), pytest.param("kubernetes", marks=pytest.mark.kube),
+            pytest.param("docker", marks=pytest.mark.docker)]
 #: Where every backend's results go (a bucket of moto's S3 server): a next attempt restores from it.
 RESULTS_BUCKET = "tao-results"
 
@@ -50,12 +56,18 @@ def submit_environ(moto_credentials: S3Credentials) -> dict[str, str]:
 
 
 @pytest.fixture(params=ADAPTERS)
-def harness(request: pytest.FixtureRequest, tmp_path: Path, submit_environ: dict[str, str]) -> Harness:
+def harness(request: pytest.FixtureRequest, tmp_path: Path, submit_environ: dict[str, str]) -> Iterator[Harness]:
+    found: Harness
     if request.param == "fake":
-        return FakeHarness(tmp_path, submit_environ)
-    if request.param == "local":
-        return LocalHarness(request.getfixturevalue("local_backend"), tmp_path, submit_environ)
-    return KubernetesHarness(request.getfixturevalue("kube"), tmp_path, submit_environ)
+        found = FakeHarness(tmp_path, submit_environ)
+    elif request.param == "local":
+        found = LocalHarness(request.getfixturevalue("local_backend"), tmp_path, submit_environ)
+    elif request.param == "docker":
+        found = DockerHarness(request.getfixturevalue("docker_daemon"), tmp_path, submit_environ)
+    else:
+        found = KubernetesHarness(request.getfixturevalue("kube"), tmp_path, submit_environ)
+    yield found
+    found.close()
 
 
 def running(harness: Harness) -> Launched:

@@ -28,7 +28,7 @@ from ..launch.backend import Backend, BackendSettings
 from ..launch.platform import ENTRY_POINTS, Platform
 
 #: The backends this distribution brings, by the package that declares each (``PLATFORM``).
-BUILTIN = ("tao_data_io.backends.local", "tao_data_io.backends.kubernetes")
+BUILTIN = ("tao_data_io.backends.local", "tao_data_io.backends.kubernetes", "tao_data_io.backends.docker")
 
 log = logging.getLogger(__name__)
 _added: dict[str, Platform] = {}

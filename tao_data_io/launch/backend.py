@@ -9,7 +9,8 @@ ERROR, CANCELED; UNKNOWN when the backend has forgotten the job and the record m
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, Self, runtime_checkable
@@ -237,3 +238,16 @@ class Backend(Protocol):
         (:data:`~tao_data_io.launch.training.STATUS_TAIL_BYTES` at most), or None while there is
         none. The file is the job's: read without following a link or blocking on a FIFO."""
         ...
+
+
+def polls(timeout: float) -> Iterator[None]:
+    """Yield until ``timeout`` has passed, sleeping a little longer each time (10 ms to 250 ms):
+    quick for a fast job, cheap for a long one — how a backend waits for what its job writes."""
+    deadline = time.monotonic() + timeout
+    pause = 0.01
+    while True:
+        yield
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.25)

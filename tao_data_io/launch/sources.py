@@ -42,6 +42,19 @@ def mount_source(plan: LaunchPlan, mount: PlanMount) -> str:
     return mount.source if mount.origin == "pre-positioned" else posixpath.join(plan.staging_root, mount.source)
 
 
+def plan_binds(plan: LaunchPlan, results_host: str) -> list[Bind]:
+    """The binds of ``plan``'s frame, a parent before anything mounted inside it: its mounts
+    (aliases of one target share one source: the plan checked it) and the results directory
+    (``results_host`` at ``plan.results_dir``)."""
+    binds: dict[str, Bind] = {}
+    for mount in plan.mounts:
+        root = None if mount.origin == "pre-positioned" else plan.staging_root
+        binds.setdefault(mount.target, Bind(mount_source(plan, mount), mount.target, mount.read_only, root))
+    binds[plan.results_dir] = Bind(results_host, plan.results_dir, read_only=False,
+                                   root=posixpath.dirname(results_host))
+    return sorted(binds.values(), key=lambda bind: bind.target.count("/"))
+
+
 #: Host directories no pre-positioned source may be, hold or lie in: the frame's own system, the
 #: kernel's views, the host's runtime state and ``/var`` (cron spools and services' state, run as
 #: root on the host).

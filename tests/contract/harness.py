@@ -88,6 +88,9 @@ class Harness:
         self.backend, self.tmp_path, self.environ = backend, tmp_path, dict(environ)
         self.store = RecordStore(tmp_path / "records")
 
+    def close(self) -> None:
+        """End what the test left of this backend's jobs (where the suite's test does not)."""
+
     def needs(self, what: Capability) -> None:
         """Skip the promise, with the reason, where this backend cannot show ``what``."""
         if what in self.cannot:

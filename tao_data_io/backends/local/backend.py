@@ -23,8 +23,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from ...launch.backend import (
     LogChunk,
     Submission,
     Waits,
+    polls,
 )
 from ...launch.training import STATUS_FILE, STATUS_TAIL_BYTES
 from ...launch.plan import LaunchPlan
@@ -219,7 +219,7 @@ class LocalBackend:
         run = self._known(ref)
         if run is None:
             raise UsageError(f"{ref} is not known to the local backend under {self.run_root}; submit it first")
-        for _ in _polls(timeout):
+        for _ in polls(timeout):
             alive = _alive(run.supervisor())  # before the records: a dead supervisor's records are final
             verdict = run.verdict()
             if verdict is not None:
@@ -434,19 +434,6 @@ def _frame_processes(run: RunDir) -> list[ProcessId]:
     return found
 
 
-def _polls(timeout: float) -> Iterator[None]:
-    """Yield until ``timeout`` has passed, sleeping a little longer each time (10 ms to 250 ms):
-    quick for a fast job, cheap for a long one."""
-    deadline = time.monotonic() + timeout
-    pause = 0.01
-    while True:
-        yield
-        if time.monotonic() >= deadline:
-            return
-        time.sleep(pause)
-        pause = min(pause * 1.5, 0.25)
-
-
 def _end(processes: list[ProcessId]) -> bool:
     """SIGKILL each of ``processes`` still running and wait (bounded) until they have ended;
     whether any was running."""
@@ -456,7 +443,7 @@ def _end(processes: list[ProcessId]) -> bool:
 
 
 def _wait_until_ended(processes: list[ProcessId], timeout: float) -> None:
-    for _ in _polls(timeout):
+    for _ in polls(timeout):
         if not any(process.alive() for process in processes):
             return
 

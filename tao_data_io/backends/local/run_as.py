@@ -23,12 +23,10 @@ from __future__ import annotations
 import os
 
 from ...errors import UsageError
+from ...launch.users import NOBODY
 from ...schema import Strict
 from .tools import SETPRIV_INSTALL, find_tool
 
-#: nobody:nogroup on Debian and Red Hat alike: owns nothing, so a job running as it reaches
-#: nothing of the host's that is not world-readable.
-NOBODY = 65534
 #: What bubblewrap keeps for ``setpriv`` to switch the user and clear the bounding set.
 SWITCH_CAPABILITIES = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
 

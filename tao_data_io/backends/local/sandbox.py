@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 from ...launch.plan import PROBE_DIR, LaunchPlan
 from ...launch.rendezvous import rendezvous_env
-from ...launch.sources import Bind, mount_source
+from ...launch.sources import Bind, plan_binds
 from ...quantities import quantity_bytes
 from .run_as import SWITCH_CAPABILITIES, RunAs
 
@@ -240,18 +240,13 @@ def trivial_argv(host: Host, seccomp_fd: int) -> list[str]:
 
 
 def frame_binds(plan: LaunchPlan, results_host: str, probe_dir: str | None = None) -> list[Bind]:
-    """Every bind of the frame, a parent before anything mounted inside it: the plan's mounts,
-    the results directory (``results_host`` at ``plan.results_dir``) and, for the probe's frame
-    only, ``probe_dir`` (the probe's files, read-only at :data:`PROBE_DIR`)."""
-    binds: dict[str, Bind] = {}
-    for mount in plan.mounts:  # aliases of one target share one source (the plan checked it)
-        root = None if mount.origin == "pre-positioned" else plan.staging_root
-        binds.setdefault(mount.target, Bind(mount_source(plan, mount), mount.target, mount.read_only, root))
-    binds[plan.results_dir] = Bind(results_host, plan.results_dir, read_only=False,
-                                   root=posixpath.dirname(results_host))
+    """Every bind of the frame, a parent before anything mounted inside it: the plan's
+    (:func:`~tao_data_io.launch.sources.plan_binds`) and, for the probe's frame only,
+    ``probe_dir`` (the probe's files, read-only at :data:`PROBE_DIR`)."""
+    binds = plan_binds(plan, results_host)
     if probe_dir is not None:
-        binds[PROBE_DIR] = Bind(probe_dir, PROBE_DIR, read_only=True, root=posixpath.dirname(probe_dir))
-    return sorted(binds.values(), key=lambda bind: bind.target.count("/"))
+        binds.append(Bind(probe_dir, PROBE_DIR, read_only=True, root=posixpath.dirname(probe_dir)))
+    return sorted(binds, key=lambda bind: bind.target.count("/"))
 
 
 def frame_env(plan: LaunchPlan, *, rank: int = 0, credentials: Mapping[str, str] | None = None) -> dict[str, str]:

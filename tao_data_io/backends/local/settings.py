@@ -15,13 +15,12 @@ from typing import Any, ClassVar
 from pydantic import Field, ValidationInfo, field_validator
 
 from ...launch.backend import BackendSettings
+from ...launch.users import unprivileged_id
 from ...quantities import is_binary_quantity, quantity_bytes
 from ...schema import AbsolutePath
 from .joblog import DEFAULT_LOG_LIMIT, MAX_LOG_LIMIT, MIN_LOG_LIMIT
 
 ROOT_VARIABLE = "TAO_DATA_IO_LOCAL_ROOT"
-#: ``(uid_t)-1``: no id (``setresuid`` and ``setpriv`` read it as "unchanged"); every id is below it.
-MAX_ID = 2**32 - 1
 DEFAULT_ROOT = "~/.tao-data-io/local"
 
 
@@ -73,22 +72,8 @@ class LocalSettings(BackendSettings):
 
     @field_validator("run_as_user", "run_as_group", mode="before")
     @classmethod
-    def _unprivileged(cls, value: object, info: ValidationInfo) -> object:
-        """An id the kernel gives a process, other than root's: 0 is root, and ``(uid_t)-1``
-        (4294967295) is no id at all — setpriv reads it as "leave the id as it is", which for a
-        backend run by root is root."""
-        if value is None or value == "":  # a form's empty field
-            return None
-        if isinstance(value, str) and value.strip().isdigit():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{info.field_name} {value!r} is not a numeric id: give a number (`id -u NAME` prints "
-                             "a user's), or leave it empty for 65534 (nobody)")
-        if not 0 < value < MAX_ID:
-            what = "root" if value == 0 else f"not an id (ids are 1 to {MAX_ID - 1})"
-            raise ValueError(f"{info.field_name} {value} is {what}: a job never holds host root; give an unprivileged "
-                             "id, or leave it empty for 65534 (nobody)")
-        return value
+    def _unprivileged(cls, value: object, info: ValidationInfo) -> int | None:
+        return unprivileged_id(value, str(info.field_name))
 
     def resolved(self, environ: Mapping[str, str] | None = None) -> LocalSettings:
         """These settings with ``run_root`` decided (given, else ``$TAO_DATA_IO_LOCAL_ROOT``, else

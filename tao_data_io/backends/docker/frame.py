@@ -1,0 +1,104 @@
+"""What runs inside each rank's container before, around and after the job's command: the frame
+script (the container's command, under Docker's init as PID 1), and the credentials file it reads.
+
+Why one container and a word from the host, not a probe container and then the job's: Docker binds
+a mount by its path when a container starts, so a probe container proves nothing of the next
+container's mounts — a source swapped between the two would be bound unchecked. Here the verify
+probe runs in the very container the command will run in, with its mounts, user, devices and
+environment; it also checks that each mount target is the object the host checked (device and
+inode, the probe's ``bound`` check). The script then waits for the host: ``go`` once every rank's
+verdict passed and the host saw the persistence token from outside, ``stop`` otherwise — so the
+command starts only after the whole job was proved, and never after a failed verdict.
+
+Layout in the container (each a bind the backend makes):
+
+* ``/tao-data-io/agent`` (read-only): this script, the probe and its checklist;
+* ``/tao-data-io/control`` (read-only): where the host's ``go`` or ``stop`` appears;
+* ``/tao-data-io/report`` (this rank's own, writable): the probe's lines and exit status;
+* ``/tao-data-io/credentials`` (read-only, only when the request forwards credentials): a 0400
+  file of ``export NAME='value'`` lines on a host tmpfs, unlinked on the host once the
+  container started — never in the container's configuration (``docker inspect`` shows
+  ``Config.Env`` and the daemon stores it in clear), argv or a label.
+
+Exit status: the command's; 143 once the container was stopped (a cancel: Docker's init hands
+SIGTERM to this script, which hands it to the command); :data:`DEADLINE_EXIT` once the job's
+``compute_shape.deadline_seconds`` passed; :data:`SETUP_EXIT` when the frame could not be made.
+A command that exits 143 or 124 by itself exits 1 instead, said on stderr, so it is never taken
+for stopped or late.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+
+AGENT_DIR = "/tao-data-io/agent"
+CONTROL_DIR = "/tao-data-io/control"
+REPORT_DIR = "/tao-data-io/report"
+CREDENTIALS_FILE = "/tao-data-io/credentials"
+FRAME_FILE = "frame.sh"
+PROBE_FILE = "probe.sh"
+CHECKLIST_FILE = "checklist"
+#: What the probe printed, and its exit status (written first: the host waits for the lines).
+PROBE_OUTPUT = "probe"
+PROBE_EXIT = "probe-exit"
+#: The host's word in the control directory.
+GO, STOP = "go", "stop"
+#: The frame's own exit statuses, which a command's own are mapped away from.
+DEADLINE_EXIT = 124
+STOPPED_EXIT = 143
+SETUP_EXIT = 125
+#: The environment variables the script reads (no value is ever spliced into its text).
+WAIT_VARIABLE = "TAO_DATA_IO_WAIT_SECONDS"
+DEADLINE_VARIABLE = "TAO_DATA_IO_DEADLINE_SECONDS"
+GRACE_VARIABLE = "TAO_DATA_IO_GRACE_SECONDS"
+
+FRAME_SCRIPT = r"""#!/bin/sh
+# tao-data-io Docker frame: verify in this container, wait for the host's word, run the command.
+set -u
+agent=/tao-data-io/agent control=/tao-data-io/control report=/tao-data-io/report
+say() { echo "tao-data-io: $*" >&2; }
+if [ -e /tao-data-io/credentials ]; then
+  . /tao-data-io/credentials || { say "the forwarded credentials could not be read"; exit 125; }
+fi
+sh "$agent/probe.sh" "$agent/checklist" > "$report/probe.part" 2>/dev/null
+printf '%s\n' "$?" > "$report/probe-exit" && mv "$report/probe.part" "$report/probe" || {
+  say "this rank's report directory is not writable"; exit 125; }
+ticks=$(( ${TAO_DATA_IO_WAIT_SECONDS:-600} * 5 ))
+while [ ! -e "$control/go" ]; do
+  if [ -e "$control/stop" ]; then say "the verify probe failed: the command never started"; exit 125; fi
+  if [ "$ticks" -le 0 ]; then say "no word from the host after the verify probe: the command never started"; exit 125; fi
+  sleep 0.2 2>/dev/null || sleep 1
+  ticks=$((ticks - 1))
+done
+stopped= late= timer= killer=
+trap 'stopped=1; kill -TERM "$child" 2>/dev/null' TERM INT
+trap 'late=1; kill -TERM "$child" 2>/dev/null
+      ( sleep "${TAO_DATA_IO_GRACE_SECONDS:-30}"; kill -KILL "$child" 2>/dev/null ) & killer=$!' USR1
+"$@" &
+child=$!
+if [ -n "${TAO_DATA_IO_DEADLINE_SECONDS:-}" ]; then
+  ( trap - TERM INT; sleep "$TAO_DATA_IO_DEADLINE_SECONDS"; kill -USR1 $$ ) &
+  timer=$!
+fi
+while :; do
+  wait "$child"
+  code=$?
+  kill -0 "$child" 2>/dev/null && continue
+  break
+done
+for helper in $timer $killer; do kill "$helper" 2>/dev/null; done
+[ -n "$stopped" ] && exit 143
+[ -n "$late" ] && exit 124
+case "$code" in
+  124|143|125) say "the command exited $code, which this frame keeps for itself; exiting 1"; exit 1 ;;
+esac
+exit "$code"
+"""
+
+
+def credentials_file(values: Mapping[str, str]) -> bytes:
+    """The credentials file's text: one ``export NAME='value'`` line each, quoted for ``sh`` —
+    the names are environment names the request validated, the values are whatever the
+    environment held, so each is quoted whole and nothing of it is ever read as shell text."""
+    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in sorted(values.items())).encode()

@@ -1,0 +1,116 @@
+"""A Docker job's state on this host: ``<run_root>/<job id>/run``, the backend's alone (0700).
+
+Why on the host and not only in the daemon: the daemon forgets a container once it is removed,
+and labels are the job's to read (``docker inspect``), so what submit decided (the plan, the
+objects it checked, whom the job runs as), the verdict, a cancel and how each rank ended are kept
+here, out of every container's reach; the containers' frame directories (agent, control, each
+rank's report) lie beside them, bound into the containers as :mod:`.frame` says.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, Field
+
+from ...fs.atomic import atomic_write
+from ...launch.binding import BoundSource
+from ...launch.plan import LaunchPlan
+from ...launch.probe import Verdict
+from ...schema import Strict
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+class Launch(Strict):
+    """What submit decided: everything later calls need but the credential values."""
+
+    plan: LaunchPlan
+    #: The host directory bound read-write at ``plan.results_dir``.
+    results_host: str
+    uid: int
+    gid: int
+    #: Each rank's GPUs (device ids).
+    gpus: list[list[str]] = Field(default_factory=list)
+    #: target → the object submit checked for each bind (the probe's ``bound`` checks).
+    sources: dict[str, BoundSource] = Field(default_factory=dict)
+    #: The persistence token the probe writes into the results directory.
+    token: str
+    submitted_at: datetime
+    #: What was restored into the results before the command started (a later attempt's).
+    restored: str | None = None
+
+
+class RankEnd(Strict):
+    """How one rank's container ended, as the daemon said before it was removed."""
+
+    rank: int
+    exit_code: int | None
+    oom_killed: bool = False
+    #: ``State.Error``: why the daemon could not start it (a device driver, a mount).
+    error: str = ""
+    #: Whether its command started (the host's ``go`` was given).
+    started: bool = False
+
+
+class Ended(Strict):
+    """How the job ended: every rank's end, kept once its containers are removed."""
+
+    ranks: list[RankEnd]
+    #: What taking the results back from the job's user changed, a bounded list of lines.
+    taken_back: list[str] = Field(default_factory=list)
+    #: The daemon no longer had the containers (removed outside tao-data-io).
+    vanished: bool = False
+
+
+class Canceled(Strict):
+    requested_at: datetime
+
+
+class RunDir:
+    """Paths and records of ``<run_root>/<job id>/run``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock = path / ".lock"
+        self.launch_file = path / "launch.json"
+        self.verdict_file = path / "verdict.json"
+        self.ended_file = path / "ended.json"
+        self.cancel_file = path / "cancel.json"
+        self.agent = path / "agent"
+        self.control = path / "control"
+
+    def create(self) -> None:
+        """Owner-only: the saved logs hold whatever the job printed."""
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def report(self, rank: int) -> Path:
+        return self.path / f"rank-{rank}"
+
+    def saved_log(self, rank: int) -> Path:
+        return self.path / f"rank-{rank}.log"
+
+    def write(self, path: Path, record: BaseModel) -> None:
+        atomic_write(path, record.model_dump_json(indent=2).encode() + b"\n", mode=0o600)
+
+    def launch(self) -> Launch | None:
+        return _read(self.launch_file, Launch)
+
+    def verdict(self) -> Verdict | None:
+        return _read(self.verdict_file, Verdict)
+
+    def ended(self) -> Ended | None:
+        return _read(self.ended_file, Ended)
+
+    def canceled(self) -> Canceled | None:
+        return _read(self.cancel_file, Canceled)
+
+
+def _read(path: Path, model: type[_Model]) -> _Model | None:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return model.model_validate_json(data)
