@@ -13,6 +13,8 @@ from pydantic import ValidationError
 
 from blocks import KubernetesTarget
 from tao_data_io.backends import backend_for, platforms, settings_from
+from tao_data_io.backends.docker.backend import DockerBackend
+from tao_data_io.backends.docker.settings import DockerSettings
 from tao_data_io.errors import UsageError
 from tao_data_io.backends.kubernetes.backend import KubernetesBackend
 from tao_data_io.backends.kubernetes.settings import KubernetesSettings
@@ -41,7 +43,10 @@ KUBERNETES = {"namespace": "tao", "context": "prod", "pvc_claim": "tao-data", "c
     ("local", {"run_root": "/srv/tao/runs", "allow_network": True, "run_as_user": 1000, "run_as_group": 1000,
                "log_limit": "16Mi"}),
     ("kubernetes", KUBERNETES),
-], ids=["local", "kubernetes"])
+    ("docker", {"docker_host": "unix:///run/user/1000/docker.sock", "run_root": "/srv/tao/docker",
+                "allow_network": True, "run_as_user": 1000, "run_as_group": 1000, "gpu_devices": ["0", "GPU-8a1c-44"],
+                "pids_limit": 4096, "log_limit": "16Mi", "cancel_grace_seconds": 10}),
+], ids=["local", "kubernetes", "docker"])
 def test_a_backends_recorded_config_is_its_settings_and_rebuilds_an_equal_backend(platform: str,
                                                                                  config: dict[str, Any]) -> None:
     backend = backend_for(platform, config)
@@ -54,7 +59,10 @@ def test_the_backends_are_built_from_their_settings_model() -> None:
     local, kubernetes = LocalSettings(run_root="/srv/runs"), KubernetesSettings(**KUBERNETES)
     assert LocalBackend(local).settings == local and LocalBackend(local).config() == local.model_dump(mode="json")
     assert KubernetesBackend(kubernetes).config() == kubernetes.model_dump(mode="json")
-    assert (LocalBackend.name, KubernetesBackend.name) == ("local", "kubernetes") == tuple(platforms())
+    docker = DockerSettings(run_root="/srv/docker", docker_host="unix:///var/run/docker.sock")
+    assert DockerBackend(docker).config() == docker.model_dump(mode="json")
+    assert ((LocalBackend.name, KubernetesBackend.name, DockerBackend.name) == ("local", "kubernetes", "docker")
+            == tuple(platforms()))
 
 
 def test_a_run_root_given_now_wins_over_the_recorded_one(tmp_path: Path) -> None:
@@ -73,7 +81,7 @@ def test_a_run_root_given_now_wins_over_the_recorded_one(tmp_path: Path) -> None
 
 
 def test_the_fake_is_no_platform_of_the_product() -> None:
-    with pytest.raises(UsageError, match="platform 'fake' is not a backend: use 'local' or 'kubernetes'"):
+    with pytest.raises(UsageError, match="platform 'fake' is not a backend: use 'local', 'kubernetes' or 'docker'"):
         backend_for("fake", {"results_root": "/tmp/results"})
 
 

@@ -213,7 +213,7 @@ def test_a_results_directory_another_user_made_is_never_handed_over(tmp_path: Pa
     os.chown(root / "their-job", 1000, 1000)
     monkeypatch.setenv("TAO_RESULTS_ROOT", str(root))
     request = JobRequest.model_validate(args_request(job_id="their-job", command=["true"]))
-    with pytest.raises(UsageError, match="belongs to uid 1000, not to this backend"):
+    with pytest.raises(UsageError, match="belongs to uid 1000, not to the local backend"):
         submit(request, local_backend, RecordStore(tmp_path / "records"), staging_root=tmp_path / "staging")
     assert (root / "their-job").stat().st_uid == 1000
 

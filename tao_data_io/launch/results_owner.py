@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ..console import shown
+from ..errors import BackendError
+from .binding import BoundSource, open_source
 
 #: What a job may not leave on a file or directory: privileges for whoever runs it, and a way in
 #: for anyone but the owner.
@@ -82,6 +84,23 @@ def hand_over(directory: int, uid: int, gid: int) -> list[str]:
           too_deep=lambda fd, where: changes.say(f"not handed over, deeper than {MAX_DEPTH} levels: {shown(where)}"),
           changes=changes)
     return changes.lines()
+
+
+def hand_over_checked(results: BoundSource, uid: int, gid: int) -> list[str]:
+    """Give the results directory — the very object submit checked (``results``), not whatever
+    its name leads to now — and what a retry restored into it to ``uid:gid`` (:func:`hand_over`)."""
+    changed = BackendError(f"the results directory {results.source} changed while the job was being submitted; "
+                           "submit again", retryable=True)
+    fd = open_source(results.source)
+    if fd is None:
+        raise changed
+    try:
+        found = os.fstat(fd)
+        if (found.st_dev, found.st_ino) != (results.device, results.inode):
+            raise changed
+        return hand_over(fd, uid, gid)
+    finally:
+        os.close(fd)
 
 
 def take_back(directory: int, owner: tuple[int, int] | None) -> list[str]:

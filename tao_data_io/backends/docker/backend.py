@@ -55,11 +55,11 @@ from ...launch.backend import (
     Waits,
     polls,
 )
-from ...launch.binding import BoundSource, open_source
+from ...launch.binding import BoundSource
 from ...launch.plan import LaunchPlan
 from ...launch.probe import (PROBE_SCRIPT, TOKEN_FILE, Check, Verdict, checklist, checklist_text, parse_probe_output,
                              with_persistence)
-from ...launch.results_owner import hand_over, take_back
+from ...launch.results_owner import hand_over_checked, take_back
 from ...launch.sources import (SourceRules, check_binds, check_paths, check_results_mount, check_results_ours,
                                host_source_rules, mark_state_root, plan_binds)
 from ...launch.training import STATUS_FILE, STATUS_TAIL_BYTES
@@ -67,7 +67,6 @@ from ...launch.users import NOBODY
 from ...names import is_job_id
 from ...outputs import restore_results
 from ...tier import ClusterFacts
-from ...vocabulary import TERMINAL_STATES
 from . import PLATFORM
 from .containers import RUN_LABEL, RankFrame, container_name, create_arguments, rank_gpus
 from .frame import (CHECKLIST_FILE, DEADLINE_EXIT, FRAME_FILE, FRAME_SCRIPT, GO, PROBE_EXIT, PROBE_FILE, PROBE_OUTPUT,
@@ -170,8 +169,8 @@ class DockerBackend:
         if "nvidia" not in runtimes:
             raise UsageError(f"this job asks for GPUs, but the Docker daemon at {self.settings.docker_host} has no "
                              f"NVIDIA runtime (its runtimes: {', '.join(sorted(runtimes)) or 'none'}): install the "
-                             "NVIDIA Container Toolkit on its host and run `nvidia-ctk runtime configure "
-                             "--runtime=docker`, then restart dockerd; or set compute_shape.gpus to 0")
+                             "NVIDIA Container Toolkit on its host and run `nvidia-ctk runtime configure` "
+                             "(for docker, its default), then restart dockerd; or set compute_shape.gpus to 0")
 
     def _source_rules(self, plan: LaunchPlan) -> SourceRules:
         """The launch seam's rules (:func:`~tao_data_io.launch.sources.host_source_rules`), with the
@@ -217,7 +216,7 @@ class DockerBackend:
         with file_lock(run.lock):
             existing = run.launch()
             if existing is not None and existing.plan.attempt < plan.attempt:
-                self._put_away(run, existing, ref)
+                run.put_away(existing.plan.attempt, self._outcome(run, existing, locked=True)[0].state, ref)
                 existing = None
             if existing is not None:
                 if existing.plan != plan:
@@ -234,7 +233,7 @@ class DockerBackend:
                                         environ=environ))
             sources = self._check_sources(plan, results_host, rules)
             if os.geteuid() == 0:
-                _hand_over(sources[plan.results_dir], uid, gid)
+                hand_over_checked(sources[plan.results_dir], uid, gid)
             launch = Launch(plan=plan, results_host=results_host, uid=uid, gid=gid, gpus=gpus, sources=sources,
                             token=secrets.token_hex(16), submitted_at=datetime.now(timezone.utc), restored=restored)
             self._write_frame(run, launch)
@@ -353,28 +352,10 @@ class DockerBackend:
                              "before), or fix the request's image") from None
 
     def _fail_start(self, run: RunDir, launch: Launch, rank: int, reason: str) -> None:
-        """The daemon could not start ``rank``: stop what started, keep the reason, tell the frames."""
+        """The daemon could not start ``rank`` (the caller, a submit, holds the lock): tell the
+        frames, and end the job with the daemon's reason kept for its status."""
         _touch(run.control / STOP)
-        ends = [RankEnd(rank=rank, exit_code=None, error=reason)]
-        for other in range(launch.plan.nodes):
-            container = self._container(launch.plan, other)
-            if other != rank and container is not None:
-                container.stop(timeout=self.settings.cancel_grace_seconds)
-        self._finish(run, launch, known={rank: ends[0]})
-
-    def _put_away(self, run: RunDir, earlier: Launch, ref: str) -> None:
-        """Move an earlier attempt's run files into ``attempts/<n>/`` for the next attempt to start
-        clean; its results directory stays (the next attempt continues in it). Only once it has
-        ended: two attempts of one job never run at once."""
-        state = self._outcome(run, earlier)[0].state
-        if state not in TERMINAL_STATES:
-            raise UsageError(f"attempt {earlier.plan.attempt} of {ref} is still {state}; cancel it before launching "
-                             "the next attempt")
-        kept = run.path / "attempts" / str(earlier.plan.attempt)
-        kept.mkdir(parents=True, exist_ok=True)
-        for entry in run.path.iterdir():
-            if entry.name not in (run.lock.name, "attempts"):
-                entry.rename(kept / entry.name)
+        self._finish_locked(run, launch, known={rank: RankEnd(rank=rank, exit_code=None, error=reason)})
 
     def _results_host(self, plan: LaunchPlan) -> str:
         if plan.route.route == "mount":
@@ -484,60 +465,72 @@ class DockerBackend:
         launch = run.launch() if run is not None else None
         return None if run is None or launch is None else self._outcome(run, launch)[1]
 
-    def _outcome(self, run: RunDir, launch: Launch) -> tuple[JobStatus, FailureAnalysis | None]:
+    def _outcome(self, run: RunDir, launch: Launch, *, locked: bool = False
+                 ) -> tuple[JobStatus, FailureAnalysis | None]:
         """The job's state: from how it ended once it has (:meth:`_finish` keeps that), else from
-        its containers — ending the job when they say it is over (every rank exited, one rank
-        failed, a failed verdict)."""
+        its containers — ending the job when they say it is over (:meth:`_over`). ``locked``: the
+        caller holds the run directory's lock (a submit putting an attempt away)."""
         ended = run.ended()
+        if ended is None and self._over(run, launch):
+            if locked:
+                ended = self._finish_locked(run, launch)
+            else:
+                with file_lock(run.lock):  # decided again under the lock: a submit may be making the ranks
+                    ended = run.ended() or (self._finish_locked(run, launch) if self._over(run, launch) else None)
         if ended is not None:
             return _ended(ended, run, launch)
-        containers = {rank: self._container(launch.plan, rank) for rank in range(launch.plan.nodes)}
-        states = {rank: c.attrs["State"] for rank, c in containers.items() if c is not None}
-        verdict = run.verdict()
-        over = (len(states) < len(containers)
-                or any(state.get("Error") for state in states.values())
-                or all(state.get("Status") in ("exited", "dead") for state in states.values())
-                or (verdict is not None and not verdict.ok)
-                or (verdict is not None and any(state.get("Status") in ("exited", "dead") and state.get("ExitCode")
-                                                for state in states.values())))
-        if over:
-            ended = self._finish(run, launch)
-            return _ended(ended, run, launch)
-        if verdict is None:
+        if run.verdict() is None:
             return JobStatus(state="PENDING", message="verifying inside the containers"), None
-        return JobStatus(state="RUNNING", message=f"{len(states)} rank(s) running"), None
+        return JobStatus(state="RUNNING", message=f"{launch.plan.nodes} rank(s) running"), None
 
-    def _finish(self, run: RunDir, launch: Launch, known: Mapping[int, RankEnd] | None = None) -> Ended:
-        """End the job for good, once: stop what still runs (with the grace), keep each rank's end
-        and log, take the results back from the job's user, then remove the containers."""
+    def _over(self, run: RunDir, launch: Launch) -> bool:
+        """Whether the containers say the job is over: one is gone or could not start, every one
+        exited, the verdict failed, or — once the command started — one rank exited non-zero
+        (the others are then stopped, as a Job's pods are when one fails)."""
+        states = [c.attrs["State"] if c is not None else None
+                  for c in (self._container(launch.plan, rank) for rank in range(launch.plan.nodes))]
+        verdict = run.verdict()
+        exited = [state is not None and state.get("Status") in ("exited", "dead") for state in states]
+        return (any(state is None or state.get("Error") for state in states) or all(exited)
+                or (verdict is not None and not verdict.ok)
+                or (verdict is not None and any(gone and state is not None and state.get("ExitCode")
+                                                for gone, state in zip(exited, states))))
+
+    def _finish(self, run: RunDir, launch: Launch) -> Ended:
         with file_lock(run.lock):
-            ended = run.ended()
-            if ended is not None:
-                return ended
-            ranks: list[RankEnd] = []
-            vanished = True
-            go = (run.control / GO).exists()
-            for rank in range(launch.plan.nodes):
-                if known and rank in known:
-                    ranks.append(known[rank])
-                    continue
-                container = self._container(launch.plan, rank)
-                if container is None:
-                    ranks.append(RankEnd(rank=rank, exit_code=None, error="the container is gone"))
-                    continue
-                vanished = False
-                if container.status in ("running", "restarting", "paused"):
-                    container.stop(timeout=self.settings.cancel_grace_seconds)
-                    container.reload()
-                state = container.attrs["State"]
-                ranks.append(RankEnd(rank=rank, exit_code=state.get("ExitCode"), oom_killed=bool(state.get("OOMKilled")),
-                                     error=state.get("Error") or "", started=go))
-                _save_log(container, run.saved_log(rank))
-            taken = _take_back(Path(launch.results_host))
-            ended = Ended(ranks=ranks, taken_back=taken, vanished=vanished and not known)
-            run.write(run.ended_file, ended)
-        for rank in range(launch.plan.nodes):
-            container = self._container(launch.plan, rank)
+            return self._finish_locked(run, launch)
+
+    def _finish_locked(self, run: RunDir, launch: Launch, known: Mapping[int, RankEnd] | None = None) -> Ended:
+        """End the job for good, once (the caller holds the lock): stop what still runs (with the
+        grace; such a rank is marked stopped, never taken for the one that failed), keep each
+        rank's end and log, take the results back from the job's user, remove the containers."""
+        ended = run.ended()
+        if ended is not None:
+            return ended
+        ranks: list[RankEnd] = []
+        vanished = True
+        go = (run.control / GO).exists()
+        containers = {rank: self._container(launch.plan, rank) for rank in range(launch.plan.nodes)}
+        for rank, container in containers.items():
+            if known and rank in known:
+                ranks.append(known[rank])
+                continue
+            if container is None:
+                ranks.append(RankEnd(rank=rank, exit_code=None, error="the container was removed outside tao-data-io"))
+                continue
+            vanished = False
+            stopped = container.status in ("running", "restarting", "paused")
+            if stopped:
+                container.stop(timeout=self.settings.cancel_grace_seconds)
+                container.reload()
+            state = container.attrs["State"]
+            ranks.append(RankEnd(rank=rank, exit_code=state.get("ExitCode"), oom_killed=bool(state.get("OOMKilled")),
+                                 error=state.get("Error") or "", started=go, stopped=stopped))
+            _save_log(container, run.saved_log(rank))
+        taken = _take_back(Path(launch.results_host))
+        ended = Ended(ranks=ranks, taken_back=taken, vanished=vanished and not known)
+        run.write(run.ended_file, ended)
+        for container in containers.values():
             if container is not None:
                 container.remove(force=True)
         return ended
@@ -680,7 +673,8 @@ def _ended(ended: Ended, run: RunDir, launch: Launch) -> tuple[JobStatus, Failur
         said = _saved_tail(run, 0)
         return _error("ERR_INFRA", "the job ended before its verdict" + (f": {said}" if said else ""),
                       "read the job's log; the image needs a POSIX sh")
-    failed = [rank for rank in ended.ranks if rank.exit_code not in (0, None)]
+    failed = [rank for rank in ended.ranks if rank.exit_code not in (0, None) and not rank.stopped]
+    failed = failed or [rank for rank in ended.ranks if rank.exit_code not in (0, None)]
     if not failed:
         oom = [rank.rank for rank in ended.ranks if rank.oom_killed]
         warning = (f"; a process of rank {oom[0]} was killed out of memory (OOMKilled) though the command succeeded: "
@@ -722,8 +716,8 @@ def _error(err_class: Any, reason: str, suggestion: str, code: int | None = None
 def _start_fix(error: str) -> str:
     """What to do about the daemon's reason for not starting a container."""
     if "could not select device driver" in error or "nvidia" in error.lower():
-        return ("install the NVIDIA Container Toolkit on the daemon's host (`nvidia-ctk runtime configure "
-                "--runtime=docker`, then restart dockerd), or set compute_shape.gpus to 0")
+        return ("install the NVIDIA Container Toolkit on the daemon's host (`nvidia-ctk runtime configure`, "
+                "then restart dockerd), or set compute_shape.gpus to 0")
     if "rlimit" in error:
         return "the daemon cannot raise that limit (it lacks CAP_SYS_RESOURCE): raise dockerd's own limit, or drop it"
     return "fix what the daemon names, then submit again"
@@ -735,22 +729,6 @@ def _explained(exc: APIError) -> str:
 
 def _touch(path: Path) -> None:
     atomic_write(path, b"", mode=0o644, replace=True)
-
-
-def _hand_over(results: BoundSource, uid: int, gid: int) -> None:
-    """Give the results directory — the very one submit checked — to the job's user."""
-    changed = BackendError(f"the results directory {results.source} changed while the job was being submitted; "
-                           "submit again", retryable=True)
-    fd = open_source(results.source)
-    if fd is None:
-        raise changed
-    try:
-        found = os.fstat(fd)
-        if (found.st_dev, found.st_ino) != (results.device, results.inode):
-            raise changed
-        hand_over(fd, uid, gid)
-    finally:
-        os.close(fd)
 
 
 def _take_back(results: Path) -> list[str]:

@@ -11,18 +11,14 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from ...fs.atomic import atomic_write
 from ...launch.binding import BoundSource
 from ...launch.plan import LaunchPlan
+from ...launch.rundir import RunFiles, read_record
 from ...launch.probe import Verdict
 from ...schema import Strict
-
-_Model = TypeVar("_Model", bound=BaseModel)
-
 
 class Launch(Strict):
     """What submit decided: everything later calls need but the credential values."""
@@ -53,6 +49,8 @@ class RankEnd(Strict):
     error: str = ""
     #: Whether its command started (the host's ``go`` was given).
     started: bool = False
+    #: Whether tao-data-io stopped it because the job was over (another rank failed, a verdict).
+    stopped: bool = False
 
 
 class Ended(Strict):
@@ -69,22 +67,16 @@ class Canceled(Strict):
     requested_at: datetime
 
 
-class RunDir:
+class RunDir(RunFiles):
     """Paths and records of ``<run_root>/<job id>/run``."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self.lock = path / ".lock"
-        self.launch_file = path / "launch.json"
+        super().__init__(path)
         self.verdict_file = path / "verdict.json"
         self.ended_file = path / "ended.json"
         self.cancel_file = path / "cancel.json"
         self.agent = path / "agent"
         self.control = path / "control"
-
-    def create(self) -> None:
-        """Owner-only: the saved logs hold whatever the job printed."""
-        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def report(self, rank: int) -> Path:
         return self.path / f"rank-{rank}"
@@ -92,25 +84,15 @@ class RunDir:
     def saved_log(self, rank: int) -> Path:
         return self.path / f"rank-{rank}.log"
 
-    def write(self, path: Path, record: BaseModel) -> None:
-        atomic_write(path, record.model_dump_json(indent=2).encode() + b"\n", mode=0o600)
-
     def launch(self) -> Launch | None:
-        return _read(self.launch_file, Launch)
+        return read_record(self.launch_file, Launch)
 
     def verdict(self) -> Verdict | None:
-        return _read(self.verdict_file, Verdict)
+        return read_record(self.verdict_file, Verdict)
 
     def ended(self) -> Ended | None:
-        return _read(self.ended_file, Ended)
+        return read_record(self.ended_file, Ended)
 
     def canceled(self) -> Canceled | None:
-        return _read(self.cancel_file, Canceled)
+        return read_record(self.cancel_file, Canceled)
 
-
-def _read(path: Path, model: type[_Model]) -> _Model | None:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    return model.model_validate_json(data)

@@ -52,14 +52,12 @@ from ...launch.probe import Verdict
 from ...names import is_job_id
 from ...outputs import restore_results
 from ...tier import ClusterFacts
-from ...vocabulary import TERMINAL_STATES
-from ...launch.binding import BoundSource, open_source
 from ...launch.sources import (SourceRules, check_binds, check_paths, check_results_mount, check_results_ours,
                                host_source_rules, mark_state_root)
 from . import PLATFORM
 from .preflight import check_memory_sizes, check_sandbox, host_memory_bytes, needs_nsenter
 from .process import ProcessId
-from ...launch.results_owner import hand_over
+from ...launch.results_owner import hand_over_checked
 from .joblog import JobLog, lines_since, segment_bytes
 from .rundir import Canceled, ExitRecord, Launch, RunDir
 from .run_as import RunAs, run_as
@@ -139,7 +137,7 @@ class LocalBackend:
         with file_lock(run.lock):
             existing = run.launch()
             if existing is not None and existing.plan.attempt < plan.attempt:
-                self._put_away(run, existing, ref)
+                run.put_away(existing.plan.attempt, self._outcome(run)[0].state, ref)
                 existing = None
             if existing is not None:
                 if existing.plan != plan:
@@ -155,7 +153,7 @@ class LocalBackend:
                                         environ=environ))
             sources = check_binds(plan, frame_binds(plan, results_host), rules)
             if user is not None:
-                _hand_over(sources[plan.results_dir], user)
+                hand_over_checked(sources[plan.results_dir], user.uid, user.gid)
             run.write(run.launch_file, Launch(plan=plan, results_host=results_host, bwrap=bwrap, nsenter=nsenter,
                                               run_as=user, log_segment=segment_bytes(self.settings.log_limit),
                                               submitted_at=datetime.now(timezone.utc), sources=sources,
@@ -169,20 +167,6 @@ class LocalBackend:
 
     def _run_as(self) -> RunAs | None:
         return run_as(self.settings.run_as_user, self.settings.run_as_group)
-
-    def _put_away(self, run: RunDir, earlier: Launch, ref: str) -> None:
-        """Move an earlier attempt's run files into ``attempts/<n>/`` for the next attempt to start
-        clean; its results directory stays (the next attempt continues in it). Only once it has
-        ended: two attempts of one job never run at once."""
-        state = self._outcome(run)[0].state
-        if state not in TERMINAL_STATES:
-            raise UsageError(f"attempt {earlier.plan.attempt} of {ref} is still {state}; cancel it before launching "
-                             "the next attempt")
-        kept = run.path / "attempts" / str(earlier.plan.attempt)
-        kept.mkdir(parents=True, exist_ok=True)
-        for entry in run.path.iterdir():
-            if entry.name not in (run.lock.name, "attempts"):
-                entry.rename(kept / entry.name)
 
     def _results_host(self, plan: LaunchPlan) -> str:
         if plan.route.route == "mount":
@@ -402,23 +386,6 @@ def _ended(ended: ExitRecord, run: RunDir) -> tuple[JobStatus, FailureAnalysis |
                                    suggestion="read the last lines of the job's log")
     return JobStatus(state="ERROR", message=analysis.reason, exit_code=ended.exit_code,
                      err_class=analysis.err_class), analysis
-
-
-def _hand_over(results: BoundSource, user: RunAs) -> None:
-    """Give the results directory — the very one submit checked — and what a retry restored into
-    it to the job's user (:func:`tao_data_io.launch.results_owner.hand_over`)."""
-    changed = BackendError(f"the results directory {results.source} changed while the job was being submitted; "
-                           "submit again", retryable=True)
-    fd = open_source(results.source)
-    if fd is None:
-        raise changed
-    try:
-        found = os.fstat(fd)
-        if (found.st_dev, found.st_ino) != (results.device, results.inode):
-            raise changed
-        hand_over(fd, user.uid, user.gid)
-    finally:
-        os.close(fd)
 
 
 def _alive(process: ProcessId | None) -> bool:

@@ -28,21 +28,17 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from ...fs.atomic import atomic_write
 from ...launch.binding import BoundSource
 from ...launch.plan import LaunchPlan
+from ...launch.rundir import RunFiles, read_record
 from ...launch.probe import Verdict
 from ...schema import Strict
 from .process import ProcessId
 from .run_as import RunAs
 from .supervisor import RECORD_NAME
-
-_Model = TypeVar("_Model", bound=BaseModel)
-
 
 class Launch(Strict):
     """What submit decided: everything the supervisor needs but the credential values."""
@@ -99,13 +95,11 @@ class Canceled(Strict):
     requested_at: datetime
 
 
-class RunDir:
+class RunDir(RunFiles):
     """Paths and records of ``<run_root>/<job id>/run``."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self.lock = path / ".lock"
-        self.launch_file = path / "launch.json"
+        super().__init__(path)
         self.supervisor_file = path / RECORD_NAME
         self.verdict_file = path / "verdict.json"
         self.ranks_file = path / "ranks.json"
@@ -115,32 +109,23 @@ class RunDir:
         self.probe_log = path / "probe.log"
         self.supervisor_log = path / "supervisor.log"
 
-    def create(self) -> None:
-        """Owner-only: the logs hold whatever the job prints."""
-        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-
     def rank_log(self, rank: int) -> Path:
         return self.path / f"rank-{rank}.log"
 
-    def write(self, path: Path, record: BaseModel) -> None:
-        """Whole or not at all; not ``durable`` (no directory fsync): the processes a record
-        describes do not survive a power loss either, and submit waits for two of these."""
-        atomic_write(path, record.model_dump_json(indent=2).encode() + b"\n", mode=0o600)
-
     def launch(self) -> Launch | None:
-        return _read(self.launch_file, Launch)
+        return read_record(self.launch_file, Launch)
 
     def verdict(self) -> Verdict | None:
-        return _read(self.verdict_file, Verdict)
+        return read_record(self.verdict_file, Verdict)
 
     def ranks(self) -> Ranks | None:
-        return _read(self.ranks_file, Ranks)
+        return read_record(self.ranks_file, Ranks)
 
     def exit(self) -> ExitRecord | None:
-        return _read(self.exit_file, ExitRecord)
+        return read_record(self.exit_file, ExitRecord)
 
     def canceled(self) -> Canceled | None:
-        return _read(self.cancel_file, Canceled)
+        return read_record(self.cancel_file, Canceled)
 
     def supervisor(self) -> ProcessId | None:
         """Written with plain ``json`` by the supervisor before it imports anything heavy."""
@@ -149,10 +134,3 @@ class RunDir:
         except FileNotFoundError:
             return None
 
-
-def _read(path: Path, model: type[_Model]) -> _Model | None:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    return model.model_validate_json(data)
