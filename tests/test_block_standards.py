@@ -17,17 +17,18 @@ from prefect.filesystems import WritableFileSystem
 from prefect.testing.standard_test_suites import BlockStandardTestSuite
 from prefect.testing.standard_test_suites import blocks as standard_suite
 
-from blocks import (HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, LocalTarget, NGCEnvCredentials,
+from blocks import (DockerTarget, HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, LocalTarget, NGCEnvCredentials,
                     S3EnvCredentials, TaoS3Bucket)
 from blocks.presentation import LOGO_FILE, LOGO_URL
 from tao_data_io.embedded.s3 import EmbeddedS3
+from tao_data_io.backends.docker.settings import DockerSettings
 from tao_data_io.backends.kubernetes.settings import KubernetesSettings
 from tao_data_io.backends.local.settings import LocalSettings
 
 from .fake_registries import FakeRegistries
 from .flow_helpers import REPO, name
 
-EVERY_BLOCK = [S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials, LocalTarget, KubernetesTarget,
+EVERY_BLOCK = [S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials, LocalTarget, KubernetesTarget, DockerTarget,
                JobRecords, TaoS3Bucket]
 
 
@@ -97,6 +98,7 @@ def example_world(prefect_harness: None, s3_server: EmbeddedS3, s3_env: dict[str
         NGCEnvCredentials: (NGCEnvCredentials(), {"ORG/TEAM/MODEL:VERSION": "nvidia/tao/tiny:1.0"}),
         LocalTarget: (LocalTarget(settings=LocalSettings(run_root=str(tmp_path / "runs"))), {}),
         KubernetesTarget: (KubernetesTarget(settings=KubernetesSettings(namespace="tao")), {}),
+        DockerTarget: (DockerTarget(settings=DockerSettings(run_root=str(tmp_path / "docker"))), {}),
         JobRecords: (JobRecords(location=str(tmp_path / "jobs")), {}),
         TaoS3Bucket: (TaoS3Bucket(bucket_name=bucket, bucket_folder="team"), {}),
     }

@@ -10,15 +10,16 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from blocks import (HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, LocalTarget, NGCEnvCredentials,
+from blocks import (DockerTarget, HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, LocalTarget, NGCEnvCredentials,
                     S3EnvCredentials)
 from blocks.credentials import CredentialSet
 from tao_data_io.errors import CredentialError, UsageError
 from tao_data_io.backends.kubernetes.settings import KubernetesSettings
 from tao_data_io.backends.local.backend import LocalBackend
+from tao_data_io.backends.docker.settings import DockerSettings
 from tao_data_io.backends.local.settings import LocalSettings
 
-ALL_BLOCKS = [S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials, LocalTarget, KubernetesTarget,
+ALL_BLOCKS = [S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials, LocalTarget, KubernetesTarget, DockerTarget,
               JobRecords]
 CREDENTIAL_BLOCKS = [S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials]
 
@@ -146,7 +147,8 @@ def test_the_local_target_builds_the_local_backend(tmp_path: Path) -> None:
             LocalTarget(**bad)
 
 
-@pytest.mark.parametrize(("target", "model"), [(LocalTarget, LocalSettings), (KubernetesTarget, KubernetesSettings)])
+@pytest.mark.parametrize(("target", "model"), [(LocalTarget, LocalSettings), (KubernetesTarget, KubernetesSettings),
+                                               (DockerTarget, DockerSettings)])
 def test_a_target_embeds_its_backends_settings_model_and_adds_only_its_staging_root(target: type,
                                                                                     model: type) -> None:
     """The block declares no setting of its own backend: its fields are the staging root and the
