@@ -64,11 +64,11 @@ fi
 sh "$agent/probe.sh" "$agent/checklist" > "$report/probe.part" 2>/dev/null
 printf '%s\n' "$?" > "$report/probe-exit" && mv "$report/probe.part" "$report/probe" || {
   say "this rank's report directory is not writable"; exit 125; }
-ticks=$(( ${TAO_DATA_IO_WAIT_SECONDS:-600} * 5 ))
+ticks=$(( ${TAO_DATA_IO_WAIT_SECONDS:-600} * 20 ))
 while [ ! -e "$control/go" ]; do
   if [ -e "$control/stop" ]; then say "the verify probe failed: the command never started"; exit 125; fi
   if [ "$ticks" -le 0 ]; then say "no word from the host after the verify probe: the command never started"; exit 125; fi
-  sleep 0.2 2>/dev/null || sleep 1
+  sleep 0.05 2>/dev/null || { sleep 1; ticks=$((ticks - 19)); }
   ticks=$((ticks - 1))
 done
 stopped= late= timer= killer=
