@@ -17,7 +17,9 @@ real engines, never skips them."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import io
+import json
 import os
 import re
 import shutil
@@ -28,7 +30,8 @@ import tarfile
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +78,31 @@ class DockerDaemon:
 
     def log_tail(self, lines: int = LOG_LINES) -> str:
         return _tail(self.log, lines)
+
+    @contextmanager
+    def runtimes(self, runtimes: dict[str, str]) -> Iterator[None]:
+        """The daemon with these extra runtimes (name → the program's path) while the block runs:
+        written into its own config file and reloaded (SIGHUP: ``runtimes`` is a setting dockerd
+        reloads), then taken out again. So one test can give the daemon an ``nvidia`` runtime
+        (runc under that name: the daemon takes a GPU request at create and fails it at start, as a
+        host with a broken toolkit does) while every other test meets a daemon without one."""
+        config = _paths(self.directory)["config"]
+        try:
+            self._reload(config, {"runtimes": {name: {"path": path} for name, path in runtimes.items()}},
+                         lambda found: set(runtimes) <= set(found))
+            yield
+        finally:
+            # A reload changes only what the file names: the runtimes are named, empty.
+            self._reload(config, {"runtimes": {}}, lambda found: not set(runtimes) & set(found))
+
+    def _reload(self, config: Path, settings: dict[str, object], done: Callable[[dict[str, object]], bool]) -> None:
+        _write_config(config, settings)
+        os.kill(self.pid, signal.SIGHUP)
+        deadline = time.monotonic() + READY_S
+        while not done(self.client.info().get("Runtimes") or {}):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"dockerd did not reload {config} within {READY_S:g}s:\n{self.log_tail()}")
+            time.sleep(0.05)
 
 
 # ---------------------------------------------------------------- the fixture
@@ -137,16 +165,21 @@ class _Running:
         dockerd = _require_host()
         directory = _short_directory()
         paths = _paths(directory)
+        namespace = containerd_namespace(directory)
         # A killed session's daemon had a socket of its own (this name is new), and ended with it.
         setpriv = shutil.which("setpriv", path=_SEARCH_PATH)
         argv = [*([setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []), dockerd,
                 "--host", f"unix://{paths['socket']}", "--data-root", str(paths["data"]),
                 "--exec-root", str(paths["exec"]), "--pidfile", str(paths["pidfile"]),
+                # Its own config file (never the host's /etc/docker/daemon.json), which
+                # DockerDaemon.runtimes rewrites and has reloaded.
+                "--config-file", str(paths["config"]),
                 "--bridge=none", "--iptables=false", "--ip-masq=false", "--ip6tables=false",
                 "--userland-proxy=false",
-                # Used only if a system containerd is running (then dockerd uses it instead of its
-                # own): our containers stay out of the system daemon's namespace.
-                f"--containerd-namespace={directory.name}", f"--containerd-plugins-namespace={directory.name}-plugins"]
+                # Our containers stay out of a system containerd's namespace (dockerd uses one that
+                # runs instead of its own); its own containerd takes the name too.
+                f"--containerd-namespace={namespace}", f"--containerd-plugins-namespace={namespace}-plugins"]
+        _write_config(paths["config"], {})
         environ = {name: value for name, value in os.environ.items()
                    if not name.startswith("DOCKER_") and name != "NOTIFY_SOCKET"}
         environ["PATH"] = f"{environ.get('PATH', '')}:{_SEARCH_PATH}".lstrip(":")
@@ -203,7 +236,8 @@ class _Running:
         daemon = self.daemon
         if daemon is not None and self.process.poll() is not None:
             warnings.warn(f"dockerd (pid {self.process.pid}) ended on its own (exit {self.process.returncode}) before "
-                          f"the session did: containers it ran may outlive it (containerd namespace {self.directory.name})")
+                          "the session did: containers it ran may outlive it (containerd namespace "
+                          f"{containerd_namespace(self.directory)})")
         if daemon is not None and self.process.poll() is None:
             try:
                 for container in daemon.client.containers.list(all=True):
@@ -269,9 +303,24 @@ def _short_directory() -> Path:
     raise _StartFailed(f"no temporary directory is short enough for a unix socket (under {_SOCKET_MAX} bytes)")
 
 
+def containerd_namespace(directory: Path) -> str:
+    """The containerd namespace of the daemon that owns ``directory``: its name made of what
+    containerd takes (``^[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*$``). The directory's own name will not
+    do: mkdtemp's suffix may begin or end with ``_`` or hold ``__`` (``tao-dockerd-_1zo85ru``), and
+    then the daemon starts but every container's start fails with ``namespace validation``."""
+    return _PREFIX + hashlib.sha256(directory.name.encode()).hexdigest()[:16]
+
+
 def _paths(directory: Path) -> dict[str, Path]:
     return {"socket": directory / "docker.sock", "data": directory / "data", "exec": directory / "exec",
-            "pidfile": directory / "dockerd.pid", "log": directory / "dockerd.log", "owner": directory / "owner"}
+            "pidfile": directory / "dockerd.pid", "log": directory / "dockerd.log", "owner": directory / "owner",
+            "config": directory / "daemon.json"}
+
+
+def _write_config(path: Path, settings: dict[str, object]) -> None:
+    staged = path.with_name(f".{path.name}")
+    staged.write_text(json.dumps(settings))
+    os.replace(staged, path)
 
 
 def _sweep(base: Path) -> None:

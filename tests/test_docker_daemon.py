@@ -5,6 +5,7 @@ what the backend will be held to."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import docker
@@ -27,6 +28,17 @@ def run(daemon: harness.DockerDaemon, script: str, **options: object) -> str:
     output = daemon.client.containers.run(daemon.image, ["sh", "-c", script], remove=True, stderr=True, **options)
     assert isinstance(output, bytes)
     return output.decode()
+
+
+@pytest.mark.parametrize("name", ["tao-dockerd-_1zo85ru", "tao-dockerd-ab__cd12", "tao-dockerd-abcd123_",
+                                  "tao-dockerd-x"])
+def test_the_containerd_namespace_is_one_containerd_takes_whatever_mkdtemp_named_the_directory(name: str) -> None:
+    """containerd refuses a namespace with ``_`` at a segment's start or end (mkdtemp's suffix may
+    give one): the daemon then starts, and every container's start fails."""
+    namespace = harness.containerd_namespace(Path("/tmp") / name)
+    assert re.fullmatch(r"[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*", namespace), namespace
+    assert re.fullmatch(r"[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*", f"{namespace}-plugins")
+    assert namespace != harness.containerd_namespace(Path("/tmp") / f"{name}0")
 
 
 def test_the_daemon_answers_on_its_own_socket_with_its_own_data_root(docker_daemon: harness.DockerDaemon) -> None:
