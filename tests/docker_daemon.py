@@ -82,18 +82,24 @@ class DockerDaemon:
     @contextmanager
     def runtimes(self, runtimes: dict[str, str]) -> Iterator[None]:
         """The daemon with these extra runtimes (name → the program's path) while the block runs:
-        written into its own config file and reloaded (SIGHUP: ``runtimes`` is a setting dockerd
-        reloads), then taken out again. So one test can give the daemon an ``nvidia`` runtime
-        (runc under that name: the daemon takes a GPU request at create and fails it at start, as a
-        host with a broken toolkit does) while every other test meets a daemon without one."""
+        added to its own config file and reloaded (SIGHUP: ``runtimes`` is a setting dockerd
+        reloads), then the file put back as it was. So one test can give the daemon an ``nvidia``
+        runtime (runc under that name: the daemon takes a GPU request at create and fails it at
+        start, as a host with a broken toolkit does) while every other test meets the daemon as it
+        started. A runtime the daemon starts with belongs in that file too, never in an
+        ``--add-runtime`` flag: dockerd refuses a setting given both ways."""
         config = _paths(self.directory)["config"]
+        before = json.loads(config.read_text())
+        kept = dict(before.get("runtimes") or {})
         try:
-            self._reload(config, {"runtimes": {name: {"path": path} for name, path in runtimes.items()}},
+            self._reload(config, {**before, "runtimes": {**kept, **{name: {"path": path}
+                                                                    for name, path in runtimes.items()}}},
                          lambda found: set(runtimes) <= set(found))
             yield
         finally:
-            # A reload changes only what the file names: the runtimes are named, empty.
-            self._reload(config, {"runtimes": {}}, lambda found: not set(runtimes) & set(found))
+            # A reload changes only what the file names: the runtimes are named, as they were.
+            self._reload(config, {**before, "runtimes": kept},
+                         lambda found: not (set(runtimes) - set(kept)) & set(found))
 
     def _reload(self, config: Path, settings: dict[str, object], done: Callable[[dict[str, object]], bool]) -> None:
         _write_config(config, settings)

@@ -611,7 +611,8 @@ def test_a_gpu_job_on_a_target_without_gpu_devices_is_refused_naming_gpu_devices
 
 def test_a_gpu_job_on_a_daemon_without_the_nvidia_runtime_is_refused_at_preflight_naming_the_toolkit(
         docker_daemon: dockerd.DockerDaemon, tmp_path: Path) -> None:
-    assert "nvidia" not in (docker_daemon.client.info().get("Runtimes") or {})
+    if "nvidia" in (docker_daemon.client.info().get("Runtimes") or {}):
+        pytest.skip("the session's dockerd has the NVIDIA runtime here (a GPU host): tests/test_docker_gpu.py runs")
     gpu_backend = make_backend(docker_daemon, tmp_path, gpu_devices=["0", "1"])
     request = job_request(docker_daemon, "gpu-2", "exit 0", shape={"gpus": 1})
     message = refused(gpu_backend, request, tmp_path, "NVIDIA Container Toolkit", "nvidia-ctk runtime configure")
@@ -672,6 +673,8 @@ def test_a_container_the_daemon_created_but_could_not_start_is_an_infrastructure
                 raise _WorkerKilled() from None
 
         monkeypatch.setattr(DockerBackend, "_create_and_start", create_and_start)
+    if "nvidia" in (docker_daemon.client.info().get("Runtimes") or {}):
+        pytest.skip("the session's dockerd has the NVIDIA runtime here (a GPU host): a GPU request would start")
     runc = shutil.which("runc") or "/usr/sbin/runc"
     gpu_backend = make_backend(docker_daemon, tmp_path, gpu_devices=["0"])
     request = job_request(docker_daemon, "gpu-3", "echo started > /control/started", control=control,
