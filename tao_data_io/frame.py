@@ -34,10 +34,13 @@ from .uris import RemoteURI, is_s3_url, parse_uri, staging_location
 CONFIG_MOUNT_DIR = "/tao-action-config"
 #: Where the verify probe's script and checklist are mounted read-only inside the frame.
 PROBE_DIR = "/tao-data-io-verify"
+#: Where a backend that runs the frame's own agents beside the command keeps them (the Docker
+#: backend's frame script, its control and report directories, the credentials file).
+AGENT_ROOT = "/tao-data-io"
 #: The frame's own directories: an input or results directory there would hide the system the
 #: command runs on (or our own mounts), so a target inside any of them is refused.
 SHADOWED_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys",
-                 "/usr", CONFIG_MOUNT_DIR, PROBE_DIR)
+                 "/usr", CONFIG_MOUNT_DIR, PROBE_DIR, AGENT_ROOT)
 
 
 def check_frame_target(value: str, *, what: str) -> str:

@@ -450,14 +450,15 @@ def dash_image(daemon: dockerd.DockerDaemon, *, lying_stat: bool) -> str:
     return tag
 
 
-@pytest.mark.parametrize("route", ["path-in-environment", "mount-over-the-frame", "image"])
+# A mount over the frame's own files (its credentials file, sourced before the probe) is refused by
+# the request itself: test_the_frames_own_paths_are_no_mounts_target.
+@pytest.mark.parametrize("route", ["path-in-environment", "image"])
 def test_a_swapped_mount_source_is_refused_whatever_the_job_brings_to_its_own_verify(
         docker_daemon: dockerd.DockerDaemon, backend: DockerBackend, control: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, route: str) -> None:
     """The ``bound`` check guards the host (a source swapped to a directory the check refuses is
     bound by its path), so it must not be the job's to answer: not through the request's PATH (the
-    frame script finds ``sh`` on it before the probe), a mount over the frame's own paths (the
-    frame sources /tao-data-io/credentials), or the request's image (its ``stat``)."""
+    frame script finds ``sh`` on it before the probe) or the request's image (its ``stat``)."""
     source = dataset(tmp_path, "dataset", "checked")
     private = dataset(tmp_path, "private", "refused at the check: tao-data-io's state")
     (private / ".tao-data-io-state").write_text("tao-data-io keeps state here\n")  # what preflight refuses
@@ -471,10 +472,6 @@ def test_a_swapped_mount_source_is_refused_whatever_the_job_brings_to_its_own_ve
         mounts.append({"source": str(tools), "target": "/tools"})
         fields["environment"] = {"PATH": "/tools:/usr/bin:/bin"}
         fields["image"] = dash_image(docker_daemon, lying_stat=False)
-    elif route == "mount-over-the-frame":
-        (tools / "credentials").write_text("sh() {\n" + FORGED_PROBE.replace("exit 0", "return 0") + "}\n")
-        (tools / "credentials").chmod(0o644)
-        mounts.append({"source": str(tools / "credentials"), "target": CREDENTIALS_FILE})
     else:
         fields["image"] = dash_image(docker_daemon, lying_stat=True)
     swap_before_start(monkeypatch, source, private)
@@ -483,7 +480,7 @@ def test_a_swapped_mount_source_is_refused_whatever_the_job_brings_to_its_own_ve
         job = launch(backend, job_req, tmp_path)
     except UsageError as exc:  # refused before anything ran: the request's own way in was closed
         assert route != "image", exc
-        assert ("PATH" if route == "path-in-environment" else "/tao-data-io") in str(exc), exc
+        assert "PATH" in str(exc), exc
         return
     verdict = job.verify()
     status = job.finished()
@@ -837,16 +834,16 @@ def test_the_frames_own_paths_are_no_mounts_target(
     """/tao-data-io is the frame's: a request's mount there would shadow its script, the host's
     word or this rank's report, or — at /tao-data-io/credentials, which the frame sources before
     the probe — run the job's own shell text before its verdict. Refused before anything exists,
-    naming the target; never left for the daemon to refuse at create (which leaves the job id
-    taken) or at start."""
+    naming the target (the request itself, for every backend); never left for the daemon to refuse
+    at create (which leaves the job id taken) or at start."""
     source = tmp_path / "mine"
     source.mkdir(mode=0o755)
     (source / "credentials").write_text("echo sourced > /control/sourced\n")
     (source / "credentials").chmod(0o644)
     mounted = source / "credentials" if target.endswith("credentials") else source
-    request = job_request(docker_daemon, "shadow-1", "exit 0", control=control,
-                          mounts=[{"source": str(mounted), "target": target}])
-    refused(backend, request, tmp_path, target)
+    with pytest.raises(ValidationError, match=f"target '{target}' shadows /tao-data-io, which the frame needs"):
+        job_request(docker_daemon, "shadow-1", "exit 0", control=control,
+                    mounts=[{"source": str(mounted), "target": target}])
 
 
 @pytest.mark.parametrize("case", ["image-missing", "cpu-beyond-the-host", "memory-below-dockers-minimum"])
@@ -1025,7 +1022,7 @@ def test_long_lines_and_a_last_line_without_a_newline_read_whole_in_the_log_and_
     expected = "a" * 40000 + "\nshort\n" + "b" * 20000 + "\nno newline at the end"
     wait_for("the job to end", lambda: backend.status(job.ref).terminal)
     assert backend.logs(job.ref).rstrip("\n") == expected
-    followed, cursor = "", None
+    followed, cursor = "", json.dumps({"0": [1, 0]})  # a cursor at the log's start (None: its last few lines)
     for _ in range(20):
         chunk = backend.follow_logs(job.ref, cursor)
         followed, cursor = followed + chunk.text, chunk.cursor

@@ -50,15 +50,26 @@ class BoundSource(Strict):
     inode: int
 
 
-def open_source(path: str) -> int | None:
+def open_source(path: str, root: str = "/") -> int | None:
     """An ``O_PATH`` descriptor of the object ``path`` names now, or None when nothing is there
-    (see the module docstring). The caller closes it."""
-    fd = os.open("/", _OPEN_FLAGS | os.O_DIRECTORY)
+    (see the module docstring). The caller closes it.
+
+    ``root``: the directory ``path`` is resolved in, ``/`` unless given — a container's own root
+    (``/proc/<pid>/root``), where an absolute symlink starts again at that root and ``..`` never
+    climbs above it, as the container itself resolves them."""
+    top = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # a container's root is /proc's link to it
+    fd = os.dup(top)
     parts = deque(part for part in path.split("/") if part not in ("", "."))
+    walked: list[str] = []  # the components below root that ``fd`` is: ``..`` steps back along them
     links = 0
     try:
         while parts:
             part = parts.popleft()
+            if part == "..":
+                walked = walked[:-1]
+                os.close(fd)
+                fd = _descend(top, walked)
+                continue
             try:
                 step = os.open(part, _OPEN_FLAGS, dir_fd=fd)
             except (FileNotFoundError, NotADirectoryError):
@@ -75,13 +86,26 @@ def open_source(path: str) -> int | None:
                 parts.extendleft(reversed([p for p in target.split("/") if p not in ("", ".")]))
                 if target.startswith("/"):
                     os.close(fd)
-                    fd = os.open("/", _OPEN_FLAGS | os.O_DIRECTORY)
+                    fd, walked = os.dup(top), []
                 continue
             os.close(fd)
             fd = step
+            walked.append(part)
     except BaseException:
         os.close(fd)
         raise
+    finally:
+        os.close(top)
+    return fd
+
+
+def _descend(top: int, parts: list[str]) -> int:
+    """A descriptor of ``top``/``parts``, directories already walked (no symlink among them)."""
+    fd = os.dup(top)
+    for part in parts:
+        step = os.open(part, _OPEN_FLAGS | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = step
     return fd
 
 

@@ -16,9 +16,10 @@ as the training command:
   upload (Kubernetes tier C), a ``persistent`` check reads the verdict another step of the frame
   wrote (the stager put and deleted an object under the results prefix with the frame's own
   credentials), so it joins this verdict;
-* where the backend binds host paths by name (Docker), a ``bound`` check per mount proves the
-  object at the target is the one the host checked (its device and inode), so a source swapped
-  between the check and the container's start fails the verdict.
+* where the backend binds host paths by name (Docker), it adds a ``bound`` check per mount made
+  from the host (the object at the target, seen through the frame's root, is the one it checked
+  at submit), so a source swapped between the check and the container's start fails the verdict —
+  never asked of the frame, whose tools (``stat``, ``sh``) are the job's.
 
 :func:`parse_probe_output` turns the lines into a :class:`Verdict` (per path: pass/fail and the
 error text), which the launch stores in the job record.
@@ -109,14 +110,6 @@ while IFS="$tab" read -r check path argument; do
       elif ! { rm -f "$path/.tao-data-io-verify"; printf '%s' "$argument" > "$path/.tao-data-io-verify"; } 2>/dev/null; then
         report fail "$check" "$path" "is not writable"
       else report ok "$check" "$path" "writable (token written)"; fi ;;
-    bound)
-      # A backend that binds host paths by name (Docker) checked each source on the host: the
-      # object at the target must be that one (argument: its "device inode"), not a swapped one.
-      found=$(stat -c '%d %i' -- "$path" 2>/dev/null)
-      if [ -z "$found" ]; then report fail "$check" "$path" "cannot be looked at"
-      elif [ "$found" != "$argument" ]; then
-        report fail "$check" "$path" "is not the object checked on the host (device and inode $found, not $argument): its source changed after the check"
-      else report ok "$check" "$path" "the object checked on the host"; fi ;;
     persistent)
       # Another step of the frame (the stager) proved results persist and left "ok|fail<TAB>detail".
       if [ ! -r "$argument" ]; then report fail "$check" "$path" "no upload check ran (no verdict at $argument)"

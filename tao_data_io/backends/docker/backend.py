@@ -55,9 +55,9 @@ from ...launch.backend import (
     Waits,
     polls,
 )
-from ...launch.binding import BoundSource
+from ...launch.binding import BoundSource, open_source
 from ...launch.plan import LaunchPlan
-from ...launch.probe import (PROBE_SCRIPT, TOKEN_FILE, Check, Verdict, checklist, checklist_text, parse_probe_output,
+from ...launch.probe import (PROBE_SCRIPT, TOKEN_FILE, CheckResult, Verdict, checklist, checklist_text, parse_probe_output,
                              with_persistence)
 from ...launch.results_owner import hand_over_checked, take_back
 from ...launch.sources import (SourceRules, check_binds, check_paths, check_results_mount, check_results_ours,
@@ -66,12 +66,13 @@ from ...launch.training import STATUS_FILE, STATUS_TAIL_BYTES
 from ...launch.users import NOBODY
 from ...names import is_job_id
 from ...outputs import restore_results
+from ...quantities import cpu_millicores, quantity_bytes
 from ...tier import ClusterFacts
 from . import PLATFORM
 from .containers import RUN_LABEL, RankFrame, container_name, create_arguments, rank_gpus
 from .frame import (CHECKLIST_FILE, DEADLINE_EXIT, FRAME_FILE, FRAME_SCRIPT, GO, PROBE_EXIT, PROBE_FILE, PROBE_OUTPUT,
                     SETUP_EXIT, STOP, STOPPED_EXIT, credentials_file)
-from .logs import Position, after, last, lines
+from .logs import Position, after, last, lines, stamp_ns
 from .rundir import Canceled, Ended, Launch, RankEnd, RunDir
 from .settings import DockerSettings
 
@@ -83,6 +84,8 @@ _PACKAGE_ROOT = Path(__file__).resolve().parents[3]
 _CREDENTIALS_ROOT = Path("/dev/shm")
 _API_TIMEOUT_S = 120
 _LOG_LINES_IN_ERRORS = 5
+#: The least memory Docker lets a container have (``Minimum memory limit allowed is 6MB``).
+_DOCKER_MIN_MEMORY = 6 * 2**20
 #: How much of a probe's output a rank's report may hold (each check is a line).
 _PROBE_BYTES = 4 * 1024 * 1024
 
@@ -124,6 +127,8 @@ class DockerBackend:
         self._ping()
         if plan.gpus:
             self._check_gpu_runtime()
+        self._check_limits(plan)
+        self._ensure_image(plan.image)
         rules = self._source_rules(plan)
         check_results_mount(plan, rules)
         check_paths(plan)
@@ -171,6 +176,18 @@ class DockerBackend:
                              f"NVIDIA runtime (its runtimes: {', '.join(sorted(runtimes)) or 'none'}): install the "
                              "NVIDIA Container Toolkit on its host and run `nvidia-ctk runtime configure` "
                              "(for docker, its default), then restart dockerd; or set compute_shape.gpus to 0")
+
+    def _check_limits(self, plan: LaunchPlan) -> None:
+        """The limits the daemon would refuse at create, refused here naming the request's field:
+        less memory than Docker allows a container, more CPUs than the daemon's host has."""
+        if plan.memory is not None and quantity_bytes(plan.memory) < _DOCKER_MIN_MEMORY:
+            raise UsageError(f"compute_shape.memory {plan.memory!r} is below the {_DOCKER_MIN_MEMORY // 2**20} MiB "
+                             "Docker gives a container at the least: raise it")
+        if plan.cpu is not None:
+            cpus = int(self.client.info().get("NCPU") or 0)
+            if cpus and cpu_millicores(plan.cpu) > cpus * 1000:
+                raise UsageError(f"compute_shape.cpu {plan.cpu!r} is more than the {cpus} CPUs of the Docker daemon's "
+                                 "host: lower it")
 
     def _source_rules(self, plan: LaunchPlan) -> SourceRules:
         """The launch seam's rules (:func:`~tao_data_io.launch.sources.host_source_rules`), with the
@@ -238,7 +255,12 @@ class DockerBackend:
                             token=secrets.token_hex(16), submitted_at=datetime.now(timezone.utc), restored=restored)
             self._write_frame(run, launch)
             run.write(run.launch_file, launch)
-            self._start_ranks(run, launch, credentials)
+            try:
+                self._start_ranks(run, launch, credentials)
+            except UsageError:  # the daemon refused the request: nothing runs, the job id stays free
+                if all(self._container(plan, rank) is None for rank in range(plan.nodes)):
+                    run.launch_file.unlink(missing_ok=True)
+                raise
         return Submission(backend_ref=ref, restored=restored)
 
     def _write_frame(self, run: RunDir, launch: Launch) -> None:
@@ -249,8 +271,6 @@ class DockerBackend:
             directory.mkdir(mode=0o755, exist_ok=True)
             os.chmod(directory, 0o755)
         checks, _ = checklist(plan, launch.token)
-        checks += [Check(kind="bound", path=target, subject=source.source, argument=f"{source.device} {source.inode}")
-                   for target, source in launch.sources.items()]
         for name, text in ((FRAME_FILE, FRAME_SCRIPT), (PROBE_FILE, PROBE_SCRIPT), (CHECKLIST_FILE, checklist_text(checks))):
             atomic_write(run.agent / name, text.encode(), mode=0o644)
         for rank in range(plan.nodes):
@@ -417,9 +437,8 @@ class DockerBackend:
         """The job's verdict from every rank's report (each rank's checks, ``rank N:`` before their
         details when there are several) and the persistence token seen from this host."""
         checks, _ = checklist(launch.plan, launch.token)
-        checks += [Check(kind="bound", path=target, subject=source.source, argument=f"{source.device} {source.inode}")
-                   for target, source in launch.sources.items()]
-        verdicts = [parse_probe_output(output, checks, code) for output, code in reports]
+        verdicts = [self._bound(launch, rank, parse_probe_output(output, checks, code))
+                    for rank, (output, code) in enumerate(reports)]
         if len(verdicts) == 1:
             verdict = verdicts[0]
         else:
@@ -438,6 +457,9 @@ class DockerBackend:
             if recorded is not None:
                 return recorded
             run.write(run.verdict_file, verdict)
+            if os.geteuid() == 0:  # the reports are read: the job writes no more to this host's disk there
+                for rank in range(launch.plan.nodes):
+                    os.chown(run.report(rank), 0, 0, follow_symlinks=False)
             _touch(run.control / (GO if verdict.ok else STOP))
         if not verdict.ok:
             self._release(run, launch)
@@ -451,6 +473,26 @@ class DockerBackend:
             if all(c is None or c.status in ("exited", "dead", "created") for c in containers):
                 break
         self._finish(run, launch)
+
+    def _bound(self, launch: Launch, rank: int, verdict: Verdict) -> Verdict:
+        """``verdict`` with a ``bound`` check per mount, made from this host: the object at each
+        target, seen through the rank's own root (``/proc/<pid>/root``, walked without leaving it),
+        is the very one submit checked (device and inode). Docker binds by path at start, so a
+        source swapped after the check would otherwise be bound unchecked; and the frame's own
+        tools (``stat``, ``sh``) are the job's, so the frame is never asked."""
+        container = self._container(launch.plan, rank)
+        pid = container.attrs["State"].get("Pid") if container is not None else None
+        results: list[CheckResult] = []
+        for target, source in launch.sources.items():
+            found = _identity(f"/proc/{pid}/root", target) if pid else None
+            ok = found == (source.device, source.inode)
+            detail = ("the object checked on this host" if ok else "the container's frame is gone" if not pid else
+                      "cannot be looked at through the container's root" if found is None else
+                      f"is not the object checked on this host ({source.resolved}): the source changed after the "
+                      f"check ({source.source!r}); make it a directory nothing swaps, and submit again")
+            results.append(CheckResult(kind="bound", path=target, ok=ok, detail=detail, subject=source.source))
+        return Verdict(ok=verdict.ok and all(r.ok for r in results), checks=[*verdict.checks, *results],
+                       error=verdict.error)
 
     def status(self, ref: str) -> JobStatus:
         run = self._known(ref)
@@ -525,7 +567,8 @@ class DockerBackend:
                 container.reload()
             state = container.attrs["State"]
             ranks.append(RankEnd(rank=rank, exit_code=state.get("ExitCode"), oom_killed=bool(state.get("OOMKilled")),
-                                 error=state.get("Error") or "", started=go, stopped=stopped))
+                                 error=state.get("Error") or "", started=go, stopped=stopped,
+                                 ran_seconds=_ran_seconds(state)))
             _save_log(container, run.saved_log(rank))
         taken = _take_back(Path(launch.results_host))
         ended = Ended(ranks=ranks, taken_back=taken, vanished=vanished and not known)
@@ -688,7 +731,7 @@ def _ended(ended: Ended, run: RunDir, launch: Launch) -> tuple[JobStatus, Failur
         return _error("ERR_INFRA", f"{who} was killed out of memory (exit code {code}, OOMKilled) under "
                       f"compute_shape.memory {plan.memory or '(no limit: the host ran out)'}",
                       "raise compute_shape.memory, or lower the batch size or the data loader workers", code)
-    if code == DEADLINE_EXIT:
+    if code == DEADLINE_EXIT and _late(first, plan):
         analysis = FailureAnalysis.deadline_passed(plan.deadline_seconds)
         return JobStatus(state="ERROR", message=analysis.reason, exit_code=code, err_class=analysis.err_class), analysis
     if code in (STOPPED_EXIT, 128 + signal.SIGKILL):
@@ -705,6 +748,21 @@ def _ended(ended: Ended, run: RunDir, launch: Launch) -> tuple[JobStatus, Failur
 
 
 _SIGNALS = {int(s) for s in signal.Signals}
+
+
+def _late(rank: RankEnd, plan: LaunchPlan) -> bool:
+    """Whether a rank the frame ended for its deadline (:data:`DEADLINE_EXIT`) did run that long by
+    the daemon's clock: the frame's signal is the job's to send too, and a job without a deadline
+    never passed one."""
+    return (plan.deadline_seconds is not None and rank.ran_seconds is not None
+            and rank.ran_seconds >= plan.deadline_seconds)
+
+
+def _ran_seconds(state: Mapping[str, Any]) -> float | None:
+    started, finished = stamp_ns(str(state.get("StartedAt") or "")), stamp_ns(str(state.get("FinishedAt") or ""))
+    if started is None or finished is None or finished < started:
+        return None
+    return (finished - started) / 1e9
 
 
 def _error(err_class: Any, reason: str, suggestion: str, code: int | None = None
@@ -739,6 +797,21 @@ def _take_back(results: Path) -> list[str]:
         return [f"the results directory could not be taken back: {exc.strerror}"]
     try:
         return take_back(fd, (os.geteuid(), os.getegid()) if os.geteuid() == 0 else None)
+    finally:
+        os.close(fd)
+
+
+def _identity(root: str, target: str) -> tuple[int, int] | None:
+    """(device, inode) of what ``target`` is inside ``root`` (a container's root), or None."""
+    try:
+        fd = open_source(target, root)
+    except OSError:
+        return None
+    if fd is None:
+        return None
+    try:
+        found = os.fstat(fd)
+        return found.st_dev, found.st_ino
     finally:
         os.close(fd)
 

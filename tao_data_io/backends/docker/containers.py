@@ -105,6 +105,8 @@ def frame_environment(plan: LaunchPlan, frame: RankFrame) -> dict[str, str]:
            GRACE_VARIABLE: str(frame.grace_seconds)}
     if plan.deadline_seconds is not None:
         env[DEADLINE_VARIABLE] = str(plan.deadline_seconds)
+    else:  # the frame's, never the request's: a request's own value would end a job that has no deadline
+        env.pop(DEADLINE_VARIABLE, None)
     if plan.nodes > 1:
         env.update({name: str(value) for name, value in rendezvous_env(
             nodes=plan.nodes, gpus_per_node=plan.gpus, rank=str(frame.rank), master_addr=MASTER_ADDR).items()})

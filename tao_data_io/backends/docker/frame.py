@@ -5,8 +5,9 @@ Why one container and a word from the host, not a probe container and then the j
 a mount by its path when a container starts, so a probe container proves nothing of the next
 container's mounts — a source swapped between the two would be bound unchecked. Here the verify
 probe runs in the very container the command will run in, with its mounts, user, devices and
-environment; it also checks that each mount target is the object the host checked (device and
-inode, the probe's ``bound`` check). The script then waits for the host: ``go`` once every rank's
+environment; and the host, through the container's own root and never through the job's tools,
+proves each mount target is the object it checked (device and inode). The script then waits for
+the host: ``go`` once every rank's
 verdict passed and the host saw the persistence token from outside, ``stop`` otherwise — so the
 command starts only after the whole job was proved, and never after a failed verdict.
 
@@ -32,10 +33,12 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 
-AGENT_DIR = "/tao-data-io/agent"
-CONTROL_DIR = "/tao-data-io/control"
-REPORT_DIR = "/tao-data-io/report"
-CREDENTIALS_FILE = "/tao-data-io/credentials"
+from ...frame import AGENT_ROOT
+
+AGENT_DIR = f"{AGENT_ROOT}/agent"
+CONTROL_DIR = f"{AGENT_ROOT}/control"
+REPORT_DIR = f"{AGENT_ROOT}/report"
+CREDENTIALS_FILE = f"{AGENT_ROOT}/credentials"
 FRAME_FILE = "frame.sh"
 PROBE_FILE = "probe.sh"
 CHECKLIST_FILE = "checklist"
@@ -61,7 +64,7 @@ say() { echo "tao-data-io: $*" >&2; }
 if [ -e /tao-data-io/credentials ]; then
   . /tao-data-io/credentials || { say "the forwarded credentials could not be read"; exit 125; }
 fi
-sh "$agent/probe.sh" "$agent/checklist" > "$report/probe.part" 2>/dev/null
+/bin/sh "$agent/probe.sh" "$agent/checklist" > "$report/probe.part" 2>/dev/null
 printf '%s\n' "$?" > "$report/probe-exit" && mv "$report/probe.part" "$report/probe" || {
   say "this rank's report directory is not writable"; exit 125; }
 ticks=$(( ${TAO_DATA_IO_WAIT_SECONDS:-600} * 20 ))

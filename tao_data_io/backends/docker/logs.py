@@ -12,6 +12,7 @@ and after collect removed its containers.
 from __future__ import annotations
 
 import calendar
+import re
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -19,6 +20,10 @@ from dataclasses import dataclass
 
 #: A stamp the daemon writes: RFC 3339 with up to nine digits of fraction, in UTC.
 _STAMP_FORMAT = "%Y-%m-%dT%H:%M:%S"
+#: The most of a line the daemon keeps as one log message (moby's ``bufio`` reader, 16 KiB): a
+#: longer line is several messages, each stamped where it begins.
+PIECE = 16 * 1024
+_INNER_STAMP = re.compile(rb"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?Z ")
 
 
 @dataclass(frozen=True)
@@ -55,12 +60,19 @@ class Line:
 
 
 def lines(raw: bytes) -> Iterator[Line]:
-    """The stamped lines of ``raw`` (what the daemon sends with ``timestamps``, or a saved copy)."""
-    for piece in raw.decode("utf-8", "replace").splitlines(keepends=True):
-        head, _, text = piece.partition(" ")
-        stamp = stamp_ns(head)
-        if stamp is not None:
-            yield Line(stamp, text)
+    """The stamped lines of ``raw`` (what the daemon sends with ``timestamps``, or a saved copy).
+    The daemon keeps a line longer than :data:`PIECE` in pieces and stamps each where it begins,
+    inside the line: those stamps are taken out, so a long line reads back whole."""
+    for piece in raw.splitlines(keepends=True):
+        head, _, text = piece.partition(b" ")
+        stamp = stamp_ns(head.decode("ascii", "replace"))
+        if stamp is None:
+            continue
+        at = PIECE
+        while len(text) > at and (inner := _INNER_STAMP.match(text, at)) is not None:
+            text = text[:at] + text[inner.end():]
+            at += PIECE
+        yield Line(stamp, text.decode("utf-8", "replace"))
 
 
 def after(found: Iterable[Line], position: Position, limit: int) -> tuple[str, Position]:

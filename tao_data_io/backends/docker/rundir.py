@@ -51,6 +51,8 @@ class RankEnd(Strict):
     started: bool = False
     #: Whether tao-data-io stopped it because the job was over (another rank failed, a verdict).
     stopped: bool = False
+    #: How long the container ran, by the daemon's clock (None: unknown).
+    ran_seconds: float | None = None
 
 
 class Ended(Strict):

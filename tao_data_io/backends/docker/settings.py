@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from ...errors import UsageError
 from ...launch.backend import BackendSettings
 from ...launch.users import unprivileged_id
 from ...quantities import is_binary_quantity, quantity_bytes
@@ -120,7 +121,10 @@ class DockerSettings(BackendSettings):
         same daemon and find the same jobs."""
         env = os.environ if environ is None else environ
         root = Path(self.run_root or env.get(ROOT_VARIABLE) or DEFAULT_ROOT).expanduser().absolute()
-        host = self.docker_host or local_daemon(env.get(HOST_VARIABLE) or DEFAULT_HOST, f"${HOST_VARIABLE}")
+        try:
+            host = self.docker_host or local_daemon(env.get(HOST_VARIABLE) or DEFAULT_HOST, f"${HOST_VARIABLE}")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         return self.model_copy(update={"run_root": str(root), "docker_host": host})
 
 
