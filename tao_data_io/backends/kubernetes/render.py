@@ -44,6 +44,7 @@ from ...credentials import AWS_TO_LEGACY
 from ...redaction import Redactor
 from ...errors import UNWRITABLE_EXIT, UsageError
 from ...fs.confinement import check_relative
+from ...frame import AGENT_ROOT
 from ...launch.plan import PROBE_DIR, LaunchPlan, PlanMount, refuse_smuggled_secrets
 from ...launch.probe import PROBE_SCRIPT, TOKEN_FILE, Check, checklist, checklist_text, termination_budget
 from ...launch.rendezvous import MASTER_PORT, RENDEZVOUS_NAMES, rendezvous_env
@@ -68,7 +69,7 @@ STEP_LABEL = "tao-data-io/step"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 TERMINATION_LOG = "/dev/termination-log"
 #: Our own paths inside a pod; no declared target may use them.
-FILES_DIR = "/tao-data-io/files"
+FILES_DIR = f"{AGENT_ROOT}/files"
 #: The container securityContext of the 'restricted' Pod Security Standard (pod-security-admission
 #: policy: allowPrivilegeEscalation, capabilities, runAsNonRoot, seccompProfile), which our own
 #: containers — the stager, the sidecars, the stage Job's — always run under: a namespace that
@@ -107,10 +108,10 @@ STAGING_MARGIN = 256 * 2**20
 ATTEMPT_ANNOTATION = "tao-data-io/attempt"
 #: How often the status sidecar looks for status.json before the job has written it.
 STATUS_WAIT_SECONDS = 5
-STATE_DIR = "/tao-data-io/state"
+STATE_DIR = f"{AGENT_ROOT}/state"
 #: Where the verify probe marks that it passed (``passed``), for the results sidecar: a volume of
 #: our containers only, so nothing the job does can make a failed pod look verified.
-VERDICT_DIR = "/tao-data-io/verdict"
+VERDICT_DIR = f"{AGENT_ROOT}/verdict"
 #: How many nodes the collective probe spans (the reference's "2-node all-reduce") and how long
 #: each of its ranks may take to join and all-reduce.
 PROBE_NODES = 2
@@ -120,9 +121,9 @@ COLLECTIVE_TIMEOUT_S = DEFAULT_TIMEOUT_S
 CACHE_LABEL = "tao-data-io/cache"
 #: The wrapper's $0, as ``ps`` in the training container shows it.
 WRAPPER_NAME = "tao-train"
-STAGE_ROOT = "/tao-data-io/staging"
-VOLUME_ROOT = "/tao-data-io/volume"
-RESERVED = ("/tao-data-io", PROBE_DIR, "/dev/shm")
+STAGE_ROOT = f"{AGENT_ROOT}/staging"
+VOLUME_ROOT = f"{AGENT_ROOT}/volume"
+RESERVED = (AGENT_ROOT, PROBE_DIR, "/dev/shm")
 #: Tier B stages into this directory of the claim (the stage cache, :mod:`tao_data_io.staging.cache`).
 CACHE_DIR = "cache"
 #: Each job's results on the claim are ``results/<job>``.
