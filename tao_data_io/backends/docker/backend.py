@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import stat
 import tempfile
@@ -84,6 +85,9 @@ _PACKAGE_ROOT = Path(__file__).resolve().parents[3]
 _CREDENTIALS_ROOT = Path("/dev/shm")
 _API_TIMEOUT_S = 120
 _LOG_LINES_IN_ERRORS = 5
+#: What dockerd looks for on its PATH to give GPUs without a runtime of that name, and that PATH.
+_NVIDIA_HOOK = "nvidia-container-runtime-hook"
+_DAEMON_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: The least memory Docker lets a container have (``Minimum memory limit allowed is 6MB``).
 _DOCKER_MIN_MEMORY = 6 * 2**20
 #: How much of a probe's output a rank's report may hold (each check is a line).
@@ -168,14 +172,19 @@ class DockerBackend:
                                retryable=True) from None
 
     def _check_gpu_runtime(self) -> None:
-        """A daemon without the NVIDIA runtime accepts a GPU request at create and fails it at start
-        (``could not select device driver "" with capabilities: [[gpu]]``): refused here instead."""
+        """A daemon that cannot give GPUs accepts a GPU request at create and fails it at start
+        (``could not select device driver "" with capabilities: [[gpu]]``): refused here instead.
+        dockerd gives GPUs through the NVIDIA Container Toolkit — its ``nvidia`` runtime, or the
+        runtime hook it finds on its PATH at start (on this host: the backend refuses a remote
+        daemon) — so neither there is refused, naming the toolkit."""
         runtimes = self.client.info().get("Runtimes") or {}
-        if "nvidia" not in runtimes:
-            raise UsageError(f"this job asks for GPUs, but the Docker daemon at {self.settings.docker_host} has no "
-                             f"NVIDIA runtime (its runtimes: {', '.join(sorted(runtimes)) or 'none'}): install the "
-                             "NVIDIA Container Toolkit on its host and run `nvidia-ctk runtime configure` "
-                             "(for docker, its default), then restart dockerd; or set compute_shape.gpus to 0")
+        if "nvidia" in runtimes or shutil.which(_NVIDIA_HOOK, path=_DAEMON_PATH) is not None:
+            return
+        raise UsageError(f"this job asks for GPUs, but the Docker daemon at {self.settings.docker_host} cannot give "
+                         f"them: it has no nvidia runtime (its runtimes: {', '.join(sorted(runtimes)) or 'none'}) "
+                         f"and this host no {_NVIDIA_HOOK}. Install the NVIDIA Container Toolkit and run "
+                         "`nvidia-ctk runtime configure` (for docker, its default), then restart dockerd; or set "
+                         "compute_shape.gpus to 0")
 
     def _check_limits(self, plan: LaunchPlan) -> None:
         """The limits the daemon would refuse at create, refused here naming the request's field:

@@ -101,7 +101,10 @@ def frame_environment(plan: LaunchPlan, frame: RankFrame) -> dict[str, str]:
     """The container's environment: the plan's plain variables, ``HOME`` on the frame's ``/tmp``,
     the rendezvous variables of a multi-node job and what the frame script reads — never a
     credential (those come through the credentials file)."""
-    env = {"HOME": FRAME_TMP, **plan.env, WAIT_VARIABLE: str(frame.wait_seconds),
+    # Every rank is in rank 0's network namespace, whose hostname no /etc/hosts names: gloo would
+    # fail to resolve it and fall back to loopback with a warning; lo is where the ranks meet.
+    meet = {"GLOO_SOCKET_IFNAME": "lo"} if plan.nodes > 1 else {}
+    env = {"HOME": FRAME_TMP, **meet, **plan.env, WAIT_VARIABLE: str(frame.wait_seconds),
            GRACE_VARIABLE: str(frame.grace_seconds)}
     if plan.deadline_seconds is not None:
         env[DEADLINE_VARIABLE] = str(plan.deadline_seconds)
