@@ -72,7 +72,7 @@ from ...tier import ClusterFacts
 from . import PLATFORM
 from .containers import RUN_LABEL, RankFrame, container_name, create_arguments, rank_gpus
 from .frame import (CHECKLIST_FILE, DEADLINE_EXIT, FRAME_FILE, FRAME_SCRIPT, GO, PROBE_EXIT, PROBE_FILE, PROBE_OUTPUT,
-                    SETUP_EXIT, STOP, STOPPED_EXIT, credentials_file)
+                    RUN_FILE, RUN_SCRIPT, SETUP_EXIT, SHELL_FILE, STOP, STOPPED_EXIT, credentials_file, host_busybox)
 from .logs import Position, after, last, lines, stamp_ns
 from .rundir import Canceled, Ended, Launch, RankEnd, RunDir
 from .settings import DockerSettings
@@ -127,6 +127,7 @@ class DockerBackend:
         containers read what this host staged."""
         self._refuse_network(plan)
         self._ids()
+        host_busybox()
         rank_gpus(plan, self.settings.gpu_devices)
         self._ping()
         if plan.gpus:
@@ -280,8 +281,10 @@ class DockerBackend:
             directory.mkdir(mode=0o755, exist_ok=True)
             os.chmod(directory, 0o755)
         checks, _ = checklist(plan, launch.token)
-        for name, text in ((FRAME_FILE, FRAME_SCRIPT), (PROBE_FILE, PROBE_SCRIPT), (CHECKLIST_FILE, checklist_text(checks))):
+        for name, text in ((FRAME_FILE, FRAME_SCRIPT), (RUN_FILE, RUN_SCRIPT), (PROBE_FILE, PROBE_SCRIPT),
+                           (CHECKLIST_FILE, checklist_text(checks))):
             atomic_write(run.agent / name, text.encode(), mode=0o644)
+        atomic_write(run.agent / SHELL_FILE, host_busybox().read_bytes(), mode=0o755)
         for rank in range(plan.nodes):
             report = run.report(rank)
             report.mkdir(mode=0o700, exist_ok=True)
