@@ -9,10 +9,8 @@ false failure of a layout the kernel resolves)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import tarfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from tao_data_io.records import RecordStore
 from tao_data_io.request import JobRequest
 
 from . import docker_daemon as dockerd
+from .contract.docker import dataset, derived_image, swap_before_start
 from .contract.harness import launch_through_steps
 from .helpers import wait_for
 
@@ -159,65 +158,9 @@ def launch(backend: DockerBackend, job: JobRequest, tmp_path: Path) -> Any:
     return submission
 
 
-def dataset(tmp_path: Path, name: str, secret: str) -> Path:
-    found = tmp_path / name
-    found.mkdir()
-    (found / "secret.txt").write_text(secret)
-    found.chmod(0o755)
-    (found / "secret.txt").chmod(0o644)
-    return found
-
-
-def swap_before_start(monkeypatch: pytest.MonkeyPatch, source: Path, replacement: Path) -> None:
-    """The window the ``bound`` check exists for: the source swapped after submit's check, before
-    the daemon binds it by path."""
-    original = DockerBackend._create_and_start
-    done: list[int] = []
-
-    def create_and_start(self: DockerBackend, run: Any, launch: Any, rank: int, credentials: Any) -> None:
-        if not done:
-            source.rename(source.with_name(source.name + ".checked"))
-            replacement.rename(source)
-        done.append(rank)
-        original(self, run, launch, rank, credentials)
-
-    monkeypatch.setattr(DockerBackend, "_create_and_start", create_and_start)
-
-
-def derived_image(daemon: dockerd.DockerDaemon, tag: str, files: Mapping[str, tuple[bytes, int]],
-                  links: Mapping[str, str] = {}, directories: Sequence[str] = ()) -> str:
-    """The test image with ``files`` (name → (data, mode)), ``links`` (name → target) and
-    ``directories`` added (replacing what was there)."""
-    client = daemon.client
-    if client.images.list(name=tag):
-        return tag
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name in directories:
-            info = tarfile.TarInfo(name)
-            info.type, info.mode = tarfile.DIRTYPE, 0o755
-            tar.addfile(info)
-        for name, (data, mode) in files.items():
-            info = tarfile.TarInfo(name)
-            info.mode, info.size = mode, len(data)
-            tar.addfile(info, io.BytesIO(data))
-        for name, target in links.items():
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = tarfile.SYMTYPE, target
-            tar.addfile(info)
-    container = client.containers.create(daemon.image, ["true"], network_mode="none")
-    try:
-        container.put_archive("/", buffer.getvalue())
-        repository, _, name = tag.partition(":")
-        container.commit(repository=repository, tag=name)
-    finally:
-        container.remove(force=True)
-    return tag
-
-
-#: The image's own /bin/sh: the frame script's interpreter (the container's entrypoint is
-#: ``/bin/sh /tao-data-io/agent/frame.sh``), so the image's code runs before the probe and the
-#: host's word. This one reads /data at once, then runs the frame honestly.
+#: An image's own /bin/sh that reads /data at once, then runs what it was given honestly: were it
+#: the frame's interpreter before the host's word (as it first was), the image's code would read a
+#: swapped source before the host's check refused it.
 HOSTILE_SH = b"""#!/bin/busybox sh
 /bin/busybox cat /data/secret.txt > /control/leaked 2>/dev/null
 exec /bin/busybox sh "$@"

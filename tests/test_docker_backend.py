@@ -12,7 +12,6 @@ driven through the verbs' own steps (``launch_through_steps``)."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
@@ -21,7 +20,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import tarfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,6 +47,7 @@ from tao_data_io.request import JobRequest
 from tao_data_io.transfer.client import make_s3_client
 
 from . import docker_daemon as dockerd
+from .contract.docker import dataset, derived_image, swap_before_start
 from .contract.harness import Launched, launch_through_steps
 from .helpers import live_processes, wait_for
 
@@ -227,7 +226,7 @@ def test_each_rank_container_is_locked_down_as_the_plan_says() -> None:
         AGENT_DIR: True, CONTROL_DIR: True, REPORT_DIR: False, CREDENTIALS_FILE: True}
     assert mounts["/data/coco"]["Source"] == "/work/train-1/data/coco"
     # The command is the plan's argv, after the frame script; nothing of it in the entrypoint.
-    assert arguments["entrypoint"] == ["/bin/sh", f"{AGENT_DIR}/frame.sh"]
+    assert arguments["entrypoint"] == [f"{AGENT_DIR}/busybox", "sh", f"{AGENT_DIR}/frame.sh"]  # none of the image
     assert arguments["command"] == plan.argv
 
 
@@ -352,33 +351,6 @@ def test_a_forwarded_credential_reaches_the_command_and_nothing_of_the_container
 LEAK = 'echo started > /control/started; cat /data/secret.txt > /control/leaked 2>/dev/null; exit 0'
 
 
-def swap_before_start(monkeypatch: pytest.MonkeyPatch, source: Path, replacement: Path) -> list[int]:
-    """Make the backend's create-and-start swap ``source`` for ``replacement`` (renamed into its
-    place) first, once: the window between submit's check of the source and the daemon's bind of
-    it by path. The ranks it swapped before, as a list."""
-    original = DockerBackend._create_and_start
-    swapped: list[int] = []
-
-    def create_and_start(self: DockerBackend, run: Any, launch: Any, rank: int, credentials: Any) -> None:
-        if not swapped:
-            source.rename(source.with_name(source.name + ".checked"))
-            replacement.rename(source)
-        swapped.append(rank)
-        original(self, run, launch, rank, credentials)
-
-    monkeypatch.setattr(DockerBackend, "_create_and_start", create_and_start)
-    return swapped
-
-
-def dataset(tmp_path: Path, name: str, secret: str) -> Path:
-    found = tmp_path / name
-    found.mkdir()
-    (found / "secret.txt").write_text(secret)
-    found.chmod(0o755)
-    (found / "secret.txt").chmod(0o644)
-    return found
-
-
 def test_a_mount_source_swapped_after_the_check_fails_the_verdict_naming_its_target_and_the_command_never_starts(
         docker_daemon: dockerd.DockerDaemon, backend: DockerBackend, control: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -421,8 +393,7 @@ def dash_image(daemon: dockerd.DockerDaemon, *, lying_stat: bool) -> str:
     dash finds each command on PATH. ``lying_stat``: with a ``stat`` first on the probe's PATH
     that answers the ``bound`` check with what it expects. Made once per session."""
     tag = "tao-data-io-test:dash-lying-stat" if lying_stat else "tao-data-io-test:dash"
-    client = daemon.client
-    if client.images.list(name=tag):
+    if daemon.client.images.list(name=tag):
         return tag
     dash = Path(shutil.which("dash") or "/bin/dash")
     loaded = subprocess.run(["ldd", str(dash)], capture_output=True, text=True, check=True).stdout
@@ -431,23 +402,7 @@ def dash_image(daemon: dockerd.DockerDaemon, *, lying_stat: bool) -> str:
                   for library in re.findall(r"(/\S+) \(0x", loaded)})  # the loader and libc, where it looks
     if lying_stat:
         files["usr/local/bin/stat"] = (LYING_STAT.encode(), 0o755)
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, (data, mode) in files.items():
-            info = tarfile.TarInfo(name)
-            info.mode, info.size = mode, len(data)
-            tar.addfile(info, io.BytesIO(data))
-        link = tarfile.TarInfo("bin/sh")
-        link.type, link.linkname = tarfile.SYMTYPE, "dash"
-        tar.addfile(link)
-    container = client.containers.create(daemon.image, ["true"], network_mode="none")
-    try:
-        container.put_archive("/", buffer.getvalue())
-        repository, _, name = tag.partition(":")
-        container.commit(repository=repository, tag=name)
-    finally:
-        container.remove(force=True)
-    return tag
+    return derived_image(daemon, tag, files, {"bin/sh": "dash"})
 
 
 # A mount over the frame's own files (its credentials file, sourced before the probe) is refused by

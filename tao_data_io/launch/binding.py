@@ -59,7 +59,7 @@ def open_source(path: str, root: str = "/") -> int | None:
     climbs above it, as the container itself resolves them."""
     top = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # a container's root is /proc's link to it
     fd = os.dup(top)
-    parts = deque(part for part in path.split("/") if part not in ("", "."))
+    parts = deque(_parts(path))
     walked: list[str] = []  # the components below root that ``fd`` is: ``..`` steps back along them
     links = 0
     try:
@@ -69,6 +69,11 @@ def open_source(path: str, root: str = "/") -> int | None:
                 walked = walked[:-1]
                 os.close(fd)
                 fd = _descend(top, walked)
+                continue
+            if part == ".":  # "x/." and "x/": x must be a directory, as the kernel requires
+                if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                    os.close(fd)
+                    return None
                 continue
             try:
                 step = os.open(part, _OPEN_FLAGS, dir_fd=fd)
@@ -83,7 +88,7 @@ def open_source(path: str, root: str = "/") -> int | None:
                     os.close(step)
                 if links > MAX_LINKS:
                     raise OSError(errno.ELOOP, f"more than {MAX_LINKS} symlinks", path)
-                parts.extendleft(reversed([p for p in target.split("/") if p not in ("", ".")]))
+                parts.extendleft(reversed(_parts(target)))
                 if target.startswith("/"):
                     os.close(fd)
                     fd, walked = os.dup(top), []
@@ -91,12 +96,22 @@ def open_source(path: str, root: str = "/") -> int | None:
             os.close(fd)
             fd = step
             walked.append(part)
+            if parts and not stat.S_ISDIR(os.fstat(fd).st_mode):  # "file/.." or "file/x": nothing there
+                os.close(fd)
+                return None
     except BaseException:
         os.close(fd)
         raise
     finally:
         os.close(top)
     return fd
+
+
+def _parts(path: str) -> list[str]:
+    """The components of ``path`` to walk: repeated slashes are one, and a trailing slash is a
+    ``.`` (what it names must be a directory), as the kernel reads a path."""
+    found = [part for part in path.split("/")[1 if path.startswith("/") else 0:]]
+    return [part or "." for n, part in enumerate(found) if part or n == len(found) - 1]
 
 
 def _descend(top: int, parts: list[str]) -> int:
