@@ -28,6 +28,21 @@ def quantity_bytes(quantity: str) -> int:
     return int(quantity[:-2]) * _FACTORS[quantity[-2:]]
 
 
+def checked_quantity(value: object, field: str, *, least: str | None = None, most: str | None = None,
+                     beyond: str = "", example: str = "16Gi") -> str:
+    """``value`` if it is a binary quantity from ``least`` to ``most`` (each optional); else a
+    ``ValueError`` naming ``field``, the value and the fix (``beyond``: why ``most`` is the most).
+    The one check of every size a request, a target or a setting gives."""
+    if not isinstance(value, str) or not is_binary_quantity(value):
+        raise ValueError(f"{field} {value!r} is not a binary quantity: write a whole number with Ki, Mi, Gi or Ti, "
+                         f"such as {example}")
+    if least is not None and quantity_bytes(value) < quantity_bytes(least):
+        raise ValueError(f"{field} {value!r} is less than {least}, the least it may be: raise it")
+    if most is not None and quantity_bytes(value) > quantity_bytes(most):
+        raise ValueError(f"{field} {value!r} is more than {most}{beyond}: give less")
+    return value
+
+
 def is_cpu_quantity(value: str) -> bool:
     return bool(_CPU_QUANTITY.fullmatch(value))
 

@@ -26,7 +26,7 @@ from .errors import UsageError
 from .forms import PLAIN_VARIABLE_NAMES, SpecMapping, guard_texts
 from .frame import check_container_path, check_frame_target, place_sources
 from .names import ENV_NAME_RULE, check_job_id, is_env_name, process_control_problem
-from .quantities import is_binary_quantity, is_cpu_quantity, quantity_bytes
+from .quantities import checked_quantity, is_cpu_quantity, quantity_bytes
 from .schema import Strict, describe_validation_error
 from .spec import iter_strings, remote_uris
 from .uris import is_remote_uri, parse_s3_url, parse_uri, staging_location
@@ -55,14 +55,7 @@ def _bounded_size(value: str | None, field: str) -> str | None:
     every size a request gives, refusals naming the field."""
     if value is None:
         return None
-    if not is_binary_quantity(value):
-        raise ValueError(f"{field} {value!r} is not a binary quantity: write a whole number with Ki, Mi, Gi or Ti, "
-                         "such as 16Gi")
-    most = SIZE_CAPS[field]
-    if quantity_bytes(value) > quantity_bytes(most):
-        raise ValueError(f"{field} {value!r} is more than {most}, more than any machine gives one job; give what the "
-                         "job needs")
-    return value
+    return checked_quantity(value, field, most=SIZE_CAPS[field], beyond=", more than any machine gives one job")
 
 
 class ComputeShape(RequestPart):

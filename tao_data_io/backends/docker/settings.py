@@ -17,7 +17,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from ...errors import UsageError
 from ...launch.backend import BackendSettings
 from ...launch.users import unprivileged_id
-from ...quantities import is_binary_quantity, quantity_bytes
+from ...quantities import checked_quantity
 from ...schema import AbsolutePath
 
 ROOT_VARIABLE = "TAO_DATA_IO_DOCKER_ROOT"
@@ -109,11 +109,8 @@ class DockerSettings(BackendSettings):
     @field_validator("log_limit", mode="before")
     @classmethod
     def _log_limit(cls, value: object) -> str:
-        low, high = quantity_bytes(MIN_LOG_LIMIT), quantity_bytes(MAX_LOG_LIMIT)
-        if not isinstance(value, str) or not is_binary_quantity(value) or not low <= quantity_bytes(value) <= high:
-            raise ValueError(f"log_limit {value!r} is not a binary quantity from {MIN_LOG_LIMIT} to {MAX_LOG_LIMIT}: "
-                             f"write a whole number with Ki, Mi or Gi, such as {DEFAULT_LOG_LIMIT}")
-        return value
+        return checked_quantity(value, "log_limit", least=MIN_LOG_LIMIT, most=MAX_LOG_LIMIT,
+                                example=DEFAULT_LOG_LIMIT)
 
     def resolved(self, environ: Mapping[str, str] | None = None) -> DockerSettings:
         """These settings with ``run_root`` and ``docker_host`` decided (given, else the

@@ -19,7 +19,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from ...errors import UsageError
 from ...launch.backend import BackendSettings
 from .names import check_dns_label, check_dns_subdomain
-from ...quantities import is_binary_quantity
+from ...quantities import checked_quantity
 from ...uris import parse_s3_url
 from .placement import HOSTNAME_LABEL
 
@@ -48,13 +48,6 @@ _LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 _TOLERATION_FIELDS = {"key", "operator", "value", "effect", "tolerationSeconds"}
-
-
-def check_binary_quantity(value: str, *, what: str) -> str:
-    if not is_binary_quantity(value):
-        raise UsageError(f"{what} {value!r} is not a binary quantity: write a whole number with Ki, Mi, Gi or Ti, "
-                         "such as 16Gi")
-    return value
 
 
 def _toleration_problem(toleration: dict[str, Any]) -> str | None:
@@ -261,7 +254,7 @@ class KubernetesSettings(BackendSettings):
     @field_validator("shm_size")
     @classmethod
     def _quantity(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return value if value is None else check_binary_quantity(value, what=str(info.field_name))
+        return value if value is None else checked_quantity(value, str(info.field_name))
 
     @field_validator("shards")
     @classmethod

@@ -16,7 +16,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from ...launch.backend import BackendSettings
 from ...launch.users import unprivileged_id
-from ...quantities import is_binary_quantity, quantity_bytes
+from ...quantities import checked_quantity
 from ...schema import AbsolutePath
 from .joblog import DEFAULT_LOG_LIMIT, MAX_LOG_LIMIT, MIN_LOG_LIMIT
 
@@ -65,10 +65,8 @@ class LocalSettings(BackendSettings):
     @field_validator("log_limit", mode="before")
     @classmethod
     def _log_limit(cls, value: object) -> str:
-        if not isinstance(value, str) or not is_binary_quantity(value) or not MIN_LOG_LIMIT <= quantity_bytes(value) <= quantity_bytes(MAX_LOG_LIMIT):
-            raise ValueError(f"log_limit {value!r} is not a binary quantity from {MIN_LOG_LIMIT // 1024}Ki to "
-                             f"{MAX_LOG_LIMIT}: write a whole number with Ki, Mi or Gi, such as {DEFAULT_LOG_LIMIT}")
-        return value
+        return checked_quantity(value, "log_limit", least=f"{MIN_LOG_LIMIT // 1024}Ki", most=MAX_LOG_LIMIT,
+                                example=DEFAULT_LOG_LIMIT)
 
     @field_validator("run_as_user", "run_as_group", mode="before")
     @classmethod
