@@ -57,7 +57,7 @@ def target_block(platform: Platform) -> type[ComputeTarget]:
     backend gets its block, its form and its place in the flows' target parameter from its
     registry line alone. The slugs and names are those the blocks saved before had."""
     title = platform.label
-    name = f"{title.replace(' ', '')}Target"
+    name = platform.block_class
     variable = f"{platform.name.replace('-', '_')}_target"
     namespace = {
         "__module__": __name__, "__qualname__": name, "__doc__": platform.summary,

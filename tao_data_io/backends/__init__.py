@@ -101,7 +101,7 @@ def _refusal(found: Mapping[str, Platform], platform: Any) -> str | None:
     if not TITLE.fullmatch(platform.label):
         return f"its title {platform.label[:80]!r} is not words of letters and digits"
     for other in found.values():
-        if other.label.replace(" ", "").lower() == platform.label.replace(" ", "").lower():
+        if other.block_class.lower() == platform.block_class.lower():
             return f"its title {platform.label!r} is the title of {other.name!r} (each target block needs its own)"
     return None
 

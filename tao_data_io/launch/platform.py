@@ -48,3 +48,9 @@ class Platform:
     def label(self) -> str:
         """The words people see for the backend: its title, else its name's words capitalized."""
         return self.title or " ".join(word.capitalize() for word in self.name.split("-"))
+
+    @property
+    def block_class(self) -> str:
+        """The class name of the backend's target block: its label without spaces, ``Target`` after
+        (``LocalTarget``); two backends whose labels differ only in spaces or case would share it."""
+        return f"{self.label.replace(' ', '')}Target"
