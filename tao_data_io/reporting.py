@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -129,3 +129,10 @@ def throttled(callback: ProgressCallback, per_second: float = 1.0,
         callback(progress)
 
     return forward
+
+
+def said_list(words: Sequence[str], conjunction: str = "or") -> str:
+    """``a, b or c``: ``words`` as a sentence says them (``conjunction`` before the last)."""
+    if len(words) < 2:
+        return "".join(words)
+    return f"{', '.join(words[:-1])} {conjunction} {words[-1]}"

@@ -26,6 +26,7 @@ from typing import Any
 from ..errors import UsageError
 from ..launch.backend import Backend, BackendSettings
 from ..launch.platform import ENTRY_POINTS, Platform
+from ..reporting import said_list
 
 #: The backends this distribution brings, by the package that declares each (``PLATFORM``).
 BUILTIN = ("tao_data_io.backends.local", "tao_data_io.backends.kubernetes", "tao_data_io.backends.docker")
@@ -110,14 +111,9 @@ def platform_of(name: str) -> Platform:
     """The backend called ``name``; a name no backend has is refused, naming those there are."""
     known = platforms()
     if name not in known:
-        raise UsageError(f"platform {name!r} is not a backend: use {_either(known)} (a backend another distribution "
+        raise UsageError(f"platform {name!r} is not a backend: use {said_list([repr(name) for name in known])} (a backend another distribution "
                          "provides is found once that distribution is installed here)")
     return known[name]
-
-
-def _either(names: Mapping[str, Any]) -> str:
-    listed = [repr(name) for name in names]
-    return ", ".join(listed[:-1]) + f" or {listed[-1]}" if len(listed) > 1 else "".join(listed)
 
 
 def settings_model(name: str) -> type[BackendSettings]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import UsageError
+from ..reporting import said_list
 
 if TYPE_CHECKING:
     from ..launch.platform import Platform
@@ -54,8 +55,7 @@ def add_settings_flags(sub: argparse.ArgumentParser, platforms: Iterable[Platfor
                 if not _add_flag(group, field, info.annotation, info.description or ""):
                     owned.append(field)
         if owned:
-            group.description = (", ".join(owned[:-1]) + " and " if len(owned) > 1 else "") + owned[-1] + \
-                ": in --target only (the command has a flag of that name)"
+            group.description = said_list(owned, "and") + ": in --target only (the command has a flag of that name)"
 
 
 #: The prefix of a setting's ``dest``: a setting called ``run`` or ``json`` must never be read as
