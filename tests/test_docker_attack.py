@@ -270,3 +270,30 @@ def test_a_mount_target_through_an_image_symlink_is_not_a_false_failure(
     verdict = backend.verify(submission.backend_ref, plan)
     assert verdict.ok, verdict.describe()
     assert wait_for("the job's read", lambda: (control / "read").read_text() if (control / "read").exists() else None) == "checked"
+
+
+@ROOT_ONLY
+def test_a_frame_that_ends_while_the_host_looks_through_it_never_passes_the_bound_check(
+        docker_daemon: dockerd.DockerDaemon, backend: DockerBackend, control: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host looks at a mount through ``/proc/<pid>/root``: if the container ended meanwhile, that
+    pid may be another process's, so what was seen there proves nothing of the frame — the check
+    fails, and the command never starts."""
+    from tao_data_io.backends.docker import backend as docker_backend
+
+    source = dataset(tmp_path, "dataset", "checked")
+    job = request(docker_daemon, "ended-1", "exit 0", control=control, mounts=[{"source": str(source), "target": "/data"}])
+    submission = launch(backend, job, tmp_path)
+    looked = docker_backend._identity
+
+    def look_then_end(root: str, target: str) -> tuple[int, int] | None:
+        found = looked(root, target)
+        for container in docker_daemon.client.containers.list(filters={"label": f"{JOB_LABEL}=ended-1"}):
+            container.kill()
+        return found
+
+    monkeypatch.setattr(docker_backend, "_identity", look_then_end)
+    verdict = backend.verify(submission.backend_ref, backend._launched(submission.backend_ref)[1].plan)
+    assert not verdict.ok, verdict.describe()
+    assert any(check.kind == "bound" and "ended while it was looked at" in check.detail for check in verdict.failures)
+    assert not (control / "started").exists()

@@ -493,7 +493,8 @@ class DockerBackend:
         source swapped after the check would otherwise be bound unchecked; and the frame's own
         tools (``stat``, ``sh``) are the job's, so the frame is never asked."""
         container = self._container(launch.plan, rank)
-        pid = container.attrs["State"].get("Pid") if container is not None else None
+        state = container.attrs["State"] if container is not None else {}
+        pid = state.get("Pid") if state.get("Running") else None
         results: list[CheckResult] = []
         for target, source in launch.sources.items():
             found = _identity(f"/proc/{pid}/root", target) if pid else None
@@ -503,6 +504,13 @@ class DockerBackend:
                       f"is not the object checked on this host ({source.resolved}): the source changed after the "
                       f"check ({source.source!r}); make it a directory nothing swaps, and submit again")
             results.append(CheckResult(kind="bound", path=target, ok=ok, detail=detail, subject=source.source))
+        if container is not None and pid:  # the pid looked at was the frame's all along, not a reused one
+            container.reload()
+            after = container.attrs["State"]
+            if not after.get("Running") or (after.get("Pid"), after.get("StartedAt")) != (pid, state.get("StartedAt")):
+                results = [result.model_copy(update={"ok": False, "detail": "the container ended while it was looked "
+                                                     "at: its pid may have been another process's"})
+                           for result in results]
         return Verdict(ok=verdict.ok and all(r.ok for r in results), checks=[*verdict.checks, *results],
                        error=verdict.error)
 
