@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: test demo demo-stop bench clean bubblewrap docker
+.PHONY: test demo demo-stop bench clean bubblewrap docker slurm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || { apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
@@ -22,6 +22,12 @@ bubblewrap:
 docker:
 	@command -v dockerd >/dev/null || test -x /usr/sbin/dockerd || { apt-get update -qq && apt-get install -y -qq docker.io; }
 	@{ test -x /bin/busybox && ! ldd /bin/busybox >/dev/null 2>&1; } || { apt-get update -qq && apt-get install -y -qq busybox-static; }
+
+# The SLURM tests start a cluster of their own (tests/slurm_cluster.py): munged, slurmctld and a slurmd
+# per emulated node, all on this host, under a directory of the session's.
+slurm:
+	@command -v slurmctld >/dev/null || test -x /usr/sbin/slurmctld || { apt-get update -qq && apt-get install -y -qq slurm-wlm munge; }
+	@command -v munged >/dev/null || test -x /usr/sbin/munged || { apt-get update -qq && apt-get install -y -qq munge; }
 
 # uv (installed by pip from PyPI) resolves the Prefect stack in seconds; pip's resolver spends
 # minutes backtracking through boto3 releases for prefect-aws's aiobotocore pin. pip stays the
@@ -38,7 +44,7 @@ $(VENV)/.test-torch: $(VENV)/.installed-test
 	$(PIP) install torch==2.13.0
 	touch $@
 
-test: $(VENV)/.installed-test $(VENV)/.test-torch bubblewrap docker
+test: $(VENV)/.installed-test $(VENV)/.test-torch bubblewrap docker slurm
 	$(BIN)/python -m pytest
 
 demo: $(VENV)/.installed-demo bubblewrap

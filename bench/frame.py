@@ -32,11 +32,11 @@ from pathlib import Path
 from tao_data_io.launch.plan import LaunchPlan, PlanMount
 from tao_data_io.backends.local.backend import LocalBackend
 from tao_data_io.launch.binding import open_source
-from tao_data_io.backends.local.run_as import run_as
-from tao_data_io.backends.local.sandbox import Host, frame_argv, frame_binds, frame_env, host_system_dirs
-from tao_data_io.backends.local.seccomp import filter_fd
+from tao_data_io.launch.run_as import run_as
+from tao_data_io.launch.sandbox import Host, frame_argv, frame_binds, frame_env, host_system_dirs
+from tao_data_io.launch.seccomp import filter_fd
 from tao_data_io.backends.local.settings import LocalSettings
-from tao_data_io.backends.local.tools import BWRAP_INSTALL, find_tool
+from tao_data_io.launch.tools import BWRAP_INSTALL, find_tool
 from tao_data_io.records import OutputRoute
 
 STAND_IN = Path(__file__).resolve().parents[1] / "examples" / "stand_in"

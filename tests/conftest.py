@@ -141,9 +141,9 @@ def sandbox() -> None:
     bubblewrap's own words)."""
     from tao_data_io.errors import UsageError
     from tao_data_io.backends.local.preflight import check_sandbox
-    from tao_data_io.backends.local.run_as import run_as
-    from tao_data_io.backends.local.sandbox import Host, host_system_dirs
-    from tao_data_io.backends.local.tools import BWRAP_INSTALL, find_tool
+    from tao_data_io.launch.run_as import run_as
+    from tao_data_io.launch.sandbox import Host, host_system_dirs
+    from tao_data_io.launch.tools import BWRAP_INSTALL, find_tool
 
     bwrap = find_tool("bwrap", BWRAP_INSTALL)
     try:
@@ -195,18 +195,22 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 _HTTP_NAMES = frozenset({"EmbeddedS3", "ThreadedMotoServer", "FakeRegistries", "run_cli", "subprocess"})
 #: A test that names one of these talks to a Kubernetes API server: the stand-in, or a real cluster.
 _KUBE_NAMES = frozenset({"KubeStandIn", "RealCluster"})
+#: A test that names this starts a SLURM cluster of its own (tests/slurm_cluster.py), without the fixture.
+_SLURM_NAMES = frozenset({"SlurmCluster"})
 #: Tiers a test is put in by hand (a contract adapter's param, which takes its fixture by
 #: ``getfixturevalue``); such a test gets neither ``unit`` nor ``http``.
-_MANUAL_TIERS = ("kube", "docker")
+_MANUAL_TIERS = ("kube", "docker", "slurm")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test ``flows``, ``docker``, ``kube``, ``http`` or ``unit`` from what it uses, so
-    ``pytest -m unit`` is the fast loop without anyone remembering to mark a test (and a mark that
-    drifts from the code cannot exist): a test that needs the Prefect server (the ``prefect_harness``
-    fixture, directly or through another fixture) is ``flows``, one that needs the session's dockerd
-    (the ``docker_daemon`` fixture of tests/docker_daemon.py) is ``docker``; otherwise tier follows
-    from the servers and children a test actually needs."""
+    """Mark every test ``flows``, ``docker``, ``slurm``, ``kube``, ``http`` or ``unit`` from what it
+    uses, so ``pytest -m unit`` is the fast loop without anyone remembering to mark a test (and a
+    mark that drifts from the code cannot exist): a test that needs the Prefect server (the
+    ``prefect_harness`` fixture, directly or through another fixture) is ``flows``, one that needs
+    the session's dockerd (the ``docker_daemon`` fixture of tests/docker_daemon.py) is ``docker``,
+    one that needs the session's SLURM cluster (the ``slurm_cluster`` fixture of
+    tests/slurm_cluster.py, or a cluster of its own) is ``slurm``; otherwise tier follows from the
+    servers and children a test actually needs."""
     for item in items:
         if not isinstance(item, pytest.Function) or any(item.get_closest_marker(tier) for tier in _MANUAL_TIERS):
             continue
@@ -216,9 +220,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "docker_daemon" in item.fixturenames:
             item.add_marker(pytest.mark.docker)
             continue
+        if "slurm_cluster" in item.fixturenames:
+            item.add_marker(pytest.mark.slurm)
+            continue
         functions = [item.function, *(defs[-1].func for defs in item._fixtureinfo.name2fixturedefs.values() if defs)]
         used = _names_used(functions)
-        item.add_marker(pytest.mark.kube if used & _KUBE_NAMES else
+        item.add_marker(pytest.mark.slurm if used & _SLURM_NAMES else pytest.mark.kube if used & _KUBE_NAMES else
                         pytest.mark.http if used & _HTTP_NAMES else pytest.mark.unit)
 
 

@@ -9,6 +9,7 @@ import hashlib
 import io
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -196,3 +197,28 @@ def tar_gz(files: dict[str, bytes]) -> bytes:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+def regular_files(root: Path) -> Iterator[Path]:
+    """Every regular file under ``root``, no symlink followed, nothing that could block (a FIFO)."""
+    for directory, _, names in os.walk(root):
+        for name in names:
+            path = Path(directory) / name
+            try:
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    yield path
+            except OSError:
+                continue
+
+
+def holding(roots: Sequence[Path], value: bytes) -> list[str]:
+    """The regular files under ``roots`` whose bytes hold ``value``."""
+    found = []
+    for root in roots:
+        for path in regular_files(root):
+            try:
+                if value in path.read_bytes():
+                    found.append(str(path))
+            except OSError:
+                continue
+    return found

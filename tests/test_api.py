@@ -81,7 +81,8 @@ def test_the_core_names_parameters_never_cli_flags() -> None:
 
     flag = re.compile(r"(^|[\s`(])--[a-z][a-z-]+")
     # s5cmd's; bubblewrap's and nsenter's; setpriv's
-    other_programs_argv = ("transfer/s5cmd_executor.py", "backends/local/sandbox.py", "backends/local/run_as.py")
+    other_programs_argv = ("transfer/s5cmd_executor.py", "launch/sandbox.py", "launch/run_as.py",
+                           "backends/slurm/script.py", "backends/slurm/commands.py")
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE).as_posix()

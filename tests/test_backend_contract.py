@@ -27,20 +27,24 @@ from tao_data_io.transfer.client import make_s3_client
 
 from . import docker_daemon as dockerd
 from . import kube_cluster as cluster
+from . import slurm_cluster as slurm
 from .contract.docker import DockerHarness
 from .contract.fake import FakeHarness
 from .contract.harness import Ending, Harness, Launched
 from .contract.kubernetes import KubernetesHarness
 from .contract.local import LocalHarness
+from .contract.slurm import SlurmHarness
 from .helpers import DEADLINE_S, wait_for
 
 #: The stand-in cluster and its S3 input, as the Kubernetes tests have them (pytest fixtures).
 kube, input_bucket = cluster.kube, cluster.input_bucket
 #: The session's own Docker daemon.
 docker_daemon = dockerd.docker_daemon
+#: The session's own SLURM cluster.
+slurm_cluster = slurm.slurm_cluster
 
 ADAPTERS = [pytest.param("fake"), pytest.param("local"), pytest.param("kubernetes", marks=pytest.mark.kube),
-            pytest.param("docker", marks=pytest.mark.docker)]
+            pytest.param("docker", marks=pytest.mark.docker), pytest.param("slurm", marks=pytest.mark.slurm)]
 #: Where every backend's results go (a bucket of moto's S3 server): a next attempt restores from it.
 RESULTS_BUCKET = "tao-results"
 
@@ -64,6 +68,8 @@ def harness(request: pytest.FixtureRequest, tmp_path: Path, submit_environ: dict
         found = LocalHarness(request.getfixturevalue("local_backend"), tmp_path, submit_environ)
     elif request.param == "docker":
         found = DockerHarness(request.getfixturevalue("docker_daemon"), tmp_path, submit_environ)
+    elif request.param == "slurm":
+        found = SlurmHarness(request.getfixturevalue("slurm_cluster"), tmp_path, submit_environ)
     else:
         found = KubernetesHarness(request.getfixturevalue("kube"), tmp_path, submit_environ)
     yield found

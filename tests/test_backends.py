@@ -20,6 +20,8 @@ from tao_data_io.backends.kubernetes.backend import KubernetesBackend
 from tao_data_io.backends.kubernetes.settings import KubernetesSettings
 from tao_data_io.backends.local.backend import LocalBackend
 from tao_data_io.backends.local.settings import LocalSettings
+from tao_data_io.backends.slurm.backend import SlurmBackend
+from tao_data_io.backends.slurm.settings import SlurmSettings
 from tao_data_io.backends.kubernetes.names import DNS_LABEL_RULE
 from tao_data_io.records import RecordStore
 from tao_data_io.steps import backend_of
@@ -46,7 +48,11 @@ KUBERNETES = {"namespace": "tao", "context": "prod", "pvc_claim": "tao-data", "c
     ("docker", {"docker_host": "unix:///run/user/1000/docker.sock", "run_root": "/srv/tao/docker",
                 "allow_network": True, "run_as_user": 1000, "run_as_group": 1000, "gpu_devices": ["0", "GPU-8a1c-44"],
                 "pids_limit": 4096, "log_limit": "16Mi", "cancel_grace_seconds": 10}),
-], ids=["local", "kubernetes", "docker"])
+    ("slurm", {"slurm_conf": "/etc/slurm/slurm.conf", "run_root": "/lustre/tao/runs", "shared_roots": ["/lustre/datasets"],
+               "container_runtime": "bubblewrap", "partition": "gpu", "account": "vision", "qos": "normal",
+               "reservation": "tao", "exclusive": True, "gres_name": "gpu", "extra_options": {"constraint": "ib"},
+               "allow_network": False, "run_as_user": 1000, "run_as_group": 1000, "cancel_grace_seconds": 10}),
+], ids=["local", "kubernetes", "docker", "slurm"])
 def test_a_backends_recorded_config_is_its_settings_and_rebuilds_an_equal_backend(platform: str,
                                                                                  config: dict[str, Any]) -> None:
     backend = backend_for(platform, config)
@@ -61,8 +67,10 @@ def test_the_backends_are_built_from_their_settings_model() -> None:
     assert KubernetesBackend(kubernetes).config() == kubernetes.model_dump(mode="json")
     docker = DockerSettings(run_root="/srv/docker", docker_host="unix:///var/run/docker.sock")
     assert DockerBackend(docker).config() == docker.model_dump(mode="json")
-    assert ((LocalBackend.name, KubernetesBackend.name, DockerBackend.name) == ("local", "kubernetes", "docker")
-            == tuple(platforms()))
+    slurm = SlurmSettings(run_root="/lustre/runs", slurm_conf="/etc/slurm/slurm.conf")
+    assert SlurmBackend(slurm).config() == slurm.model_dump(mode="json")
+    assert ((LocalBackend.name, KubernetesBackend.name, DockerBackend.name, SlurmBackend.name)
+            == ("local", "kubernetes", "docker", "slurm") == tuple(platforms()))
 
 
 def test_a_run_root_given_now_wins_over_the_recorded_one(tmp_path: Path) -> None:
@@ -81,7 +89,7 @@ def test_a_run_root_given_now_wins_over_the_recorded_one(tmp_path: Path) -> None
 
 
 def test_the_fake_is_no_platform_of_the_product() -> None:
-    with pytest.raises(UsageError, match="platform 'fake' is not a backend: use 'local', 'kubernetes' or 'docker'"):
+    with pytest.raises(UsageError, match="platform 'fake' is not a backend: use 'local', 'kubernetes', 'docker' or 'slurm'"):
         backend_for("fake", {"results_root": "/tmp/results"})
 
 

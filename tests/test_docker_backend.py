@@ -49,7 +49,7 @@ from tao_data_io.transfer.client import make_s3_client
 from . import docker_daemon as dockerd
 from .contract.docker import dataset, derived_image, swap_before_start
 from .contract.harness import Launched, launch_through_steps
-from .helpers import live_processes, wait_for
+from .helpers import holding, live_processes, wait_for
 
 #: The session's own dockerd (a pytest fixture of tests/docker_daemon.py).
 docker_daemon = dockerd.docker_daemon
@@ -281,31 +281,6 @@ def test_gpus_go_by_device_id_disjoint_per_rank_and_never_more_than_the_target_l
 
 
 # ----------------------------------------------------------------------------- 2. no credential in the configuration
-def regular_files(root: Path) -> Iterator[Path]:
-    """Every regular file under ``root``, no symlink followed, nothing that could block (a FIFO)."""
-    for directory, _, names in os.walk(root):
-        for name in names:
-            path = Path(directory) / name
-            try:
-                if stat.S_ISREG(os.lstat(path).st_mode):
-                    yield path
-            except OSError:
-                continue
-
-
-def holding(roots: Sequence[Path], value: bytes) -> list[str]:
-    """The regular files under ``roots`` whose bytes hold ``value``."""
-    found = []
-    for root in roots:
-        for path in regular_files(root):
-            try:
-                if value in path.read_bytes():
-                    found.append(str(path))
-            except OSError:
-                continue
-    return found
-
-
 def credential_dirs() -> list[Path]:
     return sorted(Path("/dev/shm").glob("tao-data-io-docker-*"))
 

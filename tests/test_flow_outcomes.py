@@ -68,7 +68,7 @@ def test_the_resync_records_the_end_of_a_job_nothing_collects_and_says_what_to_d
     assert line.level == (20 if outcome == "COMPLETE" else WARNING)
     assert f"collect-tao-job with job_id {job}" in line.message
     report = str(by_key(artifacts(state), f"ended-{job}").data)
-    assert f"Job `{job}` ended {outcome}" in report and f"collect-tao-job" in report and f"`{job}`" in report
+    assert f"Job `{job}` ended {outcome}" in report and "collect-tao-job" in report and f"`{job}`" in report
     assert "exit code" in report
 
     again = resync_tao_outputs(target=target, records=records, settle_seconds=0, return_state=True)

@@ -99,7 +99,7 @@ def test_what_the_job_writes_in_status_json_is_masked_before_it_becomes_an_artif
 @pytest.mark.parametrize("limit", [4, 5, 6, 7, 11])
 def test_a_log_followed_in_pieces_comes_out_whole_even_when_a_piece_ends_inside_a_character(
         tmp_path: Path, text: str, limit: int) -> None:
-    from tao_data_io.backends.local.joblog import JobLog, lines_since
+    from tao_data_io.launch.joblog import JobLog, lines_since
 
     log = tmp_path / "rank-0.log"
     log.write_bytes((text + "\n").encode())

@@ -33,12 +33,12 @@ from tao_data_io.launch.backend import Backend
 from tao_data_io.launch.plan import PROBE_DIR, LaunchPlan
 from tao_data_io.launch.rendezvous import MASTER_PORT
 from tao_data_io.backends.local.backend import LocalBackend, _ended
-from tao_data_io.backends.local.tools import BWRAP_INSTALL, find_tool
+from tao_data_io.launch.tools import BWRAP_INSTALL, find_tool
 from tao_data_io.launch.sources import Bind
-from tao_data_io.backends.local.sandbox import (FRAME_PATH, MASTER_ADDR, Host, Namespaces, SystemDir, frame_argv,
+from tao_data_io.launch.sandbox import (FRAME_PATH, MASTER_ADDR, Host, Namespaces, SystemDir, frame_argv,
                                        frame_binds, frame_env, host_system_dirs)
 from tao_data_io.backends.local.rundir import ExitRecord, RunDir
-from tao_data_io.backends.local.run_as import RunAs
+from tao_data_io.launch.run_as import RunAs
 from tao_data_io.backends.local.settings import LocalSettings
 from tao_data_io.records import OutputRoute
 

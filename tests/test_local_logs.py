@@ -12,7 +12,7 @@ import pytest
 from tao_data_io.redaction import Redactor
 from tao_data_io.launch.backend import TAIL_BYTES
 from tao_data_io.backends.local.backend import LocalBackend
-from tao_data_io.backends.local.joblog import JobLog, LogWriter, lines_since
+from tao_data_io.launch.joblog import JobLog, LogWriter, lines_since
 from tao_data_io.backends.local.settings import LocalSettings
 from tao_data_io.quantities import quantity_bytes
 

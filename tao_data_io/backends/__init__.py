@@ -29,7 +29,8 @@ from ..launch.platform import ENTRY_POINTS, Platform
 from ..reporting import said_list
 
 #: The backends this distribution brings, by the package that declares each (``PLATFORM``).
-BUILTIN = ("tao_data_io.backends.local", "tao_data_io.backends.kubernetes", "tao_data_io.backends.docker")
+BUILTIN = ("tao_data_io.backends.local", "tao_data_io.backends.kubernetes", "tao_data_io.backends.docker",
+           "tao_data_io.backends.slurm")
 
 log = logging.getLogger(__name__)
 _added: dict[str, Platform] = {}

@@ -100,6 +100,13 @@ class FailureAnalysis(Strict):
                    "shorter (fewer epochs); its results so far were kept")
 
 
+def error_status(err_class: ErrClass, reason: str, suggestion: str, code: int | None = None
+                 ) -> tuple[JobStatus, FailureAnalysis]:
+    """An ERROR status and its analysis, saying the same reason: how a backend reports a job that failed."""
+    analysis = FailureAnalysis(err_class=err_class, reason=reason, suggestion=suggestion)
+    return JobStatus(state="ERROR", message=reason, exit_code=code, err_class=err_class), analysis
+
+
 #: The most of a job's log one look returns (per rank): a job that prints faster than the
 #: flow looks is shown in pieces, never all at once.
 FOLLOW_BYTES = 64 * 1024

@@ -27,9 +27,11 @@ error text), which the launch stores in the job record.
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -269,6 +271,17 @@ def parse_probe_output(output: str, checks: list[Check], exit_code: int | None =
     return Verdict(ok=lines_ok, checks=ordered)
 
 
+def ranks_verdict(verdicts: list[Verdict]) -> Verdict:
+    """One verdict of a job's ranks' (each rank's, in rank order): ok when every one is; each
+    check's detail, and each error, saying ``rank N:`` when there are several."""
+    if len(verdicts) == 1:
+        return verdicts[0]
+    return Verdict(ok=all(v.ok for v in verdicts), error="; ".join(
+        f"rank {rank}: {v.error}" for rank, v in enumerate(verdicts) if v.error) or None, checks=[
+        check.model_copy(update={"detail": f"rank {rank}: {check.detail}"})
+        for rank, v in enumerate(verdicts) for check in v.checks])
+
+
 def with_persistence(verdict: Verdict, results_dir: str, seen_outside: bool, detail: str) -> Verdict:
     """Add the persistence check the backend made from outside the frame."""
     check = CheckResult(kind="persistent", path=results_dir, ok=seen_outside, detail=detail, subject="results")
@@ -290,3 +303,20 @@ def _unshown(more: tuple[int, int] | None, missing: int) -> tuple[bool, str]:
 
 def _line(check: CheckResult) -> str:
     return f"{LINE_PREFIX}\t{'ok' if check.ok else 'fail'}\t{check.kind}\t{check.path}\t{check.detail}\n"
+
+
+def remove_token(results: Path) -> None:
+    """Remove the persistence token (:data:`TOKEN_FILE`) the probe left in the results directory at
+    ``results`` once the host has read it, never through a link: a job's results hold no trace
+    of the check."""
+    try:
+        fd = os.open(results, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.unlink(TOKEN_FILE, dir_fd=fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+

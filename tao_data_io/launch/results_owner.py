@@ -31,6 +31,7 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from ..console import shown
 from ..errors import BackendError
@@ -223,3 +224,17 @@ def _opened(name: str, parent: int) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
+
+
+def take_back_results(results: Path) -> list[str]:
+    """The results directory at ``results`` (never through a link), the job's no more
+    (:func:`take_back`), given to this backend's user when it runs as root."""
+    try:
+        fd = os.open(results, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return [f"the results directory could not be taken back: {exc.strerror}"]
+    try:
+        return take_back(fd, (os.geteuid(), os.getegid()) if os.geteuid() == 0 else None)
+    finally:
+        os.close(fd)
+

@@ -10,20 +10,41 @@ whichever backend writes the records in it; what records it holds is each backen
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
 from ..errors import UsageError
 from ..fs.atomic import atomic_write
+from ..fs.reading import read_job_file
+from ..names import is_job_id
+from ..schema import Strict
 from ..vocabulary import TERMINAL_STATES
+from .backend import FailureAnalysis, JobStatus
+from .plan import LaunchPlan
+from .training import STATUS_FILE, STATUS_TAIL_BYTES
 
 Model = TypeVar("Model", bound=BaseModel)
 ATTEMPTS = "attempts"
 
 
-class RunFiles:
+class LaunchRecord(Strict):
+    """What every such backend's launch record holds (each adds its own): the plan submit ran, and
+    where on this host the job writes its results."""
+
+    plan: LaunchPlan
+    #: The host directory the job's frame writes at ``plan.results_dir``.
+    results_host: str
+
+
+Record = TypeVar("Record", bound=LaunchRecord)
+
+
+class RunFiles(Generic[Record]):
     """``<run root>/<job id>/run``: its lock, its launch record, and the records a backend adds."""
+
+    #: The backend's launch record.
+    launch_model: ClassVar[type[LaunchRecord]]
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -38,6 +59,10 @@ class RunFiles:
         """Whole or not at all; not ``durable`` (no directory fsync): the processes a record
         describes do not survive a power loss either."""
         atomic_write(path, record.model_dump_json(indent=2).encode() + b"\n", mode=0o600)
+
+    def launch(self) -> Record | None:
+        """The launch record, once submit wrote it."""
+        return read_record(self.launch_file, self.launch_model)  # type: ignore[return-value]  # launch_model is Record
 
     def put_away(self, attempt: int, state: str, ref: str) -> None:
         """Move attempt ``attempt``'s files into ``attempts/<n>/`` for the next attempt to start
@@ -60,3 +85,63 @@ def read_record(path: Path, model: type[Model]) -> Model | None:
     except FileNotFoundError:
         return None
     return model.model_validate_json(data)
+
+
+Run = TypeVar("Run", bound=RunFiles)  # type: ignore[type-arg]  # any backend's run directory
+
+
+class RunRoot(Generic[Run, Record]):
+    """The calls of a backend that keeps each job's run directory under a run root on this host
+    (the local frame, Docker, SLURM's shared filesystem), written once for all of them: a job's
+    ref is ``<namespace>/<job id>``, its run directory ``<run root>/<job id>/run``, its results
+    where its launch record says, TAO's ``status.json`` read there as a job's file is."""
+
+    #: The ``backend_ref`` namespace, and the backend's name in messages.
+    namespace: ClassVar[str]
+    title: ClassVar[str]
+    #: The backend's run directory.
+    run_type: ClassVar[type[RunFiles]]  # type: ignore[type-arg]
+    run_root: Path
+
+    def _run_dir(self, ref: str) -> Run:
+        namespace, _, job_id = ref.partition("/")
+        if namespace != self.namespace or not is_job_id(job_id):
+            raise UsageError(f"backend ref {ref!r} is not the {self.title} backend's: it is {self.namespace}/<job id>")
+        return self.run_type(self.run_root / job_id / "run")  # type: ignore[return-value]  # run_type is Run
+
+    def _known(self, ref: str) -> Run | None:
+        run = self._run_dir(ref)
+        return run if run.launch_file.exists() else None
+
+    def _launched(self, ref: str) -> tuple[Run, Record]:
+        """The job's run directory and launch record; a usage error for a job never submitted here."""
+        run = self._known(ref)
+        launch = run.launch() if run is not None else None
+        if run is None or launch is None:
+            raise UsageError(f"{ref} is not known to the {self.title} backend under {self.run_root}")
+        return run, launch
+
+    def status(self, ref: str) -> JobStatus:
+        run = self._known(ref)
+        if run is None:
+            return JobStatus(state="UNKNOWN", message=f"{ref} is not known to the {self.title} backend under "
+                                                      f"{self.run_root}")
+        return self._outcome(run)[0]
+
+    def failure_analysis(self, ref: str) -> FailureAnalysis | None:
+        run = self._known(ref)
+        return None if run is None else self._outcome(run)[1]
+
+    def _outcome(self, run: Run) -> tuple[JobStatus, FailureAnalysis | None]:
+        """The job's state and, after an ERROR, its analysis: each backend's own reading."""
+        raise NotImplementedError
+
+    def results_path(self, ref: str) -> str | None:
+        run = self._known(ref)
+        launch = run.launch() if run is not None else None
+        return launch.results_host if launch is not None else None
+
+    def training_status(self, ref: str) -> bytes | None:
+        results = self.results_path(ref)
+        return None if results is None else read_job_file(Path(results), STATUS_FILE, limit=STATUS_TAIL_BYTES)
+

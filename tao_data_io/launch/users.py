@@ -1,7 +1,7 @@
 """Who a job runs as on the host: an unprivileged uid and gid, never root's.
 
 Why in the launch seam: every backend that runs a job on this host's kernel (the local frame,
-a Docker container without user namespaces) gives it a host uid, and a job never holds host
+a Docker container without user namespaces, a SLURM job) gives it a host uid, and a job never holds host
 root — root in a frame with every capability dropped still owns root's files and wrote the
 host-wide ``kernel.core_pattern`` through ``/proc/sys``. One rule for the ids a target may name.
 """
@@ -9,6 +9,8 @@ host-wide ``kernel.core_pattern`` through ``/proc/sys``. One rule for the ids a 
 from __future__ import annotations
 
 import os
+
+from ..errors import UsageError
 
 #: nobody:nogroup on Debian and Red Hat alike: owns nothing, so a job running as it reaches
 #: nothing of the host's that is not world-readable.
@@ -42,3 +44,19 @@ def default_ids() -> tuple[int, int]:
     if os.geteuid() == 0:
         return NOBODY, NOBODY
     return os.geteuid(), os.getegid()
+
+
+def job_ids(run_as_user: int | None, run_as_group: int | None, backend: str) -> tuple[int, int]:
+    """Whom a job of a backend that starts it as another user (Docker, SLURM) runs as: a backend
+    run by root runs it as the target's ids, else nobody; an unprivileged backend can only run
+    it as itself — so what the job writes stays its to take back and upload — and a target that
+    names someone else is refused, naming the field."""
+    me = os.geteuid()
+    if me == 0:
+        return run_as_user or NOBODY, run_as_group or NOBODY
+    for field, asked, mine in (("run_as_user", run_as_user, me), ("run_as_group", run_as_group, os.getegid())):
+        if asked is not None and asked != mine:
+            raise UsageError(f"{field} is {asked}, but this {backend} backend runs as uid {me}: its jobs run as it, so "
+                             f"their results stay its to take back and upload. Leave {field} empty, or run the "
+                             "backend as root")
+    return me, os.getegid()

@@ -54,18 +54,18 @@ from ...launch.backend import (
     LogChunk,
     Submission,
     Waits,
+    error_status,
     polls,
 )
 from ...launch.binding import BoundSource, open_source
 from ...launch.plan import LaunchPlan
+from ...launch.rundir import RunRoot
 from ...launch.probe import (PROBE_SCRIPT, TOKEN_FILE, CheckResult, Verdict, checklist, checklist_text, parse_probe_output,
-                             with_persistence)
-from ...launch.results_owner import hand_over_checked, take_back
+                             ranks_verdict, remove_token, with_persistence)
+from ...launch.results_owner import hand_over_checked, take_back_results
 from ...launch.sources import (SourceRules, check_binds, check_paths, check_results_mount, check_results_ours,
                                host_source_rules, mark_state_root, plan_binds)
-from ...launch.training import STATUS_FILE, STATUS_TAIL_BYTES
-from ...launch.users import NOBODY
-from ...names import is_job_id
+from ...launch.users import job_ids
 from ...outputs import restore_results
 from ...quantities import cpu_millicores, quantity_bytes
 from ...tier import ClusterFacts
@@ -94,7 +94,10 @@ _DOCKER_MIN_MEMORY = 6 * 2**20
 _PROBE_BYTES = 4 * 1024 * 1024
 
 
-class DockerBackend:
+class DockerBackend(RunRoot[RunDir, Launch]):
+    namespace = NAMESPACE
+    title = 'Docker'
+    run_type = RunDir
     name = DockerSettings.platform
     capabilities = PLATFORM.capabilities
 
@@ -151,18 +154,8 @@ class DockerBackend:
                              "allow it (allow_network)")
 
     def _ids(self) -> tuple[int, int]:
-        """Who the job's containers run as (see :class:`.settings.DockerSettings`): an
-        unprivileged backend runs them as itself, so what they write stays its to upload."""
-        me = os.geteuid()
-        if me == 0:
-            return (self.settings.run_as_user or NOBODY, self.settings.run_as_group or NOBODY)
-        for field, asked, mine in (("run_as_user", self.settings.run_as_user, me),
-                                   ("run_as_group", self.settings.run_as_group, os.getegid())):
-            if asked is not None and asked != mine:
-                raise UsageError(f"{field} is {asked}, but this backend runs as uid {me}: its jobs run as it, so their "
-                                 f"results stay its to take back and upload. Leave {field} empty, or run the backend "
-                                 "as root")
-        return me, os.getegid()
+        """Who the job's containers run as (:func:`~tao_data_io.launch.users.job_ids`)."""
+        return job_ids(self.settings.run_as_user, self.settings.run_as_group, "Docker")
 
     def _ping(self) -> None:
         try:
@@ -243,7 +236,7 @@ class DockerBackend:
         with file_lock(run.lock):
             existing = run.launch()
             if existing is not None and existing.plan.attempt < plan.attempt:
-                run.put_away(existing.plan.attempt, self._outcome(run, existing, locked=True)[0].state, ref)
+                run.put_away(existing.plan.attempt, self._outcome(run, locked=True)[0].state, ref)
                 existing = None
             if existing is not None:
                 if existing.plan != plan:
@@ -411,7 +404,7 @@ class DockerBackend:
             ended = run.ended()
             if ended is not None:
                 return Verdict(ok=False, error="the job was canceled before its verdict" if run.canceled()
-                               else self._outcome(run, launch)[0].message or "the job ended before its verdict")
+                               else self._outcome(run)[0].message or "the job ended before its verdict")
             reports = [self._report(run, rank) for rank in range(launch.plan.nodes)]
             if all(report is not None for report in reports):
                 return self._judge(run, launch, [report for report in reports if report is not None])
@@ -451,19 +444,13 @@ class DockerBackend:
         checks, _ = checklist(launch.plan, launch.token)
         verdicts = [self._bound(launch, rank, parse_probe_output(output, checks, code))
                     for rank, (output, code) in enumerate(reports)]
-        if len(verdicts) == 1:
-            verdict = verdicts[0]
-        else:
-            verdict = Verdict(ok=all(v.ok for v in verdicts), error="; ".join(
-                f"rank {rank}: {v.error}" for rank, v in enumerate(verdicts) if v.error) or None, checks=[
-                check.model_copy(update={"detail": f"rank {rank}: {check.detail}"})
-                for rank, v in enumerate(verdicts) for check in v.checks])
+        verdict = ranks_verdict(verdicts)
         token = read_job_file(Path(launch.results_host), TOKEN_FILE, limit=256)
         seen = token == launch.token.encode()
         verdict = with_persistence(verdict, launch.plan.results_dir, seen,
                                    "the token the probe wrote was seen on this host" if seen else
                                    f"the token the probe wrote is not in {launch.results_host} on this host")
-        _remove_token(Path(launch.results_host))
+        remove_token(Path(launch.results_host))
         with file_lock(run.lock):
             recorded = run.verdict()
             if recorded is not None:
@@ -514,24 +501,12 @@ class DockerBackend:
         return Verdict(ok=verdict.ok and all(r.ok for r in results), checks=[*verdict.checks, *results],
                        error=verdict.error)
 
-    def status(self, ref: str) -> JobStatus:
-        run = self._known(ref)
-        if run is None:
-            return JobStatus(state="UNKNOWN", message=f"{ref} is not known to the Docker backend under {self.run_root}")
-        launch = run.launch()
-        assert launch is not None
-        return self._outcome(run, launch)[0]
-
-    def failure_analysis(self, ref: str) -> FailureAnalysis | None:
-        run = self._known(ref)
-        launch = run.launch() if run is not None else None
-        return None if run is None or launch is None else self._outcome(run, launch)[1]
-
-    def _outcome(self, run: RunDir, launch: Launch, *, locked: bool = False
-                 ) -> tuple[JobStatus, FailureAnalysis | None]:
+    def _outcome(self, run: RunDir, *, locked: bool = False) -> tuple[JobStatus, FailureAnalysis | None]:
         """The job's state: from how it ended once it has (:meth:`_finish` keeps that), else from
         its containers — ending the job when they say it is over (:meth:`_over`). ``locked``: the
         caller holds the run directory's lock (a submit putting an attempt away)."""
+        launch = run.launch()
+        assert launch is not None
         ended = run.ended()
         if ended is None and self._over(run, launch):
             if locked:
@@ -590,7 +565,7 @@ class DockerBackend:
                                  error=state.get("Error") or "", started=go, stopped=stopped,
                                  ran_seconds=_ran_seconds(state)))
             _save_log(container, run.saved_log(rank))
-        taken = _take_back(Path(launch.results_host))
+        taken = take_back_results(Path(launch.results_host))
         ended = Ended(ranks=ranks, taken_back=taken, vanished=vanished and not known)
         run.write(run.ended_file, ended)
         for container in containers.values():
@@ -645,15 +620,6 @@ class DockerBackend:
             return b""
         return _read_log(container, tail=tail, since=since.since() if since is not None else None)
 
-    def results_path(self, ref: str) -> str | None:
-        run = self._known(ref)
-        launch = run.launch() if run is not None else None
-        return launch.results_host if launch is not None else None
-
-    def training_status(self, ref: str) -> bytes | None:
-        results = self.results_path(ref)
-        return None if results is None else read_job_file(Path(results), STATUS_FILE, limit=STATUS_TAIL_BYTES)
-
     # ------------------------------------------------------------------ cancel
     def cancel(self, ref: str) -> bool:
         """Stop every rank (SIGTERM through Docker's init, SIGKILL after ``cancel_grace_seconds``)
@@ -680,23 +646,6 @@ class DockerBackend:
         return running
 
     # ------------------------------------------------------------------ helpers
-    def _run_dir(self, ref: str) -> RunDir:
-        namespace, _, job_id = ref.partition("/")
-        if namespace != NAMESPACE or not is_job_id(job_id):
-            raise UsageError(f"backend ref {ref!r} is not the Docker backend's: it is {NAMESPACE}/<job id>")
-        return RunDir(self.run_root / job_id / "run")
-
-    def _known(self, ref: str) -> RunDir | None:
-        run = self._run_dir(ref)
-        return run if run.launch_file.exists() else None
-
-    def _launched(self, ref: str) -> tuple[RunDir, Launch]:
-        run = self._known(ref)
-        launch = run.launch() if run is not None else None
-        if run is None or launch is None:
-            raise UsageError(f"{ref} is not known to the Docker backend under {self.run_root}")
-        return run, launch
-
     def _container(self, plan: LaunchPlan, rank: int) -> Container | None:
         """Rank ``rank``'s container of this attempt, if the daemon has it; one of that name made
         for another run root (a digest's collision) is never taken for it."""
@@ -721,20 +670,20 @@ def _ended(ended: Ended, run: RunDir, launch: Launch) -> tuple[JobStatus, Failur
     if run.canceled() is not None:
         return JobStatus(state="CANCELED", message="canceled"), None
     if ended.vanished:
-        return _error("ERR_INFRA", "the job's containers were removed outside tao-data-io (docker rm) before their end "
+        return error_status("ERR_INFRA", "the job's containers were removed outside tao-data-io (docker rm) before their end "
                       "was read", "submit again; a next attempt restores the results uploaded so far")
     broken = next((rank for rank in ended.ranks if rank.error), None)
     if broken is not None:
-        return _error("ERR_INFRA", f"rank {broken.rank}'s container could not start: {broken.error}",
+        return error_status("ERR_INFRA", f"rank {broken.rank}'s container could not start: {broken.error}",
                       _start_fix(broken.error))
     verdict = run.verdict()
     if verdict is not None and not verdict.ok:
-        return _error("ERR_INFRA", verdict.describe(), "the command never started: make every path the verdict names "
+        return error_status("ERR_INFRA", verdict.describe(), "the command never started: make every path the verdict names "
                       "readable (stage the inputs again, fix a mount's source, make the results directory writable) "
                       "and submit again")
     if verdict is None:
         said = _saved_tail(run, 0)
-        return _error("ERR_INFRA", "the job ended before its verdict" + (f": {said}" if said else ""),
+        return error_status("ERR_INFRA", "the job ended before its verdict" + (f": {said}" if said else ""),
                       "read the job's log; the image needs a POSIX sh")
     failed = [rank for rank in ended.ranks if rank.exit_code not in (0, None) and not rank.stopped]
     failed = failed or [rank for rank in ended.ranks if rank.exit_code not in (0, None)]
@@ -748,23 +697,23 @@ def _ended(ended: Ended, run: RunDir, launch: Launch) -> tuple[JobStatus, Failur
     assert code is not None
     who = f"rank {first.rank}" if plan.nodes > 1 else "the command"
     if first.oom_killed:
-        return _error("ERR_INFRA", f"{who} was killed out of memory (exit code {code}, OOMKilled) under "
+        return error_status("ERR_INFRA", f"{who} was killed out of memory (exit code {code}, OOMKilled) under "
                       f"compute_shape.memory {plan.memory or '(no limit: the host ran out)'}",
                       "raise compute_shape.memory, or lower the batch size or the data loader workers", code)
     if code == DEADLINE_EXIT and _late(first, plan):
         analysis = FailureAnalysis.deadline_passed(plan.deadline_seconds)
         return JobStatus(state="ERROR", message=analysis.reason, exit_code=code, err_class=analysis.err_class), analysis
     if code in (STOPPED_EXIT, 128 + signal.SIGKILL):
-        return _error("ERR_INFRA", f"{who} was stopped (exit code {code}) though tao-data-io did not cancel it: the "
+        return error_status("ERR_INFRA", f"{who} was stopped (exit code {code}) though tao-data-io did not cancel it: the "
                       "Docker daemon stopped or restarted, someone ran docker stop or kill, or the host ran out of "
                       "memory", "read `journalctl -u docker` and the kernel log (dmesg); submit again: a next "
                       "attempt restores the results uploaded so far", code)
     if code == SETUP_EXIT:
         said = _saved_tail(run, first.rank)
-        return _error("ERR_INFRA", f"{who}'s frame could not run the command" + (f": {said}" if said else ""),
+        return error_status("ERR_INFRA", f"{who}'s frame could not run the command" + (f": {said}" if said else ""),
                       "read the job's log", code)
     by = f", signal {signal.Signals(code - 128).name}" if code - 128 in _SIGNALS else ""
-    return _error("ERR_PROGRAM", f"{who} failed (exit code {code}{by})", "read the last lines of the job's log", code)
+    return error_status("ERR_PROGRAM", f"{who} failed (exit code {code}{by})", "read the last lines of the job's log", code)
 
 
 _SIGNALS = {int(s) for s in signal.Signals}
@@ -785,12 +734,6 @@ def _ran_seconds(state: Mapping[str, Any]) -> float | None:
     return (finished - started) / 1e9
 
 
-def _error(err_class: Any, reason: str, suggestion: str, code: int | None = None
-           ) -> tuple[JobStatus, FailureAnalysis]:
-    analysis = FailureAnalysis(err_class=err_class, reason=reason, suggestion=suggestion)
-    return JobStatus(state="ERROR", message=reason, exit_code=code, err_class=err_class), analysis
-
-
 def _start_fix(error: str) -> str:
     """What to do about the daemon's reason for not starting a container."""
     if "could not select device driver" in error or "nvidia" in error.lower():
@@ -809,18 +752,6 @@ def _touch(path: Path) -> None:
     atomic_write(path, b"", mode=0o644, replace=True)
 
 
-def _take_back(results: Path) -> list[str]:
-    """The results, the job's no more (:func:`~tao_data_io.launch.results_owner.take_back`)."""
-    try:
-        fd = os.open(results, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        return [f"the results directory could not be taken back: {exc.strerror}"]
-    try:
-        return take_back(fd, (os.geteuid(), os.getegid()) if os.geteuid() == 0 else None)
-    finally:
-        os.close(fd)
-
-
 def _identity(root: str, target: str) -> tuple[int, int] | None:
     """(device, inode) of what ``target`` is inside ``root`` (a container's root), or None."""
     try:
@@ -832,19 +763,6 @@ def _identity(root: str, target: str) -> tuple[int, int] | None:
     try:
         found = os.fstat(fd)
         return found.st_dev, found.st_ino
-    finally:
-        os.close(fd)
-
-
-def _remove_token(results: Path) -> None:
-    try:
-        fd = os.open(results, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.unlink(TOKEN_FILE, dir_fd=fd)
-    except OSError:
-        pass
     finally:
         os.close(fd)
 

@@ -15,17 +15,13 @@ from pathlib import Path
 from pydantic import Field
 
 from ...launch.binding import BoundSource
-from ...launch.plan import LaunchPlan
-from ...launch.rundir import RunFiles, read_record
+from ...launch.rundir import LaunchRecord, RunFiles, read_record
 from ...launch.probe import Verdict
 from ...schema import Strict
 
-class Launch(Strict):
+class Launch(LaunchRecord):
     """What submit decided: everything later calls need but the credential values."""
 
-    plan: LaunchPlan
-    #: The host directory bound read-write at ``plan.results_dir``.
-    results_host: str
     uid: int
     gid: int
     #: Each rank's GPUs (device ids).
@@ -69,8 +65,10 @@ class Canceled(Strict):
     requested_at: datetime
 
 
-class RunDir(RunFiles):
+class RunDir(RunFiles[Launch]):
     """Paths and records of ``<run_root>/<job id>/run``."""
+
+    launch_model = Launch
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
@@ -85,9 +83,6 @@ class RunDir(RunFiles):
 
     def saved_log(self, rank: int) -> Path:
         return self.path / f"rank-{rank}.log"
-
-    def launch(self) -> Launch | None:
-        return read_record(self.launch_file, Launch)
 
     def verdict(self) -> Verdict | None:
         return read_record(self.verdict_file, Verdict)

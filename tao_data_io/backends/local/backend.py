@@ -18,7 +18,6 @@ CLI call, a restarted Prefect worker — can follow a job submitted by another.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -31,12 +30,9 @@ from typing import Any
 from ...credentials import forwarded_values
 from ...errors import BackendError, UsageError
 from ...fs.locks import file_lock
-from ...fs.reading import read_job_file
 from ...fs.temp import remove_if_exists
 from ...launch.backend import (
     DEFAULT_VERIFY_TIMEOUT_S,
-    FOLLOW_BYTES,
-    FOLLOW_START_BYTES,
     TAIL_BYTES,
     FailureAnalysis,
     JobDocuments,
@@ -46,10 +42,9 @@ from ...launch.backend import (
     Waits,
     polls,
 )
-from ...launch.training import STATUS_FILE, STATUS_TAIL_BYTES
 from ...launch.plan import LaunchPlan
+from ...launch.rundir import RunRoot
 from ...launch.probe import Verdict
-from ...names import is_job_id
 from ...outputs import restore_results
 from ...tier import ClusterFacts
 from ...launch.sources import (SourceRules, check_binds, check_paths, check_results_mount, check_results_ours,
@@ -58,13 +53,13 @@ from . import PLATFORM
 from .preflight import check_memory_sizes, check_sandbox, host_memory_bytes, needs_nsenter
 from .process import ProcessId
 from ...launch.results_owner import hand_over_checked
-from .joblog import JobLog, lines_since, segment_bytes
+from ...launch.joblog import JobLog, follow, segment_bytes
 from .rundir import Canceled, ExitRecord, Launch, RunDir
-from .run_as import RunAs, run_as
-from .sandbox import FRAME_LANG, FRAME_PATH, Host, frame_binds, host_system_dirs
+from ...launch.run_as import RunAs, run_as
+from ...launch.sandbox import FRAME_LANG, FRAME_PATH, Host, frame_binds, host_system_dirs
 from .settings import LocalSettings
 from .supervisor import credentials_env
-from .tools import BWRAP_INSTALL, NSENTER_INSTALL, find_tool
+from ...launch.tools import BWRAP_INSTALL, NSENTER_INSTALL, find_tool
 
 #: The local backend's own ``backend_ref``: ``local/<job id>``, as records have kept it from the start
 #: (the record keeps any printable text; this backend parses its own, :meth:`LocalBackend._run_dir`).
@@ -76,11 +71,12 @@ _SUPERVISOR_START_TIMEOUT_S = 60.0
 _PACKAGE_ROOT_PATH = Path(__file__).resolve().parents[3]
 _PACKAGE_ROOT = str(_PACKAGE_ROOT_PATH)
 _LOG_LINES_IN_ERRORS = 5
-#: The cursor's key for the rank whose line the last look cut (see :meth:`LocalBackend.follow_logs`).
-_OPEN = "open"
 
 
-class LocalBackend:
+class LocalBackend(RunRoot[RunDir, Launch]):
+    namespace = NAMESPACE
+    title = 'local'
+    run_type = RunDir
     name = LocalSettings.platform
     capabilities = PLATFORM.capabilities
 
@@ -217,17 +213,6 @@ class LocalBackend:
         self.cancel(ref)
         return Verdict(ok=False, error=f"no verdict within {timeout:g}s; the job was canceled")
 
-    def status(self, ref: str) -> JobStatus:
-        run = self._known(ref)
-        if run is None:
-            return JobStatus(state="UNKNOWN", message=f"{ref} is not known to the local backend under "
-                                                      f"{self.run_root}")
-        return self._outcome(run)[0]
-
-    def failure_analysis(self, ref: str) -> FailureAnalysis | None:
-        run = self._known(ref)
-        return None if run is None else self._outcome(run)[1]
-
     def logs(self, ref: str, tail: int | None = None) -> str:
         """The command's output as kept (:mod:`.joblog`: within the target's ``log_limit``); each
         line prefixed ``[rank N]`` when there are several ranks (``tail`` lines per rank, as
@@ -243,59 +228,17 @@ class LocalBackend:
             return said[0]
         return "".join(f"[rank {rank}] {line}\n" for rank, text in enumerate(said) for line in text.splitlines())
 
-    def results_path(self, ref: str) -> str | None:
-        run = self._known(ref)
-        launch = run.launch() if run is not None else None
-        return launch.results_host if launch is not None else None
-
     def follow_logs(self, ref: str, cursor: str | None) -> LogChunk:
-        """What each rank printed since ``cursor`` (a byte offset per rank's log, which lives in
-        the run directory, out of the job's reach), ``[rank N]`` before each line when there are
-        several ranks.
-
-        A line longer than a look is shown in pieces, and a watcher masks what it is shown as one
-        stream, so a piece must be followed by its line's next piece and nothing else: a cut piece
-        ends a look (one rank's at most; another rank's waits), and the next look begins with its
-        continuation, unprefixed (the cursor says which rank's line is open)."""
+        """What each rank printed since ``cursor`` (:func:`~tao_data_io.launch.joblog.follow`: a
+        byte offset per rank's log, which lives in the run directory, out of the job's reach)."""
         run = self._known(ref)
         if run is None:
             raise UsageError(f"{ref} is not known to the local backend under {self.run_root}")
         launch = run.launch()
         assert launch is not None
-        offsets, open_rank = _cursor(cursor)
         ended = run.exit() is not None  # read first: what a look finds after it is all there is
-
-        def look(rank: int) -> str:
-            text, after = lines_since(JobLog(run.rank_log(rank), launch.log_segment), offsets.get(str(rank)),
-                                      limit=FOLLOW_BYTES, start_bytes=FOLLOW_START_BYTES, ended=ended)
-            offsets[str(rank)] = after
-            return text
-
-        if launch.plan.nodes == 1:
-            return LogChunk(text=look(0), cursor=_cursor_text(offsets, None))
-        ranks = sorted(range(launch.plan.nodes), key=lambda rank: rank != open_rank)  # the open line first
-        shown: list[str] = []
-        cut: tuple[int, str] | None = None
-        for rank in ranks:
-            before = offsets.get(str(rank))
-            text = look(rank)
-            if text.endswith("\n") or not text:
-                shown.append(_prefixed(rank, text, continues=rank == open_rank))
-            elif rank == open_rank:  # its line goes on past this look too: nothing else may come between
-                return LogChunk(text=text, cursor=_cursor_text(offsets, rank))
-            elif cut is None:
-                cut = (rank, text)
-            elif before is None:  # a second cut piece waits for a later look
-                del offsets[str(rank)]
-            else:
-                offsets[str(rank)] = before
-        if cut is not None:
-            shown.append(_prefixed(*cut, continues=False))
-        return LogChunk(text="".join(shown), cursor=_cursor_text(offsets, cut[0] if cut is not None else None))
-
-    def training_status(self, ref: str) -> bytes | None:
-        results = self.results_path(ref)
-        return None if results is None else read_job_file(Path(results), STATUS_FILE, limit=STATUS_TAIL_BYTES)
+        return follow([JobLog(run.rank_log(rank), launch.log_segment) for rank in range(launch.plan.nodes)],
+                      cursor, ended=ended)
 
     # ------------------------------------------------------------------ cancel
     def cancel(self, ref: str) -> bool:
@@ -322,16 +265,6 @@ class LocalBackend:
         return running
 
     # ------------------------------------------------------------------ helpers
-    def _run_dir(self, ref: str) -> RunDir:
-        namespace, _, job_id = ref.partition("/")
-        if namespace != NAMESPACE or not is_job_id(job_id):
-            raise UsageError(f"backend ref {ref!r} is not the local backend's: it is {NAMESPACE}/<job id>")
-        return RunDir(self.run_root / job_id / "run")
-
-    def _known(self, ref: str) -> RunDir | None:
-        run = self._run_dir(ref)
-        return run if run.launch_file.exists() else None
-
     def _outcome(self, run: RunDir) -> tuple[JobStatus, FailureAnalysis | None]:
         alive = _alive(run.supervisor())  # before the records: a dead supervisor's records are final
         ended = run.exit()
@@ -413,33 +346,3 @@ def _wait_until_ended(processes: list[ProcessId], timeout: float) -> None:
     for _ in polls(timeout):
         if not any(process.alive() for process in processes):
             return
-
-
-def _cursor(cursor: str | None) -> tuple[dict[str, int], int | None]:
-    """A cursor of :meth:`LocalBackend.follow_logs` read back — each rank's offset, and the rank
-    whose line the last look cut — anything else starts afresh."""
-    try:
-        data = json.loads(cursor) if cursor else {}
-    except ValueError:
-        return {}, None
-    if not isinstance(data, dict):
-        return {}, None
-    offsets = {str(k): v for k, v in data.items() if str(k).isdigit() and isinstance(v, int) and v >= 0}
-    open_rank = data.get(_OPEN)
-    return offsets, open_rank if isinstance(open_rank, int) and str(open_rank) in offsets else None
-
-
-def _cursor_text(offsets: dict[str, int], open_rank: int | None) -> str:
-    return json.dumps({**offsets, **({_OPEN: open_rank} if open_rank is not None else {})}, sort_keys=True)
-
-
-def _prefixed(rank: int, text: str, *, continues: bool) -> str:
-    """``text`` of ``rank`` with ``[rank N] `` before each line, but the first when it
-    ``continues`` a line an earlier look cut (its start was prefixed then); a last line without
-    its newline (cut) stays without one."""
-    lines = text.split("\n")
-    ends = lines.pop() if lines else ""  # "" after a final newline, else the cut line
-    said = [("" if n == 0 and continues else f"[rank {rank}] ") + line + "\n" for n, line in enumerate(lines)]
-    if ends:
-        said.append(("" if not said and continues else f"[rank {rank}] ") + ends)
-    return "".join(said)

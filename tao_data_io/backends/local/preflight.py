@@ -17,8 +17,8 @@ from ...errors import UsageError
 from ...launch.plan import LaunchPlan
 from ...reporting import human_size
 from ...quantities import quantity_bytes
-from .seccomp import filter_fd
-from .sandbox import FRAME_PATH, Host, frame_memory_bytes, frame_root_bytes, trivial_argv
+from ...launch.seccomp import filter_fd
+from ...launch.sandbox import FRAME_PATH, Host, frame_memory_bytes, frame_root_bytes, trivial_argv
 
 USERNS_HINT = ("bubblewrap needs user namespaces: check `sysctl user.max_user_namespaces` (must be above 0), "
                "`sysctl kernel.unprivileged_userns_clone` (Debian kernels: must be 1) and "

@@ -32,20 +32,16 @@ from pathlib import Path
 from pydantic import Field
 
 from ...launch.binding import BoundSource
-from ...launch.plan import LaunchPlan
-from ...launch.rundir import RunFiles, read_record
+from ...launch.rundir import LaunchRecord, RunFiles, read_record
 from ...launch.probe import Verdict
 from ...schema import Strict
 from .process import ProcessId
-from .run_as import RunAs
+from ...launch.run_as import RunAs
 from .supervisor import RECORD_NAME
 
-class Launch(Strict):
+class Launch(LaunchRecord):
     """What submit decided: everything the supervisor needs but the credential values."""
 
-    plan: LaunchPlan
-    #: The host directory bound read-write at ``plan.results_dir``.
-    results_host: str
     bwrap: str
     nsenter: str | None = None
     #: Who the command becomes (:mod:`.run_as`): set when the backend runs as root.
@@ -95,8 +91,10 @@ class Canceled(Strict):
     requested_at: datetime
 
 
-class RunDir(RunFiles):
+class RunDir(RunFiles[Launch]):
     """Paths and records of ``<run_root>/<job id>/run``."""
+
+    launch_model = Launch
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
@@ -111,9 +109,6 @@ class RunDir(RunFiles):
 
     def rank_log(self, rank: int) -> Path:
         return self.path / f"rank-{rank}.log"
-
-    def launch(self) -> Launch | None:
-        return read_record(self.launch_file, Launch)
 
     def verdict(self) -> Verdict | None:
         return read_record(self.verdict_file, Verdict)

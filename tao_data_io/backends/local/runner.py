@@ -48,13 +48,13 @@ from ...launch.binding import SourceChanged, open_checked, open_source
 from ...launch.plan import PROBE_DIR
 from ...launch.probe import PROBE_SCRIPT, TOKEN_FILE, Verdict, checklist, checklist_text, parse_probe_output, \
     with_persistence
-from .joblog import JobLog, LogWriter
+from ...launch.joblog import JobLog, LogWriter
 from .process import ProcessId
 from ...launch.results_owner import take_back
 from .rundir import ExitRecord, Launch, RankProcesses, Ranks, RunDir
-from .seccomp import filter_fd
+from ...launch.seccomp import filter_fd
 from ...launch.sources import Bind
-from .sandbox import Host, Namespaces, frame_argv, frame_binds, frame_env, host_system_dirs
+from ...launch.sandbox import Host, Namespaces, frame_argv, frame_binds, frame_env, host_system_dirs
 
 #: Signals are 1..64; bubblewrap reports a command killed by signal N as exit code 128 + N.
 _SIGNAL_CODES = range(129, 129 + 64)

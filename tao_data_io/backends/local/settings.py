@@ -18,7 +18,7 @@ from ...launch.backend import BackendSettings
 from ...launch.users import unprivileged_id
 from ...quantities import checked_quantity
 from ...schema import AbsolutePath
-from .joblog import DEFAULT_LOG_LIMIT, MAX_LOG_LIMIT, MIN_LOG_LIMIT
+from ...launch.joblog import DEFAULT_LOG_LIMIT, MAX_LOG_LIMIT, MIN_LOG_LIMIT
 
 ROOT_VARIABLE = "TAO_DATA_IO_LOCAL_ROOT"
 DEFAULT_ROOT = "~/.tao-data-io/local"

@@ -49,10 +49,10 @@ import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ...launch.plan import PROBE_DIR, LaunchPlan
-from ...launch.rendezvous import rendezvous_env
-from ...launch.sources import Bind, plan_binds
-from ...quantities import quantity_bytes
+from .plan import PROBE_DIR, LaunchPlan
+from .rendezvous import rendezvous_env
+from .sources import Bind, plan_binds
+from ..quantities import quantity_bytes
 from .run_as import SWITCH_CAPABILITIES, RunAs
 
 #: The host directories that make up the userland a frame runs.
@@ -159,6 +159,26 @@ def frame_argv(plan: LaunchPlan, host: Host, binds: Sequence[Bind], opened: Mapp
         argv += ["--seccomp", str(seccomp_fd)]
     prefix = host.run_as.prefix() if host.run_as is not None else []
     return argv + ["--chdir", FRAME_TMP, "--", *prefix, *command]
+
+
+def node_frame_argv(plan: LaunchPlan, host: Host, binds: Sequence[Bind], command: Sequence[str], *,
+                    share_net: bool, seccomp_fd: int) -> list[str]:
+    """The frame of :func:`frame_argv`, for a command started on another host (a SLURM node) by
+    its own unprivileged user. Two things differ, each for that host: each bind is made from its
+    source's path (no descriptor travels between hosts; the bind is made by the job's own user,
+    in its own user namespace, so a source swapped after the check gives it nothing that user
+    could not read anyway); and the command is not pid 1 — SLURM ends a step by signalling each
+    of its processes, and a namespace's init ignores a signal it has no handler for, so a shell
+    command would outlive its cancel until the kill. When the command ends, bubblewrap's own init
+    ends, and the kernel ends every process left in the frame with it."""
+    argv = [host.bwrap, *namespace_args(host, share_net=share_net), "--new-session", *capability_args(host),
+            "--hostname", plan.job_id,
+            *userland_args(host.system, root_bytes=frame_root_bytes(plan), shm_bytes=quantity_bytes(plan.shm_size))]
+    for directory in mount_parents(bind.target for bind in binds):
+        argv += ["--dir", directory]
+    for bind in binds:
+        argv += ["--ro-bind" if bind.read_only else "--bind", bind.source, bind.target]
+    return argv + ["--seccomp", str(seccomp_fd), "--chdir", FRAME_TMP, "--", *command]
 
 
 def mount_parents(targets: Iterable[str]) -> list[str]:

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import os
 
-from ...errors import UsageError
-from ...launch.users import NOBODY
-from ...schema import Strict
+from ..errors import UsageError
+from .users import NOBODY
+from ..schema import Strict
 from .tools import SETPRIV_INSTALL, find_tool
 
 #: What bubblewrap keeps for ``setpriv`` to switch the user and clear the bounding set.

@@ -18,6 +18,7 @@ A log written before logs had segments (``segment`` None) is its one file.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import stat
@@ -25,8 +26,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...redaction import cut_note
-from ...quantities import quantity_bytes
+from ..redaction import cut_note
+from .backend import FOLLOW_BYTES, FOLLOW_START_BYTES, LogChunk
+from ..quantities import quantity_bytes
 
 #: How many segments after the head are kept: with the head, the log's limit in four parts.
 TAIL_SEGMENTS = 3
@@ -37,6 +39,8 @@ MIN_LOG_LIMIT = 16 * 1024
 #: The largest: a log is the host's disk, per rank of every job.
 MAX_LOG_LIMIT = "64Gi"
 _BLOCK = 1 << 16
+#: The cursor's key for the rank whose line the last look cut (see :func:`follow`).
+_OPEN = "open"
 #: How far from a gap a line break is looked for, to drop the lines the gap cuts whole.
 _EDGE_BYTES = 1 << 16
 
@@ -336,3 +340,74 @@ def _whole_characters(data: bytes) -> int:
     first = data[lead] if data else 0
     size = 4 if first >= 0xF0 else 3 if first >= 0xE0 else 2 if first >= 0xC0 else 1
     return len(data) if lead + size <= len(data) else lead
+
+
+def follow(logs: list[JobLog], cursor: str | None, *, ended: bool) -> LogChunk:
+    """What each rank's log (``logs``, by rank) holds since ``cursor`` (a byte offset per rank;
+    None: the last lines), whole lines of :data:`FOLLOW_BYTES` at most per rank, ``[rank N]``
+    before each line when there are several ranks; ``ended``: the job has ended, read before the
+    logs — what a look finds after it is all there is.
+
+    A line longer than a look is shown in pieces, and a watcher masks what it is shown as one
+    stream, so a piece must be followed by its line's next piece and nothing else: a cut piece
+    ends a look (one rank's at most; another rank's waits), and the next look begins with its
+    continuation, unprefixed (the cursor says which rank's line is open)."""
+    offsets, open_rank = _cursor(cursor)
+
+    def look(rank: int) -> str:
+        text, after = lines_since(logs[rank], offsets.get(str(rank)), limit=FOLLOW_BYTES,
+                                  start_bytes=FOLLOW_START_BYTES, ended=ended)
+        offsets[str(rank)] = after
+        return text
+
+    if len(logs) == 1:
+        return LogChunk(text=look(0), cursor=_cursor_text(offsets, None))
+    ranks = sorted(range(len(logs)), key=lambda rank: rank != open_rank)  # the open line first
+    shown: list[str] = []
+    cut: tuple[int, str] | None = None
+    for rank in ranks:
+        before = offsets.get(str(rank))
+        text = look(rank)
+        if text.endswith("\n") or not text:
+            shown.append(_prefixed(rank, text, continues=rank == open_rank))
+        elif rank == open_rank:  # its line goes on past this look too: nothing else may come between
+            return LogChunk(text=text, cursor=_cursor_text(offsets, rank))
+        elif cut is None:
+            cut = (rank, text)
+        elif before is None:  # a second cut piece waits for a later look
+            del offsets[str(rank)]
+        else:
+            offsets[str(rank)] = before
+    if cut is not None:
+        shown.append(_prefixed(*cut, continues=False))
+    return LogChunk(text="".join(shown), cursor=_cursor_text(offsets, cut[0] if cut is not None else None))
+
+
+def _cursor(cursor: str | None) -> tuple[dict[str, int], int | None]:
+    """A cursor of :func:`follow` read back — each rank's offset, and the rank
+    whose line the last look cut — anything else starts afresh."""
+    try:
+        data = json.loads(cursor) if cursor else {}
+    except ValueError:
+        return {}, None
+    if not isinstance(data, dict):
+        return {}, None
+    offsets = {str(k): v for k, v in data.items() if str(k).isdigit() and isinstance(v, int) and v >= 0}
+    open_rank = data.get(_OPEN)
+    return offsets, open_rank if isinstance(open_rank, int) and str(open_rank) in offsets else None
+
+
+def _cursor_text(offsets: dict[str, int], open_rank: int | None) -> str:
+    return json.dumps({**offsets, **({_OPEN: open_rank} if open_rank is not None else {})}, sort_keys=True)
+
+
+def _prefixed(rank: int, text: str, *, continues: bool) -> str:
+    """``text`` of ``rank`` with ``[rank N] `` before each line, but the first when it
+    ``continues`` a line an earlier look cut (its start was prefixed then); a last line without
+    its newline (cut) stays without one."""
+    lines = text.split("\n")
+    ends = lines.pop() if lines else ""  # "" after a final newline, else the cut line
+    said = [("" if n == 0 and continues else f"[rank {rank}] ") + line + "\n" for n, line in enumerate(lines)]
+    if ends:
+        said.append(("" if not said and continues else f"[rank {rank}] ") + ends)
+    return "".join(said)

@@ -27,7 +27,7 @@ import errno
 import functools
 import os
 
-from ...errors import UsageError
+from ..errors import UsageError
 
 SECCOMP_INSTALL = "install it: apt-get install libseccomp2 (Debian, Ubuntu), dnf install libseccomp (Fedora, RHEL)"
 _CLONE_NEWUSER = 0x10000000
@@ -57,7 +57,7 @@ def _library() -> ctypes.CDLL:
     try:
         lib = ctypes.CDLL(name, use_errno=True)
     except OSError:
-        raise UsageError(f"libseccomp is not installed here, and the local backend needs it to keep a job from "
+        raise UsageError(f"libseccomp is not installed here, and a bubblewrap frame needs it to keep a job from "
                          f"making user namespaces or using the kernel keyring: {SECCOMP_INSTALL}") from None
     lib.seccomp_init.argtypes, lib.seccomp_init.restype = [ctypes.c_uint32], ctypes.c_void_p
     lib.seccomp_release.argtypes, lib.seccomp_release.restype = [ctypes.c_void_p], None

@@ -1,0 +1,284 @@
+"""What the SLURM backend writes for one job, from the plan and the target alone (pure): the batch
+script with its ``#SBATCH`` lines, the script each rank's step runs, and the container flags of
+each ``srun``.
+
+Why a script of our own, and not the TAO Execution SDK's ``timeout … ; requeue`` wrapper: its
+last test sets the job's status, so a training that failed read ``COMPLETED 0:0``. Here:
+
+* the verify probe is the job's first step, on every node, in the frame the command will run in
+  (the same container flags); the script then waits for the host's word on the shared
+  filesystem — ``go`` once the host judged every rank's report and saw the persistence token from
+  outside, ``stop`` otherwise — so a failed verdict means the command never started;
+* the command's step runs one task per node (``--kill-on-bad-exit``: one failing rank ends the
+  others, as a Job's pods end), each rank writing its own exit status (SLURM keeps none per task)
+  and its own log (``--output=…/rank-%t.log``); the script exits with the training's status —
+  the first rank that failed by itself, not one stopped because of it;
+* nothing of a value is ever in the script: variables are exported by name (``sbatch --export``,
+  the value taken from sbatch's own environment, never argv), the request's plain variables are
+  quoted whole, and every option comes from a validated field (never a shell fragment).
+
+Layout on the shared filesystem, under ``<run root>/<job id>/run``::
+
+    agent/     (read-only to the job) the batch script, the rank script, the probe, its checklist,
+               the seccomp filter of a bubblewrap frame
+    control/   (read-only to the job) where the host's ``go`` or ``stop`` appears
+    report/    (the job's) the probe's reports, each rank's exit status and log, the batch log
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ...frame import AGENT_ROOT
+from ...launch.plan import LaunchPlan
+from ...launch.rendezvous import rendezvous_env
+from ...launch.sandbox import FRAME_LANG, FRAME_PATH, FRAME_TMP, Host, node_frame_argv
+from ...launch.sources import Bind
+from ...quantities import cpu_millicores, quantity_bytes
+from .settings import SlurmSettings
+
+BATCH_FILE = "batch.sh"
+RANK_FILE = "rank.sh"
+PROBE_FILE = "probe.sh"
+CHECKLIST_FILE = "checklist"
+SECCOMP_FILE = "seccomp.bpf"
+BATCH_LOG = "batch.log"
+#: The host's word in the control directory: the command may start, may not, or the job has ended
+#: for good (a run SLURM starts again after that — a requeue the job asked for itself — runs nothing).
+GO, STOP, OVER = "go", "stop", "over"
+#: The frame's own exit statuses: the verdict failed or the frame could not be made; a rank's
+#: deadline passed (the command was ended, SIGTERM; SLURM's ``--time`` is the hard stop after it).
+SETUP_EXIT = 125
+DEADLINE_EXIT = 124
+#: A rank's files in the report directory (``N`` its ``SLURM_PROCID``).
+PROBE_REPORT, PROBE_EXIT, RANK_EXIT, RANK_LOG = "probe-{}", "probe-exit-{}", "exit-{}", "rank-{}.log"
+#: Where a frame (a pyxis container, a bubblewrap frame) sees the job's agent and report directories.
+FRAME_AGENT = f"{AGENT_ROOT}/agent"
+FRAME_REPORT = f"{AGENT_ROOT}/report"
+#: The descriptor the rank script opens the seccomp filter on, for bubblewrap's ``--seccomp``.
+SECCOMP_FD = 9
+#: What a rank's rendezvous variables take from SLURM, filled in on the node.
+_NODE_RANK = "${SLURM_NODEID}"
+_MASTER = "${TAO_DATA_IO_MASTER_ADDR}"
+
+
+@dataclass(frozen=True)
+class JobFiles:
+    """The host paths of one job's frame directories (see the module docstring)."""
+
+    agent: str
+    control: str
+    report: str
+
+
+def sbatch_options(plan: LaunchPlan, settings: SlurmSettings, files: JobFiles, *, uid: int | None,
+                   gid: int | None) -> list[str]:
+    """The batch script's ``#SBATCH`` options, one ``--name=value`` each (see the module docstring)."""
+    options = [f"--job-name={plan.job_id}", f"--output={files.report}/{BATCH_LOG}", f"--nodes={plan.nodes}",
+               "--ntasks-per-node=1", f"--chdir={files.report}", export_option(plan.forward_env)]
+    if uid is not None and gid is not None:
+        options += [f"--uid={uid}", f"--gid={gid}"]
+    # A replacement rank cannot rejoin a static rendezvous; a lone node's run resumes from its
+    # results on the shared filesystem.
+    options.append("--no-requeue" if plan.nodes > 1 else "--requeue")
+    if plan.gpus:
+        options.append(f"--gres={settings.gres_name}:{plan.gpus}")
+    if plan.deadline_seconds is not None:
+        options.append(f"--time={math.ceil(plan.deadline_seconds / 60)}")
+    if plan.memory is not None:
+        options.append(f"--mem={_mebibytes(plan.memory)}M")
+    if plan.cpu is not None:
+        options.append(f"--cpus-per-task={_cpus(plan.cpu)}")
+    for name in ("partition", "account", "qos", "reservation"):
+        value = getattr(settings, name)
+        if value:
+            options.append(f"--{name}={value}")
+    if settings.exclusive:
+        options.append("--exclusive")
+    options += [f"--{name}={value}" if value else f"--{name}" for name, value in sorted(settings.extra_options.items())]
+    return options
+
+
+def export_option(names: Sequence[str]) -> str:
+    """``sbatch --export``: only these names (their values from sbatch's own environment), or
+    none; SLURM adds its own ``SLURM_*`` variables. Never ``ALL``: the submitting host's whole
+    environment — its own cloud credentials — would reach the job."""
+    return "--export=" + (",".join(sorted(names)) if names else "NONE")
+
+
+def pyxis_flags(plan: LaunchPlan, binds: Sequence[Bind], files: JobFiles, forward: Sequence[str]) -> list[str]:
+    """One step's pyxis flags (as pyxis documents them: ``--container-image``,
+    ``--container-mounts=SRC:DST[:ro],…``, ``--container-workdir``, ``--no-container-mount-home``,
+    ``--container-env``): the request's image, each bind at its target (read-only unless it is
+    the results directory), the agent read-only and the report directory, the forwarded names'
+    values taken over the image's own (pyxis keeps an image's ENV over the host's otherwise)."""
+    mounts = [f"{bind.source}:{bind.target}" + (":ro" if bind.read_only else "") for bind in binds]
+    mounts += [f"{files.agent}:{FRAME_AGENT}:ro", f"{files.report}:{FRAME_REPORT}"]
+    flags = [f"--container-image={plan.image}", "--container-mounts=" + ",".join(mounts),
+             f"--container-workdir={FRAME_TMP}", "--no-container-mount-home"]
+    if forward:
+        flags.append("--container-env=" + ",".join(sorted(forward)))
+    return flags
+
+
+def frame_command(settings: SlurmSettings, plan: LaunchPlan, binds: Sequence[Bind], files: JobFiles,
+                  host: Host | None) -> tuple[list[str], str]:
+    """(the ``srun`` flags of each step, the argv prefix that runs a step's script in the frame)
+    for the target's runtime, and the agent directory as the frame sees it."""
+    if settings.container_runtime == "pyxis":
+        return pyxis_flags(plan, binds, files, plan.forward_env), FRAME_AGENT
+    if settings.container_runtime == "none":
+        return [], files.agent
+    assert host is not None
+    return [], FRAME_AGENT
+
+
+def bubblewrap_argv(plan: LaunchPlan, binds: Sequence[Bind], files: JobFiles, host: Host) -> list[str]:
+    """The bubblewrap frame a step's script runs in, on the node, by path (see
+    :func:`~tao_data_io.launch.sandbox.node_frame_argv`): the plan's binds, the agent read-only
+    and the report directory. A multi-node job shares the nodes' network (its ranks meet there)."""
+    frame_binds = [*binds, Bind(files.agent, FRAME_AGENT, read_only=True), Bind(files.report, FRAME_REPORT, False)]
+    frame_binds.sort(key=lambda bind: bind.target.count("/"))
+    return node_frame_argv(plan, host, frame_binds, ["/bin/sh", f"{FRAME_AGENT}/{RANK_FILE}"],
+                           share_net=plan.network or plan.nodes > 1, seccomp_fd=SECCOMP_FD)
+
+
+def batch_script(plan: LaunchPlan, settings: SlurmSettings, files: JobFiles, binds: Sequence[Bind],
+                 host: Host | None, *, uid: int | None, gid: int | None, wait_seconds: int) -> str:
+    """The whole batch script (see the module docstring)."""
+    flags, _ = frame_command(settings, plan, binds, files, host)
+    if settings.container_runtime == "bubblewrap":
+        assert host is not None
+        step = [*bubblewrap_argv(plan, binds, files, host)]
+        launch = (" ".join(shlex.quote(part) for part in step) + f" {SECCOMP_FD}<{shlex.quote(files.agent)}/"
+                  f"{SECCOMP_FILE}")
+        node = "/bin/sh -c " + shlex.quote(f'exec {launch} "$@"') + " frame"
+    elif settings.container_runtime == "none":
+        node = f"/bin/sh {shlex.quote(files.agent)}/{RANK_FILE}"
+    else:
+        node = f"/bin/sh {FRAME_AGENT}/{RANK_FILE}"
+    srun = " ".join(["srun", "--export=ALL", "--ntasks-per-node=1", f"--ntasks={plan.nodes}",
+                     *(shlex.quote(flag) for flag in flags)])
+    lines = ["#!/bin/sh", *(f"#SBATCH {option}" for option in sbatch_options(plan, settings, files, uid=uid, gid=gid))]
+    ranks = " ".join(str(rank) for rank in range(plan.nodes))
+    lines.append(BATCH_BODY.format(
+        control=shlex.quote(files.control), report=shlex.quote(files.report), wait=int(wait_seconds),
+        srun=srun, node=node, ranks=ranks, setup=SETUP_EXIT,
+        probe_step=f"{srun} --kill-on-bad-exit=0 --output={shlex.quote(files.report)}/verify-%t.log {node} verify",
+        run_step=f"{srun} --kill-on-bad-exit=1 --output={shlex.quote(files.report)}/rank-%t.log {node} run"))
+    return "\n".join(lines) + "\n"
+
+
+#: The batch script after its ``#SBATCH`` lines: it runs on the first node, as the job's user.
+BATCH_BODY = r"""# tao-data-io SLURM batch script: verify on every node, wait for the host's word, run each rank.
+set -u
+control={control} report={report}
+say() {{ echo "tao-data-io: $*" >&2; }}
+if [ -e "$control/over" ] || {{ [ -e "$control/stop" ] && [ ! -e "$control/go" ]; }}; then
+  say "this job has ended (or was stopped) for tao-data-io: a run started again after that runs nothing"; exit {setup}
+fi
+rm -f "$report"/exit-*  # a requeued run's ranks write theirs again
+if [ ! -e "$control/go" ]; then
+  {probe_step}
+  ticks=$(( {wait} * 5 ))
+  while [ ! -e "$control/go" ]; do
+    if [ -e "$control/stop" ]; then say "the verify probe failed: the command never started"; exit {setup}; fi
+    if [ "$ticks" -le 0 ]; then say "no word from the host after the verify probe: the command never started"; exit {setup}; fi
+    sleep 0.2
+    ticks=$((ticks - 1))
+  done
+fi
+first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+master=$(scontrol show node -o "$first" | tr ' ' '\n' | sed -n 's/^NodeAddr=//p')
+TAO_DATA_IO_MASTER_ADDR=${{master:-$first}}
+export TAO_DATA_IO_MASTER_ADDR
+trap 'say "asked to stop: the ranks have been signalled"' TERM
+{run_step} &
+step=$!
+while :; do
+  wait "$step"
+  code=$?
+  kill -0 "$step" 2>/dev/null || break
+done
+# The training's status: the first rank that failed by itself (143 and 137 are ranks SLURM
+# stopped because another failed), else the first that failed, else the step's.
+first_failed= stopped_failed=
+for rank in {ranks}; do
+  said=$(cat "$report/exit-$rank" 2>/dev/null) || continue
+  case "$said" in 0) ;; 137|143) stopped_failed=${{stopped_failed:-$said}} ;; *) first_failed=${{first_failed:-$said}} ;; esac
+done
+[ -n "$first_failed" ] && exit "$first_failed"
+[ -n "$stopped_failed" ] && exit "$stopped_failed"
+exit "$code"
+"""
+
+
+def rank_script(plan: LaunchPlan, *, agent: str, report: str) -> str:
+    """The script each step runs in the frame, as the job's user: ``verify`` runs the probe and
+    writes its report; ``run`` sets the frame's environment (the plan's variables, a multi-node
+    job's rendezvous variables from SLURM's own, HOME and PATH of the frame), runs the command —
+    SIGTERM handed on, ended at ``compute_shape.deadline_seconds`` (to the second, where SLURM's
+    ``--time`` counts minutes) — and writes its exit status once it ended: the command's own,
+    or :data:`DEADLINE_EXIT` once its deadline passed (a command's own 124 becomes 1). ``agent`` and ``report`` are where the frame sees them."""
+    env: dict[str, str] = {"PATH": FRAME_PATH, "LANG": FRAME_LANG, "HOME": FRAME_TMP, **plan.env}
+    dynamic: dict[str, str] = {}
+    if plan.nodes > 1:
+        for name, value in rendezvous_env(nodes=plan.nodes, gpus_per_node=plan.gpus, rank=_NODE_RANK,
+                                          master_addr=_MASTER).items():
+            (dynamic if value in (_NODE_RANK, _MASTER) else env)[name] = value
+    exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in sorted(env.items()))
+    exports += "".join(f'export {name}="{value}"\n' for name, value in sorted(dynamic.items()))
+    command = " ".join(shlex.quote(part) for part in plan.argv)
+    return RANK_BODY.format(agent=shlex.quote(agent), report=shlex.quote(report), exports=exports, command=command,
+                            probe=PROBE_FILE, checklist=CHECKLIST_FILE, setup=SETUP_EXIT, late_exit=DEADLINE_EXIT,
+                            deadline="" if plan.deadline_seconds is None else int(plan.deadline_seconds))
+
+
+RANK_BODY = r"""# tao-data-io SLURM rank: the verify probe, or the command, in this rank's frame.
+agent={agent} report={report}
+rank=${{SLURM_PROCID:-0}}
+say() {{ echo "tao-data-io: $*" >&2; }}
+case "${{1:-}}" in
+  verify)
+    /bin/sh "$agent/{probe}" "$agent/{checklist}" > "$report/probe-$rank.part" 2>/dev/null
+    printf '%s\n' "$?" > "$report/probe-exit-$rank" && mv "$report/probe-$rank.part" "$report/probe-$rank"
+    exit 0 ;;
+  run) ;;
+  *) say "unknown phase ${{1:-}}"; exit {setup} ;;
+esac
+{exports}cd "$HOME" 2>/dev/null || cd /
+stopped= late= timer=
+trap 'stopped=1; kill -TERM "$child" 2>/dev/null' TERM INT
+trap 'late=1; kill -TERM "$child" 2>/dev/null' USR1
+{command} &
+child=$!
+deadline={deadline}
+if [ -n "$deadline" ]; then
+  ( trap - TERM INT; sleep "$deadline"; kill -USR1 $$ ) &
+  timer=$!
+fi
+while :; do
+  wait "$child"
+  code=$?
+  kill -0 "$child" 2>/dev/null && continue
+  break
+done
+[ -n "$timer" ] && kill "$timer" 2>/dev/null
+if [ -n "$late" ]; then code={late_exit}
+elif [ -z "$stopped" ] && [ "$code" = {late_exit} ]; then
+  say "the command exited {late_exit}, which this frame keeps for a passed deadline; exiting 1"; code=1
+fi
+printf '%s\n' "$code" > "$report/exit-$rank"
+exit "$code"
+"""
+
+
+def _mebibytes(memory: str) -> int:
+    return max(1, math.ceil(quantity_bytes(memory) / 2**20))
+
+
+def _cpus(cpu: str) -> int:
+    return max(1, math.ceil(cpu_millicores(cpu) / 1000))

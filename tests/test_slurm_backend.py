@@ -1,0 +1,477 @@
+"""The SLURM backend's own promises (issue 43), beyond the conformance suite every backend passes:
+the batch script and pyxis's flags as generated (pure, golden), no credential value anywhere but
+the job's own environment, what is refused before anything is submitted, the states only SLURM
+has (held in the queue, canceled or requeued from outside, a lost node, its time limit), ranks
+one task per node with their rendezvous, and what a hostile or careless job or target does.
+
+Every job runs on the session's own cluster (tests/slurm_cluster.py: munged, slurmctld and two
+slurmd emulating nodes n1 and n2), in a bubblewrap frame, as nobody (``sbatch --uid``), its
+directories on the cluster's "shared filesystem", driven through the verbs' own steps."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from tao_data_io import steps
+from tao_data_io.backends.slurm.backend import SlurmBackend
+from tao_data_io.backends.slurm.commands import fields
+from tao_data_io.backends.slurm.rundir import RunDir
+from tao_data_io.backends.slurm.script import (FRAME_AGENT, FRAME_REPORT, JobFiles, batch_script, pyxis_flags,
+                                               rank_script, sbatch_options)
+from tao_data_io.backends.slurm.settings import SlurmSettings
+from tao_data_io.errors import UsageError
+from tao_data_io.launch.backend import JobStatus
+from tao_data_io.launch.plan import LaunchPlan, PlanMount
+from tao_data_io.launch.probe import Verdict
+from tao_data_io.launch.sources import Bind
+from tao_data_io.records import OutputRoute, RecordStore
+from tao_data_io.request import JobRequest
+
+from . import slurm_cluster as harness
+from .contract.harness import Launched, launch_through_steps
+from .contract.slurm import shared_dir, slurm_backend
+from .helpers import holding, wait_for
+
+#: The session's own SLURM cluster (a pytest fixture of tests/slurm_cluster.py).
+slurm_cluster = harness.slurm_cluster
+
+SHAPE: dict[str, Any] = {"gpus": 0, "memory": "64Mi", "shm_size": "16Mi", "ephemeral_storage": "16Mi"}
+IMAGE = "nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt"
+#: Shell text: write what follows into /control/$1 whole (a temp name, then renamed).
+REPORT = 'report() { name=$1; shift; printf "%s\\n" "$*" > /control/.$name && mv /control/.$name /control/$name; }\n'
+#: Shell text: wait for /control/$1.
+AWAIT = 'await() { while [ ! -e /control/$1 ]; do sleep 0.05; done; }\n'
+
+
+# ----------------------------------------------------------------------------- helpers
+@dataclass(frozen=True)
+class Job(Launched):
+    backend: SlurmBackend
+    store: RecordStore
+
+    def verify(self) -> Verdict:
+        return self.backend.verify(self.ref, self.plan)
+
+    def finished(self) -> JobStatus:
+        status = wait_for(f"{self.ref} to end", lambda: found if (found := self.backend.status(self.ref)).terminal
+                          else None, deadline_s=150)
+        steps.record_end(self.store, self.job_id, status)
+        return status
+
+    @property
+    def run(self) -> RunDir:
+        return RunDir(self.backend.run_root / self.job_id / "run")
+
+    @property
+    def slurm_id(self) -> str:
+        launch = self.run.launch()
+        assert launch is not None and launch.slurm_id is not None
+        return launch.slurm_id
+
+
+@pytest.fixture
+def shared(slurm_cluster: harness.SlurmCluster, tmp_path: Path) -> Path:
+    return shared_dir(slurm_cluster, tmp_path)
+
+
+@pytest.fixture
+def backend(slurm_cluster: harness.SlurmCluster, shared: Path) -> Iterator[SlurmBackend]:
+    """A backend with a run root of the test's own; what a failed test left is canceled."""
+    found = slurm_backend(slurm_cluster, shared)
+    yield found
+    for run in found.run_root.glob("*/run"):
+        if (run / "launch.json").exists():
+            found.cancel(f"slurm/{run.parent.name}")
+
+
+@pytest.fixture
+def control(shared: Path) -> Path:
+    """A directory every job here mounts read-write at /control (anyone may write it: the job runs as nobody)."""
+    found = shared / "control"
+    found.mkdir()
+    found.chmod(0o1777)
+    return found
+
+
+def job_request(job_id: str, script: str, *, control: Path | None = None, mounts: Sequence[Mapping[str, Any]] = (),
+                shape: Mapping[str, Any] | None = None, **fields_: Any) -> JobRequest:
+    all_mounts = [*([{"source": str(control), "target": "/control", "read_only": False}] if control else []),
+                  *mounts]
+    return JobRequest.model_validate({
+        "schema_version": "1", "job_id": job_id, "image": IMAGE, "mode": "args", "command": ["/bin/sh", "-c"],
+        "args": [script], "mounts": all_mounts, "compute_shape": {**SHAPE, **(shape or {})}, **fields_})
+
+
+def launch(backend: SlurmBackend, request: JobRequest, shared: Path, environ: Mapping[str, str] | None = None) -> Job:
+    store = RecordStore(shared / "records")
+    submission, plan, documents = launch_through_steps(request, backend, store, shared / "work", environ or {})
+    return Job(plan, documents, submission, backend, store)
+
+
+def running(backend: SlurmBackend, request: JobRequest, shared: Path,
+            environ: Mapping[str, str] | None = None) -> Job:
+    job = launch(backend, request, shared, environ)
+    verdict = job.verify()
+    assert verdict.ok, verdict.describe()
+    return job
+
+
+def seen(control: Path, name: str) -> str:
+    return wait_for(f"/control/{name} from the job", lambda: (control / name).read_text()
+                    if (control / name).exists() else None, deadline_s=150)
+
+
+def say(control: Path, name: str) -> None:
+    (control / name).write_text("")
+
+
+def job_state(cluster: harness.SlurmCluster, slurm_id: str) -> str:
+    done = cluster.run("scontrol", "show", "job", "-o", slurm_id)
+    return fields(done.stdout.strip()).get("JobState", "") if done.returncode == 0 else ""
+
+
+# ----------------------------------------------------------------------------- 1. the script, as generated
+def pure_plan(*, nodes: int = 1, gpus: int = 0, env: Mapping[str, str] | None = None,
+              forward_env: Sequence[str] = (), deadline_seconds: int | None = 3600) -> LaunchPlan:
+    return LaunchPlan(
+        job_id="train-1", image=IMAGE, argv=["train", "--epochs", "3"],
+        env={"EPOCHS": "3", "TAO_JOB_ID": "train-1", "TAO_RESULTS_DIR": "/results", **(env or {})},
+        forward_env=list(forward_env),
+        mounts=[PlanMount(origin="staged", source="data/coco", target="/data/coco", expect="dir", input="s3://b/coco/"),
+                PlanMount(origin="pre-positioned", source="/lustre/models", target="/models", input="/lustre/models")],
+        staging_root="/lustre/work/train-1", results_dir="/results",
+        route=OutputRoute(route="ephemeral", destination="ephemeral"), tier="A", gpus=gpus, nodes=nodes,
+        shm_size="1Gi", cpu="8", memory="32Gi", deadline_seconds=deadline_seconds)
+
+
+FILES = JobFiles(agent="/lustre/runs/train-1/run/agent", control="/lustre/runs/train-1/run/control",
+                 report="/lustre/runs/train-1/run/report")
+BINDS = [Bind("/lustre/work/train-1/data/coco", "/data/coco", True), Bind("/lustre/models", "/models", True),
+         Bind("/lustre/runs/train-1/results", "/results", False)]
+
+
+def headers(script: str) -> list[str]:
+    """The ``#SBATCH`` options sbatch reads: those of the comment lines before the first command."""
+    found = []
+    for line in script.splitlines()[1:]:
+        if not line.startswith("#"):
+            break
+        if line.startswith("#SBATCH "):
+            found.append(line.removeprefix("#SBATCH "))
+    return found
+
+
+def test_the_batch_options_come_from_the_request_and_the_target_and_say_each_thing_once() -> None:
+    settings = SlurmSettings(partition="gpu", account="vision", qos="high", reservation="tao", exclusive=True,
+                             extra_options={"constraint": "ib", "mem-per-gpu": "64G"})
+    options = sbatch_options(pure_plan(nodes=2, gpus=8, forward_env=["AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID"]),
+                             settings, FILES, uid=65534, gid=65534)
+    assert options == [
+        "--job-name=train-1", "--output=/lustre/runs/train-1/run/report/batch.log", "--nodes=2",
+        "--ntasks-per-node=1", "--chdir=/lustre/runs/train-1/run/report",
+        "--export=AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY", "--uid=65534", "--gid=65534", "--no-requeue",
+        "--gres=gpu:8", "--time=60", "--mem=32768M", "--cpus-per-task=8", "--partition=gpu", "--account=vision",
+        "--qos=high", "--reservation=tao", "--exclusive", "--constraint=ib", "--mem-per-gpu=64G"]
+
+
+def test_a_single_node_job_is_requeued_after_a_node_failure_and_exports_nothing_when_it_forwards_nothing() -> None:
+    options = sbatch_options(pure_plan(deadline_seconds=None), SlurmSettings(), FILES, uid=None, gid=None)
+    assert "--requeue" in options and "--export=NONE" in options
+    assert not [option for option in options if option.startswith(("--uid", "--gid", "--time", "--partition"))]
+
+
+def test_pyxis_flags_are_the_ones_pyxis_documents_for_the_image_mounts_workdir_and_forwarded_names() -> None:
+    """pyxis's documented flags (its README's srun options): ``--container-image``,
+    ``--container-mounts=SRC:DST[:ro],…``, ``--container-workdir``, ``--no-container-mount-home``,
+    ``--container-env=NAMES`` — the inputs read-only, the results writable, the agent read-only."""
+    flags = pyxis_flags(pure_plan(), BINDS, FILES, ["AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID"])
+    assert flags == [
+        f"--container-image={IMAGE}",
+        "--container-mounts=/lustre/work/train-1/data/coco:/data/coco:ro,/lustre/models:/models:ro,"
+        "/lustre/runs/train-1/results:/results,/lustre/runs/train-1/run/agent:/tao-data-io/agent:ro,"
+        "/lustre/runs/train-1/run/report:/tao-data-io/report",
+        "--container-workdir=/tmp", "--no-container-mount-home",
+        "--container-env=AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY"]
+    script = batch_script(pure_plan(), SlurmSettings(container_runtime="pyxis"), FILES, BINDS, None, uid=None,
+                          gid=None, wait_seconds=600)
+    steps_ = [line for line in script.splitlines() if line.lstrip().startswith("srun")]
+    assert len(steps_) == 2 and all("--container-image=" in step for step in steps_)  # the probe's step too
+    assert all(f"/bin/sh {FRAME_AGENT}/rank.sh" in step for step in steps_)
+
+
+@pytest.mark.parametrize("value", ["a\n#SBATCH --uid=0", "$(id)", "x'; rm -rf /; '", "`id`"])
+def test_a_plain_variable_never_becomes_an_sbatch_line_or_shell_text(value: str) -> None:
+    plan = pure_plan(env={"TAG": value})
+    script = batch_script(plan, SlurmSettings(container_runtime="pyxis"), FILES, BINDS, None, uid=None, gid=None,
+                          wait_seconds=600)
+    assert headers(script) == sbatch_options(plan, SlurmSettings(container_runtime="pyxis"), FILES, uid=None, gid=None)
+    assert value not in script  # the variable lives in the rank's script only
+    rank = rank_script(plan, agent=FRAME_AGENT, report=FRAME_REPORT)
+    done = subprocess.run(["sh", "-c", rank.split("cd \"$HOME\"")[0].split("esac\n", 1)[1] + 'printf %s "$TAG"'],
+                          capture_output=True, text=True, check=True)
+    assert done.stdout == value
+
+
+@pytest.mark.parametrize(("field", "value", "named"), [
+    ("extra_options", {"constraint": "ib\n#SBATCH --uid=0"}, "one word"),
+    ("extra_options", {"constraint": "ib gpu"}, "one word"),
+    ("extra_options", {"uid": "0"}, "sets itself"),
+    ("extra_options", {"--export": "ALL"}, "sets itself"),
+    ("extra_options", {"wrap": "id"}, "sets itself"),
+    ("extra_options", {"Bad_Name": "x"}, "option's name"),
+    ("partition", "gpu\n#SBATCH --uid=0", "not a SLURM name"),
+    ("account", "a b", "not a SLURM name"),
+    ("run_as_user", 0, "root"),
+])
+def test_a_target_field_that_could_add_an_sbatch_line_or_undo_a_guarantee_is_refused(
+        field: str, value: Any, named: str) -> None:
+    with pytest.raises(ValidationError, match=named):
+        SlurmSettings(**{field: value})
+
+
+def test_no_forwarded_value_is_ever_in_a_script_only_its_name() -> None:
+    plan = pure_plan(forward_env=["TAO_TEST_TOKEN"])
+    script = batch_script(plan, SlurmSettings(container_runtime="pyxis"), FILES, BINDS, None, uid=None, gid=None,
+                          wait_seconds=600)
+    assert "--export=TAO_TEST_TOKEN" in script and "--container-env=TAO_TEST_TOKEN" in script
+    assert "TAO_TEST_TOKEN" not in rank_script(plan, agent=FRAME_AGENT, report=FRAME_REPORT)
+
+
+# ----------------------------------------------------------------------------- 2. credentials
+def test_a_forwarded_credential_reaches_the_command_and_no_file_argv_log_or_record(
+        slurm_cluster: harness.SlurmCluster, backend: SlurmBackend, control: Path, shared: Path) -> None:
+    """The value reaches the command (compared by digest, never printed), yet neither the batch
+    script as slurmctld keeps it (``scontrol write batch_script``), the slurmd spools, the run
+    root, the records, the job's logs, nor any process's argv while it runs holds it. slurmctld
+    keeps the job's environment in its state directory (SLURM's own design), root's alone."""
+    value = f"tao-cred-{secrets.token_hex(12)}"
+    digest = hashlib.sha256(value.encode()).hexdigest()
+    script = REPORT + AWAIT + f"""
+        if [ "$(printf %s "$TAO_TEST_TOKEN" | sha256sum | cut -c1-64)" = {digest} ]; then got=yes; else got=no; fi
+        echo "received: $got"
+        report received "$got"
+        await finish
+    """
+    job = running(backend, job_request("cred-1", script, control=control, forward_env=["TAO_TEST_TOKEN"]), shared,
+                  {"TAO_TEST_TOKEN": value})
+    assert seen(control, "received") == "yes\n"
+    secret = value.encode()
+    argv = [path for path in Path("/proc").glob("[0-9]*/cmdline") if _holds(path, secret)]
+    assert argv == []
+    written = slurm_cluster.run("scontrol", "write", "batch_script", job.slurm_id, "-")
+    assert written.returncode == 0 and "#SBATCH --export=TAO_TEST_TOKEN" in written.stdout
+    assert value not in written.stdout
+    spools = slurm_cluster.root / "spool"
+    roots = [backend.run_root, shared / "records", shared / "work", spools, slurm_cluster.root / "log"]
+    assert holding(roots, secret) == []
+    kept = holding([slurm_cluster.root / "state"], secret)
+    assert all(Path(path).name == "environment" and os.stat(path).st_mode & 0o077 == 0 for path in kept), kept
+    say(control, "finish")
+    assert job.finished().state == "COMPLETE"
+    assert value not in backend.logs(job.ref) and "received: yes" in backend.logs(job.ref)
+    assert holding(roots, secret) == []
+
+
+def _holds(path: Path, value: bytes) -> bool:
+    try:
+        return value in path.read_bytes()
+    except OSError:
+        return False
+
+
+def test_the_submitting_hosts_own_environment_never_reaches_the_job(
+        slurm_cluster: harness.SlurmCluster, backend: SlurmBackend, control: Path, shared: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """sbatch's default ``--export=ALL`` would hand the job this host's whole environment (its cloud
+    credentials): only SLURM's own variables and the frame's reach it."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "host-secret-value")
+    job = running(backend, job_request("env-1", REPORT + "report env \"$(env | cut -d= -f1 | sort | tr '\\n' ' ')\"",
+                                       control=control), shared)
+    names = seen(control, "env").split()
+    assert "AWS_SECRET_ACCESS_KEY" not in names and "PATH" in names and "TAO_JOB_ID" in names
+    assert not [name for name in names if name not in ("PATH", "HOME", "LANG", "PWD", "SHLVL", "_", "OLDPWD", "HOSTNAME")
+                and not name.startswith(("SLURM", "SRUN_", "TAO_", "ENVIRONMENT", "USER", "LOGNAME", "TMPDIR"))], names
+    assert job.finished().state == "COMPLETE"
+
+
+# ----------------------------------------------------------------------------- 3. refused before anything exists
+def test_a_staging_root_not_on_the_shared_filesystem_is_refused_before_anything_is_submitted(
+        slurm_cluster: harness.SlurmCluster, shared: Path, tmp_path: Path) -> None:
+    backend = SlurmBackend(SlurmSettings(slurm_conf=str(slurm_cluster.conf), run_root=str(shared / "slurm"),
+                                         container_runtime="bubblewrap"))
+    data = shared / "data"
+    data.mkdir()
+    (data / "a.txt").write_text("a")
+    request = job_request("unshared-1", "true", mounts=[{"source": str(data), "target": "/data"}])
+    with pytest.raises(UsageError, match="shared_roots") as caught:
+        launch(backend, request, shared)
+    assert str(data) in str(caught.value) and "compute nodes" in str(caught.value)
+    assert not (backend.run_root / "unshared-1" / "run" / "launch.json").exists()
+
+
+def test_a_job_asking_for_more_nodes_than_the_cluster_has_is_refused_naming_what_sbatch_said(
+        backend: SlurmBackend, shared: Path) -> None:
+    with pytest.raises(UsageError, match="the cluster refused the job") as caught:
+        launch(backend, job_request("big-1", "true", shape={"nodes": 3}), shared)
+    assert "node" in str(caught.value).lower()
+    assert not (backend.run_root / "big-1" / "run" / "launch.json").exists()  # the job id stays free
+
+
+# ----------------------------------------------------------------------------- 4. ranks across nodes
+def test_two_ranks_run_one_per_node_with_their_rendezvous_and_a_failing_rank_names_its_own_code(
+        slurm_cluster: harness.SlurmCluster, backend: SlurmBackend, control: Path, shared: Path) -> None:
+    script = REPORT + """
+        report "rank-$NODE_RANK" "$PET_NODE_RANK $NODE_RANK $PET_NNODES $MASTER_ADDR $(id -u) $SLURMD_NODENAME"
+        if [ "$NODE_RANK" = 1 ]; then while [ ! -e /control/fail ]; do sleep 0.05; done; exit 7; fi
+        sleep 1000
+    """
+    job = running(backend, job_request("ranks-1", script, control=control, shape={"nodes": 2}), shared)
+    rank0, rank1 = seen(control, "rank-0").split(), seen(control, "rank-1").split()
+    assert rank0[:5] == ["0", "0", "2", "127.0.0.1", "65534"] and rank1[:5] == ["1", "1", "2", "127.0.0.1", "65534"]
+    assert {rank0[5], rank1[5]} == {"n1", "n2"}  # one task per node
+    say(control, "fail")
+    status = job.finished()
+    assert (status.state, status.err_class, status.exit_code) == ("ERROR", "ERR_PROGRAM", 7), status
+    assert "rank 1" in status.message
+    assert job_state(slurm_cluster, job.slurm_id) == "FAILED"
+
+
+# ----------------------------------------------------------------------------- 5. the states only SLURM has
+def test_a_held_job_reads_pending_with_the_schedulers_reason_and_a_cancel_while_pending_is_canceled(
+        slurm_cluster: harness.SlurmCluster, backend: SlurmBackend, control: Path, shared: Path) -> None:
+    job = launch(backend, job_request("held-1", REPORT + "report started yes", control=control), shared)
+    slurm_cluster.run("scontrol", "hold", job.slurm_id)
+    status = wait_for("the hold to show", lambda: found if "held" in (found := backend.status(job.ref)).message.lower()
+                      else None)
+    assert status.state == "PENDING", status
+    assert backend.cancel(job.ref) is True
+    assert job.finished().state == "CANCELED"
+    assert not (control / "started").exists()
+    assert job_state(slurm_cluster, job.slurm_id) == "CANCELLED"
+
+
+def test_a_job_canceled_outside_tao_data_io_is_an_infrastructure_error(
+        slurm_cluster: harness.SlurmCluster, backend: SlurmBackend, control: Path, shared: Path) -> None:
+    job = running(backend, job_request("scancel-1", REPORT + "report started yes; sleep 1000", control=control), shared)
+    seen(control, "started")
+    slurm_cluster.run("scancel", job.slurm_id)
+    status = job.finished()
+    assert (status.state, status.err_class) == ("ERROR", "ERR_INFRA"), status
+    assert "canceled outside tao-data-io" in status.message
+
+
+def test_a_lost_node_ends_a_multi_node_job_as_node_fail_and_requeues_a_single_node_one(
+        slurm_cluster: harness.SlurmCluster, backend: SlurmBackend, control: Path, shared: Path) -> None:
+    many = running(backend, job_request("lost-2", REPORT + 'report "up-$NODE_RANK" yes; sleep 1000',
+                                        control=control, shape={"nodes": 2}), shared)
+    seen(control, "up-0"), seen(control, "up-1")
+    one = running(backend, job_request("lost-1", REPORT + 'report "one-$SLURM_RESTART_COUNT" yes; sleep 1000',
+                                       control=control), shared)
+    seen(control, "one-")
+    node = fields(slurm_cluster.run("scontrol", "show", "job", "-o", one.slurm_id).stdout).get("NodeList", "n1")
+    slurm_cluster.down(node)
+    try:
+        status = many.finished()
+        assert (status.state, status.err_class) == ("ERROR", "ERR_INFRA"), status
+        assert "NODE_FAIL" in status.message
+        requeued = wait_for("the single-node job to be requeued", lambda: found if (
+            found := backend.status(one.ref)).state == "PENDING" else None, deadline_s=60)
+        assert requeued.state == "PENDING" and backend.status(one.ref).state not in ("CANCELED", "ERROR")
+    finally:
+        slurm_cluster.resume(node)
+
+
+def test_a_job_past_its_time_limit_reads_its_deadline_passed(
+        slurm_cluster: harness.SlurmCluster, backend: SlurmBackend, control: Path, shared: Path) -> None:
+    """A command that ignores SIGTERM outlives the frame's deadline; SLURM's ``--time`` ends it
+    (TIMEOUT, checked about once a minute): the status says the deadline passed."""
+    script = REPORT + "trap '' TERM; report started yes; while :; do sleep 1; done"
+    job = running(backend, job_request("late-1", script, control=control, shape={"deadline_seconds": 60}), shared)
+    seen(control, "started")
+    status = job.finished()
+    assert (status.state, status.err_class) == ("ERROR", "ERR_PROGRAM"), status
+    assert "deadline_seconds" in status.message
+    assert job_state(slurm_cluster, job.slurm_id) == "TIMEOUT"
+
+
+# ----------------------------------------------------------------------------- 6. what a job may do
+def test_a_job_that_requeues_itself_runs_again_and_once_ended_a_requeue_runs_nothing(
+        slurm_cluster: harness.SlurmCluster, backend: SlurmBackend, control: Path, shared: Path) -> None:
+    """A requeue is SLURM's (a node failure) or the job's own user's (``scontrol requeue``): the job waits,
+    reads PENDING (never an end), and runs again; once tao-data-io has recorded its end, a run
+    SLURM starts after that (a requeue of the finished job) runs nothing and changes no status."""
+    script = """
+        echo run >> /control/runs
+        if [ ! -e /control/again ]; then echo yes > /control/again; sleep 1000; fi
+        exit 0
+    """
+    job = running(backend, job_request("requeue-1", script, control=control), shared)
+    seen(control, "again")
+    # The job's own user asks (a bubblewrap frame cannot reach SLURM; a pyxis container or the
+    # node's own environment can).
+    as_the_job = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+    done = subprocess.run([*as_the_job, "scontrol", "requeue", job.slurm_id], env={**os.environ,
+                          **slurm_cluster.environ}, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    release_requeued(slurm_cluster, backend, job)
+    assert job.finished().state == "COMPLETE"
+    assert (control / "runs").read_text() == "run\nrun\n"
+    assert slurm_cluster.run("scontrol", "requeue", job.slurm_id).returncode == 0
+    release_requeued(slurm_cluster, backend, job)
+    wait_for("the run after the end to be over", lambda: job_state(slurm_cluster, job.slurm_id) in (
+        "COMPLETED", "FAILED") or None, deadline_s=60)
+    assert (control / "runs").read_text() == "run\nrun\n"  # nothing ran after the end
+    assert backend.status(job.ref).state == "COMPLETE"
+
+
+def release_requeued(cluster: harness.SlurmCluster, backend: SlurmBackend, job: Job) -> None:
+    """Once the job waits requeued, let it start now: SLURM holds a requeued job for a while
+    (its BeginTime), which a test does not wait out."""
+    def waiting() -> bool:
+        state = job_state(cluster, job.slurm_id)
+        if state in ("PENDING", "REQUEUED"):
+            status = backend.status(job.ref)
+            assert status.state in ("PENDING", "COMPLETE"), status  # never an end while it waits to run again
+            return True
+        return False
+    wait_for("the job to wait requeued", waiting, deadline_s=60)
+    cluster.run("scontrol", "update", f"jobid={job.slurm_id}", "starttime=now")
+
+
+def test_the_jobs_user_passes_through_its_run_directory_but_owns_only_its_report_and_results(
+        backend: SlurmBackend, control: Path, shared: Path) -> None:
+    """The job runs as nobody; the directories on the way to its files are the backend's (0711:
+    passed through, never listed, nothing renamed or replaced there), its records owner-only;
+    it owns its report directory and its results while it runs, and the results are taken back
+    at its end."""
+    job = running(backend, job_request("owned-1", REPORT + AWAIT + "report started yes; await finish",
+                                       control=control), shared)
+    seen(control, "started")
+    run = job.run
+    for directory in (run.path.parent, run.path):
+        found = os.stat(directory)
+        assert (found.st_uid, found.st_mode & 0o777) == (0, 0o711), directory
+    assert os.stat(run.launch_file).st_mode & 0o077 == 0
+    assert (os.stat(run.report).st_uid, os.stat(run.report).st_mode & 0o777) == (65534, 0o700)
+    results = Path(str(backend.results_path(job.ref)))
+    assert os.stat(results).st_uid == 65534
+    say(control, "finish")
+    assert job.finished().state == "COMPLETE"
+    assert os.stat(results).st_uid == 0
+
+
+def test_the_run_root_is_no_jobs_to_mount(backend: SlurmBackend, shared: Path) -> None:
+    (backend.run_root / "x").mkdir(parents=True)
+    with pytest.raises(UsageError, match="refused"):
+        launch(backend, job_request("mount-runs-1", "true", mounts=[{"source": str(backend.run_root / "x"),
+                                                                      "target": "/runs"}]), shared)
