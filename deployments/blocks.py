@@ -1,10 +1,12 @@
-"""Register the block types and save the blocks prefect.yaml's (and deployments/docker.yaml's) deployments name.
+"""Register the block types and save the blocks prefect.yaml's (and deployments/docker.yaml's and
+deployments/slurm.yaml's) deployments name.
 
     .venv/bin/python -m deployments.blocks [--records LOCATION] [--run-root DIR] [--staging-root DIR]
                                             [--allow-network] [--results S3_PREFIX] [--overwrite]
 
 Saves ``tao-local-target/local``, ``tao-docker-target/docker`` (the daemon of ``$DOCKER_HOST`` on the
-worker, no GPU until edited), ``tao-job-records/local`` and the ``default`` credential blocks
+worker, no GPU until edited), ``tao-slurm-target/slurm`` (the cluster of ``$SLURM_CONF``, pyxis,
+its run root to be set on the shared filesystem), ``tao-job-records/local`` and the ``default`` credential blocks
 (the standard variable names: AWS_* with the legacy TAO names behind them, HF_TOKEN, NGC_KEY),
 and with ``--results`` the ``tao-s3-bucket/results`` a Kubernetes pool keeps flow results in.
 Blocks that already exist are kept unless ``--overwrite``, so a rerun never undoes an edit made
@@ -48,6 +50,8 @@ class Defaults:
                 settings=settings_from("local", {"run_root": self.run_root, "allow_network": self.allow_network})),
             "tao-docker-target/docker": TARGETS["docker"](staging_root=self.staging_root,
                                                           settings=settings_from("docker", {})),
+            "tao-slurm-target/slurm": TARGETS["slurm"](staging_root=self.staging_root,
+                                                       settings=settings_from("slurm", {})),
             "tao-job-records/local": JobRecords(location=self.records),
             "tao-s3-credentials/default": S3EnvCredentials(),
             "tao-hugging-face-credentials/default": HuggingFaceEnvCredentials(),

@@ -204,12 +204,13 @@ def test_a_backend_from_another_distribution_has_its_target_block_and_runs_in_a_
 def test_a_platform_no_backend_has_is_refused_naming_those_there_are(toy: dict[str, str], tmp_path: Path) -> None:
     request = tmp_path / "job.yaml"
     request.write_text(yaml.safe_dump(_request(tmp_path, "no-such")))
-    unknown = _cli(toy, "submit", "--backend", "slurm", "--request", str(request))
-    assert unknown.returncode == 2 and "invalid choice: 'slurm' (choose from 'local', 'kubernetes', 'docker', 'toy')" in unknown.stderr
+    unknown = _cli(toy, "submit", "--backend", "lsf", "--request", str(request))
+    assert unknown.returncode == 2 and ("invalid choice: 'lsf' (choose from 'local', 'kubernetes', 'docker', 'slurm', "
+                                        "'toy')") in unknown.stderr
     plain = {key: value for key, value in toy.items() if key != "PYTHONPATH"} | {"PYTHONPATH": str(ROOT)}
     _cli(toy, "submit", "--backend", "toy", "--request", str(request), "--state-root", str(tmp_path / "toy"))
     without = _cli(plain, "status", "--job-id", "no-such")  # the toy uninstalled: its record names an unknown one
-    assert without.returncode == 2 and "platform 'toy' is not a backend: use 'local', 'kubernetes' or 'docker'" in without.stderr
+    assert without.returncode == 2 and "platform 'toy' is not a backend: use 'local', 'kubernetes', 'docker' or 'slurm'" in without.stderr
 
 
 def _toy_with(*changes: tuple[str, str]) -> str:

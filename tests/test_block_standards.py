@@ -18,18 +18,19 @@ from prefect.testing.standard_test_suites import BlockStandardTestSuite
 from prefect.testing.standard_test_suites import blocks as standard_suite
 
 from blocks import (DockerTarget, HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, LocalTarget, NGCEnvCredentials,
-                    S3EnvCredentials, TaoS3Bucket)
+                    S3EnvCredentials, SLURMTarget, TaoS3Bucket)
 from blocks.presentation import LOGO_FILE, LOGO_URL
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.backends.docker.settings import DockerSettings
 from tao_data_io.backends.kubernetes.settings import KubernetesSettings
 from tao_data_io.backends.local.settings import LocalSettings
+from tao_data_io.backends.slurm.settings import SlurmSettings
 
 from .fake_registries import FakeRegistries
 from .flow_helpers import REPO, name
 
 EVERY_BLOCK = [S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials, LocalTarget, KubernetesTarget, DockerTarget,
-               JobRecords, TaoS3Bucket]
+               SLURMTarget, JobRecords, TaoS3Bucket]
 
 
 def _logo_from_the_tree(url: str) -> io.BytesIO:
@@ -99,6 +100,7 @@ def example_world(prefect_harness: None, s3_server: EmbeddedS3, s3_env: dict[str
         LocalTarget: (LocalTarget(settings=LocalSettings(run_root=str(tmp_path / "runs"))), {}),
         KubernetesTarget: (KubernetesTarget(settings=KubernetesSettings(namespace="tao")), {}),
         DockerTarget: (DockerTarget(settings=DockerSettings(run_root=str(tmp_path / "docker"))), {}),
+        SLURMTarget: (SLURMTarget(settings=SlurmSettings(run_root=str(tmp_path / "slurm"))), {}),
         JobRecords: (JobRecords(location=str(tmp_path / "jobs")), {}),
         TaoS3Bucket: (TaoS3Bucket(bucket_name=bucket, bucket_folder="team"), {}),
     }

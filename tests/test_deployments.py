@@ -28,7 +28,8 @@ def deployments(prefect_file: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize(("prefect_file", "name", "pool"), [("prefect.yaml", "local", "tao-local"),
                                                             ("deployments/kubernetes.yaml", "kubernetes", "tao-k8s"),
-                                                            ("deployments/docker.yaml", "docker", "tao-docker")])
+                                                            ("deployments/docker.yaml", "docker", "tao-docker"),
+                                                            ("deployments/slurm.yaml", "slurm", "tao-slurm")])
 def test_each_flow_has_a_deployment_whose_parameters_it_takes(prefect_file: str, name: str, pool: str) -> None:
     found = deployments(prefect_file)
     assert sorted(d["entrypoint"] for d in found) == sorted(FLOWS.values())
@@ -43,7 +44,8 @@ def test_each_flow_has_a_deployment_whose_parameters_it_takes(prefect_file: str,
     assert next(d["name"] for d in found if d["entrypoint"] == FLOWS["submit-tao-job"]) == name  # the documented one
 
 
-@pytest.mark.parametrize("prefect_file", ["prefect.yaml", "deployments/kubernetes.yaml", "deployments/docker.yaml"])
+@pytest.mark.parametrize("prefect_file", ["prefect.yaml", "deployments/kubernetes.yaml", "deployments/docker.yaml",
+                                          "deployments/slurm.yaml"])
 def test_resync_runs_on_an_interval_one_at_a_time(prefect_file: str) -> None:
     resync = next(d for d in deployments(prefect_file) if d["entrypoint"] == FLOWS["resync-tao-outputs"])
     assert resync["schedules"][0]["interval"] > 0
@@ -88,7 +90,7 @@ def test_a_worker_in_its_own_namespace_may_run_flow_runs_in_the_jobs_namespace()
     assert f"PREFECT_INTEGRATIONS_KUBERNETES_OBSERVER_NAMESPACES=prefect,{pool_namespace}" in path.read_text()
 
 
-def test_the_blocks_module_saves_every_block_the_local_and_docker_deployments_name_and_a_rerun_keeps_them(
+def test_the_blocks_module_saves_every_block_the_local_docker_and_slurm_deployments_name_and_a_rerun_keeps_them(
         prefect_harness: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``python -m deployments.blocks`` (what ``make demo`` does through the API) leaves every block
     prefect.yaml's deployments name loadable, and a rerun keeps them: an edit made in the UI stays."""
@@ -99,7 +101,7 @@ def test_the_blocks_module_saves_every_block_the_local_and_docker_deployments_na
     args = ["--records", str(tmp_path / "jobs"), "--run-root", str(tmp_path / "local")]
     assert blocks.main(args) == 0
     first = dict(line.split(" ", 2)[:2][::-1] for line in capsys.readouterr().out.splitlines())
-    named = {value for prefect_file in ("prefect.yaml", "deployments/docker.yaml")
+    named = {value for prefect_file in ("prefect.yaml", "deployments/docker.yaml", "deployments/slurm.yaml")
              for deployment in deployments(prefect_file) for value in deployment["parameters"].values()}
     assert named <= set(first) and set(first.values()) <= {"saved", "kept"}
     assert all(Block.load(slug_name) for slug_name in named)

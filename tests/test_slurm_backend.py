@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from tao_data_io import steps
@@ -40,7 +41,7 @@ from tao_data_io.request import JobRequest
 from . import slurm_cluster as harness
 from .contract.harness import Launched, launch_through_steps
 from .contract.slurm import shared_dir, slurm_backend
-from .helpers import holding, wait_for
+from .helpers import STAND_IN, holding, run_cli, wait_for, write_request
 
 #: The session's own SLURM cluster (a pytest fixture of tests/slurm_cluster.py).
 slurm_cluster = harness.slurm_cluster
@@ -475,3 +476,81 @@ def test_the_run_root_is_no_jobs_to_mount(backend: SlurmBackend, shared: Path) -
     with pytest.raises(UsageError, match="refused"):
         launch(backend, job_request("mount-runs-1", "true", mounts=[{"source": str(backend.run_root / "x"),
                                                                       "target": "/runs"}]), shared)
+
+
+# ----------------------------------------------------------------------------- 7. torchrun across two nodes
+ALL_REDUCE = """
+import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+value = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(value)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()} as uid {os.getuid()} on {os.environ['SLURMD_NODENAME']}: "
+      f"all-reduced {value.item():g}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_two_nodes_all_reduce_over_gloo_through_torchrun(slurm_cluster: harness.SlurmCluster, shared: Path) -> None:
+    """torchrun on each of two nodes, told nothing but what the backend gives every rank (the
+    ``PET_*`` variables: the node count, its rank from ``SLURM_NODEID``, rank 0's node address),
+    brings up a gloo group across them: each worker sees the sum of both ranks' values. The frame
+    runs the host's Python with torch's site-packages mounted read-only from where they lie."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (make test installs it)")
+    if not Path("/usr/bin/python3.11").exists():
+        pytest.skip("the host userland has no /usr/bin/python3.11 (the ABI of the venv's torch)")
+    site_packages = Path(torch.__file__).resolve().parents[1]
+    backend = slurm_backend(slurm_cluster, shared, shared_roots=[str(shared), str(site_packages)])
+    request = JobRequest.model_validate({
+        "schema_version": "1", "job_id": "torchrun-1", "image": IMAGE, "mode": "args",
+        "command": ["/usr/bin/python3.11", "-m", "torch.distributed.run"],
+        "args": ["--no-python", "/usr/bin/python3.11", "-c", ALL_REDUCE], "environment": {"PYTHONPATH": "/opt/torch"},
+        "mounts": [{"source": str(site_packages), "target": "/opt/torch"}],
+        "compute_shape": {"nodes": 2, "gpus": 0, "memory": "1Gi", "shm_size": "16Mi", "ephemeral_storage": "64Mi"}})
+    job = launch(backend, request, shared)
+    try:
+        assert job.verify().ok
+        status = job.finished()
+        logs = backend.logs(job.ref)
+        assert status.state == "COMPLETE", (status, logs)
+    finally:
+        backend.cancel(job.ref)
+    nodes = set()
+    for rank in range(2):
+        line = next(line for line in logs.splitlines() if line.startswith(f"[rank {rank}] rank {rank} of 2 as uid 65534"))
+        assert line.endswith("all-reduced 3"), logs
+        nodes.add(line.split(" on ")[1].split(":")[0])
+    assert nodes == {"n1", "n2"}
+
+
+# ----------------------------------------------------------------------------- 8. the CLI, end to end
+def test_the_cli_stages_onto_the_shared_filesystem_submits_and_collect_uploads_from_this_host(
+        slurm_cluster: harness.SlurmCluster, shared: Path, cli_env: dict[str, str], bucket: str,
+        s3_client: Any) -> None:
+    """``submit --backend slurm --target slurm.yaml``: this host stages the S3 input into the
+    staging root on the shared filesystem, the job reads it there (no S3 inside the allocation:
+    its environment has no bucket), and ``collect`` uploads its results from this host — TAO's
+    ``.tao`` state never."""
+    target = shared / "slurm.yaml"
+    target.write_text(yaml.safe_dump({"slurm_conf": str(slurm_cluster.conf), "run_root": str(shared / "runs"),
+                                      "shared_roots": [str(shared), str(STAND_IN)],
+                                      "container_runtime": "bubblewrap", "cancel_grace_seconds": 3}))
+    request = write_request(shared / "cli-1.yaml", {
+        "schema_version": "1", "job_id": "cli-1", "image": IMAGE, "mode": "config", "config_format": "json",
+        "command": "sh /stand-in/train.sh -e {config_path}", "spec": {"data": f"s3://{bucket}/ds/"},
+        "mounts": [{"source": str(STAND_IN), "target": "/stand-in"}],
+        "environment": {"EPOCHS": "2", "EPOCH_SECONDS": "0"}, "compute_shape": SHAPE})
+    env = {**cli_env, "TAO_DATA_IO_WORKDIR": str(shared / "work")}
+    submitted = run_cli("submit", "--backend", "slurm", "--target", str(target), "--request", str(request), env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    assert (shared / "work" / "cli-1").is_dir()  # staged by this host, on the shared filesystem
+    collected = run_cli("collect", "--job-id", "cli-1", "--wait", "--poll-seconds", "0.5", env=env)
+    assert collected.returncode == 0, collected.stderr
+    assert collected.stdout.startswith("job cli-1 COMPLETE"), collected.stdout
+    keys = {item["Key"] for item in s3_client.list_objects_v2(Bucket=bucket, Prefix="results/cli-1/")["Contents"]}
+    assert {"results/cli-1/checkpoint_epoch_2.pth", "results/cli-1/status.json"} <= keys, keys
+    assert not [key for key in keys if "/.tao/" in key]
+    logs = run_cli("logs", "--job-id", "cli-1", env=env)
+    assert "epoch 2" in logs.stdout.lower(), logs.stdout

@@ -27,9 +27,10 @@ _HOLDING = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQ
 
 
 def slurm_backend(cluster: SlurmCluster, shared: Path, **settings: Any) -> SlurmBackend:
-    return SlurmBackend(SlurmSettings(slurm_conf=str(cluster.conf), run_root=str(shared / "slurm"),
-                                      shared_roots=[str(shared)], container_runtime="bubblewrap",
-                                      cancel_grace_seconds=3, **settings))
+    """A backend whose run root and shared directory are ``shared`` (``settings`` on top)."""
+    given = {"slurm_conf": str(cluster.conf), "run_root": str(shared / "slurm"), "shared_roots": [str(shared)],
+             "container_runtime": "bubblewrap", "cancel_grace_seconds": 3, **settings}
+    return SlurmBackend(SlurmSettings(**given))
 
 
 def shared_dir(cluster: SlurmCluster, tmp_path: Path) -> Path:
