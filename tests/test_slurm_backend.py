@@ -193,11 +193,12 @@ def test_a_single_node_job_is_requeued_after_a_node_failure_and_exports_nothing_
 
 def test_pyxis_flags_are_the_ones_pyxis_documents_for_the_image_mounts_workdir_and_forwarded_names() -> None:
     """pyxis's documented flags (its README's srun options): ``--container-image``,
+    ``--container-name`` (one container for the probe's and the command's steps),
     ``--container-mounts=SRC:DST[:ro],…``, ``--container-workdir``, ``--no-container-mount-home``,
     ``--container-env=NAMES`` — the inputs read-only, the results writable, the agent read-only."""
     flags = pyxis_flags(pure_plan(), BINDS, FILES, ["AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID"])
     assert flags == [
-        f"--container-image={IMAGE}",
+        f"--container-image={IMAGE}", "--container-name=tao-train-1-a1",
         "--container-mounts=/lustre/work/train-1/data/coco:/data/coco:ro,/lustre/models:/models:ro,"
         "/lustre/runs/train-1/results:/results,/lustre/runs/train-1/run/agent:/tao-data-io/agent:ro,"
         "/lustre/runs/train-1/run/report:/tao-data-io/report",
@@ -206,7 +207,7 @@ def test_pyxis_flags_are_the_ones_pyxis_documents_for_the_image_mounts_workdir_a
     script = batch_script(pure_plan(), SlurmSettings(container_runtime="pyxis"), FILES, BINDS, None, uid=None,
                           gid=None, wait_seconds=600)
     steps_ = [line for line in script.splitlines() if line.lstrip().startswith("srun")]
-    assert len(steps_) == 2 and all("--container-image=" in step for step in steps_)  # the probe's step too
+    assert len(steps_) == 2 and all("--container-name=tao-train-1-a1" in step for step in steps_)  # the probe's too
     assert all(f"/bin/sh {FRAME_AGENT}/rank.sh" in step for step in steps_)
 
 

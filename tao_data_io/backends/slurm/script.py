@@ -111,14 +111,18 @@ def export_option(names: Sequence[str]) -> str:
 
 def pyxis_flags(plan: LaunchPlan, binds: Sequence[Bind], files: JobFiles, forward: Sequence[str]) -> list[str]:
     """One step's pyxis flags (as pyxis documents them: ``--container-image``,
-    ``--container-mounts=SRC:DST[:ro],…``, ``--container-workdir``, ``--no-container-mount-home``,
-    ``--container-env``): the request's image, each bind at its target (read-only unless it is
-    the results directory), the agent read-only and the report directory, the forwarded names'
-    values taken over the image's own (pyxis keeps an image's ENV over the host's otherwise)."""
+    ``--container-name``, ``--container-mounts=SRC:DST[:ro],…``, ``--container-workdir``,
+    ``--no-container-mount-home``, ``--container-env``): the request's image, imported once and
+    named for the job's attempt, so the command's step runs in the very container the verify
+    probe's step ran in (pyxis reuses a named container within the job); each bind at its target
+    (read-only unless it is the results directory), the agent read-only and the report directory;
+    the forwarded names' values taken over the image's own (pyxis keeps an image's ENV over the
+    host's otherwise)."""
     mounts = [f"{bind.source}:{bind.target}" + (":ro" if bind.read_only else "") for bind in binds]
     mounts += [f"{files.agent}:{FRAME_AGENT}:ro", f"{files.report}:{FRAME_REPORT}"]
-    flags = [f"--container-image={plan.image}", "--container-mounts=" + ",".join(mounts),
-             f"--container-workdir={FRAME_TMP}", "--no-container-mount-home"]
+    flags = [f"--container-image={plan.image}", f"--container-name=tao-{plan.job_id}-a{plan.attempt}",
+             "--container-mounts=" + ",".join(mounts), f"--container-workdir={FRAME_TMP}",
+             "--no-container-mount-home"]
     if forward:
         flags.append("--container-env=" + ",".join(sorted(forward)))
     return flags
