@@ -167,7 +167,7 @@ def test_a_backend_from_another_distribution_runs_through_the_cli_and_the_record
     request = tmp_path / "job.yaml"
     request.write_text(yaml.safe_dump(_request(tmp_path, "toy-cli")))
     help_text = _cli(toy, "submit", "--help").stdout
-    assert "--backend {local,kubernetes,docker,toy}" in help_text and "--state-root STATE_ROOT" in help_text
+    assert "--backend {local,kubernetes,docker,slurm,toy}" in help_text and "--state-root STATE_ROOT" in help_text
     submitted = _cli(toy, "submit", "--backend", "toy", "--request", str(request), "--state-root",
                      str(tmp_path / "toy-cli"), "--greeting", "from the flags")
     assert submitted.returncode == 0, submitted.stderr
@@ -261,12 +261,12 @@ def test_a_wrong_declaration_is_left_out_naming_why_and_every_other_backend_work
     env = _install(tmp_path, _toy_with(change))
     shown = _cli(env, "submit", "--help")
     assert shown.returncode == 0, shown.stderr[-2000:]
-    assert "--backend {local,kubernetes,docker}" in shown.stdout
+    assert "--backend {local,kubernetes,docker,slurm}" in shown.stdout
     assert why in " ".join(shown.stderr.split()), shown.stderr
     blocks = subprocess.run([sys.executable, "-c", "import blocks; print(blocks.LocalTarget.get_block_type_slug(), "
                              "sorted(blocks.TARGETS))"], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert blocks.returncode == 0, blocks.stderr[-2000:]
-    assert blocks.stdout.split() == ["tao-local-target", "['docker',", "'kubernetes',", "'local']"]
+    assert blocks.stdout.split() == ["tao-local-target", "['docker',", "'kubernetes',", "'local',", "'slurm']"]
 
 
 def test_a_title_that_names_a_block_class_of_this_project_cannot_shadow_it(tmp_path: Path) -> None:
