@@ -96,9 +96,10 @@ class SlurmCluster:
     _daemons: tuple[_Daemon, ...] = field(repr=False, compare=False)
 
     @classmethod
-    def start(cls, nodes: tuple[str, ...] = NODES) -> SlurmCluster:
+    def start(cls, nodes: tuple[str, ...] = NODES, *, min_job_age: int = MIN_JOB_AGE_S) -> SlurmCluster:
         """A new cluster of ``nodes`` once they are all idle; :class:`StartFailed` (with the
-        daemons' last log lines) if not within :data:`READY_S`. Another cluster may have nodes of
+        daemons' last log lines) if not within :data:`READY_S`; slurmctld forgets an ended job
+        ``min_job_age`` seconds after its end. Another cluster may have nodes of
         the same names (its job ids start elsewhere), yet names of its own keep even each node's
         cgroup (``slurm_<node>``) apart."""
         tools = _require_host()
@@ -107,7 +108,7 @@ class SlurmCluster:
         daemons: list[_Daemon] = []
         try:
             _write_munge_key(paths)
-            _write_config(paths, nodes, tools["slurmd"])
+            _write_config(paths, nodes, tools["slurmd"], min_job_age)
             environ = _daemon_environ()
             # munged runs as the munge user, as a site runs it (it would run as root too), and owns the
             # key, socket, pid and seed files. In the foreground it logs to its output, never to a log file.
@@ -386,7 +387,7 @@ def _write_munge_key(paths: _Paths) -> None:
     os.chown(paths.munge_key, user.pw_uid, user.pw_gid)
 
 
-def _write_config(paths: _Paths, nodes: tuple[str, ...], slurmd: str) -> None:
+def _write_config(paths: _Paths, nodes: tuple[str, ...], slurmd: str, min_job_age: int) -> None:
     """slurm.conf and cgroup.conf (read from slurm.conf's directory): see the module's docstring."""
     host = socket.gethostname().split(".")[0]
     hardware = _hardware(slurmd)
@@ -417,7 +418,7 @@ def _write_config(paths: _Paths, nodes: tuple[str, ...], slurmd: str) -> None:
         "JobCompType=jobcomp/filetxt",
         f"JobCompLoc={paths.log}/jobcomp.txt",
         f"FirstJobId={random.randrange(1000, 60_000_000)}",
-        f"MinJobAge={MIN_JOB_AGE_S}",
+        f"MinJobAge={min_job_age}",
         f"KillWait={KILL_WAIT_S}",
         "SchedulerType=sched/backfill",
         # A batch job is scheduled when submitted, not up to 3 s later (the default delay, for sites

@@ -555,3 +555,26 @@ def test_the_cli_stages_onto_the_shared_filesystem_submits_and_collect_uploads_f
     assert not [key for key in keys if "/.tao/" in key]
     logs = run_cli("logs", "--job-id", "cli-1", env=env)
     assert "epoch 2" in logs.stdout.lower(), logs.stdout
+
+
+# ----------------------------------------------------------------------------- 9. once SLURM forgets
+def test_a_job_slurm_has_forgotten_without_accounting_reads_its_end_from_its_own_ranks(tmp_path: Path) -> None:
+    """Without accounting, ``sacct`` has nothing and slurmctld forgets a job ``MinJobAge`` after its
+    end: a job first looked at after that reads how it ended from its ranks' own exit files —
+    never PENDING for good, never UNKNOWN — and keeps reading it so."""
+    cluster = harness.SlurmCluster.start(nodes=("f1", "f2"), min_job_age=2)
+    try:
+        shared = cluster.shared_dir("forgotten")
+        backend = slurm_backend(cluster, shared)
+        failed = running(backend, job_request("forgotten-3", "exit 3"), shared)
+        done = running(backend, job_request("forgotten-0", "exit 0"), shared)
+        wait_for("slurmctld to forget both jobs", lambda: not any(
+            cluster.run("scontrol", "show", "job", job.slurm_id).returncode == 0 for job in (failed, done)),
+            deadline_s=120)
+        assert cluster.run("sacct", "-j", done.slurm_id).returncode != 0  # no accounting to ask
+        assert backend.status(done.ref).state == "COMPLETE"
+        status = backend.status(failed.ref)
+        assert (status.state, status.err_class, status.exit_code) == ("ERROR", "ERR_PROGRAM", 3), status
+        assert backend.status(failed.ref) == status
+    finally:
+        cluster.stop()
