@@ -333,19 +333,25 @@ def test_a_job_asking_for_more_nodes_than_the_cluster_has_is_refused_naming_what
 def test_two_ranks_run_one_per_node_with_their_rendezvous_and_a_failing_rank_names_its_own_code(
         slurm_cluster: harness.SlurmCluster, backend: SlurmBackend, control: Path, shared: Path) -> None:
     script = REPORT + """
+        echo "hello from rank $NODE_RANK"
         report "rank-$NODE_RANK" "$PET_NODE_RANK $NODE_RANK $PET_NNODES $MASTER_ADDR $(id -u) $SLURMD_NODENAME"
-        if [ "$NODE_RANK" = 1 ]; then while [ ! -e /control/fail ]; do sleep 0.05; done; exit 7; fi
+        if [ "$NODE_RANK" = 1 ]; then while [ ! -e /control/fail ]; do sleep 0.05; done; echo "rank 1 fails"; exit 7; fi
         sleep 1000
     """
     job = running(backend, job_request("ranks-1", script, control=control, shape={"nodes": 2}), shared)
     rank0, rank1 = seen(control, "rank-0").split(), seen(control, "rank-1").split()
     assert rank0[:5] == ["0", "0", "2", "127.0.0.1", "65534"] and rank1[:5] == ["1", "1", "2", "127.0.0.1", "65534"]
     assert {rank0[5], rank1[5]} == {"n1", "n2"}  # one task per node
+    first = backend.follow_logs(job.ref, None)  # each rank's own log, followed from one cursor
+    assert backend.follow_logs(job.ref, first.cursor).text == ""
     say(control, "fail")
     status = job.finished()
     assert (status.state, status.err_class, status.exit_code) == ("ERROR", "ERR_PROGRAM", 7), status
     assert "rank 1" in status.message
     assert job_state(slurm_cluster, job.slurm_id) == "FAILED"
+    shown = first.text + backend.follow_logs(job.ref, first.cursor).text
+    assert "[rank 0] hello from rank 0\n" in shown and "[rank 1] hello from rank 1\n" in shown, shown
+    assert shown.count("hello from rank 1") == 1 and "[rank 1] rank 1 fails\n" in shown, shown
 
 
 # ----------------------------------------------------------------------------- 5. the states only SLURM has
