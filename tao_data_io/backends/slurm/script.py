@@ -128,18 +128,6 @@ def pyxis_flags(plan: LaunchPlan, binds: Sequence[Bind], files: JobFiles, forwar
     return flags
 
 
-def frame_command(settings: SlurmSettings, plan: LaunchPlan, binds: Sequence[Bind], files: JobFiles,
-                  host: Host | None) -> tuple[list[str], str]:
-    """(the ``srun`` flags of each step, the argv prefix that runs a step's script in the frame)
-    for the target's runtime, and the agent directory as the frame sees it."""
-    if settings.container_runtime == "pyxis":
-        return pyxis_flags(plan, binds, files, plan.forward_env), FRAME_AGENT
-    if settings.container_runtime == "none":
-        return [], files.agent
-    assert host is not None
-    return [], FRAME_AGENT
-
-
 def bubblewrap_argv(plan: LaunchPlan, binds: Sequence[Bind], files: JobFiles, host: Host) -> list[str]:
     """The bubblewrap frame a step's script runs in, on the node, by path (see
     :func:`~tao_data_io.launch.sandbox.node_frame_argv`): the plan's binds, the agent read-only
@@ -150,29 +138,34 @@ def bubblewrap_argv(plan: LaunchPlan, binds: Sequence[Bind], files: JobFiles, ho
                            share_net=plan.network or plan.nodes > 1, seccomp_fd=SECCOMP_FD)
 
 
+def step_command(plan: LaunchPlan, settings: SlurmSettings, files: JobFiles, binds: Sequence[Bind],
+                 host: Host | None) -> tuple[list[str], str]:
+    """(the ``srun`` flags of each step, the shell text each task runs) for the target's runtime:
+    pyxis's flags and the rank script inside its container; the bubblewrap frame around it (its
+    seccomp filter opened on :data:`SECCOMP_FD`); or the rank script where it lies."""
+    if settings.container_runtime == "pyxis":
+        return pyxis_flags(plan, binds, files, plan.forward_env), f"/bin/sh {FRAME_AGENT}/{RANK_FILE}"
+    if settings.container_runtime == "none":
+        return [], f"/bin/sh {shlex.quote(files.agent)}/{RANK_FILE}"
+    assert host is not None
+    frame = " ".join(shlex.quote(part) for part in bubblewrap_argv(plan, binds, files, host))
+    seccomp = f"{SECCOMP_FD}<{shlex.quote(files.agent)}/{SECCOMP_FILE}"
+    return [], "/bin/sh -c " + shlex.quote(f'exec {frame} "$@" {seccomp}') + " frame"
+
+
 def batch_script(plan: LaunchPlan, settings: SlurmSettings, files: JobFiles, binds: Sequence[Bind],
                  host: Host | None, *, uid: int | None, gid: int | None, wait_seconds: int) -> str:
     """The whole batch script (see the module docstring)."""
-    flags, _ = frame_command(settings, plan, binds, files, host)
-    if settings.container_runtime == "bubblewrap":
-        assert host is not None
-        step = [*bubblewrap_argv(plan, binds, files, host)]
-        launch = (" ".join(shlex.quote(part) for part in step) + f" {SECCOMP_FD}<{shlex.quote(files.agent)}/"
-                  f"{SECCOMP_FILE}")
-        node = "/bin/sh -c " + shlex.quote(f'exec {launch} "$@"') + " frame"
-    elif settings.container_runtime == "none":
-        node = f"/bin/sh {shlex.quote(files.agent)}/{RANK_FILE}"
-    else:
-        node = f"/bin/sh {FRAME_AGENT}/{RANK_FILE}"
+    flags, task = step_command(plan, settings, files, binds, host)
     srun = " ".join(["srun", "--export=ALL", "--ntasks-per-node=1", f"--ntasks={plan.nodes}",
                      *(shlex.quote(flag) for flag in flags)])
+    report = shlex.quote(files.report)
     lines = ["#!/bin/sh", *(f"#SBATCH {option}" for option in sbatch_options(plan, settings, files, uid=uid, gid=gid))]
-    ranks = " ".join(str(rank) for rank in range(plan.nodes))
     lines.append(BATCH_BODY.format(
-        control=shlex.quote(files.control), report=shlex.quote(files.report), wait=int(wait_seconds),
-        srun=srun, node=node, ranks=ranks, setup=SETUP_EXIT,
-        probe_step=f"{srun} --kill-on-bad-exit=0 --output={shlex.quote(files.report)}/verify-%t.log {node} verify",
-        run_step=f"{srun} --kill-on-bad-exit=1 --output={shlex.quote(files.report)}/rank-%t.log {node} run"))
+        control=shlex.quote(files.control), report=report, wait=int(wait_seconds), setup=SETUP_EXIT,
+        ranks=" ".join(str(rank) for rank in range(plan.nodes)),
+        probe_step=f"{srun} --kill-on-bad-exit=0 --output={report}/verify-%t.log {task} verify",
+        run_step=f"{srun} --kill-on-bad-exit=1 --output={report}/rank-%t.log {task} run"))
     return "\n".join(lines) + "\n"
 
 
