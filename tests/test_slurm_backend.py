@@ -584,3 +584,39 @@ def test_a_job_slurm_has_forgotten_without_accounting_reads_its_end_from_its_own
         assert backend.status(failed.ref) == status
     finally:
         cluster.stop()
+
+
+# ----------------------------------------------------------------------------- 10. a careless target
+def test_a_pyxis_target_on_a_cluster_without_pyxis_is_refused_before_anything_is_submitted(
+        slurm_cluster: harness.SlurmCluster, shared: Path) -> None:
+    backend = slurm_backend(slurm_cluster, shared, container_runtime="pyxis")
+    with pytest.raises(UsageError, match="no --container-image") as caught:
+        launch(backend, job_request("pyxis-1", "true"), shared)
+    assert "container_runtime" in str(caught.value)
+    assert not (backend.run_root / "pyxis-1" / "run" / "launch.json").exists()
+
+
+def test_a_verify_step_whose_frame_cannot_start_fails_the_verdict_at_once_with_its_words(
+        slurm_cluster: harness.SlurmCluster, shared: Path) -> None:
+    """A frame the nodes cannot make (here pyxis's flags, which this cluster's srun does not take,
+    submitted past the preflight as a retried submit is): the batch script says which rank did not
+    report and quotes its step, and the verdict fails at once — never a wait for its timeout."""
+    checked = slurm_backend(slurm_cluster, shared)
+    job = launch(checked, job_request("no-frame-1", "true"), shared)  # a plan preflight accepted
+    checked.cancel(job.ref)
+    backend = slurm_backend(slurm_cluster, shared, container_runtime="pyxis")
+    again = job.plan.model_copy(update={"job_id": "no-frame-2"})
+    submission = backend.submit(again, environ={})
+    verdict = backend.verify(submission.backend_ref, again, timeout=60)
+    assert not verdict.ok, verdict
+    assert "did not report" in str(verdict.error) and "container-image" in str(verdict.error), verdict
+    status = backend.status(submission.backend_ref)
+    assert (status.state, status.err_class) == ("ERROR", "ERR_INFRA"), status
+
+
+def test_a_slurm_conf_that_is_not_there_is_refused_naming_the_setting(
+        slurm_cluster: harness.SlurmCluster, shared: Path) -> None:
+    backend = slurm_backend(slurm_cluster, shared, slurm_conf=str(shared / "missing.conf"))
+    with pytest.raises(UsageError, match="slurm_conf") as caught:
+        launch(backend, job_request("conf-1", "true"), shared)
+    assert "missing.conf" in str(caught.value)

@@ -114,7 +114,20 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
         self._check_runtime(plan, binds)
         self._check_shared(plan, binds)
         check_binds(plan, binds, rules)
+        self._check_cluster()
+
+    def _check_cluster(self) -> None:
+        """The cluster answers from this host, and has what the target's runtime needs."""
+        conf = self.settings.slurm_conf
+        if conf and not os.path.isfile(conf):
+            raise UsageError(f"slurm_conf {conf!r} is not a file on this host: give the cluster's slurm.conf (scontrol "
+                             "show config prints its path on a host that reaches the cluster), or leave slurm_conf "
+                             "empty for $SLURM_CONF")
         self.slurm.run(["scontrol", "ping"])
+        if self.settings.container_runtime == "pyxis" and not self.slurm.has_pyxis():
+            raise UsageError("container_runtime is pyxis, but srun on this host has no --container-image (pyxis, "
+                             "NVIDIA's SPANK plugin, is not in the cluster's plugstack.conf here): install pyxis and "
+                             "enroot, or set the target's container_runtime to bubblewrap or none")
 
     def waits(self, plan: LaunchPlan) -> Waits:
         """``submit`` may restore an earlier attempt's results (a transfer with no bound of time);

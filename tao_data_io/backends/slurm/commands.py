@@ -120,6 +120,11 @@ class Slurm:
         rows = [line.split("|") for line in done.stdout.splitlines() if line.strip()]
         return [Step(*(row + ["", "", "", ""])[:4]) for row in rows]
 
+    def has_pyxis(self) -> bool:
+        """Whether ``srun`` here takes pyxis's options: pyxis is a SPANK plugin, which adds
+        ``--container-image`` to ``srun --help`` wherever the cluster's plugstack.conf loads it."""
+        return "--container-image" in self.run(["srun", "--help"], check=False).stdout
+
     def signal(self, job_id: str, name: str) -> None:
         """``scancel --signal=NAME ID``: the job's steps get the signal (never ``--full``, which
         turned a cancel into FAILED 143:0); the job goes on if they do."""

@@ -180,6 +180,13 @@ fi
 rm -f "$report"/exit-*  # a requeued run's ranks write theirs again
 if [ ! -e "$control/go" ]; then
   {probe_step}
+  for rank in {ranks}; do
+    if [ ! -e "$report/probe-$rank" ]; then
+      say "rank $rank's verify step did not report (its frame could not start): the command never started"
+      tail -n 5 "$report/verify-$rank.log" >&2 2>/dev/null
+      exit {setup}
+    fi
+  done
   ticks=$(( {wait} * 5 ))
   while [ ! -e "$control/go" ]; do
     if [ -e "$control/stop" ]; then say "the verify probe failed: the command never started"; exit {setup}; fi
