@@ -429,10 +429,11 @@ def test_the_blocks_register_as_the_docs_say_with_the_console_script_and_store_n
                           env={**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Successfully registered 8 blocks" in done.stdout
+    assert "Successfully registered 9 blocks" in done.stdout
     with get_client(sync_client=True) as client:
         for slug in ("tao-s3-credentials", "tao-hugging-face-credentials", "tao-ngc-credentials", "tao-local-target",
-                     "tao-kubernetes-target", "tao-job-records", "tao-s3-bucket"):
+                     "tao-kubernetes-target", "tao-docker-target", "tao-slurm-target", "tao-job-records",
+                     "tao-s3-bucket"):
             block_type = client.read_block_type_by_slug(slug)
             assert block_type.logo_url and block_type.documentation_url and block_type.code_example, slug
             fields = client.get_most_recent_block_schema_for_block_type(block_type.id).fields

@@ -136,7 +136,7 @@ def test_directory_records_are_private_files_readable_by_hand(tmp_path: Path) ->
         (["open", *OPEN_ARGS, "--storage-reason", "big"], "--storage-reason 'big' comes without a storage_tier"),
         (["open", *OPEN_ARGS, "--job-id", "tao-1", "--image", "other:1"], "--job-id 'tao-1' already names a different"),
         (["open", *OPEN_ARGS[2:], "--platform", "k8s"], "--platform 'k8s' is not a backend: use 'local', "
-                                                         "'kubernetes' or 'docker'"),
+                                                         "'kubernetes', 'docker' or 'slurm'"),
         (["mark", "tao-1", "--state", "DONE"], "invalid choice: 'DONE'"),
         (["mark", "tao-1", "--state", "RUNNING", "--backend-ref", "job\nid"], "--backend-ref 'job\\nid' must be 1-512 "
                                                                             "printable characters on one line"),
