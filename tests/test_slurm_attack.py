@@ -22,153 +22,43 @@ import shlex
 import socket
 import stat
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from tao_data_io import steps, verbs
 from tao_data_io.backends.slurm.backend import SlurmBackend
-from tao_data_io.backends.slurm.commands import fields
-from tao_data_io.backends.slurm.rundir import RunDir
-from tao_data_io.backends.slurm.script import BATCH_FILE, BATCH_LOG, FRAME_AGENT, FRAME_REPORT, JobFiles, batch_script
+from tao_data_io.backends.slurm.script import (BATCH_FILE, BATCH_LOG, FRAME_AGENT, FRAME_REPORT, JobFiles,
+                                               batch_script)
 from tao_data_io.backends.slurm.settings import SlurmSettings
 from tao_data_io.errors import UsageError
-from tao_data_io.launch.backend import JobStatus
 from tao_data_io.launch.plan import LaunchPlan, PlanMount, build_plan
 from tao_data_io.launch.probe import Verdict
 from tao_data_io.launch.sandbox import Host, host_system_dirs
 from tao_data_io.launch.sources import Bind
-from tao_data_io import steps, verbs
 from tao_data_io.records import OutputRoute, RecordStore
 from tao_data_io.request import JobRequest
 
 from . import slurm_cluster as harness
-from .contract.harness import Launched, launch_through_steps
-from .contract.slurm import shared_dir, slurm_backend
+from . import slurm_jobs as jobs
+from .slurm_jobs import (AWAIT, HOLDING, REPORT, job_fields, job_processes, job_request, job_state,
+                         launch, running, say, seen)
+from .contract.slurm import slurm_backend
 from .helpers import wait_for
 
-#: The session's own SLURM cluster (a pytest fixture of tests/slurm_cluster.py).
+#: The session's own SLURM cluster (a pytest fixture of tests/slurm_cluster.py), and the fixtures of
+#: a test's own shared directory and backend (tests/slurm_jobs.py).
 slurm_cluster = harness.slurm_cluster
+shared, make, backend, control = jobs.shared, jobs.make, jobs.backend, jobs.control
 
-SHAPE: dict[str, Any] = {"gpus": 0, "memory": "64Mi", "shm_size": "16Mi", "ephemeral_storage": "16Mi"}
-IMAGE = "nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt"
-#: Shell text: write what follows into /control/$1 whole (a temp name, then renamed).
-REPORT = 'report() { name=$1; shift; printf "%s\\n" "$*" > /control/.$name && mv /control/.$name /control/$name; }\n'
-#: Shell text: wait for /control/$1.
-AWAIT = 'await() { while [ ! -e /control/$1 ]; do sleep 0.05; done; }\n'
-#: SLURM's states of a job that still holds (or waits for) its allocation.
-HOLDING = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "STOPPED", "RESIZING")
 #: How long a call the backend makes on a job's files may take before it counts as blocked.
 PROMPT_S = 10.0
 
 
 # ----------------------------------------------------------------------------- helpers
-@dataclass(frozen=True)
-class Job(Launched):
-    backend: SlurmBackend
-    store: RecordStore
-
-    def verify(self) -> Verdict:
-        return self.backend.verify(self.ref, self.plan)
-
-    def finished(self) -> JobStatus:
-        return wait_for(f"{self.ref} to end", lambda: found if (found := self.backend.status(self.ref)).terminal
-                        else None, deadline_s=150)
-
-    @property
-    def run(self) -> RunDir:
-        return RunDir(self.backend.run_root / self.job_id / "run")
-
-    @property
-    def slurm_id(self) -> str:
-        launch = self.run.launch()
-        assert launch is not None and launch.slurm_id is not None
-        return launch.slurm_id
-
-
-@pytest.fixture
-def shared(slurm_cluster: harness.SlurmCluster, tmp_path: Path) -> Path:
-    return shared_dir(slurm_cluster, tmp_path)
-
-
-@pytest.fixture
-def make(slurm_cluster: harness.SlurmCluster, shared: Path) -> Iterator[Callable[..., SlurmBackend]]:
-    """Backends on the test's shared directory (``settings`` on top of the contract's); at the end
-    every job they submitted is canceled, and must then have ended with no process left."""
-    made: list[SlurmBackend] = []
-
-    def build(**settings: Any) -> SlurmBackend:
-        found = slurm_backend(slurm_cluster, shared, **settings)
-        made.append(found)
-        return found
-
-    yield build
-    tidy(slurm_cluster, made)
-
-
-@pytest.fixture
-def backend(make: Callable[..., SlurmBackend]) -> SlurmBackend:
-    return make()
-
-
-@pytest.fixture
-def control(shared: Path) -> Path:
-    """A directory every job here mounts read-write at /control (anyone may write it: the job runs as nobody)."""
-    found = shared / "control"
-    found.mkdir()
-    found.chmod(0o1777)
-    return found
-
-
-def tidy(cluster: harness.SlurmCluster, backends: Sequence[SlurmBackend]) -> None:
-    """Cancel every job the backends know, then insist each has ended in SLURM and left no process
-    in its cgroup: an attack must never leave anything running behind it."""
-    ids: list[str] = []
-    for found in backends:
-        for run in sorted(found.run_root.glob("*/run")):
-            if not (run / "launch.json").exists():
-                continue
-            found.cancel(f"slurm/{run.parent.name}")
-            launch = RunDir(run).launch()
-            if launch is not None and launch.slurm_id is not None:
-                ids.append(launch.slurm_id)
-
-    def over() -> bool:
-        return all(job_state(cluster, slurm_id) not in HOLDING and not job_processes(slurm_id) for slurm_id in ids)
-
-    wait_for(f"jobs {ids} to end with no process left", over, deadline_s=120)
-
-
-def job_processes(slurm_id: str) -> list[int]:
-    """The processes in SLURM job ``slurm_id``'s cgroups on any node (``proctrack/cgroup``:
-    ``/slurm_<node>/uid_<uid>/job_<id>``)."""
-    found: list[int] = []
-    for procs in Path("/sys/fs/cgroup/freezer").glob(f"slurm_*/uid_*/job_{slurm_id}/**/cgroup.procs"):
-        try:
-            found += [int(pid) for pid in procs.read_text().split()]
-        except OSError:  # the cgroup went while it was read
-            continue
-    return found
-
-
-def job_request(job_id: str, script: str, *, control: Path | None = None, mounts: Sequence[Mapping[str, Any]] = (),
-                shape: Mapping[str, Any] | None = None, **fields_: Any) -> JobRequest:
-    all_mounts = [*([{"source": str(control), "target": "/control", "read_only": False}] if control else []),
-                  *mounts]
-    return JobRequest.model_validate({
-        "schema_version": "1", "job_id": job_id, "image": IMAGE, "mode": "args", "command": ["/bin/sh", "-c"],
-        "args": [script], "mounts": all_mounts, "compute_shape": {**SHAPE, **(shape or {})}, **fields_})
-
-
-def launch(backend: SlurmBackend, request: JobRequest, shared: Path, environ: Mapping[str, str] | None = None) -> Job:
-    store = RecordStore(shared / "records")
-    submission, plan, documents = launch_through_steps(request, backend, store, shared / "work", environ or {})
-    return Job(plan, documents, submission, backend, store)
-
-
 def planned(backend: SlurmBackend, request: JobRequest, shared: Path) -> LaunchPlan:
     """The plan the submit verb's steps would start, stopping before preflight and submit."""
     store = RecordStore(shared / "records")
@@ -181,32 +71,6 @@ def planned(backend: SlurmBackend, request: JobRequest, shared: Path) -> LaunchP
     return build_plan(request, staging_map, decision, record, record.output_route, environ={})
 
 
-def running(backend: SlurmBackend, request: JobRequest, shared: Path,
-            environ: Mapping[str, str] | None = None) -> Job:
-    job = launch(backend, request, shared, environ)
-    verdict = job.verify()
-    assert verdict.ok, verdict.describe()
-    return job
-
-
-def seen(control: Path, name: str, deadline_s: float = 150) -> str:
-    return wait_for(f"/control/{name} from the job", lambda: (control / name).read_text()
-                    if (control / name).exists() else None, deadline_s=deadline_s)
-
-
-def say(control: Path, name: str) -> None:
-    (control / name).write_text("")
-
-
-def job_fields(cluster: harness.SlurmCluster, slurm_id: str) -> dict[str, str]:
-    done = cluster.run("scontrol", "show", "job", "-o", slurm_id)
-    return fields(done.stdout.strip()) if done.returncode == 0 else {}
-
-
-def job_state(cluster: harness.SlurmCluster, slurm_id: str) -> str:
-    return job_fields(cluster, slurm_id).get("JobState", "").split(" ")[0]
-
-
 def promptly(call: Callable[[], Any], what: str) -> Any:
     """``call()``'s answer, which must come within :data:`PROMPT_S` (a daemon thread: a call
     blocked on a FIFO for good fails the test and is left behind, never hangs the session)."""
@@ -216,7 +80,7 @@ def promptly(call: Callable[[], Any], what: str) -> Any:
     def target() -> None:
         try:
             answer.append(call())
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
+        except BaseException as exc:  # handed to the test, whatever it is
             failure.append(exc)
 
     thread = threading.Thread(target=target, daemon=True)
@@ -325,6 +189,25 @@ def test_no_request_field_adds_an_sbatch_line(tmp_path: Path) -> None:
         "#SBATCH --export", "#SBATCH --uid", "#SBATCH --gid", "#SBATCH --requeue", "#SBATCH --mem"], header
 
 
+def test_a_forwarded_name_is_never_an_option_sbatch_reads_from_its_environment(
+        backend: SlurmBackend, control: Path, shared: Path) -> None:
+    """A forwarded credential's value is put in ``sbatch``'s own environment, and sbatch reads
+    ``SBATCH_*`` variables there as options — over the script's ``#SBATCH`` lines (``SBATCH_OUTPUT``,
+    ``SBATCH_EXPORT``, ``SBATCH_PARTITION``, ``SBATCH_OPEN_MODE`` …). A request names what it
+    forwards, so it could steer the submission with whatever the worker's environment holds under
+    such a name (a site's login profile often sets ``SBATCH_ACCOUNT`` or ``SBATCH_PARTITION``).
+    Such a name must be refused, or at least never read by sbatch (here: the batch log stays where
+    the backend put it)."""
+    elsewhere = control / "batch-log-elsewhere"
+    try:
+        job = running(backend, job_request("sbatchenv-1", "true", forward_env=["SBATCH_OUTPUT"]), shared,
+                      {"SBATCH_OUTPUT": str(elsewhere)})
+    except UsageError:
+        return
+    job.finished()
+    assert not elsewhere.exists() and (job.run.report / BATCH_LOG).exists()
+
+
 def test_each_pyxis_mount_is_one_mount_whatever_its_path_holds(
         make: Callable[..., SlurmBackend], shared: Path) -> None:
     """pyxis's ``--container-mounts`` is ``SRC:DST[:FLAGS]`` entries joined by commas, with no
@@ -395,16 +278,30 @@ def test_a_run_root_sbatch_cannot_take_whole_is_refused_naming_run_root_or_works
     a directive at a space ("Invalid directive found in batch script") and expands ``%j`` and its
     other patterns in ``--output`` (the batch log goes elsewhere). Such a run root must be refused
     naming ``run_root`` (not blamed on the partition or the request's shape), or work."""
-    backend = make(run_root=str(shared / name))
     try:
+        backend = make(run_root=str(shared / name))
         job = launch(backend, job_request("root-1", "echo hello"), shared)
-    except UsageError as exc:
+    except (UsageError, ValidationError) as exc:  # the settings (a block's, a --target file's) or submit
         assert "run_root" in str(exc), exc
         return
     verdict = job.verify()
     assert verdict.ok, verdict.describe()
     assert job.finished().state == "COMPLETE"
     assert "hello" in job.backend.logs(job.ref)
+
+
+def test_a_slurm_conf_that_is_no_slurm_conf_is_a_usage_error_naming_the_setting(
+        make: Callable[..., SlurmBackend], shared: Path) -> None:
+    """A file, but not a slurm.conf (a typo that names another file): SLURM's commands say "Parse
+    error … Unable to process configuration file". That is the target's mistake, not a cluster
+    that is down: a usage error naming ``slurm_conf`` and the file, nothing submitted."""
+    wrong = shared / "hosts.conf"
+    wrong.write_text("127.0.0.1 localhost\n")
+    backend = make(slurm_conf=str(wrong))
+    with pytest.raises(UsageError) as caught:
+        launch(backend, job_request("conf-2", "true"), shared)
+    assert "slurm_conf" in str(caught.value) and str(wrong) in str(caught.value), caught.value
+    assert not (backend.run_root / "conf-2" / "run" / "launch.json").exists()
 
 
 def test_runtime_none_with_an_input_seen_elsewhere_than_it_lies_is_refused_naming_the_runtime(
@@ -523,7 +420,8 @@ def test_a_cancel_during_verify_never_lets_the_command_start_even_with_a_verdict
     backend = make()
     job = launch(backend, job_request("cancel-verify-1", REPORT + "report started yes; sleep 1000",
                                       control=control), shared)
-    wait_for("every rank's probe report", lambda: (job.run.report / "probe-0").exists(), deadline_s=120)
+    wait_for("every rank's probe report", lambda: (job.run.report / job.run.probe_report(job.token, 0)).exists(),
+             deadline_s=120)
     elsewhere = slurm_backend(slurm_cluster, shared)  # the worker's own backend, in its own process
     looked = backend._state
     verdicts: list[Verdict] = []
@@ -540,10 +438,25 @@ def test_a_cancel_during_verify_never_lets_the_command_start_even_with_a_verdict
     assert not (job.run.control / "go").exists() or not verdicts[0].ok, verdicts
 
 
+def test_a_cancel_while_verifying_is_canceled_and_the_command_never_starts(
+        slurm_cluster: harness.SlurmCluster, backend: SlurmBackend, control: Path, shared: Path) -> None:
+    """Every rank has reported, no verdict yet (nobody called verify): a cancel stops the job
+    before its command, reads CANCELED, and a verify after it never gives the word to start."""
+    job = launch(backend, job_request("cancel-verify-2", REPORT + "report started yes; sleep 1000",
+                                      control=control), shared)
+    wait_for("every rank's probe report", lambda: (job.run.report / job.run.probe_report(job.token, 0)).exists(),
+             deadline_s=120)
+    assert backend.cancel(job.ref) is True
+    assert backend.status(job.ref).state == "CANCELED"
+    assert not job.verify().ok
+    assert not (control / "started").exists() and not (job.run.control / "go").exists()
+    assert job_state(slurm_cluster, job.slurm_id) not in HOLDING and not job_processes(job.slurm_id)
+
+
 def test_a_cancel_of_a_job_that_ignores_sigterm_ends_it_with_nothing_left(
         slurm_cluster: harness.SlurmCluster, backend: SlurmBackend, control: Path, shared: Path) -> None:
-    """SIGTERM ignored by the command and everything it started: after the grace, SLURM's cancel
-    ends it; the job reads CANCELED, SLURM says CANCELLED, and no process of it is left."""
+    """SIGTERM ignored by the command and everything it started: the cancel still ends it (after
+    the grace, SLURM's cancel and KillWait); the job reads CANCELED and no process of it is left."""
     script = REPORT + "trap '' TERM; (trap '' TERM; while :; do sleep 1; done) & report started yes; wait"
     job = running(backend, job_request("stubborn-1", script, control=control), shared)
     seen(control, "started")
@@ -551,15 +464,16 @@ def test_a_cancel_of_a_job_that_ignores_sigterm_ends_it_with_nothing_left(
     assert backend.status(job.ref).state == "CANCELED"
     wait_for("SLURM to end the job and its processes", lambda: job_state(slurm_cluster, job.slurm_id) not in HOLDING
              and not job_processes(job.slurm_id), deadline_s=60)
-    assert job_state(slurm_cluster, job.slurm_id) == "CANCELLED"
 
 
 def test_a_cancel_gives_the_command_its_grace_to_save_a_checkpoint(
         slurm_cluster: harness.SlurmCluster, backend: SlurmBackend, control: Path, shared: Path) -> None:
     """What ``cancel_grace_seconds`` promises: the ranks get SIGTERM and the grace (3 s here) to
     end — a command that saves its checkpoint in 1 s on SIGTERM saves it. ``scancel --signal=TERM``
-    signals every process of the step, bubblewrap's own outer process too, which dies of it; the
-    step then ends and slurmstepd kills what is left of the frame at once."""
+    signals every process of the step, bubblewrap's own too, which die of it (measured: the outer
+    bwrap and the frame's init defunct within 0.5 s, "srun: error: task 0: Terminated"): the step
+    ends, what is left of the frame is killed at once, and SLURM reads the job FAILED (143), not
+    CANCELLED."""
     script = REPORT + "trap 'sleep 1; report saved yes; exit 0' TERM; report started yes; while :; do sleep 0.1; done"
     job = running(backend, job_request("grace-1", script, control=control), shared)
     seen(control, "started")
@@ -577,7 +491,7 @@ def test_another_targets_run_root_deep_below_a_mounted_directory_is_no_jobs_to_r
     token, and the other job — whose input its user cannot read — passes its verdict and starts."""
     runs = shared / "teams" / "a" / "b" / "c" / "runs"
     victims = make(run_root=str(runs))
-    launch(victims, job_request("earlier-1", "true"), shared).finished()  # the other target is in use: marked
+    running(victims, job_request("earlier-1", "true"), shared).finished()  # the other target is in use: marked
     attackers = make()
     try:
         running(attackers, job_request("attacker-1", FORGE, control=control, environment={
@@ -640,7 +554,8 @@ def test_a_multi_node_frame_cannot_cancel_another_job(
     script = REPORT + """
         printf %s "$CONF" | base64 -d > /tmp/slurm.conf
         if [ "$NODE_RANK" = 0 ]; then
-          if SLURM_CONF=/tmp/slurm.conf scancel "$VICTIM" 2>/tmp/err; then report scancel ok; else report scancel "failed $(head -c 200 /tmp/err)"; fi
+          if SLURM_CONF=/tmp/slurm.conf scancel "$VICTIM" 2>/tmp/err; then report scancel ok
+          else report scancel "failed $(head -c 200 /tmp/err)"; fi
         fi
         sleep 2
     """
@@ -652,6 +567,10 @@ def test_a_multi_node_frame_cannot_cancel_another_job(
     assert job_state(slurm_cluster, victim.slurm_id) == "RUNNING"
 
 
+@pytest.mark.xfail(strict=True, reason="known, and said in docs/slurm.md: a multi-node frame shares the nodes' network "
+                   "namespace (its ranks meet there), and with it the abstract unix sockets no file mode guards; "
+                   "bubblewrap 0.8 cannot scope them (Landlock's abstract-socket scope needs Linux 6.12 and a tool "
+                   "to apply it); strict: the day it holds, this test says so")
 def test_a_multi_node_frame_reaches_no_abstract_unix_socket_of_the_node(
         backend: SlurmBackend, control: Path, shared: Path) -> None:
     """Sharing the nodes' network namespace shares its abstract unix sockets too, which no file

@@ -14,8 +14,7 @@ import hashlib
 import os
 import secrets
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,123 +22,27 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from tao_data_io import steps
 from tao_data_io.backends.slurm.backend import SlurmBackend
 from tao_data_io.backends.slurm.commands import fields
-from tao_data_io.backends.slurm.rundir import RunDir
-from tao_data_io.backends.slurm.script import (FRAME_AGENT, FRAME_REPORT, JobFiles, batch_script, pyxis_flags,
-                                               rank_script, sbatch_options)
+from tao_data_io.backends.slurm.script import (FRAME_AGENT, FRAME_CONTROL, FRAME_REPORT, JobFiles, batch_script,
+                                               pyxis_flags, rank_script, sbatch_options)
 from tao_data_io.backends.slurm.settings import SlurmSettings
 from tao_data_io.errors import UsageError
-from tao_data_io.launch.backend import JobStatus
 from tao_data_io.launch.plan import LaunchPlan, PlanMount
-from tao_data_io.launch.probe import Verdict
 from tao_data_io.launch.sources import Bind
-from tao_data_io.records import OutputRoute, RecordStore
+from tao_data_io.records import OutputRoute
 from tao_data_io.request import JobRequest
 
 from . import slurm_cluster as harness
-from .contract.harness import Launched, launch_through_steps
-from .contract.slurm import shared_dir, slurm_backend
+from . import slurm_jobs as jobs
+from .slurm_jobs import AWAIT, IMAGE, REPORT, SHAPE, Job, job_request, job_state, launch, running, say, seen
+from .contract.slurm import slurm_backend
 from .helpers import STAND_IN, holding, run_cli, wait_for, write_request
 
-#: The session's own SLURM cluster (a pytest fixture of tests/slurm_cluster.py).
+#: The session's own SLURM cluster (a pytest fixture of tests/slurm_cluster.py), and the fixtures of
+#: a test's own shared directory and backend (tests/slurm_jobs.py).
 slurm_cluster = harness.slurm_cluster
-
-SHAPE: dict[str, Any] = {"gpus": 0, "memory": "64Mi", "shm_size": "16Mi", "ephemeral_storage": "16Mi"}
-IMAGE = "nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt"
-#: Shell text: write what follows into /control/$1 whole (a temp name, then renamed).
-REPORT = 'report() { name=$1; shift; printf "%s\\n" "$*" > /control/.$name && mv /control/.$name /control/$name; }\n'
-#: Shell text: wait for /control/$1.
-AWAIT = 'await() { while [ ! -e /control/$1 ]; do sleep 0.05; done; }\n'
-
-
-# ----------------------------------------------------------------------------- helpers
-@dataclass(frozen=True)
-class Job(Launched):
-    backend: SlurmBackend
-    store: RecordStore
-
-    def verify(self) -> Verdict:
-        return self.backend.verify(self.ref, self.plan)
-
-    def finished(self) -> JobStatus:
-        status = wait_for(f"{self.ref} to end", lambda: found if (found := self.backend.status(self.ref)).terminal
-                          else None, deadline_s=150)
-        steps.record_end(self.store, self.job_id, status)
-        return status
-
-    @property
-    def run(self) -> RunDir:
-        return RunDir(self.backend.run_root / self.job_id / "run")
-
-    @property
-    def slurm_id(self) -> str:
-        launch = self.run.launch()
-        assert launch is not None and launch.slurm_id is not None
-        return launch.slurm_id
-
-
-@pytest.fixture
-def shared(slurm_cluster: harness.SlurmCluster, tmp_path: Path) -> Path:
-    return shared_dir(slurm_cluster, tmp_path)
-
-
-@pytest.fixture
-def backend(slurm_cluster: harness.SlurmCluster, shared: Path) -> Iterator[SlurmBackend]:
-    """A backend with a run root of the test's own; what a failed test left is canceled."""
-    found = slurm_backend(slurm_cluster, shared)
-    yield found
-    for run in found.run_root.glob("*/run"):
-        if (run / "launch.json").exists():
-            found.cancel(f"slurm/{run.parent.name}")
-
-
-@pytest.fixture
-def control(shared: Path) -> Path:
-    """A directory every job here mounts read-write at /control (anyone may write it: the job runs as nobody)."""
-    found = shared / "control"
-    found.mkdir()
-    found.chmod(0o1777)
-    return found
-
-
-def job_request(job_id: str, script: str, *, control: Path | None = None, mounts: Sequence[Mapping[str, Any]] = (),
-                shape: Mapping[str, Any] | None = None, **fields_: Any) -> JobRequest:
-    all_mounts = [*([{"source": str(control), "target": "/control", "read_only": False}] if control else []),
-                  *mounts]
-    return JobRequest.model_validate({
-        "schema_version": "1", "job_id": job_id, "image": IMAGE, "mode": "args", "command": ["/bin/sh", "-c"],
-        "args": [script], "mounts": all_mounts, "compute_shape": {**SHAPE, **(shape or {})}, **fields_})
-
-
-def launch(backend: SlurmBackend, request: JobRequest, shared: Path, environ: Mapping[str, str] | None = None) -> Job:
-    store = RecordStore(shared / "records")
-    submission, plan, documents = launch_through_steps(request, backend, store, shared / "work", environ or {})
-    return Job(plan, documents, submission, backend, store)
-
-
-def running(backend: SlurmBackend, request: JobRequest, shared: Path,
-            environ: Mapping[str, str] | None = None) -> Job:
-    job = launch(backend, request, shared, environ)
-    verdict = job.verify()
-    assert verdict.ok, verdict.describe()
-    return job
-
-
-def seen(control: Path, name: str) -> str:
-    return wait_for(f"/control/{name} from the job", lambda: (control / name).read_text()
-                    if (control / name).exists() else None, deadline_s=150)
-
-
-def say(control: Path, name: str) -> None:
-    (control / name).write_text("")
-
-
-def job_state(cluster: harness.SlurmCluster, slurm_id: str) -> str:
-    done = cluster.run("scontrol", "show", "job", "-o", slurm_id)
-    return fields(done.stdout.strip()).get("JobState", "") if done.returncode == 0 else ""
-
+shared, make, backend, control = jobs.shared, jobs.make, jobs.backend, jobs.control
 
 # ----------------------------------------------------------------------------- 1. the script, as generated
 def pure_plan(*, nodes: int = 1, gpus: int = 0, env: Mapping[str, str] | None = None,
@@ -180,14 +83,15 @@ def test_the_batch_options_come_from_the_request_and_the_target_and_say_each_thi
     assert options == [
         "--job-name=train-1", "--output=/lustre/runs/train-1/run/report/batch.log", "--nodes=2",
         "--ntasks-per-node=1", "--chdir=/lustre/runs/train-1/run/report",
-        "--export=AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY", "--uid=65534", "--gid=65534", "--no-requeue",
+        "--export=AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,TAO_DATA_IO_TOKEN", "--uid=65534", "--gid=65534",
+        "--no-requeue",
         "--gres=gpu:8", "--time=60", "--mem=32768M", "--cpus-per-task=8", "--partition=gpu", "--account=vision",
         "--qos=high", "--reservation=tao", "--exclusive", "--constraint=ib", "--mem-per-gpu=64G"]
 
 
 def test_a_single_node_job_is_requeued_after_a_node_failure_and_exports_nothing_when_it_forwards_nothing() -> None:
     options = sbatch_options(pure_plan(deadline_seconds=None), SlurmSettings(), FILES, uid=None, gid=None)
-    assert "--requeue" in options and "--export=NONE" in options
+    assert "--requeue" in options and "--export=TAO_DATA_IO_TOKEN" in options  # the job's token, and nothing else
     assert not [option for option in options if option.startswith(("--uid", "--gid", "--time", "--partition"))]
 
 
@@ -201,9 +105,9 @@ def test_pyxis_flags_are_the_ones_pyxis_documents_for_the_image_mounts_workdir_a
         f"--container-image={IMAGE}", "--container-name=tao-train-1-a1",
         "--container-mounts=/lustre/work/train-1/data/coco:/data/coco:ro,/lustre/models:/models:ro,"
         "/lustre/runs/train-1/results:/results,/lustre/runs/train-1/run/agent:/tao-data-io/agent:ro,"
-        "/lustre/runs/train-1/run/report:/tao-data-io/report",
+        "/lustre/runs/train-1/run/control:/tao-data-io/control:ro,/lustre/runs/train-1/run/report:/tao-data-io/report",
         "--container-workdir=/tmp", "--no-container-mount-home",
-        "--container-env=AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY"]
+        "--container-env=AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,TAO_DATA_IO_TOKEN"]
     script = batch_script(pure_plan(), SlurmSettings(container_runtime="pyxis"), FILES, BINDS, None, uid=None,
                           gid=None, wait_seconds=600)
     steps_ = [line for line in script.splitlines() if line.lstrip().startswith("srun")]
@@ -218,19 +122,23 @@ def test_a_plain_variable_never_becomes_an_sbatch_line_or_shell_text(value: str)
                           wait_seconds=600)
     assert headers(script) == sbatch_options(plan, SlurmSettings(container_runtime="pyxis"), FILES, uid=None, gid=None)
     assert value not in script  # the variable lives in the rank's script only
-    rank = rank_script(plan, agent=FRAME_AGENT, report=FRAME_REPORT)
-    done = subprocess.run(["sh", "-c", rank.split("cd \"$HOME\"")[0].split("esac\n", 1)[1] + 'printf %s "$TAG"'],
-                          capture_output=True, text=True, check=True)
+    rank = rank_script(plan, agent=FRAME_AGENT, control=FRAME_CONTROL, report=FRAME_REPORT)
+    exports = rank.split('say "the host did not say go: the command never started"; exit 125\nfi\n')[1]
+    exports = exports.split('cd "$HOME"')[0]  # the frame's environment, as the rank script sets it
+    done = subprocess.run(["sh", "-c", exports + 'printf %s "$TAG"'], capture_output=True, text=True, check=True)
     assert done.stdout == value
 
 
 @pytest.mark.parametrize(("field", "value", "named"), [
     ("extra_options", {"constraint": "ib\n#SBATCH --uid=0"}, "one word"),
     ("extra_options", {"constraint": "ib gpu"}, "one word"),
-    ("extra_options", {"uid": "0"}, "sets itself"),
-    ("extra_options", {"--export": "ALL"}, "sets itself"),
-    ("extra_options", {"wrap": "id"}, "sets itself"),
-    ("extra_options", {"Bad_Name": "x"}, "option's name"),
+    ("extra_options", {"uid": "0"}, "not one of the sbatch options"),
+    ("extra_options", {"ui": "0"}, "not one of the sbatch options"),  # sbatch reads an abbreviation as --uid
+    ("extra_options", {"--export": "ALL"}, "not one of the sbatch options"),
+    ("extra_options", {"wrap": "id"}, "not one of the sbatch options"),
+    ("extra_options", {"Bad_Name": "x"}, "not one of the sbatch options"),
+    ("run_root", "/lustre/my runs", "SBATCH lines"),
+    ("run_root", "/lustre/runs-%j", "SBATCH lines"),
     ("partition", "gpu\n#SBATCH --uid=0", "not a SLURM name"),
     ("account", "a b", "not a SLURM name"),
     ("run_as_user", 0, "root"),
@@ -245,8 +153,9 @@ def test_no_forwarded_value_is_ever_in_a_script_only_its_name() -> None:
     plan = pure_plan(forward_env=["TAO_TEST_TOKEN"])
     script = batch_script(plan, SlurmSettings(container_runtime="pyxis"), FILES, BINDS, None, uid=None, gid=None,
                           wait_seconds=600)
-    assert "--export=TAO_TEST_TOKEN" in script and "--container-env=TAO_TEST_TOKEN" in script
-    assert "TAO_TEST_TOKEN" not in rank_script(plan, agent=FRAME_AGENT, report=FRAME_REPORT)
+    assert "--export=TAO_DATA_IO_TOKEN,TAO_TEST_TOKEN" in script
+    assert "--container-env=TAO_DATA_IO_TOKEN,TAO_TEST_TOKEN" in script
+    assert "TAO_TEST_TOKEN" not in rank_script(plan, agent=FRAME_AGENT, control=FRAME_CONTROL, report=FRAME_REPORT)
 
 
 # ----------------------------------------------------------------------------- 2. credentials
@@ -271,8 +180,12 @@ def test_a_forwarded_credential_reaches_the_command_and_no_file_argv_log_or_reco
     argv = [path for path in Path("/proc").glob("[0-9]*/cmdline") if _holds(path, secret)]
     assert argv == []
     written = slurm_cluster.run("scontrol", "write", "batch_script", job.slurm_id, "-")
-    assert written.returncode == 0 and "#SBATCH --export=TAO_TEST_TOKEN" in written.stdout
+    assert written.returncode == 0 and "#SBATCH --export=TAO_DATA_IO_TOKEN,TAO_TEST_TOKEN" in written.stdout
     assert value not in written.stdout
+    # The job's own token (what names its reports) is in no file another process of its user reads either.
+    launched = job.run.launch()
+    assert launched is not None and launched.token not in written.stdout
+    assert holding([job.run.agent, job.run.control, job.run.report, shared / "work"], launched.token.encode()) == []
     spools = slurm_cluster.root / "spool"
     roots = [backend.run_root, shared / "records", shared / "work", spools, slurm_cluster.root / "log"]
     assert holding(roots, secret) == []
@@ -301,7 +214,8 @@ def test_the_submitting_hosts_own_environment_never_reaches_the_job(
                                        control=control), shared)
     names = seen(control, "env").split()
     assert "AWS_SECRET_ACCESS_KEY" not in names and "PATH" in names and "TAO_JOB_ID" in names
-    assert not [name for name in names if name not in ("PATH", "HOME", "LANG", "PWD", "SHLVL", "_", "OLDPWD", "HOSTNAME")
+    plain = ("PATH", "HOME", "LANG", "PWD", "SHLVL", "_", "OLDPWD", "HOSTNAME")
+    assert not [name for name in names if name not in plain
                 and not name.startswith(("SLURM", "SRUN_", "TAO_", "ENVIRONMENT", "USER", "LOGNAME", "TMPDIR"))], names
     assert job.finished().state == "COMPLETE"
 
@@ -526,7 +440,8 @@ def test_two_nodes_all_reduce_over_gloo_through_torchrun(slurm_cluster: harness.
         backend.cancel(job.ref)
     nodes = set()
     for rank in range(2):
-        line = next(line for line in logs.splitlines() if line.startswith(f"[rank {rank}] rank {rank} of 2 as uid 65534"))
+        said = f"[rank {rank}] rank {rank} of 2 as uid 65534"
+        line = next(line for line in logs.splitlines() if line.startswith(said))
         assert line.endswith("all-reduced 3"), logs
         nodes.add(line.split(" on ")[1].split(":")[0])
     assert nodes == {"n1", "n2"}

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ...credentials import forwarded_values
-from ...errors import UsageError
+from ...errors import BackendError, UsageError
 from ...fs.atomic import atomic_write
 from ...fs.locks import file_lock
 from ...fs.reading import read_job_file
@@ -40,8 +40,8 @@ from ...launch.backend import (DEFAULT_VERIFY_TIMEOUT_S, TAIL_BYTES, FailureAnal
 from ...launch.joblog import JobLog, follow
 from ...launch.plan import LaunchPlan
 from ...launch.rundir import RunRoot
-from ...launch.probe import (PROBE_SCRIPT, TOKEN_FILE, Verdict, checklist, checklist_text, parse_probe_output, ranks_verdict,
-                             remove_token, with_persistence)
+from ...launch.probe import (PROBE_SCRIPT, TOKEN_FILE, Verdict, checklist, checklist_text, parse_probe_output,
+                             ranks_verdict, remove_token, with_persistence)
 from ...launch.results_owner import hand_over_checked, take_back_results
 from ...launch.sandbox import Host, host_system_dirs
 from ...launch.seccomp import filter_fd
@@ -54,8 +54,9 @@ from ...tier import ClusterFacts
 from . import PLATFORM
 from .commands import Slurm
 from .rundir import Canceled, Ended, Launch, RunDir
-from .script import (BATCH_FILE, CHECKLIST_FILE, DEADLINE_EXIT, FRAME_AGENT, FRAME_REPORT, GO, OVER, PROBE_FILE, RANK_FILE,
-                     SECCOMP_FILE, STOP, batch_script, rank_script)
+from .script import (BATCH_FILE, CANCEL, CHECKLIST_FILE, DEADLINE_EXIT, FRAME_AGENT, FRAME_CONTROL, FRAME_REPORT, GO,
+                     OVER, PROBE_FILE, RANK_FILE, SECCOMP_FILE, STOP, TOKEN_PLACEHOLDER, TOKEN_VARIABLE, batch_script,
+                     rank_script)
 from .settings import SlurmSettings
 
 #: The SLURM backend's ``backend_ref``: ``slurm/<job id>``.
@@ -68,6 +69,13 @@ _PROBE_BYTES = 4 * 1024 * 1024
 _OOM_WINDOW = 64 * 1024
 _OOM_WORDS = (b"oom-kill event", b"oom_kill event", b"out-of-memory")
 _LOG_LINES_IN_ERRORS = 5
+#: How long a job may take to end after ``scancel`` (SLURM's ``KillWait`` and the kill), beyond the grace.
+_SCANCEL_WAIT_S = 120
+#: The environment variables SLURM's commands read as their own options: never a forwarded name.
+_SLURM_PREFIXES = ("SBATCH_", "SLURM_", "SRUN_", "SALLOC_", "SLURMD_", "SPANK_", "PMI_", "PMIX_")
+#: The most of a rank's log one look at it whole reads: SLURM keeps each rank's log on the shared
+#: filesystem with no limit of its own, so a whole log is its last this many bytes.
+_WHOLE_LOG_BYTES = 64 * 1024 * 1024
 #: SLURM's states of a job that will not run again (``squeue``'s and ``scontrol``'s names).
 _ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
                     "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED"})
@@ -111,7 +119,7 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
         check_results_mount(plan, rules)
         check_paths(plan)
         binds = plan_binds(plan, self._results_host(plan))
-        self._check_runtime(plan, binds)
+        self._check_request(plan, binds)
         self._check_shared(plan, binds)
         check_binds(plan, binds, rules)
         self._check_cluster()
@@ -123,7 +131,14 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
             raise UsageError(f"slurm_conf {conf!r} is not a file on this host: give the cluster's slurm.conf (scontrol "
                              "show config prints its path on a host that reaches the cluster), or leave slurm_conf "
                              "empty for $SLURM_CONF")
-        self.slurm.run(["scontrol", "ping"])
+        pinged = self.slurm.run(["scontrol", "ping"], check=False)
+        if pinged.returncode != 0:
+            said = (pinged.stderr.strip() or pinged.stdout.strip())[-500:]
+            if conf and any(word in said.lower() for word in ("parse", "configuration", "clustername", "s_p_parse")):
+                raise UsageError(f"slurm_conf {conf!r} is no slurm.conf SLURM's commands can read ({said}): give the "
+                                 "cluster's slurm.conf, or leave slurm_conf empty for $SLURM_CONF")
+            raise BackendError(f"the cluster does not answer from this host (scontrol ping: {said}): is slurmctld up?",
+                               retryable=True)
         if self.settings.container_runtime == "pyxis" and not self.slurm.has_pyxis():
             raise UsageError("container_runtime is pyxis, but srun on this host has no --container-image (pyxis, "
                              "NVIDIA's SPANK plugin, is not in the cluster's plugstack.conf here): install pyxis and "
@@ -156,10 +171,26 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
     def _source_rules(self, plan: LaunchPlan) -> SourceRules:
         return host_source_rules(plan, self.run_root, _PACKAGE_ROOT)
 
-    def _check_runtime(self, plan: LaunchPlan, binds: list[Bind]) -> None:
-        """Without a container, the command reads every input where it lies: each bind's target
-        must be its source."""
-        if self.settings.container_runtime != "none":
+    def _check_request(self, plan: LaunchPlan, binds: list[Bind]) -> None:
+        """What SLURM and the runtime would read otherwise than meant: a forwarded name sbatch or
+        srun takes as an option from its environment (``SBATCH_OUTPUT`` would move the batch log,
+        overriding the script's own line), a pyxis mount whose path holds pyxis's separators (one
+        mount read as two: the second anything the path names), and — without a container — an
+        input read at another place than it lies."""
+        slurm = sorted(name for name in plan.forward_env if name.startswith(_SLURM_PREFIXES) or name == TOKEN_VARIABLE)
+        if slurm:
+            raise UsageError(f"forward_env names {', '.join(slurm)}, which SLURM's commands read as their own settings "
+                             f"(sbatch takes SBATCH_* over the script's options; {TOKEN_VARIABLE} is the backend's): "
+                             "forward credentials under other names")
+        runtime = self.settings.container_runtime
+        if runtime == "pyxis":
+            split = [f"{bind.source} → {bind.target}" for bind in binds
+                     if any(mark in bind.source + bind.target for mark in ",:")]
+            if split:
+                raise UsageError(f"job {plan.job_id} mounts {'; '.join(split[:5])}, whose path holds a comma or a "
+                                 "colon, which pyxis's --container-mounts reads as the end of a mount: rename the "
+                                 "directory (or its staging root), or use container_runtime bubblewrap")
+        if runtime != "none":
             return
         moved = [f"{bind.source} → {bind.target}" for bind in binds if os.path.realpath(bind.source) != bind.target]
         if moved:
@@ -221,7 +252,7 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
                 return Submission(backend_ref=ref, restored=existing.restored)
             results_host = self._results_host(plan)
             binds = plan_binds(plan, results_host)
-            self._check_runtime(plan, binds)
+            self._check_request(plan, binds)
             self._check_shared(plan, binds)
             if plan.route.route == "mount":
                 check_results_ours(plan, Path(results_host), {os.geteuid(), uid}, self.name)
@@ -230,11 +261,13 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
                         restore_results(plan.restore_from, Path(results_host), belongs_to=plan.route.belongs_to,
                                         environ=environ))
             sources = check_binds(plan, binds, rules)
-            if os.geteuid() == 0:
-                hand_over_checked(sources[plan.results_dir], uid, gid)
             launch = Launch(plan=plan, results_host=results_host, uid=uid, gid=gid, token=secrets.token_hex(16),
                             submitted_at=datetime.now(timezone.utc), restored=restored)
             self._write_frame(run, launch, binds, host)
+            self.slurm.test(str(run.agent / BATCH_FILE))  # before anything is the job's user's
+            if os.geteuid() == 0:
+                hand_over_checked(sources[plan.results_dir], uid, gid)
+                os.chown(run.report, uid, gid)
             run.write(run.launch_file, launch)
             self._sbatch(run, launch, credentials)
         return Submission(backend_ref=ref, restored=restored)
@@ -243,7 +276,7 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
         """Submit the batch script and write the job id down (the caller holds the lock). A script
         the cluster refuses leaves nothing: the job id is free for a corrected submit."""
         try:
-            slurm_id = self.slurm.submit(str(run.agent / BATCH_FILE), credentials)
+            slurm_id = self.slurm.submit(str(run.agent / BATCH_FILE), {**credentials, TOKEN_VARIABLE: launch.token})
         except UsageError:
             run.launch_file.unlink(missing_ok=True)
             raise
@@ -264,9 +297,7 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
             directory.mkdir(mode=0o755, exist_ok=True)
             os.chmod(directory, 0o755)
         run.report.mkdir(mode=0o700, exist_ok=True)
-        if os.geteuid() == 0:
-            os.chown(run.report, launch.uid, launch.gid)
-        checks, _ = checklist(plan, launch.token)
+        checks, _ = checklist(plan, TOKEN_PLACEHOLDER)  # the token itself never lies in a file
         inside = self.settings.container_runtime != "none"
         script = batch_script(plan, self.settings, run.files, binds, host,
                               uid=launch.uid if os.geteuid() == 0 else None,
@@ -274,6 +305,7 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
                               wait_seconds=int(DEFAULT_VERIFY_TIMEOUT_S))
         files = {BATCH_FILE: script, PROBE_FILE: PROBE_SCRIPT, CHECKLIST_FILE: checklist_text(checks),
                  RANK_FILE: rank_script(plan, agent=FRAME_AGENT if inside else str(run.agent),
+                                        control=FRAME_CONTROL if inside else str(run.control),
                                         report=FRAME_REPORT if inside else str(run.report))}
         for name, text in files.items():
             atomic_write(run.agent / name, text.encode(), mode=0o644)
@@ -304,7 +336,7 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
             if run.ended() is not None:
                 return Verdict(ok=False, error="the job was canceled before its verdict" if run.canceled()
                                else self._outcome(run)[0].message or "the job ended before its verdict")
-            reports = [self._report(run, rank) for rank in range(launch.plan.nodes)]
+            reports = [self._report(run, launch.token, rank) for rank in range(launch.plan.nodes)]
             if all(report is not None for report in reports):
                 return self._judge(run, launch, [report for report in reports if report is not None])
             state = self._state(launch)
@@ -318,12 +350,12 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
         self.cancel(ref)
         return Verdict(ok=False, error=f"no verdict within {timeout:g}s of the job's start; the job was canceled")
 
-    def _report(self, run: RunDir, rank: int) -> tuple[str, int | None] | None:
+    def _report(self, run: RunDir, token: str, rank: int) -> tuple[str, int | None] | None:
         """A rank's probe output and exit status, once it wrote them (read as a job's files are)."""
-        output = read_job_file(run.report, run.probe_report(rank), limit=_PROBE_BYTES)
+        output = read_job_file(run.report, run.probe_report(token, rank), limit=_PROBE_BYTES)
         if output is None:
             return None
-        code = (read_job_file(run.report, run.probe_exit(rank), limit=64) or b"").strip()
+        code = (read_job_file(run.report, run.probe_exit(token, rank), limit=64) or b"").strip()
         return output.decode("utf-8", "replace"), int(code) if code.isdigit() else None
 
     def _judge(self, run: RunDir, launch: Launch, reports: list[tuple[str, int | None]]) -> Verdict:
@@ -343,6 +375,8 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
             recorded = run.verdict()
             if recorded is not None:
                 return recorded
+            if run.canceled() is not None:  # a cancel came first: its stop stands, whatever the probe said
+                verdict = Verdict(ok=False, checks=verdict.checks, error="the job was canceled before its verdict")
             run.write(run.verdict_file, verdict)
             _touch(run.control / (GO if verdict.ok else STOP))
         return verdict
@@ -401,7 +435,7 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
         name, job = state if state is not None else ("", {})
         ranks: dict[int, int] = {}
         for rank in range(launch.plan.nodes):
-            said = (read_job_file(run.report, run.rank_exit(rank), limit=64) or b"").strip()
+            said = (read_job_file(run.report, run.rank_exit(launch.token, rank), limit=64) or b"").strip()
             if said.isdigit():
                 ranks[rank] = int(said)
         oom = [rank for rank in range(launch.plan.nodes) if _oom_said(run.rank_log(rank))]
@@ -416,7 +450,7 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
         rank when given, each line prefixed ``[rank N]`` when there are several."""
         run, launch = self._launched(ref)
         logs = [JobLog(run.rank_log(rank), None) for rank in range(launch.plan.nodes)]
-        said = [log.text() if tail is None else log.tail(tail, TAIL_BYTES) for log in logs]
+        said = [log.tail(None, _WHOLE_LOG_BYTES) if tail is None else log.tail(tail, TAIL_BYTES) for log in logs]
         if launch.plan.nodes == 1:
             return said[0]
         return "".join(f"[rank {rank}] {line}\n" for rank, text in enumerate(said) for line in text.splitlines())
@@ -442,22 +476,26 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
                 return False
             if run.canceled() is None:
                 run.write(run.cancel_file, Canceled(requested_at=datetime.now(timezone.utc)))
+            _touch(run.control / CANCEL)  # each rank hands its command SIGTERM and lets it end
             if run.verdict() is None:
                 _touch(run.control / STOP)
         state = self._state(launch)
         alive = state is not None and state[0] not in _ENDED
         if alive and launch.slurm_id is not None:
             if state is not None and state[0] == "RUNNING" and run.verdict() is not None:
-                self.slurm.signal(launch.slurm_id, "TERM")  # the ranks' steps: the batch script waits for them
-                for _ in polls(self.settings.cancel_grace_seconds):
+                for _ in polls(self.settings.cancel_grace_seconds):  # the command's grace
                     now = self._state(launch)
                     if now is None or now[0] in _ENDED:
                         break
             self.slurm.cancel(launch.slurm_id)
-            for _ in polls(self.settings.cancel_grace_seconds + 120):
+            for _ in polls(self.settings.cancel_grace_seconds + _SCANCEL_WAIT_S):
                 now = self._state(launch)
                 if now is None or now[0] in _ENDED:
                     break
+            else:
+                raise BackendError(f"SLURM job {launch.slurm_id} still runs after scancel and "
+                                   f"{self.settings.cancel_grace_seconds + _SCANCEL_WAIT_S:g}s: is slurmd on its node "
+                                   "up? Cancel again once it has ended (scontrol show job)", retryable=True)
         with file_lock(run.lock):
             self._finish_locked(run, launch, self._state(launch))
         return alive
@@ -472,45 +510,47 @@ def _ended(ended: Ended, run: RunDir, launch: Launch) -> tuple[JobStatus, Failur
         return JobStatus(state="CANCELED", message="canceled"), None
     verdict = run.verdict()
     if verdict is not None and not verdict.ok:
-        return error_status("ERR_INFRA", verdict.describe(), "the command never started: make every path the verdict names "
-                      "readable from the compute nodes (stage the inputs again, fix a mount's source, make the "
-                      "results directory writable) and submit again")
+        return error_status("ERR_INFRA", verdict.describe(), "the command never started: make every path the "
+                            "verdict names readable from the compute nodes (stage the inputs again, fix a mount's "
+                            "source, make the results directory writable) and submit again")
     state = ended.state
     if state == "TIMEOUT":
         analysis = FailureAnalysis.deadline_passed(plan.deadline_seconds)
         return JobStatus(state="ERROR", message=analysis.reason, err_class=analysis.err_class), analysis
     if state in ("NODE_FAIL", "BOOT_FAIL"):
         return error_status("ERR_INFRA", f"a node of the job failed (SLURM: {state}{_reason(ended)})",
-                      "submit again (a next attempt restores the results uploaded so far); ask the cluster's "
-                      "admins about the node (sinfo -R)")
+                            "submit again (a next attempt restores the results uploaded so far); ask the cluster's "
+                            "admins about the node (sinfo -R)")
     if state == "PREEMPTED":
         return error_status("ERR_INFRA", "the job was preempted by a job of higher priority and not requeued",
-                      "submit again, or to a partition or QOS that does not preempt")
+                            "submit again, or to a partition or QOS that does not preempt")
     if state == "CANCELLED":
         return error_status("ERR_INFRA", f"the job was canceled outside tao-data-io (scancel, or an administrator"
-                      f"{_reason(ended)})", "submit again if it should run")
+                            f"{_reason(ended)})", "submit again if it should run")
     if verdict is None:
         said = _tail(run.batch_log())
         return error_status("ERR_INFRA", f"the job ended before its verdict (SLURM: {state or 'forgotten'})" +
-                      (f": {said}" if said else ""), "read the job's batch log (" + str(run.batch_log()) + ")")
+                            (f": {said}" if said else ""), "read the job's batch log (" + str(run.batch_log()) + ")")
     failed = [rank for rank, code in sorted(ended.ranks.items()) if code != 0 and code not in _STOPPED_CODES]
     failed = failed or [rank for rank, code in sorted(ended.ranks.items()) if code != 0]
     if state == "OUT_OF_MEMORY" or (failed and failed[0] in ended.oom_ranks) or (not failed and state == "FAILED"
                                                                                  and ended.oom_ranks):
         who = f"rank {(failed or ended.oom_ranks or [0])[0]}" if plan.nodes > 1 else "the command"
-        return error_status("ERR_INFRA", f"{who} was killed out of memory (an OOM kill; SLURM: {state or 'forgotten'}) under "
-                      f"compute_shape.memory {plan.memory or '(no limit: the node ran out)'}",
-                      "raise compute_shape.memory, or lower the batch size or the data loader workers",
-                      ended.ranks.get((failed or [0])[0]))
+        return error_status("ERR_INFRA", f"{who} was killed out of memory (an OOM kill; SLURM: "
+                            f"{state or 'forgotten'}) under "
+                            f"compute_shape.memory {plan.memory or '(no limit: the node ran out)'}",
+                            "raise compute_shape.memory, or lower the batch size or the data loader workers",
+                            ended.ranks.get((failed or [0])[0]))
     if not failed:
         if state in ("COMPLETED", "") and len(ended.ranks) == plan.nodes:
             warning = (f"; rank {ended.oom_ranks[0]}'s step saw an OOM kill though the command succeeded: check its "
                        "results" if ended.oom_ranks else "")
             return JobStatus(state="COMPLETE", message="exit code 0" + warning, exit_code=0), None
         code, by = _exit_code(ended.exit_code)
-        return error_status("ERR_INFRA", f"the job ended (SLURM: {state or 'forgotten'}, exit code {ended.exit_code or '?'}"
-                      f"{by}) without its ranks' exit statuses: a rank was stopped from outside",
-                      "read the job's batch log (" + str(run.batch_log()) + ") and the node's slurmd log", code)
+        return error_status("ERR_INFRA", f"the job ended (SLURM: {state or 'forgotten'}, exit code "
+                            f"{ended.exit_code or '?'}"
+                            f"{by}) without its ranks' exit statuses: a rank was stopped from outside",
+                            "read the job's batch log (" + str(run.batch_log()) + ") and the node's slurmd log", code)
     first = failed[0]
     code = ended.ranks[first]
     who = f"rank {first}" if plan.nodes > 1 else "the command"
@@ -518,12 +558,14 @@ def _ended(ended: Ended, run: RunDir, launch: Launch) -> tuple[JobStatus, Failur
         analysis = FailureAnalysis.deadline_passed(plan.deadline_seconds)
         return JobStatus(state="ERROR", message=analysis.reason, exit_code=code, err_class=analysis.err_class), analysis
     if code in _STOPPED_CODES:
-        return error_status("ERR_INFRA", f"{who} was killed (exit code {code}, signal {signal.Signals(code - 128).name}) "
-                      "though tao-data-io did not cancel it: an administrator's scancel, the node's OOM killer or "
-                      "slurmd", "read the node's slurmd log and the kernel log (dmesg); submit again: a next attempt "
-                      "restores the results uploaded so far", code)
+        killed = signal.Signals(code - 128).name
+        return error_status("ERR_INFRA", f"{who} was killed (exit code {code}, signal {killed}) though "
+                            "tao-data-io did not cancel it: an administrator's scancel, the node's OOM killer or "
+                            "slurmd", "read the node's slurmd log and the kernel log (dmesg); submit again: a next "
+                            "attempt restores the results uploaded so far", code)
     by = f", signal {signal.Signals(code - 128).name}" if code - 128 in _SIGNALS else ""
-    return error_status("ERR_PROGRAM", f"{who} failed (exit code {code}{by})", "read the last lines of the job's log", code)
+    return error_status("ERR_PROGRAM", f"{who} failed (exit code {code}{by})", "read the last lines of the job's log",
+                        code)
 
 
 _SIGNALS = {int(s) for s in signal.Signals}

@@ -70,26 +70,30 @@ class Slurm:
                                retryable=_unreachable(done))
         return done
 
-    def submit(self, script: str, credentials: Mapping[str, str]) -> str:
-        """``sbatch --parsable SCRIPT``; the SLURM job id. ``credentials`` go into sbatch's own
-        environment only, which the script's ``--export`` names take their values from.
-
-        ``sbatch --test-only`` first: a cluster that does not enforce its partitions' limits
-        (``EnforcePartLimits=NO``, the default) accepts a job no node can ever run — more nodes
-        or memory than a partition has — and it would wait in the queue for good
+    def test(self, script: str) -> None:
+        """``sbatch --test-only SCRIPT``: whether the cluster could ever run the job, asked before
+        anything is handed to the job's user. A cluster that does not enforce its partitions'
+        limits (``EnforcePartLimits=NO``, the default) accepts a job no node can ever run — more
+        nodes or memory than a partition has — and it would wait in the queue for good
         (``PartitionNodeLimit``); such a job is refused here with the scheduler's own words."""
-        for argv, env in ((["sbatch", "--test-only", script], None), (["sbatch", "--parsable", script], credentials)):
-            done = self.run(argv, extra_env=env, check=False)
-            if done.returncode != 0:
-                break
+        self._sbatch(["sbatch", "--test-only", script], None)
+
+    def submit(self, script: str, environment: Mapping[str, str]) -> str:
+        """``sbatch --parsable SCRIPT``; the SLURM job id. ``environment`` (the forwarded
+        credentials, the job's token) goes into sbatch's own environment only, which the script's
+        ``--export`` names take their values from."""
+        return self._sbatch(["sbatch", "--parsable", script], environment).strip().split(";")[0]
+
+    def _sbatch(self, argv: list[str], environment: Mapping[str, str] | None) -> str:
+        done = self.run(argv, extra_env=environment, check=False)
         if done.returncode != 0:
             said = _said(done)
             if _unreachable(done):
                 raise BackendError(f"sbatch could not reach the cluster: {said}", retryable=True)
             raise UsageError(f"the cluster refused the job (sbatch: {said}): fix what it names — the target's "
-                             "partition, account, qos, reservation or extra_options, or the request's "
+                             "partition, account, qos, reservation, extra_options or run_root, or the request's "
                              "compute_shape — and submit again")
-        return done.stdout.strip().split(";")[0]
+        return done.stdout
 
     def job(self, job_id: str) -> dict[str, str] | None:
         """``scontrol show job -o ID`` as fields, or None once slurmctld has forgotten the job
@@ -125,11 +129,6 @@ class Slurm:
         ``--container-image`` to ``srun --help`` wherever the cluster's plugstack.conf loads it."""
         return "--container-image" in self.run(["srun", "--help"], check=False).stdout
 
-    def signal(self, job_id: str, name: str) -> None:
-        """``scancel --signal=NAME ID``: the job's steps get the signal (never ``--full``, which
-        turned a cancel into FAILED 143:0); the job goes on if they do."""
-        self.run(["scancel", f"--signal={name}", job_id], check=False)
-
     def cancel(self, job_id: str) -> None:
         """``scancel ID``: the job's steps and batch shell get SIGTERM, then SIGKILL after the
         cluster's ``KillWait``; a pending job is removed."""
@@ -150,4 +149,5 @@ def _said(done: subprocess.CompletedProcess[str]) -> str:
 def _unreachable(done: subprocess.CompletedProcess[str]) -> bool:
     said = (done.stderr + done.stdout).lower()
     return any(word in said for word in ("unable to contact", "connection refused", "socket timed out",
-                                         "slurm_load_jobs error: unable", "communication", "zero bytes were transmitted"))
+                                         "slurm_load_jobs error: unable", "communication",
+                                         "zero bytes were transmitted"))

@@ -27,7 +27,8 @@ class Launch(LaunchRecord):
     #: Whom the job runs as (``sbatch --uid``/``--gid`` when the backend runs as root).
     uid: int
     gid: int
-    #: The persistence token the probe writes into the results directory.
+    #: The job's secret (:data:`.script.TOKEN_VARIABLE`): the persistence token the probe writes into
+    #: the results directory, and the name of each file a rank reports in.
     token: str
     submitted_at: datetime
     #: SLURM's job id; None between writing this record and ``sbatch``'s answer.
@@ -81,14 +82,14 @@ class RunDir(RunFiles[Launch]):
     def report(self) -> Path:
         return Path(self.files.report)
 
-    def probe_report(self, rank: int) -> str:
-        return PROBE_REPORT.format(rank)
+    def probe_report(self, token: str, rank: int) -> str:
+        return PROBE_REPORT.format(token, rank)
 
-    def probe_exit(self, rank: int) -> str:
-        return PROBE_EXIT.format(rank)
+    def probe_exit(self, token: str, rank: int) -> str:
+        return PROBE_EXIT.format(token, rank)
 
-    def rank_exit(self, rank: int) -> str:
-        return RANK_EXIT.format(rank)
+    def rank_exit(self, token: str, rank: int) -> str:
+        return RANK_EXIT.format(token, rank)
 
     def rank_log(self, rank: int) -> Path:
         return self.report / RANK_LOG.format(rank)

@@ -46,17 +46,28 @@ PROBE_FILE = "probe.sh"
 CHECKLIST_FILE = "checklist"
 SECCOMP_FILE = "seccomp.bpf"
 BATCH_LOG = "batch.log"
-#: The host's word in the control directory: the command may start, may not, or the job has ended
-#: for good (a run SLURM starts again after that — a requeue the job asked for itself — runs nothing).
-GO, STOP, OVER = "go", "stop", "over"
+#: The host's word in the control directory: the command may start, may not, is to end (a cancel:
+#: each rank's script hands the command SIGTERM and its grace), or the job has ended for good (a
+#: run SLURM starts again after that — a requeue of the finished job — runs nothing).
+GO, STOP, CANCEL, OVER = "go", "stop", "cancel", "over"
+#: The job's secret: the persistence token, and the name of every file a rank reports in. In the
+#: job's environment only (``sbatch --export`` by name, its value from sbatch's own environment),
+#: never in a file another process of the job's user could read: every job of a target runs as one
+#: user, and a job that reached another's report directory could otherwise write its verdict or
+#: its exit status. The rank script takes it out of the environment before the command starts.
+TOKEN_VARIABLE = "TAO_DATA_IO_TOKEN"
+#: What the checklist on disk holds where the probe writes the token: the rank script puts it in.
+TOKEN_PLACEHOLDER = "@TOKEN@"
 #: The frame's own exit statuses: the verdict failed or the frame could not be made; a rank's
 #: deadline passed (the command was ended, SIGTERM; SLURM's ``--time`` is the hard stop after it).
 SETUP_EXIT = 125
 DEADLINE_EXIT = 124
-#: A rank's files in the report directory (``N`` its ``SLURM_PROCID``).
-PROBE_REPORT, PROBE_EXIT, RANK_EXIT, RANK_LOG = "probe-{}", "probe-exit-{}", "exit-{}", "rank-{}.log"
-#: Where a frame (a pyxis container, a bubblewrap frame) sees the job's agent and report directories.
+#: A rank's files in the report directory (the token, then ``N`` its ``SLURM_PROCID``).
+PROBE_REPORT, PROBE_EXIT, RANK_EXIT = "probe-{}-{}", "probe-exit-{}-{}", "exit-{}-{}"
+RANK_LOG = "rank-{}.log"
+#: Where a frame (a pyxis container, a bubblewrap frame) sees the job's agent, control and report directories.
 FRAME_AGENT = f"{AGENT_ROOT}/agent"
+FRAME_CONTROL = f"{AGENT_ROOT}/control"
 FRAME_REPORT = f"{AGENT_ROOT}/report"
 #: The descriptor the rank script opens the seccomp filter on, for bubblewrap's ``--seccomp``.
 SECCOMP_FD = 9
@@ -103,10 +114,10 @@ def sbatch_options(plan: LaunchPlan, settings: SlurmSettings, files: JobFiles, *
 
 
 def export_option(names: Sequence[str]) -> str:
-    """``sbatch --export``: only these names (their values from sbatch's own environment), or
-    none; SLURM adds its own ``SLURM_*`` variables. Never ``ALL``: the submitting host's whole
-    environment — its own cloud credentials — would reach the job."""
-    return "--export=" + (",".join(sorted(names)) if names else "NONE")
+    """``sbatch --export``: only these names and the job's token (their values from sbatch's own
+    environment); SLURM adds its own ``SLURM_*`` variables. Never ``ALL``: the submitting host's
+    whole environment — its own cloud credentials — would reach the job."""
+    return "--export=" + ",".join(sorted({*names, TOKEN_VARIABLE}))
 
 
 def pyxis_flags(plan: LaunchPlan, binds: Sequence[Bind], files: JobFiles, forward: Sequence[str]) -> list[str]:
@@ -115,24 +126,26 @@ def pyxis_flags(plan: LaunchPlan, binds: Sequence[Bind], files: JobFiles, forwar
     ``--no-container-mount-home``, ``--container-env``): the request's image, imported once and
     named for the job's attempt, so the command's step runs in the very container the verify
     probe's step ran in (pyxis reuses a named container within the job); each bind at its target
-    (read-only unless it is the results directory), the agent read-only and the report directory;
+    (read-only unless it is the results directory), the agent and control directories read-only
+    and the report directory;
     the forwarded names' values taken over the image's own (pyxis keeps an image's ENV over the
     host's otherwise)."""
     mounts = [f"{bind.source}:{bind.target}" + (":ro" if bind.read_only else "") for bind in binds]
-    mounts += [f"{files.agent}:{FRAME_AGENT}:ro", f"{files.report}:{FRAME_REPORT}"]
+    mounts += [f"{files.agent}:{FRAME_AGENT}:ro", f"{files.control}:{FRAME_CONTROL}:ro",
+               f"{files.report}:{FRAME_REPORT}"]
     flags = [f"--container-image={plan.image}", f"--container-name=tao-{plan.job_id}-a{plan.attempt}",
              "--container-mounts=" + ",".join(mounts), f"--container-workdir={FRAME_TMP}",
              "--no-container-mount-home"]
-    if forward:
-        flags.append("--container-env=" + ",".join(sorted(forward)))
-    return flags
+    return [*flags, "--container-env=" + ",".join(sorted({*forward, TOKEN_VARIABLE}))]
 
 
 def bubblewrap_argv(plan: LaunchPlan, binds: Sequence[Bind], files: JobFiles, host: Host) -> list[str]:
     """The bubblewrap frame a step's script runs in, on the node, by path (see
-    :func:`~tao_data_io.launch.sandbox.node_frame_argv`): the plan's binds, the agent read-only
-    and the report directory. A multi-node job shares the nodes' network (its ranks meet there)."""
-    frame_binds = [*binds, Bind(files.agent, FRAME_AGENT, read_only=True), Bind(files.report, FRAME_REPORT, False)]
+    :func:`~tao_data_io.launch.sandbox.node_frame_argv`): the plan's binds, the agent and control
+    directories read-only and the report directory. A multi-node job shares the nodes' network (its
+    ranks meet there)."""
+    frame_binds = [*binds, Bind(files.agent, FRAME_AGENT, read_only=True),
+                   Bind(files.control, FRAME_CONTROL, read_only=True), Bind(files.report, FRAME_REPORT, False)]
     frame_binds.sort(key=lambda bind: bind.target.count("/"))
     return node_frame_argv(plan, host, frame_binds, ["/bin/sh", f"{FRAME_AGENT}/{RANK_FILE}"],
                            share_net=plan.network or plan.nodes > 1, seccomp_fd=SECCOMP_FD)
@@ -173,24 +186,29 @@ def batch_script(plan: LaunchPlan, settings: SlurmSettings, files: JobFiles, bin
 BATCH_BODY = r"""# tao-data-io SLURM batch script: verify on every node, wait for the host's word, run each rank.
 set -u
 control={control} report={report}
+token=${{TAO_DATA_IO_TOKEN:-}}
 say() {{ echo "tao-data-io: $*" >&2; }}
-if [ -e "$control/over" ] || {{ [ -e "$control/stop" ] && [ ! -e "$control/go" ]; }}; then
+if [ -z "$token" ]; then say "the job's token is not in its environment: the command never started"; exit {setup}; fi
+if [ -e "$control/over" ] || [ -e "$control/cancel" ] || [ -e "$control/stop" ]; then
   say "this job has ended (or was stopped) for tao-data-io: a run started again after that runs nothing"; exit {setup}
 fi
 rm -f "$report"/exit-*  # a requeued run's ranks write theirs again
 if [ ! -e "$control/go" ]; then
   {probe_step}
   for rank in {ranks}; do
-    if [ ! -e "$report/probe-$rank" ]; then
+    if [ ! -f "$report/probe-$token-$rank" ]; then
       say "rank $rank's verify step did not report (its frame could not start): the command never started"
       tail -n 5 "$report/verify-$rank.log" >&2 2>/dev/null
       exit {setup}
     fi
   done
   ticks=$(( {wait} * 5 ))
-  while [ ! -e "$control/go" ]; do
+  while :; do
     if [ -e "$control/stop" ]; then say "the verify probe failed: the command never started"; exit {setup}; fi
-    if [ "$ticks" -le 0 ]; then say "no word from the host after the verify probe: the command never started"; exit {setup}; fi
+    [ -e "$control/go" ] && break
+    if [ "$ticks" -le 0 ]; then
+      say "no word from the host after the verify probe: the command never started"; exit {setup}
+    fi
     sleep 0.2
     ticks=$((ticks - 1))
   done
@@ -208,11 +226,19 @@ while :; do
   kill -0 "$step" 2>/dev/null || break
 done
 # The training's status: the first rank that failed by itself (143 and 137 are ranks SLURM
-# stopped because another failed), else the first that failed, else the step's.
+# stopped because another failed), else the first that failed, else the step's. An exit file is
+# the job's to write: only a regular file (never through a link) of digits counts.
 first_failed= stopped_failed=
 for rank in {ranks}; do
-  said=$(cat "$report/exit-$rank" 2>/dev/null) || continue
-  case "$said" in 0) ;; 137|143) stopped_failed=${{stopped_failed:-$said}} ;; *) first_failed=${{first_failed:-$said}} ;; esac
+  file="$report/exit-$token-$rank"
+  [ -f "$file" ] && [ ! -L "$file" ] || continue
+  said=$(head -c 8 "$file" | tr -d '\n')
+  case "$said" in ''|*[!0-9]*) continue ;; esac
+  case "$said" in
+    0) ;;
+    137|143) stopped_failed=${{stopped_failed:-$said}} ;;
+    *) first_failed=${{first_failed:-$said}} ;;
+  esac
 done
 [ -n "$first_failed" ] && exit "$first_failed"
 [ -n "$stopped_failed" ] && exit "$stopped_failed"
@@ -220,13 +246,17 @@ exit "$code"
 """
 
 
-def rank_script(plan: LaunchPlan, *, agent: str, report: str) -> str:
+def rank_script(plan: LaunchPlan, *, agent: str, control: str, report: str) -> str:
     """The script each step runs in the frame, as the job's user: ``verify`` runs the probe and
     writes its report; ``run`` sets the frame's environment (the plan's variables, a multi-node
     job's rendezvous variables from SLURM's own, HOME and PATH of the frame), runs the command —
     SIGTERM handed on, ended at ``compute_shape.deadline_seconds`` (to the second, where SLURM's
     ``--time`` counts minutes) — and writes its exit status once it ended: the command's own,
-    or :data:`DEADLINE_EXIT` once its deadline passed (a command's own 124 becomes 1). ``agent`` and ``report`` are where the frame sees them."""
+    or :data:`DEADLINE_EXIT` once its deadline passed (a command's own 124 becomes 1); a cancel
+    (:data:`CANCEL` in the control directory) hands the command SIGTERM, and its grace runs until
+    the host's ``scancel`` — SLURM's own SIGTERM would end the frame itself at once. ``agent``,
+    ``control`` and ``report`` are where the frame sees them; the files it reports in are named
+    with the job's token (:data:`TOKEN_VARIABLE`), which the command never sees."""
     env: dict[str, str] = {"PATH": FRAME_PATH, "LANG": FRAME_LANG, "HOME": FRAME_TMP, **plan.env}
     dynamic: dict[str, str] = {}
     if plan.nodes > 1:
@@ -236,29 +266,40 @@ def rank_script(plan: LaunchPlan, *, agent: str, report: str) -> str:
     exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in sorted(env.items()))
     exports += "".join(f'export {name}="{value}"\n' for name, value in sorted(dynamic.items()))
     command = " ".join(shlex.quote(part) for part in plan.argv)
-    return RANK_BODY.format(agent=shlex.quote(agent), report=shlex.quote(report), exports=exports, command=command,
+    return RANK_BODY.format(agent=shlex.quote(agent), control=shlex.quote(control), report=shlex.quote(report),
+                            exports=exports, command=command, placeholder=TOKEN_PLACEHOLDER,
                             probe=PROBE_FILE, checklist=CHECKLIST_FILE, setup=SETUP_EXIT, late_exit=DEADLINE_EXIT,
                             deadline="" if plan.deadline_seconds is None else int(plan.deadline_seconds))
 
 
 RANK_BODY = r"""# tao-data-io SLURM rank: the verify probe, or the command, in this rank's frame.
-agent={agent} report={report}
+agent={agent} control={control} report={report}
 rank=${{SLURM_PROCID:-0}}
+token=${{TAO_DATA_IO_TOKEN:-}}
+unset TAO_DATA_IO_TOKEN
 say() {{ echo "tao-data-io: $*" >&2; }}
+[ -n "$token" ] || {{ say "the job's token is not in this rank's environment"; exit {setup}; }}
 case "${{1:-}}" in
   verify)
-    /bin/sh "$agent/{probe}" "$agent/{checklist}" > "$report/probe-$rank.part" 2>/dev/null
-    printf '%s\n' "$?" > "$report/probe-exit-$rank" && mv "$report/probe-$rank.part" "$report/probe-$rank"
+    sed "s/{placeholder}/$token/" "$agent/{checklist}" | /bin/sh "$agent/{probe}" /dev/stdin \
+      > "$report/probe-$token-$rank.part" 2>/dev/null
+    printf '%s\n' "$?" > "$report/probe-exit-$token-$rank" &&
+      mv "$report/probe-$token-$rank.part" "$report/probe-$token-$rank"
     exit 0 ;;
   run) ;;
   *) say "unknown phase ${{1:-}}"; exit {setup} ;;
 esac
+if [ -e "$control/stop" ] || [ -e "$control/cancel" ] || [ ! -e "$control/go" ]; then
+  say "the host did not say go: the command never started"; exit {setup}
+fi
 {exports}cd "$HOME" 2>/dev/null || cd /
-stopped= late= timer=
-trap 'stopped=1; kill -TERM "$child" 2>/dev/null' TERM INT
+stopped= late= timer= watcher=
+trap 'stopped=1; kill -TERM "$child" 2>/dev/null' TERM INT USR2
 trap 'late=1; kill -TERM "$child" 2>/dev/null' USR1
 {command} &
 child=$!
+( trap - TERM INT; while [ ! -e "$control/cancel" ]; do sleep 0.2; done; kill -USR2 $$ ) &
+watcher=$!
 deadline={deadline}
 if [ -n "$deadline" ]; then
   ( trap - TERM INT; sleep "$deadline"; kill -USR1 $$ ) &
@@ -270,12 +311,13 @@ while :; do
   kill -0 "$child" 2>/dev/null && continue
   break
 done
-[ -n "$timer" ] && kill "$timer" 2>/dev/null
+for helper in $timer $watcher; do kill "$helper" 2>/dev/null; done
 if [ -n "$late" ]; then code={late_exit}
-elif [ -z "$stopped" ] && [ "$code" = {late_exit} ]; then
+elif [ -n "$stopped" ]; then code=143
+elif [ "$code" = {late_exit} ]; then
   say "the command exited {late_exit}, which this frame keeps for a passed deadline; exiting 1"; code=1
 fi
-printf '%s\n' "$code" > "$report/exit-$rank"
+printf '%s\n' "$code" > "$report/exit-$token-$rank"
 exit "$code"
 """
 

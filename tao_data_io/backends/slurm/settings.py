@@ -26,18 +26,24 @@ DEFAULT_ROOT = "~/.tao-data-io/slurm"
 CONF_VARIABLE = "SLURM_CONF"
 #: A name SLURM takes for a partition, account, QOS or reservation (no space, comma or newline).
 SLURM_NAME = r"^[A-Za-z0-9_.+-]{1,64}$"
-#: An extra ``#SBATCH`` option's name and value: one token each, never shell or a second line.
-OPTION_NAME = r"^[a-z][a-z0-9-]{1,39}$"
+#: An extra ``#SBATCH`` option's value: one token, never shell or a second line.
 OPTION_VALUE = r"^[A-Za-z0-9_.,:=@%+/-]{0,200}$"
-#: The options the backend sets itself (or that would undo what it guarantees): an extra option
-#: may not name them.
-OWN_OPTIONS = frozenset({
-    "job-name", "output", "error", "input", "export", "export-file", "uid", "gid", "nodes", "ntasks",
-    "ntasks-per-node", "gres", "gpus", "gpus-per-node", "time", "partition", "account", "qos", "reservation",
-    "exclusive", "requeue", "no-requeue", "chdir", "wrap", "array", "dependency", "hold", "parsable",
-    "container", "mem", "cpus-per-task", "wait", "get-user-env", "propagate", "kill-on-invalid-dep", "signal",
-    "open-mode", "comment", "mail-user", "mail-type", "batch", "clusters", "cluster", "test-only",
+#: The sbatch options a target may add, by their whole names: where a site places and accounts a
+#: job. Only these, exactly — sbatch takes any unambiguous abbreviation of an option (``--ui`` is
+#: ``--uid``), so a list of refused names could never be whole; and none of them is one the
+#: backend sets itself or one that would undo what it guarantees (whom the job runs as, its
+#: environment, its logs, its requeue, its nodes).
+SITE_OPTIONS = frozenset({
+    "acctg-freq", "begin", "bb", "bbf", "cluster-constraint", "constraint", "contiguous", "core-spec",
+    "cores-per-socket", "cpu-freq", "cpus-per-gpu", "deadline", "delay-boot", "distribution", "exclude",
+    "extra-node-info", "gpu-bind", "gpu-freq", "gres-flags", "hint", "licenses", "mcs-label", "mem-bind",
+    "mem-per-cpu", "mem-per-gpu", "mincpus", "network", "nice", "nodelist", "overcommit", "oversubscribe", "power",
+    "priority", "profile", "reboot", "sockets-per-node", "spread-job", "switches", "thread-spec", "threads-per-core",
+    "time-min", "tmp", "use-min-nodes", "wckey",
 })
+#: What a run root may not hold: it is written into ``#SBATCH --output``/``--chdir`` lines, where
+#: SLURM reads a space as the option's end and ``%`` as a pattern (``%j``: the job id).
+_RUN_ROOT_REFUSED = set(" \t\n%#\"'\\`$,")
 Runtime = Literal["pyxis", "bubblewrap", "none"]
 
 
@@ -68,14 +74,21 @@ class SlurmSettings(BackendSettings):
                     "the run root or one of these: a path only this host has would be missing on the nodes.")
     container_runtime: Runtime = Field(
         "pyxis", title="Container runtime",
-        description="How each rank runs: pyxis (srun's container-image option, NVIDIA's enroot, as on DGX clusters: the "
+        description="How each rank runs: pyxis (srun's container-image option, NVIDIA's enroot, as on DGX "
+                    "clusters: the "
                     "request's image, inputs bound read-only), bubblewrap (the nodes' own programs in a sandbox "
                     "that sees only the job's inputs and results, as the local backend's frame), or none (the "
                     "node's own environment, only for a request whose inputs are read where they lie).")
-    partition: str | None = Field(None, title="Partition", description="The partition jobs are submitted to (sbatch's partition). Empty: the cluster's default.")
-    account: str | None = Field(None, title="Account", description="The account jobs are charged to (sbatch's account). Empty: the user's default.")
-    qos: str | None = Field(None, title="QOS", description="The quality of service (sbatch's qos). Empty: the account's default.")
-    reservation: str | None = Field(None, title="Reservation", description="A reservation jobs run in (sbatch's reservation). Empty: none.")
+    partition: str | None = Field(
+        None, title="Partition",
+        description="The partition jobs are submitted to (sbatch's partition). Empty: the cluster's default.")
+    account: str | None = Field(
+        None, title="Account",
+        description="The account jobs are charged to (sbatch's account). Empty: the user's default.")
+    qos: str | None = Field(
+        None, title="QOS", description="The quality of service (sbatch's qos). Empty: the account's default.")
+    reservation: str | None = Field(
+        None, title="Reservation", description="A reservation jobs run in (sbatch's reservation). Empty: none.")
     exclusive: bool = Field(
         False, title="Whole nodes",
         description="No other job shares the job's nodes (sbatch's exclusive): what multi-GPU training wants.")
@@ -85,9 +98,9 @@ class SlurmSettings(BackendSettings):
                     "compute_shape.gpus.")
     extra_options: dict[str, str] = Field(
         default_factory=dict, title="Other sbatch options",
-        description="More #SBATCH options a site requires, option → value (constraint: ib, mem-per-gpu: 64G). "
-                    "Each must be one word and a value without spaces; the options the backend sets itself "
-                    "(job-name, output, export, uid, nodes, time…) are refused.")
+        description="More #SBATCH options a site requires, option → value (constraint: ib, mem-per-gpu: 64G): "
+                    "sbatch's scheduling options by their whole names, each value one word; the options the "
+                    "backend sets itself (job-name, output, export, uid, nodes, time…) are refused.")
     allow_network: bool = Field(
         False, title="Network allowed",
         description="Whether a single-node job whose request asks for the network (network: true) gets it in its "
@@ -124,17 +137,24 @@ class SlurmSettings(BackendSettings):
     def _options(cls, value: dict[str, str]) -> dict[str, str]:
         for name, given in value.items():
             option = name.removeprefix("--")
-            if not re.fullmatch(OPTION_NAME, option):
-                raise ValueError(f"extra_options names {name!r}, which is not an sbatch option's name: a word of "
-                                 "lowercase letters, digits and dashes, such as constraint")
-            if option in OWN_OPTIONS:
-                raise ValueError(f"extra_options names --{option}, which the SLURM backend sets itself (or which "
-                                 "would undo what it guarantees): drop it, and use the target's own field where "
-                                 "there is one (partition, account, qos, reservation, exclusive)")
+            if option not in SITE_OPTIONS:
+                raise ValueError(f"extra_options names {name!r}, which is not one of the sbatch options a target may "
+                                 f"add (by its whole name: {', '.join(sorted(SITE_OPTIONS))}): the backend sets whom "
+                                 "the job runs as, its environment, logs, nodes, time and requeue itself; use the "
+                                 "target's own fields for partition, account, qos, reservation and exclusive")
             if not isinstance(given, str) or not re.fullmatch(OPTION_VALUE, given):
                 raise ValueError(f"extra_options --{option} value {given!r} is not one word: letters, digits and "
                                  "_.,:=@%+/- only, no space or newline (it becomes one #SBATCH line)")
         return {name.removeprefix("--"): given for name, given in value.items()}
+
+    @field_validator("run_root")
+    @classmethod
+    def _run_root(cls, value: str | None) -> str | None:
+        if value and _RUN_ROOT_REFUSED & set(value):
+            raise ValueError(f"run_root {value!r} holds {''.join(sorted(_RUN_ROOT_REFUSED & set(value)))!r}, which "
+                             "SLURM reads in a batch script's #SBATCH lines as the end of a path or a pattern (%j): "
+                             "choose a directory whose path has none of them")
+        return value
 
     def resolved(self, environ: Mapping[str, str] | None = None) -> SlurmSettings:
         """These settings with ``run_root`` and ``slurm_conf`` decided (given, else the environment,
