@@ -509,4 +509,3 @@ def parse_request(data: Any, *, source: str = "request", environ: Mapping[str, s
                          "key, a token or a URL's user:password@); a request names credentials in forward_env and "
                          "never holds them")
     return request
-

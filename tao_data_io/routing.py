@@ -132,4 +132,3 @@ def record_route(store: RecordStore, job_id: str, route: OutputRoute, *, force: 
         return record.model_copy(update={"output_route": pinned})
 
     return store.update(job_id, change)
-

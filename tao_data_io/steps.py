@@ -435,8 +435,6 @@ def running_jobs(store: RecordStore, backend: Backend, *,
     return seen, elsewhere
 
 
-
-
 def cancel_job(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli",
                reason: str | None = None, owner: str | None = None) -> JobRecord:
     """Stop the job and everything it started and mark the record CANCELED, saying ``reason`` —

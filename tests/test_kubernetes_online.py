@@ -47,6 +47,7 @@ from .kube.volumes import Inode, Volume
 #: The stand-in cluster and the input bucket (pytest fixtures of tests/kube_cluster.py).
 kube, input_bucket = kube_cluster.kube, kube_cluster.input_bucket
 
+
 # ----------------------------------------------------------------------------- submit
 def test_a_single_node_submit_creates_secret_configmap_job_owned_by_the_job(kube: KubeStandIn, tmp_path: Path) -> None:
     said: list[str] = []
@@ -1046,8 +1047,6 @@ def test_gate_access_lists_every_refusal_in_one_line(kube: KubeStandIn, tmp_path
     gate_case(kube, tmp_path, job_request(), make_backend(),
               "kubeconfig context 'stand-in' may not create jobs.batch, patch secrets in namespace 'tao': ask the "
               "cluster's admin for a Role granting them and a RoleBinding to this identity")
-
-
 
 
 @pytest.mark.parametrize(("seeded", "settings", "fields", "fragment"), [

@@ -219,8 +219,6 @@ def test_a_run_killed_mid_stream_is_finished_by_the_next_leaving_nothing_half_wr
     assert tree_digest(dest) == expected and temp_leftovers(dest) == []
 
 
-
-
 def test_an_upload_streamed_in_chunks_decides_each_file_against_its_own_object(
         s3_credentials: S3Credentials, bucket: str, chunked: None, tmp_path: Path) -> None:
     """The tree is walked in the order S3 lists keys (``a-b`` < ``a.txt`` < ``a/…`` < ``a0``: a

@@ -36,6 +36,7 @@ from tao_data_io.fs.state import state_dir_for
 
 from .helpers import HOSTILE_KEYS, run_cli, temp_leftovers, tree_digest, write_tree
 
+
 def test_traversal_keys_are_refused_and_nothing_is_written_outside(moto_credentials: S3Credentials,
                                                                    tmp_path: Path) -> None:
     client = make_s3_client(moto_credentials)

@@ -319,4 +319,3 @@ def remove_token(results: Path) -> None:
         pass
     finally:
         os.close(fd)
-

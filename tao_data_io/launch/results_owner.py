@@ -237,4 +237,3 @@ def take_back_results(results: Path) -> list[str]:
         return take_back(fd, (os.geteuid(), os.getegid()) if os.geteuid() == 0 else None)
     finally:
         os.close(fd)
-

@@ -144,4 +144,3 @@ class RunRoot(Generic[Run, Record]):
     def training_status(self, ref: str) -> bytes | None:
         results = self.results_path(ref)
         return None if results is None else read_job_file(Path(results), STATUS_FILE, limit=STATUS_TAIL_BYTES)
-

@@ -36,6 +36,7 @@ from ..fs.confinement import STATE_DIR_NAME
 from ..fs.temp import is_temp_name
 from .summary import Skipped
 
+
 @dataclass(frozen=True)
 class LocalFile:
     relative: str

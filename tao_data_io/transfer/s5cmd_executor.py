@@ -273,4 +273,3 @@ def _match_command(command: str, by_destination: dict[str, Item]) -> Item | None
         if item is not None:
             return item
     return None
-

@@ -95,7 +95,6 @@ def _sizes(files: Iterable[LocalFile]) -> tuple[int, list[LocalFile]]:
     return total, largest
 
 
-
 class Uploads(ControlPlane):
     """The upload half of :class:`~tao_data_io.transfer.engine.TransferEngine`."""
 
@@ -287,4 +286,3 @@ class Uploads(ControlPlane):
         if landed is not None and landed.etag:
             store.record(after, etag=landed.etag, keep=store.same_stat(after))
         return None
-

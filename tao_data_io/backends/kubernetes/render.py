@@ -132,6 +132,8 @@ RESULTS_DIR = "results"
 JOBS_DIR = "jobs"
 #: The final upload's time: the budget at the measured rate, plus this much for start-up.
 GRACE_MARGIN_SECONDS = 60
+
+
 def failure_policy(pod: dict[str, Any]) -> dict[str, Any]:
     """A one-pod training Job's failure policy (rules in order, the first match wins):
 
