@@ -27,7 +27,7 @@ from .redaction import mask_userinfo
 # Under the name it had when redaction lived here: a flow whose run failed with it has it stored by
 # that name (Prefect's JSON result serializer keeps an exception as its qualified name,
 # tao_data_io.credentials.MaskedError, and rebuilds it from there).
-from .redaction import MaskedError as MaskedError  # noqa: F401 - see above
+from .redaction import MaskedError as MaskedError  # re-exported: see above
 
 #: (official AWS name, legacy TAO name) for each S3 setting.
 AWS_TO_LEGACY: dict[str, str] = {

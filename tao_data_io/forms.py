@@ -49,7 +49,7 @@ _NESTED_MANY = ("anyOf", "oneOf", "allOf", "prefixItems")
 GuardedText = Annotated[str, WithJsonSchema({"type": "string", **NO_CREDENTIAL})]
 #: A JSON value whose every text is guarded, a mapping's keys too, at any depth: the form's view of a TAO spec.
 SpecTree = TypeAliasType(
-    "SpecTree", Union[GuardedText, bool, int, float, None, list["SpecTree"], dict[GuardedText, "SpecTree"]])  # noqa: UP007
+    "SpecTree", Union[GuardedText, bool, int, float, None, list["SpecTree"], dict[GuardedText, "SpecTree"]])
 
 
 def _as_is(value: Any) -> Any:

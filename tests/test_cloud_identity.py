@@ -99,7 +99,7 @@ class _PodIdentityAgent:
         agent = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+            def do_GET(self) -> None:  # the standard library's name
                 if self.headers.get("Authorization") != token:
                     self.send_response(401)
                     self.end_headers()

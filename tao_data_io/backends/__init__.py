@@ -58,7 +58,7 @@ def platforms() -> Mapping[str, Platform]:
     for point in entry_points(group=ENTRY_POINTS):
         try:
             platform = point.load()
-        except Exception as exc:  # a plugin's own import error: said, and the rest still work
+        except Exception as exc:  # noqa: BLE001 - a plugin's own import error: said, and the rest still work
             log.warning("backend entry point %s (%s) could not be loaded, left out: %s", point.name, point.value, exc)
             continue
         _add(found, platform, f"entry point {point.name} ({point.value})")

@@ -27,7 +27,8 @@ from ..errors import UsageError
 from ..names import check_backend_ref, check_job_id
 from ..schema import Strict, describe_validation_error
 from .backend import DamagedRecordError
-from ..vocabulary import STATES, STORAGE_TIERS, TERMINAL_STATES, State, StorageTier  # noqa: F401 - re-exported
+from ..vocabulary import STATES, STORAGE_TIERS, State, StorageTier
+from ..vocabulary import TERMINAL_STATES as TERMINAL_STATES  # re-exported: the package's lazy exports find it here
 
 SCHEMA_VERSION = "1"
 

@@ -78,7 +78,7 @@ def _upload_digests(source_root: Path, options: TransferOptions) -> DigestStore:
 def _import_data_path() -> None:
     """Import the executors' modules (obstore's native library, asyncio): in a fresh process, the
     tens of milliseconds this takes can overlap a listing's round trips instead of following them."""
-    from . import obstore_executor, s5cmd_executor  # noqa: F401
+    from . import obstore_executor, s5cmd_executor  # noqa: F401 - imported for the import's time, not a name
 
 
 def _sizes(files: Iterable[LocalFile]) -> tuple[int, list[LocalFile]]:

@@ -135,7 +135,7 @@ def _open_text(path: Path) -> io.TextIOBase:
     """Open a text annotation, decompressing gzip by its magic bytes (not its name)."""
     if _is_gzip(path):
         return gzip.open(path, "rt", encoding="utf-8")  # type: ignore[return-value]
-    return open(path, encoding="utf-8")  # noqa: SIM115 - the caller closes it
+    return open(path, encoding="utf-8")  # the caller closes it
 
 
 def _read_parquet(path: Path, keys: tuple[str, ...], label: str, references: set[str]) -> None:
