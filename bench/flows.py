@@ -142,7 +142,8 @@ def submit_comparison(work: Path, reps: int) -> list[str]:
     hub = ModelHub({MODEL_REPO: model})
     threading.Thread(target=hub.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
     os.environ.update({"HF_ENDPOINT": hub.url, "HF_HOME": str(work / "hf-home")})
-    LocalTarget(settings=LocalSettings(run_root=str(work / "flow-local")), staging_root=str(work / "flow-work")).save("bench", overwrite=True)
+    LocalTarget(settings=LocalSettings(run_root=str(work / "flow-local")),
+                staging_root=str(work / "flow-work")).save("bench", overwrite=True)
     JobRecords(location=str(work / "flow-jobs")).save("bench", overwrite=True)
     backend, store = LocalBackend(LocalSettings(run_root=str(work / "cli-local"))), RecordStore(work / "cli-jobs")
     times: dict[str, list[float]] = {"verbs.submit": [], "submit-tao-job flow": [],
@@ -176,7 +177,8 @@ def submit_comparison(work: Path, reps: int) -> list[str]:
         hub.shutdown()
     base = statistics.median(times["verbs.submit"])
     rows = ["| composition | wall time | vs the verb run directly |", "|---|---|---|"]
-    rows += [f"| {name} | {median(values)} | +{statistics.median(values) - base:.2f}s |" for name, values in times.items()]
+    rows += [f"| {name} | {median(values)} | +{statistics.median(values) - base:.2f}s |"
+             for name, values in times.items()]
     return rows
 
 

@@ -101,7 +101,8 @@ class S3Credentials:
         if self.pod_identity:  # the child's own chain reads (and refreshes) the identity
             env.update({name: source[name] for name in POD_IDENTITY_VARIABLES if name in source})
         else:
-            env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = str(self.access_key_id), str(self.secret_access_key)
+            env["AWS_ACCESS_KEY_ID"] = str(self.access_key_id)
+            env["AWS_SECRET_ACCESS_KEY"] = str(self.secret_access_key)
         env["AWS_REGION"] = self.region
         env["AWS_DEFAULT_REGION"] = self.region
         if self.session_token:

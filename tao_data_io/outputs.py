@@ -92,7 +92,8 @@ class UploadOutcome:
         summary = self.summary
         return (f"uploaded {summary.transferred_files} files ({human_size(summary.transferred_bytes)}) to "
                 f"{self.route.destination if self.route else '?'}, {summary.unchanged_files} already there, "
-                f"{summary.excluded_files} excluded" + (f", {summary.failed_files} FAILED" if summary.failed_files else ""))
+                f"{summary.excluded_files} excluded"
+                + (f", {summary.failed_files} FAILED" if summary.failed_files else ""))
 
 
 def results_filter(rules: Sequence[FilterRule] = (), upload_excludes: Sequence[str] = ()) -> PathFilter:
@@ -182,7 +183,8 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
         started = _now()
         declared = [*record.upload_excludes, *upload_excludes]
         budget = (None if record.results_limit is None
-                  else (quantity_bytes(record.results_limit), f"the job's outputs.results_limit {record.results_limit}"))
+                  else (quantity_bytes(record.results_limit),
+                        f"the job's outputs.results_limit {record.results_limit}"))
         options = TransferOptions(filter=results_filter(rules, declared), settle_seconds=settle_seconds,
                                   progress=progress, untrusted_source="results_dir", budget=budget,
                                   activity=activity)

@@ -398,7 +398,8 @@ class JobRequest(RequestPart):
                 raise ValueError(f"mode 'config' needs '{{config_path}}' in command, got {command!r}")
         overlap = sorted(set(self.environment) & set(self.forward_env))
         if overlap:
-            raise ValueError(f"{overlap} appear in both environment and forward_env; a credential is forwarded by name only")
+            raise ValueError(f"{overlap} appear in both environment and forward_env; "
+                             "a credential is forwarded by name only")
         self._check_declarations()
         place_sources(self.remote_sources())  # two sources that would land in one place are refused at load time
         return self

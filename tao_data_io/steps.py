@@ -173,7 +173,8 @@ def start(plan: LaunchPlan, backend: Backend, *, environ: Mapping[str, str] | No
     try:
         which = f"attempt {plan.attempt} " if plan.attempt > 1 else ""
         store.mark(plan.job_id, "PENDING", source=source, backend_ref=submission.backend_ref,
-                   message=f"{which}launched as {submission.backend_ref}; waiting for the verdict from inside its frame",
+                   message=f"{which}launched as {submission.backend_ref}; "
+                           "waiting for the verdict from inside its frame",
                    restored=submission.restored)
     except UsageError:
         if store.get(plan.job_id).state != "CANCELED":

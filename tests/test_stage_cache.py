@@ -91,7 +91,8 @@ def test_a_changed_source_is_staged_again(s3_credentials: S3Credentials, s3_clie
     assert (cache / (images.sub_path or "") / "img00.jpg").read_bytes() == b"changed"
 
 
-def test_n_shards_stage_exactly_what_one_run_stages(s3_credentials: S3Credentials, dataset: str, tmp_path: Path) -> None:
+def test_n_shards_stage_exactly_what_one_run_stages(s3_credentials: S3Credentials, dataset: str,
+                                                    tmp_path: Path) -> None:
     with TransferEngine(s3_credentials) as engine:
         stage(_request(dataset), tmp_path / "one", engine=engine)
         parts = [stage(_request(dataset), tmp_path / "sharded", engine=engine, stager=stage_cached, shard=Shard(i, 3),
@@ -111,8 +112,8 @@ def test_plan_stage_moves_nothing_and_matches_the_real_layout(s3_credentials: S3
     assert sorted(os.listdir(tmp_path / "plan")) == ["config", "staging-map.json"]
 
 
-def test_the_cache_resolves_a_kind_once_and_lists_a_folder_once(s3_credentials: S3Credentials, dataset: str,
-                                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cache_resolves_a_kind_once_and_lists_a_folder_once(
+        s3_credentials: S3Credentials, dataset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the cache path the source's kind is asked of the bucket once (for its identity and for
     staging alike), a folder is listed once (the listing its identity hashes is the one the sync
     then uses), and each source is parsed once."""

@@ -226,7 +226,8 @@ def test_an_upload_streamed_in_chunks_decides_each_file_against_its_own_object(
     listing it reads — across chunk boundaries too: a rerun uploads nothing, a change only itself."""
     source = tmp_path / "results"
     files = {"a-b": b"1", "a.txt": b"2", "a0": b"3", **{f"a/{i:04d}.ckpt": b"a%d" % i for i in range(600)},
-             **{f"b-c/{i:04d}.log": b"c%d" % i for i in range(500)}, **{f"b/{i:04d}.bin": b"b%d" % i for i in range(1000)}}
+             **{f"b-c/{i:04d}.log": b"c%d" % i for i in range(500)},
+             **{f"b/{i:04d}.bin": b"b%d" % i for i in range(1000)}}
     write_tree(source, files)
     old = 1_600_000_000
     for path in source.rglob("*"):

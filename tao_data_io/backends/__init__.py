@@ -112,8 +112,9 @@ def platform_of(name: str) -> Platform:
     """The backend called ``name``; a name no backend has is refused, naming those there are."""
     known = platforms()
     if name not in known:
-        raise UsageError(f"platform {name!r} is not a backend: use {said_list([repr(name) for name in known])} (a backend another distribution "
-                         "provides is found once that distribution is installed here)")
+        raise UsageError(f"platform {name!r} is not a backend: use {said_list([repr(name) for name in known])} "
+                         "(a backend another distribution provides is found once that distribution is installed "
+                         "here)")
     return known[name]
 
 

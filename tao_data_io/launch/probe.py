@@ -109,7 +109,8 @@ while IFS="$tab" read -r check path argument; do
       else report ok "$check" "$path" "present"; fi ;;
     results-writable)
       if ! mkdir -p "$path" 2>/dev/null; then report fail "$check" "$path" "cannot be created"
-      elif ! { rm -f "$path/.tao-data-io-verify"; printf '%s' "$argument" > "$path/.tao-data-io-verify"; } 2>/dev/null; then
+      elif ! { rm -f "$path/.tao-data-io-verify"
+               printf '%s' "$argument" > "$path/.tao-data-io-verify"; } 2>/dev/null; then
         report fail "$check" "$path" "is not writable"
       else report ok "$check" "$path" "writable (token written)"; fi ;;
     persistent)

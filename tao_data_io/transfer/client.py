@@ -2,9 +2,10 @@
 
 Why a factory: every client must use the same retry policy (botocore's ``adaptive`` mode:
 exponential backoff with jitter on throttling, 5xx and connection resets, plus client-side
-rate limiting when the server throttles; :data:`MAX_ATTEMPTS` unless ``AWS_MAX_ATTEMPTS`` says), the same timeouts, and path-style addressing for
-S3-compatible endpoints. Each engine builds its own session, so engines in different threads
-never share a session; the only thing shared is the read-only cache of parsed service models.
+rate limiting when the server throttles; :data:`MAX_ATTEMPTS` unless ``AWS_MAX_ATTEMPTS`` says),
+the same timeouts, and path-style addressing for S3-compatible endpoints. Each engine builds its
+own session, so engines in different threads never share a session; the only thing shared is the
+read-only cache of parsed service models.
 
 botocore is imported when the first client is built, not with this module: importing it costs
 ~90 ms, and a command that never needs a client (``--help``, a sync whose listing went through
@@ -90,7 +91,8 @@ def explain(exc: Exception, *, bucket: str, endpoint_url: str | None) -> Excepti
 
     where = mask_userinfo(endpoint_url) if endpoint_url else "AWS S3"
     if isinstance(exc, EndpointConnectionError):
-        return UsageError(f"cannot reach the S3 endpoint {where}: check AWS_ENDPOINT_URL (or S3_ENDPOINT_URL) and the network")
+        return UsageError(f"cannot reach the S3 endpoint {where}: "
+                          "check AWS_ENDPOINT_URL (or S3_ENDPOINT_URL) and the network")
     if isinstance(exc, NoCredentialsError):
         return CredentialError("no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
     if isinstance(exc, ClientError):

@@ -53,7 +53,8 @@ class LocalFile:
 
     @property
     def identity(self) -> tuple[int, int]:
-        """(device, inode): what a later open must find under the scanned name (:func:`~tao_data_io.fs.reading.open_scanned`)."""
+        """(device, inode): what a later open must find under the scanned name
+        (:func:`~tao_data_io.fs.reading.open_scanned`)."""
         return self.dev, self.ino
 
 

@@ -209,7 +209,8 @@ class S5cmdExecutor:
                 if message is None or "command" not in message:
                     stderr_lines.append(raw.rstrip())
                     continue
-                report(_match_command(str(message["command"]), by_destination), _failure(str(message.get("error", "failed"))))
+                report(_match_command(str(message["command"]), by_destination),
+                       _failure(str(message.get("error", "failed"))))
 
         threads = [threading.Thread(target=feed, daemon=True), threading.Thread(target=read_errors, daemon=True)]
         for thread in threads:
@@ -232,7 +233,8 @@ class S5cmdExecutor:
         leftover = [item for item in batch if id(item) in pending]
         if leftover:
             detail = Redactor(env).redact(" / ".join(stderr_lines[-3:]))
-            reason = f"s5cmd exited with {process.returncode} without transferring it" + (f": {detail}" if detail else "")
+            reason = (f"s5cmd exited with {process.returncode} without transferring it"
+                      + (f": {detail}" if detail else ""))
             for item in leftover:
                 report(item, ItemFailed(reason))
 

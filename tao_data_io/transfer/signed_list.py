@@ -14,7 +14,8 @@ decodes them) and accepts only a 200 whose body parses completely. Anything else
 a redirect, a refused connection, a malformed page — and any setting that changes how botocore
 reaches S3 (a proxy for the endpoint, an AWS config file, FIPS or dual-stack endpoints, a non-default
 partition) hands the listing to boto3 from that page on, which owns retries, region redirects and
-the error messages that name the fix. A failure costs one extra request, never a different answer. Nothing here logs or raises a credential.
+the error messages that name the fix. A failure costs one extra request, never a different answer.
+Nothing here logs or raises a credential.
 
 TLS is verified against ``AWS_CA_BUNDLE`` when it is set, as botocore does, else against the
 system's trust store (botocore uses certifi's copy of it).
@@ -130,7 +131,8 @@ def _target(credentials: S3Credentials, bucket: str, environ: Mapping[str, str])
         target = url.scheme, url.netloc, f"/{bucket}"
     else:
         region = credentials.region
-        if any(environ.get(name) for name in _AWS_ENDPOINT_VARIABLES) or region.startswith(("cn-", "us-gov-", "us-iso")):
+        if (any(environ.get(name) for name in _AWS_ENDPOINT_VARIABLES)
+                or region.startswith(("cn-", "us-gov-", "us-iso"))):
             return None
         if "." in bucket:  # a dotted name breaks the TLS wildcard: botocore uses path style too
             target = "https", f"s3.{region}.amazonaws.com", f"/{bucket}"

@@ -113,7 +113,8 @@ class Uploads(ControlPlane):
         summary = TransferSummary(str(source), str(prefix), dry_run=options.dry_run)
         started = time.monotonic()
         if not source.is_dir():
-            raise UsageError(f"SRC {str(source)!r} is not a directory; sync uploads a directory — use `cp` for one file")
+            raise UsageError(f"SRC {str(source)!r} is not a directory; "
+                             "sync uploads a directory — use `cp` for one file")
         root_fd = (os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if options.untrusted_source is None
                    else open_directory_nofollow(source, what=options.untrusted_source))
         stack = ExitStack()
@@ -214,9 +215,10 @@ class Uploads(ControlPlane):
                        f"upload never deletes: what earlier uploads left stays), {human_size(total + kept)} in all"
                        if kept else "")
             fix = f", or delete from {prefix} what earlier uploads left that need not be kept" if kept else ""
-            raise UsageError(f"{source} holds {human_size(total)} to upload (apparent sizes: a sparse file counts whole, "
-                             f"as S3 stores it){earlier}, more than {what} allows ({human_size(limit)}); nothing was "
-                             f"uploaded. The largest: {shown}. Raise {what}, or exclude what need not be kept{fix}")
+            raise UsageError(f"{source} holds {human_size(total)} to upload (apparent sizes: a sparse file counts "
+                             f"whole, as S3 stores it){earlier}, more than {what} allows ({human_size(limit)}); "
+                             f"nothing was uploaded. The largest: {shown}. Raise {what}, or exclude what need not "
+                             f"be kept{fix}")
 
     def upload_file(self, source: Path, url: S3Url, options: TransferOptions) -> TransferSummary:
         summary = TransferSummary(str(source), str(url), dry_run=options.dry_run)
@@ -225,7 +227,8 @@ class Uploads(ControlPlane):
         head = self._head(url)
         remote = {}
         if head is not None:
-            remote[url.key] = RemoteObject(url.key, source.name, int(head["ContentLength"]), clean_etag(head.get("ETag")))
+            remote[url.key] = RemoteObject(url.key, source.name, int(head["ContentLength"]),
+                                           clean_etag(head.get("ETag")))
         store = _upload_digests(source.parent, options)
         try:
             tracker = ProgressTracker(0, 0, options.progress, planning=True)

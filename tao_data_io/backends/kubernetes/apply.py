@@ -129,7 +129,8 @@ def _taken(existing: Mapping[str, Any], obj: Mapping[str, Any], job_id: str) -> 
     others = [claim for claim, mine in ((annotation, job_id), (label, ours)) if claim not in (None, mine)]
     if not (managed and others):
         return f"is not job {job_id!r}'s (its labels: {labels})"
-    return f"belongs to job {others[0]!r}, not job {job_id!r} (its label names {label!r}, its annotation {annotation!r})"
+    return (f"belongs to job {others[0]!r}, not job {job_id!r} "
+            f"(its label names {label!r}, its annotation {annotation!r})")
 
 
 def create(api: Api, obj: dict[str, Any], job_id: str, *, dry_run: bool = False) -> tuple[dict[str, Any], bool]:

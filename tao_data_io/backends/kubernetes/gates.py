@@ -325,17 +325,19 @@ def admit_pods(api: Api, objects: Sequence[dict[str, Any]]) -> list[str]:
         sent, got = template["spec"], admitted.get("spec") or {}
         defaults = _defaulted_resources(sent, got, ours=False) if step_of(job) == "train" else ""
         if defaults:
-            caps = " a default limit caps the container (a cpu limit throttles training);" if "limits." in defaults else ""
+            caps = (" a default limit caps the container (a cpu limit throttles training);" if "limits." in defaults
+                    else "")
             changed.append(f"admission in namespace {api.namespace!r} (a LimitRange, or a mutating webhook) sets what "
                            f"the request leaves unset in the training pods of Job {name} — {defaults};{caps} give "
                            "compute_shape.cpu, memory and ephemeral_storage to choose them")
         own = _defaulted_resources(sent, got, ours=True)
         if own:
-            changed.append(f"admission in namespace {api.namespace!r} (a LimitRange, or a mutating webhook) sets limits "
-                           f"in tao-data-io's own containers of Job {name} — {own}: the kubelet kills a container "
-                           "past its memory limit and evicts the pod past the sum of its containers' ephemeral-storage "
-                           "limits (what the job stages and uploads counts), so a stage or the final upload may end "
-                           "there; ask the namespace's admin for defaults that fit, or a namespace without them")
+            changed.append(f"admission in namespace {api.namespace!r} (a LimitRange, or a mutating webhook) sets "
+                           f"limits in tao-data-io's own containers of Job {name} — {own}: the kubelet kills a "
+                           "container past its memory limit and evicts the pod past the sum of its containers' "
+                           "ephemeral-storage limits (what the job stages and uploads counts), so a stage or the "
+                           "final upload may end there; ask the namespace's admin for defaults that fit, or a "
+                           "namespace without them")
     return changed
 
 

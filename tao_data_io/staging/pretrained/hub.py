@@ -91,7 +91,8 @@ class HubRegistry:
     def _errors(self) -> Iterator[None]:
         """Turn huggingface_hub's errors into ours: what was wrong, and what to change."""
         import httpx2
-        from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError, RevisionNotFoundError
+        from huggingface_hub.errors import (HfHubHTTPError, HFValidationError, RepositoryNotFoundError,
+                                            RevisionNotFoundError)
 
         repo = self.uri.repo_id
         try:
@@ -106,7 +107,8 @@ class HubRegistry:
             if isinstance(exc, RepositoryNotFoundError):
                 raise UsageError(f"Hugging Face repo {repo!r} does not exist at {self.where}: "
                                  f"check the org/repo in {self.uri}") from exc
-            raise TransferError(f"the Hub at {self.where} failed for {self.uri} (HTTP {status}); rerun to retry") from exc
+            raise TransferError(f"the Hub at {self.where} failed for {self.uri} (HTTP {status}); "
+                                "rerun to retry") from exc
         except HFValidationError as exc:
             raise UsageError(f"{self.uri} is not a valid Hub reference: {exc}") from exc
         except (OSError, httpx2.HTTPError) as exc:

@@ -148,7 +148,8 @@ def _read_parquet(path: Path, keys: tuple[str, ...], label: str, references: set
     try:
         parquet = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as exc:
-        raise UsageError(f"{label}: not a readable parquet file ({exc}); check the file or set the right format") from exc
+        raise UsageError(f"{label}: not a readable parquet file ({exc}); "
+                         "check the file or set the right format") from exc
     schema = parquet.schema_arrow
     for key in keys:
         if key not in schema.names:
@@ -211,7 +212,8 @@ def _read_jsonl(path: Path, keys: tuple[str, ...], label: str, references: set[s
                     raise UsageError(f"{label}, line {number}: not valid JSON ({exc}); "
                                      "each line of a JSONL annotation must be one JSON object") from exc
                 if not isinstance(record, dict):
-                    raise UsageError(f"{label}, line {number}: a JSON {type(record).__name__} where an object was expected")
+                    raise UsageError(f"{label}, line {number}: a JSON {type(record).__name__} "
+                                     "where an object was expected")
                 columns.update(dict.fromkeys(record))
                 for key in keys:
                     if key in record:
@@ -289,8 +291,8 @@ def _read_csv(path: Path, keys: tuple[str, ...], label: str, references: set[str
             if key not in columns:
                 raise _missing_column(key, label, columns)
         line = 2
-        for chunk in pd.read_csv(path, usecols=list(keys), dtype=str, na_filter=False, skip_blank_lines=False, chunksize=_BATCH_ROWS,
-                                 compression=compression):
+        for chunk in pd.read_csv(path, usecols=list(keys), dtype=str, na_filter=False, skip_blank_lines=False,
+                                 chunksize=_BATCH_ROWS, compression=compression):
             for key in keys:
                 column = chunk[key]
                 empty = (column == "").to_numpy().nonzero()[0]
