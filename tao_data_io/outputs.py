@@ -109,7 +109,7 @@ def resolve_route(record: JobRecord, environ: Mapping[str, str]) -> OutputRoute:
     return record.output_route or decide_route(record.job_id, environ)
 
 
-def final_upload(record: JobRecord, destination: str) -> dict[str, object] | None:
+def final_upload(record: JobRecord, destination: str) -> Mapping[str, object] | None:
     """The entry of a successful final upload to ``destination``, if the job is terminal and has
     one — of its latest attempt (an earlier attempt's final upload is not this one's)."""
     if record.state not in TERMINAL_STATES:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
@@ -31,7 +31,7 @@ from .schema import Strict, describe_validation_error
 from .spec import iter_strings, remote_uris
 from .uris import is_remote_uri, parse_s3_url, parse_uri, staging_location
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION: Final = "1"
 
 
 class RequestPart(Strict):
@@ -497,7 +497,8 @@ def parse_request(data: Any, *, source: str = "request", environ: Mapping[str, s
         request = JobRequest.model_validate(data)
     except ValidationError as exc:
         invalid = UsageError(describe_validation_error(exc, f"invalid job {source}"))
-        forwarded = data.get("forward_env") if isinstance(data.get("forward_env"), list) else []
+        named = data.get("forward_env")
+        forwarded = named if isinstance(named, list) else []
         raise masked(invalid, Redactor(environ, secret_names=[n for n in forwarded if isinstance(n, str)])) from None
     dumped = request.model_dump(mode="json")
     leaked = credential_value_fields(dumped, environ, secret_names=request.forward_env)

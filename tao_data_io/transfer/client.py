@@ -43,11 +43,10 @@ def make_s3_client(credentials: S3Credentials, *, max_pool_connections: int = 32
     import botocore.session
     from botocore.config import Config
 
-    # botocore's ``max_attempts`` counts retries; AWS_MAX_ATTEMPTS counts attempts, the first included.
-    attempts = ({"max_attempts": MAX_ATTEMPTS} if credentials.max_attempts is None
-                else {"total_max_attempts": credentials.max_attempts})
     config = Config(
-        retries={"mode": "adaptive", **attempts},
+        # botocore's ``max_attempts`` counts retries; AWS_MAX_ATTEMPTS counts attempts, the first included.
+        retries=({"mode": "adaptive", "max_attempts": MAX_ATTEMPTS} if credentials.max_attempts is None
+                 else {"mode": "adaptive", "total_max_attempts": credentials.max_attempts}),
         connect_timeout=10,
         read_timeout=120,
         max_pool_connections=max_pool_connections,
@@ -71,10 +70,10 @@ def resolved_keys() -> dict[str, str]:
     import boto3
 
     found = boto3.Session().get_credentials()
-    if found is None:
+    frozen = None if found is None else found.get_frozen_credentials()
+    if frozen is None or frozen.access_key is None or frozen.secret_key is None:
         raise CredentialError("this process has no S3 credentials and its cloud identity gave none: check the pod's "
                               "service account and its role")
-    frozen = found.get_frozen_credentials()
     keys = {"AWS_ACCESS_KEY_ID": frozen.access_key, "AWS_SECRET_ACCESS_KEY": frozen.secret_key}
     return {**keys, **({"AWS_SESSION_TOKEN": frozen.token} if frozen.token else {})}
 

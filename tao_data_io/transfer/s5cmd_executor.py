@@ -189,22 +189,23 @@ class S5cmdExecutor:
         process = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    env=env, text=True, encoding="utf-8", bufsize=1 << 16,
                                    preexec_fn=_die_with_parent())
-        assert process.stdin and process.stdout and process.stderr
+        stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
+        assert stdin and stdout and stderr
         stderr_lines: list[str] = []
 
         def feed() -> None:
             try:
-                process.stdin.writelines(lines)  # type: ignore[union-attr]
+                stdin.writelines(lines)
             except BrokenPipeError:
                 pass
             finally:
                 try:
-                    process.stdin.close()  # type: ignore[union-attr]
+                    stdin.close()
                 except BrokenPipeError:
                     pass
 
         def read_errors() -> None:
-            for raw in process.stderr:  # type: ignore[union-attr]
+            for raw in stderr:
                 message = _parse(raw)
                 if message is None or "command" not in message:
                     stderr_lines.append(raw.rstrip())
@@ -216,13 +217,13 @@ class S5cmdExecutor:
         for thread in threads:
             thread.start()
         try:
-            for raw in process.stdout:
+            for raw in stdout:
                 message = _parse(raw)
                 if message and message.get("success"):
-                    item = by_destination.get(str(message.get("destination")))
+                    done = by_destination.get(str(message.get("destination")))
                     obj = message.get("object")
-                    if item is not None:
-                        report(item, *landed_file(item, obj.get("size") if isinstance(obj, dict) else None))
+                    if done is not None:
+                        report(done, *landed_file(done, obj.get("size") if isinstance(obj, dict) else None))
         except BaseException:
             process.kill()  # our side failed: never leave the child writing on its own
             raise

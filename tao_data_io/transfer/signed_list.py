@@ -145,7 +145,7 @@ def _proxied(host: str, environ: Mapping[str, str]) -> bool:
     """Whether a proxy variable applies to ``host`` (``NO_PROXY`` exempts it, as for botocore)."""
     if not any(environ.get(name) for name in _PROXY_VARIABLES):
         return False
-    from urllib.request import proxy_bypass_environment
+    from urllib.request import proxy_bypass_environment  # type: ignore[attr-defined]  # in CPython, undocumented: not in typeshed
 
     return not proxy_bypass_environment(host, {"no": environ.get("NO_PROXY") or environ.get("no_proxy") or ""})
 
@@ -157,6 +157,7 @@ def sign(credentials: S3Credentials, method: str, host: str, path: str, canonica
     ``path`` must already be URI-encoded (S3 signs it as sent); ``canonical_query`` is the
     sorted, encoded query string, sent exactly as signed.
     """
+    assert credentials.secret_access_key is not None, "a cloud identity is never signed here (see _target)"
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
     headers = {"host": host, "x-amz-content-sha256": _EMPTY_SHA256, "x-amz-date": stamp}
     if credentials.session_token:

@@ -42,7 +42,8 @@ class _Budget:
     prefix never exceeds it."""
 
     def __init__(self, budget: tuple[int, str] | None, prefix: S3Url, listing: RemoteIndex) -> None:
-        self._limit, self._what = budget if budget is not None else (None, "")
+        limit: tuple[int | None, str] = budget if budget is not None else (None, "")
+        self._limit, self._what = limit
         self._prefix = prefix
         self._held = 0 if budget is None else listing.total_bytes()
 
@@ -144,9 +145,9 @@ class Uploads(ControlPlane):
                              and budget.takes(local, remote.get(prefix.key + local.relative), summary)]
                     yield self._plan_upload(prefix.bucket, items, remote, store, strategy, summary, options, tracker)
                 # What the walk held back, decided (the second walk it may take beats as the first did).
-                for chunk in plan_chunks(walk.decided(source, on_directory=beat)):
-                    files = [entry for entry in chunk if not isinstance(entry, Skipped)]
-                    summary.skip(*(entry for entry in chunk if isinstance(entry, Skipped)))
+                for held in plan_chunks(walk.decided(source, on_directory=beat)):
+                    files = [entry for entry in held if not isinstance(entry, Skipped)]
+                    summary.skip(*(entry for entry in held if isinstance(entry, Skipped)))
                     remote = listing.among([prefix.key + local.relative for local, _ in files])
                     items = [(local, prefix.key + local.relative) for local, outside in files
                              if self._admitted(local, outside, prefix, options, summary)

@@ -54,7 +54,8 @@ from ...names import check_env_name
 from .names import object_names
 from ...records import JobRecord
 from ...quantities import quantity_bytes
-from ...request import DEFAULT_RESULTS_LIMIT, JobRequest, check_container_path
+from ...frame import check_container_path
+from ...request import DEFAULT_RESULTS_LIMIT, JobRequest
 from ...tier import TIER_C_BYTES_PER_SECOND
 from ...launch.collective import DEFAULT_TIMEOUT_S, PROBE_PROGRAM
 from .kueue import QUEUE_LABEL
@@ -503,7 +504,7 @@ class _Job:
                  "volumeMounts": mounts, "resources": self._resources()}
         located = claim_paths(plan)  # pre-positioned inputs, read from above: see claim_paths
         probe_mounts = [m for m in mounts if m["mountPath"] not in located] + inspection_mounts(located)
-        verify = {"name": "verify", "image": plan.image,
+        verify: dict[str, Any] = {"name": "verify", "image": plan.image,
                   "command": ["/bin/sh", f"{PROBE_DIR}/verify.sh", f"{PROBE_DIR}/probe.sh", f"{PROBE_DIR}/checklist",
                               TERMINATION_LOG],
                   "env": env, "terminationMessagePath": TERMINATION_LOG, "terminationMessagePolicy": "File",

@@ -128,11 +128,11 @@ class HubRegistry:
 def _quiet_tqdm() -> type:
     """A progress-bar class that draws nothing: huggingface_hub's own bars would write straight to
     stderr, past the CLI's console."""
-    from huggingface_hub.utils import tqdm
+    from huggingface_hub.utils.tqdm import tqdm
 
-    class Quiet(tqdm):  # type: ignore[misc, valid-type]
+    class Quiet(tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
+            super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]  # huggingface_hub leaves it unannotated
 
     return Quiet

@@ -26,7 +26,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ...errors import UnsafePathError, UsageError
 from ...fs.confinement import check_relative
@@ -131,10 +131,10 @@ def _is_gzip(path: Path) -> bool:
         return handle.read(2) == _GZIP_MAGIC
 
 
-def _open_text(path: Path) -> io.TextIOBase:
+def _open_text(path: Path) -> io.TextIOWrapper:
     """Open a text annotation, decompressing gzip by its magic bytes (not its name)."""
     if _is_gzip(path):
-        return gzip.open(path, "rt", encoding="utf-8")  # type: ignore[return-value]
+        return gzip.open(path, "rt", encoding="utf-8")
     return open(path, encoding="utf-8")  # the caller closes it
 
 
@@ -284,7 +284,7 @@ def _read_csv(path: Path, keys: tuple[str, ...], label: str, references: set[str
     CSV has no list type. Line numbers count the header as line 1."""
     import pandas as pd
 
-    compression = "gzip" if _is_gzip(path) else None
+    compression: Literal["gzip"] | None = "gzip" if _is_gzip(path) else None
     try:
         columns = list(pd.read_csv(path, nrows=0, compression=compression).columns)
         for key in keys:
