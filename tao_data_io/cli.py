@@ -44,7 +44,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a bad command line raises UsageError (exit 2, ``error:`` line) instead of
     printing usage and exiting from deep inside the parser."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
     def format_help(self) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, overload
 
 from pydantic import (BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
@@ -50,6 +50,10 @@ DEFAULT_RESULTS_LIMIT = "20Gi"
 SIZE_CAPS = {"shm_size": "1Ti", "memory": "64Ti", "ephemeral_storage": "64Ti", "results_limit": "64Ti"}
 
 
+@overload
+def _bounded_size(value: str, field: str) -> str: ...
+@overload
+def _bounded_size(value: None, field: str) -> None: ...
 def _bounded_size(value: str | None, field: str) -> str | None:
     """``value`` if it is a binary quantity no larger than ``SIZE_CAPS[field]``: the one rule of
     every size a request gives, refusals naming the field."""
@@ -230,7 +234,7 @@ class OutputSpec(RequestPart):
     @field_validator("results_limit")
     @classmethod
     def _results_limit(cls, value: str) -> str:
-        return _bounded_size(value, "results_limit")  # type: ignore[return-value]
+        return _bounded_size(value, "results_limit")
 
     @field_validator("results_dir")
     @classmethod

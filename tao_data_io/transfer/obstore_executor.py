@@ -47,6 +47,7 @@ from .feed import Feed
 from .work import DownloadItem, Item, ItemDone, ItemFailed, Landed, UploadItem
 
 if TYPE_CHECKING:
+    from obstore import GetOptions
     from obstore.store import ClientConfig, RetryConfig, S3Config
 
     from .s5cmd_executor import S5cmdExecutor
@@ -227,9 +228,9 @@ class ObstoreExecutor:
                 return
 
     async def _download(self, item: DownloadItem) -> Landed:
-        options: dict[str, Any] | None = {"if_match": f'"{item.etag}"'} if item.etag else None
+        options: GetOptions | None = {"if_match": f'"{item.etag}"'} if item.etag else None
         try:
-            result = await obstore.get_async(self._store(item.bucket), item.key, options=options)  # type: ignore[arg-type]
+            result = await obstore.get_async(self._store(item.bucket), item.key, options=options)
         except FileNotFoundError as exc:  # how obstore reports a 404 (a local FileNotFoundError is not one)
             raise _Refused(ItemFailed(f"no such object (404): {_first_line(exc)}", missing=True)) from exc
         except PreconditionError as exc:
