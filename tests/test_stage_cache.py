@@ -68,7 +68,10 @@ def test_the_listing_the_cache_read_is_gone_after_a_hit_a_miss_or_a_failure(s3_c
     """The folder's listing is spooled to disk while its identity is hashed, for the sync to
     read instead of listing again: it is this stage's only — a million keys are not kept."""
     cache = tmp_path / "volume" / "cache"
-    spools = lambda: sorted(p.name for p in (cache / STATE_DIR_NAME).rglob("*.listing"))  # noqa: E731
+
+    def spools() -> list[str]:
+        return sorted(p.name for p in (cache / STATE_DIR_NAME).rglob("*.listing"))
+
     with TransferEngine(s3_credentials) as engine:
         stage(_request(dataset), cache, engine=engine, stager=stage_cached)  # a miss
         assert spools() == []

@@ -431,7 +431,10 @@ def test_the_s5cmd_child_dies_with_its_parent(s3_server: EmbeddedS3, s3_client: 
 
     s3_client.put_object(Bucket=bucket, Key="p/big.bin", Body=os.urandom(33 * 1024 * 1024))
     release = threading.Event()
-    hold = lambda head: release if head.startswith(b"GET ") and b"/p/big.bin" in head else None  # noqa: E731
+
+    def hold(head: bytes) -> threading.Event | None:
+        return release if head.startswith(b"GET ") and b"/p/big.bin" in head else None
+
     with LatencyProxy("127.0.0.1", s3_server.port, 0, on_request=hold) as proxy:
         env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
                **s3_server.env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"}
@@ -469,7 +472,10 @@ def test_a_sync_into_a_parent_leaves_a_running_sync_into_a_subdirectory_alone(
     s3_client.put_object(Bucket=bucket, Key="outer/x.bin", Body=b"x")
     data = tmp_path / "data"
     release = threading.Event()
-    hold = lambda head: release if head.startswith(b"GET ") and b"/inner/f.bin" in head else None  # noqa: E731
+
+    def hold(head: bytes) -> threading.Event | None:
+        return release if head.startswith(b"GET ") and b"/inner/f.bin" in head else None
+
     with LatencyProxy("127.0.0.1", s3_server.port, 0, on_request=hold) as proxy:
         slow = replace(s3_server.credentials, endpoint_url=f"http://127.0.0.1:{proxy.port}")
         inner: list[Any] = []
