@@ -13,10 +13,8 @@
    row a distinct file (worst case), and ten rows per file. CPU seconds are shown beside wall
    seconds because they do not grow when other work shares the machine.
 
-    .venv/bin/python bench/selective.py                                         # the issue's sizes (slow)
+    .venv/bin/python bench/selective.py    # the issue's sizes (populating 50,000 objects takes a while)
     .venv/bin/python bench/selective.py --objects 5000 --rows 200000 --reps 3   # quick
-
-(populating the issue's 50,000 objects takes a while)
 """
 
 from __future__ import annotations
