@@ -44,7 +44,11 @@ $(VENV)/.test-torch: $(VENV)/.installed-test
 	$(PIP) install torch==2.13.0
 	touch $@
 
+# The gates first (tests/test_gates.py proves each fails on a planted error): ruff (pyflakes and
+# pycodestyle's checks, [tool.ruff]) over every Python tree, mypy (strict, [tool.mypy]) over the core.
 test: $(VENV)/.installed-test $(VENV)/.test-torch bubblewrap docker slurm
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 demo: $(VENV)/.installed-demo bubblewrap
@@ -57,4 +61,4 @@ bench: $(VENV)/.installed-bench
 	$(BIN)/python bench/transfer.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info .demo
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info .demo

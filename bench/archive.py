@@ -85,8 +85,8 @@ def main() -> None:
                         extract_archive(uri, dest, client=client)
                         first_counts = counts
                     else:
-                        subprocess.run([s5cmd_binary(), "--endpoint-url", server.endpoint_url, "cp", uri, str(work / "dl.tgz")],
-                                       env=env, check=True, stdout=subprocess.DEVNULL)
+                        subprocess.run([s5cmd_binary(), "--endpoint-url", server.endpoint_url, "cp", uri,
+                                        str(work / "dl.tgz")], env=env, check=True, stdout=subprocess.DEVNULL)
                         dest.mkdir()
                         subprocess.run(["tar", "-xzf", str(work / "dl.tgz"), "-C", str(dest)], check=True)
                         (work / "dl.tgz").unlink()

@@ -115,7 +115,8 @@ class Bench:
                     else s5cmd(target, "cp", f"s3://{BUCKET}/small/*", f"{out}/"))
         elif case == "small-upload":
             prefix = f"s3://{BUCKET}/up-{self.runs}/"
-            argv = [*OURS, "sync", str(self.source), prefix] if ours else s5cmd(target, "cp", f"{self.source}/*", prefix)
+            argv = ([*OURS, "sync", str(self.source), prefix] if ours else
+                    s5cmd(target, "cp", f"{self.source}/*", prefix))
         else:
             argv = self.resync_argv(name, target)
         uploads_before = len(self.jobs.get(self.job(name)).uploads) if ours else 0

@@ -158,8 +158,9 @@ def main() -> None:
                     measured[phase] = json.loads(out.stdout)
                 written = measured["change"]["written"]
                 rss = max(m["rss"] for m in measured.values())
-                rows.append(f"| {entries:,} | {store} | {measured['fill']['wall']:.2f} | {measured['resync']['wall']:.2f}"
-                            f" | {measured['change']['wall']:.2f} | {written:,} | {_size(path) / 1e6:.1f} | {rss:.0f} |")
+                rows.append(f"| {entries:,} | {store} | {measured['fill']['wall']:.2f}"
+                            f" | {measured['resync']['wall']:.2f} | {measured['change']['wall']:.2f} | {written:,}"
+                            f" | {_size(path) / 1e6:.1f} | {rss:.0f} |")
                 print(rows[-1], flush=True)
     print("\n".join(rows))
 

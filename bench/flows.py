@@ -56,27 +56,28 @@ if OWN_HOME is not None:
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 from prefect import flow  # noqa: E402 - the environment above must be set first
-from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings  # noqa: E402
-from prefect.testing.utilities import prefect_test_harness  # noqa: E402
+from prefect.settings import (PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY,  # noqa: E402 - as above
+                              temporary_settings)
+from prefect.testing.utilities import prefect_test_harness  # noqa: E402 - as above
 
-from blocks import ComputeTarget, JobRecords, LocalTarget  # noqa: E402
-from deployments.dataset import MODEL_REPO, build  # noqa: E402
-from deployments.demo import demo_request  # noqa: E402
-from deployments.model_hub import ModelHub  # noqa: E402
-from flows.resync import resync_tao_outputs  # noqa: E402
-from flows.submit import submit_tao_job  # noqa: E402
-from tao_data_io import steps, verbs  # noqa: E402
-from tao_data_io.embedded.s3 import EmbeddedS3  # noqa: E402
-from tao_data_io.launch.backend import Backend  # noqa: E402
-from tao_data_io.backends.local.backend import LocalBackend  # noqa: E402
-from tao_data_io.backends.local.settings import LocalSettings  # noqa: E402
-from tao_data_io.records import RecordStore  # noqa: E402
-from tao_data_io.request import parse_request  # noqa: E402
-from tao_data_io.transfer.engine import TransferEngine  # noqa: E402
-from tao_data_io.transfer.options import TransferOptions  # noqa: E402
-from tao_data_io.uris import parse_s3_url  # noqa: E402
-from tasks.policy import step  # noqa: E402
-from tests.fake_backend import FakeBackend  # noqa: E402
+from blocks import ComputeTarget, JobRecords, LocalTarget  # noqa: E402 - after the path and the environment above
+from deployments.dataset import MODEL_REPO, build  # noqa: E402 - after the path and the environment above
+from deployments.demo import demo_request  # noqa: E402 - after the path and the environment above
+from deployments.model_hub import ModelHub  # noqa: E402 - after the path and the environment above
+from flows.resync import resync_tao_outputs  # noqa: E402 - after the path and the environment above
+from flows.submit import submit_tao_job  # noqa: E402 - after the path and the environment above
+from tao_data_io import steps, verbs  # noqa: E402 - after the path and the environment above
+from tao_data_io.embedded.s3 import EmbeddedS3  # noqa: E402 - after the path and the environment above
+from tao_data_io.launch.backend import Backend  # noqa: E402 - after the path and the environment above
+from tao_data_io.backends.local.backend import LocalBackend  # noqa: E402 - after the path and the environment above
+from tao_data_io.backends.local.settings import LocalSettings  # noqa: E402 - after the path and the environment above
+from tao_data_io.records import RecordStore  # noqa: E402 - after the path and the environment above
+from tao_data_io.request import parse_request  # noqa: E402 - after the path and the environment above
+from tao_data_io.transfer.engine import TransferEngine  # noqa: E402 - after the path and the environment above
+from tao_data_io.transfer.options import TransferOptions  # noqa: E402 - after the path and the environment above
+from tao_data_io.uris import parse_s3_url  # noqa: E402 - after the path and the environment above
+from tasks.policy import step  # noqa: E402 - after the path and the environment above
+from tests.fake_backend import FakeBackend  # noqa: E402 - after the path and the environment above
 
 BUCKET = "bench-flows"
 RESYNC_JOB = "bench-resync"
@@ -141,7 +142,8 @@ def submit_comparison(work: Path, reps: int) -> list[str]:
     hub = ModelHub({MODEL_REPO: model})
     threading.Thread(target=hub.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
     os.environ.update({"HF_ENDPOINT": hub.url, "HF_HOME": str(work / "hf-home")})
-    LocalTarget(settings=LocalSettings(run_root=str(work / "flow-local")), staging_root=str(work / "flow-work")).save("bench", overwrite=True)
+    LocalTarget(settings=LocalSettings(run_root=str(work / "flow-local")),
+                staging_root=str(work / "flow-work")).save("bench", overwrite=True)
     JobRecords(location=str(work / "flow-jobs")).save("bench", overwrite=True)
     backend, store = LocalBackend(LocalSettings(run_root=str(work / "cli-local"))), RecordStore(work / "cli-jobs")
     times: dict[str, list[float]] = {"verbs.submit": [], "submit-tao-job flow": [],
@@ -175,7 +177,8 @@ def submit_comparison(work: Path, reps: int) -> list[str]:
         hub.shutdown()
     base = statistics.median(times["verbs.submit"])
     rows = ["| composition | wall time | vs the verb run directly |", "|---|---|---|"]
-    rows += [f"| {name} | {median(values)} | +{statistics.median(values) - base:.2f}s |" for name, values in times.items()]
+    rows += [f"| {name} | {median(values)} | +{statistics.median(values) - base:.2f}s |"
+             for name, values in times.items()]
     return rows
 
 

@@ -136,8 +136,8 @@ def report(results: list[dict[str, object]], count: int, size: int) -> str:
         rate = int(result["staged_bytes"]) / float(result["stage"]) / 1024**2  # type: ignore[arg-type]
         even = break_even(result)
         lines.append(f"| {result['label']} | {fuse[0]:.2f} | {statistics.median(fuse[1:] or fuse):.2f} | "
-                     f"{result['stage']:.2f} | {rate:.1f} | {local[0]:.3f} | {statistics.median(local[1:] or local):.3f}"
-                     f" | {even if even is not None else 'never'} |")
+                     f"{result['stage']:.2f} | {rate:.1f} | {local[0]:.3f}"
+                     f" | {statistics.median(local[1:] or local):.3f} | {even if even is not None else 'never'} |")
     return "\n".join(lines)
 
 

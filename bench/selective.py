@@ -13,7 +13,7 @@
    row a distinct file (worst case), and ten rows per file. CPU seconds are shown beside wall
    seconds because they do not grow when other work shares the machine.
 
-    .venv/bin/python bench/selective.py                         # the issue's sizes (populating 50,000 objects takes a while)
+    .venv/bin/python bench/selective.py    # the issue's sizes (populating 50,000 objects takes a while)
     .venv/bin/python bench/selective.py --objects 5000 --rows 200000 --reps 3   # quick
 """
 
@@ -54,7 +54,8 @@ EXTRACT = ("import json, sys, time\n"
            "print(json.dumps({'seconds': time.perf_counter() - started, 'cpu': time.process_time() - cpu,\n"
            "                  'references': len(refs)}))\n")
 WRAPPER = ("import json, resource, subprocess, sys\n"
-           "out = subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2]], capture_output=True, text=True, check=True)\n"
+           "out = subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2]], capture_output=True, text=True,"
+           " check=True)\n"
            "result = json.loads(out.stdout)\n"
            "result['max_rss_mib'] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024\n"
            "print(json.dumps(result))\n")
@@ -214,8 +215,10 @@ def bench_download(args: argparse.Namespace, work: Path) -> list[str]:
         first, rerun = (_fmt(requests[(name, phase)]) for phase in ("first", "rerun"))
         lines.append(f"   {name:34} {median:8.3f} {median / base:7.2f}×   {first:22} | {rerun}")
     ratio = statistics.median(times["selective_download"]) / base
-    listed = requests[("selective_download", "first")].get("list", 0) + requests[("selective_download", "rerun")].get("list", 0)
-    lines.append(f"   target: selective ≤ {RATIO_LIMIT}× sync → {ratio:.2f}× {'OK' if ratio <= RATIO_LIMIT else 'MISSED'}; "
+    listed = (requests[("selective_download", "first")].get("list", 0)
+              + requests[("selective_download", "rerun")].get("list", 0))
+    lines.append(f"   target: selective ≤ {RATIO_LIMIT}× sync → {ratio:.2f}×"
+                 f" {'OK' if ratio <= RATIO_LIMIT else 'MISSED'}; "
                  f"no listing → {listed} list requests {'OK' if not listed else 'MISSED'}")
     return lines
 
@@ -238,7 +241,8 @@ def bench_extraction(args: argparse.Namespace, work: Path) -> list[str]:
                     f"then zooms in on the dog" for i in range(args.rows)]
         pq.write_table(pa.table({"clip": clips, "caption": captions}), path)
         del clips, captions
-        out = subprocess.run([sys.executable, "-c", WRAPPER, EXTRACT, str(path)], capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-c", WRAPPER, EXTRACT, str(path)], capture_output=True, text=True,
+                             check=True)
         result = json.loads(out.stdout)
         verdict = "OK" if result["seconds"] < SECONDS_LIMIT and result["max_rss_mib"] < RSS_LIMIT_MIB else "MISSED"
         lines.append(f"   {shape:28} {result['references']:>10} {result['seconds']:8.2f} {result['cpu']:6.2f} "
@@ -251,7 +255,8 @@ def main() -> None:
     parser.add_argument("--objects", type=int, default=50_000, help="objects in the bucket (default 50000)")
     parser.add_argument("--references", type=int, default=500, help="objects the annotation references (default 500)")
     parser.add_argument("--size", type=int, default=64 * 1024, help="bytes per referenced object (default 64 KiB)")
-    parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the extraction annotation (default 1000000)")
+    parser.add_argument("--rows", type=int, default=1_000_000,
+                        help="rows of the extraction annotation (default 1000000)")
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions (default 3)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tao-data-io-bench-selective-") as scratch:

@@ -121,8 +121,8 @@ def tao_s3_bucket(target: Target, src: str, dst: str) -> None:
 
 
 CONTENDERS: dict[str, Callable[..., None]] = {
-    "tao-data-io": ours, "tao-data-io cli": ours_cli, "s5cmd": s5cmd, "aws s3 sync": aws_cli, "prefect-aws": prefect_aws,
-    "tao-s3-bucket": tao_s3_bucket,
+    "tao-data-io": ours, "tao-data-io cli": ours_cli, "s5cmd": s5cmd, "aws s3 sync": aws_cli,
+    "prefect-aws": prefect_aws, "tao-s3-bucket": tao_s3_bucket,
 }
 IN_PROCESS = ("tao-data-io", "prefect-aws", "tao-s3-bucket")
 VERSUS = ("prefect-aws", "tao-s3-bucket")
@@ -182,7 +182,8 @@ def run_case(case: str, target: Target, server: EmbeddedS3, work: Path, contende
                     prefix = f"rs/{name.replace(' ', '_')}-{rep}"
                     put_tree(server.credentials, work / "small-src", prefix)
                     dest = scratch / "out"
-                    CONTENDERS["s5cmd" if name == "prefect-aws" else name](target, f"s3://{BUCKET}/{prefix}/", str(dest))
+                    seed = CONTENDERS["s5cmd" if name == "prefect-aws" else name]
+                    seed(target, f"s3://{BUCKET}/{prefix}/", str(dest))
                     time.sleep(1.1)  # S3 LastModified is 1 s coarse: let timestamp-based tools see the change
                     mutate_remote(server.credentials, prefix, 20, small_size)
                     if name == "tao-data-io":
@@ -190,7 +191,8 @@ def run_case(case: str, target: Target, server: EmbeddedS3, work: Path, contende
                         holder: dict[str, int] = {}
                         seconds = timed(lambda: holder.update(
                             n=engine.sync(f"s3://{BUCKET}/{prefix}/", str(dest)).transferred_files))
-                        checks["resync transfers exactly the 20 changed"] = "yes" if holder["n"] == 20 else f"NO ({holder['n']})"
+                        checks["resync transfers exactly the 20 changed"] = ("yes" if holder["n"] == 20 else
+                                                                             f"NO ({holder['n']})")
                     else:
                         resync_fn = functools.partial(s5cmd, resync=True) if name == "s5cmd" else fn
                         seconds = timed(lambda: resync_fn(target, f"s3://{BUCKET}/{prefix}/", str(dest)))
@@ -283,7 +285,8 @@ def main() -> None:
         print(f"\n{name}: {value}")
     if rss:
         print("\n" + rss)
-    print(f"\nCPU of this process (in-process contenders): {resource.getrusage(resource.RUSAGE_SELF).ru_utime:.1f}s user")
+    cpu = resource.getrusage(resource.RUSAGE_SELF).ru_utime
+    print(f"\nCPU of this process (in-process contenders): {cpu:.1f}s user")
     if args.json:
         args.json.write_text(json.dumps({" / ".join(k): v for k, v in results.items()}, indent=2))
 

@@ -84,7 +84,8 @@ class TaoS3Bucket(ObjectStorageBlock, WritableFileSystem):
     bucket_name: str = Field(..., title="Bucket", description="The bucket's name.")
     bucket_folder: str = Field(
         "", title="Folder",
-        description="The folder (key prefix) inside the bucket that every path is relative to; empty: the whole bucket.")
+        description="The folder (key prefix) inside the bucket that every path is relative to; "
+                    "empty: the whole bucket.")
     credentials: S3EnvCredentials = Field(
         default_factory=S3EnvCredentials, title="Credentials",
         description="Where the worker finds the S3 credentials (names only); the default: the AWS names.")
@@ -135,7 +136,8 @@ class TaoS3Bucket(ObjectStorageBlock, WritableFileSystem):
         return summary
 
     # ----------------------------------------------------------------- download
-    def download_object_to_path(self, from_path: str, to_path: str | Path | None = None, **download_kwargs: Any) -> Path:
+    def download_object_to_path(self, from_path: str, to_path: str | Path | None = None,
+                                **download_kwargs: Any) -> Path:
         """Download one object to a file (default: its name, in the working directory),
         atomically; an unchanged local copy is not fetched again. Returns the file's absolute path."""
         _no_extras("download_object_to_path", download_kwargs)

@@ -88,7 +88,8 @@ class S3EnvCredentials(_EnvCredentials):
     _block_type_slug = "tao-s3-credentials"
     _description = (f"Where a worker finds its S3 credentials. {_NAMES_ONLY} The defaults are the AWS names; "
                     "change a field only where the worker calls a variable otherwise.")
-    _code_example = code_example("S3EnvCredentials", "s3_env_credentials", 'client = s3_env_credentials.get_client("s3")  '
+    _code_example = code_example("S3EnvCredentials", "s3_env_credentials",
+                                 'client = s3_env_credentials.get_client("s3")  '
                                  "# boto3, from the worker's variables")
 
     access_key_id_env: EnvName = _name("AWS_ACCESS_KEY_ID", "Access key id", "the access key id")

@@ -67,5 +67,6 @@ class JobRecords(Block):
         if self.bucket is not None:
             return RecordStore(f"s3://{self.bucket.bucket_name}/{self.bucket.bucket_folder}",
                                environ=self.bucket.credentials.environ(environ))
-        root = str(Path(self.location).expanduser()) if self.location and not is_s3_url(self.location) else self.location
+        local = self.location and not is_s3_url(self.location)
+        root = str(Path(self.location).expanduser()) if local else self.location
         return RecordStore(root, environ=environ)

@@ -152,10 +152,10 @@ class Handler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:  # http.server's naming
         self.server.route(self, urlsplit(self.path), head=False)  # type: ignore[attr-defined]
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self.server.route(self, urlsplit(self.path), head=True)  # type: ignore[attr-defined]
 
     def send_json(self, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
@@ -171,7 +171,7 @@ class Handler(BaseHTTPRequestHandler):
         if not head:
             self.wfile.write(data)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's parameter; quiet
         pass
 
 

@@ -33,7 +33,8 @@ CLOSED_OUTPUT = 141
 
 
 _EXAMPLES: list[Example] = [
-    ("Download a dataset prefix; a rerun moves only what changed", "tao-data-io sync s3://bucket/datasets/coco/ /data/coco"),
+    ("Download a dataset prefix; a rerun moves only what changed",
+     "tao-data-io sync s3://bucket/datasets/coco/ /data/coco"),
     ("Stage every input of a job request", "tao-data-io stage --request job.yaml --workdir /mnt/job-42"),
     ("Upload a job's new results while it runs", "tao-data-io resync --job-id dino-train-coco --results-dir /results"),
 ]
@@ -43,7 +44,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a bad command line raises UsageError (exit 2, ``error:`` line) instead of
     printing usage and exiting from deep inside the parser."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
     def format_help(self) -> str:
@@ -81,8 +82,10 @@ def _named_verb(argv: Sequence[str] | None) -> str | None:
 def _attach_flag_names(parser: argparse.ArgumentParser) -> None:
     """Give every (sub)command the map parameter → flag of its own options, so a core message
     that names a parameter (``job_id 'x'``) reaches the terminal naming the flag (``--job-id 'x'``)."""
-    flags = {action.dest.removeprefix(SETTING): long[-1] for action in parser._actions  # a yes/no setting by its yes (--allow-network)
-             if (long := [flag for flag in action.option_strings if flag.startswith("--") and not flag.startswith("--no-")])}
+    # A yes/no setting by its yes (--allow-network).
+    flags = {action.dest.removeprefix(SETTING): long[-1] for action in parser._actions
+             if (long := [flag for flag in action.option_strings
+                          if flag.startswith("--") and not flag.startswith("--no-")])}
     parser.set_defaults(flag_names=flags)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):

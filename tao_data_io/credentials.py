@@ -27,7 +27,7 @@ from .redaction import mask_userinfo
 # Under the name it had when redaction lived here: a flow whose run failed with it has it stored by
 # that name (Prefect's JSON result serializer keeps an exception as its qualified name,
 # tao_data_io.credentials.MaskedError, and rebuilds it from there).
-from .redaction import MaskedError as MaskedError  # noqa: F401 - see above
+from .redaction import MaskedError as MaskedError  # re-exported: see above
 
 #: (official AWS name, legacy TAO name) for each S3 setting.
 AWS_TO_LEGACY: dict[str, str] = {
@@ -101,7 +101,8 @@ class S3Credentials:
         if self.pod_identity:  # the child's own chain reads (and refreshes) the identity
             env.update({name: source[name] for name in POD_IDENTITY_VARIABLES if name in source})
         else:
-            env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = str(self.access_key_id), str(self.secret_access_key)
+            env["AWS_ACCESS_KEY_ID"] = str(self.access_key_id)
+            env["AWS_SECRET_ACCESS_KEY"] = str(self.secret_access_key)
         env["AWS_REGION"] = self.region
         env["AWS_DEFAULT_REGION"] = self.region
         if self.session_token:

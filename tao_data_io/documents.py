@@ -232,14 +232,14 @@ def _unique_key_loader() -> type:
             if id(node) not in checked:
                 checked.add(id(node))
                 self._refuse_written_twice(node)
-            super().flatten_mapping(node)  # type: ignore[no-untyped-call]
+            super().flatten_mapping(node)
 
         def _refuse_written_twice(self, node: yaml.MappingNode) -> None:
             seen: set[Any] = set()
             for key_node, _ in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     continue  # merged keys: flattened in below the written ones, which override them
-                key = self.construct_object(key_node)  # type: ignore[no-untyped-call]
+                key = self.construct_object(key_node)
                 try:
                     duplicate = key in seen
                 except TypeError:
@@ -258,7 +258,7 @@ def _omegaconf_loader() -> type:
     OmegaConf: :data:`_OMEGACONF_FLOAT` for floats, and no timestamps (dates stay strings)."""
     import yaml
 
-    class OmegaConfRules(_unique_key_loader()):  # type: ignore[misc]
+    class OmegaConfRules(_unique_key_loader()):  # type: ignore[misc]  # a base class built at run time (PyYAML loads lazily)
         pass
 
     OmegaConfRules.yaml_implicit_resolvers = {

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Union
 
 from pydantic import BeforeValidator, WithJsonSchema
+from pydantic.config import JsonDict
 from typing_extensions import TypeAliasType
 
 from .redaction import CREDENTIAL_SHAPES, SECRET_NAME_WORDS, SECRET_NAMES
@@ -38,7 +39,8 @@ def _any_case(word: str) -> str:
 SECRET_NAME = "|".join([*(f"^{name}$" for name in sorted(SECRET_NAMES)), *map(_any_case, SECRET_NAME_WORDS)])
 #: The names of a request's plain variables: never a credential's shape, never a credential's name
 #: (a credential is forwarded by name, ``forward_env``), so the server refuses it before storing it.
-PLAIN_VARIABLE_NAMES = {"propertyNames": {"not": {"anyOf": [{"pattern": CREDENTIAL_SHAPES}, {"pattern": SECRET_NAME}]}}}
+PLAIN_VARIABLE_NAMES: JsonDict = {
+    "propertyNames": {"not": {"anyOf": [{"pattern": CREDENTIAL_SHAPES}, {"pattern": SECRET_NAME}]}}}
 #: Keys that make a string schema a choice among fixed words (nothing to guard).
 _FIXED = ("enum", "const")
 #: Where a JSON schema keeps the schemas it is made of.
@@ -47,9 +49,10 @@ _NESTED_MANY = ("anyOf", "oneOf", "allOf", "prefixItems")
 
 #: A text that refuses a credential's shape, in the form (a parameter of its own, or inside a model).
 GuardedText = Annotated[str, WithJsonSchema({"type": "string", **NO_CREDENTIAL})]
+#: What a :data:`SpecTree` ends in.
+_SpecLeaf = Union[GuardedText, bool, int, float, None]
 #: A JSON value whose every text is guarded, a mapping's keys too, at any depth: the form's view of a TAO spec.
-SpecTree = TypeAliasType(
-    "SpecTree", Union[GuardedText, bool, int, float, None, list["SpecTree"], dict[GuardedText, "SpecTree"]])  # noqa: UP007
+SpecTree = TypeAliasType("SpecTree", Union[_SpecLeaf, list["SpecTree"], dict[GuardedText, "SpecTree"]])  # type: ignore[misc]  # mypy cannot resolve a TypeAliasType naming itself (python/mypy#18252)
 
 
 def _as_is(value: Any) -> Any:

@@ -92,7 +92,8 @@ class UploadOutcome:
         summary = self.summary
         return (f"uploaded {summary.transferred_files} files ({human_size(summary.transferred_bytes)}) to "
                 f"{self.route.destination if self.route else '?'}, {summary.unchanged_files} already there, "
-                f"{summary.excluded_files} excluded" + (f", {summary.failed_files} FAILED" if summary.failed_files else ""))
+                f"{summary.excluded_files} excluded"
+                + (f", {summary.failed_files} FAILED" if summary.failed_files else ""))
 
 
 def results_filter(rules: Sequence[FilterRule] = (), upload_excludes: Sequence[str] = ()) -> PathFilter:
@@ -108,7 +109,7 @@ def resolve_route(record: JobRecord, environ: Mapping[str, str]) -> OutputRoute:
     return record.output_route or decide_route(record.job_id, environ)
 
 
-def final_upload(record: JobRecord, destination: str) -> dict[str, object] | None:
+def final_upload(record: JobRecord, destination: str) -> Mapping[str, object] | None:
     """The entry of a successful final upload to ``destination``, if the job is terminal and has
     one — of its latest attempt (an earlier attempt's final upload is not this one's)."""
     if record.state not in TERMINAL_STATES:
@@ -182,7 +183,8 @@ def upload_results(store: RecordStore, job_id: str, results_dir: Path, *, kind: 
         started = _now()
         declared = [*record.upload_excludes, *upload_excludes]
         budget = (None if record.results_limit is None
-                  else (quantity_bytes(record.results_limit), f"the job's outputs.results_limit {record.results_limit}"))
+                  else (quantity_bytes(record.results_limit),
+                        f"the job's outputs.results_limit {record.results_limit}"))
         options = TransferOptions(filter=results_filter(rules, declared), settle_seconds=settle_seconds,
                                   progress=progress, untrusted_source="results_dir", budget=budget,
                                   activity=activity)

@@ -83,7 +83,8 @@ def credential_value_fields(value: Any, environ: Mapping[str, str] | None = None
 #: Schema ``pattern`` (what the Prefect server and its UI check a run's parameters with) — so
 #: only syntax the two share. The edges are ASCII lookarounds, not ``\b``: Python's ``\b`` is
 #: Unicode-aware and JavaScript's is not, and an underscore (``KEY_AKIA…``) must not hide a key.
-CREDENTIAL_SHAPES = ("(?<![A-Za-z0-9])(?:(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}|hf_[A-Za-z0-9]{30,}|nvapi-[A-Za-z0-9_-]{30,}"
+CREDENTIAL_SHAPES = ("(?<![A-Za-z0-9])(?:(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}"
+                     "|hf_[A-Za-z0-9]{30,}|nvapi-[A-Za-z0-9_-]{30,}"
                      "|ghp_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{60,})(?![A-Za-z0-9])"
                      r"|[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#@:]*:[^/\s?#@]*@")
 _CREDENTIAL_SHAPE = re.compile(CREDENTIAL_SHAPES)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal, overload
 
 from pydantic import (BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
@@ -31,7 +31,7 @@ from .schema import Strict, describe_validation_error
 from .spec import iter_strings, remote_uris
 from .uris import is_remote_uri, parse_s3_url, parse_uri, staging_location
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION: Final = "1"
 
 
 class RequestPart(Strict):
@@ -50,6 +50,10 @@ DEFAULT_RESULTS_LIMIT = "20Gi"
 SIZE_CAPS = {"shm_size": "1Ti", "memory": "64Ti", "ephemeral_storage": "64Ti", "results_limit": "64Ti"}
 
 
+@overload
+def _bounded_size(value: str, field: str) -> str: ...
+@overload
+def _bounded_size(value: None, field: str) -> None: ...
 def _bounded_size(value: str | None, field: str) -> str | None:
     """``value`` if it is a binary quantity no larger than ``SIZE_CAPS[field]``: the one rule of
     every size a request gives, refusals naming the field."""
@@ -230,7 +234,7 @@ class OutputSpec(RequestPart):
     @field_validator("results_limit")
     @classmethod
     def _results_limit(cls, value: str) -> str:
-        return _bounded_size(value, "results_limit")  # type: ignore[return-value]
+        return _bounded_size(value, "results_limit")
 
     @field_validator("results_dir")
     @classmethod
@@ -398,7 +402,8 @@ class JobRequest(RequestPart):
                 raise ValueError(f"mode 'config' needs '{{config_path}}' in command, got {command!r}")
         overlap = sorted(set(self.environment) & set(self.forward_env))
         if overlap:
-            raise ValueError(f"{overlap} appear in both environment and forward_env; a credential is forwarded by name only")
+            raise ValueError(f"{overlap} appear in both environment and forward_env; "
+                             "a credential is forwarded by name only")
         self._check_declarations()
         place_sources(self.remote_sources())  # two sources that would land in one place are refused at load time
         return self
@@ -496,7 +501,8 @@ def parse_request(data: Any, *, source: str = "request", environ: Mapping[str, s
         request = JobRequest.model_validate(data)
     except ValidationError as exc:
         invalid = UsageError(describe_validation_error(exc, f"invalid job {source}"))
-        forwarded = data.get("forward_env") if isinstance(data.get("forward_env"), list) else []
+        named = data.get("forward_env")
+        forwarded = named if isinstance(named, list) else []
         raise masked(invalid, Redactor(environ, secret_names=[n for n in forwarded if isinstance(n, str)])) from None
     dumped = request.model_dump(mode="json")
     leaked = credential_value_fields(dumped, environ, secret_names=request.forward_env)
@@ -509,4 +515,3 @@ def parse_request(data: Any, *, source: str = "request", environ: Mapping[str, s
                          "key, a token or a URL's user:password@); a request names credentials in forward_env and "
                          "never holds them")
     return request
-

@@ -126,10 +126,10 @@ def record_route(store: RecordStore, job_id: str, route: OutputRoute, *, force: 
                        for name in ("route", "destination") if getattr(existing, name) != getattr(route, name)]
             raise UsageError(f"job {job_id!r} already has an output route and this decision differs: "
                              f"{'; '.join(differs)}. The environment ({RESULTS_ROOT_VARIABLE}, {BUCKET_VARIABLE}) "
-                             "changed since it was recorded; restore it, or replace the recorded route deliberately (force)")
+                             "changed since it was recorded; restore it, or replace the recorded route deliberately "
+                             "(force)")
         pinned = (route.model_copy(update={"belongs_to": record.claimant()})
                   if route.route == "s3" and route.belongs_to is None else route)
         return record.model_copy(update={"output_route": pinned})
 
     return store.update(job_id, change)
-

@@ -173,7 +173,8 @@ def start(plan: LaunchPlan, backend: Backend, *, environ: Mapping[str, str] | No
     try:
         which = f"attempt {plan.attempt} " if plan.attempt > 1 else ""
         store.mark(plan.job_id, "PENDING", source=source, backend_ref=submission.backend_ref,
-                   message=f"{which}launched as {submission.backend_ref}; waiting for the verdict from inside its frame",
+                   message=f"{which}launched as {submission.backend_ref}; "
+                           "waiting for the verdict from inside its frame",
                    restored=submission.restored)
     except UsageError:
         if store.get(plan.job_id).state != "CANCELED":
@@ -247,10 +248,10 @@ def observe(record: JobRecord, backend: Backend) -> JobStatus:
     not over is a wrong place to look (:func:`_known` raises)."""
     if record.backend_ref is None:  # never launched: the record says why (a failed submit) or nothing yet
         said = record.message if record.state != "PENDING" and record.message else "not launched yet"
-        return JobStatus(state=record.state, message=said)  # type: ignore[arg-type]
+        return JobStatus(state=record.state, message=said)
     status = backend.status(record.backend_ref)
     if status.state == "UNKNOWN" and record.state in TERMINAL_STATES:
-        return JobStatus(state=record.state, message=f"{status.message}; the record says {record.state}")  # type: ignore[arg-type]
+        return JobStatus(state=record.state, message=f"{status.message}; the record says {record.state}")
     _known(record, status, backend)
     return status
 
@@ -351,7 +352,11 @@ def watch_training(record: JobRecord, backend: Backend, store: RecordStore, watc
                 if chunk.cursor == cursor:
                     break
                 cursor = chunk.cursor
-                store.update(job_id, lambda current, moved=cursor: current.model_copy(update={"log_cursor": moved}))
+
+                def moved(current: JobRecord, to: str = cursor) -> JobRecord:
+                    return current.model_copy(update={"log_cursor": to})
+
+                store.update(job_id, moved)
                 if not (to_the_end and chunk.text):
                     break
         if on_training is not None:
@@ -433,8 +438,6 @@ def running_jobs(store: RecordStore, backend: Backend, *,
             else:
                 elsewhere.append(record.job_id)
     return seen, elsewhere
-
-
 
 
 def cancel_job(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli",

@@ -49,7 +49,8 @@ DEFAULT_HF_REVISION_LABEL = "main"
 #: Hub and NGC names: letters, digits, ``.``, ``_`` and ``-``, starting with a letter or digit.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 _NGC_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
-_HF_URI = re.compile(r"(?P<org>[^/@]*)/(?P<repo>[^/@]*)(?:@(?P<revision>refs/pr/\d+|[^/]*))?(?:/(?P<subpath>.*))?", re.S)
+_HF_URI = re.compile(r"(?P<org>[^/@]*)/(?P<repo>[^/@]*)"
+                     r"(?:@(?P<revision>refs/pr/\d+|[^/]*))?(?:/(?P<subpath>.*))?", re.S)
 # Bucket names per the S3 rules (3–63 chars, lowercase, digits, dots, hyphens).
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 
@@ -181,7 +182,8 @@ def _parse_hf(text: str, rest: str) -> HFModelURI:
         value = match[field_name]
         if not _NAME.fullmatch(value) or "--" in value or ".." in value:
             why = f"the {field_name} is empty" if not value else (
-                f"{field_name} {value!r} is not a Hub name (letters, digits, '.', '_', '-'; at most 96; no '--' or '..')")
+                f"{field_name} {value!r} is not a Hub name "
+                "(letters, digits, '.', '_', '-'; at most 96; no '--' or '..')")
             raise _malformed(text, HF_SHAPE, why)
     revision = match["revision"]
     if revision is not None:

@@ -163,7 +163,8 @@ class Resynced:
         return {"jobs": len(self.outcomes) + len(self.failed) + len(self.canceled),
                 **{status: statuses.count(status) for status in sorted(set(statuses))},
                 **({"failed": len(self.failed)} if self.failed else {}),
-                **({"canceled": len(self.canceled)} if self.canceled else {}), "not on this target": len(self.elsewhere),
+                **({"canceled": len(self.canceled)} if self.canceled else {}),
+                "not on this target": len(self.elsewhere),
                 "outcomes": {job_id: outcome.to_dict() if outcome else None
                              for job_id, outcome in self.outcomes.items()},
                 **({"ended": {job_id: ended.status.to_dict() for job_id, ended in self.ended.items()}}

@@ -96,7 +96,8 @@ def launch_report(record: JobRecord, verdict: Verdict) -> str:
     if verdict.checks:
         lines.append(table(["result", "path", "check", "detail", "input"],
                            [["pass" if check.ok else "**FAIL**", f"`{_short(check.path)}`", check.kind, check.detail,
-                             _short(check.subject)] for check in verdict.failures + [c for c in verdict.checks if c.ok]]))
+                             _short(check.subject)]
+                            for check in verdict.failures + [c for c in verdict.checks if c.ok]]))
     return "\n".join(lines) + "\n"
 
 

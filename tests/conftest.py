@@ -19,16 +19,16 @@ from typing import Any
 
 import pytest
 
+from tao_data_io.credentials import S3Credentials
+from tao_data_io.embedded.s3 import EmbeddedS3
+from tao_data_io.transfer.client import make_s3_client
+
 # Prefect reads these when it is first imported (a flow test module imports it at collection):
 # no telemetry (without internet it only logs failures, and its writes lock the test database),
 # and a PREFECT_HOME of this session's own, so results and settings never touch ~/.prefect.
 PREFECT_HOME = Path(tempfile.gettempdir()) / f"tao-data-io-tests-prefect-{os.getpid()}"
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_HOME"] = str(PREFECT_HOME)
-
-from tao_data_io.credentials import S3Credentials
-from tao_data_io.embedded.s3 import EmbeddedS3
-from tao_data_io.transfer.client import make_s3_client
 
 _bucket_numbers = itertools.count()
 

@@ -335,7 +335,8 @@ def _sweep(base: Path) -> None:
     being made now; it stays."""
     for directory in base.glob(f"{_PREFIX}*"):
         paths = _paths(directory)
-        if directory.is_dir() and paths["owner"].exists() and not _alive(paths["owner"]) and not _alive(paths["pidfile"]):
+        if (directory.is_dir() and paths["owner"].exists() and not _alive(paths["owner"])
+                and not _alive(paths["pidfile"])):
             _remove_directory(directory)
 
 
@@ -400,7 +401,8 @@ def _rootfs_tar() -> bytes:
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         def add(name: str, kind: bytes, mode: int, data: bytes = b"", link: str = "", owner: int = 0) -> None:
             info = tarfile.TarInfo(name)
-            info.type, info.mode, info.linkname, info.uid, info.gid, info.size = kind, mode, link, owner, owner, len(data)
+            info.type, info.mode, info.linkname = kind, mode, link
+            info.uid, info.gid, info.size = owner, owner, len(data)
             tar.addfile(info, io.BytesIO(data) if data else None)
 
         directories = {"bin", "sbin", "usr", "usr/bin", "usr/sbin", "etc", "proc", "sys", "dev", "root", "home"}

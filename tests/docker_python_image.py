@@ -113,7 +113,7 @@ def build(daemon: DockerDaemon) -> PythonImage:
         try:
             with os.fdopen(write, "wb", buffering=_CHUNK) as sink:
                 written.append(_write_tar(sink, base, files))
-        except BaseException as exc:  # handed to the importing thread, which fails with it
+        except BaseException as exc:  # noqa: BLE001 - handed to the importing thread, which fails with it
             failed.append(exc)
 
     producer = threading.Thread(target=produce, name="python-image-tar", daemon=True)

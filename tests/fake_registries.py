@@ -7,7 +7,8 @@ read. This threaded server answers exactly those, counts file downloads (so a te
 rerun moved nothing), and misbehaves on request: wrong bytes, 503s, refused credentials, hostile
 file names.
 
-Hub endpoints: those of :class:`deployments.model_hub.Hub`. NGC endpoints: ``GET /token`` (Basic ``$oauthtoken:<key>`` → bearer token),
+Hub endpoints: those of :class:`deployments.model_hub.Hub`. NGC endpoints: ``GET /token``
+(Basic ``$oauthtoken:<key>`` → bearer token),
 ``GET /v2/org/{org}[/team/{team}]/models/{model}/versions/{version}/files`` (paginated, at most
 :attr:`FakeRegistries.ngc_page_cap` per page) and ``.../files/{path}`` (302 to ``/_blobs/{id}``,
 which, like signed storage URLs, refuses requests that carry ``Authorization``).
@@ -111,7 +112,8 @@ class FakeRegistries:
         if handler.headers.get("Authorization", "")[len("Bearer "):] not in self._ngc_tokens:
             handler.send_json(401, {"requestStatus": {"statusCode": "UNAUTHORIZED"}})
             return
-        parts = path.split("/")  # '', 'v2', 'org', org, ['team', team,] 'models', model, 'versions', version, 'files', ...
+        # '', 'v2', 'org', org, ['team', team,] 'models', model, 'versions', version, 'files', ...
+        parts = path.split("/")
         team = parts[5] if parts[4] == "team" else None
         rest = parts[6:] if team else parts[4:]
         if len(rest) < 5 or rest[0] != "models" or rest[2] != "versions" or rest[4] != "files":
@@ -128,8 +130,10 @@ class FakeRegistries:
             size = min(int(query.get("page-size", ["25"])[0]), self.ngc_page_cap)
             page = int(query.get("page-number", ["0"])[0])
             names = sorted(version.files)
-            entries = [{"path": name, "sizeInBytes": len(version.files[name]), "lastModified": "2025-01-01T00:00:00.000Z",
-                        **({"sha256": hashlib.sha256(version.files[name]).hexdigest()} if version.report_sha256 else {})}
+            entries = [{"path": name, "sizeInBytes": len(version.files[name]),
+                        "lastModified": "2025-01-01T00:00:00.000Z",
+                        **({"sha256": hashlib.sha256(version.files[name]).hexdigest()}
+                           if version.report_sha256 else {})}
                        for name in names[page * size:(page + 1) * size]]
             handler.send_json(200, {"modelFiles": entries, "paginationInfo": {
                 "index": page, "size": size, "totalPages": -(-len(names) // size), "totalResults": len(names)}})

@@ -62,7 +62,8 @@ def name() -> str:
 def fake_target(tmp_path: Path, **behaviour: Any) -> str:
     """Save a fake target block for this test; returns ``tao-fake-target/<name>``."""
     block = name()
-    FakeTarget(results_root=str(tmp_path / "fake-results"), staging_root=str(tmp_path / "work"), **behaviour).save(block)
+    FakeTarget(results_root=str(tmp_path / "fake-results"), staging_root=str(tmp_path / "work"),
+               **behaviour).save(block)
     return f"tao-fake-target/{block}"
 
 

@@ -51,7 +51,7 @@ class FaultProxy:
                     self.wfile.write(data)
                 connection.close()
 
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward  # noqa: N815 - the standard library's names
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward  # the standard library's names
 
             def log_message(self, *args: object) -> None:
                 pass

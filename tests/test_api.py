@@ -88,7 +88,8 @@ def test_the_core_names_parameters_never_cli_flags() -> None:
         relative = path.relative_to(PACKAGE).as_posix()
         # The renderer writes the command lines its pods run (the stage Job's argv) and the agents
         # are the frame's scripts: flags there are argv, not messages. The rest speaks to people.
-        if relative in ("cli.py", "backends/kubernetes/render.py", "launch/agents.py") or relative.startswith("commands/"):
+        if (relative in ("cli.py", "backends/kubernetes/render.py", "launch/agents.py")
+                or relative.startswith("commands/")):
             continue
         for line, text in _string_constants_outside_docstrings(ast.parse(path.read_text())):
             if flag.search(text) and relative not in other_programs_argv:

@@ -2,13 +2,14 @@
 the core's import graph without circles.
 
 The core stays usable without Prefect; only a backend's own package imports its platform's client;
-backends never import one another, and the core's steps reach one only through the registry; the Prefect tasks, flows, blocks and the deployments'
-helpers reach S3 and clusters only through the core, never with their own boto3, obstore or
-kubernetes calls; the launch seam (the Backend protocol) imports no backend and not the registry
-above them, so the backends and the seam never import each other in a circle; the request and the
-modules it is made of import nothing above them. A second test builds a small tree that breaks
-each rule, so a contract that stopped catching anything would fail too. A third builds the core's
-import graph (function-level imports included) and finds no circle but the one allowed below.
+backends never import one another, and the core's steps reach one only through the registry; the
+Prefect tasks, flows, blocks and the deployments' helpers reach S3 and clusters only through the
+core, never with their own boto3, obstore or kubernetes calls; the launch seam (the Backend
+protocol) imports no backend and not the registry above them, so the backends and the seam never
+import each other in a circle; the request and the modules it is made of import nothing above them.
+A second test builds a small tree that breaks each rule, so a contract that stopped catching
+anything would fail too. A third builds the core's import graph (function-level imports included)
+and finds no circle but the one allowed below.
 """
 
 from __future__ import annotations
@@ -49,10 +50,12 @@ def test_each_contract_catches_its_violation(tmp_path: Path) -> None:
         "tao_data_io/backends/kubernetes/__init__.py": "import kubernetes\n",  # the one place allowed to
         "tao_data_io/backends/kubernetes/jobs.py": "from kubernetes import client\n",
         "tao_data_io/backends/local/__init__.py": "",
-        "tao_data_io/backends/local/frame.py": "from tao_data_io.backends.kubernetes import jobs\n",  # one backend, another
+        # One backend imports another:
+        "tao_data_io/backends/local/frame.py": "from tao_data_io.backends.kubernetes import jobs\n",
         "tao_data_io/backends/__init__.py": "",
         "tao_data_io/launch/__init__.py": "",
-        "tao_data_io/launch/seam.py": "from tao_data_io.backends.local import frame\nfrom tao_data_io import backends\n",
+        "tao_data_io/launch/seam.py": ("from tao_data_io.backends.local import frame\n"
+                                       "from tao_data_io import backends\n"),
         "tasks/__init__.py": "import boto3\n",
         "flows/__init__.py": "",
         "flows/stage.py": "import obstore\nimport botocore.session\n",
@@ -84,7 +87,8 @@ def test_each_contract_catches_its_violation(tmp_path: Path) -> None:
                  "flows.stage -> obstore", "flows.stage -> botocore", "blocks.cluster -> kubernetes",
                  "flows.submit -> tao_data_io.steps", "deployments.stack -> botocore",
                  "tao_data_io.request -> tao_data_io.staging.layout",
-                 "tao_data_io.launch.seam -> tao_data_io.backends.local.frame", "tao_data_io.launch.seam -> tao_data_io.backends",
+                 "tao_data_io.launch.seam -> tao_data_io.backends.local.frame",
+                 "tao_data_io.launch.seam -> tao_data_io.backends",
                  "tao_data_io.backends.local.frame -> tao_data_io.backends.kubernetes.jobs",
                  "tao_data_io.steps -> tao_data_io.backends.local.frame"):
         assert line in report
@@ -96,7 +100,8 @@ def test_each_contract_catches_its_violation(tmp_path: Path) -> None:
 #: as ``python -m tao_data_io.backends.local.supervisor`` and must detach before anything heavy is imported,
 #: so it imports the runner only then, inside ``main``; the runner reads the run directory, which
 #: names the supervisor's own record. Every other module is reached one way only.
-ALLOWED_CIRCLES = [{"tao_data_io.backends.local.rundir", "tao_data_io.backends.local.runner", "tao_data_io.backends.local.supervisor"}]
+ALLOWED_CIRCLES = [{"tao_data_io.backends.local.rundir", "tao_data_io.backends.local.runner",
+                    "tao_data_io.backends.local.supervisor"}]
 
 
 def test_the_core_has_no_import_circle_but_the_frame_supervisors() -> None:
@@ -173,7 +178,8 @@ def test_no_backend_is_told_apart_by_its_name_outside_its_package_and_the_regist
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Compare):
                     operands = [node.left, *node.comparators]
-                elif isinstance(node, ast.Subscript) and getattr(node.value, "id", getattr(node.value, "attr", "")) == "Literal":
+                elif (isinstance(node, ast.Subscript)
+                      and getattr(node.value, "id", getattr(node.value, "attr", "")) == "Literal"):
                     operands = [node.slice]
                 else:
                     continue

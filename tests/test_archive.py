@@ -264,7 +264,8 @@ def test_damaged_tree_is_detected_and_repaired(tmp_path: Path, damage: str) -> N
     result = extract_archive(str(archive), dest)
 
     assert result.extracted
-    assert result.reason.startswith("the extracted.json marker is unreadable" if damage == "marker garbled" else "tree damaged")
+    assert result.reason.startswith("the extracted.json marker is unreadable" if damage == "marker garbled"
+                                    else "tree damaged")
     assert listing(dest) == EXPECTED
     assert not extract_archive(str(archive), dest).extracted
 
@@ -294,12 +295,14 @@ HOSTILE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "tar setuid file": (lambda t: build(t / "h.tar", [file("su", b"x", mode=0o4755)]), "'su': it has the setuid"),
     "tar backslash": (lambda t: build(t / "h.tar", [file("..\\evil.txt", b"x")]), "backslash"),
     "tar control character": (lambda t: build(t / "h.tar", [file("bad\x1bname", b"x")]), "control character"),
-    "zip slip": (lambda t: build(t / "h.zip", [file("ok.txt", b"ok"), file("../../evil.txt", b"x")]), "'../../evil.txt'"),
+    "zip slip": (lambda t: build(t / "h.zip", [file("ok.txt", b"ok"), file("../../evil.txt", b"x")]),
+                 "'../../evil.txt'"),
     "zip symlink to /etc/passwd": (lambda t: build(t / "h.zip", [symlink("link", "/etc/passwd")]), "'link'"),
     "zip symlink out, file written through it": (
         lambda t: build(t / "h.zip", [symlink("link", "../../.."), file("link/evil.txt", b"x")]), "'link'"),
     "zip FIFO": (lambda t: build(t / "h.zip", [Entry("pipe", "fifo")]), "'pipe': it is a FIFO"),
-    "zip setgid file": (lambda t: build(t / "h.zip", [file("sg", b"x", mode=0o2755)]), "'sg': it has the setuid/setgid"),
+    "zip setgid file": (lambda t: build(t / "h.zip", [file("sg", b"x", mode=0o2755)]),
+                        "'sg': it has the setuid/setgid"),
 }
 
 
@@ -346,11 +349,13 @@ def _cut(path: Path, data: bytes, size: int) -> Path:
 
 BIG = bytes(os.urandom(200_000))
 CORRUPT: dict[str, Callable[[Path], Path]] = {
-    "truncated tar.gz": lambda t: _cut(t / "c.tar.gz", tar_bytes([file("a.bin", BIG), file("b.bin", BIG)], "w:gz"), 150_000),
+    "truncated tar.gz": lambda t: _cut(t / "c.tar.gz", tar_bytes([file("a.bin", BIG), file("b.bin", BIG)], "w:gz"),
+                                       150_000),
     "tar.gz with a bad CRC": lambda t: _bad_crc(t / "c.tar.gz"),
     # Cut right after the last member, before the end-of-archive blocks: tarfile alone takes
     # this for a complete archive.
-    "tar cut at a member boundary": lambda t: _cut(t / "c.tar", tar_bytes([file("a.txt", b"a" * 512), file("b.txt", b"b")]),
+    "tar cut at a member boundary": lambda t: _cut(t / "c.tar",
+                                                   tar_bytes([file("a.txt", b"a" * 512), file("b.txt", b"b")]),
                                                    512 + 512 + 512 * 2),
     "truncated zip": lambda t: _cut(t / "c.zip", zip_bytes([file("a.bin", BIG)]), 100_000),
 }
@@ -438,7 +443,8 @@ def test_cli_extracts_an_s3_tar_gz_and_reruns_as_a_no_op(s3_server: EmbeddedS3, 
     first = run_cli(*args, "--json", env=s3_server.env())
     assert first.returncode == 0, first.stderr
     summary = json.loads(first.stdout)
-    assert summary["extracted"] and summary["files"] == len(TREE) - 1 and summary["marker"] == str(marker_path(tmp_path / "d"))
+    assert summary["extracted"] and summary["files"] == len(TREE) - 1
+    assert summary["marker"] == str(marker_path(tmp_path / "d"))
     assert listing(tmp_path / "d") == EXPECTED
 
     again = run_cli(*args, env=s3_server.env())
@@ -524,7 +530,8 @@ def test_two_extractions_into_one_destination_wait_for_each_other(tmp_path: Path
         results = list(pool.map(lambda a: extract_archive(str(a), dest), [first, second, first, second]))
     assert all(r.files == 300 for r in results)
     final = listing(dest)
-    assert set(final) in ({"one", *(f"one/{i}.txt" for i in range(300))}, {"two", *(f"two/{i}.txt" for i in range(300))})
+    assert set(final) in ({"one", *(f"one/{i}.txt" for i in range(300))},
+                          {"two", *(f"two/{i}.txt" for i in range(300))})
     assert [p for p in tmp_path.iterdir() if p.name.startswith(".tao-data-io-partial")] == []
 
 

@@ -210,7 +210,8 @@ def test_a_platform_no_backend_has_is_refused_naming_those_there_are(toy: dict[s
     plain = {key: value for key, value in toy.items() if key != "PYTHONPATH"} | {"PYTHONPATH": str(ROOT)}
     _cli(toy, "submit", "--backend", "toy", "--request", str(request), "--state-root", str(tmp_path / "toy"))
     without = _cli(plain, "status", "--job-id", "no-such")  # the toy uninstalled: its record names an unknown one
-    assert without.returncode == 2 and "platform 'toy' is not a backend: use 'local', 'kubernetes', 'docker' or 'slurm'" in without.stderr
+    assert without.returncode == 2
+    assert "platform 'toy' is not a backend: use 'local', 'kubernetes', 'docker' or 'slurm'" in without.stderr
 
 
 def _toy_with(*changes: tuple[str, str]) -> str:

@@ -30,8 +30,8 @@ from .helpers import run_cli
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 KUBERNETES = {"namespace": "tao", "context": "prod", "pvc_claim": "tao-data", "credential_secret": "team-s3",
-              "image_pull_secrets": ["ngc-pull", "stager-pull"], "stager_image": "registry.example.com/stager:1", "ttl_seconds": 60,
-              "shm_size": "16Gi", "shards": 2, "node_selector": {"gpu": "a100"},
+              "image_pull_secrets": ["ngc-pull", "stager-pull"], "stager_image": "registry.example.com/stager:1",
+              "ttl_seconds": 60, "shm_size": "16Gi", "shards": 2, "node_selector": {"gpu": "a100"},
               "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
               "records_url": "s3://tao-records/jobs/", "resync_seconds": 60,
               "training_security": "restricted", "training_user": 1000, "capacity": "queued",
@@ -48,10 +48,11 @@ KUBERNETES = {"namespace": "tao", "context": "prod", "pvc_claim": "tao-data", "c
     ("docker", {"docker_host": "unix:///run/user/1000/docker.sock", "run_root": "/srv/tao/docker",
                 "allow_network": True, "run_as_user": 1000, "run_as_group": 1000, "gpu_devices": ["0", "GPU-8a1c-44"],
                 "pids_limit": 4096, "log_limit": "16Mi", "cancel_grace_seconds": 10}),
-    ("slurm", {"slurm_conf": "/etc/slurm/slurm.conf", "run_root": "/lustre/tao/runs", "shared_roots": ["/lustre/datasets"],
-               "container_runtime": "bubblewrap", "partition": "gpu", "account": "vision", "qos": "normal",
-               "reservation": "tao", "exclusive": True, "gres_name": "gpu", "extra_options": {"constraint": "ib"},
-               "allow_network": False, "run_as_user": 1000, "run_as_group": 1000, "cancel_grace_seconds": 10}),
+    ("slurm", {"slurm_conf": "/etc/slurm/slurm.conf", "run_root": "/lustre/tao/runs",
+               "shared_roots": ["/lustre/datasets"], "container_runtime": "bubblewrap", "partition": "gpu",
+               "account": "vision", "qos": "normal", "reservation": "tao", "exclusive": True, "gres_name": "gpu",
+               "extra_options": {"constraint": "ib"}, "allow_network": False, "run_as_user": 1000,
+               "run_as_group": 1000, "cancel_grace_seconds": 10}),
 ], ids=["local", "kubernetes", "docker", "slurm"])
 def test_a_backends_recorded_config_is_its_settings_and_rebuilds_an_equal_backend(platform: str,
                                                                                  config: dict[str, Any]) -> None:
@@ -89,7 +90,8 @@ def test_a_run_root_given_now_wins_over_the_recorded_one(tmp_path: Path) -> None
 
 
 def test_the_fake_is_no_platform_of_the_product() -> None:
-    with pytest.raises(UsageError, match="platform 'fake' is not a backend: use 'local', 'kubernetes', 'docker' or 'slurm'"):
+    with pytest.raises(UsageError,
+                       match="platform 'fake' is not a backend: use 'local', 'kubernetes', 'docker' or 'slurm'"):
         backend_for("fake", {"results_root": "/tmp/results"})
 
 

@@ -17,8 +17,8 @@ from prefect.filesystems import WritableFileSystem
 from prefect.testing.standard_test_suites import BlockStandardTestSuite
 from prefect.testing.standard_test_suites import blocks as standard_suite
 
-from blocks import (DockerTarget, HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, LocalTarget, NGCEnvCredentials,
-                    S3EnvCredentials, SLURMTarget, TaoS3Bucket)
+from blocks import (DockerTarget, HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, LocalTarget,
+                    NGCEnvCredentials, S3EnvCredentials, SLURMTarget, TaoS3Bucket)
 from blocks.presentation import LOGO_FILE, LOGO_URL
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.backends.docker.settings import DockerSettings
@@ -29,8 +29,8 @@ from tao_data_io.backends.slurm.settings import SlurmSettings
 from .fake_registries import FakeRegistries
 from .flow_helpers import REPO, name
 
-EVERY_BLOCK = [S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials, LocalTarget, KubernetesTarget, DockerTarget,
-               SLURMTarget, JobRecords, TaoS3Bucket]
+EVERY_BLOCK = [S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials, LocalTarget, KubernetesTarget,
+               DockerTarget, SLURMTarget, JobRecords, TaoS3Bucket]
 
 
 def _logo_from_the_tree(url: str) -> io.BytesIO:

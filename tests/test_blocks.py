@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from blocks import (DockerTarget, HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, LocalTarget, NGCEnvCredentials,
-                    S3EnvCredentials)
+from blocks import (DockerTarget, HuggingFaceEnvCredentials, JobRecords, KubernetesTarget, LocalTarget,
+                    NGCEnvCredentials, S3EnvCredentials)
 from blocks.credentials import CredentialSet
 from tao_data_io.errors import CredentialError, UsageError
 from tao_data_io.backends.kubernetes.settings import KubernetesSettings
@@ -19,8 +19,8 @@ from tao_data_io.backends.local.backend import LocalBackend
 from tao_data_io.backends.docker.settings import DockerSettings
 from tao_data_io.backends.local.settings import LocalSettings
 
-ALL_BLOCKS = [S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials, LocalTarget, KubernetesTarget, DockerTarget,
-              JobRecords]
+ALL_BLOCKS = [S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials, LocalTarget, KubernetesTarget,
+              DockerTarget, JobRecords]
 CREDENTIAL_BLOCKS = [S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials]
 
 
@@ -140,7 +140,8 @@ def test_prefect_aws_credentials_are_built_in_memory_from_the_core_credentials()
 def test_the_local_target_builds_the_local_backend(tmp_path: Path) -> None:
     target = LocalTarget(settings=LocalSettings(run_root=str(tmp_path / "runs"), allow_network=True))
     backend = target.backend()
-    assert isinstance(backend, LocalBackend) and backend.run_root == tmp_path / "runs" and backend.settings.allow_network
+    assert isinstance(backend, LocalBackend)
+    assert backend.run_root == tmp_path / "runs" and backend.settings.allow_network
     assert LocalTarget().backend().settings.allow_network is False  # off unless the operator turns it on
     for bad in ({"staging_root": "relative/dir"}, {"settings": {"run_root": "relative/dir"}}):
         with pytest.raises(ValidationError, match="is not absolute"):
@@ -182,9 +183,11 @@ def test_the_kubernetes_target_builds_the_kubernetes_backend_from_its_settings()
 def test_the_kubernetes_target_names_the_extra_on_a_worker_without_the_kubernetes_client(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "kubernetes", None)  # the client is not installed on this worker
-    for module in ("tao_data_io.backends.kubernetes.backend", "tao_data_io.backends.kubernetes.api"):  # imported afresh, without it
+    # Imported afresh, without it:
+    for module in ("tao_data_io.backends.kubernetes.backend", "tao_data_io.backends.kubernetes.api"):
         monkeypatch.delitem(sys.modules, module, raising=False)
-    with pytest.raises(UsageError, match=r"the kubernetes backend needs .kubernetes., which this host lacks: install tao-data-io\[kubernetes\]"):
+    with pytest.raises(UsageError, match=r"the kubernetes backend needs .kubernetes., which this host lacks: "
+                                         r"install tao-data-io\[kubernetes\]"):
         KubernetesTarget(settings=KubernetesSettings(namespace="tao")).backend()
 
 

@@ -101,12 +101,14 @@ def test_a_password_in_the_endpoint_url_never_reaches_the_output(s3_server: Embe
     make_s3_client(s3_server.credentials).put_object(Bucket=bucket, Key="p/big.bin", Body=b"b" * (33 * 1024 * 1024))
     password = "hunter2-endpoint-pass"
     with_userinfo = s3_server.endpoint_url.replace("http://", f"http://tao:{password}@")
-    good = run_cli("sync", f"s3://{bucket}/p/", str(tmp_path / "d"), env={**s3_server.env(), "AWS_ENDPOINT_URL": with_userinfo})
+    good = run_cli("sync", f"s3://{bucket}/p/", str(tmp_path / "d"),
+                   env={**s3_server.env(), "AWS_ENDPOINT_URL": with_userinfo})
     assert good.returncode == 0, good.stderr
     assert (tmp_path / "d" / "big.bin").stat().st_size == 33 * 1024 * 1024
     refused = run_cli("sync", f"s3://{bucket}/p/", str(tmp_path / "e"), env={
         **s3_server.env(), "AWS_ENDPOINT_URL": with_userinfo, "AWS_SECRET_ACCESS_KEY": "not-the-secret"})
-    assert refused.returncode == 2 and "rejected the credentials" in refused.stderr and "***USERINFO***" in refused.stderr
+    assert refused.returncode == 2
+    assert "rejected the credentials" in refused.stderr and "***USERINFO***" in refused.stderr
     for result in (good, refused):
         assert password not in result.stdout + result.stderr
 
@@ -121,7 +123,8 @@ def test_names_are_printed_with_control_characters_escaped(moto_credentials: S3C
     for key in ("p/\x1b]0;pwned\x07title.txt", "p/two\rFAKE: all good", "p/fine.txt"):
         client.put_object(Bucket="escapes", Key=key, Body=b"x")
     env = {"AWS_ACCESS_KEY_ID": moto_credentials.access_key_id,
-           "AWS_SECRET_ACCESS_KEY": moto_credentials.secret_access_key, "AWS_ENDPOINT_URL": str(moto_credentials.endpoint_url)}
+           "AWS_SECRET_ACCESS_KEY": moto_credentials.secret_access_key,
+           "AWS_ENDPOINT_URL": str(moto_credentials.endpoint_url)}
     down = run_cli("sync", "s3://escapes/p/", str(tmp_path / "d"), env=env)
     (tmp_path / "up").mkdir()
     (tmp_path / "up" / "\x1b[31mred\x1b[0m.txt").write_bytes(b"x")

@@ -35,7 +35,8 @@ def imported_by(argv: list[str], env: Mapping[str, str], *, run: bool = True) ->
     """The modules a fresh interpreter has loaded after parsing ``argv`` (and running it, with
     ``run``): the same start-up a user's shell pays."""
     code = ("import json, sys\nfrom tao_data_io import cli\n"
-            + ("code = cli.main(sys.argv[1:])\n" if run else "cli.build_parser(sys.argv[1:]).parse_args(sys.argv[1:]); code = 0\n")
+            + ("code = cli.main(sys.argv[1:])\n" if run else
+               "cli.build_parser(sys.argv[1:]).parse_args(sys.argv[1:]); code = 0\n")
             + "print(json.dumps(sorted(sys.modules)), file=sys.stderr)\nsys.exit(code)\n")
     result = subprocess.run([sys.executable, "-c", code, *argv], env={"PATH": os.environ["PATH"], **env},
                             capture_output=True, text=True, timeout=120)
@@ -110,7 +111,8 @@ def test_a_resync_loads_the_record_but_not_botocore(s3_server: EmbeddedS3, bucke
     write_tree(tmp_path / "results", {"model.pth": b"w"})
     jobs.open(job_id="start-light", platform="test", image="tao", network_arch="dino", action="train",
               storage_tier="B", results_dir=str(tmp_path / "results"))
-    env = {**s3_server.env(), "HOME": str(tmp_path), "S3_BUCKET_NAME": bucket, "TAO_DATA_IO_JOBS_DIR": str(tmp_path / "jobs")}
+    env = {**s3_server.env(), "HOME": str(tmp_path), "S3_BUCKET_NAME": bucket,
+           "TAO_DATA_IO_JOBS_DIR": str(tmp_path / "jobs")}
     resync = ["resync", "--job-id", "start-light", "--results-dir", str(tmp_path / "results"), "--settle-seconds", "0"]
     imported_by(resync, env)  # the job's first upload claims its prefix: one conditional PUT, through boto3
     write_tree(tmp_path / "results", {"model.pth": b"w2"})

@@ -40,7 +40,8 @@ def pod_identity(moto_credentials: S3Credentials, tmp_path: Path, monkeypatch: p
     for name in STATIC:
         monkeypatch.delenv(name, raising=False)
     for name, value in {"AWS_ROLE_ARN": "arn:aws:iam::123456789012:role/tao-data-io",
-                        "AWS_WEB_IDENTITY_TOKEN_FILE": str(token), "AWS_ENDPOINT_URL": str(moto_credentials.endpoint_url),
+                        "AWS_WEB_IDENTITY_TOKEN_FILE": str(token),
+                        "AWS_ENDPOINT_URL": str(moto_credentials.endpoint_url),
                         "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": str(tmp_path / "no-config"),
                         "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials")}.items():
         monkeypatch.setenv(name, value)
@@ -99,7 +100,7 @@ class _PodIdentityAgent:
         agent = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+            def do_GET(self) -> None:  # the standard library's name
                 if self.headers.get("Authorization") != token:
                     self.send_response(401)
                     self.end_headers()

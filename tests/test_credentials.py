@@ -80,7 +80,8 @@ def test_aws_max_attempts_bounds_every_client(value: str | None, attempts: int |
 @pytest.mark.parametrize("value", ["0", "-1", "two", "101", "1.5"])
 def test_a_bad_aws_max_attempts_names_the_variable(value: str) -> None:
     with pytest.raises(UsageError, match=f"AWS_MAX_ATTEMPTS '{value}' is not a number of attempts"):
-        s3_credentials_from_env({"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_MAX_ATTEMPTS": value})
+        s3_credentials_from_env({"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret",
+                                 "AWS_MAX_ATTEMPTS": value})
 
 
 def test_repr_never_shows_secret_values() -> None:

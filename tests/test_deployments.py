@@ -85,7 +85,8 @@ def test_a_worker_in_its_own_namespace_may_run_flow_runs_in_the_jobs_namespace()
     # namespaces its setting names, else cluster-wide, which needs a ClusterRole — and kopf posts
     # what its handlers log as events.
     for group, resource in (("", "pods"), ("batch", "jobs")):
-        assert all(rbac.allowed(Attributes(verb, group, resource, namespace=pool_namespace)) for verb in ("list", "watch"))
+        assert all(rbac.allowed(Attributes(verb, group, resource, namespace=pool_namespace))
+                   for verb in ("list", "watch"))
     assert rbac.allowed(Attributes("create", "", "events", namespace=pool_namespace))
     assert f"PREFECT_INTEGRATIONS_KUBERNETES_OBSERVER_NAMESPACES=prefect,{pool_namespace}" in path.read_text()
 

@@ -269,7 +269,8 @@ def test_a_mount_target_through_an_image_symlink_is_not_a_false_failure(
     plan = backend._launched(submission.backend_ref)[1].plan
     verdict = backend.verify(submission.backend_ref, plan)
     assert verdict.ok, verdict.describe()
-    assert wait_for("the job's read", lambda: (control / "read").read_text() if (control / "read").exists() else None) == "checked"
+    read = control / "read"
+    assert wait_for("the job's read", lambda: read.read_text() if read.exists() else None) == "checked"
 
 
 @ROOT_ONLY
@@ -282,7 +283,8 @@ def test_a_frame_that_ends_while_the_host_looks_through_it_never_passes_the_boun
     from tao_data_io.backends.docker import backend as docker_backend
 
     source = dataset(tmp_path, "dataset", "checked")
-    job = request(docker_daemon, "ended-1", "exit 0", control=control, mounts=[{"source": str(source), "target": "/data"}])
+    job = request(docker_daemon, "ended-1", "exit 0", control=control,
+                  mounts=[{"source": str(source), "target": "/data"}])
     submission = launch(backend, job, tmp_path)
     looked = docker_backend._identity
 

@@ -60,10 +60,11 @@ def _create(deployment_id: UUID, **parameters: Any) -> UUID:
 def _refused(deployment_id: UUID, **parameters: Any) -> str:
     """The server's refusal of a run with ``parameters``, after checking it created no run."""
     with get_client(sync_client=True) as client:
-        before = len(client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))))
+        runs = DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
+        before = len(client.read_flow_runs(deployment_filter=runs))
         with pytest.raises(PrefectHTTPStatusError) as refused:
             client.create_flow_run_from_deployment(deployment_id, parameters=parameters)
-        after = len(client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))))
+        after = len(client.read_flow_runs(deployment_filter=runs))
     assert refused.value.response.status_code == 409 and after == before
     return refused.value.response.json()["detail"]
 

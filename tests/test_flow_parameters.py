@@ -73,8 +73,8 @@ def test_collect_with_a_target_that_cannot_find_the_job_fails(prefect_harness: N
     """collect-tao-job on a target that has no trace of a job its record says is RUNNING fails, as the
     CLI's collect does, and leaves the record as it was: never an UNKNOWN that completes."""
     store = _running_record(tmp_path / "jobs", "lost-job")
-    state = collect_tao_job("lost-job", target=local_target(tmp_path, "elsewhere"), records=records_block(tmp_path / "jobs"),
-                            poll_seconds=0.05, return_state=True)
+    state = collect_tao_job("lost-job", target=local_target(tmp_path, "elsewhere"),
+                            records=records_block(tmp_path / "jobs"), poll_seconds=0.05, return_state=True)
     assert store.get("lost-job").state == "RUNNING"
     assert state.is_failed(), f"collect completed: {state.result(raise_on_failure=False)}"
 

@@ -27,7 +27,8 @@ RECORD = JobRecord(job_id="job-1", platform="local", image="tao:6", network_arch
 
 def source(**fields: object) -> StagedSource:
     base: dict[str, object] = {"source": "s3://bkt1/data/", "kind": "folder", "sub_path": "s3/bkt1/data",
-                               "container_path": "/data", "local_path": "/w/s3/bkt1/data", "files": 10, "bytes": 2_000_000}
+                               "container_path": "/data", "local_path": "/w/s3/bkt1/data", "files": 10,
+                               "bytes": 2_000_000}
     return StagedSource.model_validate({**base, **fields})
 
 

@@ -308,7 +308,8 @@ def normalized(record: JobRecord, root: Path) -> dict[str, Any]:
     text = (record.model_dump_json().replace(record.claimant(), "job-x@created").replace(record.job_id, "job-x")
             .replace(str(root), "/root-of-the-run"))
     data = JobRecord.model_validate_json(text).model_dump(mode="json")
-    data.pop("created_at"), data.pop("updated_at"), data.pop("backend_config"), data.pop("owner"), data.pop("log_cursor")
+    for varying in ("created_at", "updated_at", "backend_config", "owner", "log_cursor"):
+        data.pop(varying)
     data["history"] = [(entry["state"], entry["message"]) for entry in data["history"]]
     for entry in data["uploads"]:
         for varying in ("at", "started_at", "results_dir"):

@@ -46,7 +46,8 @@ def _straddling_request(tmp_path: Path, job_id: str, nodes: int = 1) -> Path:
               f"yes A | head -c {FOLLOW_BYTES - BEFORE_THE_CUT} | tr '\\n' ' '; printf %s \"$WANDB_KEY\"; "
               "head -c 100 /dev/zero | tr '\\0' B; echo; echo done")
     return write_request(tmp_path / f"{job_id}.yaml", args_request(
-        job_id=job_id, command=["/bin/sh", "-c", script], forward_env=["WANDB_KEY"], compute_shape={"nodes": nodes, "shm_size": "64Mi"},
+        job_id=job_id, command=["/bin/sh", "-c", script], forward_env=["WANDB_KEY"],
+        compute_shape={"nodes": nodes, "shm_size": "64Mi"},
         mounts=[{"source": str(control), "target": "/control", "read_only": False}]))
 
 

@@ -76,7 +76,8 @@ EXAMPLE_CASES = {
     "tier-b.yaml": ("B", {"shards": 4},
                     ["ConfigMap/dino-tier-b-files", "Job/dino-tier-b-stage-4eb488b27b38607168775b5ce38f3cd879e9",
                      "Job/dino-tier-b"]),
-    "multi-node.yaml": ("C", {}, ["ConfigMap/torchrun-2x8-files", "Service/probe-torchrun-2x8", "Job/torchrun-2x8-probe-41e0286844ff891cb36c79f24d356d58b4b",
+    "multi-node.yaml": ("C", {}, ["ConfigMap/torchrun-2x8-files", "Service/probe-torchrun-2x8",
+                                   "Job/torchrun-2x8-probe-41e0286844ff891cb36c79f24d356d58b4b",
                                    "Service/ranks-torchrun-2x8", "Job/torchrun-2x8"]),
     "config-mode.yaml": ("C", {}, ["ConfigMap/dino-train-coco-files", "Job/dino-train-coco"]),
     "args-mode.yaml": ("C", {}, ["ConfigMap/example-job-files", "Job/example-job"]),
@@ -98,7 +99,8 @@ def test_every_example_renders_and_passes_strict_validation(name: str, tmp_path:
     validate(rendered)
     for obj in rendered.objects:
         labels = obj["metadata"]["labels"]
-        assert labels["app.kubernetes.io/managed-by"] == "tao-data-io" and DNS_LABEL.fullmatch(labels["tao-data-io/job-id"])
+        assert labels["app.kubernetes.io/managed-by"] == "tao-data-io"
+        assert DNS_LABEL.fullmatch(labels["tao-data-io/job-id"])
         assert obj["metadata"]["annotations"]["tao-data-io/job-id"] == (request.job_id or "example-job")
         assert invalid(obj) == []  # what a real API server refuses (the stand-in's rules)
     text = rendered.to_yaml()
@@ -120,7 +122,8 @@ def test_single_pod_tier_c_shape(tmp_path: Path) -> None:
                   spec={"data": "s3://bkt-1/data/"}, compute_shape={"gpus": 2, "shm_size": "8Gi"},
                   environment={"TAO_LOG_LEVEL": "INFO"}, inputs=[{"source": "s3://bkt-1/data/", "target": "/data/a"},
                                                                    {"source": "s3://bkt-1/ann.json", "kind": "file"}])
-    rendered = render(request, tmp_path, "C", image_pull_secrets=["ngc-pull", "stager-pull"], node_selector={"gpu": "a100"},
+    rendered = render(request, tmp_path, "C", image_pull_secrets=["ngc-pull", "stager-pull"],
+                      node_selector={"gpu": "a100"},
                       tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
     validate(rendered)
     job = rendered.objects[-1]
@@ -237,7 +240,8 @@ def test_torchrun_takes_its_rendezvous_from_each_pods_environment(tmp_path: Path
         args = torchrun_arguments(env, argv)
         assert (args.nnodes, args.nproc_per_node, args.node_rank, args.master_addr, args.master_port) == (
             str(nodes), str(gpus), index, rank_0, port), argv
-    tao = {name: env.get(name) for name in ("WORLD_SIZE", "NUM_GPU_PER_NODE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    tao = {name: env.get(name)
+           for name in ("WORLD_SIZE", "NUM_GPU_PER_NODE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")}
     assert tao == {"WORLD_SIZE": str(nodes), "NUM_GPU_PER_NODE": str(gpus), "NODE_RANK": str(index),
                    "MASTER_ADDR": rank_0, "MASTER_PORT": str(port)}
     assert not {"NNODES", "NPROC_PER_NODE"} & set(env)  # nothing reads them: torchrun reads PET_*
@@ -306,7 +310,8 @@ def test_a_config_whose_bytes_differ_from_its_digest_is_refused(tmp_path: Path) 
     ({"node_selector": {"gpu": "a b"}}, "node_selector 'gpu' value 'a b'"),
     ({"namespace": None}, "the objects are rendered into a namespace, and none was given: give namespace"),
 ], ids=["ttl", "shm", "claim", "secret", "no-stager", "shards-not-b", "selector", "no-namespace"])
-def test_settings_refusals_name_the_parameter_and_value(settings: dict[str, Any], fragment: str, tmp_path: Path) -> None:
+def test_settings_refusals_name_the_parameter_and_value(settings: dict[str, Any], fragment: str,
+                                                        tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=re.escape(fragment)):
         render(req(), tmp_path, "C", **settings)
 
@@ -646,7 +651,8 @@ def test_a_command_kubernetes_stopped_exits_143_whatever_it_returned(tmp_path: P
     failed one (it would fail the Job) nor a finished one (it would complete it)."""
     ready, got = tmp_path / "ready", tmp_path / "got-term"
     command = ["python3", "-c", "import signal,sys,time,pathlib\n"
-               f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(got)!r}).touch(), sys.exit({exit_code})))\n"
+               "signal.signal(signal.SIGTERM,"
+               f" lambda *a: (pathlib.Path({str(got)!r}).touch(), sys.exit({exit_code})))\n"
                f"pathlib.Path({str(ready)!r}).touch()\ntime.sleep(60)"]
     code = _wrapped_until_signalled(command, ready, signal.SIGTERM)
     assert got.exists() and code == STOPPED_EXIT == 143
@@ -815,7 +821,8 @@ def test_our_own_containers_run_under_the_restricted_pod_security_standard(tier:
     strict = render(req(storage={"pvc_claim": "lustre"}), tmp_path / "r", tier, pvc_claim="lustre",
                     training_security="restricted", training_user=1000)
     validate(strict)
-    assert all(_restricted_violations(o["spec"]["template"]["spec"]) == [] for o in strict.objects if o["kind"] == "Job")
+    assert all(_restricted_violations(o["spec"]["template"]["spec"]) == []
+               for o in strict.objects if o["kind"] == "Job")
     train = training_pod(strict)["containers"][0]
     assert train["securityContext"]["runAsUser"] == 1000
 
@@ -952,8 +959,9 @@ def test_the_probe_reads_a_pre_positioned_input_from_above_never_by_its_subpath(
     sources = {m["subPath"] for m in train["volumeMounts"] if m["name"] == "data" and m["mountPath"] != "/results"}
     assert sources == {"datasets/coco", "datasets/ann/train.json", "models/resnet"}
     seen = [m for m in verify["volumeMounts"] if m["name"] == "data" and m["mountPath"] != "/results"]
-    assert seen == [{"name": "data", "mountPath": "/tao-data-io/volume/datasets", "subPath": "datasets", "readOnly": True},
-                    {"name": "data", "mountPath": "/tao-data-io/volume/models", "subPath": "models", "readOnly": True}]
+    assert seen == [
+        {"name": "data", "mountPath": "/tao-data-io/volume/datasets", "subPath": "datasets", "readOnly": True},
+        {"name": "data", "mountPath": "/tao-data-io/volume/models", "subPath": "models", "readOnly": True}]
     rendered = render(request, tmp_path / "c", "A", pvc_claim="lustre")
     checklist = next(o for o in rendered.objects if o["kind"] == "ConfigMap")["data"]["checklist"]
     lines = {line.split("\t")[1]: line.split("\t")[2] for line in checklist.splitlines()}

@@ -31,7 +31,8 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"
 def _node(kube: KubeStandIn, name: str, gpus: int, labels: dict[str, str] | None = None,
           taints: list[dict[str, Any]] | None = None, cordoned: bool = False) -> None:
     kube.server.store({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}},
-                       "spec": {**({"taints": taints} if taints else {}), **({"unschedulable": True} if cordoned else {})},
+                       "spec": {**({"taints": taints} if taints else {}),
+                                **({"unschedulable": True} if cordoned else {})},
                        "status": {"allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "64"}}})
 
 
@@ -112,7 +113,7 @@ def test_pending_timeout_is_refused_unless_the_pool_autoscales() -> None:
         KubernetesSettings(capacity="autoscaled", pending_timeout=0)
 
 
-# ----------------------------------------------------------------------------- scheduling metadata (Kueue: test_kubernetes_kueue)
+# ------------------------------------------------------------ scheduling metadata (Kueue: test_kubernetes_kueue)
 def test_the_targets_labels_and_annotations_ride_on_every_job_and_pod_but_never_ours(kube: KubeStandIn,
                                                                                     tmp_path: Path) -> None:
     kube.server.control.scripts["job-1"] = ["pulling"]

@@ -247,7 +247,8 @@ def test_a_multi_node_gpu_job_probes_its_collectives_first_and_later_jobs_skip_a
     assert len(cached) == 1
     submit(tmp_path / "second", job_request(job_id="job-2", compute_shape={"gpus": 8, "nodes": 2}), make_backend(said))
     assert len(_probe_jobs(kube)) == 1 and any("passed before" in line for line in said)
-    nccl = job_request(job_id="job-3", compute_shape={"gpus": 8, "nodes": 2}, environment={"NCCL_SOCKET_IFNAME": "eth1"})
+    nccl = job_request(job_id="job-3", compute_shape={"gpus": 8, "nodes": 2},
+                       environment={"NCCL_SOCKET_IFNAME": "eth1"})
     submit(tmp_path / "third", nccl, make_backend())
     assert len(_probe_jobs(kube)) == 2  # other NCCL settings: probed again
 

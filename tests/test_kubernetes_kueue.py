@@ -170,7 +170,6 @@ def test_a_stage_job_kueues_webhook_queues_waits_saying_it_is_kueues(kube: KubeS
     assert done.started and store_in(tmp_path / "again").get("job-2").state == "RUNNING"
 
 
-
 def test_a_kueue_preemption_of_a_one_pod_job_requeues_it_and_never_fails_it(kube: KubeStandIn,
                                                                           tmp_path: Path) -> None:
     """Finding 12: Kueue preempts by suspending the Job; the Job controller deletes its pods

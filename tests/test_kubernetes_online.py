@@ -36,9 +36,9 @@ from tao_data_io.request import JobRequest
 from tao_data_io.transfer.client import make_s3_client
 
 from . import kube_cluster
-from .kube_cluster import (ENV, INPUT_OBJECTS, MANAGED, NAMESPACE, SECRETS, TIER_A, TIER_B, claim, kube_key, creates, every_object_of_ours,
-                           job_request, launch_only, make_backend, ours, seeded_cluster, store_in, submit, validate,
-                           write_kubeconfig)
+from .kube_cluster import (ENV, INPUT_OBJECTS, MANAGED, NAMESPACE, SECRETS, TIER_A, TIER_B, claim, kube_key, creates,
+                           every_object_of_ours, job_request, launch_only, make_backend, ours, seeded_cluster, store_in,
+                           submit, validate, write_kubeconfig)
 from .kube_helpers import DNS_1035, ITS_CREDENTIALS_BASE, ITS_FILES_BASE, LONG_ID, STAGER
 from .kube.kueue import Kueue
 from .kube.apiserver import Fault, KubeStandIn
@@ -46,6 +46,7 @@ from .kube.volumes import Inode, Volume
 
 #: The stand-in cluster and the input bucket (pytest fixtures of tests/kube_cluster.py).
 kube, input_bucket = kube_cluster.kube, kube_cluster.input_bucket
+
 
 # ----------------------------------------------------------------------------- submit
 def test_a_single_node_submit_creates_secret_configmap_job_owned_by_the_job(kube: KubeStandIn, tmp_path: Path) -> None:
@@ -203,7 +204,8 @@ def test_a_claim_whose_volume_ignores_fs_group_refuses_the_stage_with_the_fix(ku
     assert ("the staging root /tao-data-io/volume/cache cannot be written by this stage (uid 1000, groups 1000)"
             in said), said
     assert "/tao-data-io/volume is owned by 0:0 with mode 0755" in said
-    assert "pre-create /tao-data-io/volume/cache on the volume" in said and "chmod 2775 /tao-data-io/volume/cache`" in said
+    assert "pre-create /tao-data-io/volume/cache on the volume" in said
+    assert "chmod 2775 /tao-data-io/volume/cache`" in said
     assert "the stage pod mounts claim 'tao-data' at /tao-data-io/volume" in said
     assert set(kube.server.control.volumes[volume].tree) == {""}  # nothing was written
     assert ours(kube, "Job") == {}
@@ -346,8 +348,8 @@ def test_a_foreign_object_under_our_name_is_a_clear_error_and_nothing_is_deleted
     ({"labels": {"tao-data-io/job-id": "other-job"}, "annotations": {"tao-data-io/job-id": "job-1"}}, "other-job"),
     ({"labels": {"tao-data-io/job-id": "job-1"}, "annotations": {"tao-data-io/job-id": "other-job"}}, "other-job"),
 ], ids=["labelled-and-annotated", "labelled", "labelled-only-for-another", "annotated-for-another"])
-def test_an_object_of_another_job_under_our_name_is_refused_naming_both_jobs(kube: KubeStandIn, tmp_path: Path,
-                                                                             claims: dict[str, Any], other: str) -> None:
+def test_an_object_of_another_job_under_our_name_is_refused_naming_both_jobs(
+        kube: KubeStandIn, tmp_path: Path, claims: dict[str, Any], other: str) -> None:
     """Get-or-create takes an existing object as an earlier attempt's only when its label and its
     annotation both name this job: an object another job made (or an older version named alike)
     is refused, naming that job and this one, and is left as it was."""
@@ -559,7 +561,8 @@ def test_a_timeout_counts_image_pulls_apart(kube: KubeStandIn, tmp_path: Path) -
 #: The reference's status table up to the command's end: how an end is classified (an exit code, a
 #: signal, an OOM kill, the deadline) is the conformance suite's (tests/test_backend_contract.py).
 STATUS_TABLE = [
-    ("unschedulable", {}, "PENDING", None, "waiting for a node: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu"),
+    ("unschedulable", {}, "PENDING", None,
+     "waiting for a node: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu"),
     ("unschedulable", {"condition_messages": False}, "PENDING", None,
      "FailedScheduling: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu"),
     ("unschedulable", {"unschedulable_message": '0/2 nodes are available: persistentvolumeclaim "tao-data" not found.'},
@@ -633,7 +636,8 @@ def test_logs_show_the_verify_probe_when_it_failed(kube: KubeStandIn, tmp_path: 
 def test_cancel_deletes_the_job_in_the_foreground_and_keeps_a_pre_created_secret(kube: KubeStandIn,
                                                                                   tmp_path: Path) -> None:
     kube.server.store({"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": {
-        "name": "team-s3", "namespace": NAMESPACE}, "data": {"AWS_ACCESS_KEY_ID": "eA==", "AWS_SECRET_ACCESS_KEY": "eA=="}})
+        "name": "team-s3", "namespace": NAMESPACE},
+        "data": {"AWS_ACCESS_KEY_ID": "eA==", "AWS_SECRET_ACCESS_KEY": "eA=="}})
     backend = make_backend(credential_secret="team-s3")
     done = submit(tmp_path, job_request(compute_shape={"gpus": 8, "nodes": 2}), backend)
     assert done.verdict.ok and "team-s3" not in ours(kube, "Secret") and ours(kube, "Service")
@@ -800,7 +804,8 @@ def pod(init: dict[str, dict[str, Any]], main: dict[str, Any], phase: str = "Run
     their states by name, ``main`` train's."""
     specs = [{"name": "stager", "image": "s"}, {"name": "results", "image": "s", "restartPolicy": "Always"},
              {"name": "verify", "image": "t"}]
-    return {"metadata": {"name": "p"}, "spec": {"initContainers": specs, "containers": [{"name": "train", "image": "t"}]},
+    return {"metadata": {"name": "p"},
+            "spec": {"initContainers": specs, "containers": [{"name": "train", "image": "t"}]},
             "status": {"phase": phase, "conditions": [{"type": "PodScheduled", "status": "True"}], **status,
                        "initContainerStatuses": [{"name": n, "state": init.get(n, {"terminated": {"exitCode": 0}})}
                                                  for n in ("stager", "results", "verify")],
@@ -1046,8 +1051,6 @@ def test_gate_access_lists_every_refusal_in_one_line(kube: KubeStandIn, tmp_path
     gate_case(kube, tmp_path, job_request(), make_backend(),
               "kubeconfig context 'stand-in' may not create jobs.batch, patch secrets in namespace 'tao': ask the "
               "cluster's admin for a Role granting them and a RoleBinding to this identity")
-
-
 
 
 @pytest.mark.parametrize(("seeded", "settings", "fields", "fragment"), [
@@ -1445,7 +1448,8 @@ def _access(request: str) -> tuple[str, str, str] | None:
 
 
 def _granted() -> set[tuple[str, str, str]]:
-    documents = yaml.safe_load_all((Path(__file__).resolve().parents[1] / "deployments" / "kubernetes-rbac.yaml").read_text())
+    rbac = Path(__file__).resolve().parents[1] / "deployments" / "kubernetes-rbac.yaml"
+    documents = yaml.safe_load_all(rbac.read_text())
     return {(verb, group, resource) for doc in documents if doc["kind"] in ("Role", "ClusterRole")
             for rule in doc["rules"] for group in rule["apiGroups"] for resource in rule["resources"]
             for verb in rule["verbs"]}

@@ -92,7 +92,8 @@ def test_a_staging_map_entry_the_request_does_not_declare_never_becomes_a_mount(
     """The renderer contract's "no undeclared sources": the staging map is a file between steps and
     machines, and a source added to it by hand would be mounted into the job."""
     smuggled = FOLDER.model_copy(update={"source": "s3://bkt-1/someone-elses/", "container_path": "/etc-data"})
-    with pytest.raises(UsageError, match=r"sources\[1\] \('s3://bkt-1/someone-elses/' at '/etc-data'\) is not an input"):
+    with pytest.raises(UsageError,
+                       match=r"sources\[1\] \('s3://bkt-1/someone-elses/' at '/etc-data'\) is not an input"):
         build_plan(config_req(inputs=[COCO]), _map(tmp_path, FOLDER, smuggled, CONFIG_SOURCE),
                    TierDecision(tier="B", reason="r"), _record(), ROUTE)
     declared = config_req(inputs=[{"source": "s3://bkt-1/coco"}])  # the prefix without its slash: the same source
@@ -192,7 +193,8 @@ def test_termination_message_fits_4kib_failures_first_and_round_trips() -> None:
                     f"\t{'is empty' if i == 150 else 'readable, not empty'}\n" for i in range(200))
     verdict = parse_probe_output(lines, checks, 1)
     message = verdict.termination_message()
-    assert len(message.encode()) <= 4096 and message.startswith("TAO-VERIFY\tfail\tdir-nonempty\t/tao-inputs/s3/bucket/dataset-150")
+    assert len(message.encode()) <= 4096
+    assert message.startswith("TAO-VERIFY\tfail\tdir-nonempty\t/tao-inputs/s3/bucket/dataset-150")
     again = parse_probe_output(message, checks, 1)
     assert not again.ok and [c.path for c in again.failures][0].endswith("dataset-150")
     passing = parse_probe_output(lines.replace("\tfail\t", "\tok\t"), checks, 0)
@@ -250,8 +252,8 @@ def test_persistence_is_its_own_check() -> None:
 
 
 def test_checklist_dedupes_aliased_targets_and_ends_with_results(tmp_path: Path) -> None:
-    plan = build_plan(config_req(inputs=[COCO]), _map(tmp_path, FOLDER, CONFIG_SOURCE), TierDecision(tier="B", reason="r"),
-                      _record(), ROUTE)
+    plan = build_plan(config_req(inputs=[COCO]), _map(tmp_path, FOLDER, CONFIG_SOURCE),
+                      TierDecision(tier="B", reason="r"), _record(), ROUTE)
     checks, token = checklist(plan)
     assert [c.kind for c in checks] == ["dir-nonempty", "file", "results-writable"]
     assert checks[-1].argument == token and len(token) == 32
@@ -270,17 +272,22 @@ CLAIMS_ONLY = Capabilities(binds_claims=True)
 
 @pytest.mark.parametrize(("fields", "facts", "tier", "fragment"), [
     (LOCAL_INPUT, ClusterFacts(backend="kubernetes", capabilities=CLUSTER), "A", "pre-positioned"),
-    ({**LOCAL_INPUT, "storage": {"air_gapped": True}}, ClusterFacts(backend="kubernetes", capabilities=CLUSTER), "A", "air-gapped"),
+    ({**LOCAL_INPUT, "storage": {"air_gapped": True}}, ClusterFacts(backend="kubernetes", capabilities=CLUSTER),
+     "A", "air-gapped"),
     (S3_INPUT, ClusterFacts(backend="local", capabilities=HOST), "B", "workdir"),
-    ({**S3_INPUT, "storage": {"pvc_claim": "data"}}, ClusterFacts(backend="kubernetes", capabilities=CLUSTER, volumes=[BOUND]), "B", "Bound"),
     ({**S3_INPUT, "storage": {"pvc_claim": "data"}},
-     ClusterFacts(backend="kubernetes", capabilities=CLUSTER, volumes=[BOUND.model_copy(update={"holds_inputs": True})]), "B", "nothing moves"),
+     ClusterFacts(backend="kubernetes", capabilities=CLUSTER, volumes=[BOUND]), "B", "Bound"),
+    ({**S3_INPUT, "storage": {"pvc_claim": "data"}},
+     ClusterFacts(backend="kubernetes", capabilities=CLUSTER,
+                  volumes=[BOUND.model_copy(update={"holds_inputs": True})]), "B", "nothing moves"),
     (S3_INPUT, ClusterFacts(backend="kubernetes", capabilities=CLUSTER, volumes=[BOUND]), "C", "names none"),
     ({**S3_INPUT, "storage": {"pvc_claim": "data"}},
-     ClusterFacts(backend="kubernetes", capabilities=CLUSTER, volumes=[BOUND.model_copy(update={"phase": "Pending"})]), "C", "Pending"),
-    ({**S3_INPUT, "storage": {"tier": "C", "pvc_claim": "data"}}, ClusterFacts(backend="kubernetes", capabilities=CLUSTER, volumes=[BOUND]),
-     "C", "was asked"),
-    ({**LOCAL_INPUT, "storage": {"tier": "B"}}, ClusterFacts(backend="kubernetes", capabilities=CLUSTER), "A", "nothing moves"),
+     ClusterFacts(backend="kubernetes", capabilities=CLUSTER,
+                  volumes=[BOUND.model_copy(update={"phase": "Pending"})]), "C", "Pending"),
+    ({**S3_INPUT, "storage": {"tier": "C", "pvc_claim": "data"}},
+     ClusterFacts(backend="kubernetes", capabilities=CLUSTER, volumes=[BOUND]), "C", "was asked"),
+    ({**LOCAL_INPUT, "storage": {"tier": "B"}}, ClusterFacts(backend="kubernetes", capabilities=CLUSTER),
+     "A", "nothing moves"),
 ], ids=["pre-positioned", "air-gapped-local", "local-frame", "bound-pvc", "cache-hit", "no-claim-named",
         "claim-pending", "explicit-c", "b-asked-nothing-remote"])
 def test_choose_tier(fields: dict[str, Any], facts: ClusterFacts, tier: str, fragment: str) -> None:

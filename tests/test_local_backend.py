@@ -873,7 +873,8 @@ def test_a_request_cannot_bind_the_checkout_read_write(cli_env: dict[str, str], 
     credentials. Submit refuses it (exit 2, an ``error:`` naming the mount) and nothing is written."""
     planted = PACKAGE_ROOT / "tao_data_io" / "local" / "planted-by-a-job.planted"
     request = write_request(tmp_path / "plant.yaml", args_request(
-        job_id="plant-checkout", command=["sh", "-c", "echo pwned > /checkout/tao_data_io/backends/local/planted-by-a-job.planted"],
+        job_id="plant-checkout",
+        command=["sh", "-c", "echo pwned > /checkout/tao_data_io/backends/local/planted-by-a-job.planted"],
         mounts=[{"source": str(PACKAGE_ROOT), "target": "/checkout", "read_only": False}]))
     try:
         submitted = run_cli("submit", "--request", str(request), env=cli_env)

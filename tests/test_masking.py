@@ -29,8 +29,8 @@ def _submit_file(tmp_path: Path, text: str) -> Any:
     """submit-tao-job of a request file holding ``text``, on a local target: its final state."""
     request = tmp_path / "request.yaml"
     request.write_text(text)
-    return submit_tao_job(request_path=str(request), target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
-                          return_state=True)
+    return submit_tao_job(request_path=str(request), target=local_target(tmp_path),
+                          records=records_block(tmp_path / "jobs"), return_state=True)
 
 
 def _stored(state: Any) -> Any:
@@ -106,8 +106,8 @@ def test_a_job_id_equal_to_a_credential_value_never_names_the_flow_run(
     monkeypatch.setenv("MY_STORE_SECRET_KEY", value)
     request = tmp_path / "request.yaml"
     request.write_text(yaml.safe_dump(args_request(job_id=value)))
-    state = submit_tao_job(request_path=str(request), target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
-                           return_state=True)
+    state = submit_tao_job(request_path=str(request), target=local_target(tmp_path),
+                           records=records_block(tmp_path / "jobs"), return_state=True)
     assert state.is_failed() and "holds the value of a credential" in str(state.message)
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(state.state_details.flow_run_id)
@@ -127,8 +127,9 @@ def test_a_job_id_equal_to_a_block_mapped_credential_value_never_names_the_flow_
     S3EnvCredentials(access_key_id_env="TEAM_S3_ID", secret_access_key_env="TEAM_S3_SK").save(block)
     request = tmp_path / "request.yaml"
     request.write_text(yaml.safe_dump(args_request(job_id=value)))
-    state = submit_tao_job(request_path=str(request), target=local_target(tmp_path), records=records_block(tmp_path / "jobs"),
-                           s3_credentials=f"tao-s3-credentials/{block}", return_state=True)
+    state = submit_tao_job(request_path=str(request), target=local_target(tmp_path),
+                           records=records_block(tmp_path / "jobs"), s3_credentials=f"tao-s3-credentials/{block}",
+                           return_state=True)
     assert state.is_failed() and "holds the value of a credential" in str(state.message)
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(state.state_details.flow_run_id)

@@ -43,7 +43,8 @@ def nuscenes(s3_client: Any, bucket: str) -> str:
     return bucket
 
 
-def test_a_uri_inside_a_staged_folder_is_served_from_its_copy(tmp_path: Path, nuscenes: str, env: dict[str, str]) -> None:
+def test_a_uri_inside_a_staged_folder_is_served_from_its_copy(tmp_path: Path, nuscenes: str,
+                                                               env: dict[str, str]) -> None:
     staged = stage(sparse4d(nuscenes), tmp_path / "w", environ=env)
     by_source = {entry.source: entry for entry in staged.sources}
     root = by_source[f"s3://{nuscenes}/nuscenes/"]

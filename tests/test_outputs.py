@@ -547,7 +547,8 @@ def test_the_head_start_holds_the_lock_and_lists_before_the_record_model_loads(
     code = ("import json, sys\nfrom pathlib import Path\nfrom tao_data_io.upload_head_start import head_start\n"
             "with head_start(sys.argv[1], sys.argv[2], Path(sys.argv[3]), resync=True) as begun:\n"
             "    listed = begun.listing.among([f'results/{sys.argv[2]}/{name}' for name in sys.argv[4:]])\n"
-            "    print(json.dumps({'held': begun.held, 'listed': sorted(listed), 'pydantic': 'pydantic' in sys.modules}))\n")
+            "    print(json.dumps({'held': begun.held, 'listed': sorted(listed),"
+            " 'pydantic': 'pydantic' in sys.modules}))\n")
     child = subprocess.run([sys.executable, "-c", code, str(tmp_path / "jobs"), JOB_ID, str(results), *RESULTS],
                            env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True, timeout=120)
     assert child.returncode == 0, child.stderr
@@ -647,4 +648,5 @@ def test_a_listing_index_fits_the_statement_limits_of_older_sqlite(routed: Recor
                             str(tmp_path / "results")], env={"PATH": os.environ["PATH"], **env},
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
-    assert routed.get(JOB_ID).uploads[-1]["uploaded_files"] == 1 and remote(s3_client, bucket)["f0007.bin"] == b"changed"
+    assert routed.get(JOB_ID).uploads[-1]["uploaded_files"] == 1
+    assert remote(s3_client, bucket)["f0007.bin"] == b"changed"

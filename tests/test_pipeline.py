@@ -153,7 +153,8 @@ def test_a_submit_that_fails_before_launch_says_why_in_the_record_and_a_retry_re
     record = store.get("job-missing-input")
     assert done.started and record.state == "RUNNING" and backend.started == ["fake/job-missing-input"]
     assert [entry.state for entry in record.history] == ["PENDING", "ERROR", "PENDING", "PENDING", "RUNNING"]
-    assert record.history[3].message == "launched as fake/job-missing-input; waiting for the verdict from inside its frame"
+    assert record.history[3].message == ("launched as fake/job-missing-input; "
+                                         "waiting for the verdict from inside its frame")
 
 
 def test_a_job_canceled_before_it_launched_is_not_launched_by_a_later_submit(env: dict[str, str], bucket: str,

@@ -78,7 +78,8 @@ def test_a_job_gets_the_hosts_network_only_with_allow_network(env: dict[str, str
     asking = yaml.safe_load(request.read_text())
     request.write_text(yaml.safe_dump({**asking, "network": True}))
     refused = run_cli("submit", "--request", str(request), env=env)
-    assert refused.returncode == 2 and "allow_network is off" in refused.stderr and "(--allow-network)" in refused.stderr
+    assert refused.returncode == 2
+    assert "allow_network is off" in refused.stderr and "(--allow-network)" in refused.stderr
     assert RecordStore(tmp_path / "jobs").get("cli-net").backend_ref is None  # nothing was launched
     allowed = run_cli("submit", "--request", str(request), "--allow-network", env=env)
     assert allowed.returncode == 0, allowed.stderr
@@ -94,7 +95,8 @@ def test_a_failing_job_still_uploads_and_collect_says_why(env: dict[str, str], b
     assert run_cli("submit", "--request", str(request), env=env).returncode == 0
     collected = run_cli("collect", "--job-id", "cli-fail", "--wait", "--poll-seconds", "0.2", env=env)
     assert collected.returncode == 1, collected.stderr
-    assert "ERROR" in collected.stdout and "exit code 7" in collected.stdout and "last lines of the log" in collected.stdout
+    assert "ERROR" in collected.stdout and "exit code 7" in collected.stdout
+    assert "last lines of the log" in collected.stdout
     assert "checkpoint_epoch_1.pth" in _uploaded(s3_client, bucket, "cli-fail")
 
 
@@ -155,7 +157,8 @@ def test_collect_names_each_file_it_did_not_upload_and_why(cli_env: dict[str, st
     name an S3 key here cannot carry (a control character) is skipped once with the fix — never
     a failure every rerun repeats — and so is the out-of-tree symlink; the rest is uploaded."""
     request = write_request(tmp_path / "bad-names.yaml", args_request(
-        job_id="bad-names", command=["sh", "-c", ("cd /results && echo ok > good.txt && printf x > \"$(printf 'bad\\nname')\""
+        job_id="bad-names", command=["sh", "-c", ("cd /results && echo ok > good.txt"
+                                                  " && printf x > \"$(printf 'bad\\nname')\""
                                                   " && ln -s /etc/hostname escapes")]))
     assert run_cli("submit", "--request", str(request), env=cli_env).returncode == 0
     collected = run_cli("collect", "--job-id", "bad-names", "--wait", "--poll-seconds", "0.2", env=cli_env)

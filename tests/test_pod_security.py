@@ -38,7 +38,8 @@ def test_every_level_and_version_has_fixtures_of_both_outcomes() -> None:
     """The vendored files are whole: a truncated copy would make the test above pass vacuously."""
     for level, least in (("baseline", 40), ("restricted", 88)):
         for shown in VERSIONS:
-            outcomes = [case["expect"] for case in yaml.safe_load_all((FIXTURES / f"{level}-v{shown}.yaml").read_text())]
+            cases = yaml.safe_load_all((FIXTURES / f"{level}-v{shown}.yaml").read_text())
+            outcomes = [case["expect"] for case in cases]
             assert len(outcomes) >= least and {"pass", "fail"} == set(outcomes)
 
 
@@ -56,8 +57,10 @@ def test_a_refusal_lists_baseline_checks_then_restricted_ones_each_in_id_order()
 
 
 @pytest.mark.parametrize(("pod", "version", "refused"), [
-    ({"spec": {"securityContext": {"seLinuxOptions": {"type": "container_engine_t"}}, "containers": []}}, (1, 30), True),
-    ({"spec": {"securityContext": {"seLinuxOptions": {"type": "container_engine_t"}}, "containers": []}}, (1, 31), False),
+    ({"spec": {"securityContext": {"seLinuxOptions": {"type": "container_engine_t"}}, "containers": []}},
+     (1, 30), True),
+    ({"spec": {"securityContext": {"seLinuxOptions": {"type": "container_engine_t"}}, "containers": []}},
+     (1, 31), False),
     ({"metadata": {"annotations": {"container.apparmor.security.beta.kubernetes.io/c": ""}},
       "spec": {"containers": [{"name": "c", "image": "i"}]}}, (1, 32), False),
 ], ids=["container_engine_t before 1.31", "container_engine_t from 1.31", "an AppArmor annotation naming no profile"])

@@ -345,7 +345,8 @@ def test_destination_that_is_a_file_is_a_usage_error(hub_env: dict[str, str], re
 
 def test_a_killed_runs_staging_is_removed_and_a_neighbours_is_not(hub_env: dict[str, str], refs: dict[str, str],
                                                                     tmp_path: Path) -> None:
-    ours = temp_path_for(tmp_path / "d", lock_owner(destination_lock_path(tmp_path / "d")))  # a killed pull's, under d's lock
+    # A killed pull's, under d's lock:
+    ours = temp_path_for(tmp_path / "d", lock_owner(destination_lock_path(tmp_path / "d")))
     neighbours = temp_path_for(tmp_path / "x.d", lock_owner(destination_lock_path(tmp_path / "x.d")))
     for staging in (ours, neighbours):
         (staging / "onnx").mkdir(parents=True)

@@ -36,8 +36,8 @@ from .helpers import run_cli
 
 JOB = dict(platform="k8s", image="nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt", network_arch="dino",
            action="train", results_dir="/results/dino")
-OPEN_ARGS = ["--platform", "kubernetes", "--image", "nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt", "--network-arch", "dino",
-             "--action", "train", "--results-dir", "/results/dino"]
+OPEN_ARGS = ["--platform", "kubernetes", "--image", "nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt",
+             "--network-arch", "dino", "--action", "train", "--results-dir", "/results/dino"]
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,8 @@ def test_terminal_state_is_final_and_the_same_terminal_state_is_a_no_op(place: P
     refused = run_cli("record", "mark", job_id, "--state", "RUNNING", "--root", place.root, env=place.env)
     assert refused.returncode == 2 and refused.stderr.startswith("error:")
     assert "already ERROR" in refused.stderr and "final" in refused.stderr
-    again = run_cli("record", "mark", job_id, "--state", "ERROR", "--source", "flow", "--root", place.root, env=place.env)
+    again = run_cli("record", "mark", job_id, "--state", "ERROR", "--source", "flow", "--root", place.root,
+                    env=place.env)
     assert again.returncode == 0, again.stderr
 
     assert stored_bytes(store, job_id) == before
@@ -202,7 +203,8 @@ def test_terminal_state_is_final_and_the_same_terminal_state_is_a_no_op(place: P
 
 def test_missing_job_names_the_id_and_where_it_looked(tmp_path: Path, s3_env: dict[str, str], s3_prefix: str) -> None:
     for root in (tmp_path, tmp_path / "not-yet"):
-        with pytest.raises(UsageError, match=re.escape(f"no job record 'tao-nope': looked for {root / 'tao-nope.json'}")):
+        looked = f"no job record 'tao-nope': looked for {root / 'tao-nope.json'}"
+        with pytest.raises(UsageError, match=re.escape(looked)):
             RecordStore(root).mark("tao-nope", "RUNNING", source="cli")
     assert not (tmp_path / "not-yet").exists()
     with pytest.raises(UsageError, match=re.escape(f"looked for {s3_prefix}p/records/tao-nope.json (records are "
@@ -362,7 +364,8 @@ def test_a_record_larger_than_any_record_is_refused_without_reading_it_whole(pla
     good = store.open(**JOB).job_id
     huge = RECORD_LIMIT_BYTES + 1
     put_raw(store, "tao-huge.json", b'{"schema_version": "1", "note": "' + b"x" * huge + b'"}')
-    with pytest.raises(DamagedRecordError, match=rf"tao-huge.json is larger than a job record may be .*{RECORD_LIMIT_BYTES}"):
+    with pytest.raises(DamagedRecordError,
+                       match=rf"tao-huge.json is larger than a job record may be .*{RECORD_LIMIT_BYTES}"):
         store.get("tao-huge")
     assert [r.job_id for r in store.list_records(on_damaged=lambda where, why: None)] == [good]
 
@@ -517,7 +520,8 @@ def test_a_write_whose_answer_was_lost_is_not_applied_twice(s3_env: dict[str, st
 
     def lose_first_answer(response: Any, request_dict: dict[str, Any], **_: Any) -> float | None:
         # As if the connection dropped after the server applied the PUT: botocore sends it again.
-        if not resent and response is not None and response[0].status_code == 200 and "tao-lost.json" in request_dict["url"]:
+        if (not resent and response is not None and response[0].status_code == 200
+                and "tao-lost.json" in request_dict["url"]):
             resent.append(request_dict["url"])
             return 0
         return None

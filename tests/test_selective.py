@@ -93,7 +93,8 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     "jsonl.gz": rows_jsonl_gz,
     "json list": rows_json_list,
     "coco json": rows_coco,
-    "csv": lambda d: write_csv(d / "ann.csv", "caption,video", [f'"{r["caption"]}, really",{r["video"]}' for r in ROWS]),
+    "csv": lambda d: write_csv(d / "ann.csv", "caption,video",
+                               [f'"{r["caption"]}, really",{r["video"]}' for r in ROWS]),
 }
 
 
@@ -172,7 +173,8 @@ def test_missing_skip_stages_the_rest_and_writes_a_report(engine: TransferEngine
     dest = tmp_path / "d"
     annotation = write_jsonl(tmp_path / "ann.jsonl", [{"v": r} for r in ["clips/c0.mp4", "x/nope.mp4", "a.mp4"]])
     result = selective_download(engine, str(annotation), ["v"], dataset, "ds", dest, missing="skip")
-    assert result.ok and result.summary.transferred == ["clips/c0.mp4"] and result.missing == ["ds/a.mp4", "ds/x/nope.mp4"]
+    assert result.ok and result.summary.transferred == ["clips/c0.mp4"]
+    assert result.missing == ["ds/a.mp4", "ds/x/nope.mp4"]
     report = state_dir_for(dest) / MISSING_REPORT
     assert result.missing_report == report and report.read_text() == "ds/a.mp4\nds/x/nope.mp4\n"
     assert not (dest / "x").exists()
@@ -249,7 +251,8 @@ def test_annotation_from_s3(engine: TransferEngine, s3_client, dataset: str, tmp
     with pytest.raises(UsageError, match="does not exist"):
         selective_download(engine, f"s3://{dataset}/ann/nope.parquet", ["video"], dataset, "ds", tmp_path / "d")
     s3_client.put_object(Bucket=dataset, Key="ann/bad.jsonl", Body=b'{"video": "../up.mp4"}\n')
-    with pytest.raises(UsageError, match=f"s3://{dataset}/ann/bad.jsonl, line 1, column 'video': refusing reference '../up.mp4'"):
+    with pytest.raises(UsageError,
+                       match=f"s3://{dataset}/ann/bad.jsonl, line 1, column 'video': refusing reference '../up.mp4'"):
         selective_download(engine, f"s3://{dataset}/ann/bad.jsonl", ["video"], dataset, "ds", tmp_path / "d")
 
 
@@ -277,15 +280,18 @@ def test_cli(s3_server: EmbeddedS3, dataset: str, tmp_path: Path) -> None:
     done = run_cli(*common, "--key", "v,m", "--dest", str(tmp_path / "a"), "--json", env=s3_server.env())
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
-    assert summary["references"] == 3 and sorted(summary["transferred"]) == ["clips/c0.mp4", "clips/c1.mp4", "clips/c2.mp4"]
+    assert summary["references"] == 3
+    assert sorted(summary["transferred"]) == ["clips/c0.mp4", "clips/c1.mp4", "clips/c2.mp4"]
     repeated = run_cli(*common, "--key", "v", "--key", "m", "--dest", str(tmp_path / "a"), env=s3_server.env())
-    assert repeated.returncode == 0 and "3 references in v, m" in repeated.stdout and "transferred 0 files" in repeated.stdout
+    assert repeated.returncode == 0
+    assert "3 references in v, m" in repeated.stdout and "transferred 0 files" in repeated.stdout
 
     bad = run_cli(*common, "--key", "nope", "--dest", str(tmp_path / "b"), env=s3_server.env())
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "no column 'nope'" in bad.stderr
 
     missing = write_jsonl(tmp_path / "missing.jsonl", [{"v": "clips/zz.mp4"}])
-    failed = run_cli(*common[:2], str(missing), *common[3:], "--key", "v", "--dest", str(tmp_path / "c"), env=s3_server.env())
+    failed = run_cli(*common[:2], str(missing), *common[3:], "--key", "v", "--dest", str(tmp_path / "c"),
+                     env=s3_server.env())
     assert failed.returncode == 1 and "ds/clips/zz.mp4" in failed.stderr and not (tmp_path / "c").exists()
     skipped = run_cli(*common[:2], str(missing), *common[3:], "--key", "v", "--dest", str(tmp_path / "c"),
                       "--missing", "skip", env=s3_server.env())

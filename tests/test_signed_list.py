@@ -31,7 +31,8 @@ def test_signature_is_the_one_the_aws_documentation_gives() -> None:
     credentials = S3Credentials("AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
     now = calendar.timegm((2013, 5, 24, 0, 0, 0))
     headers = sign(credentials, "GET", "examplebucket.s3.amazonaws.com", "/", "max-keys=2&prefix=J", now)
-    assert headers["Authorization"].endswith("Signature=34b48302e7b5fa45bde8084f4b7868a86f0a534bc59db6670ed5711ef69dc6f7")
+    assert headers["Authorization"].endswith(
+        "Signature=34b48302e7b5fa45bde8084f4b7868a86f0a534bc59db6670ed5711ef69dc6f7")
 
 
 def test_signature_with_a_session_token_and_an_awkward_prefix_matches_botocore(monkeypatch: pytest.MonkeyPatch) -> None:

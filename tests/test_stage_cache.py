@@ -68,7 +68,10 @@ def test_the_listing_the_cache_read_is_gone_after_a_hit_a_miss_or_a_failure(s3_c
     """The folder's listing is spooled to disk while its identity is hashed, for the sync to
     read instead of listing again: it is this stage's only — a million keys are not kept."""
     cache = tmp_path / "volume" / "cache"
-    spools = lambda: sorted(p.name for p in (cache / STATE_DIR_NAME).rglob("*.listing"))  # noqa: E731
+
+    def spools() -> list[str]:
+        return sorted(p.name for p in (cache / STATE_DIR_NAME).rglob("*.listing"))
+
     with TransferEngine(s3_credentials) as engine:
         stage(_request(dataset), cache, engine=engine, stager=stage_cached)  # a miss
         assert spools() == []
@@ -91,7 +94,8 @@ def test_a_changed_source_is_staged_again(s3_credentials: S3Credentials, s3_clie
     assert (cache / (images.sub_path or "") / "img00.jpg").read_bytes() == b"changed"
 
 
-def test_n_shards_stage_exactly_what_one_run_stages(s3_credentials: S3Credentials, dataset: str, tmp_path: Path) -> None:
+def test_n_shards_stage_exactly_what_one_run_stages(s3_credentials: S3Credentials, dataset: str,
+                                                    tmp_path: Path) -> None:
     with TransferEngine(s3_credentials) as engine:
         stage(_request(dataset), tmp_path / "one", engine=engine)
         parts = [stage(_request(dataset), tmp_path / "sharded", engine=engine, stager=stage_cached, shard=Shard(i, 3),
@@ -111,8 +115,8 @@ def test_plan_stage_moves_nothing_and_matches_the_real_layout(s3_credentials: S3
     assert sorted(os.listdir(tmp_path / "plan")) == ["config", "staging-map.json"]
 
 
-def test_the_cache_resolves_a_kind_once_and_lists_a_folder_once(s3_credentials: S3Credentials, dataset: str,
-                                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cache_resolves_a_kind_once_and_lists_a_folder_once(
+        s3_credentials: S3Credentials, dataset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the cache path the source's kind is asked of the bucket once (for its identity and for
     staging alike), a folder is listed once (the listing its identity hashes is the one the sync
     then uses), and each source is parsed once."""

@@ -67,7 +67,8 @@ def shared(directory: Path, gid: int = STAGER) -> None:
 
 def request() -> JobRequest:
     return JobRequest.model_validate({
-        "schema_version": "1", "job_id": "job-w", "image": "tao:6", "mode": "args", "command": ["dino", "train"], "args": [],
+        "schema_version": "1", "job_id": "job-w", "image": "tao:6", "mode": "args", "command": ["dino", "train"],
+        "args": [],
         "inputs": [{"source": "s3://bkt-1/data/", "target": "/data"}]})
 
 
@@ -109,7 +110,8 @@ def test_the_map_directory_is_proved_too(volume: Path) -> None:
         volume.chmod(0o555)
     shared(cache)
     jobs = volume / "jobs" / "job-w"
-    with as_stager(), pytest.raises(UnwritableError, match=rf"the staging map's directory {jobs} cannot be written") as info:
+    with as_stager(), pytest.raises(UnwritableError,
+                                    match=rf"the staging map's directory {jobs} cannot be written") as info:
         stage(request(), cache, map_path=jobs / "staging-map.json", environ={})
     assert f"pre-create {volume / 'jobs'} on the volume" in str(info.value)  # one fix for every job's directory
 

@@ -73,9 +73,11 @@ def test_a_tree_of_many_small_files_in_many_directories_stays_within_its_bound(
 def test_a_selective_input_is_bounded_by_its_prefix_and_its_annotation(
         tmp_path: Path, bucket: str, dataset: dict[str, int], env: dict[str, str]) -> None:
     inputs = [{"source": f"s3://{bucket}/coco/images/", "target": "/data/images", "kind": "selective",
-               "annotation": f"s3://{bucket}/coco/annotations.json", "annotation_format": "json", "keys": ["images[].file_name"]}]
+               "annotation": f"s3://{bucket}/coco/annotations.json", "annotation_format": "json",
+               "keys": ["images[].file_name"]}]
     planned = plan_stage(request(bucket, inputs), tmp_path, size=True, environ=env)
-    files = [size for key, size in dataset.items() if key.startswith("coco/images/")] + [dataset["coco/annotations.json"]]
+    files = ([size for key, size in dataset.items() if key.startswith("coco/images/")]
+             + [dataset["coco/annotations.json"]])
     assert planned.planned_bytes is not None and planned.planned_bytes >= sum(files) + len(files) * BLOCK_BYTES
 
 

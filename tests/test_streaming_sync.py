@@ -139,7 +139,10 @@ def test_the_next_chunk_is_planned_while_this_one_moves(
 def test_a_page_that_fails_mid_listing_is_listed_again_from_its_token_never_twice(
         s3_server: EmbeddedS3, many: tuple[str, dict[str, str]], chunked: None, tmp_path: Path) -> None:
     bucket, expected = many
-    fails = lambda method, path: method == "GET" and "continuation-token" in path  # noqa: E731
+
+    def fails(method: str, path: str) -> bool:
+        return method == "GET" and "continuation-token" in path
+
     with FaultProxy(s3_server.endpoint_url, fails) as proxy:
         with TransferEngine(through(proxy, s3_server.credentials)) as engine:
             summary = engine.sync(f"s3://{bucket}/data/", str(tmp_path / "d"))
@@ -152,7 +155,10 @@ def test_a_page_that_fails_mid_listing_is_listed_again_from_its_token_never_twic
 def test_a_listing_that_keeps_failing_ends_in_an_error_keeps_what_arrived_and_a_rerun_converges(
         s3_server: EmbeddedS3, many: tuple[str, dict[str, str]], chunked: None, tmp_path: Path) -> None:
     bucket, expected = many
-    fails = lambda method, path: method == "GET" and "continuation-token" in path  # noqa: E731
+
+    def fails(method: str, path: str) -> bool:
+        return method == "GET" and "continuation-token" in path
+
     dest = tmp_path / "d"
     with FaultProxy(s3_server.endpoint_url, fails, status=403, times=None) as proxy:
         with TransferEngine(through(proxy, s3_server.credentials)) as engine:
@@ -173,7 +179,10 @@ def test_an_object_overwritten_while_the_stream_runs_is_read_as_one_version(
     client = make_s3_client(s3_credentials)
     key = f"data/{name(700)}"  # listed on page 1 with its old ETag, moved in the second chunk
     original = client.get_object(Bucket=bucket, Key=key)["Body"].read()
-    overwrite = lambda: client.put_object(Bucket=bucket, Key=key, Body=b"the new version\n")  # noqa: E731
+
+    def overwrite() -> object:
+        return client.put_object(Bucket=bucket, Key=key, Body=b"the new version\n")
+
     try:
         with TransferEngine(s3_credentials, executor=Recording(s3_credentials, after_first=overwrite)) as engine:
             summary = engine.sync(f"s3://{bucket}/data/", str(tmp_path / "d"))
@@ -219,8 +228,6 @@ def test_a_run_killed_mid_stream_is_finished_by_the_next_leaving_nothing_half_wr
     assert tree_digest(dest) == expected and temp_leftovers(dest) == []
 
 
-
-
 def test_an_upload_streamed_in_chunks_decides_each_file_against_its_own_object(
         s3_credentials: S3Credentials, bucket: str, chunked: None, tmp_path: Path) -> None:
     """The tree is walked in the order S3 lists keys (``a-b`` < ``a.txt`` < ``a/…`` < ``a0``: a
@@ -228,7 +235,8 @@ def test_an_upload_streamed_in_chunks_decides_each_file_against_its_own_object(
     listing it reads — across chunk boundaries too: a rerun uploads nothing, a change only itself."""
     source = tmp_path / "results"
     files = {"a-b": b"1", "a.txt": b"2", "a0": b"3", **{f"a/{i:04d}.ckpt": b"a%d" % i for i in range(600)},
-             **{f"b-c/{i:04d}.log": b"c%d" % i for i in range(500)}, **{f"b/{i:04d}.bin": b"b%d" % i for i in range(1000)}}
+             **{f"b-c/{i:04d}.log": b"c%d" % i for i in range(500)},
+             **{f"b/{i:04d}.bin": b"b%d" % i for i in range(1000)}}
     write_tree(source, files)
     old = 1_600_000_000
     for path in source.rglob("*"):

@@ -152,7 +152,8 @@ def seed(s3_client: Any, bucket: str, uris: list[str]) -> dict[str, bytes]:
 def host_path(staged: StagingMap, frame_path: str) -> Path:
     """Where a path the frame sees lies on this host, from the staging map."""
     for entry in sorted(staged.sources, key=lambda e: -len(e.container_path)):
-        if entry.local_path and (frame_path == entry.container_path or frame_path.startswith(entry.container_path + "/")):
+        if entry.local_path and (frame_path == entry.container_path
+                                 or frame_path.startswith(entry.container_path + "/")):
             return Path(entry.local_path + frame_path[len(entry.container_path):])
     raise AssertionError(f"{frame_path} is not staged")
 

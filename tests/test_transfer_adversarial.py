@@ -36,6 +36,7 @@ from tao_data_io.fs.state import state_dir_for
 
 from .helpers import HOSTILE_KEYS, run_cli, temp_leftovers, tree_digest, write_tree
 
+
 def test_traversal_keys_are_refused_and_nothing_is_written_outside(moto_credentials: S3Credentials,
                                                                    tmp_path: Path) -> None:
     client = make_s3_client(moto_credentials)
@@ -61,7 +62,8 @@ def test_cli_reports_refused_keys_and_exits_1(moto_credentials: S3Credentials, t
     client.create_bucket(Bucket="hostile-cli")
     client.put_object(Bucket="hostile-cli", Key="p/../escape.txt", Body=b"x")
     client.put_object(Bucket="hostile-cli", Key="p/good.txt", Body=b"x")
-    env = {"AWS_ACCESS_KEY_ID": moto_credentials.access_key_id, "AWS_SECRET_ACCESS_KEY": moto_credentials.secret_access_key,
+    env = {"AWS_ACCESS_KEY_ID": moto_credentials.access_key_id,
+           "AWS_SECRET_ACCESS_KEY": moto_credentials.secret_access_key,
            "AWS_ENDPOINT_URL": str(moto_credentials.endpoint_url)}
     result = run_cli("sync", "s3://hostile-cli/p/", str(tmp_path / "d"), env=env)
     assert result.returncode == 1
@@ -116,7 +118,8 @@ def test_sigkill_mid_download_then_rerun_is_byte_identical(s3_server: EmbeddedS3
 
     argv = [sys.executable, "-m", "tao_data_io.cli", "sync", f"s3://{bucket}/ds/", str(dest), "--concurrency", "4"]
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **s3_server.env()}
-    child = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(list(dest.glob("shard-*"))) < 20:
         time.sleep(0.02)
@@ -306,7 +309,8 @@ def test_a_results_tree_nested_deeper_than_the_scan_goes_is_uploaded_but_its_dep
     assert [s.reason for s in summary.skipped] == [f"directory more than {MAX_SCAN_DEPTH} levels deep; left out"]
 
 
-def test_symlink_to_an_excluded_file_is_excluded_too(s3_credentials: S3Credentials, bucket: str, tmp_path: Path) -> None:
+def test_symlink_to_an_excluded_file_is_excluded_too(s3_credentials: S3Credentials, bucket: str,
+                                                     tmp_path: Path) -> None:
     from tao_data_io.transfer.options import TransferOptions
     from tao_data_io.transfer.filters import PathFilter
 
@@ -427,7 +431,10 @@ def test_the_s5cmd_child_dies_with_its_parent(s3_server: EmbeddedS3, s3_client: 
 
     s3_client.put_object(Bucket=bucket, Key="p/big.bin", Body=os.urandom(33 * 1024 * 1024))
     release = threading.Event()
-    hold = lambda head: release if head.startswith(b"GET ") and b"/p/big.bin" in head else None  # noqa: E731
+
+    def hold(head: bytes) -> threading.Event | None:
+        return release if head.startswith(b"GET ") and b"/p/big.bin" in head else None
+
     with LatencyProxy("127.0.0.1", s3_server.port, 0, on_request=hold) as proxy:
         env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
                **s3_server.env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"}
@@ -465,7 +472,10 @@ def test_a_sync_into_a_parent_leaves_a_running_sync_into_a_subdirectory_alone(
     s3_client.put_object(Bucket=bucket, Key="outer/x.bin", Body=b"x")
     data = tmp_path / "data"
     release = threading.Event()
-    hold = lambda head: release if head.startswith(b"GET ") and b"/inner/f.bin" in head else None  # noqa: E731
+
+    def hold(head: bytes) -> threading.Event | None:
+        return release if head.startswith(b"GET ") and b"/inner/f.bin" in head else None
+
     with LatencyProxy("127.0.0.1", s3_server.port, 0, on_request=hold) as proxy:
         slow = replace(s3_server.credentials, endpoint_url=f"http://127.0.0.1:{proxy.port}")
         inner: list[Any] = []
@@ -505,7 +515,8 @@ def test_cp_holds_the_destination_lock(s3_credentials: S3Credentials, s3_client:
 def _blocked_on(lock: Path) -> bool:
     """Whether some process waits for a flock on ``lock`` (``/proc/locks`` lists waiters with '->')."""
     inode = os.stat(lock).st_ino
-    return any("->" in line and line.split()[-3].endswith(f":{inode}") for line in Path("/proc/locks").read_text().splitlines())
+    return any("->" in line and line.split()[-3].endswith(f":{inode}")
+               for line in Path("/proc/locks").read_text().splitlines())
 
 
 def _wait_for(condition: Callable[[], Any]) -> Any:

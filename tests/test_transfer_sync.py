@@ -44,7 +44,8 @@ def test_round_trip_past_one_thousand_keys(engine: TransferEngine, s3_client, bu
     assert tree_digest(dest) == tree_digest(source)
 
 
-def test_prefix_without_slash_does_not_match_siblings(engine: TransferEngine, s3_client, bucket: str, tmp_path: Path) -> None:
+def test_prefix_without_slash_does_not_match_siblings(engine: TransferEngine, s3_client, bucket: str,
+                                                      tmp_path: Path) -> None:
     for key in ("ds/a.txt", "ds-other/b.txt", "ds.txt"):
         s3_client.put_object(Bucket=bucket, Key=key, Body=key.encode())
     summary = engine.sync(f"s3://{bucket}/ds", str(tmp_path / "out"))
@@ -113,7 +114,8 @@ def test_rerun_after_racy_window_uses_the_digest_cache(engine: TransferEngine, s
     assert (dest / "a.bin").read_bytes() == b"a" * 4096
 
 
-def test_downloads_take_the_objects_last_modified(engine: TransferEngine, s3_client, bucket: str, tmp_path: Path) -> None:
+def test_downloads_take_the_objects_last_modified(engine: TransferEngine, s3_client, bucket: str,
+                                                  tmp_path: Path) -> None:
     s3_client.put_object(Bucket=bucket, Key="p/x.txt", Body=b"x")
     head = s3_client.head_object(Bucket=bucket, Key="p/x.txt")
     engine.sync(f"s3://{bucket}/p/", str(tmp_path / "d"))
@@ -143,7 +145,8 @@ def test_multipart_objects_are_compared_exactly(s3_credentials: S3Credentials, s
     source = tmp_path / "big.bin"
     source.write_bytes(data)
     s3_client.upload_file(str(source), bucket, "m/big.bin",
-                          Config=TransferConfig(multipart_threshold=5 * 1024 * 1024, multipart_chunksize=5 * 1024 * 1024))
+                          Config=TransferConfig(multipart_threshold=5 * 1024 * 1024,
+                                                multipart_chunksize=5 * 1024 * 1024))
     etag = s3_client.head_object(Bucket=bucket, Key="m/big.bin")["ETag"]
     assert etag.strip('"').endswith("-3")
 

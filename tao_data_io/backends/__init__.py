@@ -58,7 +58,7 @@ def platforms() -> Mapping[str, Platform]:
     for point in entry_points(group=ENTRY_POINTS):
         try:
             platform = point.load()
-        except Exception as exc:  # a plugin's own import error: said, and the rest still work
+        except Exception as exc:  # noqa: BLE001 - a plugin's own import error: said, and the rest still work
             log.warning("backend entry point %s (%s) could not be loaded, left out: %s", point.name, point.value, exc)
             continue
         _add(found, platform, f"entry point {point.name} ({point.value})")
@@ -112,8 +112,9 @@ def platform_of(name: str) -> Platform:
     """The backend called ``name``; a name no backend has is refused, naming those there are."""
     known = platforms()
     if name not in known:
-        raise UsageError(f"platform {name!r} is not a backend: use {said_list([repr(name) for name in known])} (a backend another distribution "
-                         "provides is found once that distribution is installed here)")
+        raise UsageError(f"platform {name!r} is not a backend: use {said_list([repr(name) for name in known])} "
+                         "(a backend another distribution provides is found once that distribution is installed "
+                         "here)")
     return known[name]
 
 

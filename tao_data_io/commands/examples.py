@@ -14,7 +14,6 @@ import argparse
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 #: One example: what it does (a sentence) and the command line that does it.
 Example = tuple[str, str]
@@ -39,7 +38,9 @@ def catalogue() -> dict[str, list[Example]]:
     return {verb: [(entry["what"], entry["command"]) for entry in entries] for verb, entries in data.items()}
 
 
-def add_verb(verbs: Any, name: str, *, help: str, epilog: str = "") -> argparse.ArgumentParser:  # noqa: A002
+def add_verb(verbs: argparse._SubParsersAction[argparse.ArgumentParser], name: str, *,
+             help: str,  # noqa: A002 - argparse's own keyword, passed on
+             epilog: str = "") -> argparse.ArgumentParser:
     """Add subcommand ``name`` to ``verbs``; its ``--help`` ends with ``epilog`` then its examples
     (see :func:`verb_examples`)."""
     return verbs.add_parser(name, help=help, description=help[:1].upper() + help[1:] + ".", epilog=epilog or None,

@@ -15,6 +15,7 @@ from .target import add_settings_flags, target_settings
 if TYPE_CHECKING:
     from ..console import Console
 
+
 def register(verbs: Any) -> None:
     from ..backends import platform_of
 

@@ -49,7 +49,8 @@ def register(verbs: Any) -> None:
     mark = add_verb(actions, "mark", help="record a state report for a job")
     mark.add_argument("job_id", metavar="ID")
     mark.add_argument("--state", required=True, choices=STATES)
-    mark.add_argument("--backend-ref", metavar="REF", help="the backend's own reference to the job (a Kubernetes Job's NAMESPACE/NAME, local/<job id>)")
+    mark.add_argument("--backend-ref", metavar="REF",
+                      help="the backend's own reference to the job (a Kubernetes Job's NAMESPACE/NAME, local/<job id>)")
     mark.add_argument("--message")
     mark.add_argument("--source", default="cli", help="who reports it: cli, agent, flow… (default: cli)")
     add_root_option(mark)
@@ -163,7 +164,8 @@ def _show(args: argparse.Namespace, console: Console) -> int:
         console.out(f"{label:<9} {value}")
     console.out("history:")
     for step in record.history:
-        console.out(f"  {_time(step.at)}  {step.state:<8}  {step.source}" + (f"  {step.message}" if step.message else ""))
+        said = f"  {step.message}" if step.message else ""
+        console.out(f"  {_time(step.at)}  {step.state:<8}  {step.source}{said}")
     return 0
 
 

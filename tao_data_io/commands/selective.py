@@ -37,7 +37,8 @@ def register(verbs: Any) -> None:
     sub.add_argument("--bucket", required=True, metavar="B", help="bucket holding the referenced objects")
     sub.add_argument("--src-prefix", required=True, metavar="P", help="key prefix the references are relative to")
     sub.add_argument("--dest", required=True, metavar="D", help="local directory; references keep their relative paths")
-    sub.add_argument("--format", choices=ANNOTATION_FORMATS, help="annotation format (default: from the file extension)")
+    sub.add_argument("--format", choices=ANNOTATION_FORMATS,
+                     help="annotation format (default: from the file extension)")
     sub.add_argument("--missing", choices=MISSING_MODES, default="error",
                      help="a referenced object that does not exist: fail and remove this run's new files (error, "
                           "default) or stage the rest and list them beside D, in PARENT/.tao-data-io/NAME/"
@@ -67,7 +68,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     if args.json:  # the summary's fields plus the annotation's, in one object
         console.json(result.to_dict())
         if not result.ok:
-            console.err(f"error: {result.summary.failed_files} object(s) failed; complete files were kept — rerun to retry")
+            console.err(f"error: {result.summary.failed_files} object(s) failed; "
+                        "complete files were kept — rerun to retry")
         return 0 if result.ok else 1
     console.out(f"{args.annotation}: {result.references} references in {', '.join(result.keys)}")
     code = report(result.summary, console, as_json=False)

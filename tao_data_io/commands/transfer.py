@@ -55,8 +55,10 @@ def register(verbs: Any) -> None:
     sync = add_verb(verbs, "sync", help="sync a prefix to a directory or a directory to a prefix")
     sync.add_argument("source", metavar="SRC")
     sync.add_argument("destination", metavar="DST")
-    sync.add_argument("--exclude", action=OrderedFilter, metavar="PATTERN", help="skip paths matching PATTERN (repeatable)")
-    sync.add_argument("--include", action=OrderedFilter, metavar="PATTERN", help="re-admit paths matching PATTERN (repeatable)")
+    sync.add_argument("--exclude", action=OrderedFilter, metavar="PATTERN",
+                      help="skip paths matching PATTERN (repeatable)")
+    sync.add_argument("--include", action=OrderedFilter, metavar="PATTERN",
+                      help="re-admit paths matching PATTERN (repeatable)")
     sync.add_argument("--shard", type=shard, metavar="I/N",
                       help="download only the keys of shard I of N (a stable hash of each key); N runs, one per "
                            "shard, fill DST exactly as one run would")

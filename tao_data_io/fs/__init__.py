@@ -24,4 +24,4 @@ failed with it has it stored by that name (Prefect's JSON result serializer keep
 its qualified name, ``tao_data_io.fs.ReplacedError``, and rebuilds it from there).
 """
 
-from .reading import ReplacedError as ReplacedError  # noqa: F401 - see above
+from .reading import ReplacedError as ReplacedError  # re-exported: see above

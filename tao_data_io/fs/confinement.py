@@ -126,8 +126,8 @@ def open_directory_nofollow(path: Path, *, what: str = "path") -> int:
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(walked):
                     where = "is a symlink" if walked == absolute else f"lies under the symlink {walked}"
-                    raise UnsafePathError(f"{what} {absolute!r} {where}; such a path is refused because whoever controls "
-                                          f"the link decides what is read — give the real path "
+                    raise UnsafePathError(f"{what} {absolute!r} {where}; such a path is refused because whoever "
+                                          f"controls the link decides what is read — give the real path "
                                           f"{os.path.realpath(absolute)!r} if that is the directory meant") from None
                 raise
             os.close(fd)

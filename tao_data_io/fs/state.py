@@ -146,7 +146,7 @@ def _open_own_file(path: Path) -> int:
     except OSError as exc:
         if exc.errno != errno.ELOOP:
             raise
-        problem = "is a symlink; it is never followed"
+        problem: str | None = "is a symlink; it is never followed"
     else:
         problem = not_own(os.fstat(fd), directory=False)
         if problem is None:

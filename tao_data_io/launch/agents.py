@@ -103,7 +103,8 @@ while :; do
   kill -0 "$child" 2>/dev/null && continue
   [ -n "$stopped" ] && exit 143
   if [ "$code" = 143 ]; then
-    echo "tao-data-io: the command exited 143 though Kubernetes did not stop it; exiting 1 (143 is a stopped command's code here)" >&2
+    echo "tao-data-io: the command exited 143 though Kubernetes did not stop it; exiting 1" \
+      "(143 is a stopped command's code here)" >&2
     exit 1
   fi
   exit "$code"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field
 
@@ -31,7 +31,7 @@ from ..schema import Strict
 from ..staging.stage_map import StagingMap
 from ..tier import Tier, TierDecision
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION: Final = "1"
 #: Characters that mean "this string is shell text", not a command line to split.
 _SHELL_SYNTAX = re.compile(r"[|&;<>()$`\\\n*?\[\]#~{}]|(^|\s)(if|for|while|case|export)\s")
 CONFIG_PLACEHOLDER = "{config_path}"

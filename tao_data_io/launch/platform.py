@@ -40,6 +40,7 @@ class Platform:
     summary: str = ""
     #: What the settings field holds, as the target block describes it.
     settings_summary: str = ""
+
     @property
     def name(self) -> str:
         return self.settings.platform

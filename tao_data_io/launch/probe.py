@@ -109,7 +109,8 @@ while IFS="$tab" read -r check path argument; do
       else report ok "$check" "$path" "present"; fi ;;
     results-writable)
       if ! mkdir -p "$path" 2>/dev/null; then report fail "$check" "$path" "cannot be created"
-      elif ! { rm -f "$path/.tao-data-io-verify"; printf '%s' "$argument" > "$path/.tao-data-io-verify"; } 2>/dev/null; then
+      elif ! { rm -f "$path/.tao-data-io-verify"
+               printf '%s' "$argument" > "$path/.tao-data-io-verify"; } 2>/dev/null; then
         report fail "$check" "$path" "is not writable"
       else report ok "$check" "$path" "writable (token written)"; fi ;;
     persistent)
@@ -210,7 +211,8 @@ def checklist(plan: LaunchPlan, token: str | None = None, located: Mapping[str, 
         if mount.target in seen:
             continue
         seen.add(mount.target)
-        kind: CheckKind = {"dir": "dir-nonempty", "file": "file", "any": "readable"}[mount.expect]
+        kinds: dict[str, CheckKind] = {"dir": "dir-nonempty", "file": "file", "any": "readable"}
+        kind = kinds[mount.expect]
         if mount.expect == "any" and not mount.read_only:
             kind = "present"  # a writable mount is somewhere the job writes: it may start empty
         path = (located or {}).get(mount.target)
@@ -235,7 +237,7 @@ def read_checklist(text: str, plan: LaunchPlan, located: Mapping[str, str] | Non
         kind, path, argument = (line.split("\t") + ["", ""])[:3]
         if kind:
             subject = "results" if path == plan.results_dir else subjects.get(path, path)
-            checks.append(Check(kind=kind, path=path, subject=subject, argument=argument))  # type: ignore[arg-type]
+            checks.append(Check(kind=kind, path=path, subject=subject, argument=argument))
     return checks
 
 
@@ -244,7 +246,7 @@ def parse_probe_output(output: str, checks: list[Check], exit_code: int | None =
     probe died mid-way), so a truncated run can never pass — unless the message says every line
     it left out passed (a termination message cut to its pod's :func:`termination_budget` lists
     failures first, and ends with a ``more`` line counting what it left out)."""
-    subjects = {(c.kind, c.path): c.subject for c in checks}
+    subjects: dict[tuple[str, str], str] = {(c.kind, c.path): c.subject for c in checks}
     results: dict[tuple[str, str], CheckResult] = {}
     more: tuple[int, int] | None = None
     for line in output.splitlines():
@@ -257,7 +259,7 @@ def parse_probe_output(output: str, checks: list[Check], exit_code: int | None =
             continue
         _, status, kind, path, detail = parts
         if (kind, path) in subjects:
-            results[(kind, path)] = CheckResult(kind=kind, path=path, ok=status == "ok", detail=detail,  # type: ignore[arg-type]
+            results[(kind, path)] = CheckResult(kind=kind, path=path, ok=status == "ok", detail=detail,
                                                 subject=subjects[(kind, path)])
     if not results and checks:
         return Verdict(ok=False, error="the probe printed no verdict lines (did the frame start a POSIX sh?)")
@@ -319,4 +321,3 @@ def remove_token(results: Path) -> None:
         pass
     finally:
         os.close(fd)
-

@@ -1,8 +1,9 @@
 """The host results directory between the host and the job's user: handed to that user before the
 command starts, and taken back once every frame of the job has ended.
 
-Why: a job started by root runs as another user (the local backend's ``run_as``, a Docker container's ``user``), so the directory it writes —
-and what an earlier attempt left there and a retry restored — must be that user's. And what the
+Why: a job started by root runs as another user (the local backend's ``run_as``, a Docker
+container's ``user``), so the directory it writes — and what an earlier attempt left there and a
+retry restored — must be that user's. And what the
 job leaves behind is the host's from then on: a setuid or setgid program in it runs with the
 job's user for whoever executes it (a host user then read another job's credentials out of its
 ``/proc/<pid>/environ``), a device node is a door to a device, and what the job left writable —
@@ -237,4 +238,3 @@ def take_back_results(results: Path) -> list[str]:
         return take_back(fd, (os.geteuid(), os.getegid()) if os.geteuid() == 0 else None)
     finally:
         os.close(fd)
-

@@ -10,7 +10,7 @@ whichever backend writes the records in it; what records it holds is each backen
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
@@ -62,7 +62,7 @@ class RunFiles(Generic[Record]):
 
     def launch(self) -> Record | None:
         """The launch record, once submit wrote it."""
-        return read_record(self.launch_file, self.launch_model)  # type: ignore[return-value]  # launch_model is Record
+        return read_record(self.launch_file, self.launch_model)  # type: ignore[return-value]  # launch_model is the Record (a ClassVar cannot say so)
 
     def put_away(self, attempt: int, state: str, ref: str) -> None:
         """Move attempt ``attempt``'s files into ``attempts/<n>/`` for the next attempt to start
@@ -87,7 +87,7 @@ def read_record(path: Path, model: type[Model]) -> Model | None:
     return model.model_validate_json(data)
 
 
-Run = TypeVar("Run", bound=RunFiles)  # type: ignore[type-arg]  # any backend's run directory
+Run = TypeVar("Run", bound="RunFiles[Any]")  # any backend's run directory
 
 
 class RunRoot(Generic[Run, Record]):
@@ -100,14 +100,14 @@ class RunRoot(Generic[Run, Record]):
     namespace: ClassVar[str]
     title: ClassVar[str]
     #: The backend's run directory.
-    run_type: ClassVar[type[RunFiles]]  # type: ignore[type-arg]
+    run_type: ClassVar[type[RunFiles[Any]]]
     run_root: Path
 
     def _run_dir(self, ref: str) -> Run:
         namespace, _, job_id = ref.partition("/")
         if namespace != self.namespace or not is_job_id(job_id):
             raise UsageError(f"backend ref {ref!r} is not the {self.title} backend's: it is {self.namespace}/<job id>")
-        return self.run_type(self.run_root / job_id / "run")  # type: ignore[return-value]  # run_type is Run
+        return self.run_type(self.run_root / job_id / "run")  # type: ignore[return-value]  # run_type is the Run (a ClassVar cannot say so)
 
     def _known(self, ref: str) -> Run | None:
         run = self._run_dir(ref)
@@ -144,4 +144,3 @@ class RunRoot(Generic[Run, Record]):
     def training_status(self, ref: str) -> bytes | None:
         results = self.results_path(ref)
         return None if results is None else read_job_file(Path(results), STATUS_FILE, limit=STATUS_TAIL_BYTES)
-

@@ -61,7 +61,8 @@ def _library() -> ctypes.CDLL:
                          f"making user namespaces or using the kernel keyring: {SECCOMP_INSTALL}") from None
     lib.seccomp_init.argtypes, lib.seccomp_init.restype = [ctypes.c_uint32], ctypes.c_void_p
     lib.seccomp_release.argtypes, lib.seccomp_release.restype = [ctypes.c_void_p], None
-    lib.seccomp_syscall_resolve_name.argtypes, lib.seccomp_syscall_resolve_name.restype = [ctypes.c_char_p], ctypes.c_int
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_syscall_resolve_name.restype = ctypes.c_int
     lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
                                            ctypes.POINTER(_Comparison)]
     lib.seccomp_rule_add_array.restype = ctypes.c_int

@@ -151,7 +151,8 @@ def _state_refusal(path: Path, rules: SourceRules) -> str | None:
     home = next((home for home in rules.homes if _inside(home, path)), None)
     if home is not None:
         return f"it holds {home}, a home directory"
-    private = next((root for root in rules.private if _inside(path, root) or _inside(root, path)), None) or _marked(path)
+    private = (next((root for root in rules.private if _inside(path, root) or _inside(root, path)), None)
+               or _marked(path))
     if private is not None:
         return (f"it holds or lies in {private}: tao-data-io's own state (job records, staging and run roots) or a "
                 "hidden directory of a home (~/.ssh, ~/.aws, …)")
@@ -219,8 +220,8 @@ def check_binds(plan: LaunchPlan, binds: Sequence[Bind], rules: SourceRules) -> 
         else:
             problem = source_refusal(Path(found.resolved), bind.read_only, rules)
             if problem:
-                raise UsageError(f"mount source {bind.source!r} (target {bind.target}) leads to {found.resolved}, which "
-                                 f"is refused: {problem}; mount only the directories the job reads or writes")
+                raise UsageError(f"mount source {bind.source!r} (target {bind.target}) leads to {found.resolved}, "
+                                 f"which is refused: {problem}; mount only the directories the job reads or writes")
         checked[bind.target] = found
     return checked
 
@@ -308,8 +309,8 @@ def check_results_ours(plan: LaunchPlan, results: Path, owners: set[int], backen
         return
     if found.st_uid not in owners:
         raise UsageError(f"job {plan.job_id}'s results directory {results} is already there and belongs to uid "
-                         f"{found.st_uid}, not to the {backend} backend: another user made it. Submit under another job "
-                         f"id, or remove that directory from {RESULTS_ROOT_VARIABLE}")
+                         f"{found.st_uid}, not to the {backend} backend: another user made it. Submit under another "
+                         f"job id, or remove that directory from {RESULTS_ROOT_VARIABLE}")
     if taken and plan.attempt == 1:
         raise UsageError(f"job {plan.job_id}'s results directory {results} already holds files, and this is the "
                          "job's first launch: it is another job's results or data. Submit under another job id, or "

@@ -18,7 +18,34 @@ backend — an upload taking its lock and starting its listing before the model 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..lazy import lazy_exports
+
+# What a type checker reads instead of the lazy lookup below (tests/test_gates.py keeps the two alike).
+if TYPE_CHECKING:
+    from .backend import DEFAULT_LEASE_SECONDS as DEFAULT_LEASE_SECONDS
+    from .backend import DamagedRecordError as DamagedRecordError
+    from .from_request import network_and_action as network_and_action
+    from .from_request import open_for as open_for
+    from .location import DEFAULT_ROOT as DEFAULT_ROOT
+    from .model import IDENTITY_FIELDS as IDENTITY_FIELDS
+    from .model import SCHEMA_VERSION as SCHEMA_VERSION
+    from .model import TERMINAL_STATES as TERMINAL_STATES
+    from .model import JobRecord as JobRecord
+    from .model import OutputRoute as OutputRoute
+    from .model import Transition as Transition
+    from .model import check_state as check_state
+    from .model import check_tier as check_tier
+    from .store import RecordConflictError as RecordConflictError
+    from .store import RecordStore as RecordStore
+    from .store import Retry as Retry
+    from ..vocabulary import JOBS_DIR_VARIABLE as JOBS_DIR_VARIABLE
+    from ..vocabulary import RECORDS_VARIABLE as RECORDS_VARIABLE
+    from ..vocabulary import STATES as STATES
+    from ..vocabulary import STORAGE_TIERS as STORAGE_TIERS
+    from ..vocabulary import State as State
+    from ..vocabulary import StorageTier as StorageTier
 
 #: Each public name → the module of this package that defines it.
 _HOMES = {

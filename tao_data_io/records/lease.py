@@ -157,6 +157,8 @@ class _Rewrite:
         self.etag: str | None = etag
 
     def __call__(self) -> bool:
+        if self.etag is None:  # lost at an earlier renewal (which said so): nothing of ours to rewrite
+            return False
         self.etag = put_if(self._client, self._bucket, self._key, self._body, IfMatch=self.etag)
         if self.etag is None:
             log.warning("the upload lease s3://%s/%s was taken over by another holder: this holder stalled "

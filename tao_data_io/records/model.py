@@ -18,7 +18,7 @@ confinement too.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, AwareDatetime, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
@@ -27,9 +27,10 @@ from ..errors import UsageError
 from ..names import check_backend_ref, check_job_id
 from ..schema import Strict, describe_validation_error
 from .backend import DamagedRecordError
-from ..vocabulary import STATES, STORAGE_TIERS, TERMINAL_STATES, State, StorageTier  # noqa: F401 - re-exported
+from ..vocabulary import STATES, STORAGE_TIERS, State, StorageTier
+from ..vocabulary import TERMINAL_STATES as TERMINAL_STATES  # re-exported: the package's lazy exports find it here
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION: Final = "1"
 
 
 #: Fields that say *which* job this is. A retried ``open`` with the same values is the same

@@ -201,7 +201,8 @@ class RecordStore:
             if record.backend_ref and backend_ref and backend_ref != record.backend_ref:
                 raise UsageError(f"job {job_id!r} already runs as {record.backend_ref!r}; refusing backend_ref "
                                  f"{backend_ref!r}: one record tracks one backend object")
-            if state == record.state and message in (None, record.message) and backend_ref in (None, record.backend_ref):
+            if (state == record.state and message in (None, record.message)
+                    and backend_ref in (None, record.backend_ref)):
                 return None
             stamp = now()
             data = record.model_dump()
@@ -256,8 +257,9 @@ class RecordStore:
             data = new.model_dump(warnings=False)
             changed = {name for name in JobRecord.model_fields if getattr(new, name) != getattr(record, name)}
             if changed & GUARDED_FIELDS:
-                raise UsageError(f"update of job {job_id!r} may not change {', '.join(sorted(changed & GUARDED_FIELDS))}: "
-                                 "identity is fixed at open, state goes through mark and the tier through set_tier")
+                raise UsageError(f"update of job {job_id!r} may not change "
+                                 f"{', '.join(sorted(changed & GUARDED_FIELDS))}: identity is fixed at open, "
+                                 "state goes through mark and the tier through set_tier")
             return {**data, "updated_at": now()} if changed else None
 
         return self._modify(job_id, change)

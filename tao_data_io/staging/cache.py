@@ -69,10 +69,11 @@ def stage_cached(planned: PlannedInput, cache_root: Path, *,
     digest = hashlib.sha256(planned.sub_path.encode()).hexdigest()[:32]
     lock = cache_root / STATE_DIR_NAME / "locks" / f"{digest}{'.' + shard.label if shard else ''}.lock"
     marker = marker_path(cache_root, planned.sub_path, shard)
+    entry_path = cache_root / planned.sub_path
     # What this entry writes, proved before its lock is taken: a cache an earlier stage made as
     # another user (or as root) refuses with the directory and the fix, not a bare EACCES.
     for directory, what in ((lock.parent, "the stage cache's locks"), (marker.parent, "the stage cache's markers"),
-                            ((cache_root / planned.sub_path).parent, "the directory of the stage cache's entry")):
+                            (entry_path.parent, "the directory of the stage cache's entry")):
         prove_writable(directory, what=what)
     with lease(engine, environ) as get_engine, file_lock(lock):
         planned = resolved(planned, get_engine)  # its kind asked (if at all) once, for identity and staging
@@ -84,7 +85,7 @@ def stage_cached(planned: PlannedInput, cache_root: Path, *,
             if identity is not None and previous is not None and previous.get("identity") == identity:
                 _write_marker(marker, {**previous, "last_used": now})
                 entry = StagedSource.model_validate(previous["entry"])
-                return entry.model_copy(update={"local_path": str(cache_root / planned.sub_path),
+                return entry.model_copy(update={"local_path": str(entry_path),
                                                 "transferred_files": 0, "transferred_bytes": 0,
                                                 "unchanged_files": entry.files or 0, "seconds": 0.0,
                                                 "note": "stage cache hit: source unchanged"})

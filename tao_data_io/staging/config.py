@@ -63,7 +63,8 @@ def _check_representable(spec: Mapping[str, Any], fmt: str) -> None:
         if value is None and fmt == "toml":
             problem = "null, which TOML cannot represent"
         elif isinstance(value, datetime.date | datetime.time) and fmt in ("json", "toml"):
-            problem = f"a {type(value).__name__} (YAML reads unquoted dates as dates), which {fmt.upper()} would not keep"
+            problem = (f"a {type(value).__name__} (YAML reads unquoted dates as dates), "
+                       f"which {fmt.upper()} would not keep")
         elif isinstance(value, bytes | bytearray) and fmt in ("json", "toml"):
             problem = f"binary data, which {fmt.upper()} cannot represent"
         elif isinstance(value, float) and not math.isfinite(value) and fmt == "json":

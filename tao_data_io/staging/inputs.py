@@ -46,7 +46,7 @@ def stage_planned(planned: PlannedInput, workdir: Path, *, engine: Callable[[], 
     workdir = Path(os.path.abspath(workdir))
     local = workdir / planned.sub_path
     planned = resolved(planned, engine)
-    assert planned.kind is not None
+    assert planned.kind is not None and planned.uri is not None
     if planned.inside is not None:  # its folder's copy holds it (layout.nest_inputs)
         return StagedSource(source=planned.source, kind=planned.kind, sub_path=planned.sub_path,
                             container_path=planned.container_path, local_path=str(local), files=None, bytes=None,

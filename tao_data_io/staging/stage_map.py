@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..fs.atomic import atomic_write
 from ..reporting import human_size
-from ..vocabulary import STAGING_MAP_NAME  # noqa: F401 - the name callers import from here
+from ..vocabulary import STAGING_MAP_NAME as STAGING_MAP_NAME  # re-exported: the name callers import from here
 
 Kind = Literal["folder", "file", "selective", "archive", "model", "glob", "pre-positioned", "config"]
 

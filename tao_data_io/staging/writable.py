@@ -40,8 +40,8 @@ def prove_writable(directory: Path, *, what: str) -> None:
         os.close(handle)
         os.unlink(probe)
     except FileExistsError:  # a file, or a dangling symlink, where a directory belongs
-        in_the_way = next((p for p in (directory, *directory.parents) if p.is_symlink() or p.exists() and not p.is_dir()),
-                          directory)
+        in_the_way = next((p for p in (directory, *directory.parents)
+                           if p.is_symlink() or p.exists() and not p.is_dir()), directory)
         raise UnwritableError(f"{what} {directory} cannot be created: {in_the_way} is in the way (a file or a "
                               "symlink, not a directory); remove it or choose another path") from None
     except OSError as exc:
@@ -50,7 +50,8 @@ def prove_writable(directory: Path, *, what: str) -> None:
         blocker, missing = _refusing(directory)
         info = os.stat(blocker)
         raise UnwritableError(unwritable_message(
-            what=what, directory=str(directory), blocker=str(blocker), missing=None if missing is None else str(missing),
+            what=what, directory=str(directory), blocker=str(blocker),
+            missing=None if missing is None else str(missing),
             owner=(info.st_uid, info.st_gid), mode=stat.S_IMODE(info.st_mode), uid=os.geteuid(), groups=_groups(),
             read_only=exc.errno == errno.EROFS)) from None
 

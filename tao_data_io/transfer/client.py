@@ -2,9 +2,10 @@
 
 Why a factory: every client must use the same retry policy (botocore's ``adaptive`` mode:
 exponential backoff with jitter on throttling, 5xx and connection resets, plus client-side
-rate limiting when the server throttles; :data:`MAX_ATTEMPTS` unless ``AWS_MAX_ATTEMPTS`` says), the same timeouts, and path-style addressing for
-S3-compatible endpoints. Each engine builds its own session, so engines in different threads
-never share a session; the only thing shared is the read-only cache of parsed service models.
+rate limiting when the server throttles; :data:`MAX_ATTEMPTS` unless ``AWS_MAX_ATTEMPTS`` says),
+the same timeouts, and path-style addressing for S3-compatible endpoints. Each engine builds its
+own session, so engines in different threads never share a session; the only thing shared is the
+read-only cache of parsed service models.
 
 botocore is imported when the first client is built, not with this module: importing it costs
 ~90 ms, and a command that never needs a client (``--help``, a sync whose listing went through
@@ -42,11 +43,10 @@ def make_s3_client(credentials: S3Credentials, *, max_pool_connections: int = 32
     import botocore.session
     from botocore.config import Config
 
-    # botocore's ``max_attempts`` counts retries; AWS_MAX_ATTEMPTS counts attempts, the first included.
-    attempts = ({"max_attempts": MAX_ATTEMPTS} if credentials.max_attempts is None
-                else {"total_max_attempts": credentials.max_attempts})
     config = Config(
-        retries={"mode": "adaptive", **attempts},
+        # botocore's ``max_attempts`` counts retries; AWS_MAX_ATTEMPTS counts attempts, the first included.
+        retries=({"mode": "adaptive", "max_attempts": MAX_ATTEMPTS} if credentials.max_attempts is None
+                 else {"mode": "adaptive", "total_max_attempts": credentials.max_attempts}),
         connect_timeout=10,
         read_timeout=120,
         max_pool_connections=max_pool_connections,
@@ -70,10 +70,10 @@ def resolved_keys() -> dict[str, str]:
     import boto3
 
     found = boto3.Session().get_credentials()
-    if found is None:
+    frozen = None if found is None else found.get_frozen_credentials()
+    if frozen is None or frozen.access_key is None or frozen.secret_key is None:
         raise CredentialError("this process has no S3 credentials and its cloud identity gave none: check the pod's "
                               "service account and its role")
-    frozen = found.get_frozen_credentials()
     keys = {"AWS_ACCESS_KEY_ID": frozen.access_key, "AWS_SECRET_ACCESS_KEY": frozen.secret_key}
     return {**keys, **({"AWS_SESSION_TOKEN": frozen.token} if frozen.token else {})}
 
@@ -90,7 +90,8 @@ def explain(exc: Exception, *, bucket: str, endpoint_url: str | None) -> Excepti
 
     where = mask_userinfo(endpoint_url) if endpoint_url else "AWS S3"
     if isinstance(exc, EndpointConnectionError):
-        return UsageError(f"cannot reach the S3 endpoint {where}: check AWS_ENDPOINT_URL (or S3_ENDPOINT_URL) and the network")
+        return UsageError(f"cannot reach the S3 endpoint {where}: "
+                          "check AWS_ENDPOINT_URL (or S3_ENDPOINT_URL) and the network")
     if isinstance(exc, NoCredentialsError):
         return CredentialError("no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
     if isinstance(exc, ClientError):

@@ -91,7 +91,6 @@ def read_attempts(environ: Mapping[str, str] | None = None) -> int:
     return int(raw)
 
 
-
 class Downloads(ControlPlane):
     """The download half of :class:`~tao_data_io.transfer.engine.TransferEngine`."""
 
@@ -268,4 +267,3 @@ class Downloads(ControlPlane):
             return ItemFailed(f"could not move the downloaded file into place: {exc.strerror or exc}")
         store.record(local_file(item.relative, item.final, st), etag=landed.etag or item.etag or None)
         return None
-

@@ -101,7 +101,8 @@ class TransferEngine(Downloads, Uploads):
         if is_s3_url(source):
             url = parse_s3_url(source, field="SRC")
             if url.is_prefix:
-                raise UsageError(f"SRC {source!r} names a prefix, not an object; cp copies one object — use `sync` for a prefix")
+                raise UsageError(f"SRC {source!r} names a prefix, not an object; "
+                                 "cp copies one object — use `sync` for a prefix")
             target = Path(destination)
             if destination.endswith(("/", os.sep)) or target.is_dir():
                 target = target / url.key.rsplit("/", 1)[-1]

@@ -32,7 +32,8 @@ class PathFilter:
     def from_patterns(cls, excludes: Iterable[str] = (), includes: Iterable[str] = ()) -> PathFilter:
         """Excludes first, then includes — the order to use when the interleaving is unknown
         (an include can then re-admit what an exclude removed, which is what people mean)."""
-        return cls(tuple(FilterRule("exclude", p) for p in excludes) + tuple(FilterRule("include", p) for p in includes))
+        return cls(tuple(FilterRule("exclude", p) for p in excludes)
+                   + tuple(FilterRule("include", p) for p in includes))
 
     def plus(self, *rules: FilterRule) -> PathFilter:
         return PathFilter(self.rules + rules)

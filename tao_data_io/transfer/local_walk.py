@@ -36,6 +36,7 @@ from ..fs.confinement import STATE_DIR_NAME
 from ..fs.temp import is_temp_name
 from .summary import Skipped
 
+
 @dataclass(frozen=True)
 class LocalFile:
     relative: str
@@ -52,7 +53,8 @@ class LocalFile:
 
     @property
     def identity(self) -> tuple[int, int]:
-        """(device, inode): what a later open must find under the scanned name (:func:`~tao_data_io.fs.reading.open_scanned`)."""
+        """(device, inode): what a later open must find under the scanned name
+        (:func:`~tao_data_io.fs.reading.open_scanned`)."""
         return self.dev, self.ino
 
 

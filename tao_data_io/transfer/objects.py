@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from functools import cached_property
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..credentials import S3Credentials
 from .activity import Activity, beating
@@ -30,6 +30,15 @@ from ..fs.confinement import has_control_character
 from .options import chunks
 from .signed_list import list_pages
 from ..uris import S3Url
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..reporting import ProgressTracker
+    from .digests import DigestStore
+    from .options import TransferOptions
+    from .summary import TransferSummary
+    from .work import Item, ItemFailed, Landed
 
 #: How much of an object :meth:`ControlPlane.read_into` holds at once.
 READ_CHUNK = 1 << 20
@@ -105,7 +114,7 @@ class RemoteIndex:
         name that is not UTF-8 is no key S3 can list (such a file is skipped, never sent)."""
         self._filling.result()
         keys = [key for key in keys if unsendable_name(key) is None]
-        found = {}
+        found: dict[str, RemoteObject] = {}
         for start in range(0, len(keys), 500):
             part = keys[start:start + 500]
             rows = self._db.execute(f"SELECT key, relative, size, etag, modified FROM remote WHERE key IN "
@@ -127,6 +136,13 @@ class ControlPlane:
 
     credentials: S3Credentials
     concurrency: int
+
+    def _execute(self, batches: Iterable[list[Item]], summary: TransferSummary, options: TransferOptions,
+                 store: DigestStore, tracker: ProgressTracker,
+                 finalize: Callable[[Item, Landed | None], ItemFailed | None], *, attempts: int = 1) -> None:
+        """Move planned batches: the engine's (:meth:`~tao_data_io.transfer.engine.TransferEngine._execute`),
+        which the download and upload halves hand what they plan."""
+        raise NotImplementedError
 
     @cached_property
     def client(self) -> Any:

@@ -47,6 +47,9 @@ from .feed import Feed
 from .work import DownloadItem, Item, ItemDone, ItemFailed, Landed, UploadItem
 
 if TYPE_CHECKING:
+    from obstore import GetOptions
+    from obstore.store import ClientConfig, RetryConfig, S3Config
+
     from .s5cmd_executor import S5cmdExecutor
 
 #: Objects at least this large go to the ``large`` executor (parallel ranged parts).
@@ -55,7 +58,7 @@ _CHUNK = 4 * 1024 * 1024
 #: Multipart part size for medium uploads; S3 refuses parts under 5 MiB (except the last).
 _UPLOAD_PART = 8 * 1024 * 1024
 #: Retries inside object_store for 5xx, throttling and connection resets, exponential backoff.
-_RETRY = {
+_RETRY: RetryConfig = {
     "max_retries": 10,
     "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=15), "base": 2},
     "retry_timeout": timedelta(minutes=5),
@@ -73,11 +76,22 @@ def _pod_identity_provider() -> Any:
     return Boto3CredentialProvider(boto3.Session())
 
 
-def _retry(credentials: S3Credentials) -> dict[str, Any]:
+def _retry(credentials: S3Credentials) -> RetryConfig:
     """:data:`_RETRY`, with ``AWS_MAX_ATTEMPTS`` (attempts, the first included) when it is set."""
     if credentials.max_attempts is None:
         return _RETRY
     return {**_RETRY, "max_retries": credentials.max_attempts - 1}
+
+
+def _s3_config(creds: S3Credentials) -> S3Config:
+    """The store's settings: what :meth:`~tao_data_io.credentials.S3Credentials.settings` gives
+    obstore (one place decides what a client is given), path-style for an endpoint."""
+    config: dict[str, Any] = creds.settings({
+        "access_key_id": "access_key_id", "secret_access_key": "secret_access_key",
+        "session_token": "session_token", "region": "region", "endpoint_url": "endpoint"})
+    if creds.endpoint_url:
+        config["virtual_hosted_style_request"] = False
+    return config  # type: ignore[return-value]  # S3Config's keys, named through settings(): no TypedDict passes that
 
 
 class _LoopThread:
@@ -114,17 +128,12 @@ class ObstoreExecutor:
             store = self._stores.get(bucket)
             if store is None:
                 creds = self.credentials
-                config: dict[str, Any] = creds.settings({
-                    "access_key_id": "access_key_id", "secret_access_key": "secret_access_key",
-                    "session_token": "session_token", "region": "region", "endpoint_url": "endpoint"})
-                if creds.endpoint_url:
-                    config["virtual_hosted_style_request"] = False
-                client_options = {"timeout": "600s", "connect_timeout": "10s",
+                client_options: ClientConfig = {"timeout": "600s", "connect_timeout": "10s",
                                   "allow_http": bool(creds.endpoint_url and creds.endpoint_url.startswith("http://")),
                                   "pool_max_idle_per_host": str(max(self.concurrency, 16))}
                 provider = _pod_identity_provider() if creds.pod_identity else None
-                store = S3Store(bucket, config=config, client_options=client_options, retry_config=_retry(creds),
-                                credential_provider=provider)
+                store = S3Store(bucket, config=_s3_config(creds), client_options=client_options,
+                                retry_config=_retry(creds), credential_provider=provider)
                 self._stores[bucket] = store
             return store
 
@@ -219,9 +228,9 @@ class ObstoreExecutor:
                 return
 
     async def _download(self, item: DownloadItem) -> Landed:
-        options: dict[str, Any] | None = {"if_match": f'"{item.etag}"'} if item.etag else None
+        options: GetOptions | None = {"if_match": f'"{item.etag}"'} if item.etag else None
         try:
-            result = await obstore.get_async(self._store(item.bucket), item.key, options=options)  # type: ignore[arg-type]
+            result = await obstore.get_async(self._store(item.bucket), item.key, options=options)
         except FileNotFoundError as exc:  # how obstore reports a 404 (a local FileNotFoundError is not one)
             raise _Refused(ItemFailed(f"no such object (404): {_first_line(exc)}", missing=True)) from exc
         except PreconditionError as exc:

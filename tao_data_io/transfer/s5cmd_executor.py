@@ -189,39 +189,41 @@ class S5cmdExecutor:
         process = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    env=env, text=True, encoding="utf-8", bufsize=1 << 16,
                                    preexec_fn=_die_with_parent())
-        assert process.stdin and process.stdout and process.stderr
+        stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
+        assert stdin and stdout and stderr
         stderr_lines: list[str] = []
 
         def feed() -> None:
             try:
-                process.stdin.writelines(lines)  # type: ignore[union-attr]
+                stdin.writelines(lines)
             except BrokenPipeError:
                 pass
             finally:
                 try:
-                    process.stdin.close()  # type: ignore[union-attr]
+                    stdin.close()
                 except BrokenPipeError:
                     pass
 
         def read_errors() -> None:
-            for raw in process.stderr:  # type: ignore[union-attr]
+            for raw in stderr:
                 message = _parse(raw)
                 if message is None or "command" not in message:
                     stderr_lines.append(raw.rstrip())
                     continue
-                report(_match_command(str(message["command"]), by_destination), _failure(str(message.get("error", "failed"))))
+                report(_match_command(str(message["command"]), by_destination),
+                       _failure(str(message.get("error", "failed"))))
 
         threads = [threading.Thread(target=feed, daemon=True), threading.Thread(target=read_errors, daemon=True)]
         for thread in threads:
             thread.start()
         try:
-            for raw in process.stdout:
+            for raw in stdout:
                 message = _parse(raw)
                 if message and message.get("success"):
-                    item = by_destination.get(str(message.get("destination")))
+                    done = by_destination.get(str(message.get("destination")))
                     obj = message.get("object")
-                    if item is not None:
-                        report(item, *landed_file(item, obj.get("size") if isinstance(obj, dict) else None))
+                    if done is not None:
+                        report(done, *landed_file(done, obj.get("size") if isinstance(obj, dict) else None))
         except BaseException:
             process.kill()  # our side failed: never leave the child writing on its own
             raise
@@ -232,7 +234,8 @@ class S5cmdExecutor:
         leftover = [item for item in batch if id(item) in pending]
         if leftover:
             detail = Redactor(env).redact(" / ".join(stderr_lines[-3:]))
-            reason = f"s5cmd exited with {process.returncode} without transferring it" + (f": {detail}" if detail else "")
+            reason = (f"s5cmd exited with {process.returncode} without transferring it"
+                      + (f": {detail}" if detail else ""))
             for item in leftover:
                 report(item, ItemFailed(reason))
 
@@ -273,4 +276,3 @@ def _match_command(command: str, by_destination: dict[str, Item]) -> Item | None
         if item is not None:
             return item
     return None
-

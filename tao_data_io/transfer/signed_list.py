@@ -14,7 +14,8 @@ decodes them) and accepts only a 200 whose body parses completely. Anything else
 a redirect, a refused connection, a malformed page — and any setting that changes how botocore
 reaches S3 (a proxy for the endpoint, an AWS config file, FIPS or dual-stack endpoints, a non-default
 partition) hands the listing to boto3 from that page on, which owns retries, region redirects and
-the error messages that name the fix. A failure costs one extra request, never a different answer. Nothing here logs or raises a credential.
+the error messages that name the fix. A failure costs one extra request, never a different answer.
+Nothing here logs or raises a credential.
 
 TLS is verified against ``AWS_CA_BUNDLE`` when it is set, as botocore does, else against the
 system's trust store (botocore uses certifi's copy of it).
@@ -130,7 +131,8 @@ def _target(credentials: S3Credentials, bucket: str, environ: Mapping[str, str])
         target = url.scheme, url.netloc, f"/{bucket}"
     else:
         region = credentials.region
-        if any(environ.get(name) for name in _AWS_ENDPOINT_VARIABLES) or region.startswith(("cn-", "us-gov-", "us-iso")):
+        if (any(environ.get(name) for name in _AWS_ENDPOINT_VARIABLES)
+                or region.startswith(("cn-", "us-gov-", "us-iso"))):
             return None
         if "." in bucket:  # a dotted name breaks the TLS wildcard: botocore uses path style too
             target = "https", f"s3.{region}.amazonaws.com", f"/{bucket}"
@@ -143,7 +145,7 @@ def _proxied(host: str, environ: Mapping[str, str]) -> bool:
     """Whether a proxy variable applies to ``host`` (``NO_PROXY`` exempts it, as for botocore)."""
     if not any(environ.get(name) for name in _PROXY_VARIABLES):
         return False
-    from urllib.request import proxy_bypass_environment
+    from urllib.request import proxy_bypass_environment  # type: ignore[attr-defined]  # in CPython, undocumented: not in typeshed
 
     return not proxy_bypass_environment(host, {"no": environ.get("NO_PROXY") or environ.get("no_proxy") or ""})
 
@@ -155,6 +157,7 @@ def sign(credentials: S3Credentials, method: str, host: str, path: str, canonica
     ``path`` must already be URI-encoded (S3 signs it as sent); ``canonical_query`` is the
     sorted, encoded query string, sent exactly as signed.
     """
+    assert credentials.secret_access_key is not None, "a cloud identity is never signed here (see _target)"
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
     headers = {"host": host, "x-amz-content-sha256": _EMPTY_SHA256, "x-amz-date": stamp}
     if credentials.session_token:

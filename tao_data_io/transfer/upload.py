@@ -42,7 +42,8 @@ class _Budget:
     prefix never exceeds it."""
 
     def __init__(self, budget: tuple[int, str] | None, prefix: S3Url, listing: RemoteIndex) -> None:
-        self._limit, self._what = budget if budget is not None else (None, "")
+        limit: tuple[int | None, str] = budget if budget is not None else (None, "")
+        self._limit, self._what = limit
         self._prefix = prefix
         self._held = 0 if budget is None else listing.total_bytes()
 
@@ -78,7 +79,7 @@ def _upload_digests(source_root: Path, options: TransferOptions) -> DigestStore:
 def _import_data_path() -> None:
     """Import the executors' modules (obstore's native library, asyncio): in a fresh process, the
     tens of milliseconds this takes can overlap a listing's round trips instead of following them."""
-    from . import obstore_executor, s5cmd_executor  # noqa: F401
+    from . import obstore_executor, s5cmd_executor  # noqa: F401 - imported for the import's time, not a name
 
 
 def _sizes(files: Iterable[LocalFile]) -> tuple[int, list[LocalFile]]:
@@ -93,7 +94,6 @@ def _sizes(files: Iterable[LocalFile]) -> tuple[int, list[LocalFile]]:
 
     largest = heapq.nlargest(3, counted(), key=lambda local: local.size)  # one heap of three, one pass
     return total, largest
-
 
 
 class Uploads(ControlPlane):
@@ -114,7 +114,8 @@ class Uploads(ControlPlane):
         summary = TransferSummary(str(source), str(prefix), dry_run=options.dry_run)
         started = time.monotonic()
         if not source.is_dir():
-            raise UsageError(f"SRC {str(source)!r} is not a directory; sync uploads a directory — use `cp` for one file")
+            raise UsageError(f"SRC {str(source)!r} is not a directory; "
+                             "sync uploads a directory — use `cp` for one file")
         root_fd = (os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if options.untrusted_source is None
                    else open_directory_nofollow(source, what=options.untrusted_source))
         stack = ExitStack()
@@ -144,9 +145,9 @@ class Uploads(ControlPlane):
                              and budget.takes(local, remote.get(prefix.key + local.relative), summary)]
                     yield self._plan_upload(prefix.bucket, items, remote, store, strategy, summary, options, tracker)
                 # What the walk held back, decided (the second walk it may take beats as the first did).
-                for chunk in plan_chunks(walk.decided(source, on_directory=beat)):
-                    files = [entry for entry in chunk if not isinstance(entry, Skipped)]
-                    summary.skip(*(entry for entry in chunk if isinstance(entry, Skipped)))
+                for held in plan_chunks(walk.decided(source, on_directory=beat)):
+                    files = [entry for entry in held if not isinstance(entry, Skipped)]
+                    summary.skip(*(entry for entry in held if isinstance(entry, Skipped)))
                     remote = listing.among([prefix.key + local.relative for local, _ in files])
                     items = [(local, prefix.key + local.relative) for local, outside in files
                              if self._admitted(local, outside, prefix, options, summary)
@@ -215,9 +216,10 @@ class Uploads(ControlPlane):
                        f"upload never deletes: what earlier uploads left stays), {human_size(total + kept)} in all"
                        if kept else "")
             fix = f", or delete from {prefix} what earlier uploads left that need not be kept" if kept else ""
-            raise UsageError(f"{source} holds {human_size(total)} to upload (apparent sizes: a sparse file counts whole, "
-                             f"as S3 stores it){earlier}, more than {what} allows ({human_size(limit)}); nothing was "
-                             f"uploaded. The largest: {shown}. Raise {what}, or exclude what need not be kept{fix}")
+            raise UsageError(f"{source} holds {human_size(total)} to upload (apparent sizes: a sparse file counts "
+                             f"whole, as S3 stores it){earlier}, more than {what} allows ({human_size(limit)}); "
+                             f"nothing was uploaded. The largest: {shown}. Raise {what}, or exclude what need not "
+                             f"be kept{fix}")
 
     def upload_file(self, source: Path, url: S3Url, options: TransferOptions) -> TransferSummary:
         summary = TransferSummary(str(source), str(url), dry_run=options.dry_run)
@@ -226,7 +228,8 @@ class Uploads(ControlPlane):
         head = self._head(url)
         remote = {}
         if head is not None:
-            remote[url.key] = RemoteObject(url.key, source.name, int(head["ContentLength"]), clean_etag(head.get("ETag")))
+            remote[url.key] = RemoteObject(url.key, source.name, int(head["ContentLength"]),
+                                           clean_etag(head.get("ETag")))
         store = _upload_digests(source.parent, options)
         try:
             tracker = ProgressTracker(0, 0, options.progress, planning=True)
@@ -287,4 +290,3 @@ class Uploads(ControlPlane):
         if landed is not None and landed.etag:
             store.record(after, etag=landed.etag, keep=store.same_stat(after))
         return None
-

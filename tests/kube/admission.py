@@ -97,7 +97,8 @@ def pod_usage(spec: dict[str, Any], kind: str, what: str) -> float:
         chosen = limits if kind == "limits" else {**limits, **(resources.get("requests") or {})}
         return quantity(chosen[what]) if what in chosen else 0.0
     init = spec.get("initContainers", [])
-    running = sum(amount(c) for c in [*spec.get("containers", []), *(c for c in init if c.get("restartPolicy") == "Always")])
+    running = sum(amount(c) for c in [*spec.get("containers", []),
+                                      *(c for c in init if c.get("restartPolicy") == "Always")])
     return max([running, *(amount(c) for c in init if c.get("restartPolicy") != "Always")])
 
 

@@ -181,8 +181,8 @@ class ApiServer(kmock.KubernetesEmulator):
             problems = invalid({**request.data, "kind": KINDS[resource.plural]})
             if problems:
                 kind, name = KINDS[resource.plural], (request.data.get("metadata") or {}).get("name")
-                return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422,
-                                                  "reason": "Invalid",
+                return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                                                  "code": 422, "reason": "Invalid",
                                                   "message": f"{kind} {name!r} is invalid: {'; '.join(problems)}"},
                                                  status=422)
         if request.action == kmock.action.CREATE and resource.plural == "pods":
@@ -190,13 +190,13 @@ class ApiServer(kmock.KubernetesEmulator):
                 request.data, list(self.alive("LimitRange", request.namespace or "").values()))
             name = (request.data.get("metadata") or {}).get("name")
             if forbidden:  # the LimitRanger's own refusal
-                return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 403,
-                                                  "reason": "Forbidden",
+                return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                                                  "code": 403, "reason": "Forbidden",
                                                   "message": f'pods "{name}" is forbidden: [{", ".join(forbidden)}]'},
                                                  status=403)
             if invalid_after:  # validation of the pod as admission defaulted it
-                return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422,
-                                                  "reason": "Invalid",
+                return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                                                  "code": 422, "reason": "Invalid",
                                                   "message": f'Pod "{name}" is invalid: {"; ".join(invalid_after)}'},
                                                  status=422)
         if request.action == kmock.action.CREATE and resource.plural == "pods" and self.pod_security:
@@ -221,7 +221,8 @@ class ApiServer(kmock.KubernetesEmulator):
                                                   "message": f'pods "{name}" is forbidden: {exceeded}'}, status=403)
         if request.action == kmock.action.CREATE and resource == PODS:
             name = (request.data.get("metadata") or {}).get("name")
-            owners = [o for o in (request.data.get("metadata") or {}).get("ownerReferences") or [] if o.get("controller")]
+            owners = [o for o in (request.data.get("metadata") or {}).get("ownerReferences") or []
+                      if o.get("controller")]
             denial = (self.admission_webhook if self.admission_webhook else
                       "prevent-bare-pods: bare-pods: Pods must be managed by a controller (a Deployment, a Job…)"
                       if self.bare_pods_refused and not owners else None)
@@ -267,7 +268,8 @@ class ApiServer(kmock.KubernetesEmulator):
         if key in self.objects and not self.objects[key].deleted:
             return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 409,
                                               "reason": "AlreadyExists",
-                                              "message": f"{request.resource.plural} {metadata['name']!r} already exists"},
+                                              "message": f"{request.resource.plural} {metadata['name']!r} "
+                                                         "already exists"},
                                              status=409)
         body = copy.deepcopy(request.data)
         body["metadata"].update(uid="00000000-dry-run", creationTimestamp=now())

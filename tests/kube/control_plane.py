@@ -120,4 +120,5 @@ class ControlPlane(JobController, Kubelet):
             "name": f"{about['name']}.{number:016x}", "namespace": namespace},
             "involvedObject": {"kind": kind, "name": about["name"], "namespace": namespace, "uid": about.get("uid")},
             "reason": reason, "message": message, "type": "Warning", "count": 1, "firstTimestamp": now(),
-            "lastTimestamp": now(), "source": {"component": "job-controller" if kind == "Job" else "default-scheduler"}})
+            "lastTimestamp": now(),
+            "source": {"component": "job-controller" if kind == "Job" else "default-scheduler"}})

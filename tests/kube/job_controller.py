@@ -175,7 +175,8 @@ class JobController:
         own grace period (at once where no node runs it); how many of its pods still terminate."""
         for obj in pods:
             raw = obj.raw
-            active = raw["status"].get("phase") not in ("Succeeded", "Failed") and "deletionTimestamp" not in raw["metadata"]
+            active = (raw["status"].get("phase") not in ("Succeeded", "Failed")
+                      and "deletionTimestamp" not in raw["metadata"])
             if active and server._terminate(obj, None) == 0:
                 obj.delete()
         return sum(1 for obj in pods if not obj.deleted and "deletionTimestamp" in obj.raw["metadata"]

@@ -33,8 +33,6 @@ GPU_UNSCHEDULABLE = ("0/2 nodes are available: 2 Insufficient nvidia.com/gpu. pr
                      "2 No preemption victims found for incoming pod.")
 
 
-
-
 def _waiting(reason: str, message: str | None = None) -> dict[str, Any]:
     return {"waiting": {"reason": reason, **({"message": message} if message else {})}}
 

@@ -22,6 +22,7 @@ JOB_NAME = "batch.kubernetes.io/job-name"
 #: Resource plural → kind, for the kinds the backend creates (what :func:`invalid` checks).
 KINDS = {"secrets": "Secret", "configmaps": "ConfigMap", "services": "Service", "jobs": "Job"}
 
+
 def now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -74,7 +74,8 @@ def _app_armor(meta: Pod, spec: Pod, version: tuple[int, int]) -> str | None:
                        if key.startswith(APPARMOR_ANNOTATION) and value not in ("", "runtime/default")
                        and not value.startswith("localhost/"))
     pod_bad = ((spec.get("securityContext") or {}).get("appArmorProfile") or {}).get("type") == "Unconfined"
-    names = [c["name"] for c in _containers(spec) if (_context(c).get("appArmorProfile") or {}).get("type") == "Unconfined"]
+    names = [c["name"] for c in _containers(spec)
+             if (_context(c).get("appArmorProfile") or {}).get("type") == "Unconfined"]
     details = [", ".join(annotated)] if annotated else []
     if pod_bad or names:
         details.append(f'{_setters(pod_bad, names)} must not set AppArmor profile type to "Unconfined"')
@@ -144,10 +145,12 @@ def _se_linux_options(meta: Pod, spec: Pod, version: tuple[int, int]) -> str | N
 
 def _seccomp_baseline(meta: Pod, spec: Pod, version: tuple[int, int]) -> str | None:
     pod_bad = ((spec.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "Unconfined"
-    names = [c["name"] for c in _containers(spec) if (_context(c).get("seccompProfile") or {}).get("type") == "Unconfined"]
+    names = [c["name"] for c in _containers(spec)
+             if (_context(c).get("seccompProfile") or {}).get("type") == "Unconfined"]
     if not (pod_bad or names):
         return None
-    return f'seccompProfile ({_setters(pod_bad, names)} must not set securityContext.seccompProfile.type to "Unconfined")'
+    return (f"seccompProfile ({_setters(pod_bad, names)} must not set securityContext.seccompProfile.type "
+            'to "Unconfined")')
 
 
 def _sysctls(meta: Pod, spec: Pod, version: tuple[int, int]) -> str | None:
@@ -158,7 +161,8 @@ def _sysctls(meta: Pod, spec: Pod, version: tuple[int, int]) -> str | None:
 
 def _windows_host_process(meta: Pod, spec: Pod, version: tuple[int, int]) -> str | None:
     pod_bad = ((spec.get("securityContext") or {}).get("windowsOptions") or {}).get("hostProcess") is True
-    names = [c["name"] for c in _containers(spec) if (_context(c).get("windowsOptions") or {}).get("hostProcess") is True]
+    names = [c["name"] for c in _containers(spec)
+             if (_context(c).get("windowsOptions") or {}).get("hostProcess") is True]
     if not (pod_bad or names):
         return None
     return f"hostProcess ({_setters(pod_bad, names)} must not set securityContext.windowsOptions.hostProcess=true)"

@@ -125,7 +125,8 @@ def supports_fs_group(persistent_volume: dict[str, Any], drivers: dict[str, dict
     return True  # local, block devices: the in-tree plugins that manage ownership
 
 
-def identity_of(pod_spec: dict[str, Any], container: dict[str, Any], image_users: dict[str, tuple[int, int]]) -> Identity:
+def identity_of(pod_spec: dict[str, Any], container: dict[str, Any],
+                image_users: dict[str, tuple[int, int]]) -> Identity:
     pod_context = pod_spec.get("securityContext") or {}
     context = {**pod_context, **(container.get("securityContext") or {})}
     uid, gid = image_users.get(container["image"], (0, 0))

@@ -60,8 +60,8 @@ from ...launch.backend import (
 from ...launch.binding import BoundSource, open_source
 from ...launch.plan import LaunchPlan
 from ...launch.rundir import RunRoot
-from ...launch.probe import (PROBE_SCRIPT, TOKEN_FILE, CheckResult, Verdict, checklist, checklist_text, parse_probe_output,
-                             ranks_verdict, remove_token, with_persistence)
+from ...launch.probe import (PROBE_SCRIPT, TOKEN_FILE, CheckResult, Verdict, checklist, checklist_text,
+                             parse_probe_output, ranks_verdict, remove_token, with_persistence)
 from ...launch.results_owner import hand_over_checked, take_back_results
 from ...launch.sources import (SourceRules, check_binds, check_paths, check_results_mount, check_results_ours,
                                host_source_rules, mark_state_root, plan_binds)
@@ -315,8 +315,8 @@ class DockerBackend(RunRoot[RunDir, Launch]):
         plan = launch.plan
         secret = self._credentials_file(launch, rank, credentials) if credentials else None
         try:
-            frame = RankFrame(rank=rank, run_root=str(self.run_root), binds=plan_binds(plan, launch.results_host), agent=str(run.agent),
-                              control=str(run.control), report=str(run.report(rank)),
+            frame = RankFrame(rank=rank, run_root=str(self.run_root), binds=plan_binds(plan, launch.results_host),
+                              agent=str(run.agent), control=str(run.control), report=str(run.report(rank)),
                               credentials=str(secret) if secret is not None else None,
                               user=f"{launch.uid}:{launch.gid}",
                               gpus=launch.gpus[rank] if launch.gpus else [], network=plan.network,
@@ -367,14 +367,15 @@ class DockerBackend(RunRoot[RunDir, Launch]):
         except ImageNotFound:
             pass
         except APIError as exc:
-            raise UsageError(f"image {image!r} cannot be looked up: {_explained(exc)}; fix the request's image") from None
+            raise UsageError(f"image {image!r} cannot be looked up: {_explained(exc)}; "
+                             "fix the request's image") from None
         repository, tag = parse_repository_tag(image)
         try:
             self.client.images.pull(repository, tag=tag or "latest")
         except APIError as exc:
-            raise UsageError(f"image {image!r} is not on the Docker daemon and could not be pulled ({_explained(exc)}): "
-                             f"pull it on this host first (`docker pull {image}`; for nvcr.io, `docker login nvcr.io` "
-                             "before), or fix the request's image") from None
+            raise UsageError(f"image {image!r} is not on the Docker daemon and could not be pulled "
+                             f"({_explained(exc)}): pull it on this host first (`docker pull {image}`; for nvcr.io, "
+                             "`docker login nvcr.io` before), or fix the request's image") from None
 
     def _fail_start(self, run: RunDir, launch: Launch, rank: int, reason: str) -> None:
         """The daemon could not start ``rank`` (the caller, a submit, holds the lock): tell the
@@ -670,17 +671,17 @@ def _ended(ended: Ended, run: RunDir, launch: Launch) -> tuple[JobStatus, Failur
     if run.canceled() is not None:
         return JobStatus(state="CANCELED", message="canceled"), None
     if ended.vanished:
-        return error_status("ERR_INFRA", "the job's containers were removed outside tao-data-io (docker rm) before their end "
-                      "was read", "submit again; a next attempt restores the results uploaded so far")
+        return error_status("ERR_INFRA", "the job's containers were removed outside tao-data-io (docker rm) "
+                      "before their end was read", "submit again; a next attempt restores the results uploaded so far")
     broken = next((rank for rank in ended.ranks if rank.error), None)
     if broken is not None:
         return error_status("ERR_INFRA", f"rank {broken.rank}'s container could not start: {broken.error}",
                       _start_fix(broken.error))
     verdict = run.verdict()
     if verdict is not None and not verdict.ok:
-        return error_status("ERR_INFRA", verdict.describe(), "the command never started: make every path the verdict names "
-                      "readable (stage the inputs again, fix a mount's source, make the results directory writable) "
-                      "and submit again")
+        return error_status("ERR_INFRA", verdict.describe(), "the command never started: make every path the "
+                      "verdict names readable (stage the inputs again, fix a mount's source, make the results "
+                      "directory writable) and submit again")
     if verdict is None:
         said = _saved_tail(run, 0)
         return error_status("ERR_INFRA", "the job ended before its verdict" + (f": {said}" if said else ""),
@@ -704,16 +705,17 @@ def _ended(ended: Ended, run: RunDir, launch: Launch) -> tuple[JobStatus, Failur
         analysis = FailureAnalysis.deadline_passed(plan.deadline_seconds)
         return JobStatus(state="ERROR", message=analysis.reason, exit_code=code, err_class=analysis.err_class), analysis
     if code in (STOPPED_EXIT, 128 + signal.SIGKILL):
-        return error_status("ERR_INFRA", f"{who} was stopped (exit code {code}) though tao-data-io did not cancel it: the "
-                      "Docker daemon stopped or restarted, someone ran docker stop or kill, or the host ran out of "
-                      "memory", "read `journalctl -u docker` and the kernel log (dmesg); submit again: a next "
-                      "attempt restores the results uploaded so far", code)
+        return error_status("ERR_INFRA", f"{who} was stopped (exit code {code}) though tao-data-io did not "
+                      "cancel it: the Docker daemon stopped or restarted, someone ran docker stop or kill, or the "
+                      "host ran out of memory", "read `journalctl -u docker` and the kernel log (dmesg); submit "
+                      "again: a next attempt restores the results uploaded so far", code)
     if code == SETUP_EXIT:
         said = _saved_tail(run, first.rank)
         return error_status("ERR_INFRA", f"{who}'s frame could not run the command" + (f": {said}" if said else ""),
                       "read the job's log", code)
     by = f", signal {signal.Signals(code - 128).name}" if code - 128 in _SIGNALS else ""
-    return error_status("ERR_PROGRAM", f"{who} failed (exit code {code}{by})", "read the last lines of the job's log", code)
+    return error_status("ERR_PROGRAM", f"{who} failed (exit code {code}{by})", "read the last lines of the job's log",
+                        code)
 
 
 _SIGNALS = {int(s) for s in signal.Signals}

@@ -5,8 +5,9 @@ see and do is decided in one place and table-tested without a daemon.
 What a rank's container is:
 
 * the request's image, its command run by the frame scripts (:mod:`.frame`: this host's static
-  busybox until the host's ``go``, then the image's ``/bin/sh``) under Docker's init as PID 1 (``init``: signals reach the command, and its exit status and signal are real — a
-  shell as PID 1 ignores SIGSEGV);
+  busybox until the host's ``go``, then the image's ``/bin/sh``) under Docker's init as PID 1
+  (``init``: signals reach the command, and its exit status and signal are real — a shell as
+  PID 1 ignores SIGSEGV);
 * every mount a ``Mount(type="bind")``: a missing source is refused by the daemon, never
   created (the ``volumes`` form makes an empty root-owned directory); inputs read-only as the
   plan says, the results directory writable; the frame's own directories (agent and control
@@ -140,7 +141,8 @@ def create_arguments(plan: LaunchPlan, frame: RankFrame) -> dict[str, Any]:
         limits["device_requests"] = [DeviceRequest(device_ids=list(frame.gpus), capabilities=[["gpu"]])]
     half = max(quantity_bytes(frame.log_limit) // 2, 1)
     return {
-        "image": plan.image, "name": name, "entrypoint": [f"{AGENT_DIR}/{SHELL_FILE}", "sh", f"{AGENT_DIR}/{FRAME_FILE}"],
+        "image": plan.image, "name": name,
+        "entrypoint": [f"{AGENT_DIR}/{SHELL_FILE}", "sh", f"{AGENT_DIR}/{FRAME_FILE}"],
         "command": list(plan.argv), "environment": frame_environment(plan, frame), "user": frame.user,
         "working_dir": FRAME_TMP, "labels": labels(plan, frame), "mounts": mounts,
         "tmpfs": {FRAME_TMP: f"size={quantity_bytes(plan.ephemeral_storage or DEFAULT_TMP)},mode=1777"},

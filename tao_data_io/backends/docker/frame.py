@@ -84,7 +84,9 @@ printf '%s\n' "$?" > "$report/probe-exit" && mv "$report/probe.part" "$report/pr
 ticks=$(( ${TAO_DATA_IO_WAIT_SECONDS:-600} * 20 ))
 while [ ! -e "$control/go" ]; do
   if [ -e "$control/stop" ]; then say "the verify probe failed: the command never started"; exit 125; fi
-  if [ "$ticks" -le 0 ]; then say "no word from the host after the verify probe: the command never started"; exit 125; fi
+  if [ "$ticks" -le 0 ]; then
+    say "no word from the host after the verify probe: the command never started"; exit 125
+  fi
   sleep 0.05
   ticks=$((ticks - 1))
 done

@@ -19,6 +19,7 @@ from ...launch.rundir import LaunchRecord, RunFiles, read_record
 from ...launch.probe import Verdict
 from ...schema import Strict
 
+
 class Launch(LaunchRecord):
     """What submit decided: everything later calls need but the credential values."""
 
@@ -92,4 +93,3 @@ class RunDir(RunFiles[Launch]):
 
     def canceled(self) -> Canceled | None:
         return read_record(self.cancel_file, Canceled)
-

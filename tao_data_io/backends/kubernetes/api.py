@@ -98,7 +98,7 @@ def connect(*, namespace: str | None = None, context: str | None = None, kubecon
         configuration = client.Configuration()
         try:
             InClusterConfigLoader(SERVICE_TOKEN_FILENAME, SERVICE_CERT_FILENAME,
-                                  environ=dict(env)).load_and_set(configuration)  # type: ignore[no-untyped-call]
+                                  environ=dict(env)).load_and_set(configuration)
         except ConfigException as exc:
             raise UsageError(f"{origin} cannot be used: {_config_problem(exc)}") from None
         api = client.ApiClient(configuration)

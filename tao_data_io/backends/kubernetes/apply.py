@@ -50,7 +50,7 @@ class Kind:
 
 def kinds(api: Api) -> dict[str, Kind]:
     core, batch = api.core, api.batch
-    calls = {
+    calls: dict[str, tuple[Callable[..., Any], ...]] = {
         "Secret": (core.create_namespaced_secret, core.read_namespaced_secret, core.patch_namespaced_secret,
                    core.delete_namespaced_secret, core.list_namespaced_secret),
         "ConfigMap": (core.create_namespaced_config_map, core.read_namespaced_config_map,
@@ -129,7 +129,8 @@ def _taken(existing: Mapping[str, Any], obj: Mapping[str, Any], job_id: str) -> 
     others = [claim for claim, mine in ((annotation, job_id), (label, ours)) if claim not in (None, mine)]
     if not (managed and others):
         return f"is not job {job_id!r}'s (its labels: {labels})"
-    return f"belongs to job {others[0]!r}, not job {job_id!r} (its label names {label!r}, its annotation {annotation!r})"
+    return (f"belongs to job {others[0]!r}, not job {job_id!r} "
+            f"(its label names {label!r}, its annotation {annotation!r})")
 
 
 def create(api: Api, obj: dict[str, Any], job_id: str, *, dry_run: bool = False) -> tuple[dict[str, Any], bool]:
@@ -139,7 +140,8 @@ def create(api: Api, obj: dict[str, Any], job_id: str, *, dry_run: bool = False)
     name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
     what = f"{'a dry run of ' if dry_run else ''}creating {describe(obj)}"
     try:
-        made: dict[str, Any] = api.call(what, kind.create, namespace, obj, **({"dry_run": "All"} if dry_run else {}))
+        options: dict[str, Any] = {"dry_run": "All"} if dry_run else {}  # the client method's own keywords
+        made: dict[str, Any] = api.call(what, kind.create, namespace, obj, **options)
         return made, True
     except ApiError as exc:
         if exc.status != 409:

@@ -234,8 +234,8 @@ class KubernetesBackend:
             verdicts = wait_for_probe(watch, self._probe_log, COLLECTIVE_TIMEOUT_S)
         finally:
             self._delete_job(api, namespace, name)
-            api.delete(f"deleting Service {namespace}/{service['metadata']['name']}", api.core.delete_namespaced_service,
-                       service["metadata"]["name"], namespace)
+            api.delete(f"deleting Service {namespace}/{service['metadata']['name']}",
+                       api.core.delete_namespaced_service, service["metadata"]["name"], namespace)
         failed = [verdict for verdict in verdicts if not verdict.ok]
         if failed:
             raise UsageError(f"the collective probe of {namespace}/{name} failed, so the training Job was not made: "

@@ -84,4 +84,6 @@ def read_cursor(cursor: str | None) -> dict[str, str]:
         data = json.loads(cursor) if cursor else {}
     except ValueError:
         return {}
-    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}

@@ -85,12 +85,12 @@ def check_gpus(nodes: NodeList, plan: LaunchPlan, settings: KubernetesSettings) 
     if plan.gpus == 0:
         return []
     need = plan.gpus * plan.nodes
-    nodes = nodes()
-    if nodes is None:
+    listed = nodes()
+    if listed is None:
         raise UsageError("the GPU capacity gate cannot read the nodes' allocatable nvidia.com/gpu (this identity may "
                          "not list nodes): ask the cluster's admin for a ClusterRole granting list on nodes")
-    why_not = {node.name: barred(node, settings.node_selector, settings.tolerations) for node in nodes}
-    usable = [node for node in nodes if why_not[node.name] is None]
+    why_not = {node.name: barred(node, settings.node_selector, settings.tolerations) for node in listed}
+    usable = [node for node in listed if why_not[node.name] is None]
     fits = sum(node.gpus // plan.gpus for node in usable)
     if plan.nodes > 1 and settings.exclusive_topology:  # one rank per node (or zone…): its anti-affinity
         key = settings.exclusive_topology
@@ -100,7 +100,7 @@ def check_gpus(nodes: NodeList, plan: LaunchPlan, settings: KubernetesSettings) 
         return []
     autoscaled = settings.capacity != "fixed"
     have = ", ".join(f"{node.name}: {node.gpus}" for node in sorted(usable, key=lambda n: n.name)) or "no such nodes"
-    excluded = "; ".join(f"{node.name}: {why_not[node.name]}" for node in sorted(nodes, key=lambda n: n.name)
+    excluded = "; ".join(f"{node.name}: {why_not[node.name]}" for node in sorted(listed, key=lambda n: n.name)
                          if node.gpus and why_not[node.name])
     said = (f"compute_shape asks for {plan.nodes} pod(s) of {plan.gpus} nvidia.com/gpu each ({need} in all) but the "
             f"nodes the pods may run on can hold {fits} such pod(s){' now' if autoscaled else ''} (allocatable "
@@ -216,7 +216,7 @@ def _binds_on_first_use(api: Api, claim: Mapping[str, Any]) -> bool:
                          "identity may not get storageclasses.storage.k8s.io), so the gate cannot tell whether it "
                          "binds on first use: ask the cluster's admin for the ClusterRole of "
                          "deployments/kubernetes-rbac.yaml, or bind the claim first") from None
-    return bool(found) and found.get("volumeBindingMode") == "WaitForFirstConsumer"
+    return found is not None and found.get("volumeBindingMode") == "WaitForFirstConsumer"
 
 
 def check_secrets(api: Api, settings: KubernetesSettings, secret: SecretRef | None) -> None:
@@ -325,17 +325,19 @@ def admit_pods(api: Api, objects: Sequence[dict[str, Any]]) -> list[str]:
         sent, got = template["spec"], admitted.get("spec") or {}
         defaults = _defaulted_resources(sent, got, ours=False) if step_of(job) == "train" else ""
         if defaults:
-            caps = " a default limit caps the container (a cpu limit throttles training);" if "limits." in defaults else ""
+            caps = (" a default limit caps the container (a cpu limit throttles training);" if "limits." in defaults
+                    else "")
             changed.append(f"admission in namespace {api.namespace!r} (a LimitRange, or a mutating webhook) sets what "
                            f"the request leaves unset in the training pods of Job {name} — {defaults};{caps} give "
                            "compute_shape.cpu, memory and ephemeral_storage to choose them")
         own = _defaulted_resources(sent, got, ours=True)
         if own:
-            changed.append(f"admission in namespace {api.namespace!r} (a LimitRange, or a mutating webhook) sets limits "
-                           f"in tao-data-io's own containers of Job {name} — {own}: the kubelet kills a container "
-                           "past its memory limit and evicts the pod past the sum of its containers' ephemeral-storage "
-                           "limits (what the job stages and uploads counts), so a stage or the final upload may end "
-                           "there; ask the namespace's admin for defaults that fit, or a namespace without them")
+            changed.append(f"admission in namespace {api.namespace!r} (a LimitRange, or a mutating webhook) sets "
+                           f"limits in tao-data-io's own containers of Job {name} — {own}: the kubelet kills a "
+                           "container past its memory limit and evicts the pod past the sum of its containers' "
+                           "ephemeral-storage limits (what the job stages and uploads counts), so a stage or the "
+                           "final upload may end there; ask the namespace's admin for defaults that fit, or a "
+                           "namespace without them")
     return changed
 
 

@@ -112,7 +112,9 @@ def _reason(workload: Mapping[str, Any]) -> str | None:
         said = f"Kueue: {reserved['message']}"
     else:
         return None
-    return said if len(said) <= REASON_CHARS else said[:REASON_CHARS] + f"… ({len(said) - REASON_CHARS} more characters)"
+    if len(said) <= REASON_CHARS:
+        return said
+    return said[:REASON_CHARS] + f"… ({len(said) - REASON_CHARS} more characters)"
 
 
 def check_queue(api: Api, queue: str, pod: Mapping[str, Any]) -> list[str]:
@@ -143,13 +145,14 @@ def check_queue(api: Api, queue: str, pod: Mapping[str, Any]) -> list[str]:
                 f"{cluster_queue!r} is"]
     asked = requested(pod)
     warnings = _readiness(asked.get("ephemeral-storage", 0.0))
-    covered = {r.get("name") for flavor in status.get("flavorsReservation") or [] for r in flavor.get("resources") or []}
+    covered = {r.get("name") for flavor in status.get("flavorsReservation") or []
+               for r in flavor.get("resources") or []}
     missing = sorted(set(asked) - covered) if covered else []  # none reported yet: the Workload will say
     if not missing:
         return warnings
-    return [*warnings, f"the job's pod requests {', '.join(missing)}, which LocalQueue {namespace}/{queue}'s ClusterQueue "
-            f"{cluster_queue!r} does not cover (it covers {', '.join(sorted(covered))}): Kueue leaves such a "
-            f"workload pending ('resource {missing[0]} unavailable in ClusterQueue') unless its configuration's "
+    return [*warnings, f"the job's pod requests {', '.join(missing)}, which LocalQueue {namespace}/{queue}'s "
+            f"ClusterQueue {cluster_queue!r} does not cover (it covers {', '.join(sorted(covered))}): Kueue leaves "
+            f"such a workload pending ('resource {missing[0]} unavailable in ClusterQueue') unless its configuration's "
             "resources.excludeResourcePrefixes names it; ask the admin to cover it in the ClusterQueue or exclude "
             "it" + ("; a job on a claim (tier A or B) requests none unless compute_shape.ephemeral_storage sets it"
                     if "ephemeral-storage" in missing else "")]

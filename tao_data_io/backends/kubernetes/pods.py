@@ -13,11 +13,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from ...launch.backend import FailureAnalysis, JobStatus
 
 Obj = Mapping[str, Any]
+ContainerState = Literal["waiting", "running", "terminated", "unknown"]
+#: A pod as the caller holds it (a plain dict from the API, or a read-only view).
+Pod = TypeVar("Pod", bound=Obj)
 #: Waiting reasons of a container whose image is being fetched (or whose volumes are being set
 #: up: the kubelet says ContainerCreating for both) — time that counts against the pull timeout.
 PULLING = frozenset({"ContainerCreating", "PodInitializing", "ErrImagePull", "ImagePullBackOff"})
@@ -61,7 +64,7 @@ class Container:
     init: bool
     #: A native sidecar (an initContainer with restartPolicy Always): done once it runs.
     sidecar: bool
-    state: Literal["waiting", "running", "terminated", "unknown"]
+    state: ContainerState
     reason: str = ""
     message: str = ""
     exit_code: int | None = None
@@ -79,7 +82,8 @@ class Where:
 def condition(obj: Obj, kind: str) -> Obj | None:
     """The ``kind`` condition when it holds. Never ``conditions[0]``: since 1.31 a failing Job
     lists FailureTarget before Failed, a finished one SuccessCriteriaMet before Complete."""
-    for item in (obj.get("status") or {}).get("conditions") or []:
+    conditions: list[Obj] = (obj.get("status") or {}).get("conditions") or []
+    for item in conditions:
         if item.get("type") == kind and item.get("status") == "True":
             return item
     return None
@@ -93,7 +97,7 @@ def rank(pod: Obj) -> int:
     return int(value) if value and str(value).isdigit() else 0
 
 
-def by_rank(pods: Sequence[Obj]) -> list[Obj]:
+def by_rank(pods: Sequence[Pod]) -> list[Pod]:
     return sorted(pods, key=lambda pod: (rank(pod), (pod.get("metadata") or {}).get("name", "")))
 
 
@@ -106,11 +110,12 @@ def containers(pod: Obj) -> list[Container]:
         states = {s.get("name"): s.get("state") or {} for s in statuses or []}
         for item in specs:
             state = states.get(item["name"]) or {}
-            kind = next((k for k in ("terminated", "running", "waiting") if state.get(k) is not None), "unknown")
+            kinds: tuple[ContainerState, ...] = ("terminated", "running", "waiting")
+            kind: ContainerState = next((k for k in kinds if state.get(k) is not None), "unknown")
             detail = state.get(kind) or {}
             sidecar = init and item.get("restartPolicy") == "Always"
             found.append(Container(name=item["name"], image=item.get("image", ""), init=init, sidecar=sidecar,
-                                   state=kind, reason=detail.get("reason") or "",  # type: ignore[arg-type]
+                                   state=kind, reason=detail.get("reason") or "",
                                    message=(detail.get("message") or "").strip(), exit_code=detail.get("exitCode")))
     return found
 

@@ -15,9 +15,10 @@ says how, and why no two jobs share a name):
   ``<id>-0.ranks-<id>``;
 * the training **Job** ``<id>``: one pod (or an Indexed Job of ``nodes`` pods), ``backoffLimit: 0``
   (one pod: as many replacements after a disruption as the request allows, and a failure policy
-  that ends it at any other non-zero exit; see :func:`failure_policy`), ``restartPolicy: Never``, ``ttlSecondsAfterFinished``. Its initContainers, in order: the
-  stager (tier C, or whenever results are uploaded), the results sidecar (a native sidecar,
-  whenever results are uploaded), the status sidecar (a native sidecar on every tier, in the
+  that ends it at any other non-zero exit; see :func:`failure_policy`), ``restartPolicy: Never``,
+  ``ttlSecondsAfterFinished``. Its initContainers, in order: the stager (tier C, or whenever
+  results are uploaded), the results sidecar (a native sidecar, whenever results are uploaded),
+  the status sidecar (a native sidecar on every tier, in the
   training image: it follows TAO's ``status.json`` into its log, for the collect run's progress
   artifacts), and last the **verify probe** in the training image with the training container's
   mounts and credentials; its verdict is the termination message and any failure stops the pod
@@ -53,7 +54,8 @@ from ...names import check_env_name
 from .names import object_names
 from ...records import JobRecord
 from ...quantities import quantity_bytes
-from ...request import DEFAULT_RESULTS_LIMIT, JobRequest, check_container_path
+from ...frame import check_container_path
+from ...request import DEFAULT_RESULTS_LIMIT, JobRequest
 from ...tier import TIER_C_BYTES_PER_SECOND
 from ...launch.collective import DEFAULT_TIMEOUT_S, PROBE_PROGRAM
 from .kueue import QUEUE_LABEL
@@ -74,8 +76,8 @@ FILES_DIR = f"{AGENT_ROOT}/files"
 #: policy: allowPrivilegeEscalation, capabilities, runAsNonRoot, seccompProfile), which our own
 #: containers — the stager, the sidecars, the stage Job's — always run under: a namespace that
 #: enforces it admits them, and none of them needs more.
-RESTRICTED: dict[str, Any] = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                              "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED: dict[str, Any] = {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                              "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
 #: The stager image's user (docker/stager/Dockerfile): the stage pod's fsGroup, so a new claim's
 #: root-owned directory is made writable for it where the volume applies fsGroup.
 STAGER_UID = 1000
@@ -132,6 +134,8 @@ RESULTS_DIR = "results"
 JOBS_DIR = "jobs"
 #: The final upload's time: the budget at the measured rate, plus this much for start-up.
 GRACE_MARGIN_SECONDS = 60
+
+
 def failure_policy(pod: dict[str, Any]) -> dict[str, Any]:
     """A one-pod training Job's failure policy (rules in order, the first match wins):
 
@@ -405,7 +409,8 @@ class _Job:
         name, service = self.names.probe, self.names.probe_service
         labels = self._labels("probe")
         rendezvous = rendezvous_env(nodes=PROBE_NODES, gpus_per_node=1,
-                                    rank={"fieldRef": {"fieldPath": COMPLETION_INDEX}}, master_addr=f"{name}-0.{service}")
+                                    rank={"fieldRef": {"fieldPath": COMPLETION_INDEX}},
+                                    master_addr=f"{name}-0.{service}")
         env = [{"name": k, "value": literal(v)} for k, v in sorted(self.plan.env.items()) if k not in rendezvous]
         env += _env_entries(rendezvous)
         env.append({"name": "TAO_DATA_IO_PROBE_TIMEOUT", "value": str(COLLECTIVE_TIMEOUT_S)})
@@ -499,7 +504,7 @@ class _Job:
                  "volumeMounts": mounts, "resources": self._resources()}
         located = claim_paths(plan)  # pre-positioned inputs, read from above: see claim_paths
         probe_mounts = [m for m in mounts if m["mountPath"] not in located] + inspection_mounts(located)
-        verify = {"name": "verify", "image": plan.image,
+        verify: dict[str, Any] = {"name": "verify", "image": plan.image,
                   "command": ["/bin/sh", f"{PROBE_DIR}/verify.sh", f"{PROBE_DIR}/probe.sh", f"{PROBE_DIR}/checklist",
                               TERMINATION_LOG],
                   "env": env, "terminationMessagePath": TERMINATION_LOG, "terminationMessagePolicy": "File",
@@ -638,7 +643,8 @@ class _Job:
         extra = []
         if self.uploads and not self.results_on_claim:
             extra.append({"name": "TAO_DATA_IO_UPLOAD_CHECK", "value": f"{STATE_DIR}/upload-check"})
-        mounts = [{"name": "files", "mountPath": FILES_DIR, "readOnly": True}, {"name": "state", "mountPath": STATE_DIR}]
+        mounts = [{"name": "files", "mountPath": FILES_DIR, "readOnly": True},
+                  {"name": "state", "mountPath": STATE_DIR}]
         if self.stages_in_pod:
             extra.append({"name": "TAO_DATA_IO_STAGE_ROOT", "value": STAGE_ROOT})
             mounts.append({"name": STAGING_VOLUME, "mountPath": STAGE_ROOT})

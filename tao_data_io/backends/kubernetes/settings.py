@@ -370,4 +370,3 @@ class KubernetesSettings(BackendSettings):
             if problem is not None:
                 raise UsageError(f"tolerations[{index}] {toleration!r}: {problem}")
         return value
-

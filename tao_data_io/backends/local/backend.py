@@ -142,7 +142,8 @@ class LocalBackend(RunRoot[RunDir, Launch]):
                 return Submission(backend_ref=ref, started=False, restored=existing.restored)
             results_host = self._results_host(plan)
             if plan.route.route == "mount":
-                check_results_ours(plan, Path(results_host), {os.geteuid(), *([user.uid] if user is not None else [])}, self.name)
+                owners = {os.geteuid(), *([user.uid] if user is not None else [])}
+                check_results_ours(plan, Path(results_host), owners, self.name)
             Path(results_host).mkdir(parents=True, exist_ok=True)
             restored = (None if plan.restore_from is None else
                         restore_results(plan.restore_from, Path(results_host), belongs_to=plan.route.belongs_to,

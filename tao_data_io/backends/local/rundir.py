@@ -39,6 +39,7 @@ from .process import ProcessId
 from ...launch.run_as import RunAs
 from .supervisor import RECORD_NAME
 
+
 class Launch(LaunchRecord):
     """What submit decided: everything the supervisor needs but the credential values."""
 
@@ -128,4 +129,3 @@ class RunDir(RunFiles[Launch]):
             return ProcessId.from_dict(json.loads(self.supervisor_file.read_bytes()))
         except FileNotFoundError:
             return None
-

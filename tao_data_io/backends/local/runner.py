@@ -288,7 +288,7 @@ def supervise(run_path: Path, credentials: Mapping[str, str]) -> int:
         _take_back(launch, opened.get(results))
         run.write(run.exit_file, ExitRecord(exit_code=128 + signal.SIGKILL, signal=signal.SIGKILL,
                                             canceled=cancel.deadline is None, deadline_seconds=cancel.deadline))
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - the supervisor's own failure: said (redacted) and recorded as the end
         frames.kill()
         _take_back(launch, opened.get(results))
         redact = Redactor(credentials)

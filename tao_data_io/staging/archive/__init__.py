@@ -78,8 +78,10 @@ class ExtractResult:
     def describe(self) -> str:
         """One human line, e.g. for the CLI or a Prefect artifact title."""
         if self.extracted:
-            return f"{self.archive} → {self.destination}: extracted {self.files} files ({self.bytes:,} bytes); {self.reason}"
-        return f"{self.archive} → {self.destination}: already extracted ({self.files} files, {self.bytes:,} bytes); nothing to do"
+            return (f"{self.archive} → {self.destination}: extracted {self.files} files ({self.bytes:,} bytes); "
+                    f"{self.reason}")
+        return (f"{self.archive} → {self.destination}: already extracted ({self.files} files, {self.bytes:,} bytes); "
+                "nothing to do")
 
 
 def extract_archive(archive: str | S3Url, destination: str | os.PathLike[str], *, strip_components: int = 0,
@@ -127,7 +129,8 @@ def _extract_locked(archive: str | S3Url, dest: Path, strip_components: int, eng
     if reason is None:
         assert previous is not None  # an up-to-date tree has a marker
         files = previous["files"]
-        return ExtractResult(source.label, dest, False, "up to date", len(files), sum(e.get("size", 0) for e in files), marker)
+        return ExtractResult(source.label, dest, False, "up to date", len(files), sum(e.get("size", 0) for e in files),
+                             marker)
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     work = temp_path_for(dest, owner)

@@ -68,7 +68,8 @@ class Extractor:
             return
         for parent in _parents(target):
             if parent in self.symlinks:
-                raise self.refuse(member.name, f"it would be written through the symlink member {self.symlinks[parent][0]!r}",
+                raise self.refuse(member.name,
+                                  f"it would be written through the symlink member {self.symlinks[parent][0]!r}",
                                   unsafe=True)
         path = self._path(target, member.name)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -113,7 +114,8 @@ class Extractor:
         self._check(linked, what=f"hard link {member.name!r} → target")
         stripped = self._strip(linked)
         if stripped is None or stripped == target or "size" not in self.entries.get(stripped, {}):
-            raise self.refuse(member.name, f"its target {member.link!r} is not a file extracted earlier from this archive",
+            raise self.refuse(member.name,
+                              f"its target {member.link!r} is not a file extracted earlier from this archive",
                               unsafe=True)
         self._vacate(path, member.name)
         os.link(self.root / stripped, path)
@@ -139,13 +141,15 @@ class Extractor:
         try:
             check_relative(relative, what=what)
         except UnsafePathError as exc:
-            raise UnsafePathError(f"archive {self.label!r}: {exc}; nothing was extracted to {str(self.dest)!r}") from None
+            raise UnsafePathError(f"archive {self.label!r}: {exc}; "
+                                  f"nothing was extracted to {str(self.dest)!r}") from None
 
     def _path(self, target: str, member: str) -> Path:
         try:
             return confined_path(self.root, target, what=f"member {member!r} at")
         except UnsafePathError as exc:
-            raise UnsafePathError(f"archive {self.label!r}: {exc}; nothing was extracted to {str(self.dest)!r}") from None
+            raise UnsafePathError(f"archive {self.label!r}: {exc}; "
+                                  f"nothing was extracted to {str(self.dest)!r}") from None
 
     def _vacate(self, path: Path, member: str) -> None:
         """Remove an earlier member's file at ``path`` (a later member wins, as in tar); a

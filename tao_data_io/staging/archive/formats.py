@@ -47,7 +47,7 @@ def read_members(raw: IO[bytes], label: str, dest: Path, owner: str, add: Callab
     stream: io.BufferedIOBase
     if raw.seekable():  # a local file: read it again from the start
         raw.seek(0)
-        stream = raw  # type: ignore[assignment]
+        stream = raw  # type: ignore[assignment]  # a local file: buffered, as the readers below take it; typeshed keeps IO[bytes] apart
     else:
         stream = io.BufferedReader(_Prefixed(head, raw), CHUNK)
     if kind == "zip":
@@ -89,7 +89,7 @@ def _decompressed(kind: str, stream: io.BufferedIOBase) -> io.BufferedIOBase:
     if kind == "tar.bz2":
         return bz2.BZ2File(stream)
     if kind == "tar.xz":
-        return lzma.LZMAFile(stream)  # type: ignore[arg-type]
+        return lzma.LZMAFile(stream)  # type: ignore[arg-type]  # it reads any binary stream; typeshed names IO[bytes] only
     return stream
 
 
@@ -131,7 +131,7 @@ def _random_access(stream: io.BufferedIOBase, dest: Path, owner: str) -> Iterato
     """A seekable view for zip: the local file itself, or the S3 body copied to a temp file
     beside ``dest`` (same filesystem as the extraction) and removed afterwards."""
     if stream.seekable():
-        yield stream  # type: ignore[misc]
+        yield stream  # type: ignore[misc]  # a seekable binary stream, all zipfile needs; typeshed keeps IO[bytes] apart
         return
     spool = temp_path_for(dest, owner)
     try:
@@ -177,7 +177,8 @@ class _TarInfoNotingEnd(tarfile.TarInfo):
         try:
             return super().fromtarfile(tar)
         except tarfile.HeaderError as exc:
-            tar.stopped_by = exc  # type: ignore[attr-defined]
+            if isinstance(tar, _TarFileNotingEnd):  # always: it names this class as its tarinfo
+                tar.stopped_by = exc
             raise
 
 
@@ -202,7 +203,7 @@ def _read_tar(stream: io.BufferedIOBase, label: str, add: Callable[[Member], Non
             if info is None:
                 break
             add(_tar_member(tar, info))
-        if not isinstance(tar.stopped_by, tarfile.EOFHeaderError):  # type: ignore[attr-defined]
+        if not isinstance(tar.stopped_by, tarfile.EOFHeaderError):  # type: ignore[attr-defined]  # tarfile's, undocumented: not in typeshed
             raise UsageError(f"archive {label!r} is truncated or corrupt: it ends without tar's end-of-archive block "
                              f"({tar.stopped_by}); re-create or re-upload it")
         with reading(label):  # to the end: this is where gzip/bz2/xz verify their checksums
@@ -215,7 +216,7 @@ def _tar_member(tar: tarfile.TarFile, info: tarfile.TarInfo) -> Member:
         # tarfile fills a sparse member's holes with zeros: 10 KB of archive became 900 MiB on disk.
         return Member(info.name, SPECIAL, info.mode, 0, what="a sparse file (its holes would be written out in full)")
     if info.isreg():  # its data must be read before the next member: the archive is a stream
-        return Member(info.name, FILE, info.mode, info.size, open=lambda: tar.extractfile(info))  # type: ignore[arg-type,return-value]
+        return Member(info.name, FILE, info.mode, info.size, open=lambda: tar.extractfile(info))  # type: ignore[arg-type,return-value]  # None only for a member that is no file
     if info.isdir():
         return Member(info.name, DIRECTORY, info.mode, 0)
     if info.issym():

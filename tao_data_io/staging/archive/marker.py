@@ -48,7 +48,8 @@ def read_destination(dest: Path, marker: Path) -> dict[str, Any] | None:
         with os.scandir(dest) as entries:
             if next(entries, None) is not None:
                 raise UsageError(f"destination {str(dest)!r} is not empty and has no {MARKER_NAME} marker, so it was "
-                                 "not made by extract and will not be replaced; choose a new or empty directory") from None
+                                 "not made by extract and will not be replaced; choose a new or empty "
+                                 "directory") from None
         return None
     try:
         marker = json.loads(text)

@@ -60,8 +60,8 @@ def s3_source(url: S3Url, client: Any) -> Source:
         with closing(response["Body"]) as body:
             etag = str(response.get("ETag", "")).strip('"')
             if etag != identity["etag"] or int(response["ContentLength"]) != identity["size"]:
-                raise TransferError(f"archive {str(url)!r} changed while being read (ETag {identity['etag']} → {etag}); "
-                                    "rerun to extract the new version")
+                raise TransferError(f"archive {str(url)!r} changed while being read "
+                                    f"(ETag {identity['etag']} → {etag}); rerun to extract the new version")
             yield body
 
     return Source(str(url), identity, open_body)

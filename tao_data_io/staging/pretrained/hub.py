@@ -91,7 +91,8 @@ class HubRegistry:
     def _errors(self) -> Iterator[None]:
         """Turn huggingface_hub's errors into ours: what was wrong, and what to change."""
         import httpx2
-        from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError, RevisionNotFoundError
+        from huggingface_hub.errors import (HfHubHTTPError, HFValidationError, RepositoryNotFoundError,
+                                            RevisionNotFoundError)
 
         repo = self.uri.repo_id
         try:
@@ -106,7 +107,8 @@ class HubRegistry:
             if isinstance(exc, RepositoryNotFoundError):
                 raise UsageError(f"Hugging Face repo {repo!r} does not exist at {self.where}: "
                                  f"check the org/repo in {self.uri}") from exc
-            raise TransferError(f"the Hub at {self.where} failed for {self.uri} (HTTP {status}); rerun to retry") from exc
+            raise TransferError(f"the Hub at {self.where} failed for {self.uri} (HTTP {status}); "
+                                "rerun to retry") from exc
         except HFValidationError as exc:
             raise UsageError(f"{self.uri} is not a valid Hub reference: {exc}") from exc
         except (OSError, httpx2.HTTPError) as exc:
@@ -126,11 +128,11 @@ class HubRegistry:
 def _quiet_tqdm() -> type:
     """A progress-bar class that draws nothing: huggingface_hub's own bars would write straight to
     stderr, past the CLI's console."""
-    from huggingface_hub.utils import tqdm
+    from huggingface_hub.utils.tqdm import tqdm
 
-    class Quiet(tqdm):  # type: ignore[misc, valid-type]
+    class Quiet(tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
+            super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]  # huggingface_hub leaves it unannotated
 
     return Quiet

@@ -68,7 +68,8 @@ class NGCRegistry:
         page, pages = 0, 1
         while page < pages:
             body = self._get_json(f"{self._version_url}/files?page-size={_NGC_PAGE_SIZE}&page-number={page}",
-                                  f"listing the files of {self.uri} at {self.api_shown} (NGC_API_URL)", self._no_such_version)
+                                  f"listing the files of {self.uri} at {self.api_shown} (NGC_API_URL)",
+                                  self._no_such_version)
             files.extend(self._remote_file(entry) for entry in body.get("modelFiles") or ())
             pages = int((body.get("paginationInfo") or {}).get("totalPages") or 1)
             page += 1
@@ -107,7 +108,8 @@ class NGCRegistry:
             basic = base64.b64encode(f"$oauthtoken:{self.key}".encode()).decode("ascii")
             body = self._get_json(f"{self.authn}/token?{query}",
                                   f"exchanging NGC_KEY for a token at {self.authn_shown} (NGC_AUTH_URL)",
-                                  f"NGC's token service {self.authn_shown}/token does not exist (HTTP 404); check NGC_AUTH_URL",
+                                  f"NGC's token service {self.authn_shown}/token does not exist (HTTP 404); "
+                                  "check NGC_AUTH_URL",
                                   basic=basic)
             token = body.get("token")
             if not isinstance(token, str) or not token:

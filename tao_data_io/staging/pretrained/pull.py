@@ -93,8 +93,8 @@ class PullResult:
         return f"revision {self.revision}: {len(self.files)} files ({human_size(self.bytes)}), {done}"
 
 
-def pull_model(uri: str | HFModelURI | NGCModelURI, destination: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None,
-               progress: ProgressCallback | None = None) -> PullResult:
+def pull_model(uri: str | HFModelURI | NGCModelURI, destination: str | os.PathLike[str], *,
+               environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None) -> PullResult:
     """Make ``destination`` hold exactly-verified files of the model ``uri`` (the URI, or as
     :func:`~tao_data_io.uris.parse_model_uri` parsed it); fetch only what is missing or wrong.
 
@@ -214,7 +214,8 @@ def _verify(staging: Path, files: Sequence[RemoteFile], dest: Path) -> None:
             problems.append(f"{remote.path}: {'nothing' if size is None else f'{size} bytes'} arrived, "
                             f"the registry lists {remote.size} bytes")
         elif remote.digest is not None and (got := file_digest(path, remote.digest.algorithm)) != remote.digest.value:
-            problems.append(f"{remote.path}: {remote.digest.algorithm} is {got}, the registry lists {remote.digest.value}")
+            problems.append(f"{remote.path}: {remote.digest.algorithm} is {got}, "
+                            f"the registry lists {remote.digest.value}")
     if problems:
         raise VerificationError(f"{len(problems)} file(s) failed verification, so nothing was published at {dest} "
                             f"(rerun to retry): " + "; ".join(problems))
@@ -234,7 +235,8 @@ def _read_marker(dest: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _vouched_files(marker: dict[str, Any] | None, uri: HFModelURI | NGCModelURI, revision: str) -> dict[str, RemoteFile]:
+def _vouched_files(marker: dict[str, Any] | None, uri: HFModelURI | NGCModelURI,
+                   revision: str) -> dict[str, RemoteFile]:
     """The files a marker vouches for: only one written for the same source and revision."""
     if marker is None or marker.get("schema_version") != _MARKER_SCHEMA or marker.get("source") != uri.source \
             or marker.get("revision") != revision:

@@ -26,7 +26,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ...errors import UnsafePathError, UsageError
 from ...fs.confinement import check_relative
@@ -131,11 +131,11 @@ def _is_gzip(path: Path) -> bool:
         return handle.read(2) == _GZIP_MAGIC
 
 
-def _open_text(path: Path) -> io.TextIOBase:
+def _open_text(path: Path) -> io.TextIOWrapper:
     """Open a text annotation, decompressing gzip by its magic bytes (not its name)."""
     if _is_gzip(path):
-        return gzip.open(path, "rt", encoding="utf-8")  # type: ignore[return-value]
-    return open(path, encoding="utf-8")  # noqa: SIM115 - the caller closes it
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")  # the caller closes it
 
 
 def _read_parquet(path: Path, keys: tuple[str, ...], label: str, references: set[str]) -> None:
@@ -148,7 +148,8 @@ def _read_parquet(path: Path, keys: tuple[str, ...], label: str, references: set
     try:
         parquet = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as exc:
-        raise UsageError(f"{label}: not a readable parquet file ({exc}); check the file or set the right format") from exc
+        raise UsageError(f"{label}: not a readable parquet file ({exc}); "
+                         "check the file or set the right format") from exc
     schema = parquet.schema_arrow
     for key in keys:
         if key not in schema.names:
@@ -211,7 +212,8 @@ def _read_jsonl(path: Path, keys: tuple[str, ...], label: str, references: set[s
                     raise UsageError(f"{label}, line {number}: not valid JSON ({exc}); "
                                      "each line of a JSONL annotation must be one JSON object") from exc
                 if not isinstance(record, dict):
-                    raise UsageError(f"{label}, line {number}: a JSON {type(record).__name__} where an object was expected")
+                    raise UsageError(f"{label}, line {number}: a JSON {type(record).__name__} "
+                                     "where an object was expected")
                 columns.update(dict.fromkeys(record))
                 for key in keys:
                     if key in record:
@@ -282,15 +284,15 @@ def _read_csv(path: Path, keys: tuple[str, ...], label: str, references: set[str
     CSV has no list type. Line numbers count the header as line 1."""
     import pandas as pd
 
-    compression = "gzip" if _is_gzip(path) else None
+    compression: Literal["gzip"] | None = "gzip" if _is_gzip(path) else None
     try:
         columns = list(pd.read_csv(path, nrows=0, compression=compression).columns)
         for key in keys:
             if key not in columns:
                 raise _missing_column(key, label, columns)
         line = 2
-        for chunk in pd.read_csv(path, usecols=list(keys), dtype=str, na_filter=False, skip_blank_lines=False, chunksize=_BATCH_ROWS,
-                                 compression=compression):
+        for chunk in pd.read_csv(path, usecols=list(keys), dtype=str, na_filter=False, skip_blank_lines=False,
+                                 chunksize=_BATCH_ROWS, compression=compression):
             for key in keys:
                 column = chunk[key]
                 empty = (column == "").to_numpy().nonzero()[0]
