@@ -96,9 +96,9 @@ def test_the_submit_form_is_the_request_model_with_every_field_described_and_blo
     pickers = {field: {branch["$ref"].rsplit("/", 1)[-1] for branch in schema["properties"][field]["anyOf"]
                        if "$ref" in branch}
                for field in ("target", "records", "s3_credentials", "hf_credentials", "ngc_credentials")}
-    assert pickers == {"target": {"LocalTarget", "KubernetesTarget", "DockerTarget", "SLURMTarget"}, "records": {"JobRecords"},
-                       "s3_credentials": {"S3EnvCredentials"}, "hf_credentials": {"HuggingFaceEnvCredentials"},
-                       "ngc_credentials": {"NGCEnvCredentials"}}
+    assert pickers == {"target": {"LocalTarget", "KubernetesTarget", "DockerTarget", "SLURMTarget"},
+                       "records": {"JobRecords"}, "s3_credentials": {"S3EnvCredentials"},
+                       "hf_credentials": {"HuggingFaceEnvCredentials"}, "ngc_credentials": {"NGCEnvCredentials"}}
     assert all(definitions[block].get("block_type_slug") for found in pickers.values() for block in found)
 
 

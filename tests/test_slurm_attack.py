@@ -80,7 +80,7 @@ def promptly(call: Callable[[], Any], what: str) -> Any:
     def target() -> None:
         try:
             answer.append(call())
-        except BaseException as exc:  # handed to the test, whatever it is
+        except BaseException as exc:  # noqa: BLE001 - handed to the test, whatever it is
             failure.append(exc)
 
     thread = threading.Thread(target=target, daemon=True)

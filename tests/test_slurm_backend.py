@@ -44,6 +44,7 @@ from .helpers import STAND_IN, holding, run_cli, wait_for, write_request
 slurm_cluster = harness.slurm_cluster
 shared, make, backend, control = jobs.shared, jobs.make, jobs.backend, jobs.control
 
+
 # ----------------------------------------------------------------------------- 1. the script, as generated
 def pure_plan(*, nodes: int = 1, gpus: int = 0, env: Mapping[str, str] | None = None,
               forward_env: Sequence[str] = (), deadline_seconds: int | None = 3600) -> LaunchPlan:
