@@ -9,6 +9,7 @@ whichever backend writes the records in it; what records it holds is each backen
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -22,6 +23,7 @@ from ..schema import Strict
 from ..vocabulary import TERMINAL_STATES
 from .backend import FailureAnalysis, JobStatus
 from .plan import LaunchPlan
+from .probe import Verdict
 from .training import STATUS_FILE, STATUS_TAIL_BYTES
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -40,6 +42,12 @@ class LaunchRecord(Strict):
 Record = TypeVar("Record", bound=LaunchRecord)
 
 
+class Canceled(Strict):
+    """That a cancel was asked, and when: once the job has ended, its status reads CANCELED."""
+
+    requested_at: datetime
+
+
 class RunFiles(Generic[Record]):
     """``<run root>/<job id>/run``: its lock, its launch record, and the records a backend adds."""
 
@@ -50,6 +58,8 @@ class RunFiles(Generic[Record]):
         self.path = path
         self.lock = path / ".lock"
         self.launch_file = path / "launch.json"
+        self.verdict_file = path / "verdict.json"
+        self.cancel_file = path / "cancel.json"
 
     def create(self) -> None:
         """Owner-only: the logs hold whatever the job prints."""
@@ -63,6 +73,13 @@ class RunFiles(Generic[Record]):
     def launch(self) -> Record | None:
         """The launch record, once submit wrote it."""
         return read_record(self.launch_file, self.launch_model)  # type: ignore[return-value]  # launch_model is the Record (a ClassVar cannot say so)
+
+    def verdict(self) -> Verdict | None:
+        """The verify probe's verdict, once the backend judged it."""
+        return read_record(self.verdict_file, Verdict)
+
+    def canceled(self) -> Canceled | None:
+        return read_record(self.cancel_file, Canceled)
 
     def put_away(self, attempt: int, state: str, ref: str) -> None:
         """Move attempt ``attempt``'s files into ``attempts/<n>/`` for the next attempt to start

@@ -59,7 +59,7 @@ from ...launch.backend import (
 )
 from ...launch.binding import BoundSource, open_source
 from ...launch.plan import LaunchPlan
-from ...launch.rundir import RunRoot
+from ...launch.rundir import Canceled, RunRoot
 from ...launch.probe import (PROBE_SCRIPT, TOKEN_FILE, CheckResult, Verdict, checklist, checklist_text,
                              parse_probe_output, ranks_verdict, remove_token, with_persistence)
 from ...launch.results_owner import hand_over_checked, take_back_results
@@ -74,7 +74,7 @@ from .containers import RUN_LABEL, RankFrame, container_name, create_arguments, 
 from .frame import (CHECKLIST_FILE, DEADLINE_EXIT, FRAME_FILE, FRAME_SCRIPT, GO, PROBE_EXIT, PROBE_FILE, PROBE_OUTPUT,
                     RUN_FILE, RUN_SCRIPT, SETUP_EXIT, SHELL_FILE, STOP, STOPPED_EXIT, credentials_file, host_busybox)
 from .logs import Position, after, last, lines, stamp_ns
-from .rundir import Canceled, Ended, Launch, RankEnd, RunDir
+from .rundir import Ended, Launch, RankEnd, RunDir
 from .settings import DockerSettings
 
 #: The Docker backend's ``backend_ref``: ``docker/<job id>``.
@@ -96,7 +96,7 @@ _PROBE_BYTES = 4 * 1024 * 1024
 
 class DockerBackend(RunRoot[RunDir, Launch]):
     namespace = NAMESPACE
-    title = 'Docker'
+    title = "Docker"
     run_type = RunDir
     name = DockerSettings.platform
     capabilities = PLATFORM.capabilities

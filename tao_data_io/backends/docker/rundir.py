@@ -16,7 +16,6 @@ from pydantic import Field
 
 from ...launch.binding import BoundSource
 from ...launch.rundir import LaunchRecord, RunFiles, read_record
-from ...launch.probe import Verdict
 from ...schema import Strict
 
 
@@ -62,10 +61,6 @@ class Ended(Strict):
     vanished: bool = False
 
 
-class Canceled(Strict):
-    requested_at: datetime
-
-
 class RunDir(RunFiles[Launch]):
     """Paths and records of ``<run_root>/<job id>/run``."""
 
@@ -73,9 +68,7 @@ class RunDir(RunFiles[Launch]):
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
-        self.verdict_file = path / "verdict.json"
         self.ended_file = path / "ended.json"
-        self.cancel_file = path / "cancel.json"
         self.agent = path / "agent"
         self.control = path / "control"
 
@@ -85,11 +78,5 @@ class RunDir(RunFiles[Launch]):
     def saved_log(self, rank: int) -> Path:
         return self.path / f"rank-{rank}.log"
 
-    def verdict(self) -> Verdict | None:
-        return read_record(self.verdict_file, Verdict)
-
     def ended(self) -> Ended | None:
         return read_record(self.ended_file, Ended)
-
-    def canceled(self) -> Canceled | None:
-        return read_record(self.cancel_file, Canceled)

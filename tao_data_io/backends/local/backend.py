@@ -43,7 +43,7 @@ from ...launch.backend import (
     polls,
 )
 from ...launch.plan import LaunchPlan
-from ...launch.rundir import RunRoot
+from ...launch.rundir import Canceled, RunRoot
 from ...launch.probe import Verdict
 from ...outputs import restore_results
 from ...tier import ClusterFacts
@@ -54,7 +54,7 @@ from .preflight import check_memory_sizes, check_sandbox, host_memory_bytes, nee
 from .process import ProcessId
 from ...launch.results_owner import hand_over_checked
 from ...launch.joblog import JobLog, follow, segment_bytes
-from .rundir import Canceled, ExitRecord, Launch, RunDir
+from .rundir import ExitRecord, Launch, RunDir
 from ...launch.run_as import RunAs, run_as
 from ...launch.sandbox import FRAME_LANG, FRAME_PATH, Host, frame_binds, host_system_dirs
 from .settings import LocalSettings
@@ -75,7 +75,7 @@ _LOG_LINES_IN_ERRORS = 5
 
 class LocalBackend(RunRoot[RunDir, Launch]):
     namespace = NAMESPACE
-    title = 'local'
+    title = "local"
     run_type = RunDir
     name = LocalSettings.platform
     capabilities = PLATFORM.capabilities

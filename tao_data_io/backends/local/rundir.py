@@ -33,7 +33,6 @@ from pydantic import Field
 
 from ...launch.binding import BoundSource
 from ...launch.rundir import LaunchRecord, RunFiles, read_record
-from ...launch.probe import Verdict
 from ...schema import Strict
 from .process import ProcessId
 from ...launch.run_as import RunAs
@@ -88,10 +87,6 @@ class ExitRecord(Strict):
         return self.exit_code != 0 or self.setup_error is not None
 
 
-class Canceled(Strict):
-    requested_at: datetime
-
-
 class RunDir(RunFiles[Launch]):
     """Paths and records of ``<run_root>/<job id>/run``."""
 
@@ -100,10 +95,8 @@ class RunDir(RunFiles[Launch]):
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.supervisor_file = path / RECORD_NAME
-        self.verdict_file = path / "verdict.json"
         self.ranks_file = path / "ranks.json"
         self.exit_file = path / "exit.json"
-        self.cancel_file = path / "cancel.json"
         self.probe_dir = path / "probe"
         self.probe_log = path / "probe.log"
         self.supervisor_log = path / "supervisor.log"
@@ -111,17 +104,11 @@ class RunDir(RunFiles[Launch]):
     def rank_log(self, rank: int) -> Path:
         return self.path / f"rank-{rank}.log"
 
-    def verdict(self) -> Verdict | None:
-        return read_record(self.verdict_file, Verdict)
-
     def ranks(self) -> Ranks | None:
         return read_record(self.ranks_file, Ranks)
 
     def exit(self) -> ExitRecord | None:
         return read_record(self.exit_file, ExitRecord)
-
-    def canceled(self) -> Canceled | None:
-        return read_record(self.cancel_file, Canceled)
 
     def supervisor(self) -> ProcessId | None:
         """Written with plain ``json`` by the supervisor before it imports anything heavy."""

@@ -39,7 +39,7 @@ from ...launch.backend import (DEFAULT_VERIFY_TIMEOUT_S, TAIL_BYTES, FailureAnal
                                LogChunk, Submission, Waits, error_status, polls)
 from ...launch.joblog import JobLog, follow
 from ...launch.plan import LaunchPlan
-from ...launch.rundir import RunRoot
+from ...launch.rundir import Canceled, RunRoot
 from ...launch.probe import (PROBE_SCRIPT, TOKEN_FILE, Verdict, checklist, checklist_text, parse_probe_output,
                              ranks_verdict, remove_token, with_persistence)
 from ...launch.results_owner import hand_over_checked, take_back_results
@@ -53,7 +53,7 @@ from ...outputs import restore_results
 from ...tier import ClusterFacts
 from . import PLATFORM
 from .commands import Slurm
-from .rundir import Canceled, Ended, Launch, RunDir
+from .rundir import Ended, Launch, RunDir
 from .script import (BATCH_FILE, CANCEL, CHECKLIST_FILE, DEADLINE_EXIT, FRAME_AGENT, FRAME_CONTROL, FRAME_REPORT, GO,
                      OVER, PROBE_FILE, RANK_FILE, SECCOMP_FILE, STOP, TOKEN_PLACEHOLDER, TOKEN_VARIABLE, batch_script,
                      rank_script)
@@ -88,7 +88,7 @@ _STOPPED_CODES = (128 + signal.SIGTERM, 128 + signal.SIGKILL)
 
 class SlurmBackend(RunRoot[RunDir, Launch]):
     namespace = NAMESPACE
-    title = 'SLURM'
+    title = "SLURM"
     run_type = RunDir
     name = SlurmSettings.platform
     capabilities = PLATFORM.capabilities

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from pydantic import Field
 
-from ...launch.probe import Verdict
 from ...launch.rundir import LaunchRecord, RunFiles, read_record
 from ...schema import Strict
 from .script import BATCH_LOG, PROBE_EXIT, PROBE_REPORT, RANK_EXIT, RANK_LOG, JobFiles
@@ -54,10 +53,6 @@ class Ended(Strict):
     taken_back: list[str] = Field(default_factory=list)
 
 
-class Canceled(Strict):
-    requested_at: datetime
-
-
 class RunDir(RunFiles[Launch]):
     """Paths and records of ``<run_root>/<job id>/run``."""
 
@@ -65,9 +60,7 @@ class RunDir(RunFiles[Launch]):
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
-        self.verdict_file = path / "verdict.json"
         self.ended_file = path / "ended.json"
-        self.cancel_file = path / "cancel.json"
         self.files = JobFiles(agent=str(path / "agent"), control=str(path / "control"), report=str(path / "report"))
 
     @property
@@ -97,11 +90,5 @@ class RunDir(RunFiles[Launch]):
     def batch_log(self) -> Path:
         return self.report / BATCH_LOG
 
-    def verdict(self) -> Verdict | None:
-        return read_record(self.verdict_file, Verdict)
-
     def ended(self) -> Ended | None:
         return read_record(self.ended_file, Ended)
-
-    def canceled(self) -> Canceled | None:
-        return read_record(self.cancel_file, Canceled)
