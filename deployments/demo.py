@@ -109,7 +109,8 @@ def run_demo(stack: Stack, clock: Clock) -> bool:
     (DEMO / "prefect.env").write_text("".join(f"export {name}={env[name]}\n" for name in PREFECT_SHELL))
     prepare_prefect(bucket)
     clock.say(f"work pool {POOL!r}; block types registered; blocks saved: tao-local-target/local, "
-              f"tao-docker-target/docker, tao-job-records/local (s3://{bucket}/{RECORDS_PREFIX}), "
+              f"tao-docker-target/docker, tao-slurm-target/slurm, tao-job-records/local "
+              f"(s3://{bucket}/{RECORDS_PREFIX}), "
               "the default credential blocks (names only)")
     stack.start_worker(env, POOL, CHECKOUT)
     clock.say("worker started (it polls every second)")
