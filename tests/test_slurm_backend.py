@@ -506,7 +506,7 @@ def test_a_job_slurm_has_forgotten_without_accounting_reads_its_end_from_its_own
 def test_a_pyxis_target_on_a_cluster_without_pyxis_is_refused_before_anything_is_submitted(
         slurm_cluster: harness.SlurmCluster, shared: Path) -> None:
     backend = slurm_backend(slurm_cluster, shared, container_runtime="pyxis")
-    with pytest.raises(UsageError, match="no --container-image") as caught:
+    with pytest.raises(UsageError, match="no container-image option") as caught:
         launch(backend, job_request("pyxis-1", "true"), shared)
     assert "container_runtime" in str(caught.value)
     assert not (backend.run_root / "pyxis-1" / "run" / "launch.json").exists()

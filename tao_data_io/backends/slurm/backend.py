@@ -140,7 +140,7 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
             raise BackendError(f"the cluster does not answer from this host (scontrol ping: {said}): is slurmctld up?",
                                retryable=True)
         if self.settings.container_runtime == "pyxis" and not self.slurm.has_pyxis():
-            raise UsageError("container_runtime is pyxis, but srun on this host has no --container-image (pyxis, "
+            raise UsageError("container_runtime is pyxis, but srun on this host has no container-image option (pyxis, "
                              "NVIDIA's SPANK plugin, is not in the cluster's plugstack.conf here): install pyxis and "
                              "enroot, or set the target's container_runtime to bubblewrap or none")
 
@@ -188,7 +188,7 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
                      if any(mark in bind.source + bind.target for mark in ",:")]
             if split:
                 raise UsageError(f"job {plan.job_id} mounts {'; '.join(split[:5])}, whose path holds a comma or a "
-                                 "colon, which pyxis's --container-mounts reads as the end of a mount: rename the "
+                                 "colon, which pyxis's container-mounts option reads as the end of a mount: rename the "
                                  "directory (or its staging root), or use container_runtime bubblewrap")
         if runtime != "none":
             return
