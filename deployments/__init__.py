@@ -1,1 +1,1 @@
-"""Prefect layer: deployments (see ../shared/design.md). Thin wrappers over tao_data_io."""
+"""Prefect layer: deployments (docs/development.md). Thin wrappers over tao_data_io."""

@@ -1,1 +1,1 @@
-"""Prefect layer: flows (see ../shared/design.md). Thin wrappers over tao_data_io."""
+"""Prefect layer: flows (docs/development.md). Thin wrappers over tao_data_io."""

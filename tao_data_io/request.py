@@ -5,7 +5,7 @@ and is the contract every later step reads, so it is validated once, at the edge
 that name the field path, the bad value and the fix. It holds names and paths only: credentials
 are listed by *name* in ``forward_env`` and never appear as values.
 
-The shape follows the TAO renderer contract (see ``reference/tao-run-on-kubernetes.md``): a
+The shape follows the TAO renderer's contract (docs/requests.md): a
 ``mode`` of ``args`` (native argv) or ``config`` (a **nested** spec serialised to a file whose
 path replaces ``{config_path}`` in the command).
 """

@@ -1,6 +1,6 @@
 """Where a job's results go: a shared mount, an S3 prefix, or nowhere (ephemeral).
 
-The rule is the reference's, decided once per job from two variables, in this order:
+The rule, decided once per job from two variables, in this order:
 
 1. ``TAO_RESULTS_ROOT`` set → the job writes to ``$TAO_RESULTS_ROOT/<job id>`` on a mount that
    outlives the container; **nothing is uploaded** (a copy would only double the bytes).

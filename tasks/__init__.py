@@ -1,1 +1,1 @@
-"""Prefect layer: tasks (see ../shared/design.md). Thin wrappers over tao_data_io."""
+"""Prefect layer: tasks (docs/development.md). Thin wrappers over tao_data_io."""

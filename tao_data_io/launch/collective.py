@@ -1,6 +1,6 @@
 """The multi-node collective probe: before a multi-node job holds its GPUs, one short process per
-node brings up a process group across the nodes and all-reduces a tensor, with a deadline — the
-reference's "NCCL probe first: a 2-node all-reduce with a timeout". A hang is the failure
+node brings up a process group across the nodes and all-reduces a tensor, with a deadline: the
+NCCL probe comes first, a two-node all-reduce with a timeout. A hang is the failure
 multi-node training most often meets on a new cluster (the wrong network interface, RDMA that
 does not reach, a NetworkPolicy), and inside TAO it shows as an epoch that never starts.
 

@@ -1,7 +1,7 @@
 """What a TAO container says about its training: its ``status.json``, read into one small model.
 
 Why a reader of our own: TAO's PyTorch containers append one JSON object per event to
-``status.json`` in the results directory (rank 0 only; ``../shared/reference/tao-status-json.md``):
+``status.json`` in the results directory (rank 0 only):
 a status (STARTED, RUNNING, SUCCESS, FAILURE, SKIPPED), a message, per-epoch fields (``epoch``,
 ``max_epoch``, ``time_per_epoch``, ``eta``) and KPIs (``kpi``, also ``graphical`` and
 ``categorical`` values). The flows show it while the job runs — how far, how long to go, the

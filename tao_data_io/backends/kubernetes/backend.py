@@ -9,7 +9,7 @@ What each step does (the modules beside this one do the work):
   the Job owns the others, so its TTL deletes them too (:mod:`.apply`). A retry converges;
 * ``verify`` — the verify initContainer's termination message, parsed into the verdict; a failed
   verdict deletes the Job, freeing its GPUs (:mod:`.waiting`);
-* ``status``, ``failure_analysis`` — the reference's status table and TAO's error classes, from
+* ``status``, ``failure_analysis`` — the status table of docs/kubernetes.md and TAO's error classes, from
   the Job, its pods and their events (:mod:`.pods`);
 * ``logs`` — every pod's log by label, prefixed by rank for a multi-node job; a failed init
   container's log (the verify probe's, the stager's) when that is where the pod stopped;

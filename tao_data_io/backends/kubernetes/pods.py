@@ -319,7 +319,7 @@ def _who(pod: Obj, nodes: int) -> str:
 
 
 def job_status(job: Obj, pods: Sequence[Obj], events: Sequence[Obj] = ()) -> JobStatus:
-    """The reference's status table: Complete → COMPLETE; Failed (or a failed pod: the Job has
+    """The status table (docs/kubernetes.md): Complete → COMPLETE; Failed (or a failed pod: the Job has
     ``backoffLimit: 0``; or a container that can never start, such as an invalid image name) →
     ERROR, classified; a Job being deleted (canceled) → CANCELED; a container of ours
     running → RUNNING; nothing scheduled, or images still being pulled → PENDING, with the reason

@@ -114,7 +114,7 @@ STATE_DIR = f"{AGENT_ROOT}/state"
 #: Where the verify probe marks that it passed (``passed``), for the results sidecar: a volume of
 #: our containers only, so nothing the job does can make a failed pod look verified.
 VERDICT_DIR = f"{AGENT_ROOT}/verdict"
-#: How many nodes the collective probe spans (the reference's "2-node all-reduce") and how long
+#: How many nodes the collective probe spans (a two-node all-reduce: the least that crosses nodes) and how long
 #: each of its ranks may take to join and all-reduce.
 PROBE_NODES = 2
 COLLECTIVE_TIMEOUT_S = DEFAULT_TIMEOUT_S
