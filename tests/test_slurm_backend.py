@@ -536,3 +536,17 @@ def test_a_slurm_conf_that_is_not_there_is_refused_naming_the_setting(
     with pytest.raises(UsageError, match="slurm_conf") as caught:
         launch(backend, job_request("conf-1", "true"), shared)
     assert "missing.conf" in str(caught.value)
+
+
+def test_a_job_queued_longer_than_the_targets_pending_timeout_is_canceled_naming_the_reason(
+        make: Any, control: Path, shared: Path) -> None:
+    """Without ``pending_timeout`` a queued job is waited for (a busy cluster is no failure); with
+    it, a job queued past it (here: not to begin for an hour) is canceled and the verdict names
+    the scheduler's reason."""
+    backend = make(pending_timeout=2, extra_options={"begin": "now+3600"})
+    job = launch(backend, job_request("queued-1", REPORT + "report started yes", control=control), shared)
+    verdict = job.verify()
+    assert not verdict.ok and "pending_timeout" in str(verdict.error), verdict
+    assert "BeginTime" in str(verdict.error), verdict
+    assert backend.status(job.ref).state == "CANCELED"
+    assert not (control / "started").exists()

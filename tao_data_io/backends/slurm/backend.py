@@ -326,9 +326,12 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
         """Wait until every rank's probe has reported, judge them with the persistence token seen
         from this host, and give the batch script the word: ``go``, or ``stop`` — so a failed
         verdict always means the command never started. ``timeout`` counts from when the job left
-        the queue (a busy cluster's wait is no failure); no verdict by then: the job is canceled."""
+        the queue (a busy cluster's wait is no failure); no verdict by then: the job is canceled. A
+        job queued longer than the target's ``pending_timeout`` is canceled too, naming the
+        scheduler's reason."""
         run, launch = self._launched(ref)
         deadline = time.monotonic() + timeout
+        queued = time.monotonic()
         for _ in polls(float("inf")):
             verdict = run.verdict()
             if verdict is not None:
@@ -345,6 +348,13 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
                 return Verdict(ok=False, error=f"the job ended before its verdict: {status.message or status.state}")
             if state[0] in _WAITING:
                 deadline = time.monotonic() + timeout
+                waited = self.settings.pending_timeout
+                if waited is not None and time.monotonic() - queued >= waited:
+                    reason = state[1].get("Reason", "")
+                    self.cancel(ref)
+                    return Verdict(ok=False, error=f"the job waited in the SLURM queue ({state[0].lower()}"
+                                   f"{f', {reason}' if reason and reason != 'None' else ''}) longer than the "
+                                   f"target's pending_timeout ({waited:g} s) and was canceled")
             elif time.monotonic() >= deadline:
                 break
         self.cancel(ref)

@@ -112,6 +112,11 @@ class SlurmSettings(BackendSettings):
     run_as_group: int | None = Field(
         None, title="Run as group (gid)",
         description="The gid a job runs as when the backend runs as root (sbatch's gid); never 0. Empty: 65534.")
+    pending_timeout: float | None = Field(
+        None, gt=0, le=30 * 86400, title="Queue wait (seconds)",
+        description="How long a job may wait in the queue (PENDING, held, requeued) before submit gives up on it "
+                    "and cancels it, naming the scheduler's reason. Empty: as long as the cluster keeps it queued "
+                    "(a busy cluster's wait is no failure; the submit step waits with it).")
     cancel_grace_seconds: int = Field(
         30, ge=1, le=3600, title="Cancel grace (seconds)",
         description="How long a cancel lets the command end after SIGTERM (it may save a checkpoint) before the "
