@@ -52,7 +52,7 @@ KUBERNETES = {"namespace": "tao", "context": "prod", "pvc_claim": "tao-data", "c
                "shared_roots": ["/lustre/datasets"], "container_runtime": "bubblewrap", "partition": "gpu",
                "account": "vision", "qos": "normal", "reservation": "tao", "exclusive": True, "gres_name": "gpu",
                "extra_options": {"constraint": "ib"}, "allow_network": False, "run_as_user": 1000,
-               "run_as_group": 1000, "cancel_grace_seconds": 10}),
+               "run_as_group": 1000, "pending_timeout": 86400.0, "cancel_grace_seconds": 10}),
 ], ids=["local", "kubernetes", "docker", "slurm"])
 def test_a_backends_recorded_config_is_its_settings_and_rebuilds_an_equal_backend(platform: str,
                                                                                  config: dict[str, Any]) -> None:
