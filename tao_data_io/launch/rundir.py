@@ -10,6 +10,7 @@ whichever backend writes the records in it; what records it holds is each backen
 from __future__ import annotations
 
 from datetime import datetime
+import os
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -24,6 +25,7 @@ from ..vocabulary import TERMINAL_STATES
 from .backend import FailureAnalysis, JobStatus
 from .plan import LaunchPlan
 from .probe import Verdict
+from .sources import mark_state_root
 from .training import STATUS_FILE, STATUS_TAIL_BYTES
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -149,9 +151,38 @@ class RunRoot(Generic[Run, Record]):
         run = self._known(ref)
         return None if run is None else self._outcome(run)[1]
 
-    def _outcome(self, run: Run) -> tuple[JobStatus, FailureAnalysis | None]:
-        """The job's state and, after an ERROR, its analysis: each backend's own reading."""
+    def _outcome(self, run: Run, *, locked: bool = False) -> tuple[JobStatus, FailureAnalysis | None]:
+        """The job's state and, after an ERROR, its analysis: each backend's own reading.
+        ``locked``: the caller holds the run directory's lock (a submit putting an attempt away),
+        which a backend that ends a job under that lock must not take again."""
         raise NotImplementedError
+
+    def _open_run(self, plan: LaunchPlan, *, mode: int) -> Run:
+        """``plan``'s run directory, made as a submit needs it: ``mode`` on the job's directory and
+        the run directory (0700: the backend's alone; 0711: a job's user passes through, never
+        lists), and every state root marked so no request may mount it."""
+        run = self._run_dir(f"{self.namespace}/{plan.job_id}")
+        run.path.parent.mkdir(parents=True, exist_ok=True)
+        run.create()
+        for directory in (run.path.parent, run.path):
+            os.chmod(directory, mode)
+        for root in (self.run_root, *(Path(root) for root in plan.state_roots)):
+            mark_state_root(root)
+        return run
+
+    def _resubmitted(self, run: Run, plan: LaunchPlan) -> Record | None:
+        """The launch record of ``plan`` when it was submitted already (a retried submit, which
+        starts nothing new), else None; an earlier attempt is put away first (once it has ended),
+        and another plan under this job id is refused. The caller holds the run directory's lock."""
+        existing: Record | None = run.launch()
+        if existing is not None and existing.plan.attempt < plan.attempt:
+            run.put_away(existing.plan.attempt, self._outcome(run, locked=True)[0].state,
+                         f"{self.namespace}/{plan.job_id}")
+            return None
+        if existing is not None and existing.plan != plan:
+            raise UsageError(f"job {plan.job_id} was already submitted to the {self.title} backend with another plan "
+                             f"({run.launch_file}); submit this one under a new job id")
+        return existing
 
     def results_path(self, ref: str) -> str | None:
         run = self._known(ref)

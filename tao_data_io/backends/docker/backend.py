@@ -64,7 +64,7 @@ from ...launch.probe import (PROBE_SCRIPT, TOKEN_FILE, CheckResult, Verdict, che
                              parse_probe_output, ranks_verdict, remove_token, with_persistence)
 from ...launch.results_owner import hand_over_checked, take_back_results
 from ...launch.sources import (SourceRules, check_binds, check_paths, check_results_mount, check_results_ours,
-                               host_source_rules, mark_state_root, plan_binds)
+                               host_source_rules, plan_binds)
 from ...launch.users import job_ids
 from ...outputs import restore_results
 from ...quantities import cpu_millicores, quantity_bytes
@@ -227,21 +227,10 @@ class DockerBackend(RunRoot[RunDir, Launch]):
         rules = self._source_rules(plan)
         check_results_mount(plan, rules)
         ref = f"{NAMESPACE}/{plan.job_id}"
-        run = self._run_dir(ref)
-        run.path.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(run.path.parent, 0o700)
-        run.create()
-        for root in (self.run_root, *(Path(root) for root in plan.state_roots)):
-            mark_state_root(root)
+        run = self._open_run(plan, mode=0o700)
         with file_lock(run.lock):
-            existing = run.launch()
-            if existing is not None and existing.plan.attempt < plan.attempt:
-                run.put_away(existing.plan.attempt, self._outcome(run, locked=True)[0].state, ref)
-                existing = None
+            existing = self._resubmitted(run, plan)
             if existing is not None:
-                if existing.plan != plan:
-                    raise UsageError(f"job {plan.job_id} was already submitted to the Docker backend with another plan "
-                                     f"({run.launch_file}); submit this one under a new job id")
                 started = self._start_ranks(run, existing, credentials)
                 return Submission(backend_ref=ref, started=started, restored=existing.restored)
             results_host = self._results_host(plan)

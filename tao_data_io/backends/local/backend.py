@@ -48,7 +48,7 @@ from ...launch.probe import Verdict
 from ...outputs import restore_results
 from ...tier import ClusterFacts
 from ...launch.sources import (SourceRules, check_binds, check_paths, check_results_mount, check_results_ours,
-                               host_source_rules, mark_state_root)
+                               host_source_rules)
 from . import PLATFORM
 from .preflight import check_memory_sizes, check_sandbox, host_memory_bytes, needs_nsenter
 from .process import ProcessId
@@ -124,21 +124,12 @@ class LocalBackend(RunRoot[RunDir, Launch]):
         rules = self._source_rules(plan)
         check_results_mount(plan, rules)
         ref = f"{NAMESPACE}/{plan.job_id}"
-        run = self._run_dir(ref)
-        run.path.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(run.path.parent, 0o700)  # whoever made it (staging, on the command line): the results below are
-        run.create()                      # the job's user's and this backend's alone
-        for root in (self.run_root, *(Path(root) for root in plan.state_roots)):
-            mark_state_root(root)
+        # 0700 whoever made the job's directory (staging, on the command line): the results below are
+        # the job's user's and this backend's alone.
+        run = self._open_run(plan, mode=0o700)
         with file_lock(run.lock):
-            existing = run.launch()
-            if existing is not None and existing.plan.attempt < plan.attempt:
-                run.put_away(existing.plan.attempt, self._outcome(run)[0].state, ref)
-                existing = None
+            existing = self._resubmitted(run, plan)
             if existing is not None:
-                if existing.plan != plan:
-                    raise UsageError(f"job {plan.job_id} was already submitted to the local backend with another "
-                                     f"plan ({run.launch_file}); submit this one under a new job id")
                 return Submission(backend_ref=ref, started=False, restored=existing.restored)
             results_host = self._results_host(plan)
             if plan.route.route == "mount":
@@ -266,7 +257,7 @@ class LocalBackend(RunRoot[RunDir, Launch]):
         return running
 
     # ------------------------------------------------------------------ helpers
-    def _outcome(self, run: RunDir) -> tuple[JobStatus, FailureAnalysis | None]:
+    def _outcome(self, run: RunDir, *, locked: bool = False) -> tuple[JobStatus, FailureAnalysis | None]:
         alive = _alive(run.supervisor())  # before the records: a dead supervisor's records are final
         ended = run.exit()
         verdict = run.verdict()

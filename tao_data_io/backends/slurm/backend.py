@@ -46,7 +46,7 @@ from ...launch.results_owner import hand_over_checked, take_back_results
 from ...launch.sandbox import Host, host_system_dirs
 from ...launch.seccomp import filter_fd
 from ...launch.sources import (Bind, SourceRules, check_binds, check_paths, check_results_mount, check_results_ours,
-                               host_source_rules, mark_state_root, plan_binds)
+                               host_source_rules, plan_binds)
 from ...launch.tools import BWRAP_INSTALL, find_tool
 from ...launch.users import job_ids
 from ...outputs import restore_results
@@ -225,22 +225,10 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
         rules = self._source_rules(plan)
         check_results_mount(plan, rules)
         ref = f"{NAMESPACE}/{plan.job_id}"
-        run = self._run_dir(ref)
-        run.path.parent.mkdir(parents=True, exist_ok=True)
-        run.create()
-        for directory in (run.path.parent, run.path):  # the job's user passes through, never lists
-            os.chmod(directory, 0o711)
-        for root in (self.run_root, *(Path(root) for root in plan.state_roots)):
-            mark_state_root(root)
+        run = self._open_run(plan, mode=0o711)  # the job's user passes through, never lists
         with file_lock(run.lock):
-            existing = run.launch()
-            if existing is not None and existing.plan.attempt < plan.attempt:
-                run.put_away(existing.plan.attempt, self._outcome(run, locked=True)[0].state, ref)
-                existing = None
+            existing = self._resubmitted(run, plan)
             if existing is not None:
-                if existing.plan != plan:
-                    raise UsageError(f"job {plan.job_id} was already submitted to the SLURM backend with another plan "
-                                     f"({run.launch_file}); submit this one under a new job id")
                 if existing.slurm_id is not None or run.ended() is not None:
                     return Submission(backend_ref=ref, started=False, restored=existing.restored)
                 found = self.slurm.named(plan.job_id)  # sbatch answered, but its id was never written down
