@@ -9,6 +9,9 @@ host-wide ``kernel.core_pattern`` through ``/proc/sys``. One rule for the ids a 
 from __future__ import annotations
 
 import os
+from typing import Annotated
+
+from pydantic import BeforeValidator, ValidationInfo
 
 from ..errors import UsageError
 
@@ -36,6 +39,15 @@ def unprivileged_id(value: object, field: str) -> int | None:
         raise ValueError(f"{field} {value} is {what}: a job never holds host root; give an unprivileged id, or leave "
                          "it empty for the default")
     return value
+
+
+def _checked_id(value: object, info: ValidationInfo) -> int | None:
+    return unprivileged_id(value, str(info.field_name))
+
+
+#: A settings field naming whom a job runs as (``run_as_user``, ``run_as_group``): an unprivileged
+#: id or empty, checked by :func:`unprivileged_id` under the field's own name.
+JobId = Annotated[int | None, BeforeValidator(_checked_id)]
 
 
 def default_ids() -> tuple[int, int]:

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, field_validator
 
 from ...errors import UsageError
 from ...launch.backend import BackendSettings
-from ...launch.users import unprivileged_id
+from ...launch.users import JobId
 from ...quantities import checked_quantity
 from ...schema import AbsolutePath
 
@@ -56,12 +56,12 @@ class DockerSettings(BackendSettings):
         description="Whether a job whose request asks for the network (network: true) gets the daemon's default "
                     "network. Off by default: such a request is refused before anything starts, and every other "
                     "job's containers have no network but their own loopback (ranks share rank 0's).")
-    run_as_user: int | None = Field(
+    run_as_user: JobId = Field(
         None, title="Run as user (uid)",
         description="The uid each container runs as (never 0: a container without a user namespace shares the "
                     "host's uids, and a job never holds host root). Empty: the uid that runs the backend, so "
                     "results are theirs — or 65534 (nobody) when the backend runs as root.")
-    run_as_group: int | None = Field(
+    run_as_group: JobId = Field(
         None, title="Run as group (gid)",
         description="The gid each container runs as (never 0). Empty: the backend's gid, or 65534 when it runs as "
                     "root.")
@@ -82,11 +82,6 @@ class DockerSettings(BackendSettings):
         30, ge=1, le=3600, title="Cancel grace (seconds)",
         description="How long a cancel lets the command end after SIGTERM (it may save a checkpoint) before the "
                     "daemon kills it.")
-
-    @field_validator("run_as_user", "run_as_group", mode="before")
-    @classmethod
-    def _unprivileged(cls, value: object, info: ValidationInfo) -> int | None:
-        return unprivileged_id(value, str(info.field_name))
 
     @field_validator("docker_host")
     @classmethod

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, field_validator
 
 from ...launch.backend import BackendSettings
-from ...launch.users import unprivileged_id
+from ...launch.users import JobId
 from ...quantities import checked_quantity
 from ...schema import AbsolutePath
 from ...launch.joblog import DEFAULT_LOG_LIMIT, MAX_LOG_LIMIT, MIN_LOG_LIMIT
@@ -45,13 +45,13 @@ class LocalSettings(BackendSettings):
                     "in its frames. Off by default: the host's network (its loopback services, its LAN) is reached "
                     "only where the operator allows it, and such a request is refused before anything starts. A "
                     "job that does not ask never has the network.")
-    run_as_user: int | None = Field(
+    run_as_user: JobId = Field(
         None, title="Run as user (uid)",
         description="The host uid a job runs as when the backend runs as root (a job never holds host root: uid 0 "
                     "is refused). Empty: 65534 (nobody). When the backend runs as another user, jobs run as that "
                     "user, and this must be empty or that uid. Inputs must be readable, and read-write mounts "
                     "writable, by this uid; tao-data-io makes the results directory its.")
-    run_as_group: int | None = Field(
+    run_as_group: JobId = Field(
         None, title="Run as group (gid)",
         description="The host gid a job runs as when the backend runs as root (gid 0 is refused), with no "
                     "supplementary group. Empty: 65534 (nogroup).")
@@ -67,11 +67,6 @@ class LocalSettings(BackendSettings):
     def _log_limit(cls, value: object) -> str:
         return checked_quantity(value, "log_limit", least=f"{MIN_LOG_LIMIT // 1024}Ki", most=MAX_LOG_LIMIT,
                                 example=DEFAULT_LOG_LIMIT)
-
-    @field_validator("run_as_user", "run_as_group", mode="before")
-    @classmethod
-    def _unprivileged(cls, value: object, info: ValidationInfo) -> int | None:
-        return unprivileged_id(value, str(info.field_name))
 
     def resolved(self, environ: Mapping[str, str] | None = None) -> LocalSettings:
         """These settings with ``run_root`` decided (given, else ``$TAO_DATA_IO_LOCAL_ROOT``, else

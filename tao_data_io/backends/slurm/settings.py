@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from ...launch.backend import BackendSettings
-from ...launch.users import unprivileged_id
+from ...launch.users import JobId
 from ...schema import AbsolutePath
 
 ROOT_VARIABLE = "TAO_DATA_IO_SLURM_ROOT"
@@ -105,11 +105,11 @@ class SlurmSettings(BackendSettings):
         False, title="Network allowed",
         description="Whether a single-node job whose request asks for the network (network: true) gets it in its "
                     "bubblewrap frame. A multi-node job always has the nodes' network: its ranks meet over it.")
-    run_as_user: int | None = Field(
+    run_as_user: JobId = Field(
         None, title="Run as user (uid)",
         description="The uid a job runs as when the backend runs as root (sbatch's uid); never 0. Empty: 65534 "
                     "(nobody). An unprivileged backend runs its jobs as itself.")
-    run_as_group: int | None = Field(
+    run_as_group: JobId = Field(
         None, title="Run as group (gid)",
         description="The gid a job runs as when the backend runs as root (sbatch's gid); never 0. Empty: 65534.")
     pending_timeout: float | None = Field(
@@ -121,11 +121,6 @@ class SlurmSettings(BackendSettings):
         30, ge=1, le=3600, title="Cancel grace (seconds)",
         description="How long a cancel lets the command end after SIGTERM (it may save a checkpoint) before the "
                     "job is killed.")
-
-    @field_validator("run_as_user", "run_as_group", mode="before")
-    @classmethod
-    def _unprivileged(cls, value: object, info: ValidationInfo) -> int | None:
-        return unprivileged_id(value, str(info.field_name))
 
     @field_validator("partition", "account", "qos", "reservation", "gres_name")
     @classmethod
