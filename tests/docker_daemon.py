@@ -39,6 +39,8 @@ import docker
 import pytest
 import requests
 
+from .session_service import Shared
+
 #: The image every Docker test runs, imported at the daemon's start.
 IMAGE = "tao-data-io-test:busybox"
 BUSYBOX = Path("/bin/busybox")
@@ -115,43 +117,12 @@ class DockerDaemon:
 @pytest.fixture(scope="session")
 def docker_daemon() -> Iterator[DockerDaemon]:
     """The session's own dockerd and its test image (see the module's docstring)."""
-    daemon = _SHARED.acquire()
+    running = _SHARED.acquire()
     try:
-        yield daemon
+        assert running.daemon is not None
+        yield running.daemon
     finally:
         _SHARED.release()
-
-
-class _Shared:
-    """One daemon per session, however many fixture definitions ask for it; a failed start is
-    remembered, so every test that needs the daemon fails with the same reason, once tried."""
-
-    def __init__(self) -> None:
-        self.running: _Running | None = None
-        self.users = 0
-        self.failure: str | None = None
-
-    def acquire(self) -> DockerDaemon:
-        if self.running is None and self.failure is None:
-            try:
-                self.running = _Running.start()
-            except _StartFailed as exc:
-                self.failure = f"the session's dockerd did not start: {exc}"
-        if self.failure is not None:
-            pytest.fail(self.failure, pytrace=False)
-        assert self.running is not None
-        self.users += 1
-        assert self.running.daemon is not None
-        return self.running.daemon
-
-    def release(self) -> None:
-        self.users -= 1
-        if self.users == 0 and self.running is not None:
-            running, self.running = self.running, None
-            running.stop()
-
-
-_SHARED = _Shared()
 
 
 class _StartFailed(Exception):
@@ -418,3 +389,7 @@ def _rootfs_tar() -> bytes:
         add("etc/passwd", tarfile.REGTYPE, 0o644, PASSWD.encode())
         add("etc/group", tarfile.REGTYPE, 0o644, GROUP.encode())
     return buffer.getvalue()
+
+
+#: The session's one dockerd (made last: it names the classes above).
+_SHARED = Shared("the session's dockerd", _Running.start, _Running.stop, _StartFailed)

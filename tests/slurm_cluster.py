@@ -48,6 +48,8 @@ from pathlib import Path
 
 import pytest
 
+from .session_service import Shared
+
 #: The emulated nodes of the session's cluster, all on this host.
 NODES = ("n1", "n2")
 PARTITION = "debug"
@@ -213,35 +215,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         _SHARED.release()
 
 
-class _Shared:
-    """One cluster per session, however many fixture definitions ask for it; a failed start is
-    remembered, so every test that needs the cluster fails with the same reason, once tried."""
-
-    def __init__(self) -> None:
-        self.cluster: SlurmCluster | None = None
-        self.users = 0
-        self.failure: str | None = None
-
-    def acquire(self) -> SlurmCluster:
-        if self.cluster is None and self.failure is None:
-            try:
-                self.cluster = SlurmCluster.start()
-            except StartFailed as exc:
-                self.failure = f"the session's SLURM cluster did not start: {exc}"
-        if self.failure is not None:
-            pytest.fail(self.failure, pytrace=False)
-        assert self.cluster is not None
-        self.users += 1
-        return self.cluster
-
-    def release(self) -> None:
-        self.users -= 1
-        if self.users == 0 and self.cluster is not None:
-            cluster, self.cluster = self.cluster, None
-            cluster.stop()
-
-
-_SHARED = _Shared()
+_SHARED = Shared("the session's SLURM cluster", SlurmCluster.start, SlurmCluster.stop, StartFailed)
 
 
 # ---------------------------------------------------------------- the daemons
