@@ -21,6 +21,7 @@ the cluster — a later CLI call, a restarted Prefect worker — can follow a jo
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import signal
@@ -69,6 +70,9 @@ _PROBE_BYTES = 4 * 1024 * 1024
 _OOM_WINDOW = 64 * 1024
 _OOM_WORDS = (b"oom-kill event", b"oom_kill event", b"out-of-memory")
 _LOG_LINES_IN_ERRORS = 5
+#: How often a wait asks slurmctld about a job (``scontrol``), at most: one daemon serves the whole
+#: cluster, and a job's own files say most of what a wait looks for.
+_STATE_EVERY_S = 1.0
 #: How long a job may take to end after ``scancel`` (SLURM's ``KillWait`` and the kill), beyond the grace.
 _SCANCEL_WAIT_S = 120
 #: The environment variables SLURM's commands read as their own options: never a forwarded name.
@@ -320,6 +324,7 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
         run, launch = self._launched(ref)
         deadline = time.monotonic() + timeout
         queued = time.monotonic()
+        asked = -math.inf
         for _ in polls(float("inf")):
             verdict = run.verdict()
             if verdict is not None:
@@ -330,7 +335,9 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
             reports = [self._report(run, launch.token, rank) for rank in range(launch.plan.nodes)]
             if all(report is not None for report in reports):
                 return self._judge(run, launch, [report for report in reports if report is not None])
-            state = self._state(launch)
+            if time.monotonic() - asked < _STATE_EVERY_S:  # the reports are files; SLURM is a daemon all share
+                continue
+            state, asked = self._state(launch), time.monotonic()
             if state is None or state[0] in _ENDED:
                 status = self._outcome(run)[0]
                 return Verdict(ok=False, error=f"the job ended before its verdict: {status.message or status.state}")
@@ -481,16 +488,9 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
         alive = state is not None and state[0] not in _ENDED
         if alive and launch.slurm_id is not None:
             if state is not None and state[0] == "RUNNING" and run.verdict() is not None:
-                for _ in polls(self.settings.cancel_grace_seconds):  # the command's grace
-                    now = self._state(launch)
-                    if now is None or now[0] in _ENDED:
-                        break
+                self._ended_within(launch, self.settings.cancel_grace_seconds)  # the command's grace
             self.slurm.cancel(launch.slurm_id)
-            for _ in polls(self.settings.cancel_grace_seconds + _SCANCEL_WAIT_S):
-                now = self._state(launch)
-                if now is None or now[0] in _ENDED:
-                    break
-            else:
+            if not self._ended_within(launch, self.settings.cancel_grace_seconds + _SCANCEL_WAIT_S):
                 raise BackendError(f"SLURM job {launch.slurm_id} still runs after scancel and "
                                    f"{self.settings.cancel_grace_seconds + _SCANCEL_WAIT_S:g}s: is slurmd on its node "
                                    "up? Cancel again once it has ended (scontrol show job)", retryable=True)
@@ -498,7 +498,18 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
             self._finish_locked(run, launch, self._state(launch))
         return alive
 
-    # ------------------------------------------------------------------ helpers
+    def _ended_within(self, launch: Launch, timeout: float) -> bool:
+        """Whether SLURM says the job has ended within ``timeout``, asked every
+        :data:`_STATE_EVERY_S` at most: slurmctld serves every user of the cluster."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self._state(launch)
+            if state is None or state[0] in _ENDED:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(_STATE_EVERY_S, left))
 
 
 def _ended(ended: Ended, run: RunDir, launch: Launch) -> tuple[JobStatus, FailureAnalysis | None]:
