@@ -32,6 +32,10 @@ T = TypeVar("T")
 DEADLINE_S = 60.0
 #: The training stand-in (``examples/stand_in/train.sh``) a local job mounts.
 STAND_IN = Path(__file__).resolve().parent.parent / "examples" / "stand_in"
+#: Shell text for a job's command that talks through its /control mount: write what follows into
+#: /control/$1 whole (a temp name, then renamed), and wait for /control/$1.
+REPORT = 'report() { name=$1; shift; printf "%s\\n" "$*" > /control/.$name && mv /control/.$name /control/$name; }\n'
+AWAIT = 'await() { while [ ! -e /control/$1 ]; do sleep 0.05; done; }\n'
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 

@@ -30,10 +30,6 @@ from .helpers import wait_for
 
 SHAPE: dict[str, Any] = {"gpus": 0, "memory": "64Mi", "shm_size": "16Mi", "ephemeral_storage": "16Mi"}
 IMAGE = "nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt"
-#: Shell text: write what follows into /control/$1 whole (a temp name, then renamed).
-REPORT = 'report() { name=$1; shift; printf "%s\\n" "$*" > /control/.$name && mv /control/.$name /control/$name; }\n'
-#: Shell text: wait for /control/$1.
-AWAIT = 'await() { while [ ! -e /control/$1 ]; do sleep 0.05; done; }\n'
 #: SLURM's states of a job that still holds (or waits for) its allocation.
 HOLDING = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "STOPPED", "RESIZING")
 

@@ -49,7 +49,7 @@ from tao_data_io.transfer.client import make_s3_client
 from . import docker_daemon as dockerd
 from .contract.docker import dataset, derived_image, swap_before_start
 from .contract.harness import Launched, launch_through_steps
-from .helpers import holding, live_processes, wait_for
+from .helpers import AWAIT, REPORT, holding, live_processes, wait_for
 
 #: The session's own dockerd (a pytest fixture of tests/docker_daemon.py).
 docker_daemon = dockerd.docker_daemon
@@ -149,12 +149,6 @@ def seen(control: Path, name: str) -> str:
 def say(control: Path, name: str) -> None:
     """Tell the job to go on (``/control/<name>`` appears)."""
     (control / name).write_text("")
-
-
-#: Shell text: write what follows into /control/$1 whole (a temp name, then renamed).
-REPORT = 'report() { name=$1; shift; printf "%s\\n" "$*" > /control/.$name && mv /control/.$name /control/$name; }\n'
-#: Shell text: wait for /control/$1.
-AWAIT = 'await() { while [ ! -e /control/$1 ]; do sleep 0.05; done; }\n'
 
 
 def refused(backend: DockerBackend, request: JobRequest, tmp_path: Path, *expected: str) -> str:

@@ -44,10 +44,9 @@ from tao_data_io.request import JobRequest
 
 from . import slurm_cluster as harness
 from . import slurm_jobs as jobs
-from .slurm_jobs import (AWAIT, HOLDING, REPORT, job_fields, job_processes, job_request, job_state,
-                         launch, running, say, seen)
+from .slurm_jobs import HOLDING, job_fields, job_processes, job_request, job_state, launch, running, say, seen
 from .contract.slurm import slurm_backend
-from .helpers import wait_for
+from .helpers import AWAIT, REPORT, wait_for
 
 #: The session's own SLURM cluster (a pytest fixture of tests/slurm_cluster.py), and the fixtures of
 #: a test's own shared directory and backend (tests/slurm_jobs.py).

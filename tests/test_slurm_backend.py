@@ -35,9 +35,9 @@ from tao_data_io.request import JobRequest
 
 from . import slurm_cluster as harness
 from . import slurm_jobs as jobs
-from .slurm_jobs import AWAIT, IMAGE, REPORT, SHAPE, Job, job_request, job_state, launch, running, say, seen
+from .slurm_jobs import IMAGE, SHAPE, Job, job_request, job_state, launch, running, say, seen
 from .contract.slurm import slurm_backend
-from .helpers import STAND_IN, holding, run_cli, wait_for, write_request
+from .helpers import AWAIT, REPORT, STAND_IN, holding, run_cli, wait_for, write_request
 
 #: The session's own SLURM cluster (a pytest fixture of tests/slurm_cluster.py), and the fixtures of
 #: a test's own shared directory and backend (tests/slurm_jobs.py).
