@@ -72,7 +72,7 @@ class Bench:
         direct = Target("direct", self.server.credentials)
         # Untimed: each contender's first resync fills its prefix (and our digest cache).
         for name in self.checkouts:
-            self.jobs.open(job_id=self.job(name), platform="bench", image="tao", network_arch="dino",
+            self.jobs.open(job_id=self.job(name), backend="bench", image="tao", network_arch="dino",
                            action="train", storage_tier="B", results_dir=str(self.results))
             # As submit does: the route is decided once and recorded (s3://BUCKET/results/JOB/).
             record_route(self.jobs, self.job(name), decide_route(self.job(name), {"S3_BUCKET_NAME": BUCKET}))

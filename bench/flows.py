@@ -191,7 +191,7 @@ def resync_comparison(work: Path, reps: int, files: int, changed: int, size: int
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(os.urandom(size))
     jobs = RecordStore(work / f"resync-jobs-{files}")
-    jobs.open(job_id=job_id, platform="fake", image="tao", network_arch="dino", action="train", results_dir="/results")
+    jobs.open(job_id=job_id, backend="fake", image="tao", network_arch="dino", action="train", results_dir="/results")
     jobs.mark(job_id, "RUNNING", source="bench", backend_ref=f"fake/{job_id}")
     BenchTarget(results_root=str(results_root)).save(f"bench-{files}", overwrite=True)
     JobRecords(location=jobs.location).save(f"resync-{files}", overwrite=True)

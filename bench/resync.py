@@ -97,7 +97,7 @@ def main() -> None:
             server.create_bucket(BUCKET)
             make_files(results, [f"ckpt/d{i % 50:02d}/f{i:06d}.bin" for i in range(args.files)], args.size)
             make_files(results, [".tao/status.json", ".tao/token"], 64)
-            jobs.open(job_id=JOB_ID, platform="bench", image="tao", network_arch="dino", action="train",
+            jobs.open(job_id=JOB_ID, backend="bench", image="tao", network_arch="dino", action="train",
                       storage_tier="B", results_dir=str(results))
             base_env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"),
                         "XDG_CACHE_HOME": os.environ["XDG_CACHE_HOME"], "S3_BUCKET_NAME": BUCKET,

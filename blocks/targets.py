@@ -24,9 +24,9 @@ from pydantic import Field
 
 from blocks.picker import PICKABLE
 from blocks.presentation import DOCUMENTATION_URL, LOGO_URL, code_example
-from tao_data_io.backends import backend_from, platforms
+from tao_data_io.backends import backend_from, declarations
 from tao_data_io.launch.backend import Backend
-from tao_data_io.launch.platform import Platform
+from tao_data_io.launch.declaration import Declaration
 from tao_data_io.schema import AbsolutePath
 
 log = logging.getLogger(__name__)
@@ -51,29 +51,29 @@ class ComputeTarget(Block, ABC):
         return backend_from(self.settings)
 
 
-def target_block(platform: Platform) -> type[ComputeTarget]:
-    """The target block of ``platform``: ``TAO <title> Target`` (slug ``tao-<name>-target``),
+def target_block(declared: Declaration) -> type[ComputeTarget]:
+    """The target block of the backend ``declared``: ``TAO <title> Target`` (slug ``tao-<name>-target``),
     embedding its settings model as ``settings`` — made from the backend's declaration, so a new
     backend gets its block, its form and its place in the flows' target parameter from its
     registry line alone. The slugs and names are those the blocks saved before had."""
-    title = platform.label
-    name = platform.block_class
-    variable = f"{platform.name.replace('-', '_')}_target"
+    title = declared.label
+    name = declared.block_class
+    variable = f"{declared.name.replace('-', '_')}_target"
     namespace = {
-        "__module__": __name__, "__qualname__": name, "__doc__": platform.summary,
-        "__annotations__": {"settings": platform.settings},
-        "settings": Field(default_factory=platform.settings, title=f"{title} backend",
-                          description=platform.settings_summary),
-        "_block_type_name": f"TAO {title} Target", "_block_type_slug": f"tao-{platform.name}-target",
-        "_description": platform.summary,
+        "__module__": __name__, "__qualname__": name, "__doc__": declared.summary,
+        "__annotations__": {"settings": declared.settings},
+        "settings": Field(default_factory=declared.settings, title=f"{title} backend",
+                          description=declared.settings_summary),
+        "_block_type_name": f"TAO {title} Target", "_block_type_slug": f"tao-{declared.name}-target",
+        "_description": declared.summary,
         "_code_example": code_example(name, variable, f"backend = {variable}.backend()  # the core's {title} backend\n"
                                                       f"print({variable}.settings)"),
     }
     return type(name, (ComputeTarget,), namespace)
 
 
-#: Every backend's target block, by platform name.
-TARGETS: dict[str, type[ComputeTarget]] = {name: target_block(platform) for name, platform in platforms().items()}
+#: Every backend's target block, by backend name.
+TARGETS: dict[str, type[ComputeTarget]] = {name: target_block(declared) for name, declared in declarations().items()}
 
 
 def exported(members: Mapping[str, Any]) -> dict[str, type[ComputeTarget]]:

@@ -267,7 +267,7 @@ def report(job_id: str, bucket: str, credentials: S3Credentials, api: str, clock
     store = RecordStore(f"s3://{bucket}/{RECORDS_PREFIX}", environ=env)
     record = store.get(job_id)
     clock.say(f"job {job_id}: {record.state}" + (f" ({record.message})" if record.message else ""))
-    print(record_summary(record, store.backend.where(job_id)))
+    print(record_summary(record, store.storage.where(job_id)))
     if record.output_route is not None and record.output_route.route == "s3":
         route = parse_s3_url(record.output_route.destination)
         with TransferEngine(credentials) as engine:

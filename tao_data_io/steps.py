@@ -132,7 +132,7 @@ def open_record(request: JobRequest, backend: Backend, store: RecordStore, *, so
     """Open (or re-open) the job's record; the request is pinned to the job id from here on. A
     request the backend cannot honour is refused first, so nothing is written for it."""
     refuse_unsupported(request, backend.name, backend.capabilities)
-    return open_for(request, platform=backend.name, store=store, source=source)
+    return open_for(request, backend=backend.name, store=store, source=source)
 
 
 def decide_tier(request: JobRequest, backend: Backend, store: RecordStore, job_id: str) -> TierDecision:
@@ -226,9 +226,9 @@ def confirm(plan: LaunchPlan, backend: Backend, store: RecordStore, submission: 
 
 
 def backend_of(record: JobRecord, overrides: Mapping[str, Any] | None = None) -> Backend:
-    """The backend a recorded job runs on: its ``platform``, built from the config recorded at
+    """The backend a recorded job runs on: its name, built from the config recorded at
     launch (``overrides`` win, e.g. a work root given on the command line)."""
-    return backend_for(record.platform, {**(record.backend_config or {}), **(overrides or {})})
+    return backend_for(record.backend, {**(record.backend_config or {}), **(overrides or {})})
 
 
 def _known(record: JobRecord, status: JobStatus, backend: Backend) -> None:
@@ -420,7 +420,7 @@ def resync_job(job_id: str, backend: Backend, store: RecordStore, *, settle_seco
 
 def running_jobs(store: RecordStore, backend: Backend, *,
                  say: Say | None = None) -> tuple[list[JobRecord], list[str]]:
-    """The RUNNING jobs of the backend's platform: those it can see (what a resync through it can
+    """The RUNNING jobs of this backend: those it can see (what a resync through it can
     reach), and those it has no trace of — submitted through another target (another work root,
     another namespace) or lost with their host. A store that does not exist yet holds no jobs
     (a schedule may start before the first submit); ``say`` hears of it, since a mistyped
@@ -432,7 +432,7 @@ def running_jobs(store: RecordStore, backend: Backend, *,
     seen: list[JobRecord] = []
     elsewhere: list[str] = []
     for record in store.list_records(state="RUNNING"):
-        if record.platform == backend.name and record.backend_ref is not None:
+        if record.backend == backend.name and record.backend_ref is not None:
             if backend.status(record.backend_ref).state != "UNKNOWN":
                 seen.append(record)
             else:

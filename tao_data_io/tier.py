@@ -47,7 +47,7 @@ class VolumeFacts(Strict):
 class Capabilities(Strict):
     """What a backend can do, as the tier decision reads it — never the backend's name, so a new
     backend gets the decision its abilities call for. A backend declares the most it can do
-    (:attr:`~tao_data_io.launch.platform.Platform.capabilities`); its ``facts()`` may say less for
+    (:attr:`~tao_data_io.launch.declaration.Declaration.capabilities`); its ``facts()`` may say less for
     the cluster at hand (Kubernetes older than 1.29 cannot run the upload sidecar)."""
 
     #: A stage step on the submitting host fills a directory the frame mounts (tier B needs no volume).

@@ -35,7 +35,7 @@ from pathlib import Path
 from .credentials import S3Credentials, s3_credentials_from_env
 from .errors import TaoDataIOError
 from .names import is_job_id
-from .records.backend import DEFAULT_LEASE_SECONDS, RecordBackend
+from .records.storage import DEFAULT_LEASE_SECONDS, RecordStorage
 from .records.location import locate
 from .transfer.activity import Activity
 from .transfer.engine import TransferEngine
@@ -74,10 +74,10 @@ def head_start(root: Path | str | None, job_id: str, results_dir: Path, *, resyn
     if begun is None:
         yield None
         return
-    backend, prefix, credentials = begun
+    storage, prefix, credentials = begun
     activity = Activity()
     with ExitStack() as stack:
-        held = stack.enter_context(backend.upload_lock(job_id, wait=False, on_wait=on_wait,
+        held = stack.enter_context(storage.upload_lock(job_id, wait=False, on_wait=on_wait,
                                                        lease_seconds=DEFAULT_LEASE_SECONDS, activity=activity))
         if not held:
             yield HeadStart(False, activity, None, None) if resync else None
@@ -89,17 +89,17 @@ def head_start(root: Path | str | None, job_id: str, results_dir: Path, *, resyn
 
 
 def _begin(root: Path | str | None, job_id: str, results_dir: Path, *, resync: bool,
-           env: Mapping[str, str]) -> tuple[RecordBackend, S3Url, S3Credentials] | None:
-    """(backend, the destination's prefix, credentials) when there is something to begin."""
+           env: Mapping[str, str]) -> tuple[RecordStorage, S3Url, S3Credentials] | None:
+    """(the record storage, the destination's prefix, credentials) when there is something to begin."""
     if not is_job_id(job_id) or not results_dir.is_dir():
         return None
     try:
-        backend = locate(root, env).backend
-        document = backend.read(job_id)
+        storage = locate(root, env).storage
+        document = storage.read(job_id)
         destination = None if document is None else s3_destination(document.data, resync=resync)
         if destination is None:
             return None
-        return backend, parse_s3_url(destination, field="output_route.destination").as_prefix(), \
+        return storage, parse_s3_url(destination, field="output_route.destination").as_prefix(), \
             s3_credentials_from_env(env)
     except (TaoDataIOError, OSError):
         return None  # the ordinary way says what is wrong, in its words

@@ -146,7 +146,7 @@ class Ended:
 @dataclass(frozen=True)
 class Resynced:
     """What a resync of every RUNNING job did: each resynced job's outcome (None when its backend
-    moves its results itself), each failed one's reason, and the RUNNING jobs of the platform the
+    moves its results itself), each failed one's reason, and the RUNNING jobs of its kind the
     backend has no trace of."""
 
     outcomes: dict[str, UploadOutcome | None] = field(default_factory=dict)

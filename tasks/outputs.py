@@ -87,11 +87,11 @@ def failure_report(job_id: str, backend: Backend, store: RecordStore) -> tuple[s
 
 @step("running-jobs", timeout_seconds=QUICK, task_run_name="running-jobs")
 def running_jobs(store: RecordStore, backend: Backend, *, say: Any = None) -> tuple[list[JobRecord], list[str]]:
-    """The RUNNING jobs this backend can see, and those of its platform it has no trace of."""
+    """The RUNNING jobs this backend can see, and the others it has no trace of."""
     logger = get_run_logger()
     seen, elsewhere = steps.running_jobs(store, backend, say=logger.warning)
     if elsewhere:
-        logger.warning("%d RUNNING jobs of the %s platform are not on this target (submitted through "
+        logger.warning("%d RUNNING jobs of the %s backend are not on this target (submitted through "
                        "another, or lost with their host), so their results are not resynced here: %s",
                        len(elsewhere), backend.name, ", ".join(elsewhere))
     return seen, elsewhere

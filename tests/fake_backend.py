@@ -1,5 +1,5 @@
 """A backend that runs nothing: for flow and pipeline tests (and bench/flows.py) that must not need
-a sandbox. It lives with the tests because the product must not know it: no platform name, no
+a sandbox. It lives with the tests because the product must not know it: no backend name, no
 registry entry, no ``ClusterFacts.backend`` of its own.
 
 Why it is honest: it goes through the same protocol as the real backends (the conformance suite,

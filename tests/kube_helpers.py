@@ -27,7 +27,7 @@ ITS_CREDENTIALS_BASE = "longjob-aaaaaaaaaaaaaaaaaaaaa-92fb6e432f"
 
 def record_for(job_id: str, tier: str, results_limit: str | None = None) -> JobRecord:
     now = datetime.now(timezone.utc)
-    return JobRecord(job_id=job_id, platform="kubernetes", image="img", network_arch="dino", action="train",
+    return JobRecord(job_id=job_id, backend="kubernetes", image="img", network_arch="dino", action="train",
                      storage_tier=tier, results_dir="/results", state="PENDING", created_at=now, updated_at=now,
                      results_limit=results_limit)
 

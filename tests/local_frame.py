@@ -70,7 +70,7 @@ def make_plan(tmp_path: Path, job_id: str = "job-1", *, script: str | None = Non
                    {"source": str(control), "target": "/control", "read_only": False}, *(mounts or [])]})
     staging_map = StagingMap(job_id=job_id, workdir=str(stage), inputs_root="/tao-inputs", sources=sources)
     now = datetime.now(timezone.utc)
-    record = JobRecord(job_id=job_id, platform="local", image=request.image, network_arch="stand-in", action="train",
+    record = JobRecord(job_id=job_id, backend="local", image=request.image, network_arch="stand-in", action="train",
                        storage_tier="B", results_dir=results_dir, state="PENDING", created_at=now, updated_at=now)
     return build_plan(request, staging_map, TierDecision(tier="B", reason="local"), record, route, environ=environ)
 

@@ -1,7 +1,7 @@
 """Import contracts (``[tool.importlinter]`` in pyproject.toml), enforced by the test suite, and
 the core's import graph without circles.
 
-The core stays usable without Prefect; only a backend's own package imports its platform's client;
+The core stays usable without Prefect; only a backend's own package imports its client library;
 backends never import one another, and the core's steps reach one only through the registry; the
 Prefect tasks, flows, blocks and the deployments' helpers reach S3 and clusters only through the
 core, never with their own boto3, obstore or kubernetes calls; the launch seam (the Backend
@@ -161,13 +161,13 @@ def test_circles_finds_each_circle_and_only_circles() -> None:
 
 def test_no_backend_is_told_apart_by_its_name_outside_its_package_and_the_registry() -> None:
     """A third backend must get the behaviour its abilities call for, never the local frame's by
-    falling through ``if platform == "kubernetes"``: no comparison with a backend's name, and no
+    falling through ``if backend.name == "kubernetes"``: no comparison with a backend's name, and no
     ``Literal`` of them, anywhere but in that backend's own package and the registry."""
     import ast
 
-    from tao_data_io.backends import BUILTIN, platforms
+    from tao_data_io.backends import BUILTIN, declarations
 
-    names = set(platforms())
+    names = set(declarations())
     own = {Path(*module.split(".")) for module in BUILTIN} | {Path("tao_data_io/backends/__init__.py")}
     offenders = []
     for root in ("tao_data_io", "blocks", "flows", "tasks", "deployments"):

@@ -1,6 +1,6 @@
 """A backend from another distribution plugs in with its entry point alone: the CLI's ``--backend``
 and flags, a target block, a flow's target parameter and the job record all find it, with no file
-of this project changed — and a platform no backend has is refused, naming those there are.
+of this project changed — and a name no backend has is refused, naming those there are.
 
 The toy distribution is written to a temporary directory (a package and its ``.dist-info`` with
 an ``entry_points.txt``, as pip would install it) and put on the path of child processes only, so
@@ -34,13 +34,13 @@ from typing import ClassVar
 from pydantic import Field
 
 from tao_data_io.launch.backend import BackendSettings, JobStatus, LogChunk, Submission, Waits
-from tao_data_io.launch.platform import Platform
+from tao_data_io.launch.declaration import Declaration
 from tao_data_io.launch.probe import CheckResult, Verdict, checklist
 from tao_data_io.tier import Capabilities, ClusterFacts
 
 
 class ToySettings(BackendSettings):
-    platform: ClassVar[str] = "toy"
+    name: ClassVar[str] = "toy"
     state_root: str = Field(title="State root", description="Where the toy keeps its jobs.")
     greeting: str = Field("hello", title="Greeting", description="What each job prints.")
 
@@ -49,7 +49,7 @@ class ToyBackend:
     name = "toy"
 
     def __init__(self, settings):
-        self.capabilities = PLATFORM.capabilities
+        self.capabilities = DECLARATION.capabilities
         self.settings = settings
         self.root = Path(settings.state_root)
 
@@ -57,7 +57,7 @@ class ToyBackend:
         return self.settings.model_dump(mode="json")
 
     def facts(self):
-        return ClusterFacts(backend=self.name, capabilities=PLATFORM.capabilities)
+        return ClusterFacts(backend=self.name, capabilities=DECLARATION.capabilities)
 
     def preflight(self, plan, *, documents=None):
         return None
@@ -109,7 +109,7 @@ class ToyBackend:
         return None
 
 
-PLATFORM = Platform(settings=ToySettings, backend="toy_backend:ToyBackend", title="Toy",
+DECLARATION = Declaration(settings=ToySettings, implementation="toy_backend:ToyBackend", title="Toy",
                     summary="A toy backend from another distribution.", settings_summary="Where the toy keeps jobs.",
                     capabilities=Capabilities(stages_on_host=True))
 '''
@@ -145,7 +145,7 @@ def _install(tmp_path: Path, source: str) -> dict[str, str]:
     info = site / "toy_backend-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-backend\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[tao_data_io.backends]\ntoy = toy_backend:PLATFORM\n")
+    (info / "entry_points.txt").write_text("[tao_data_io.backends]\ntoy = toy_backend:DECLARATION\n")
     return {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": f"{site}{os.pathsep}{ROOT}",
             "TAO_DATA_IO_RECORDS": str(tmp_path / "jobs"), "TAO_DATA_IO_WORKDIR": str(tmp_path / "work")}
 
@@ -172,7 +172,7 @@ def test_a_backend_from_another_distribution_runs_through_the_cli_and_the_record
                      str(tmp_path / "toy-cli"), "--greeting", "from the flags")
     assert submitted.returncode == 0, submitted.stderr
     record = json.loads(_cli(toy, "record", "show", "toy-cli", "--json").stdout)
-    assert (record["platform"], record["backend_ref"], record["state"]) == ("toy", "toy:toy-cli", "RUNNING")
+    assert (record["backend"], record["backend_ref"], record["state"]) == ("toy", "toy:toy-cli", "RUNNING")
     assert record["backend_config"] == {"state_root": str(tmp_path / "toy-cli"), "greeting": "from the flags"}
     assert _cli(toy, "logs", "--job-id", "toy-cli").stdout == "from the flags\n"  # rebuilt from the record
     collected = _cli(toy, "collect", "--job-id", "toy-cli", "--json")
@@ -197,11 +197,11 @@ def test_a_backend_from_another_distribution_has_its_target_block_and_runs_in_a_
     assert made == "ToyTarget tao-toy-target"
     assert result["submitted"]["backend_ref"] == "toy:toy-flow" and result["collected"]["state"] == "COMPLETE", result
     record = json.loads((tmp_path / "jobs" / "toy-flow.json").read_text())
-    assert (record["platform"], record["backend_ref"]) == ("toy", "toy:toy-flow")
+    assert (record["backend"], record["backend_ref"]) == ("toy", "toy:toy-flow")
     assert record["backend_config"]["greeting"] == "from the block"
 
 
-def test_a_platform_no_backend_has_is_refused_naming_those_there_are(toy: dict[str, str], tmp_path: Path) -> None:
+def test_a_name_no_backend_has_is_refused_naming_those_there_are(toy: dict[str, str], tmp_path: Path) -> None:
     request = tmp_path / "job.yaml"
     request.write_text(yaml.safe_dump(_request(tmp_path, "no-such")))
     unknown = _cli(toy, "submit", "--backend", "lsf", "--request", str(request))
@@ -211,7 +211,7 @@ def test_a_platform_no_backend_has_is_refused_naming_those_there_are(toy: dict[s
     _cli(toy, "submit", "--backend", "toy", "--request", str(request), "--state-root", str(tmp_path / "toy"))
     without = _cli(plain, "status", "--job-id", "no-such")  # the toy uninstalled: its record names an unknown one
     assert without.returncode == 2
-    assert "platform 'toy' is not a backend: use 'local', 'kubernetes', 'docker' or 'slurm'" in without.stderr
+    assert "backend 'toy' is not known here: use 'local', 'kubernetes', 'docker' or 'slurm'" in without.stderr
 
 
 def _toy_with(*changes: tuple[str, str]) -> str:
@@ -250,12 +250,13 @@ def test_a_setting_named_as_a_verbs_own_option_keeps_every_verb_working(tmp_path
 
 
 @pytest.mark.parametrize(("change", "why"), [
-    (('    platform: ClassVar[str] = "toy"\n', ""), "declare no platform name"),
-    (('ClassVar[str] = "toy"', 'ClassVar[str] = "a/b"'), "'a/b' is not a platform name"),
+    (('    name: ClassVar[str] = "toy"\n', ""), "declare no backend name"),
+    (('ClassVar[str] = "toy"', 'ClassVar[str] = "a/b"'), "'a/b' is not a backend name"),
     (('ClassVar[str] = "toy"', 'ClassVar[str] = "local"'), "'local', which is already a backend"),
     (('title="Toy"', 'title="Lo-cal"'), "title 'Lo-cal' is not"),
     (('title="Toy"', 'title="Local"'), "the title of 'local'"),
-    (("PLATFORM = Platform(settings=ToySettings", "PLATFORM = Platform(settings=dict"), "not a BackendSettings model"),
+    (("DECLARATION = Declaration(settings=ToySettings", "DECLARATION = Declaration(settings=dict"),
+     "not a BackendSettings model"),
 ], ids=["no-name", "slash", "taken-name", "title-chars", "taken-title", "settings-not-a-model"])
 def test_a_wrong_declaration_is_left_out_naming_why_and_every_other_backend_works(
         tmp_path: Path, change: tuple[str, str], why: str) -> None:
@@ -281,9 +282,9 @@ def test_a_title_that_names_a_block_class_of_this_project_cannot_shadow_it(tmp_p
 
 @pytest.mark.parametrize(("change", "why"), [
     (("    def waits(self, plan):", "    def _waits(self, plan):"), "lacks waits"),
-    (('backend="toy_backend:ToyBackend"', 'backend="toy_backend:NoSuchBackend"'),
+    (('implementation="toy_backend:ToyBackend"', 'implementation="toy_backend:NoSuchBackend"'),
      "toy_backend:NoSuchBackend, which cannot be loaded"),
-    (('backend="toy_backend:ToyBackend"', 'backend="no_such_module:ToyBackend"'),
+    (('implementation="toy_backend:ToyBackend"', 'implementation="no_such_module:ToyBackend"'),
      "no_such_module:ToyBackend, which cannot be loaded"),
 ], ids=["lacks-a-method", "no-such-class", "no-such-module"])
 def test_a_backend_that_does_not_keep_the_protocol_is_refused_naming_what_it_lacks(

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from blocks import KubernetesTarget
-from tao_data_io.backends import backend_for, platforms, settings_from
+from tao_data_io.backends import backend_for, declarations, settings_from
 from tao_data_io.backends.docker.backend import DockerBackend
 from tao_data_io.backends.docker.settings import DockerSettings
 from tao_data_io.errors import UsageError
@@ -41,7 +41,7 @@ KUBERNETES = {"namespace": "tao", "context": "prod", "pvc_claim": "tao-data", "c
               "cloud_identity": True, "collective_probe": False, "cancel_grace_seconds": 30}
 
 
-@pytest.mark.parametrize(("platform", "config"), [
+@pytest.mark.parametrize(("backend_name", "config"), [
     ("local", {"run_root": "/srv/tao/runs", "allow_network": True, "run_as_user": 1000, "run_as_group": 1000,
                "log_limit": "16Mi"}),
     ("kubernetes", KUBERNETES),
@@ -54,11 +54,11 @@ KUBERNETES = {"namespace": "tao", "context": "prod", "pvc_claim": "tao-data", "c
                "extra_options": {"constraint": "ib"}, "allow_network": False, "run_as_user": 1000,
                "run_as_group": 1000, "pending_timeout": 86400.0, "cancel_grace_seconds": 10}),
 ], ids=["local", "kubernetes", "docker", "slurm"])
-def test_a_backends_recorded_config_is_its_settings_and_rebuilds_an_equal_backend(platform: str,
+def test_a_backends_recorded_config_is_its_settings_and_rebuilds_an_equal_backend(backend_name: str,
                                                                                  config: dict[str, Any]) -> None:
-    backend = backend_for(platform, config)
+    backend = backend_for(backend_name, config)
     assert backend.config() == config  # every setting recorded, none dropped, none added
-    again = backend_for(platform, backend.config())
+    again = backend_for(backend_name, backend.config())
     assert type(again) is type(backend) and again.config() == backend.config()
 
 
@@ -71,14 +71,14 @@ def test_the_backends_are_built_from_their_settings_model() -> None:
     slurm = SlurmSettings(run_root="/lustre/runs", slurm_conf="/etc/slurm/slurm.conf")
     assert SlurmBackend(slurm).config() == slurm.model_dump(mode="json")
     assert ((LocalBackend.name, KubernetesBackend.name, DockerBackend.name, SlurmBackend.name)
-            == ("local", "kubernetes", "docker", "slurm") == tuple(platforms()))
+            == ("local", "kubernetes", "docker", "slurm") == tuple(declarations()))
 
 
 def test_a_run_root_given_now_wins_over_the_recorded_one(tmp_path: Path) -> None:
     """A later verb rebuilds the job's backend from its record; a run root given then
     (``--workdir``) wins over the recorded one."""
     store = RecordStore(tmp_path / "jobs")
-    store.open(job_id="old-job", platform="local", image="tao", network_arch="dino", action="train",
+    store.open(job_id="old-job", backend="local", image="tao", network_arch="dino", action="train",
                results_dir="/results")
     recorded = {"run_root": str(tmp_path / "runs"), "allow_network": True}
     record = store.update("old-job", lambda current: current.model_copy(update={"backend_config": recorded}))
@@ -89,9 +89,9 @@ def test_a_run_root_given_now_wins_over_the_recorded_one(tmp_path: Path) -> None
         tmp_path / "elsewhere")
 
 
-def test_the_fake_is_no_platform_of_the_product() -> None:
+def test_the_fake_is_no_backend_of_the_product() -> None:
     with pytest.raises(UsageError,
-                       match="platform 'fake' is not a backend: use 'local', 'kubernetes', 'docker' or 'slurm'"):
+                       match="backend 'fake' is not known here: use 'local', 'kubernetes', 'docker' or 'slurm'"):
         backend_for("fake", {"results_root": "/tmp/results"})
 
 

@@ -209,7 +209,7 @@ def test_an_empty_results_dir_is_refused_not_the_current_directory(
     home = tmp_path / "home"
     home.mkdir()
     (home / "id_rsa").write_text("-----BEGIN PRIVATE KEY-----\n")
-    opened = run_cli("record", "open", "--job-id", "empty-dir", "--platform", "local", "--image", "i",
+    opened = run_cli("record", "open", "--job-id", "empty-dir", "--backend", "local", "--image", "i",
                      "--network-arch", "a", "--action", "b", "--results-dir", "/results", env=cli_env)
     assert opened.returncode == 0, opened.stderr
     result = run_cli("upload-results", "--job-id", "empty-dir", "--results-dir", "", env=cli_env, cwd=home)
@@ -228,7 +228,7 @@ def test_a_full_filesystem_while_writing_a_record_is_exit_2_naming_the_path(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "fsync", full)
-    code = cli.main(["record", "open", "--root", str(tmp_path / "jobs"), "--job-id", "full-disk", "--platform", "local",
+    code = cli.main(["record", "open", "--root", str(tmp_path / "jobs"), "--job-id", "full-disk", "--backend", "local",
                      "--image", "i", "--network-arch", "a", "--action", "b", "--results-dir", "/results"])
     err = capsys.readouterr().err
     assert code == 2, err

@@ -109,7 +109,7 @@ def test_a_download_sync_needs_neither_botocore_nor_the_record(s3_server: Embedd
 def test_a_resync_loads_the_record_but_not_botocore(s3_server: EmbeddedS3, bucket: str, tmp_path: Path) -> None:
     jobs = RecordStore(tmp_path / "jobs")
     write_tree(tmp_path / "results", {"model.pth": b"w"})
-    jobs.open(job_id="start-light", platform="test", image="tao", network_arch="dino", action="train",
+    jobs.open(job_id="start-light", backend="test", image="tao", network_arch="dino", action="train",
               storage_tier="B", results_dir=str(tmp_path / "results"))
     env = {**s3_server.env(), "HOME": str(tmp_path), "S3_BUCKET_NAME": bucket,
            "TAO_DATA_IO_JOBS_DIR": str(tmp_path / "jobs")}
@@ -126,7 +126,7 @@ def test_a_resync_loads_the_record_but_not_botocore(s3_server: EmbeddedS3, bucke
 
 def test_a_state_report_touches_no_storage_library(tmp_path: Path) -> None:
     env = {"TAO_DATA_IO_JOBS_DIR": str(tmp_path)}
-    RecordStore(tmp_path).open(job_id="mark-light", platform="test", image="tao", network_arch="dino",
+    RecordStore(tmp_path).open(job_id="mark-light", backend="test", image="tao", network_arch="dino",
                                action="train", storage_tier="B", results_dir="/results")
     loaded = imported_by(["record", "mark", "mark-light", "--state", "RUNNING"], env)
     assert not roots(loaded) & {"boto3", "botocore", "obstore", "pandas", "pyarrow", "yaml", "huggingface_hub"}
@@ -160,7 +160,7 @@ def test_every_example_parses_as_its_help_shows_it() -> None:
     example without its --stager-image read as a complete command line and failed)."""
     import shlex
 
-    from tao_data_io.backends import platforms
+    from tao_data_io.backends import declarations
     from tao_data_io.commands.examples import catalogue
 
     parser = build_parser()
@@ -172,5 +172,5 @@ def test_every_example_parses_as_its_help_shows_it() -> None:
                 args = parser.parse_args(shlex.split(ours[1]))
             except SystemExit:
                 raise AssertionError(f"the example does not parse: {command}") from None
-            if getattr(args, "platform", None):  # a record of no backend: no later verb reaches its job
-                assert args.platform in platforms(), command
+            if getattr(args, "backend", None):  # a record of no backend: no later verb reaches its job
+                assert args.backend in declarations(), command

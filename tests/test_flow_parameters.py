@@ -22,10 +22,10 @@ from .helpers import args_request, wait_for
 
 
 def _running_record(root: Path, job_id: str) -> RecordStore:
-    """A job the record store says is RUNNING on the local platform (as a submit through another
+    """A job the record store says is RUNNING on the local backend (as a submit through another
     target, or another worker, leaves it)."""
     store = RecordStore(root)
-    store.open(platform="local", image="local", network_arch="true", action="run", results_dir="/results",
+    store.open(backend="local", image="local", network_arch="true", action="run", results_dir="/results",
                job_id=job_id, source="flow")
     store.mark(job_id, "RUNNING", source="flow", backend_ref=f"local/{job_id}")
     return store
@@ -81,7 +81,7 @@ def test_collect_with_a_target_that_cannot_find_the_job_fails(prefect_harness: N
 
 def test_resync_with_a_target_that_cannot_find_a_running_job_does_not_say_the_backend_uploads(
         prefect_harness: None, no_cloud: None, tmp_path: Path) -> None:
-    """resync-tao-outputs picks RUNNING jobs by platform; a job its target cannot find (another local
+    """resync-tao-outputs picks RUNNING jobs by backend; a job its target cannot find (another local
     target's root) is counted as not found, never as one whose backend uploads its results."""
     _running_record(tmp_path / "jobs", "other-root-job")
     outcome = resync_tao_outputs(target=local_target(tmp_path, "elsewhere"), records=records_block(tmp_path / "jobs"),

@@ -20,7 +20,7 @@ from tasks.reports import (cell, ended_line, ended_report, failure_report, job_l
 
 NOW = datetime(2025, 1, 2, tzinfo=timezone.utc)
 ROUTE = OutputRoute(route="s3", destination="s3://bkt1/results/job-1/", reason="S3_BUCKET_NAME is set")
-RECORD = JobRecord(job_id="job-1", platform="local", image="tao:6", network_arch="dino", action="train",
+RECORD = JobRecord(job_id="job-1", backend="local", image="tao:6", network_arch="dino", action="train",
                    storage_tier="B", storage_reason="the local frame stages into the workdir", results_dir="/results",
                    upload_excludes=["*.tmp"], state="RUNNING", created_at=NOW, updated_at=NOW, output_route=ROUTE)
 

@@ -1003,7 +1003,7 @@ def test_a_glob_input_is_staged_on_the_cluster_and_its_pattern_reaches_the_confi
 
 def test_render_job_of_a_record_without_a_tier_names_the_fix_not_a_validation_trace(tmp_path: Path) -> None:
     env = {"TAO_DATA_IO_JOBS_DIR": str(tmp_path / "records"), "S3_BUCKET_NAME": "tao-results", **SECRET_ENV}
-    assert run_cli("record", "open", "--job-id", "dino-tier-c", "--platform", "kubernetes", "--image", "i",
+    assert run_cli("record", "open", "--job-id", "dino-tier-c", "--backend", "kubernetes", "--image", "i",
                    "--network-arch", "dino", "--action", "train", "--results-dir", "/results", env=env).returncode == 0
     assert run_cli("stage", "--request", str(EXAMPLES / "tier-c.yaml"), "--workdir", str(tmp_path / "p"),
                    "--plan-only", env=env).returncode == 0
@@ -1016,7 +1016,7 @@ def test_render_job_of_a_record_without_a_tier_names_the_fix_not_a_validation_tr
 
 def test_render_job_cli_prints_valid_yaml_and_translates_parameters_to_flags(tmp_path: Path) -> None:
     env = {"TAO_DATA_IO_JOBS_DIR": str(tmp_path / "records"), "S3_BUCKET_NAME": "tao-results", **SECRET_ENV}
-    opened = run_cli("record", "open", "--job-id", "dino-tier-c", "--platform", "kubernetes", "--image", "i",
+    opened = run_cli("record", "open", "--job-id", "dino-tier-c", "--backend", "kubernetes", "--image", "i",
                      "--network-arch", "dino", "--action", "train", "--results-dir", "/results", "--storage-tier", "C",
                      env=env)
     assert opened.returncode == 0, opened.stderr
@@ -1046,7 +1046,7 @@ def test_the_command_line_takes_several_image_pull_secrets() -> None:
 
     args = build_parser().parse_args(["render-job", "--request", "r.yaml", "--staging-map", "m.json", "--job-id", "j",
                                       "--image-pull-secrets", "ngc-pull", "--image-pull-secrets", "stager-pull"])
-    assert target_settings(args, platform="kubernetes")["image_pull_secrets"] == ["ngc-pull", "stager-pull"]
+    assert target_settings(args, backend="kubernetes")["image_pull_secrets"] == ["ngc-pull", "stager-pull"]
 
 
 @pytest.mark.parametrize("number", [0, 1, 2])
@@ -1066,7 +1066,7 @@ def test_every_render_job_example_renders_as_its_help_shows_it(tmp_path: Path, n
     planned = run_cli("stage", "--request", given["--request"], "--workdir", str(Path(given["--staging-map"]).parent),
                       "--plan-only", env=env, cwd=tmp_path)
     assert planned.returncode == 0, planned.stderr
-    opened = run_cli("record", "open", "--job-id", given["--job-id"], "--platform", "kubernetes", "--image",
+    opened = run_cli("record", "open", "--job-id", given["--job-id"], "--backend", "kubernetes", "--image",
                      request.image, "--network-arch", "dino", "--action", "train", "--results-dir", "/results",
                      "--storage-tier", request.storage.tier or "B", env=env, cwd=tmp_path)
     assert opened.returncode == 0, opened.stderr

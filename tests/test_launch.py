@@ -60,7 +60,7 @@ def _map(tmp_path: Path, *sources: StagedSource) -> StagingMap:
 
 def _record() -> JobRecord:
     now = datetime.now(timezone.utc)
-    return JobRecord(job_id="job-1", platform="local", image="img", network_arch="dino", action="train",
+    return JobRecord(job_id="job-1", backend="local", image="img", network_arch="dino", action="train",
                      storage_tier="B", results_dir="/results", state="PENDING", created_at=now, updated_at=now)
 
 

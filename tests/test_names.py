@@ -131,7 +131,7 @@ def test_minted_job_ids_begin_with_a_letter(tmp_path: Path) -> None:
     label, whatever the clock or the random part; none comes from a UUID or a flow run id."""
     minted = [mint_job_id() for _ in range(200)]
     minted += [mint_job_id(datetime(year, 1, 1, tzinfo=timezone.utc)) for year in (1, 2000, 9999)]
-    minted.append(RecordStore(tmp_path / "records").open(platform="local", image="i", network_arch="dino",
+    minted.append(RecordStore(tmp_path / "records").open(backend="local", image="i", network_arch="dino",
                                                          action="train", results_dir="/results").job_id)
     assert all(JOB_ID.fullmatch(job_id) and DNS_1035.fullmatch(job_id) for job_id in minted), minted
     assert len(set(minted[:200])) == 200

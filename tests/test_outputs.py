@@ -30,7 +30,7 @@ from tao_data_io.transfer.client import make_s3_client
 from .helpers import run_cli, write_tree
 
 JOB_ID = "job-1"
-JOB = dict(platform="kubernetes", image="nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt", network_arch="dino",
+JOB = dict(backend="kubernetes", image="nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt", network_arch="dino",
            action="train", storage_tier="B", results_dir="/results/dino")
 RESULTS = {"model.pth": b"weights" * 100, "logs/train.log": b"epoch 1\n", "status.json": b'{"ok": 1}'}
 

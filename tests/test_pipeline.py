@@ -108,7 +108,7 @@ def test_a_submit_whose_job_was_taken_over_by_a_changed_request_starts_nothing(e
     class Overtaken(FakeBackend):
         def preflight(self, plan: Any, *, documents: Any = None) -> None:
             if documents is not None and documents.request == first:
-                open_for(fixed, platform=self.name, store=store)  # the other submit, mid-way through this one
+                open_for(fixed, backend=self.name, store=store)  # the other submit, mid-way through this one
 
     backend = Overtaken(tmp_path / "results", polls_until_done=1000)
     with pytest.raises(UsageError, match="another submit opened it for a changed request"):
@@ -162,7 +162,7 @@ def test_a_job_canceled_before_it_launched_is_not_launched_by_a_later_submit(env
     store = RecordStore(tmp_path / "jobs")
     backend = FakeBackend(tmp_path / "results", polls_until_done=1000)
     request = _request(bucket, "job-canceled-early")
-    open_for(request, platform=backend.name, store=store)  # a submit that was canceled mid-staging
+    open_for(request, backend=backend.name, store=store)  # a submit that was canceled mid-staging
     assert cancel("job-canceled-early", backend, store).record.state == "CANCELED"
     with pytest.raises(UsageError, match="job-canceled-early was CANCELED before it launched"):
         submit(request, backend, store, staging_root=tmp_path / "work", environ=env)

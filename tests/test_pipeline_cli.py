@@ -175,7 +175,7 @@ def test_cancel_of_a_completed_job_does_not_say_canceled(tmp_path: Path) -> None
     record stays COMPLETE."""
     env = {"TAO_DATA_IO_RECORDS": str(tmp_path / "jobs"), "TAO_DATA_IO_WORKDIR": str(tmp_path / "work"),
            "HOME": str(tmp_path)}
-    assert run_cli("record", "open", "--job-id", "done-1", "--platform", "local", "--image", "i", "--network-arch",
+    assert run_cli("record", "open", "--job-id", "done-1", "--backend", "local", "--image", "i", "--network-arch",
                    "a", "--action", "b", "--results-dir", "/results", env=env).returncode == 0
     assert run_cli("record", "mark", "done-1", "--state", "RUNNING", "--backend-ref", "local/done-1",
                    env=env).returncode == 0

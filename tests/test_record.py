@@ -1,6 +1,6 @@
 """The durable job record: the CLI verbs as a user runs them, the state machine, and the store's
 promises under SIGKILL and concurrent writers (no lost update, no corrupt document, no secret) —
-each over both backends: a directory and an S3 prefix on the embedded server (real HTTP)."""
+each over both storages: a directory and an S3 prefix on the embedded server (real HTTP)."""
 
 from __future__ import annotations
 
@@ -26,17 +26,17 @@ from tao_data_io.errors import CredentialError, UsageError
 from tao_data_io.fs.temp import lock_owner, temp_path_for
 from tao_data_io.records import (DamagedRecordError, JobRecord, RecordConflictError, RecordStore, Retry,
                                network_and_action, open_for)
-from tao_data_io.records.directory import DirectoryBackend
+from tao_data_io.records.directory import DirectoryStorage
 from tao_data_io.records.model import validated
-from tao_data_io.records.backend import RECORD_LIMIT_BYTES
-from tao_data_io.records.s3 import RECORDS, S3Backend
+from tao_data_io.records.storage import RECORD_LIMIT_BYTES
+from tao_data_io.records.s3 import RECORDS, S3Storage
 from tao_data_io.request import JobRequest
 
 from .helpers import run_cli
 
-JOB = dict(platform="k8s", image="nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt", network_arch="dino",
+JOB = dict(backend="k8s", image="nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt", network_arch="dino",
            action="train", results_dir="/results/dino")
-OPEN_ARGS = ["--platform", "kubernetes", "--image", "nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt",
+OPEN_ARGS = ["--backend", "kubernetes", "--image", "nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt",
              "--network-arch", "dino", "--action", "train", "--results-dir", "/results/dino"]
 
 
@@ -68,20 +68,20 @@ def append_upload(entry: dict[str, Any]) -> Callable[[JobRecord], JobRecord]:
 
 
 def stored_bytes(store: RecordStore, job_id: str) -> bytes:
-    document = store.backend.read(job_id)
+    document = store.storage.read(job_id)
     assert document is not None
     return document.data
 
 
 def put_raw(store: RecordStore, name: str, data: bytes) -> None:
     """Write a document beside the records behind the store's back (a hand edit, a bad copy)."""
-    backend = store.backend
-    if isinstance(backend, S3Backend):
-        backend.client.put_object(Bucket=backend.bucket, Key=f"{backend.url.key}{RECORDS}{name}", Body=data)
+    storage = store.storage
+    if isinstance(storage, S3Storage):
+        storage.client.put_object(Bucket=storage.bucket, Key=f"{storage.url.key}{RECORDS}{name}", Body=data)
     else:
-        assert isinstance(backend, DirectoryBackend)
-        backend.root.mkdir(parents=True, exist_ok=True)
-        (backend.root / name).write_bytes(data)
+        assert isinstance(storage, DirectoryStorage)
+        storage.root.mkdir(parents=True, exist_ok=True)
+        (storage.root / name).write_bytes(data)
 
 
 # --------------------------------------------------------------------------- the CLI
@@ -135,7 +135,7 @@ def test_directory_records_are_private_files_readable_by_hand(tmp_path: Path) ->
         (["open", *OPEN_ARGS, "--job-id", "a" * 53], "1-52 lowercase"),
         (["open", *OPEN_ARGS, "--storage-reason", "big"], "--storage-reason 'big' comes without a storage_tier"),
         (["open", *OPEN_ARGS, "--job-id", "tao-1", "--image", "other:1"], "--job-id 'tao-1' already names a different"),
-        (["open", *OPEN_ARGS[2:], "--platform", "k8s"], "--platform 'k8s' is not a backend: use 'local', "
+        (["open", *OPEN_ARGS[2:], "--backend", "k8s"], "--backend 'k8s' is not known here: use 'local', "
                                                          "'kubernetes', 'docker' or 'slurm'"),
         (["mark", "tao-1", "--state", "DONE"], "invalid choice: 'DONE'"),
         (["mark", "tao-1", "--state", "RUNNING", "--backend-ref", "job\nid"], "--backend-ref 'job\\nid' must be 1-512 "
@@ -351,7 +351,7 @@ def test_list_skips_and_reports_damaged_records_and_ignores_what_is_not_a_record
     assert "tao-broken.json" in result.stderr and "Not_A_Job" not in result.stderr and ".tmp" not in result.stderr
     damaged: list[tuple[str, str]] = []
     assert [r.job_id for r in store.list_records(on_damaged=lambda where, why: damaged.append((where, why)))] == [good]
-    assert [where for where, _ in damaged] == [store.backend.where("tao-broken")]
+    assert [where for where, _ in damaged] == [store.storage.where("tao-broken")]
     with pytest.raises(DamagedRecordError, match="tao-broken.json is not a valid job record"):
         store.mark("tao-broken", "RUNNING", source="agent")  # reported, never overwritten
 
@@ -379,7 +379,7 @@ _WRITER = textwrap.dedent("""
     store = RecordStore(Path(sys.argv[1]))
     ids = [f"kill-{n}" for n in range(3)]
     for job_id in ids:
-        store.open(platform="k8s", image="i", network_arch="a", action="train", results_dir="/r", job_id=job_id)
+        store.open(backend="k8s", image="i", network_arch="a", action="train", results_dir="/r", job_id=job_id)
     print("ready", flush=True)
     n = 0
     while True:
@@ -461,22 +461,22 @@ def s3_store(prefix: str, **kwargs: Any) -> RecordStore:
 
 def test_seaweedfs_honours_the_conditional_writes_the_s3_backend_relies_on(s3_env: dict[str, str],
                                                                           s3_prefix: str) -> None:
-    backend = s3_store(s3_prefix).backend
-    assert backend.create("tao-cond", b"{}") is True
-    assert backend.create("tao-cond", b"{}") is False  # If-None-Match: * on an existing object → 412
-    first = backend.read("tao-cond")
+    storage = s3_store(s3_prefix).storage
+    assert storage.create("tao-cond", b"{}") is True
+    assert storage.create("tao-cond", b"{}") is False  # If-None-Match: * on an existing object → 412
+    first = storage.read("tao-cond")
     assert first is not None and first.version
-    assert backend.replace("tao-cond", b'{"v": 2}', first.version) is True
-    assert backend.replace("tao-cond", b'{"v": 3}', first.version) is False  # If-Match on a stale ETag → 412
-    assert backend.replace("tao-gone", b"{}", first.version) is False
-    current = backend.read("tao-cond")
+    assert storage.replace("tao-cond", b'{"v": 2}', first.version) is True
+    assert storage.replace("tao-cond", b'{"v": 3}', first.version) is False  # If-Match on a stale ETag → 412
+    assert storage.replace("tao-gone", b"{}", first.version) is False
+    current = storage.read("tao-cond")
     assert current is not None and current.data == b'{"v": 2}'
 
 
 def put_statuses(store: RecordStore) -> list[int]:
     """The HTTP status of every PUT this store's client makes from now on (botocore's event hook)."""
     statuses: list[int] = []
-    store.backend.client.meta.events.register(
+    store.storage.client.meta.events.register(
         "after-call.s3.PutObject", lambda http_response, **_: statuses.append(http_response.status_code))
     return statuses
 
@@ -526,16 +526,16 @@ def test_a_write_whose_answer_was_lost_is_not_applied_twice(s3_env: dict[str, st
             return 0
         return None
 
-    store.backend.client.meta.events.register("needs-retry.s3.PutObject", lose_first_answer)
+    store.storage.client.meta.events.register("needs-retry.s3.PutObject", lose_first_answer)
     updated = store.update("tao-lost", append_upload({"n": 1}))
     assert resent and updated.uploads == [{"n": 1}] and store.get("tao-lost") == updated
 
 
 def markers(store: RecordStore) -> dict[str, list[str]]:
     """state → job ids filed under it in the S3 index."""
-    backend = store.backend
-    assert isinstance(backend, S3Backend)
-    listed = backend.client.list_objects_v2(Bucket=backend.bucket, Prefix=f"{backend.url.key}by-state/")
+    storage = store.storage
+    assert isinstance(storage, S3Storage)
+    listed = storage.client.list_objects_v2(Bucket=storage.bucket, Prefix=f"{storage.url.key}by-state/")
     found: dict[str, list[str]] = {}
     for item in listed.get("Contents", []):
         state, job_id = item["Key"].split("/")[-2:]
@@ -553,7 +553,7 @@ def test_listing_by_state_reads_only_the_records_filed_under_it(s3_env: dict[str
     assert markers(store) == {"COMPLETE": ids[2:5], "PENDING": ids[5:], "RUNNING": ids[:2]}
 
     gets: list[str] = []
-    store.backend.client.meta.events.register(
+    store.storage.client.meta.events.register(
         "before-send.s3", lambda request, **_: gets.append(request.url) if request.method == "GET" else None)
     assert [record.job_id for record in store.list_records(state="RUNNING")] == ids[:2]
     assert len(gets) == 3 and "list-type=2" in gets[0]  # one listing of the RUNNING markers…
@@ -564,20 +564,20 @@ def test_listing_by_state_reads_only_the_records_filed_under_it(s3_env: dict[str
 
 def test_the_state_index_heals_after_a_crash(s3_env: dict[str, str], s3_prefix: str) -> None:
     store = s3_store(s3_prefix)
-    backend = store.backend
-    assert isinstance(backend, S3Backend)
+    storage = store.storage
+    assert isinstance(storage, S3Storage)
     for job_id in ("tao-a", "tao-b", "tao-c"):
         store.open(**JOB, job_id=job_id)
     store.mark("tao-b", "COMPLETE", source="agent")
     store.mark("tao-c", "RUNNING", source="agent")
 
     def put_marker(state: str, job_id: str) -> None:
-        backend.client.put_object(Bucket=backend.bucket, Key=f"{backend.url.key}by-state/{state}/{job_id}", Body=b"")
+        storage.client.put_object(Bucket=storage.bucket, Key=f"{storage.url.key}by-state/{state}/{job_id}", Body=b"")
 
     # Writers killed between a record and its marker: b's RUNNING marker left behind, c's gone,
     # c's PENDING marker back; and a marker whose record was removed by hand.
     put_marker("RUNNING", "tao-b")
-    backend.client.delete_object(Bucket=backend.bucket, Key=f"{backend.url.key}by-state/RUNNING/tao-c")
+    storage.client.delete_object(Bucket=storage.bucket, Key=f"{storage.url.key}by-state/RUNNING/tao-c")
     put_marker("PENDING", "tao-c")
     put_marker("RUNNING", "tao-gone")
 
@@ -590,7 +590,7 @@ def test_the_state_index_heals_after_a_crash(s3_env: dict[str, str], s3_prefix: 
     assert markers(store) == {"COMPLETE": ["tao-b"], "PENDING": ["tao-a"], "RUNNING": ["tao-c"]}
     assert [record.job_id for record in store.list_records(state="RUNNING")] == ["tao-c"]
 
-    backend.client.delete_object(Bucket=backend.bucket, Key=f"{backend.url.key}by-state/PENDING/tao-a")
+    storage.client.delete_object(Bucket=storage.bucket, Key=f"{storage.url.key}by-state/PENDING/tao-a")
     store.update("tao-a", append_upload({"n": 1}))  # and a job's next write re-files it
     assert markers(store)["PENDING"] == ["tao-a"]
 
@@ -613,7 +613,7 @@ def test_the_location_comes_from_the_argument_then_the_variables(tmp_path: Path,
                                          f"TAO_DATA_IO_JOBS_DIR '{tmp_path / 'legacy'}' name different places"):
         RecordStore()
     monkeypatch.delenv("TAO_DATA_IO_JOBS_DIR")
-    assert RecordStore().location == s3_prefix and isinstance(RecordStore().backend, S3Backend)
+    assert RecordStore().location == s3_prefix and isinstance(RecordStore().storage, S3Storage)
 
     assert RecordStore(tmp_path / "arg").location == str(tmp_path / "arg")  # the argument wins
     assert RecordStore(str(tmp_path / "arg")).location == str(tmp_path / "arg")
@@ -657,25 +657,25 @@ def test_open_for_a_request_is_idempotent_on_its_job_id(tmp_path: Path) -> None:
                 "spec": {"train": {"num_epochs": 3}},
                 "outputs": {"results_dir": "/results/dino", "upload_excludes": ["*.tmp", "checkpoints/*.ckpt"]}}
     request = JobRequest.model_validate(document)
-    record = open_for(request, platform="k8s", source="flow", store=store)
+    record = open_for(request, backend="k8s", source="flow", store=store)
     assert (record.job_id, record.image, record.network_arch, record.action, record.results_dir) == (
         "tao-req", request.image, "dino", "train", "/results/dino")
     assert record.upload_excludes == ["*.tmp", "checkpoints/*.ckpt"] and record.storage_tier is None
-    assert record.platform == "k8s" and record.history[0].source == "flow"
-    assert open_for(request, platform="k8s", store=store) == record  # a retried submit: the same job
+    assert record.backend == "k8s" and record.history[0].source == "flow"
+    assert open_for(request, backend="k8s", store=store) == record  # a retried submit: the same job
     # Nothing launched yet (a submit that failed staging): the changed request takes the job over,
     # keeping the history, dropping what was decided for the old one.
     store.set_tier("tao-req", "B", "staged for the first request")
-    changed = open_for(request.model_copy(update={"image": "other:1"}), platform="k8s", store=store)
+    changed = open_for(request.model_copy(update={"image": "other:1"}), backend="k8s", store=store)
     assert changed.image == "other:1" and changed.request_digest != record.request_digest
     assert changed.storage_tier is None and changed.state == "PENDING" and len(changed.history) == 2
     assert "changed request" in str(changed.history[-1].message)
     # Once a launch began, another request is another job.
     store.update("tao-req", lambda current: current.model_copy(update={"backend_config": {"namespace": "tao"}}))
     with pytest.raises(UsageError, match="job_id 'tao-req' already names a different job .* was launched"):
-        open_for(request, platform="k8s", store=store)
+        open_for(request, backend="k8s", store=store)
 
-    minted = open_for(JobRequest.model_validate({**document, "job_id": None}), platform="k8s", store=store)
+    minted = open_for(JobRequest.model_validate({**document, "job_id": None}), backend="k8s", store=store)
     assert re.fullmatch(r"tao-\d{8}-[0-9a-f]{10}", minted.job_id)
     assert sorted(r.job_id for r in store.list_records()) == sorted(["tao-req", minted.job_id])
 
@@ -698,6 +698,21 @@ def test_a_record_from_a_newer_version_reads_and_keeps_its_new_fields(
     monkeypatch.setenv("TAO_TEST_RECORD_SECRET_KEY", secret)
     with pytest.raises(UsageError, match="holds the value of a credential"):
         validated({**kept, "added_later": secret})
+
+
+def test_a_record_that_calls_its_backend_platform_still_reads(place: Place) -> None:
+    """Records written before the word was settled call the backend ``platform``: such a record
+    reads, is still the same job to a retried open, and is written back with the one word."""
+    store = place.store()
+    job_id = store.open(**JOB).job_id
+    document = store.get(job_id).model_dump(mode="json")
+    document["platform"] = document.pop("backend")
+    put_raw(store, f"{job_id}.json", json.dumps(document).encode())
+    assert store.get(job_id).backend == JOB["backend"]
+    assert store.open(**JOB, job_id=job_id).job_id == job_id  # the same job: nothing refused, nothing new
+    store.mark(job_id, "RUNNING", source="agent")
+    written = json.loads(stored_bytes(store, job_id))
+    assert written["backend"] == JOB["backend"] and "platform" not in written
 
 
 def test_a_pods_copy_of_a_record_keeps_what_its_uploads_are_held_to(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from tao_data_io.routing import decide_route, record_route
 from .helpers import run_cli, write_tree
 
 JOB_ID = "train-1"
-JOB = dict(platform="local", image="nvcr.io/nvidia/tao/tao-toolkit:6.0.0", network_arch="dino", action="train",
+JOB = dict(backend="local", image="nvcr.io/nvidia/tao/tao-toolkit:6.0.0", network_arch="dino", action="train",
            results_dir="/results")
 A_RESULTS = {"model.pth": b"A's weights", "private.txt": b"A's private notes"}
 

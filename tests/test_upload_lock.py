@@ -20,7 +20,7 @@ import pytest
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.errors import UsageError
 from tao_data_io.records import RecordStore
-from tao_data_io.records.s3 import S3Backend
+from tao_data_io.records.s3 import S3Storage
 from tao_data_io.credentials import s3_credentials_from_env
 from tao_data_io.transfer.activity import Activity
 from tao_data_io.transfer.engine import TransferEngine
@@ -31,7 +31,7 @@ from tao_data_io.uris import S3Url
 
 from .helpers import run_cli, write_tree
 
-JOB = dict(platform="k8s", image="nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt", network_arch="dino",
+JOB = dict(backend="k8s", image="nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt", network_arch="dino",
            action="train", results_dir="/results/dino")
 #: Long enough for a renewal every second on a loaded 2-core machine; short enough to wait out.
 SHORT_LEASE = 3.0
@@ -83,11 +83,11 @@ def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 def lease(store: RecordStore, job_id: str) -> dict[str, Any] | None:
     """The lease object as the server has it: its body, Last-Modified and the server's clock."""
-    backend = store.backend
-    assert isinstance(backend, S3Backend)
+    storage = store.storage
+    assert isinstance(storage, S3Storage)
     try:
-        answer = backend.client.get_object(Bucket=backend.bucket, Key=f"{backend.url.key}locks/{job_id}.upload")
-    except backend.client.exceptions.NoSuchKey:
+        answer = storage.client.get_object(Bucket=storage.bucket, Key=f"{storage.url.key}locks/{job_id}.upload")
+    except storage.client.exceptions.NoSuchKey:
         return None
     return {"body": json.loads(answer["Body"].read()), "written": s3_time_ns(answer["LastModified"]),
             "now": s3_time_ns(answer["ResponseMetadata"]["HTTPHeaders"]["date"])}
@@ -104,7 +104,7 @@ def test_one_holder_at_a_time_across_processes(root: str, tmp_path: Path) -> Non
     told: list[str] = []
     with store.upload_lock("tao-up", wait=False, on_wait=told.append) as held:
         assert held is True and told == []
-    if isinstance(store.backend, S3Backend):
+    if isinstance(store.storage, S3Storage):
         assert lease(store, "tao-up") is None  # released by deleting it
 
 

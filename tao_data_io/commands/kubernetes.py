@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def register(verbs: Any) -> None:
-    from ..backends import platform_of
+    from ..backends import declaration_of
 
     render = add_verb(verbs, "render-job", help="print every manifest the job needs as multi-document YAML "
                                                 "(stage Job, Secret reference, ConfigMap, Service, Job)")
@@ -26,7 +26,7 @@ def register(verbs: Any) -> None:
                         help="the staging map (`stage`, or `stage --plan-only` for tiers B and C)")
     render.add_argument("--job-id", required=True, metavar="ID", help="the job's record (open it first)")
     add_root_option(render)
-    add_settings_flags(render, [platform_of("kubernetes")], heading="the {name} backend's settings")
+    add_settings_flags(render, [declaration_of("kubernetes")], heading="the {name} backend's settings")
     render.set_defaults(run=_render)
 
 
@@ -52,7 +52,7 @@ def _render(args: argparse.Namespace, console: Console) -> int:
                          "C`), or let `tao-data-io submit` decide it")
     decision = TierDecision(tier=record.storage_tier, reason=record.storage_reason or "recorded at open")
     plan = build_plan(request, staging_map, decision, record, resolve_route(record, os.environ))
-    given = target_settings(args, platform="kubernetes")
+    given = target_settings(args, backend="kubernetes")
     settings = KubernetesSettings.from_mapping({
         **given, "namespace": given.get("namespace") or os.environ.get("TAO_K8S_NAMESPACE") or "default",
         "pvc_claim": given.get("pvc_claim") or request.storage.pvc_claim})

@@ -97,7 +97,7 @@ def _job(args: argparse.Namespace, console: Console) -> tuple[RecordStore, Backe
     record = store.get(args.job_id)
     console.redact = Redactor(secret_names=record.forward_env)
     workdir = staging_root(args.workdir) if args.workdir is not None or not record.backend_config else None
-    overrides = settings_model(record.platform).from_workdir(workdir) if workdir is not None else {}
+    overrides = settings_model(record.backend).from_workdir(workdir) if workdir is not None else {}
     return store, backend_of(record, overrides), record.job_id
 
 

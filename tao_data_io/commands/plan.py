@@ -17,14 +17,14 @@ if TYPE_CHECKING:
 
 
 def register(verbs: Any) -> None:
-    from ..backends import platforms
+    from ..backends import declarations
 
     plan = add_verb(verbs, "plan", help="print the storage tier decision and what the job would run and mount")
     plan.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON)")
     plan.add_argument("--facts", type=Path, metavar="F.json",
                       help="what the backend offers (ClusterFacts as JSON: volumes, air_gapped, capabilities…); "
                            "default: what the backend can do at most, no claim")
-    plan.add_argument("--backend", choices=tuple(platforms()), default=DEFAULT_BACKEND,
+    plan.add_argument("--backend", choices=tuple(declarations()), default=DEFAULT_BACKEND,
                       help=f"the backend whose facts decide (default: {DEFAULT_BACKEND})")
     plan.add_argument("--json", action="store_true", help="print the decision and the plan as JSON")
     plan.set_defaults(run=_plan)
@@ -60,20 +60,20 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _facts(platform: str, path: Path | None) -> ClusterFacts:
-    """What ``platform`` offers: the most it can do (its declaration), and what a facts file says
+def _facts(backend: str, path: Path | None) -> ClusterFacts:
+    """What ``backend`` offers: the most it can do (its declaration), and what a facts file says
     of the cluster at hand over that — less, field by field, never more: a facts file that says
     the local frame runs two nodes would plan a job no submit runs."""
     from pydantic import ValidationError
 
-    from ..backends import platform_of
+    from ..backends import declaration_of
     from ..documents import load_document, read_document
     from ..schema import describe_validation_error
     from ..tier import ClusterFacts
 
-    declared = platform_of(platform).capabilities
+    declared = declaration_of(backend).capabilities
     if path is None:
-        return ClusterFacts(backend=platform, capabilities=declared)
+        return ClusterFacts(backend=backend, capabilities=declared)
     what = f"facts {str(path)!r}"
     given = load_document(read_document(path, what=what), "json", what=what)
     if not isinstance(given, dict) or not isinstance(given.get("capabilities", {}), dict):
@@ -81,16 +81,16 @@ def _facts(platform: str, path: Path | None) -> ClusterFacts:
     if "supports_in_frame_fetch" in given:
         raise UsageError(f"{what}: supports_in_frame_fetch is now capabilities.fetches_in_frame: write "
                          '{"capabilities": {"fetches_in_frame": ' + json.dumps(given["supports_in_frame_fetch"]) + "}}")
-    if given.get("backend", platform) != platform:
-        raise UsageError(f"{what} are those of the {given['backend']} backend, and --backend is {platform!r}: give "
+    if given.get("backend", backend) != backend:
+        raise UsageError(f"{what} are those of the {given['backend']} backend, and --backend is {backend!r}: give "
                          "the backend the facts are of, or drop their backend field")
     for field, value in given.get("capabilities", {}).items():
         if value is True and getattr(declared, field, True) is False:
-            raise UsageError(f"{what}: capabilities.{field} is true in facts, and the {platform} backend does not "
+            raise UsageError(f"{what}: capabilities.{field} is true in facts, and the {backend} backend does not "
                              f"declare it (facts say what the cluster at hand offers of what the backend can do, "
                              f"never more): drop capabilities.{field}")
     try:
-        return ClusterFacts.model_validate({**given, "backend": platform,
+        return ClusterFacts.model_validate({**given, "backend": backend,
                                             "capabilities": {**declared.model_dump(), **given.get("capabilities", {})}})
     except ValidationError as exc:
         raise UsageError(describe_validation_error(exc, f"{what} are not ClusterFacts")) from None

@@ -27,7 +27,7 @@ def register(verbs: Any) -> None:
     actions = record.add_subparsers(dest="record_verb", metavar="open|mark|show|list", required=True)
 
     open_ = add_verb(actions, "open", help="create a PENDING record; prints only the job id")
-    for option in ("--platform", "--image", "--network-arch", "--action", "--results-dir"):
+    for option in ("--backend", "--image", "--network-arch", "--action", "--results-dir"):
         open_.add_argument(option, required=True)
     open_.add_argument("--storage-tier", choices=STORAGE_TIERS,
                        help="the storage tier, when already decided (usually the storage step sets it later)")
@@ -96,11 +96,11 @@ def _store(args: argparse.Namespace) -> RecordStore:
 
 
 def _open(args: argparse.Namespace, console: Console) -> int:
-    from ..backends import platform_of
+    from ..backends import declaration_of
 
-    platform_of(args.platform)  # a record of no backend could be opened, but no later verb would reach its job
+    declaration_of(args.backend)  # a record of no backend could be opened, but no later verb would reach its job
     record = _store(args).open(
-        platform=args.platform, image=args.image, network_arch=args.network_arch, action=args.action,
+        backend=args.backend, image=args.image, network_arch=args.network_arch, action=args.action,
         storage_tier=args.storage_tier, storage_reason=args.storage_reason, results_dir=args.results_dir,
         job_id=args.job_id, source=args.source, upload_excludes=args.upload_exclude)
     console.out(record.job_id)
@@ -124,7 +124,7 @@ def _import(args: argparse.Namespace, console: Console) -> int:
     except ValidationError as exc:
         raise UsageError(describe_validation_error(exc, f"path {str(args.path)!r} is not a job record")) from None
     store = _store(args)
-    store.open(platform=given.platform, image=given.image, network_arch=given.network_arch, action=given.action,
+    store.open(backend=given.backend, image=given.image, network_arch=given.network_arch, action=given.action,
                storage_tier=given.storage_tier, storage_reason=given.storage_reason, results_dir=given.results_dir,
                job_id=given.job_id, source=args.source, upload_excludes=given.upload_excludes,
                forward_env=given.forward_env, request_digest=given.request_digest, results_limit=given.results_limit)
@@ -149,7 +149,7 @@ def _show(args: argparse.Namespace, console: Console) -> int:
     lines = [
         ("job", record.job_id),
         ("state", record.state + (f" — {record.message}" if record.message else "")),
-        ("platform", record.platform),
+        ("backend", record.backend),
         ("image", record.image),
         ("network", f"{record.network_arch} {record.action}"),
         ("storage", _tier(record)),

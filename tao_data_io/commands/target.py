@@ -23,7 +23,7 @@ from ..errors import UsageError
 from ..reporting import said_list
 
 if TYPE_CHECKING:
-    from ..launch.platform import Platform
+    from ..launch.declaration import Declaration
 
 #: The backend a command line that names none runs on: the embedded default.
 DEFAULT_BACKEND = "local"
@@ -31,25 +31,25 @@ DEFAULT_BACKEND = "local"
 
 def add_target_options(sub: argparse.ArgumentParser, *, default: str | None = DEFAULT_BACKEND) -> None:
     """``--backend``, ``--target`` and a flag per setting of every backend, on ``sub``."""
-    from ..backends import platforms
+    from ..backends import declarations
 
-    known = platforms()
+    known = declarations()
     sub.add_argument("--backend", choices=tuple(known), default=default,
                      help=f"where the job runs (default: {default})" if default else "where the job runs")
     add_settings_flags(sub, known.values(), heading="{name} settings (with --backend {name})")
 
 
-def add_settings_flags(sub: argparse.ArgumentParser, platforms: Iterable[Platform], *,
+def add_settings_flags(sub: argparse.ArgumentParser, declarations: Iterable[Declaration], *,
                        heading: str = "{name} settings") -> None:
-    """``--target`` and a flag per setting of each of ``platforms`` (one group each), on ``sub``."""
+    """``--target`` and a flag per setting of each of ``declarations`` (one group each), on ``sub``."""
     sub.add_argument("--target", type=Path, metavar="FILE",
                      help="the backend's settings as YAML or JSON (what a target block's settings hold); a flag "
                           "below wins over the file")
     seen: set[str] = set()
-    for platform in platforms:
-        group = sub.add_argument_group(heading.format(name=platform.name) + "; the target block's fields")
+    for one in declarations:
+        group = sub.add_argument_group(heading.format(name=one.name) + "; the target block's fields")
         owned = []
-        for field, info in platform.settings.model_fields.items():
+        for field, info in one.settings.model_fields.items():
             if field not in seen:  # one flag for a setting two backends share
                 seen.add(field)
                 if not _add_flag(group, field, info.annotation, info.description or ""):
@@ -119,17 +119,17 @@ def _pair(text: str) -> tuple[str, str]:
     return key, value
 
 
-def target_settings(args: argparse.Namespace, *, platform: str | None = None,
+def target_settings(args: argparse.Namespace, *, backend: str | None = None,
                     workdir: Path | None = None) -> dict[str, Any]:
-    """The settings the command line gives backend ``platform`` (default ``--backend``): those of
+    """The settings the command line gives ``backend`` (default ``--backend``): those of
     ``--target``, then its flags over them, then what ``--workdir`` implies for it. A flag of a
     setting this backend does not have is refused, naming the settings it has."""
-    from ..backends import platform_of, platforms
+    from ..backends import declaration_of, declarations
 
-    name = platform or args.backend
-    model = platform_of(name).settings
+    name = backend or args.backend
+    model = declaration_of(name).settings
     values: dict[str, Any] = dict(_target_file(args.target)) if getattr(args, "target", None) else {}
-    for field in {field for other in platforms().values() for field in other.settings.model_fields}:
+    for field in {field for other in declarations().values() for field in other.settings.model_fields}:
         given = getattr(args, SETTING + field, None)
         if given is None:
             continue

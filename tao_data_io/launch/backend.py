@@ -39,8 +39,8 @@ class BackendSettings(Strict):
     the CLI (which fills it from flags) all use. Names and paths only, never a credential value:
     the record and the block are shown wherever they are read."""
 
-    #: The platform name a job record keeps (``JobRecord.platform``) and the registry looks up.
-    platform: ClassVar[str]
+    #: The backend's name: what a job record keeps (``JobRecord.backend``) and the registry looks up.
+    name: ClassVar[str]
 
     @classmethod
     def from_workdir(cls, workdir: Path) -> dict[str, Any]:
@@ -58,7 +58,7 @@ class BackendSettings(Strict):
         try:
             return cls.model_validate(dict(values))
         except ValidationError as exc:
-            what = f"the {cls.platform} backend's settings"
+            what = f"the {cls.name} backend's settings"
             raise UsageError(describe_validation_error(exc, what, whole=None)) from None
 
 

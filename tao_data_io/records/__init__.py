@@ -2,16 +2,16 @@
 
 * :mod:`.model` — the record document and its rules (schema, states, no credential values);
 * :mod:`.store` — :class:`~.store.RecordStore`: open, mark, set_tier, update, get, list and the
-  upload lock, the state machine written once over a storage backend;
-* :mod:`.backend` — the storage interface; :mod:`.directory` (files under ``flock``, the
+  upload lock, the state machine written once over a storage;
+* :mod:`.storage` — the storage interface; :mod:`.directory` (files under ``flock``, the
   default) and :mod:`.s3` (conditional writes, a state index, :mod:`.lease` for uploads);
-* :mod:`.location` — which backend: ``root``, ``$TAO_DATA_IO_RECORDS``, the legacy
+* :mod:`.location` — which storage: ``root``, ``$TAO_DATA_IO_RECORDS``, the legacy
   ``$TAO_DATA_IO_JOBS_DIR`` or ``~/.tao-data-io/jobs``;
 * :mod:`.from_request` — the record of a job request.
 
 Callers import the public names from here: ``from tao_data_io.records import JobRecord, RecordStore``.
 Each is loaded from its module when first asked for (PEP 562), so a command that only needs a
-backend — an upload taking its lock and starting its listing before the model is built
+storage — an upload taking its lock and starting its listing before the model is built
 (:mod:`tao_data_io.upload_head_start`) — does not pay for pydantic and the record's models
 (~120 ms of a fresh process) before its first request.
 """
@@ -24,8 +24,8 @@ from ..lazy import lazy_exports
 
 # What a type checker reads instead of the lazy lookup below (tests/test_gates.py keeps the two alike).
 if TYPE_CHECKING:
-    from .backend import DEFAULT_LEASE_SECONDS as DEFAULT_LEASE_SECONDS
-    from .backend import DamagedRecordError as DamagedRecordError
+    from .storage import DEFAULT_LEASE_SECONDS as DEFAULT_LEASE_SECONDS
+    from .storage import DamagedRecordError as DamagedRecordError
     from .from_request import network_and_action as network_and_action
     from .from_request import open_for as open_for
     from .location import DEFAULT_ROOT as DEFAULT_ROOT
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 #: Each public name → the module of this package that defines it.
 _HOMES = {
-    "DEFAULT_LEASE_SECONDS": "backend", "DamagedRecordError": "backend",
+    "DEFAULT_LEASE_SECONDS": "storage", "DamagedRecordError": "storage",
     "network_and_action": "from_request", "open_for": "from_request",
     "DEFAULT_ROOT": "location", "JOBS_DIR_VARIABLE": "location", "RECORDS_VARIABLE": "location",
     **dict.fromkeys(("IDENTITY_FIELDS", "SCHEMA_VERSION", "STATES", "STORAGE_TIERS", "TERMINAL_STATES", "JobRecord",

@@ -1,6 +1,6 @@
 """S3 writes that happen only if the object is still as we last saw it.
 
-Why one module: the record backend and the upload lease both depend on the same two promises —
+Why one module: the record storage and the upload lease both depend on the same two promises —
 ``If-None-Match: *`` creates only what does not exist, ``If-Match: <etag>`` replaces or deletes
 only the version we read — and on reading a refusal the same way. A refused condition is an
 answer, not an error: the caller re-reads and decides again.

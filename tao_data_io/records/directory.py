@@ -24,11 +24,11 @@ from ..fs.atomic import atomic_write
 from ..fs.locks import file_lock
 from ..fs.temp import lock_owner, remove_stale_temps
 from ..names import is_job_id
-from .backend import RECORD_SUFFIX, Document, read_capped
+from .storage import RECORD_SUFFIX, Document, read_capped
 from .lease import directory_lease
 
 
-class DirectoryBackend:
+class DirectoryStorage:
     def __init__(self, root: Path) -> None:
         self.root = root.expanduser()
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from ..credentials import s3_credentials_from_env
 from ..errors import UsageError
 from ..uris import is_s3_url, parse_s3_url
-from .backend import RecordBackend
-from .directory import DirectoryBackend
+from .storage import RecordStorage
+from .directory import DirectoryStorage
 from ..vocabulary import DEFAULT_RECORDS_ROOT, JOBS_DIR_VARIABLE, RECORDS_VARIABLE
 
 DEFAULT_ROOT = Path(DEFAULT_RECORDS_ROOT)
@@ -30,13 +30,13 @@ ROOT_SHAPE = "a directory or s3://BUCKET/PREFIX/"
 
 @dataclass(frozen=True)
 class Location:
-    backend: RecordBackend
+    storage: RecordStorage
     #: Who chose it: ``root``, a variable name, or ``the default location``.
     origin: str
 
 
 def locate(root: Path | str | None, environ: Mapping[str, str] | None = None) -> Location:
-    """The backend for ``root`` (a path, a path string or an ``s3://`` string) or, when None,
+    """The storage for ``root`` (a path, a path string or an ``s3://`` string) or, when None,
     for the environment; S3 credentials come from ``environ`` (default ``os.environ``) only."""
     env = os.environ if environ is None else environ
     if root is not None:
@@ -44,12 +44,12 @@ def locate(root: Path | str | None, environ: Mapping[str, str] | None = None) ->
     else:
         origin, value = _from_environment(env)
     if isinstance(value, str) and is_s3_url(value):
-        from .s3 import S3Backend  # boto3 is imported only by those who store records in a bucket
+        from .s3 import S3Storage  # boto3 is imported only by those who store records in a bucket
 
-        return Location(S3Backend(parse_s3_url(value, field=origin), s3_credentials_from_env(env)), origin)
+        return Location(S3Storage(parse_s3_url(value, field=origin), s3_credentials_from_env(env)), origin)
     if str(value) == "":
         raise UsageError(f"{origin} '' is empty: give {ROOT_SHAPE}")
-    return Location(DirectoryBackend(Path(value)), origin)
+    return Location(DirectoryStorage(Path(value)), origin)
 
 
 def _from_environment(env: Mapping[str, str]) -> tuple[str, Path | str]:

@@ -2,7 +2,7 @@
 
 Why a module of its own: the document is the contract between every pod that touches a job
 (submit writes it, the in-pod agent and ``collect`` update it, a scheduled ``resync`` reads
-it), whichever backend stores it. Its rules live in the model so no backend can store a
+it), whichever storage keeps it. Its rules live in the model so no storage can keep a
 record that breaks them:
 
 * a versioned, strict schema (an unknown field is a version skew, never ignored);
@@ -20,13 +20,14 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AfterValidator, AwareDatetime, ConfigDict, Field, JsonValue, ValidationError, model_validator
+from pydantic import (AfterValidator, AliasChoices, AwareDatetime, ConfigDict, Field, JsonValue, ValidationError,
+                      model_validator)
 
 from ..redaction import credential_value_fields
 from ..errors import UsageError
 from ..names import check_backend_ref, check_job_id
 from ..schema import Strict, describe_validation_error
-from .backend import DamagedRecordError
+from .storage import DamagedRecordError
 from ..vocabulary import STATES, STORAGE_TIERS, State, StorageTier
 from ..vocabulary import TERMINAL_STATES as TERMINAL_STATES  # re-exported: the package's lazy exports find it here
 
@@ -36,7 +37,7 @@ SCHEMA_VERSION: Final = "1"
 #: Fields that say *which* job this is. A retried ``open`` with the same values is the same
 #: job (the existing record is returned); any difference means a different job. The storage
 #: tier is not one of them: it is decided after the record is opened (``set_tier``).
-IDENTITY_FIELDS = ("job_id", "platform", "image", "network_arch", "action", "results_dir", "request_digest")
+IDENTITY_FIELDS = ("job_id", "backend", "image", "network_arch", "action", "results_dir", "request_digest")
 #: Fields ``update`` may not change: identity belongs to ``open``, state to ``mark``, the tier
 #: to ``set_tier``, so no change function can bypass their rules.
 GUARDED_FIELDS = frozenset({*IDENTITY_FIELDS, "schema_version", "created_at", "state", "history", "forward_env",
@@ -123,7 +124,9 @@ class OutputRoute(_Stored):
 class JobRecord(_Stored):
     schema_version: Literal["1"] = SCHEMA_VERSION
     job_id: Annotated[str, AfterValidator(check_job_id)]
-    platform: NonEmpty
+    #: The name of the backend the job runs on (``local``, ``docker``…). A record written before
+    #: the word was settled calls it ``platform``; it still reads.
+    backend: NonEmpty = Field(validation_alias=AliasChoices("backend", "platform"))
     image: NonEmpty
     network_arch: NonEmpty
     action: NonEmpty
@@ -156,7 +159,7 @@ class JobRecord(_Stored):
     #: The verify probe's verdict from inside the compute frame (per path: pass/fail and why),
     #: stored before the job's command may start.
     verify: dict[str, JsonValue] | None = None
-    #: What rebuilds the backend the job runs on (``backends.backend_for(platform, backend_config)``):
+    #: What rebuilds the backend the job runs on (``backends.backend_for(backend, backend_config)``):
     #: the dump of its settings model — a local run root, a namespace and context; names and paths,
     #: never a credential — so the verbs after submit reach the job without being told again where
     #: it is.

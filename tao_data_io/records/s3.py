@@ -41,7 +41,7 @@ from ..names import is_job_id
 from ..transfer.client import explained, get_or_none, make_s3_client
 from ..transfer.listing import RemoteObject, list_remote
 from ..uris import S3Url
-from .backend import RECORD_SUFFIX, Document, read_capped
+from .storage import RECORD_SUFFIX, Document, read_capped
 from .conditional import put_if
 from .lease import s3_lease
 
@@ -50,7 +50,7 @@ BY_STATE = "by-state/"
 LOCKS = "locks/"
 
 
-class S3Backend:
+class S3Storage:
     def __init__(self, url: S3Url, credentials: S3Credentials) -> None:
         self.url = url.as_prefix()
         self.bucket = url.bucket

@@ -1,8 +1,8 @@
-"""The record store: the rules of a job's life, once, over any storage backend.
+"""The record store: the rules of a job's life, once, over any storage.
 
 Why this module exists: a Kubernetes Job object is TTL-deleted soon after it finishes, so the
 record is the single source of truth about a job from then on — its inputs, storage tier,
-state history, output route and uploads. Its rules hold whichever backend stores it:
+state history, output route and uploads. Its rules hold whichever storage keeps it:
 
 * ``open`` is idempotent on the identity fields: a retried submit gets the same record back,
   a different job under a taken id is refused;
@@ -14,7 +14,7 @@ state history, output route and uploads. Its rules hold whichever backend stores
 * ``update`` lets the routing and upload steps change their own fields and nothing else;
 * no field may hold a credential value (the model refuses it).
 
-Every change is a read-modify-write that a backend makes safe: under a lock (a directory) or
+Every change is a read-modify-write that a storage makes safe: under a lock (a directory) or
 conditional on the version read (S3). A conditional write that lost a race is retried from a
 fresh read with jittered backoff, a bounded number of times, so concurrent writers — the CLI,
 the in-pod agent, Prefect flows in other pods — never lose each other's updates.
@@ -34,8 +34,8 @@ from typing import Any
 from ..transfer.activity import Activity
 from ..errors import TaoDataIOError, UsageError
 from ..names import check_backend_ref, check_job_id, mint_job_id
-from .backend import DEFAULT_LEASE_SECONDS, DamagedRecordError
-from .directory import DirectoryBackend
+from .storage import DEFAULT_LEASE_SECONDS, DamagedRecordError
+from .directory import DirectoryStorage
 from .location import locate
 from .model import (GUARDED_FIELDS, IDENTITY_FIELDS, TERMINAL_STATES, JobRecord, check_state, check_tier, decoded, now,
                     validated)
@@ -75,10 +75,10 @@ class RecordStore:
     def __init__(self, root: Path | str | None = None, *, environ: Mapping[str, str] | None = None,
                  retry: Retry = Retry()) -> None:
         where = locate(root, environ)
-        #: The storage (a directory or S3 backend); public for tools that inspect it.
-        self.backend = where.backend
+        #: The storage (a directory or a bucket); public for tools that inspect it.
+        self.storage = where.storage
         #: Where the records live, as people write it: a directory path or ``s3://bucket/prefix/``.
-        self.location = self.backend.describe()
+        self.location = self.storage.describe()
         self._origin = where.origin
         self.retry = retry
 
@@ -86,11 +86,11 @@ class RecordStore:
     def directory(self) -> Path | None:
         """The directory on this host that holds the records, or None when they live in a bucket:
         a backend that binds host paths keeps it out of a job's reach."""
-        return self.backend.root if isinstance(self.backend, DirectoryBackend) else None
+        return self.storage.root if isinstance(self.storage, DirectoryStorage) else None
 
     # -- the rules -------------------------------------------------------------------------
 
-    def open(self, *, platform: str, image: str, network_arch: str, action: str, results_dir: str,
+    def open(self, *, backend: str, image: str, network_arch: str, action: str, results_dir: str,
              storage_tier: str | None = None, storage_reason: str | None = None, job_id: str | None = None,
              source: str = "cli", upload_excludes: Sequence[str] = (), forward_env: Sequence[str] = (),
              request_digest: str | None = None, results_limit: str | None = None) -> JobRecord:
@@ -106,7 +106,7 @@ class RecordStore:
         stamp = now()
         job_id = mint_job_id(stamp) if job_id is None else check_job_id(job_id, what="job_id")
         record = validated(dict(
-            job_id=job_id, platform=platform, image=image, network_arch=network_arch, action=action,
+            job_id=job_id, backend=backend, image=image, network_arch=network_arch, action=action,
             storage_tier=storage_tier, storage_reason=storage_reason, results_dir=results_dir,
             upload_excludes=list(upload_excludes), forward_env=list(forward_env), request_digest=request_digest,
             results_limit=results_limit, state="PENDING",
@@ -274,7 +274,7 @@ class RecordStore:
     def exists(self) -> bool:
         """Whether the location exists (a directory made, a bucket there) — before the first
         record is written, it may not."""
-        return self.backend.exists()
+        return self.storage.exists()
 
     def list_records(self, state: str | None = None,
                      on_damaged: Callable[[str, str], None] | None = None) -> list[JobRecord]:
@@ -283,38 +283,38 @@ class RecordStore:
         A record that does not parse is skipped and passed to ``on_damaged(where, reason)``
         (default: a logged warning) so one bad document never hides the rest. A location that
         does not exist is an error, not an empty list: it is usually a mistyped path. With a
-        state, only the records the backend's index files under it are read, and each is kept
+        state, only the records the storage's index files under it are read, and each is kept
         only if it really is in that state (an index may lag; see :mod:`.s3`). Without one,
         every record is read and the index is brought in line with them.
         """
         if state is not None:
             check_state(state)
-        if not self.backend.exists():
+        if not self.storage.exists():
             raise UsageError(f"{self._origin} {self.location!r} does not exist, so it holds no job records: check the "
                              "path, or open a record there first")
         report = on_damaged or (lambda where, reason: log.warning("skipping damaged job record %s: %s", where, reason))
         records: list[JobRecord] = []
         seen: dict[str, str | None] = {}
-        for job_id in self.backend.job_ids(state):
+        for job_id in self.storage.job_ids(state):
             try:
                 loaded = self._load(job_id)
             except DamagedRecordError as exc:
-                report(self.backend.where(job_id), str(exc))
+                report(self.storage.where(job_id), str(exc))
                 seen[job_id] = None
                 continue
             if loaded is None:
                 if state is not None:
                     # Markers follow their record, so a marker without one outlived a removed record.
-                    self.backend.unindex(job_id, state)
+                    self.storage.unindex(job_id, state)
                 continue
             record = loaded[0]
             seen[job_id] = record.state
             if state is None or record.state == state:
                 records.append(record)
             elif record.state in TERMINAL_STATES:
-                self.backend.unindex(job_id, state)  # final elsewhere: this entry can never be right again
+                self.storage.unindex(job_id, state)  # final elsewhere: this entry can never be right again
         if state is None:
-            self.backend.reconcile(seen)
+            self.storage.reconcile(seen)
         return sorted(records, key=lambda r: (r.created_at, r.job_id))
 
     def upload_lock(self, job_id: str, *, wait: bool, on_wait: Callable[[str], None] | None = None,
@@ -334,24 +334,24 @@ class RecordStore:
         check_job_id(job_id, what="job_id")
         if not lease_seconds > 0:
             raise UsageError(f"lease_seconds {lease_seconds!r} is not usable: give a positive number of seconds")
-        return self.backend.upload_lock(job_id, wait=wait, on_wait=on_wait, lease_seconds=lease_seconds,
+        return self.storage.upload_lock(job_id, wait=wait, on_wait=on_wait, lease_seconds=lease_seconds,
                                         activity=activity)
 
     # -- read-modify-write -----------------------------------------------------------------
 
     def _load(self, job_id: str) -> tuple[JobRecord, str | None] | None:
-        document = self.backend.read(job_id)
+        document = self.storage.read(job_id)
         if document is None:
             return None
-        return decoded(document.data, job_id=job_id, where=self.backend.where(job_id)), document.version
+        return decoded(document.data, job_id=job_id, where=self.storage.where(job_id)), document.version
 
     def _create(self, record: JobRecord) -> JobRecord | None:
         """Store a new record: None once created, or the record already stored under its id."""
         job_id = record.job_id
         for _ in self._attempts():
-            with self.backend.serialised(job_id, create=True):
-                if self.backend.create(job_id, record.encode()):
-                    self.backend.index(job_id, record.state, previous=None)
+            with self.storage.serialised(job_id, create=True):
+                if self.storage.create(job_id, record.encode()):
+                    self.storage.index(job_id, record.state, previous=None)
                     return None
                 loaded = self._load(job_id)
             if loaded is not None:
@@ -363,11 +363,11 @@ class RecordStore:
         """Read, let ``change`` return the new document (None: nothing to do), validate and write
         it; when another writer got in first, start over from a fresh read."""
         check_job_id(job_id, what="job_id")
-        if not self.backend.exists():
+        if not self.storage.exists():
             raise self._missing(job_id)  # and do not create a directory just to say so
         attempted: tuple[JobRecord, str] | None = None
         for _ in self._attempts():
-            with self.backend.serialised(job_id):
+            with self.storage.serialised(job_id):
                 loaded = self._load(job_id)
                 if loaded is None:
                     raise self._missing(job_id)
@@ -375,14 +375,14 @@ class RecordStore:
                 if attempted is not None and current == attempted[0]:
                     # Our last write did land: its answer was lost and the client's retry of the
                     # same request was refused. Applying the change again would apply it twice.
-                    self.backend.index(job_id, current.state, previous=attempted[1])
+                    self.storage.index(job_id, current.state, previous=attempted[1])
                     return current
                 data = change(current)
                 if data is None:
                     return current
                 record = validated(data)
-                if self.backend.replace(job_id, record.encode(), version):
-                    self.backend.index(job_id, record.state, previous=current.state)
+                if self.storage.replace(job_id, record.encode(), version):
+                    self.storage.index(job_id, record.state, previous=current.state)
                     return record
                 attempted = (record, current.state)
         raise self._conflict(job_id)
@@ -396,12 +396,12 @@ class RecordStore:
 
     def _conflict(self, job_id: str) -> RecordConflictError:
         return RecordConflictError(
-            f"job {job_id!r}: {self.retry.attempts} attempts to write its record at {self.backend.where(job_id)} each "
+            f"job {job_id!r}: {self.retry.attempts} attempts to write its record at {self.storage.where(job_id)} each "
             "found it changed by another writer since it was read; nothing was written. Retry the step: so many "
             "concurrent writers of one job usually means a runaway loop")
 
     def _missing(self, job_id: str) -> UsageError:
-        return UsageError(f"no job record {job_id!r}: looked for {self.backend.where(job_id)} (records are read from "
+        return UsageError(f"no job record {job_id!r}: looked for {self.storage.where(job_id)} (records are read from "
                           f"{self._origin} {self.location!r}; if the job was opened elsewhere, read from there)")
 
 

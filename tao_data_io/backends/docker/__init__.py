@@ -6,12 +6,12 @@ what runs in it around the command; :mod:`.backend` is the
 reading logs from a cursor (:mod:`.logs`).
 """
 
-from ...launch.platform import Platform
+from ...launch.declaration import Declaration
 from ...tier import Capabilities
 from .settings import DockerSettings
 
-PLATFORM = Platform(
-    settings=DockerSettings, backend="tao_data_io.backends.docker.backend:DockerBackend", title="Docker",
+DECLARATION = Declaration(
+    settings=DockerSettings, implementation="tao_data_io.backends.docker.backend:DockerBackend", title="Docker",
     # Inputs are staged on this host (tier B) or pre-positioned (tier A) and bound into the containers;
     # ranks share rank 0's network on this one host.
     capabilities=Capabilities(stages_on_host=True, multi_node=True),

@@ -69,7 +69,7 @@ from ...launch.users import job_ids
 from ...outputs import restore_results
 from ...quantities import cpu_millicores, quantity_bytes
 from ...tier import ClusterFacts
-from . import PLATFORM
+from . import DECLARATION
 from .containers import RUN_LABEL, RankFrame, container_name, create_arguments, rank_gpus
 from .frame import (CHECKLIST_FILE, DEADLINE_EXIT, FRAME_FILE, FRAME_SCRIPT, GO, PROBE_EXIT, PROBE_FILE, PROBE_OUTPUT,
                     RUN_FILE, RUN_SCRIPT, SETUP_EXIT, SHELL_FILE, STOP, STOPPED_EXIT, credentials_file, host_busybox)
@@ -98,8 +98,8 @@ class DockerBackend(RunRoot[RunDir, Launch]):
     namespace = NAMESPACE
     title = "Docker"
     run_type = RunDir
-    name = DockerSettings.platform
-    capabilities = PLATFORM.capabilities
+    name = DockerSettings.name
+    capabilities = DECLARATION.capabilities
 
     def __init__(self, settings: DockerSettings) -> None:
         #: With the run root and the daemon decided: what this backend runs with and the record keeps.

@@ -34,7 +34,7 @@ GPU_ID_PATTERN = r"^(?:[0-9]{1,3}|(?:GPU|MIG)-[0-9A-Za-z-]{1,80})$"
 class DockerSettings(BackendSettings):
     """How the Docker backend runs each job: on which daemon, as whom, with which GPUs and limits."""
 
-    platform: ClassVar[str] = "docker"
+    name: ClassVar[str] = "docker"
 
     @classmethod
     def from_workdir(cls, workdir: Path) -> dict[str, Any]:

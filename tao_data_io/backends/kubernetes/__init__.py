@@ -8,12 +8,12 @@ The only package allowed to import the ``kubernetes`` client (the ``kubernetes``
 renderer builds plain dicts and needs no client, so ``render-job`` works without it.
 """
 
-from ...launch.platform import Platform
+from ...launch.declaration import Declaration
 from ...tier import Capabilities
 from .settings import KubernetesSettings
 
-PLATFORM = Platform(
-    settings=KubernetesSettings, backend="tao_data_io.backends.kubernetes.backend:KubernetesBackend",
+DECLARATION = Declaration(
+    settings=KubernetesSettings, implementation="tao_data_io.backends.kubernetes.backend:KubernetesBackend",
     install="tao-data-io[kubernetes]", title="Kubernetes",
     # Pods mount named claims (tier B) and, from 1.29 (native sidecars), fetch and upload themselves (tier C).
     capabilities=Capabilities(fetches_in_frame=True, binds_claims=True, multi_node=True, replaces_disrupted=True),

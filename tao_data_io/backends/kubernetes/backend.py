@@ -48,7 +48,7 @@ from .names import check_ref, object_names
 from ...vocabulary import TERMINAL_STATES
 from ...tier import ClusterFacts
 from . import pods as pod_reading
-from . import PLATFORM
+from . import DECLARATION
 from .api import Api, ApiError, connect
 from .apply import adopt, attempt_of, create, creation_order, kinds, secret_object, step_of, training_job
 from .facts import SIDECAR_VERSION, cluster_facts, server_version
@@ -79,8 +79,8 @@ POD_DEFAULT_GRACE_SECONDS = 30
 
 
 class KubernetesBackend:
-    name = KubernetesSettings.platform
-    capabilities = PLATFORM.capabilities
+    name = KubernetesSettings.name
+    capabilities = DECLARATION.capabilities
 
     def __init__(self, settings: KubernetesSettings, *, kubeconfig: str | None = None,
                  verify_timeout: float = DEFAULT_VERIFY_TIMEOUT_S,

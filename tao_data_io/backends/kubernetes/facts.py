@@ -21,7 +21,7 @@ from typing import Any
 from kubernetes.utils.quantity import parse_quantity
 
 from ...tier import ClusterFacts, VolumeFacts
-from . import PLATFORM
+from . import DECLARATION
 from .api import Api, ApiError
 from .placement import Node
 
@@ -98,7 +98,7 @@ def storage_classes(api: Api) -> list[dict[str, Any]]:
 def cluster_facts(api: Api) -> ClusterFacts:
     version = server_version(api)
     gpus = allocatable_gpus(api)
-    capabilities = PLATFORM.capabilities.model_copy(update={"fetches_in_frame": version >= SIDECAR_VERSION})
-    return ClusterFacts(backend=PLATFORM.name, capabilities=capabilities, volumes=volumes(api),
+    capabilities = DECLARATION.capabilities.model_copy(update={"fetches_in_frame": version >= SIDECAR_VERSION})
+    return ClusterFacts(backend=DECLARATION.name, capabilities=capabilities, volumes=volumes(api),
                         storage_classes=[c["metadata"]["name"] for c in storage_classes(api)],
                         server_version=f"{version[0]}.{version[1]}", allocatable_gpus=gpus)

@@ -90,7 +90,7 @@ def _check_label_key(key: str, *, what: str) -> str:
 class KubernetesSettings(BackendSettings):
     """Where on a cluster each job runs, and what its pods get besides the launch plan."""
 
-    platform: ClassVar[str] = "kubernetes"
+    name: ClassVar[str] = "kubernetes"
 
     namespace: str | None = Field(
         None, title="Namespace",

@@ -6,12 +6,12 @@ detached :mod:`.supervisor`, which runs the verify probe and then the ranks (:mo
 they share only the run directory (:mod:`.rundir`) and name processes by identity (:mod:`.process`).
 """
 
-from ...launch.platform import Platform
+from ...launch.declaration import Declaration
 from ...tier import Capabilities
 from .settings import LocalSettings
 
-PLATFORM = Platform(
-    settings=LocalSettings, backend="tao_data_io.backends.local.backend:LocalBackend", title="Local",
+DECLARATION = Declaration(
+    settings=LocalSettings, implementation="tao_data_io.backends.local.backend:LocalBackend", title="Local",
     # Inputs are staged on this host (tier B) or pre-positioned (tier A): a frame without network and
     # without an upload sidecar cannot fetch its own (tier C).
     capabilities=Capabilities(stages_on_host=True, multi_node=True),

@@ -49,7 +49,7 @@ from ...outputs import restore_results
 from ...tier import ClusterFacts
 from ...launch.sources import (SourceRules, check_binds, check_paths, check_results_mount, check_results_ours,
                                host_source_rules)
-from . import PLATFORM
+from . import DECLARATION
 from .preflight import check_memory_sizes, check_sandbox, host_memory_bytes, needs_nsenter
 from .process import ProcessId
 from ...launch.results_owner import hand_over_checked
@@ -77,8 +77,8 @@ class LocalBackend(RunRoot[RunDir, Launch]):
     namespace = NAMESPACE
     title = "local"
     run_type = RunDir
-    name = LocalSettings.platform
-    capabilities = PLATFORM.capabilities
+    name = LocalSettings.name
+    capabilities = DECLARATION.capabilities
 
     def __init__(self, settings: LocalSettings) -> None:
         #: With the run root decided: what this backend runs with and the job record keeps.

@@ -27,7 +27,7 @@ DEFAULT_ROOT = "~/.tao-data-io/local"
 class LocalSettings(BackendSettings):
     """How the local backend runs each job: where on the host, whether with its network, as whom."""
 
-    platform: ClassVar[str] = "local"
+    name: ClassVar[str] = "local"
 
     @classmethod
     def from_workdir(cls, workdir: Path) -> dict[str, Any]:

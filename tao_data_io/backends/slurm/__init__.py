@@ -5,12 +5,12 @@ runs on HPC clusters. :mod:`.script` writes the batch script and each rank's (pu
 :class:`~tao_data_io.launch.backend.Backend`, keeping each job's state in :mod:`.rundir`.
 """
 
-from ...launch.platform import Platform
+from ...launch.declaration import Declaration
 from ...tier import Capabilities
 from .settings import SlurmSettings
 
-PLATFORM = Platform(
-    settings=SlurmSettings, backend="tao_data_io.backends.slurm.backend:SlurmBackend", title="SLURM",
+DECLARATION = Declaration(
+    settings=SlurmSettings, implementation="tao_data_io.backends.slurm.backend:SlurmBackend", title="SLURM",
     # Inputs are staged by this host onto the shared filesystem (tier B) or pre-positioned there
     # (tier A); a job never fetches or uploads inside its allocation. Ranks are one task per node.
     capabilities=Capabilities(stages_on_host=True, multi_node=True),

@@ -52,7 +52,7 @@ from ...launch.tools import BWRAP_INSTALL, find_tool
 from ...launch.users import job_ids
 from ...outputs import restore_results
 from ...tier import ClusterFacts
-from . import PLATFORM
+from . import DECLARATION
 from .commands import Slurm
 from .rundir import Ended, Launch, RunDir
 from .script import (BATCH_FILE, CANCEL, CHECKLIST_FILE, DEADLINE_EXIT, FRAME_AGENT, FRAME_CONTROL, FRAME_REPORT, GO,
@@ -94,8 +94,8 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
     namespace = NAMESPACE
     title = "SLURM"
     run_type = RunDir
-    name = SlurmSettings.platform
-    capabilities = PLATFORM.capabilities
+    name = SlurmSettings.name
+    capabilities = DECLARATION.capabilities
 
     def __init__(self, settings: SlurmSettings) -> None:
         #: With the run root and the cluster's configuration decided: what the record keeps.

@@ -50,7 +50,7 @@ Runtime = Literal["pyxis", "bubblewrap", "none"]
 class SlurmSettings(BackendSettings):
     """How the SLURM backend runs each job: on which cluster, on which shared directories, in what."""
 
-    platform: ClassVar[str] = "slurm"
+    name: ClassVar[str] = "slurm"
 
     @classmethod
     def from_workdir(cls, workdir: Path) -> dict[str, Any]:

@@ -3,7 +3,7 @@ backend class is, what it needs installed, and how its target block is shown.
 
 Why a declaration: the registry (:mod:`tao_data_io.backends`), the target blocks, the flows'
 target parameter, the CLI and the job record all need to know the backends there are; each reads
-this one object (``PLATFORM`` in the backend's package, or an entry point of the group
+this one object (``DECLARATION`` in the backend's package, or an entry point of the group
 :data:`ENTRY_POINTS` for a backend from another distribution) instead of naming the backends
 itself. Importing a declaration imports the settings model only: the backend class is imported
 when one is built, so a backend that needs an extra (the ``kubernetes`` client) costs nothing to
@@ -17,18 +17,18 @@ from dataclasses import dataclass, field
 from ..tier import Capabilities
 from .backend import BackendSettings
 
-#: The entry-point group a distribution lists its backends in (each entry point a :class:`Platform`).
+#: The entry-point group a distribution lists its backends in (each entry point a :class:`Declaration`).
 ENTRY_POINTS = "tao_data_io.backends"
 
 
 @dataclass(frozen=True)
-class Platform:
+class Declaration:
     """One backend, as everything above the seam knows it."""
 
-    #: The backend's settings model; its ``platform`` is the name records keep and users type.
+    #: The backend's settings model; its ``name`` is the name records keep and users type.
     settings: type[BackendSettings]
     #: ``module:Class`` of the backend, built from the settings (imported only then).
-    backend: str
+    implementation: str
     #: The most the backend can do (its ``facts()`` may say less of the cluster at hand): what the
     #: tier decision reads, and what ``plan`` assumes without facts.
     capabilities: Capabilities = field(default_factory=Capabilities)
@@ -43,7 +43,7 @@ class Platform:
 
     @property
     def name(self) -> str:
-        return self.settings.platform
+        return self.settings.name
 
     @property
     def label(self) -> str:

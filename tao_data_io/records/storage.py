@@ -7,13 +7,13 @@ share; only *how a write is made safe* differs. A directory serialises writers w
 conditional on the version read — ``If-None-Match: *`` to create, ``If-Match: <etag>`` to
 replace — and a writer that lost the race re-reads and tries again (:mod:`.s3`).
 
-The store drives every backend the same way::
+The store drives every storage the same way::
 
-    with backend.serialised(job_id):          # a lock, or nothing
-        document = backend.read(job_id)       # bytes + version token (None on a directory)
+    with storage.serialised(job_id):          # a lock, or nothing
+        document = storage.read(job_id)       # bytes + version token (None on a directory)
         ...decide...
-        if backend.replace(job_id, new, document.version):   # False: someone else wrote first
-            backend.index(job_id, new_state, previous=old_state)
+        if storage.replace(job_id, new, document.version):   # False: someone else wrote first
+            storage.index(job_id, new_state, previous=old_state)
 
 Backends store bytes: parsing and validation belong to the store, so a damaged document is
 judged by one rule everywhere.
@@ -31,7 +31,7 @@ from ..transfer.activity import Activity
 
 class DamagedRecordError(TaoDataIOError):
     """A stored record does not parse as a record; it is reported, never overwritten. Here, not
-    beside the model: a backend refuses a document from its size before anything parses it."""
+    beside the model: a storage refuses a document from its size before anything parses it."""
 
 
 #: Record documents are ``<job id>.json`` in a directory or under a prefix.
@@ -63,7 +63,7 @@ class Document(NamedTuple):
     version: str | None
 
 
-class RecordBackend(Protocol):
+class RecordStorage(Protocol):
     def describe(self) -> str:
         """Where the records live: a directory path or ``s3://bucket/prefix/``."""
 
