@@ -75,7 +75,7 @@ def job(backend: DockerBackend, image: str, work: Path, n: int) -> tuple[float, 
     job_id = f"bench-{os.getpid()}-{n}"
     plan = LaunchPlan(job_id=job_id, image=image, argv=COMMAND, env={"TAO_JOB_ID": job_id,
                                                                     "TAO_RESULTS_DIR": "/results"},
-                      mounts=[], staging_root=str(work), results_dir="/results",
+                      mounts=[], staging_dir=str(work), results_dir="/results",
                       route=OutputRoute(route="ephemeral", destination="container-local"), tier="A", gpus=0,
                       nodes=1, shm_size="16Mi", ephemeral_storage="16Mi")
     used = cpu()

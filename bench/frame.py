@@ -52,7 +52,7 @@ def make_plan(stage: Path, job_id: str, **env: str) -> LaunchPlan:
                 PlanMount(origin="config", source="spec.yaml", target="/config/spec.yaml", expect="file",
                           input="config"),
                 PlanMount(origin="pre-positioned", source=str(STAND_IN), target="/stand-in", input=str(STAND_IN))],
-        staging_root=str(stage), results_dir="/results", config_path="/config/spec.yaml",
+        staging_dir=str(stage), results_dir="/results", config_path="/config/spec.yaml",
         route=OutputRoute(route="ephemeral", destination="container-local"), tier="B", gpus=0, nodes=1,
         shm_size="64Mi")
 

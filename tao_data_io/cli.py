@@ -35,7 +35,7 @@ CLOSED_OUTPUT = 141
 _EXAMPLES: list[Example] = [
     ("Download a dataset prefix; a rerun moves only what changed",
      "tao-data-io sync s3://bucket/datasets/coco/ /data/coco"),
-    ("Stage every input of a job request", "tao-data-io stage --request job.yaml --workdir /mnt/job-42"),
+    ("Stage every input of a job request", "tao-data-io stage --request job.yaml --staging-dir /mnt/job-42"),
     ("Upload a job's new results while it runs", "tao-data-io resync --job-id dino-train-coco --results-dir /results"),
 ]
 

@@ -3,8 +3,8 @@
 * **A** — pre-positioned: every input is already on storage the frame mounts (a PVC, a host
   path); no bytes move. The only tier when air-gapped.
 * **B** — a durable volume filled by a stage step (a stage Job on the cluster, or the submitting
-  host's workdir for the local frame) before the job starts, so no GPU idles while bytes move,
-  and a second job on the same inputs moves nothing.
+  host's staging root for a backend that stages on the host) before the job starts, so no GPU
+  idles while bytes move, and a second job on the same inputs moves nothing.
 * **C** — ephemeral: the pod fetches its inputs into an ``emptyDir`` and uploads its results
   before it ends. Needs no volume, but holds the GPU idle while it downloads.
 
@@ -161,7 +161,7 @@ def choose_tier(request: JobRequest, facts: ClusterFacts, *,
                                              "its results", warnings=_tier_c_warnings(facts, tier_c_warn_bytes))
     # Nothing asked: prefer a volume (no idle GPU, reusable), else in-frame fetch.
     if facts.capabilities.stages_on_host:
-        return TierDecision(tier="B", reason=f"{facts.backend} stages every input into the workdir on this host "
+        return TierDecision(tier="B", reason=f"{facts.backend} stages every input into the staging root on this host "
                                              "before the job starts; the job reads it through read-only mounts")
     if volume is not None:
         held = next(v for v in facts.volumes if v.name == volume).holds_inputs

@@ -272,14 +272,14 @@ def already_launched(record: JobRecord) -> Submitted | None:
     return Submitted(record.job_id, record.backend_ref, record.storage_tier or "A", False, verdict)
 
 
-def stage_inputs(request: JobRequest, backend: Backend, workdir: Path, *, tier: Tier,
+def stage_inputs(request: JobRequest, backend: Backend, staging_dir: Path, *, tier: Tier,
                  environ: Mapping[str, str] | None = None, run: Runner = direct) -> StagingMap:
     """Stage on this host when the backend reads from it (the local frame), each input a step of
     its own; otherwise only plan it and materialize the config here — the cluster stages (tier
     B's stage Job, tier C's pod, whose own disk must hold the inputs: they are sized first)."""
     if backend.capabilities.stages_on_host:
-        return stage(request, workdir, environ=environ, run=run)
-    return run(plan_stage, request, workdir, environ=environ, size=tier == "C")
+        return stage(request, staging_dir, environ=environ, run=run)
+    return run(plan_stage, request, staging_dir, environ=environ, size=tier == "C")
 
 
 def collect(job_id: str, backend: Backend, store: RecordStore, *, wait: bool = True,

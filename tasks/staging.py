@@ -33,40 +33,40 @@ def _input_run_name() -> str:
     as passed, still wrapped by the runner's ``opaque``)."""
     parameters = {name: value.unwrap() if isinstance(value, BaseAnnotation) else value
                   for name, value in runtime.task_run.parameters.items()}
-    return f"stage-{Path(parameters['workdir']).name}-{parameters['planned'].source}"
+    return f"stage-{Path(parameters['staging_dir']).name}-{parameters['planned'].source}"
 
 
 @step("stage-input", timeout_seconds=TRANSFER, task_run_name=_input_run_name)
-def stage_input(planned: PlannedInput, workdir: Path, *,
+def stage_input(planned: PlannedInput, staging_dir: Path, *,
                 engine: TransferEngine | Callable[[], TransferEngine] | None = None,
                 environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None,
                 shard: Shard | None = None) -> StagedSource:
     """Stage one input under the job's staging directory, showing its progress."""
     with ProgressArtifact(f"staging {planned.source} → {planned.container_path}") as shown:
-        staged = stage.stage_input(planned, workdir, engine=engine, environ=environ, progress=shown.callback,
+        staged = stage.stage_input(planned, staging_dir, engine=engine, environ=environ, progress=shown.callback,
                                    shard=shard)
     get_run_logger().info("%s", staged.describe())
     return staged
 
 
 @step("stage-config", timeout_seconds=QUICK, task_run_name="stage-config-{request.job_id}")
-def stage_config(request: JobRequest, workdir: Path, **options: Any) -> StagedSource:
+def stage_config(request: JobRequest, staging_dir: Path, **options: Any) -> StagedSource:
     """Materialize the config with every remote URI rewritten to where the job sees it."""
-    staged = stage.stage_config(request, workdir, **options)
+    staged = stage.stage_config(request, staging_dir, **options)
     get_run_logger().info("%s", staged.describe())
     return staged
 
 
 @step("publish-staging-map", timeout_seconds=QUICK, task_run_name="staging-map-{request.job_id}")
-def publish_map(request: JobRequest, workdir: Path, sources: list[StagedSource], **options: Any) -> StagingMap:
+def publish_map(request: JobRequest, staging_dir: Path, sources: list[StagedSource], **options: Any) -> StagingMap:
     """Write the staging map and show what was staged, as a table."""
-    return _shown(stage.publish_map(request, workdir, sources, **options))
+    return _shown(stage.publish_map(request, staging_dir, sources, **options))
 
 
 @step("plan-staging", timeout_seconds=CLUSTER, task_run_name="plan-staging-{request.job_id}")
-def plan_stage(request: JobRequest, workdir: Path, **options: Any) -> StagingMap:
+def plan_stage(request: JobRequest, staging_dir: Path, **options: Any) -> StagingMap:
     """For a backend that stages on the cluster: the map it will produce and the config, nothing moved."""
-    return _shown(stage.plan_stage(request, workdir, **options))
+    return _shown(stage.plan_stage(request, staging_dir, **options))
 
 
 def _shown(staging_map: StagingMap) -> StagingMap:

@@ -68,7 +68,7 @@ def make_plan(tmp_path: Path, job_id: str = "job-1", *, script: str | None = Non
         "compute_shape": {"gpus": 1, "nodes": nodes, "shm_size": "64Mi", **(shape or {})},
         "mounts": [{"source": str(STAND_IN), "target": "/stand-in"},
                    {"source": str(control), "target": "/control", "read_only": False}, *(mounts or [])]})
-    staging_map = StagingMap(job_id=job_id, workdir=str(stage), inputs_root="/tao-inputs", sources=sources)
+    staging_map = StagingMap(job_id=job_id, staging_dir=str(stage), inputs_root="/tao-inputs", sources=sources)
     now = datetime.now(timezone.utc)
     record = JobRecord(job_id=job_id, backend="local", image=request.image, network_arch="stand-in", action="train",
                        storage_tier="B", results_dir=results_dir, state="PENDING", created_at=now, updated_at=now)

@@ -175,7 +175,7 @@ def pure_plan(*, nodes: int = 1, gpus: int = 0, network: bool = False, memory: s
                           input="/srv/models"),
                 PlanMount(origin="pre-positioned", source="/srv/scratch", target="/scratch", read_only=False,
                           input="/srv/scratch")],
-        staging_root="/work/train-1", results_dir="/results",
+        staging_dir="/work/train-1", results_dir="/results",
         route=OutputRoute(route="ephemeral", destination="ephemeral"), tier="A", gpus=gpus, nodes=nodes,
         shm_size="1Gi", cpu=cpu, memory=memory, ephemeral_storage=ephemeral_storage, network=network)
 

@@ -689,7 +689,7 @@ def test_a_later_attempts_stager_restores_the_results_before_it_stages(
     (tmp_path / "stager.sh").write_text(STAGER_SCRIPT)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "TAO_DATA_IO_FILES": str(tmp_path), "NODE_RANK": rank,
            "TAO_JOB_ID": "job-1", "TAO_DATA_IO_RESTORE_FROM": "s3://b/results/job-1/", "TAO_RESULTS_DIR": "/results",
-           "TAO_DATA_IO_STAGE_ROOT": "/tao-stage", "TAO_DATA_IO_STATE": str(tmp_path)}
+           "TAO_DATA_IO_STAGING_DIR": "/tao-stage", "TAO_DATA_IO_STATE": str(tmp_path)}
     done = subprocess.run(["/bin/sh", str(tmp_path / "stager.sh")], env=env, timeout=60)
     assert done.returncode == code
     assert [line.split()[0] for line in log.read_text().splitlines()] == calls
@@ -1005,7 +1005,7 @@ def test_render_job_of_a_record_without_a_tier_names_the_fix_not_a_validation_tr
     env = {"TAO_DATA_IO_JOBS_DIR": str(tmp_path / "records"), "S3_BUCKET_NAME": "tao-results", **SECRET_ENV}
     assert run_cli("record", "open", "--job-id", "dino-tier-c", "--backend", "kubernetes", "--image", "i",
                    "--network-arch", "dino", "--action", "train", "--results-dir", "/results", env=env).returncode == 0
-    assert run_cli("stage", "--request", str(EXAMPLES / "tier-c.yaml"), "--workdir", str(tmp_path / "p"),
+    assert run_cli("stage", "--request", str(EXAMPLES / "tier-c.yaml"), "--staging-dir", str(tmp_path / "p"),
                    "--plan-only", env=env).returncode == 0
     done = run_cli("render-job", "--request", str(EXAMPLES / "tier-c.yaml"), "--staging-map",
                    str(tmp_path / "p" / "staging-map.json"), "--job-id", "dino-tier-c", "--stager-image", STAGER,
@@ -1020,7 +1020,7 @@ def test_render_job_cli_prints_valid_yaml_and_translates_parameters_to_flags(tmp
                      "--network-arch", "dino", "--action", "train", "--results-dir", "/results", "--storage-tier", "C",
                      env=env)
     assert opened.returncode == 0, opened.stderr
-    planned = run_cli("stage", "--request", str(EXAMPLES / "tier-c.yaml"), "--workdir", str(tmp_path / "p"),
+    planned = run_cli("stage", "--request", str(EXAMPLES / "tier-c.yaml"), "--staging-dir", str(tmp_path / "p"),
                       "--plan-only", env=env)
     assert planned.returncode == 0, planned.stderr
     args = ["render-job", "--request", str(EXAMPLES / "tier-c.yaml"), "--staging-map",
@@ -1063,8 +1063,8 @@ def test_every_render_job_example_renders_as_its_help_shows_it(tmp_path: Path, n
     (tmp_path / "examples").symlink_to(EXAMPLES)
     env = {"TAO_DATA_IO_RECORDS": str(tmp_path / "records"), "S3_BUCKET_NAME": "tao-results", **SECRET_ENV}
     request = load_request(EXAMPLES / Path(given["--request"]).name)
-    planned = run_cli("stage", "--request", given["--request"], "--workdir", str(Path(given["--staging-map"]).parent),
-                      "--plan-only", env=env, cwd=tmp_path)
+    planned = run_cli("stage", "--request", given["--request"], "--staging-dir",
+                      str(Path(given["--staging-map"]).parent), "--plan-only", env=env, cwd=tmp_path)
     assert planned.returncode == 0, planned.stderr
     opened = run_cli("record", "open", "--job-id", given["--job-id"], "--backend", "kubernetes", "--image",
                      request.image, "--network-arch", "dino", "--action", "train", "--results-dir", "/results",

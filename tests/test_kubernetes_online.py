@@ -201,7 +201,7 @@ def test_a_claim_whose_volume_ignores_fs_group_refuses_the_stage_with_the_fix(ku
         submit(tmp_path, job_request(storage={"pvc_claim": "tao-data"}), make_backend())
     said = str(info.value)
     assert "container stage exited 3" in said and not info.value.retryable
-    assert ("the staging root /tao-data-io/volume/cache cannot be written by this stage (uid 1000, groups 1000)"
+    assert ("the staging directory /tao-data-io/volume/cache cannot be written by this stage (uid 1000, groups 1000)"
             in said), said
     assert "/tao-data-io/volume is owned by 0:0 with mode 0755" in said
     assert "pre-create /tao-data-io/volume/cache on the volume" in said

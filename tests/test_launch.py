@@ -55,7 +55,7 @@ def test_a_shell_looking_spec_value_lands_in_the_config_never_in_argv() -> None:
 
 
 def _map(tmp_path: Path, *sources: StagedSource) -> StagingMap:
-    return StagingMap(job_id="job-1", workdir=str(tmp_path), inputs_root="/tao-inputs", sources=list(sources))
+    return StagingMap(job_id="job-1", staging_dir=str(tmp_path), inputs_root="/tao-inputs", sources=list(sources))
 
 
 def _record() -> JobRecord:
@@ -274,7 +274,7 @@ CLAIMS_ONLY = Capabilities(binds_claims=True)
     (LOCAL_INPUT, ClusterFacts(backend="kubernetes", capabilities=CLUSTER), "A", "pre-positioned"),
     ({**LOCAL_INPUT, "storage": {"air_gapped": True}}, ClusterFacts(backend="kubernetes", capabilities=CLUSTER),
      "A", "air-gapped"),
-    (S3_INPUT, ClusterFacts(backend="local", capabilities=HOST), "B", "workdir"),
+    (S3_INPUT, ClusterFacts(backend="local", capabilities=HOST), "B", "staging root"),
     ({**S3_INPUT, "storage": {"pvc_claim": "data"}},
      ClusterFacts(backend="kubernetes", capabilities=CLUSTER, volumes=[BOUND]), "B", "Bound"),
     ({**S3_INPUT, "storage": {"pvc_claim": "data"}},

@@ -166,7 +166,7 @@ def test_no_request_field_adds_an_sbatch_line(tmp_path: Path) -> None:
         job_id="hdr-1", image="nvcr.io/x#y:1", argv=["train"], env={"A": "x\n#SBATCH --uid=0", "B": "$(id)"},
         mounts=[PlanMount(origin="pre-positioned", source="/lustre/a b/#SBATCH --uid=0", target="/in/#SBATCH --x",
                           input="/lustre/a b/#SBATCH --uid=0")],
-        staging_root="/lustre/work/hdr-1", results_dir="/results",
+        staging_dir="/lustre/work/hdr-1", results_dir="/results",
         route=OutputRoute(route="ephemeral", destination="ephemeral"), tier="A", gpus=0, nodes=1,
         shm_size="16Mi", memory="64Mi", deadline_seconds=None)
     files = JobFiles(agent="/lustre/runs/hdr-1/run/agent", control="/lustre/runs/hdr-1/run/control",

@@ -54,7 +54,7 @@ def pure_plan(*, nodes: int = 1, gpus: int = 0, env: Mapping[str, str] | None = 
         forward_env=list(forward_env),
         mounts=[PlanMount(origin="staged", source="data/coco", target="/data/coco", expect="dir", input="s3://b/coco/"),
                 PlanMount(origin="pre-positioned", source="/lustre/models", target="/models", input="/lustre/models")],
-        staging_root="/lustre/work/train-1", results_dir="/results",
+        staging_dir="/lustre/work/train-1", results_dir="/results",
         route=OutputRoute(route="ephemeral", destination="ephemeral"), tier="A", gpus=gpus, nodes=nodes,
         shm_size="1Gi", cpu="8", memory="32Gi", deadline_seconds=deadline_seconds)
 

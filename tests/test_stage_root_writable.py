@@ -77,7 +77,7 @@ def test_a_stage_refuses_a_volume_root_it_cannot_write_before_anything_moves(vol
     with as_stager(), pytest.raises(UsageError) as info:
         stage(request(), cache, map_path=jobs / "staging-map.json", environ={})
     said = str(info.value)
-    assert f"the staging root {cache} cannot be written by this stage" in said
+    assert f"the staging directory {cache} cannot be written by this stage" in said
     assert f"{volume} is owned by" in said and f"with mode {stat.S_IMODE(volume.stat().st_mode):04o}" in said
     assert "did not apply the pod's fsGroup" in said
     assert f"pre-create {cache} on the volume" in said and f"chmod 2775 {cache}`" in said
@@ -94,7 +94,7 @@ def test_a_pre_created_group_writable_cache_is_the_fix(volume: Path) -> None:
         volume.chmod(0o555)
     shared(cache)
     with as_stager():
-        prove_writable(cache, what="the staging root")
+        prove_writable(cache, what="the staging directory")
         (cache / "entry").mkdir()
     assert sorted(p.name for p in cache.iterdir()) == ["entry"]  # the probe's file is gone
 
@@ -120,7 +120,7 @@ def test_a_volume_whose_root_took_the_fs_group_is_written_by_any_member(volume: 
     group = 4242 if ROOT else os.getegid()  # a group only root hands out, as the kubelet does
     shared(volume, gid=group)  # the kubelet's SetVolumeOwnership: gid fsGroup, g+rwx, setgid
     with as_stager(groups=(group,)):
-        prove_writable(volume / "cache", what="the staging root")
+        prove_writable(volume / "cache", what="the staging directory")
     made = (volume / "cache").stat()
     assert made.st_gid == group and made.st_mode & stat.S_ISGID  # the setgid root handed its group on
 
@@ -147,7 +147,7 @@ def test_a_dangling_symlink_where_the_staging_root_belongs_is_named(volume: Path
         volume.chmod(0o755)
     (volume / "cache").symlink_to(volume / "gone")
     with pytest.raises(UnwritableError, match=r"cache is in the way \(a file or a symlink"):
-        prove_writable(volume / "cache", what="the staging root")
+        prove_writable(volume / "cache", what="the staging directory")
 
 
 def test_a_cache_whose_state_an_earlier_stage_left_as_root_is_refused_with_the_fix(volume: Path) -> None:

@@ -224,10 +224,10 @@ def test_air_gapped_with_local_inputs_stages_without_network(tmp_path: Path) -> 
 def test_stage_cli(s3_server: EmbeddedS3, populated: str, tmp_path: Path) -> None:
     path = tmp_path / "req.yaml"
     path.write_text(yaml.safe_dump(_request(populated).model_dump(exclude_none=True)))
-    result = run_cli("stage", "--request", str(path), "--workdir", str(tmp_path / "w"), env=s3_server.env())
+    result = run_cli("stage", "--request", str(path), "--staging-dir", str(tmp_path / "w"), env=s3_server.env())
     assert result.returncode == 0, result.stderr
     assert "staging map:" in result.stdout and (tmp_path / "w" / STAGING_MAP_NAME).exists()
-    bad = run_cli("stage", "--request", str(tmp_path / "nope.yaml"), "--workdir", str(tmp_path / "w"), env={})
+    bad = run_cli("stage", "--request", str(tmp_path / "nope.yaml"), "--staging-dir", str(tmp_path / "w"), env={})
     assert bad.returncode == 2 and "nope.yaml" in bad.stderr
 
 
@@ -268,3 +268,14 @@ def test_an_empty_s3_folder_is_an_error_unless_allowed(s3_credentials: S3Credent
     allowed = _request(populated, spec={}, inputs=[{**empty, "allow_empty": True}])
     staged = stage(allowed, tmp_path / "w", engine=TransferEngine(s3_credentials))
     assert [(s.kind, s.files) for s in staged.sources if s.kind != "config"] == [("folder", 0)]
+
+
+def test_a_staging_map_that_calls_its_directory_workdir_still_reads(tmp_path: Path) -> None:
+    """A map published before its directory was called ``staging_dir`` (``workdir``) is what a
+    job staged then finds on resume: it reads, and is written back under the settled name."""
+    old = {"schema_version": "1", "job_id": "job-1", "workdir": str(tmp_path), "inputs_root": "/tao-inputs",
+           "sources": []}
+    (tmp_path / STAGING_MAP_NAME).write_text(json.dumps(old), encoding="utf-8")
+    staging_map = read_staging_map(tmp_path / STAGING_MAP_NAME)
+    assert staging_map.staging_dir == str(tmp_path)
+    assert "workdir" not in staging_map.to_dict() and staging_map.to_dict()["staging_dir"] == str(tmp_path)

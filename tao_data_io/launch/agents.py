@@ -74,8 +74,8 @@ if [ -n "${TAO_DATA_IO_RESTORE_FROM:-}" ] && [ "${NODE_RANK:-0}" = 0 ]; then
   tao-data-io restore-results --from "$TAO_DATA_IO_RESTORE_FROM" --results-dir "$TAO_RESULTS_DIR" \
     --job-id "$TAO_JOB_ID" || exit 1
 fi
-if [ -n "${TAO_DATA_IO_STAGE_ROOT:-}" ]; then
-  exec tao-data-io stage --request "$TAO_DATA_IO_FILES/request.json" --workdir "$TAO_DATA_IO_STAGE_ROOT" \
+if [ -n "${TAO_DATA_IO_STAGING_DIR:-}" ]; then
+  exec tao-data-io stage --request "$TAO_DATA_IO_FILES/request.json" --staging-dir "$TAO_DATA_IO_STAGING_DIR" \
     --map "$TAO_DATA_IO_STATE/staging-map.json"
 fi
 """

@@ -68,9 +68,9 @@ class LaunchPlan(Strict):
     #: Names of credential variables the backend projects into the frame.
     forward_env: list[str] = Field(default_factory=list)
     mounts: list[PlanMount]
-    #: The staging root the ``staged`` mounts are relative to (on the submitting host, or the
-    #: job's PVC in tier B; the pod's emptyDir in tier C).
-    staging_root: str
+    #: The job's staging directory, which the ``staged`` mounts are relative to (on the submitting
+    #: host, or the job's PVC in tier B; the pod's emptyDir in tier C).
+    staging_dir: str
     #: Where tao-data-io keeps state on the submitting host for this submit — the root of every
     #: job's staging, the job records' directory — which a backend that binds host paths keeps
     #: out of the request's mounts, however its target is configured.
@@ -161,7 +161,7 @@ def build_plan(request: JobRequest, staging_map: StagingMap, decision: TierDecis
     restore_from = route.destination if attempt > 1 and route.route == "s3" else None
     return LaunchPlan(job_id=record.job_id, image=request.image, argv=argv, shell=shell, env=env,
                       attempt=attempt, restore_from=restore_from,
-                      forward_env=list(request.forward_env), mounts=mounts, staging_root=staging_map.workdir,
+                      forward_env=list(request.forward_env), mounts=mounts, staging_dir=staging_map.staging_dir,
                       state_roots=list(state_roots),
                       results_dir=request.outputs.results_dir, config_path=config_path, route=route,
                       tier=decision.tier, gpus=request.compute_shape.gpus, nodes=request.compute_shape.nodes,

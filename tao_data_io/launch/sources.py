@@ -39,7 +39,7 @@ class Bind:
 
 def mount_source(plan: LaunchPlan, mount: PlanMount) -> str:
     """Where ``mount``'s source is on this host."""
-    return mount.source if mount.origin == "pre-positioned" else posixpath.join(plan.staging_root, mount.source)
+    return mount.source if mount.origin == "pre-positioned" else posixpath.join(plan.staging_dir, mount.source)
 
 
 def plan_binds(plan: LaunchPlan, results_host: str) -> list[Bind]:
@@ -48,7 +48,7 @@ def plan_binds(plan: LaunchPlan, results_host: str) -> list[Bind]:
     (``results_host`` at ``plan.results_dir``)."""
     binds: dict[str, Bind] = {}
     for mount in plan.mounts:
-        root = None if mount.origin == "pre-positioned" else plan.staging_root
+        root = None if mount.origin == "pre-positioned" else plan.staging_dir
         binds.setdefault(mount.target, Bind(mount_source(plan, mount), mount.target, mount.read_only, root))
     binds[plan.results_dir] = Bind(results_host, plan.results_dir, read_only=False,
                                    root=posixpath.dirname(results_host))

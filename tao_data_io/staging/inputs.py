@@ -31,10 +31,10 @@ from .selective import selective_download
 from .stage_map import Kind, StagedSource
 
 
-def stage_planned(planned: PlannedInput, workdir: Path, *, engine: Callable[[], TransferEngine],
+def stage_planned(planned: PlannedInput, staging_dir: Path, *, engine: Callable[[], TransferEngine],
                   environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None,
                   shard: Shard | None = None, pages: Iterable[dict[str, Any]] | None = None) -> StagedSource:
-    """Stage one planned input under ``workdir`` (idempotent) and say what happened, with the
+    """Stage one planned input under ``staging_dir`` (idempotent) and say what happened, with the
     engine ``engine()`` returns (leased by the caller: :func:`~.engines.lease`). With ``shard``,
     only that shard's part is staged (see :func:`~.stage.stage`). ``pages``: a folder's listing
     when the caller has just read it (the stage cache, for the source's identity)."""
@@ -43,8 +43,8 @@ def stage_planned(planned: PlannedInput, workdir: Path, *, engine: Callable[[], 
                             container_path=planned.container_path, local_path=None, files=None, bytes=None)
     assert planned.sub_path is not None and planned.uri is not None
     started = time.monotonic()
-    workdir = Path(os.path.abspath(workdir))
-    local = workdir / planned.sub_path
+    staging_dir = Path(os.path.abspath(staging_dir))
+    local = staging_dir / planned.sub_path
     planned = resolved(planned, engine)
     assert planned.kind is not None and planned.uri is not None
     if planned.inside is not None:  # its folder's copy holds it (layout.nest_inputs)
@@ -56,7 +56,7 @@ def stage_planned(planned: PlannedInput, workdir: Path, *, engine: Callable[[], 
                             container_path=planned.container_path, local_path=str(local), files=None, bytes=None,
                             note=f"staged by shard {shard_of(planned.source, shard.count)}/{shard.count}, not {shard}")
     if isinstance(planned.uri, HFModelURI | NGCModelURI):
-        return _stage_model(planned, planned.uri, workdir, environ, progress, started)
+        return _stage_model(planned, planned.uri, staging_dir, environ, progress, started)
     return _stage_s3(planned, planned.uri, planned.kind, local, engine(), progress, started, shard, pages)
 
 
@@ -135,16 +135,16 @@ def _stage_s3(planned: PlannedInput, url: S3Url, kind: Kind, local: Path, engine
     raise UsageError(f"{planned.field}: kind {kind!r} does not apply to {planned.source!r}")
 
 
-def _stage_model(planned: PlannedInput, parsed: HFModelURI | NGCModelURI, workdir: Path,
+def _stage_model(planned: PlannedInput, parsed: HFModelURI | NGCModelURI, staging_dir: Path,
                  environ: Mapping[str, str] | None, progress: ProgressCallback | None, started: float) -> StagedSource:
     """A model is pulled into its repository root; an ``hf://org/repo/sub`` source is the ``sub``
     inside it, so its entry's sub-path and container path point there (one sub-path per source,
     as the renderer requires). Both locations come from the one parser in :mod:`tao_data_io.uris`."""
     assert planned.sub_path is not None
-    root = workdir / staging_location(model_root(parsed))
+    root = staging_dir / staging_location(model_root(parsed))
     result = pull_model(parsed, root, environ=environ, progress=progress)
     return StagedSource(source=planned.source, kind="model", sub_path=planned.sub_path,
-                        container_path=planned.container_path, local_path=str(workdir / planned.sub_path),
+                        container_path=planned.container_path, local_path=str(staging_dir / planned.sub_path),
                         files=len(result.files), bytes=result.bytes, transferred_files=len(result.fetched),
                         transferred_bytes=result.fetched_bytes, unchanged_files=len(result.files) - len(result.fetched),
                         seconds=time.monotonic() - started, note=f"revision {result.revision}")

@@ -57,17 +57,17 @@ def check_air_gap(request: JobRequest) -> None:
 Stager = Callable[..., StagedSource]
 
 
-def stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPUTS_ROOT,
+def stage(request: JobRequest, staging_dir: Path, *, inputs_root: str = DEFAULT_INPUTS_ROOT,
           environ: Mapping[str, str] | None = None, engine: TransferEngine | None = None,
           progress: Callable[[PlannedInput], ProgressCallback | None] | None = None,
           stager: Stager | None = None, run: Runner = direct, shard: Shard | None = None,
           map_path: Path | None = None) -> StagingMap:
-    """Stage every input of ``request`` under ``workdir`` and write the staging map (default
-    ``workdir/staging-map.json``): the one loop the CLI, a flow and a tier B stage pod share.
+    """Stage every input of ``request`` under ``staging_dir`` and write the staging map (default
+    ``staging_dir/staging-map.json``): the one loop the CLI, a flow and a tier B stage pod share.
     It first proves it can write both directories (:mod:`.writable`), before a byte moves.
 
     ``stager`` stages each input (default :func:`stage_input`, or the cache's ``stage_cached`` when
-    ``workdir`` is a shared stage cache: each entry staged under its lock and skipped when its
+    ``staging_dir`` is a shared stage cache: each entry staged under its lock and skipped when its
     marker shows the source unchanged); ``run`` runs each step (:func:`~tao_data_io.runner.direct`,
     or an orchestrator's task per input — one engine, built lazily here, serves them all).
     ``progress(planned)`` may return a callback for that input's progress. ``shard``: stage only
@@ -75,22 +75,22 @@ def stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPU
     URI does — so N shard runs together stage what one run would.
     """
     check_air_gap(request)
-    workdir = Path(os.path.abspath(workdir))
-    prove_writable(workdir, what="the staging root")
-    if map_path is not None and map_path.parent != workdir:
+    staging_dir = Path(os.path.abspath(staging_dir))
+    prove_writable(staging_dir, what="the staging directory")
+    if map_path is not None and map_path.parent != staging_dir:
         prove_writable(Path(os.path.abspath(map_path.parent)), what="the staging map's directory")
     stage_one = stager or stage_input
     plan = plan_inputs(request, inputs_root)  # every source parsed once, here
     with lease(engine, environ) as get_engine:
-        sources = [run(stage_one, planned, workdir, engine=get_engine, environ=environ,
+        sources = [run(stage_one, planned, staging_dir, engine=get_engine, environ=environ,
                        progress=progress(planned) if progress else None, shard=shard)
                    for planned in plan]
     if request.mode == "config":
-        sources.append(run(stage_config, request, workdir, inputs_root=inputs_root, plan=plan))
-    return run(publish_map, request, workdir, sources, inputs_root=inputs_root, map_path=map_path)
+        sources.append(run(stage_config, request, staging_dir, inputs_root=inputs_root, plan=plan))
+    return run(publish_map, request, staging_dir, sources, inputs_root=inputs_root, map_path=map_path)
 
 
-def plan_stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPUTS_ROOT,
+def plan_stage(request: JobRequest, staging_dir: Path, *, inputs_root: str = DEFAULT_INPUTS_ROOT,
                environ: Mapping[str, str] | None = None, engine: TransferEngine | None = None,
                map_path: Path | None = None, size: bool = False) -> StagingMap:
     """The staging map a stage run *will* produce, without moving a byte, and the materialized
@@ -101,7 +101,7 @@ def plan_stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT
     ``size`` (tier C, whose pod stages into its own disk), the inputs are sized from their
     listings (:mod:`.sizing`) into the map's ``planned_bytes``."""
     check_air_gap(request)
-    workdir = Path(os.path.abspath(workdir))
+    staging_dir = Path(os.path.abspath(staging_dir))
     plan = plan_inputs(request, inputs_root)
     sources = []
     bound = None
@@ -109,7 +109,7 @@ def plan_stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT
         plan = [resolved(planned, get_engine) if planned.remote else planned for planned in plan]
         for planned in plan:
             if not planned.remote:
-                sources.append(stage_planned(planned, workdir, engine=get_engine))
+                sources.append(stage_planned(planned, staging_dir, engine=get_engine))
                 continue
             assert planned.kind is not None
             note = (f"served from the copy of {planned.inside}" if planned.inside is not None
@@ -120,29 +120,29 @@ def plan_stage(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT
         if size:
             bound = staged_bytes_bound(plan, get_engine)
     if request.mode == "config":
-        sources.append(stage_config(request, workdir, inputs_root=inputs_root, plan=plan))
-    return publish_map(request, workdir, sources, inputs_root=inputs_root, map_path=map_path, planned_bytes=bound)
+        sources.append(stage_config(request, staging_dir, inputs_root=inputs_root, plan=plan))
+    return publish_map(request, staging_dir, sources, inputs_root=inputs_root, map_path=map_path, planned_bytes=bound)
 
 
-def publish_map(request: JobRequest, workdir: Path, sources: list[StagedSource], *,
+def publish_map(request: JobRequest, staging_dir: Path, sources: list[StagedSource], *,
                 inputs_root: str = DEFAULT_INPUTS_ROOT, map_path: Path | None = None,
                 planned_bytes: int | None = None) -> StagingMap:
     """The staging map of ``sources`` — every input's entry in :func:`plan_inputs` order, then the
-    config's — written atomically (default ``workdir/staging-map.json``). The last step of
+    config's — written atomically (default ``staging_dir/staging-map.json``). The last step of
     :func:`stage` and :func:`plan_stage`, and of an orchestrator that staged each input itself."""
-    staging_map = StagingMap(job_id=request.job_id, workdir=str(Path(os.path.abspath(workdir))),
+    staging_map = StagingMap(job_id=request.job_id, staging_dir=str(Path(os.path.abspath(staging_dir))),
                              inputs_root=inputs_root, sources=sources, planned_bytes=planned_bytes)
-    write_staging_map(staging_map, map_path or Path(staging_map.workdir) / STAGING_MAP_NAME)
+    write_staging_map(staging_map, map_path or Path(staging_map.staging_dir) / STAGING_MAP_NAME)
     return staging_map
 
 
-def stage_config(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAULT_INPUTS_ROOT,
+def stage_config(request: JobRequest, staging_dir: Path, *, inputs_root: str = DEFAULT_INPUTS_ROOT,
                  plan: list[PlannedInput] | None = None) -> StagedSource:
-    """Materialize the config under ``workdir/config`` and describe it as a staged source.
+    """Materialize the config under ``staging_dir/config`` and describe it as a staged source.
     ``plan``: the request's :func:`plan_inputs`, when the caller holds it (its URIs are not parsed
     again)."""
     started = time.monotonic()
-    config = materialize_config(request, Path(workdir) / CONFIG_DIR, inputs_root, plan=plan)
+    config = materialize_config(request, Path(staging_dir) / CONFIG_DIR, inputs_root, plan=plan)
     size = config.path.stat().st_size
     return StagedSource(source=f"config:sha256:{config.sha256}", kind="config", sub_path=config.sub_path,
                         container_path=config.container_path, local_path=str(config.path), files=1, bytes=size,
@@ -150,10 +150,10 @@ def stage_config(request: JobRequest, workdir: Path, *, inputs_root: str = DEFAU
                         unchanged_files=int(not config.created), seconds=time.monotonic() - started)
 
 
-def stage_input(planned: PlannedInput, workdir: Path, *, engine: EngineSource = None,
+def stage_input(planned: PlannedInput, staging_dir: Path, *, engine: EngineSource = None,
                 environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None,
                 shard: Shard | None = None) -> StagedSource:
-    """Stage one planned input under ``workdir`` (idempotent) and say what happened (by its kind:
+    """Stage one planned input under ``staging_dir`` (idempotent) and say what happened (by its kind:
     :mod:`.inputs`).
 
     ``engine`` is an engine the caller owns, or a factory for one; without it, an engine is
@@ -161,4 +161,4 @@ def stage_input(planned: PlannedInput, workdir: Path, *, engine: EngineSource = 
     only that shard's part is staged (see :func:`stage`).
     """
     with lease(engine, environ) as get_engine:
-        return stage_planned(planned, workdir, engine=get_engine, environ=environ, progress=progress, shard=shard)
+        return stage_planned(planned, staging_dir, engine=get_engine, environ=environ, progress=progress, shard=shard)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from ..fs.atomic import atomic_write
 from ..reporting import human_size
@@ -28,7 +28,7 @@ class StagedSource(BaseModel):
 
     source: str
     kind: Kind
-    #: Relative to the staging root (the workdir, or the job's PVC in tier B). None for tier A.
+    #: Relative to the map's staging directory (one job's on a host, the claim's cache in tier B). None for tier A.
     sub_path: str | None
     container_path: str
     #: Where it is on the machine that staged it. None for tier A: that path is only known to
@@ -71,7 +71,9 @@ class StagingMap(BaseModel):
 
     schema_version: Literal["1"] = "1"
     job_id: str | None
-    workdir: str
+    #: The directory the sources were staged into. A map written before the word was settled
+    #: calls it ``workdir``; it still reads, so a job staged then resumes.
+    staging_dir: str = Field(validation_alias=AliasChoices("staging_dir", "workdir"))
     inputs_root: str
     sources: list[StagedSource]
     #: For a map planned for the cluster: at most how many bytes its stage writes, when that could
@@ -84,7 +86,7 @@ class StagingMap(BaseModel):
     def describe(self) -> str:
         moved = sum(source.transferred_files for source in self.sources)
         size = sum(source.transferred_bytes for source in self.sources)
-        return f"{len(self.sources)} sources staged under {self.workdir}: {moved} files moved ({human_size(size)})"
+        return f"{len(self.sources)} sources staged under {self.staging_dir}: {moved} files moved ({human_size(size)})"
 
     def config(self) -> StagedSource | None:
         return next((source for source in self.sources if source.kind == "config"), None)

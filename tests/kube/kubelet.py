@@ -194,7 +194,7 @@ class Kubelet:
         if container["name"] != "stage":
             return
         command = container.get("command", [])
-        wanted = [command[command.index("--workdir") + 1], posixpath.dirname(command[command.index("--map") + 1])]
+        wanted = [command[command.index("--staging-dir") + 1], posixpath.dirname(command[command.index("--map") + 1])]
         who = identity_of(spec, container, self.image_users)
         for path in wanted:
             mount, volume = self._mount_of(server, namespace, spec, container, path)
@@ -205,7 +205,7 @@ class Kubelet:
             refused = volume.make_dirs(on_volume, who)
             if refused is not None:
                 blocker = volume.tree[refused]
-                what = "the staging root" if path == wanted[0] else "the staging map's directory"
+                what = "the staging directory" if path == wanted[0] else "the staging map's directory"
                 in_pod = posixpath.join(mount["mountPath"], refused).rstrip("/")
                 below = on_volume[len(refused):].lstrip("/").split("/")[0] if on_volume != refused else ""
                 self._refusals[name] = "error: " + unwritable_message(

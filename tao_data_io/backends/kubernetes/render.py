@@ -123,7 +123,7 @@ COLLECTIVE_TIMEOUT_S = DEFAULT_TIMEOUT_S
 CACHE_LABEL = "tao-data-io/cache"
 #: The wrapper's $0, as ``ps`` in the training container shows it.
 WRAPPER_NAME = "tao-train"
-STAGE_ROOT = f"{AGENT_ROOT}/staging"
+STAGING_DIR = f"{AGENT_ROOT}/staging"
 VOLUME_ROOT = f"{AGENT_ROOT}/volume"
 RESERVED = (AGENT_ROOT, PROBE_DIR, "/dev/shm")
 #: Tier B stages into this directory of the claim (the stage cache, :mod:`tao_data_io.staging.cache`).
@@ -221,7 +221,7 @@ def read_config(plan: LaunchPlan) -> bytes | None:
     mount = next((m for m in plan.mounts if m.origin == "config"), None)
     if mount is None:
         return None
-    path = Path(plan.staging_root) / mount.source
+    path = Path(plan.staging_dir) / mount.source
     try:
         return path.read_bytes()
     except OSError as exc:
@@ -464,7 +464,7 @@ class _Job:
         """Tier B: fill the claim's cache before the training Job exists (no GPU held)."""
         shards = self.settings.shards
         name = self.names.stage
-        command = ["tao-data-io", "stage", "--request", f"{FILES_DIR}/request.json", "--workdir",
+        command = ["tao-data-io", "stage", "--request", f"{FILES_DIR}/request.json", "--staging-dir",
                    f"{VOLUME_ROOT}/{CACHE_DIR}", "--cache", "--map"]
         env = [*self._secret_env(), {"name": "XDG_CACHE_HOME", "value": "/tmp/tao-data-io-cache"}]
         map_path = f"{VOLUME_ROOT}/{JOBS_DIR}/{self.names.job}/staging-map"
@@ -646,8 +646,8 @@ class _Job:
         mounts = [{"name": "files", "mountPath": FILES_DIR, "readOnly": True},
                   {"name": "state", "mountPath": STATE_DIR}]
         if self.stages_in_pod:
-            extra.append({"name": "TAO_DATA_IO_STAGE_ROOT", "value": STAGE_ROOT})
-            mounts.append({"name": STAGING_VOLUME, "mountPath": STAGE_ROOT})
+            extra.append({"name": "TAO_DATA_IO_STAGING_DIR", "value": STAGING_DIR})
+            mounts.append({"name": STAGING_VOLUME, "mountPath": STAGING_DIR})
         restore = self.restore_from
         if restore is not None:  # the results uploaded so far come back first
             extra.append({"name": "TAO_DATA_IO_RESTORE_FROM", "value": restore})

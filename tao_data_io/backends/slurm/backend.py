@@ -211,7 +211,7 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
         for bind in binds:
             real = Path(os.path.realpath(bind.source))
             if not any(real == root or root in real.parents for root in shared):
-                what = "the staging root" if bind.root == plan.staging_root else (
+                what = "the staging directory" if bind.root == plan.staging_dir else (
                     "the results directory" if bind.target == plan.results_dir else "a pre-positioned input")
                 raise UsageError(f"{what} {bind.source} (for {bind.target}) is not on the filesystem the compute nodes "
                                  f"share with this host (the run root {self.run_root} or shared_roots "
