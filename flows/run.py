@@ -32,7 +32,7 @@ from tao_data_io.forms import GuardedText
 from tao_data_io.request import JobRequest
 from tao_data_io.verbs import DEFAULT_POLL_SECONDS
 from tasks.masking import mask_parameters_of_crashed_run, masking_failures, run_mask, started_run_name
-from tasks.outputs import look
+from tasks.outputs import observe
 from tasks.records import read_record
 from tasks.reports import job_line, job_report, training_key
 
@@ -94,7 +94,7 @@ def tell_the_end(setup: Setup, job_id: str) -> None:
     so). Never fails the run: what it shows is the collect's to say first."""
     logger = get_run_logger()
     try:
-        status = look(job_id, setup.backend, setup.store)
+        status = observe(job_id, setup.backend, setup.store)
         if not status.terminal:
             return
         record = read_record(setup.store, job_id)

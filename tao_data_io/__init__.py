@@ -14,7 +14,7 @@ from .lazy import lazy_exports
 _EXPORTS: dict[str, str] = {
     # errors
     "TaoDataIOError": "errors", "UsageError": "errors", "CredentialError": "errors", "UnsafePathError": "errors",
-    "TransferError": "errors", "VerificationError": "errors", "BackendError": "errors", "is_retryable": "errors",
+    "TransferError": "errors", "IntegrityError": "errors", "BackendError": "errors", "is_retryable": "errors",
     # verbs and the runner seam
     "submit": "verbs", "collect": "verbs", "resync": "verbs", "cancel": "verbs", "Submitted": "verbs",
     "Collected": "verbs", "Canceled": "verbs", "Resynced": "verbs", "Runner": "runner", "direct": "runner",

@@ -8,7 +8,7 @@ Callers need different reactions, so the families say which:
   value and the fix. The CLI exits 2.
 * :class:`TransferError` — the input was fine but some bytes did not move. Every complete file
   is kept and a rerun converges, so it is retryable — except its subclasses that report a fact a
-  rerun will find again (:class:`VerificationError`, missing references).
+  rerun will find again (:class:`IntegrityError`, missing references).
 * :class:`BackendError` — the compute backend (a cluster, the local sandbox) failed; it says
   itself whether a retry can help (an API 503 can, a refused admission cannot).
 
@@ -62,7 +62,7 @@ class TransferError(TaoDataIOError):
     retryable = True
 
 
-class VerificationError(TransferError):
+class IntegrityError(TransferError):
     """Bytes arrived but are not what the source says they must be (size, digest); nothing was
     published. A rerun fetches the same bytes again, so it is not retried automatically."""
 

@@ -242,7 +242,7 @@ def _known(record: JobRecord, status: JobStatus, backend: Backend) -> None:
                          "marking its record ERROR closes it")
 
 
-def observe(record: JobRecord, backend: Backend) -> JobStatus:
+def _observed(record: JobRecord, backend: Backend) -> JobStatus:
     """The backend's view of the job, writing nothing; a job the backend has forgotten (UNKNOWN)
     defers to a final state in the record, and one it has no trace of while the record says it is
     not over is a wrong place to look (:func:`_known` raises)."""
@@ -265,16 +265,16 @@ def record_end(store: RecordStore, job_id: str, status: JobStatus, *, source: st
     return record
 
 
-def current_status(record: JobRecord, backend: Backend, store: RecordStore, *, source: str = "cli") -> JobStatus:
-    """:func:`observe`, with a terminal state recorded (:func:`record_end`)."""
-    status = observe(record, backend)
+def observe_and_record(record: JobRecord, backend: Backend, store: RecordStore, *, source: str = "cli") -> JobStatus:
+    """The job's status now (:func:`observe`), with a terminal state recorded (:func:`record_end`)."""
+    status = _observed(record, backend)
     record_end(store, record.job_id, status, source=source)
     return status
 
 
-def look(job_id: str, backend: Backend, store: RecordStore) -> JobStatus:
-    """The job's status now, writing nothing (:func:`observe`)."""
-    return observe(store.get(job_id), backend)
+def observe(job_id: str, backend: Backend, store: RecordStore) -> JobStatus:
+    """The job's status now, as its backend sees it, writing nothing."""
+    return _observed(store.get(job_id), backend)
 
 
 def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seconds: float = DEFAULT_POLL_SECONDS,
@@ -302,7 +302,7 @@ def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seco
     watched: Watched | None = None
     while True:
         record = store.get(job_id)  # one read a look, for the status and what the job says
-        status = observe(record, backend)
+        status = _observed(record, backend)
         if on_log is not None or on_training is not None:
             watched = watched or Watched(StreamRedactor(mask or Redactor(secret_names=record.forward_env)))
             watch_training(record, backend, store, watched, on_log=on_log, on_training=on_training,

@@ -35,7 +35,7 @@ from .steps import (
     fail_before_launch,
     failure_report,
     identified,
-    look,
+    observe,
     open_record,
     read_record,
     read_staging_map,
@@ -294,7 +294,7 @@ def collect(job_id: str, backend: Backend, store: RecordStore, *, wait: bool = T
     if owner is not None:
         run(watch, store, job_id, owner)
     status = (run(wait_for_end, job_id, backend, store, poll_seconds=poll_seconds, timeout=max_wait_seconds, say=say)
-              if wait else run(look, job_id, backend, store))
+              if wait else run(observe, job_id, backend, store))
     if not status.terminal:
         waited = "" if max_wait_seconds is None or not wait else f" after waiting {max_wait_seconds:g} s"
         why = f"{status.message}; " if status.message else ""
@@ -337,7 +337,7 @@ def resync(store: RecordStore, backend: Backend, *, settle_seconds: float | None
                 run(cancel_job, job_id, backend, store, source=source, reason=f"its owner {record.owner} was canceled")
                 canceled.append(job_id)
                 continue
-            status = run(look, job_id, backend, store)
+            status = run(observe, job_id, backend, store)
             try:
                 outcomes[job_id] = run(resync_job, job_id, backend, store, settle_seconds=settle_seconds,
                                        environ=environ)

@@ -31,7 +31,7 @@ from tasks.policy import QUICK, step
 from tasks.reports import launch_report
 
 
-@step("plan-launch", timeout_seconds=QUICK, task_run_name="plan-launch-{record.job_id}")
+@step(timeout_seconds=QUICK, task_run_name="build-plan-{record.job_id}")
 def build_plan(request: JobRequest, staging_map: StagingMap, decision: TierDecision, record: JobRecord,
                route: OutputRoute, *, environ: Mapping[str, str] | None = None,
                state_roots: Sequence[str] = ()) -> LaunchPlan:
@@ -40,7 +40,7 @@ def build_plan(request: JobRequest, staging_map: StagingMap, decision: TierDecis
                                state_roots=state_roots)
 
 
-@step("launch", timeout_seconds=None, task_run_name="launch-{plan.job_id}")
+@step(timeout_seconds=None, task_run_name="start-{plan.job_id}")
 def start(plan: LaunchPlan, backend: Backend, *, environ: Mapping[str, str] | None = None,
           documents: JobDocuments | None = None, store: RecordStore | None = None,
           source: str = "cli") -> Submission:
@@ -51,7 +51,7 @@ def start(plan: LaunchPlan, backend: Backend, *, environ: Mapping[str, str] | No
     return submission
 
 
-@step("verify", timeout_seconds=None, task_run_name="verify-{plan.job_id}")
+@step(timeout_seconds=None, task_run_name="confirm-{plan.job_id}")
 def confirm(plan: LaunchPlan, backend: Backend, store: RecordStore, submission: Submission, *,
             source: str) -> Verdict:
     """The verdict from inside the frame, stored in the record and shown with the tier and route;

@@ -28,7 +28,7 @@ from tasks.reports import upload_report
 JOB_LINE = "| "
 
 
-@step("wait-for-end", timeout_seconds=WAIT, task_run_name="wait-{job_id}")
+@step(timeout_seconds=WAIT, task_run_name="wait-for-end-{job_id}")
 def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seconds: float,
                  timeout: float | None = None, say: Any = None, on_log: Any = None,
                  on_training: Any = None) -> JobStatus:
@@ -48,15 +48,15 @@ def wait_for_end(job_id: str, backend: Backend, store: RecordStore, *, poll_seco
     return status
 
 
-@step("look", timeout_seconds=QUICK, task_run_name="look-{job_id}")
-def look(job_id: str, backend: Backend, store: RecordStore) -> JobStatus:
+@step(timeout_seconds=QUICK, task_run_name="observe-{job_id}")
+def observe(job_id: str, backend: Backend, store: RecordStore) -> JobStatus:
     """The job's status now, writing nothing."""
-    status = steps.look(job_id, backend, store)
+    status = steps.observe(job_id, backend, store)
     get_run_logger().info("job %s: %s", job_id, status.describe())
     return status
 
 
-@step("upload-results", timeout_seconds=TRANSFER, task_run_name="upload-{job_id}")
+@step(timeout_seconds=TRANSFER, task_run_name="upload-job-results-{job_id}")
 def upload_job_results(job_id: str, backend: Backend, store: RecordStore, *,
                        environ: Mapping[str, str] | None = None, say: Any = None) -> UploadOutcome | None:
     """Upload the job's results to its route with its excludes, and report what happened."""
@@ -73,7 +73,7 @@ def upload_job_results(job_id: str, backend: Backend, store: RecordStore, *,
     return outcome
 
 
-@step("report-failure", timeout_seconds=QUICK, task_run_name="report-failure-{job_id}")
+@step(timeout_seconds=QUICK, task_run_name="failure-report-{job_id}")
 def failure_report(job_id: str, backend: Backend, store: RecordStore) -> tuple[str | None, FailureAnalysis | None]:
     """The failure analysis and the log's last lines (masked), also as an artifact."""
     tail, analysis = steps.failure_report(job_id, backend, store)
@@ -85,7 +85,7 @@ def failure_report(job_id: str, backend: Backend, store: RecordStore) -> tuple[s
     return masked, analysis
 
 
-@step("running-jobs", timeout_seconds=QUICK, task_run_name="running-jobs")
+@step(timeout_seconds=QUICK, task_run_name="running-jobs")
 def running_jobs(store: RecordStore, backend: Backend, *, say: Any = None) -> tuple[list[JobRecord], list[str]]:
     """The RUNNING jobs this backend can see, and the others it has no trace of."""
     logger = get_run_logger()
@@ -97,7 +97,7 @@ def running_jobs(store: RecordStore, backend: Backend, *, say: Any = None) -> tu
     return seen, elsewhere
 
 
-@step("resync", timeout_seconds=TRANSFER, task_run_name="resync-{job_id}")
+@step(timeout_seconds=TRANSFER, task_run_name="resync-job-{job_id}")
 def resync_job(job_id: str, backend: Backend, store: RecordStore, *, settle_seconds: float | None = None,
                environ: Mapping[str, str] | None = None) -> UploadOutcome | None:
     """Upload what is new in a running job's results; leaves at once when another upload of the
@@ -110,7 +110,7 @@ def resync_job(job_id: str, backend: Backend, store: RecordStore, *, settle_seco
     return outcome
 
 
-@step("cancel", timeout_seconds=QUICK, task_run_name="cancel-{job_id}")
+@step(timeout_seconds=QUICK, task_run_name="cancel-job-{job_id}")
 def cancel_job(job_id: str, backend: Backend, store: RecordStore, *, source: str,
                reason: str | None = None, owner: str | None = None) -> JobRecord:
     """Stop the job and everything it started; the record says CANCELED (unless it had ended)."""

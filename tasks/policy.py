@@ -16,6 +16,10 @@
   flow waits as long as the CLI, which has no timeout, would.
 * **A masked failure**: no credential value in the text Prefect stores of a failed attempt
   (:mod:`tasks.masking`).
+* **Named from its step**: a task is called as the function it wraps (``start`` → ``start``,
+  ``upload_job_results`` → ``upload-job-results``), which is the name of the core's step it runs,
+  so the task graph in the UI, the code and the CLI's step names are one vocabulary and cannot
+  drift apart.
 """
 
 from __future__ import annotations
@@ -66,12 +70,12 @@ def waiting(wrapped: Task[P, R], wait: float | None) -> Task[P, R]:
     return timed
 
 
-def step(name: str, *, timeout_seconds: float | None, task_run_name: str | Callable[[], str] | None = None,
+def step(*, timeout_seconds: float | None, task_run_name: str | Callable[[], str] | None = None,
          retries: int = RETRIES) -> Callable[[F], F]:
-    """The ``@task`` of every step (see the module docstring); ``timeout_seconds`` None: the
-    task's timeout is set per call (:func:`waiting`)."""
+    """The ``@task`` of every step (see the module docstring), named from the function it wraps;
+    ``timeout_seconds`` None: the task's timeout is set per call (:func:`waiting`)."""
     def decorate(fn: F) -> F:
-        return task(name=name, task_run_name=task_run_name, retries=retries,  # type: ignore[return-value]
+        return task(name=fn.__name__.replace("_", "-"), task_run_name=task_run_name, retries=retries,  # type: ignore[return-value]
                     retry_delay_seconds=exponential_backoff(backoff_factor=BACKOFF_SECONDS),
                     retry_jitter_factor=JITTER, retry_condition_fn=retry_if_retryable,
                     timeout_seconds=timeout_seconds, cache_policy=NO_CACHE, persist_result=False)(masking_failures(fn))

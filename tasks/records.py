@@ -22,7 +22,7 @@ from tasks.policy import CLUSTER, QUICK, step
 from tasks.reports import request_report
 
 
-@step("open-record", timeout_seconds=QUICK, task_run_name="open-record-{request.job_id}")
+@step(timeout_seconds=QUICK, task_run_name="open-record-{request.job_id}")
 def open_record(request: JobRequest, backend: Backend, store: RecordStore, *, source: str) -> JobRecord:
     """Open (or re-open) the job's record; the request's job id is set, so a retry opens the same one."""
     record = steps.open_record(request, backend, store, source=source)
@@ -32,7 +32,7 @@ def open_record(request: JobRequest, backend: Backend, store: RecordStore, *, so
     return record
 
 
-@step("record-failure", timeout_seconds=QUICK, task_run_name="record-failure-{job_id}")
+@step(timeout_seconds=QUICK, task_run_name="fail-before-launch-{job_id}")
 def fail_before_launch(store: RecordStore, job_id: str, request: JobRequest, error: BaseException, *,
                        environ: Mapping[str, str] | None = None, source: str) -> JobRecord:
     """Say in the record why the submit failed before the job launched (ERROR, the reason masked)."""
@@ -41,25 +41,25 @@ def fail_before_launch(store: RecordStore, job_id: str, request: JobRequest, err
     return record
 
 
-@step("watch", timeout_seconds=QUICK, task_run_name="watch-{job_id}")
+@step(timeout_seconds=QUICK, task_run_name="watch-{job_id}")
 def watch(store: RecordStore, job_id: str, owner: str) -> JobRecord:
     """Record this run as who watches the job: if it is canceled, so is the job."""
     return steps.watch(store, job_id, owner)
 
 
-@step("read-staging-map", timeout_seconds=QUICK, task_run_name="read-staging-map")
+@step(timeout_seconds=QUICK, task_run_name="read-staging-map")
 def read_staging_map(staging_dir: Path) -> StagingMap:
     """The staging map an earlier attempt of the submit published."""
     return steps.read_staging_map(staging_dir)
 
 
-@step("read-record", timeout_seconds=QUICK, task_run_name="read-record-{job_id}")
+@step(timeout_seconds=QUICK, task_run_name="read-record-{job_id}")
 def read_record(store: RecordStore, job_id: str) -> JobRecord:
     """The job's record as it stands."""
     return steps.read_record(store, job_id)
 
 
-@step("decide-tier", timeout_seconds=CLUSTER, task_run_name="decide-tier-{job_id}")
+@step(timeout_seconds=CLUSTER, task_run_name="decide-tier-{job_id}")
 def decide_tier(request: JobRequest, backend: Backend, store: RecordStore, job_id: str) -> TierDecision:
     """The storage tier from what the backend offers, stamped into the record before anything moves."""
     decision = steps.decide_tier(request, backend, store, job_id)
@@ -67,7 +67,7 @@ def decide_tier(request: JobRequest, backend: Backend, store: RecordStore, job_i
     return decision
 
 
-@step("route-outputs", timeout_seconds=QUICK, task_run_name="route-outputs-{job_id}")
+@step(timeout_seconds=QUICK, task_run_name="route-outputs-{job_id}")
 def route_outputs(store: RecordStore, job_id: str, environ: Mapping[str, str] | None = None) -> JobRecord:
     """Where results go (a mount, an S3 prefix or ephemeral), pinned in the record."""
     record = steps.route_outputs(store, job_id, environ)
@@ -77,7 +77,7 @@ def route_outputs(store: RecordStore, job_id: str, environ: Mapping[str, str] | 
     return record
 
 
-@step("record-end", timeout_seconds=QUICK, task_run_name="record-end-{job_id}")
+@step(timeout_seconds=QUICK, task_run_name="record-end-{job_id}")
 def record_end(store: RecordStore, job_id: str, status: JobStatus, *, source: str) -> JobRecord:
     """Mark the record with the job's terminal state (final: a retry writes nothing)."""
     return steps.record_end(store, job_id, status, source=source)

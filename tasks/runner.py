@@ -53,7 +53,7 @@ TASKS: Mapping[Callable[..., Any], Task[..., Any]] = {
     steps.start: launch.start,
     steps.confirm: launch.confirm,
     steps.wait_for_end: outputs.wait_for_end,
-    steps.look: outputs.look,
+    steps.observe: outputs.observe,
     steps.upload_job_results: outputs.upload_job_results,
     steps.failure_report: outputs.failure_report,
     steps.running_jobs: outputs.running_jobs,

@@ -29,14 +29,14 @@ from tasks.reports import staged_rows
 
 
 def _input_run_name() -> str:
-    """``stage-<job>-<source>``: the job is the staging directory's name (the parameters here are
+    """``stage-input-<job>-<source>``: the job is the staging directory's name (the parameters here are
     as passed, still wrapped by the runner's ``opaque``)."""
     parameters = {name: value.unwrap() if isinstance(value, BaseAnnotation) else value
                   for name, value in runtime.task_run.parameters.items()}
-    return f"stage-{Path(parameters['staging_dir']).name}-{parameters['planned'].source}"
+    return f"stage-input-{Path(parameters['staging_dir']).name}-{parameters['planned'].source}"
 
 
-@step("stage-input", timeout_seconds=TRANSFER, task_run_name=_input_run_name)
+@step(timeout_seconds=TRANSFER, task_run_name=_input_run_name)
 def stage_input(planned: PlannedInput, staging_dir: Path, *,
                 engine: TransferEngine | Callable[[], TransferEngine] | None = None,
                 environ: Mapping[str, str] | None = None, progress: ProgressCallback | None = None,
@@ -49,7 +49,7 @@ def stage_input(planned: PlannedInput, staging_dir: Path, *,
     return staged
 
 
-@step("stage-config", timeout_seconds=QUICK, task_run_name="stage-config-{request.job_id}")
+@step(timeout_seconds=QUICK, task_run_name="stage-config-{request.job_id}")
 def stage_config(request: JobRequest, staging_dir: Path, **options: Any) -> StagedSource:
     """Materialize the config with every remote URI rewritten to where the job sees it."""
     staged = stage.stage_config(request, staging_dir, **options)
@@ -57,13 +57,13 @@ def stage_config(request: JobRequest, staging_dir: Path, **options: Any) -> Stag
     return staged
 
 
-@step("publish-staging-map", timeout_seconds=QUICK, task_run_name="staging-map-{request.job_id}")
+@step(timeout_seconds=QUICK, task_run_name="publish-map-{request.job_id}")
 def publish_map(request: JobRequest, staging_dir: Path, sources: list[StagedSource], **options: Any) -> StagingMap:
     """Write the staging map and show what was staged, as a table."""
     return _shown(stage.publish_map(request, staging_dir, sources, **options))
 
 
-@step("plan-staging", timeout_seconds=CLUSTER, task_run_name="plan-staging-{request.job_id}")
+@step(timeout_seconds=CLUSTER, task_run_name="plan-stage-{request.job_id}")
 def plan_stage(request: JobRequest, staging_dir: Path, **options: Any) -> StagingMap:
     """For a backend that stages on the cluster: the map it will produce and the config, nothing moved."""
     return _shown(stage.plan_stage(request, staging_dir, **options))

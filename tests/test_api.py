@@ -13,7 +13,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 import tao_data_io
 from tao_data_io.cli import in_cli_terms
 from tao_data_io.credentials import forwarded_values
-from tao_data_io.errors import (BackendError, CredentialError, TransferError, UsageError, VerificationError,
+from tao_data_io.errors import (BackendError, CredentialError, IntegrityError, TransferError, UsageError,
                                 is_retryable)
 from tao_data_io.reporting import MAX_EXAMPLES, Progress, throttled
 from tao_data_io.staging.selective import MissingReferencesError
@@ -42,7 +42,7 @@ def test_a_20000_file_summary_stays_small() -> None:
     (UsageError("bad"), False),
     (CredentialError("no key"), False),
     (TransferError("3 objects failed"), True),
-    (VerificationError("sha256 mismatch"), False),
+    (IntegrityError("sha256 mismatch"), False),
     (MissingReferencesError("2 missing", [], TransferSummary("a", "b")), False),
     (BackendError("apiserver 503", retryable=True), True),
     (BackendError("admission refused"), False),

@@ -24,7 +24,7 @@ import pytest
 
 from tao_data_io.fs.confinement import STATE_DIR_NAME
 from tao_data_io.fs.locks import destination_lock_path
-from tao_data_io.fs.temp import lock_owner, temp_path_for
+from tao_data_io.fs.temp import lock_tag, temp_path_for
 from tao_data_io.staging.archive import ArchiveLimits, ExtractResult, extract_archive, marker_path
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded.s3 import EmbeddedS3
@@ -472,7 +472,7 @@ def test_a_killed_extractions_leftovers_are_removed(tmp_path: Path) -> None:
         info.size = 1
         tar.addfile(info, io.BytesIO(b"x"))
     dest = tmp_path / "out"
-    leftover = temp_path_for(dest, lock_owner(destination_lock_path(dest)))  # a killed extraction's, under dest's lock
+    leftover = temp_path_for(dest, lock_tag(destination_lock_path(dest)))  # a killed extraction's, under dest's lock
     (leftover / "half").mkdir(parents=True)
     (leftover / "half" / "big.bin").write_bytes(b"partial")
     extract_archive(str(archive), dest)
@@ -539,7 +539,7 @@ def test_a_killed_s3_zip_extraction_leaves_no_spool_behind(s3_credentials: S3Cre
                                                            tmp_path: Path) -> None:
     s3_client.put_object(Bucket=bucket, Key="data.zip", Body=zip_bytes(TREE))
     dest = tmp_path / "d"
-    spool = temp_path_for(dest, lock_owner(destination_lock_path(dest)))  # what a SIGKILL during the copy leaves
+    spool = temp_path_for(dest, lock_tag(destination_lock_path(dest)))  # what a SIGKILL during the copy leaves
     spool.write_bytes(b"partial zip")
     engine, _ = counting_engine(s3_credentials)
     extract_archive(f"s3://{bucket}/data.zip", dest, engine=engine)

@@ -55,9 +55,9 @@ def test_submit_stages_each_input_in_its_own_task_run_and_collect_uploads(env: d
     assert state.is_completed(), state.message
     assert state.result() == {"job_id": "job-ok", "backend_ref": "fake/job-ok", "tier": "B", "started": True,
                               "verified_checks": 4}
-    folder, model = f"stage-job-ok-s3://{bucket}/data/", f"stage-job-ok-s3://{bucket}/models/model.bin"
+    folder, model = f"stage-input-job-ok-s3://{bucket}/data/", f"stage-input-job-ok-s3://{bucket}/models/model.bin"
     runs = task_runs(state, folder, model, "stage-config-job-ok", "open-record-job-ok", "decide-tier-job-ok",
-                     "staging-map-job-ok", "route-outputs-job-ok", "launch-job-ok", "verify-job-ok")
+                     "publish-map-job-ok", "route-outputs-job-ok", "start-job-ok", "confirm-job-ok")
     assert all(run.state is not None and run.state.is_completed() and run.run_count == 1 for run in runs.values())
     found = artifacts(state)
     progress = sorted((a.description or "", a.data) for a in found if a.type == "progress")
@@ -85,8 +85,8 @@ def test_a_cluster_that_stages_itself_gets_a_planned_staging_map(env: dict[str, 
     target, records = fake_target(tmp_path, stages_on_host=False), records_block(tmp_path / "jobs")
     state = submit_tao_job(fake_request(bucket, "job-planned"), target=target, records=records, return_state=True)
     assert state.is_completed(), state.message
-    runs = task_runs(state, "plan-staging-job-planned", "launch-job-planned")
-    assert not any(name.startswith("stage-job-planned-") for name in runs)  # nothing staged here
+    runs = task_runs(state, "plan-stage-job-planned", "start-job-planned")
+    assert not any(name.startswith("stage-input-job-planned-") for name in runs)  # nothing staged here
     rows = json.loads(str(by_key(artifacts(state), "staged-job-planned").data))
     assert [row["moved"] for row in rows][:2] == ["planned: staged on the cluster"] * 2
     assert rows[2]["kind"] == "config" and str(rows[2]["moved"]).startswith("moved 1 files")  # the config, here
@@ -99,7 +99,7 @@ def test_a_verify_failure_fails_the_flow_before_the_command_starts(env: dict[str
     state = submit_tao_job(fake_request(bucket, "job-unverified"), target=target, records=records,
                            return_state=True)
     assert state.is_failed() and "verify failed inside the frame" in str(state.message)
-    assert task_runs(state, "verify-job-unverified")["verify-job-unverified"].run_count == 1  # not retried
+    assert task_runs(state, "confirm-job-unverified")["confirm-job-unverified"].run_count == 1  # not retried
     report = str(by_key(artifacts(state), "launch-job-unverified").data)
     assert "NOT STARTED: verify failed" in report and "| **FAIL** | `/data` |" in report
     record = RecordStore(tmp_path / "jobs").get("job-unverified")
@@ -138,9 +138,9 @@ def test_transient_faults_are_retried_by_the_task_and_the_flow_succeeds(env: dic
         state = submit_tao_job(request, target=target, records=records, return_state=True)
         assert proxy.failed == 2
     assert state.is_completed(), state.message
-    folder = f"stage-job-flaky-s3://{bucket}/data/"
-    runs = task_runs(state, folder, "launch-job-flaky")
-    assert runs[folder].run_count >= 2 and runs["launch-job-flaky"].run_count == 2
+    folder = f"stage-input-job-flaky-s3://{bucket}/data/"
+    runs = task_runs(state, folder, "start-job-flaky")
+    assert runs[folder].run_count >= 2 and runs["start-job-flaky"].run_count == 2
     assert len(list((tmp_path / "work" / "job-flaky" / "s3" / bucket / "data").iterdir())) == 3
 
 
@@ -150,7 +150,7 @@ def test_a_non_retryable_error_fails_at_once(env: dict[str, str], bucket: str, t
                "inputs": [{"source": f"s3://{bucket}/no-such.bin", "kind": "file", "target": "/data/x.bin"}]}
     state = submit_tao_job(request, target=target, records=records, return_state=True)
     assert state.is_failed() and "does not exist (404)" in str(state.message)
-    name_ = f"stage-job-missing-s3://{bucket}/no-such.bin"
+    name_ = f"stage-input-job-missing-s3://{bucket}/no-such.bin"
     assert task_runs(state, name_)[name_].run_count == 1
     record = RecordStore(tmp_path / "jobs").get("job-missing")  # ERROR and why; a fixed request can rerun it
     assert record.state == "ERROR" and "does not exist (404)" in (record.message or "")
@@ -252,18 +252,18 @@ def test_the_flows_run_the_verbs_steps_each_as_its_task(env: dict[str, str], buc
             any_=[state.state_details.flow_run_id for state in states])))
     # The collect flow reads the record for its log mask before the verb starts: one task more.
     assert len(ran) == len(flow_run.steps) + 1
-    # The graph's edges are what each step got from another: stage ∥ stage → map → plan → launch → verify.
+    # The graph's edges are what each step got from another: stage ∥ stage → map → plan → start → confirm.
     by_name = {run.name: run for run in ran}
 
     def upstream(name: str, parameter: str) -> set[str]:
         ids = {item.id for item in by_name[name].task_inputs[parameter]}
         return {run.name for run in ran if run.id in ids}
 
-    staged = {f"stage-steps-flow-s3://{bucket}/data/", f"stage-steps-flow-s3://{bucket}/models/model.bin"}
-    assert upstream("staging-map-steps-flow", "sources") == staged | {"stage-config-steps-flow"}
-    assert upstream("plan-launch-steps-flow", "staging_map") == {"staging-map-steps-flow"}
-    assert upstream("launch-steps-flow", "plan") == {"plan-launch-steps-flow"}
-    assert upstream("verify-steps-flow", "submission") == {"launch-steps-flow"}
+    staged = {f"stage-input-steps-flow-s3://{bucket}/data/", f"stage-input-steps-flow-s3://{bucket}/models/model.bin"}
+    assert upstream("publish-map-steps-flow", "sources") == staged | {"stage-config-steps-flow"}
+    assert upstream("build-plan-steps-flow", "staging_map") == {"publish-map-steps-flow"}
+    assert upstream("start-steps-flow", "plan") == {"build-plan-steps-flow"}
+    assert upstream("confirm-steps-flow", "submission") == {"start-steps-flow"}
 
 
 def test_no_link_to_a_task_survives_that_prefect_cannot_verify(prefect_harness: None, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from tao_data_io.fs.confinement import NAME_MAX_BYTES, is_within
 from tao_data_io.fs.digest import file_digest
 from tao_data_io.fs.locks import file_lock
 from tao_data_io.fs.state import state_dir_for
-from tao_data_io.fs.temp import lock_owner, remove_stale_temps, temp_name, temp_path_for
+from tao_data_io.fs.temp import lock_tag, remove_stale_temps, temp_name, temp_path_for
 from tao_data_io.fs.tree import DestinationTree
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.archive import extract_archive
@@ -67,11 +67,11 @@ def test_atomic_write_without_replace_keeps_the_existing_file(tmp_path: Path) ->
 
 def test_temp_names_fit_a_name_of_255_utf8_bytes(tmp_path: Path) -> None:
     name = "é" * 127  # 254 bytes, 127 characters
-    owner = lock_owner(tmp_path / "lock")
-    temp = temp_path_for(tmp_path / name, owner)
+    tag = lock_tag(tmp_path / "lock")
+    temp = temp_path_for(tmp_path / name, tag)
     assert len(temp.name.encode()) <= NAME_MAX_BYTES
     temp.write_bytes(b"x")  # the filesystem accepts it
-    remove_stale_temps(tmp_path / name, owner)
+    remove_stale_temps(tmp_path / name, tag)
     assert not temp.exists()
 
 
@@ -109,7 +109,7 @@ def test_a_closed_destination_tree_refuses_writes_instead_of_reopening_its_root(
 
 def test_remove_stale_temps_spares_other_names_and_other_owners(tmp_path: Path) -> None:
     """Only the holder of the lock a temp file was written under can know it is abandoned."""
-    mine, other = lock_owner(tmp_path / "lock"), lock_owner(tmp_path / "sub" / "lock")
+    mine, other = lock_tag(tmp_path / "lock"), lock_tag(tmp_path / "sub" / "lock")
     killed, theirs = temp_path_for(tmp_path / "a.bin", mine), temp_path_for(tmp_path / "b.bin", mine)
     in_flight = temp_path_for(tmp_path / "a.bin", other)
     for path in (killed, theirs, in_flight, tmp_path / "a.bin.keep"):

@@ -506,7 +506,7 @@ def test_a_failed_verify_deletes_the_job_and_the_record_says_error(kube: KubeSta
     assert deleted == ["DELETE /apis/batch/v1/namespaces/tao/jobs/job-1?propagationPolicy=Foreground"]
     assert every_object_of_ours(kube) == [] and kube.server.alive("Pod", NAMESPACE) == {}  # GPU freed, GC'd
     assert any("frees its GPUs" in line for line in said)
-    status = steps.current_status(record, make_backend(), store_in(tmp_path))
+    status = steps.observe_and_record(record, make_backend(), store_in(tmp_path))
     assert status.state == "ERROR" and "the record says ERROR" in status.message
 
 

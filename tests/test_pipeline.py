@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tao_data_io.errors import UsageError
-from tao_data_io.steps import VerifyFailed, current_status, wait_for_end
+from tao_data_io.steps import VerifyFailed, observe_and_record, wait_for_end
 from tao_data_io.verbs import cancel, collect, resync, submit
 from tao_data_io.records import RecordStore, open_for
 from tao_data_io.request import parse_request
@@ -127,7 +127,7 @@ def test_status_from_a_backend_that_cannot_find_a_running_job_is_an_error(env: d
            staging_root=tmp_path / "work", environ=env)
     elsewhere = FakeBackend(tmp_path / "other-results")
     with pytest.raises(UsageError, match="has no trace of fake/job-here.*its record says"):
-        current_status(store.get("job-here"), elsewhere, store)
+        observe_and_record(store.get("job-here"), elsewhere, store)
     assert store.get("job-here").state == "RUNNING"
 
 

@@ -17,7 +17,7 @@ from tao_data_io.errors import TransferError, UnsafePathError, UsageError
 from tao_data_io.fs.confinement import STATE_DIR_NAME
 from tao_data_io.fs.locks import destination_lock_path
 from tao_data_io.fs.state import state_dir_for
-from tao_data_io.fs.temp import lock_owner, temp_path_for
+from tao_data_io.fs.temp import lock_tag, temp_path_for
 from tao_data_io.staging.pretrained import pull_model
 from tao_data_io.uris import HF_SHAPE, NGC_SHAPE, HFModelURI, NGCModelURI, parse_model_uri
 
@@ -346,8 +346,8 @@ def test_destination_that_is_a_file_is_a_usage_error(hub_env: dict[str, str], re
 def test_a_killed_runs_staging_is_removed_and_a_neighbours_is_not(hub_env: dict[str, str], refs: dict[str, str],
                                                                     tmp_path: Path) -> None:
     # A killed pull's, under d's lock:
-    ours = temp_path_for(tmp_path / "d", lock_owner(destination_lock_path(tmp_path / "d")))
-    neighbours = temp_path_for(tmp_path / "x.d", lock_owner(destination_lock_path(tmp_path / "x.d")))
+    ours = temp_path_for(tmp_path / "d", lock_tag(destination_lock_path(tmp_path / "d")))
+    neighbours = temp_path_for(tmp_path / "x.d", lock_tag(destination_lock_path(tmp_path / "x.d")))
     for staging in (ours, neighbours):
         (staging / "onnx").mkdir(parents=True)
         (staging / "onnx" / "model.onnx").write_bytes(b"half")

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tao_data_io.errors import CredentialError, UsageError
-from tao_data_io.fs.temp import lock_owner, temp_path_for
+from tao_data_io.fs.temp import lock_tag, temp_path_for
 from tao_data_io.records import (DamagedRecordError, JobRecord, RecordConflictError, RecordStore, Retry,
                                network_and_action, open_for)
 from tao_data_io.records.directory import DirectoryStorage
@@ -412,7 +412,7 @@ def test_sigkill_during_writes_never_leaves_a_damaged_record(tmp_path: Path) -> 
         if not path.name.startswith("."):  # a killed writer's temp file may be half written: that is its job
             json.loads(path.read_text())
     # The lock died with its holder, and the next writer clears that job's leftovers.
-    temp_path_for(tmp_path / "kill-0.json", lock_owner(tmp_path / ".kill-0.lock")).write_text('{"half": ')
+    temp_path_for(tmp_path / "kill-0.json", lock_tag(tmp_path / ".kill-0.lock")).write_text('{"half": ')
     for record in records:
         store.update(record.job_id, append_upload({"after": "kill"}))
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == [

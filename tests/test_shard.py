@@ -10,7 +10,7 @@ import pytest
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.errors import UsageError
 from tao_data_io.fs.locks import destination_lock_path
-from tao_data_io.fs.temp import lock_owner, temp_path_for
+from tao_data_io.fs.temp import lock_tag, temp_path_for
 from tao_data_io.transfer.engine import TransferEngine
 from tao_data_io.transfer.options import TransferOptions
 from tao_data_io.transfer.shard import Shard, parse_shard, shard_of
@@ -55,7 +55,7 @@ def test_a_shard_removes_only_its_own_killed_downloads(engine: TransferEngine, d
     theirs = next(name for name, index in owner.items() if index == 1)
     leftovers = {}
     for name, shard in ((mine, Shard(0, 2)), (theirs, Shard(1, 2))):  # killed while holding their shard's lock
-        temp = temp_path_for(dest / name, lock_owner(destination_lock_path(dest, shard.label)))
+        temp = temp_path_for(dest / name, lock_tag(destination_lock_path(dest, shard.label)))
         temp.parent.mkdir(parents=True, exist_ok=True)
         temp.write_bytes(b"partial")
         leftovers[name] = temp

@@ -122,10 +122,10 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
 
 
 def _status(args: argparse.Namespace, console: Console) -> int:
-    from ..steps import current_status
+    from ..steps import observe_and_record
 
     store, backend, job_id = _job(args, console)
-    status = current_status(store.get(job_id), backend, store)
+    status = observe_and_record(store.get(job_id), backend, store)
     console.json(status.to_dict()) if args.json else console.out(status.describe())
     return 0
 

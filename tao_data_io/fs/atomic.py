@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .temp import UNOWNED, remove_if_exists, temp_path_for
+from .temp import UNLOCKED, remove_if_exists, temp_path_for
 
 
 def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, replace: bool = True, durable: bool = False,
-                 owner: str = UNOWNED) -> bool:
+                 tag: str = UNLOCKED) -> bool:
     """Publish ``data`` at ``path`` whole or not at all; return whether this call created it.
 
     A unique temp file beside ``path``, written and fsynced, then:
@@ -26,11 +26,11 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, replace: bool = 
 
     ``durable`` also fsyncs the directory, so the new name survives a power loss (job records).
     The temp file is removed on every path out, so an interrupted call leaves nothing behind
-    but, at worst, one temp file that :func:`~tao_data_io.fs.temp.remove_stale_temps` recognises — for the ``owner``
-    (:func:`~tao_data_io.fs.temp.lock_owner`) of the lock the caller holds while writing ``path``.
+    but, at worst, one temp file that :func:`~tao_data_io.fs.temp.remove_stale_temps` recognises — for the ``tag``
+    (:func:`~tao_data_io.fs.temp.lock_tag`) of the lock the caller holds while writing ``path``.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = temp_path_for(path, owner)
+    temp = temp_path_for(path, tag)
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         with os.fdopen(fd, "wb") as handle:

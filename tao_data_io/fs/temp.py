@@ -1,10 +1,10 @@
 """Temp names: what an in-flight file is called, who owns it, and removing those killed writers left.
 
-**Why.** In-flight files and directories are named ``.tao-data-io-partial.<owner>-<12 hex>.<name>``
+**Why.** In-flight files and directories are named ``.tao-data-io-partial.<tag>-<12 hex>.<name>``
 beside their final path (same directory, so same filesystem, so the final ``rename`` is atomic).
 The random part means two writers — threads or processes, even with the same PID in two
-containers — never share one; names are cut by *bytes* so a 255-byte name still fits. The owner
-names the lock its writer held (:func:`lock_owner`): a sweep run under a lock removes only temp
+containers — never share one; names are cut by *bytes* so a 255-byte name still fits. The tag
+names the lock its writer held (:func:`lock_tag`): a sweep run under a lock removes only temp
 names of that lock, the only ones it can prove abandoned — a sync into ``/data`` never touches the
 in-flight files of a sync into ``/data/sub``, which holds another lock.
 """
@@ -21,24 +21,24 @@ from pathlib import Path
 from .confinement import NAME_MAX_BYTES, TEMP_PREFIX
 
 
-_OWNER_HEX = 8
+_TAG_HEX = 8
 _TOKEN_HEX = 12
 #: Temp-name tokens read from the OS's random source at once.
 _TOKENS_READ = 512
-#: The owner of temp names no lock guards: no sweep ever removes them; their writer does.
-UNOWNED = "0" * _OWNER_HEX
-_TEMP_HEAD = re.compile(rf"{re.escape(TEMP_PREFIX)}([0-9a-f]{{{_OWNER_HEX}}})-[0-9a-f]{{{_TOKEN_HEX}}}\.")
+#: The tag of temp names no lock guards: no sweep ever removes them; their writer does.
+UNLOCKED = "0" * _TAG_HEX
+_TEMP_HEAD = re.compile(rf"{re.escape(TEMP_PREFIX)}([0-9a-f]{{{_TAG_HEX}}})-[0-9a-f]{{{_TOKEN_HEX}}}\.")
 
 
-def lock_owner(lock: Path) -> str:
-    """The owner part of the temp names written under ``lock`` (8 hex of its absolute path).
+def lock_tag(lock: Path) -> str:
+    """The tag part of the temp names written under ``lock`` (8 hex of its absolute path).
 
     Why: a temp name looks the same whether its writer was killed or is still writing. Only the
     holder of the lock every such writer holds can tell: while it holds the lock, a temp name of
-    that lock's owner is provably abandoned; any other temp name may belong to a live writer of
+    that lock's tag is provably abandoned; any other temp name may belong to a live writer of
     another destination (a sync into a sub-directory, an extraction beside it) and is left alone.
     """
-    return hashlib.sha256(os.fsencode(os.path.abspath(lock))).hexdigest()[:_OWNER_HEX]
+    return hashlib.sha256(os.fsencode(os.path.abspath(lock))).hexdigest()[:_TAG_HEX]
 
 
 class _Tokens:
@@ -69,10 +69,10 @@ class _Tokens:
 _tokens = _Tokens()
 
 
-def temp_name(name: str, owner: str = UNOWNED) -> str:
-    """A fresh, unpredictable temp name for ``name``, owned by ``owner``, cut to fit
+def temp_name(name: str, tag: str = UNLOCKED) -> str:
+    """A fresh, unpredictable temp name for ``name``, tagged ``tag``, cut to fit
     :data:`NAME_MAX_BYTES` by bytes."""
-    return _fit(f"{TEMP_PREFIX}{owner}-{_tokens.next()}.", name)
+    return _fit(f"{TEMP_PREFIX}{tag}-{_tokens.next()}.", name)
 
 
 def _fit(head: str, name: str) -> str:
@@ -80,13 +80,13 @@ def _fit(head: str, name: str) -> str:
     return head + name.encode("utf-8", "surrogateescape")[:room].decode("utf-8", "ignore")
 
 
-def temp_path_for(final: Path, owner: str = UNOWNED) -> Path:
+def temp_path_for(final: Path, tag: str = UNLOCKED) -> Path:
     """A fresh temp name beside ``final`` (same directory → same filesystem)."""
-    return final.with_name(temp_name(final.name, owner))
+    return final.with_name(temp_name(final.name, tag))
 
 
-def temp_owner(name: str) -> str | None:
-    """The owner of a temp name of ours, or None for any other name."""
+def temp_tag(name: str) -> str | None:
+    """The tag of a temp name of ours, or None for any other name."""
     match = _TEMP_HEAD.match(name)
     return match.group(1) if match else None
 
@@ -95,9 +95,9 @@ def is_temp_name(name: str) -> bool:
     return name.startswith(TEMP_PREFIX)
 
 
-def remove_stale_temps(final: Path, owner: str) -> None:
+def remove_stale_temps(final: Path, tag: str) -> None:
     """Remove the temp files and directories for ``final`` that killed writers under the lock of
-    ``owner`` left beside it.
+    ``tag`` left beside it.
 
     Only call this while holding that lock: a temp name of a live writer looks exactly like a
     stale one, and only the lock tells them apart.
@@ -108,7 +108,7 @@ def remove_stale_temps(final: Path, owner: str) -> None:
         return
     for entry in entries:
         match = _TEMP_HEAD.match(entry.name)
-        if match is None or match.group(1) != owner or entry.name != _fit(match.group(0), final.name):
+        if match is None or match.group(1) != tag or entry.name != _fit(match.group(0), final.name):
             continue
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)

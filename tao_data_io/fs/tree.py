@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..errors import UnsafePathError
 from .confinement import OPEN_DIRECTORY, OPEN_DIRECTORY_NOFOLLOW
-from .temp import UNOWNED, temp_name, temp_owner
+from .temp import UNLOCKED, temp_name, temp_tag
 from .state import state_dir_for
 
 
@@ -53,10 +53,10 @@ class DestinationTree:
     thread.
     """
 
-    def __init__(self, root: Path, owner: str = UNOWNED, state_dir: Path | None = None) -> None:
+    def __init__(self, root: Path, tag: str = UNLOCKED, state_dir: Path | None = None) -> None:
         self.root = Path(os.path.abspath(root))
-        #: The :func:`~tao_data_io.fs.temp.lock_owner` of the lock held while writing here; it names every temp file.
-        self.owner = owner
+        #: The :func:`~tao_data_io.fs.temp.lock_tag` of the lock held while writing here; it names every temp file.
+        self.tag = tag
         self.state_dir = state_dir if state_dir is not None else state_dir_for(self.root)
         self._lock = threading.Lock()
         #: relative directory ("" is the root) → [descriptor, files in flight in it]
@@ -153,7 +153,7 @@ class DestinationTree:
         :class:`UnsafePathError` when a directory on the way is a symlink or not a directory."""
         directory, _, name = relative.rpartition("/")
         dir_fd = self._pin(directory)
-        temp = temp_name(name, self.owner)
+        temp = temp_name(name, self.tag)
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
                          dir_fd=dir_fd)
@@ -167,7 +167,7 @@ class DestinationTree:
         final place under a temp name; publishing it is then the same as for any other."""
         directory, _, name = relative.rpartition("/")
         dir_fd = self._pin(directory)
-        temp = temp_name(name, self.owner)
+        temp = temp_name(name, self.tag)
         try:
             os.rename(source_name, temp, src_dir_fd=source_dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
@@ -177,10 +177,10 @@ class DestinationTree:
 
     def remove_temps(self, relatives: Sequence[str]) -> None:
         """Remove the temp files among ``relatives`` (found by a scan) that belong to this tree's
-        owner: killed writers under the lock the caller holds left them. Other owners' are left."""
+        tag: killed writers under the lock the caller holds left them. Other tags' are left."""
         for relative in relatives:
             directory, _, name = relative.rpartition("/")
-            if temp_owner(name) != self.owner:
+            if temp_tag(name) != self.tag:
                 continue
             try:
                 dir_fd = self._pin(directory, create=False)
@@ -268,10 +268,10 @@ class DestinationTree:
     def spool(self) -> Iterator[Spool]:
         """A private directory (0700, this process's owner only) in the tree's state directory,
         for a child that writes by path; removed with whatever is left in it. Killed runs' spools
-        carry the owner's temp name, so the next holder of the lock sweeps them."""
+        carry the tag's temp name, so the next holder of the lock sweeps them."""
         if not self.spool_fits():
             raise OSError(errno.EXDEV, "no directory on the destination's filesystem outside it", str(self.root))
-        path = self.state_dir / temp_name(SPOOL_NAME, self.owner)
+        path = self.state_dir / temp_name(SPOOL_NAME, self.tag)
         os.mkdir(path, 0o700)
         try:
             fd = os.open(path, OPEN_DIRECTORY_NOFOLLOW)

@@ -44,7 +44,7 @@ class LaunchRecord(Strict):
 Record = TypeVar("Record", bound=LaunchRecord)
 
 
-class Canceled(Strict):
+class CancelRequest(Strict):
     """That a cancel was asked, and when: once the job has ended, its status reads CANCELED."""
 
     requested_at: datetime
@@ -80,8 +80,8 @@ class RunFiles(Generic[Record]):
         """The verify probe's verdict, once the backend judged it."""
         return read_record(self.verdict_file, Verdict)
 
-    def canceled(self) -> Canceled | None:
-        return read_record(self.cancel_file, Canceled)
+    def canceled(self) -> CancelRequest | None:
+        return read_record(self.cancel_file, CancelRequest)
 
     def put_away(self, attempt: int, state: str, ref: str) -> None:
         """Move attempt ``attempt``'s files into ``attempts/<n>/`` for the next attempt to start

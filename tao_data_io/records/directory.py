@@ -22,7 +22,7 @@ from pathlib import Path
 from ..transfer.activity import Activity
 from ..fs.atomic import atomic_write
 from ..fs.locks import file_lock
-from ..fs.temp import lock_owner, remove_stale_temps
+from ..fs.temp import lock_tag, remove_stale_temps
 from ..names import is_job_id
 from .storage import RECORD_SUFFIX, Document, read_capped
 from .lease import directory_lease
@@ -97,6 +97,6 @@ class DirectoryStorage:
         """Replace the record's file atomically and durably. Called with the job's lock held, so
         any temp file of this job's lock still present was left by a killed writer and is removed."""
         final = self._path(job_id)
-        owner = lock_owner(self._lock_path(job_id))
-        remove_stale_temps(final, owner)
-        atomic_write(final, data, mode=0o600, durable=True, owner=owner)
+        tag = lock_tag(self._lock_path(job_id))
+        remove_stale_temps(final, tag)
+        atomic_write(final, data, mode=0o600, durable=True, tag=tag)

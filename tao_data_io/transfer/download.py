@@ -29,7 +29,7 @@ from .listing import RemoteObject, clean_etag, read_ahead, remote_objects, s3_ti
 from .local_walk import LocalFile, local_file, temp_leftovers
 from ..fs.confinement import check_relative, confined_path
 from ..fs.locks import destination_lock, destination_lock_path
-from ..fs.temp import lock_owner, remove_stale_temps
+from ..fs.temp import lock_tag, remove_stale_temps
 from ..fs.tree import SPOOL_NAME, DestinationTree
 from .objects import ControlPlane
 from .options import TransferOptions, plan_chunks
@@ -64,7 +64,7 @@ def locked_destination(dest: Path, dry_run: bool = False, shard: Shard | None = 
     """
     part = None if shard is None else shard.label
     lock = destination_lock_path(dest, part)
-    tree = DestinationTree(dest, lock_owner(lock), lock.parent)
+    tree = DestinationTree(dest, lock_tag(lock), lock.parent)
     if dry_run:  # no lock, no write; its lookups still open directories, closed here
         try:
             yield tree
@@ -72,7 +72,7 @@ def locked_destination(dest: Path, dry_run: bool = False, shard: Shard | None = 
             tree.close()
         return
     with destination_lock(dest, part):
-        remove_stale_temps(tree.state_dir / SPOOL_NAME, tree.owner)
+        remove_stale_temps(tree.state_dir / SPOOL_NAME, tree.tag)
         try:
             yield tree
         finally:

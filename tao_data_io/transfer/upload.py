@@ -34,7 +34,7 @@ from .summary import Failure, Skipped, TransferSummary
 from ..uris import S3Url
 
 
-class _Budget:
+class _ResultsBudget:
     """The results budget as the upload walk spends it, starting from what the prefix holds: each
     file sent changes that by its size less the object it replaces. The first walk counted the
     tree, but a job may write between the two walks, so a file that would take the prefix past the
@@ -133,7 +133,7 @@ class Uploads(ControlPlane):
             stack.callback(store.close)
             tracker = ProgressTracker(0, 0, options.progress, planning=True)
             strategy = self._upload_strategy(prefix.bucket, store, options)
-            budget = _Budget(options.budget, prefix, listing)
+            budget = _ResultsBudget(options.budget, prefix, listing)
             walk = stack.enter_context(LocalWalk(skip=summary.skip))
             beat = None if options.activity is None else options.activity.beat
 

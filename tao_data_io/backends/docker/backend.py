@@ -59,7 +59,7 @@ from ...launch.backend import (
 )
 from ...launch.binding import BoundSource, open_source
 from ...launch.plan import LaunchPlan
-from ...launch.rundir import Canceled, RunRoot
+from ...launch.rundir import CancelRequest, RunRoot
 from ...launch.probe import (PROBE_SCRIPT, TOKEN_FILE, CheckResult, Verdict, checklist, checklist_text,
                              parse_probe_output, ranks_verdict, remove_token, with_persistence)
 from ...launch.results_owner import hand_over_checked, take_back_results
@@ -624,7 +624,7 @@ class DockerBackend(RunRoot[RunDir, Launch]):
             if run.ended() is not None:
                 return False
             if run.canceled() is None:
-                run.write(run.cancel_file, Canceled(requested_at=datetime.now(timezone.utc)))
+                run.write(run.cancel_file, CancelRequest(requested_at=datetime.now(timezone.utc)))
             if run.verdict() is None:
                 _touch(run.control / STOP)
         containers = [c for c in (self._container(launch.plan, rank) for rank in range(launch.plan.nodes)) if c]

@@ -59,7 +59,7 @@ from .kueue import check_queue, held, hold_text
 from .render import (CACHE_LABEL, COLLECTIVE_TIMEOUT_S, JOB_ID_LABEL, MANAGED_BY, VOLUME_ROOT, RenderedJob,
                      claim_paths, probe_key, probes_collectives, read_config, render_job, stager_in_pod)
 from .settings import KubernetesSettings
-from .waiting import (PROBE_GRACE_S, Budget, PodWatch, StageFailed, list_pods, wait_for_probe, wait_for_stage,
+from .waiting import (PROBE_GRACE_S, PodWatch, StageFailed, WaitBudget, list_pods, wait_for_probe, wait_for_stage,
                       wait_for_verdict)
 
 log = logging.getLogger(__name__)
@@ -106,8 +106,8 @@ class KubernetesBackend:
         found again the same way); the kubeconfig, and any path to it, stay on this machine."""
         return self.settings.model_dump(mode="json")
 
-    def _budget(self, verify_timeout: float) -> Budget:
-        return Budget(verify_timeout, self.image_pull_timeout, self.settings.schedule_timeout)
+    def _budget(self, verify_timeout: float) -> WaitBudget:
+        return WaitBudget(verify_timeout, self.image_pull_timeout, self.settings.schedule_timeout)
 
     # ------------------------------------------------------------------ before
     def facts(self) -> ClusterFacts:
@@ -137,7 +137,7 @@ class KubernetesBackend:
         """``submit``: tier B's stage Job moves the inputs for as long as they take (no bound of
         time: it ends when its transfer does); else a multi-node job's collective probe (one
         budget's patience, then the probe's own alarm); else nothing. ``verify``: one budget's
-        patience (admission, a node, the pulls, the probe: :class:`.waiting.Budget`) — no bound
+        patience (admission, a node, the pulls, the probe: :class:`.waiting.WaitBudget`) — no bound
         of time when the pods' stager runs first, since its transfers are not timed either."""
         submit: float | None = 0.0
         if plan.tier == "B":

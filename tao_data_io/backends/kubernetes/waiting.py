@@ -42,7 +42,7 @@ class StageFailed(BackendError):
 
 
 @dataclass
-class Budget:
+class WaitBudget:
     """Seconds spent waiting, by budget; exhausted once one passes its timeout. With a
     ``schedule_timeout`` (an autoscaled pool: a node may take minutes to come), waiting for a node
     counts against it rather than against ``verify_timeout``."""
@@ -93,7 +93,7 @@ class PodWatch:
     #: Its pods' ``tao-data-io/job-id`` label (the training Job's name) and ``tao-data-io/step``.
     label: str
     step: str
-    budget: Budget
+    budget: WaitBudget
     say: Say
     poll_seconds: float
     #: Whether tao-data-io queued this Job in Kueue (a queued target's training Job); one Kueue

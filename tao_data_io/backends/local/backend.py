@@ -43,7 +43,7 @@ from ...launch.backend import (
     polls,
 )
 from ...launch.plan import LaunchPlan
-from ...launch.rundir import Canceled, RunRoot
+from ...launch.rundir import CancelRequest, RunRoot
 from ...launch.probe import Verdict
 from ...outputs import restore_results
 from ...tier import ClusterFacts
@@ -246,7 +246,7 @@ class LocalBackend(RunRoot[RunDir, Launch]):
             if run.exit() is not None or (verdict is not None and not verdict.ok):
                 return _end(_frame_processes(run))
             if run.canceled() is None:
-                run.write(run.cancel_file, Canceled(requested_at=datetime.now(timezone.utc)))
+                run.write(run.cancel_file, CancelRequest(requested_at=datetime.now(timezone.utc)))
         supervisor = run.supervisor()
         running = _alive(supervisor) or any(process.alive() for process in _frame_processes(run))
         if supervisor is not None:

@@ -40,7 +40,7 @@ from ...launch.backend import (DEFAULT_VERIFY_TIMEOUT_S, TAIL_BYTES, FailureAnal
                                LogChunk, Submission, Waits, error_status, polls)
 from ...launch.joblog import JobLog, follow
 from ...launch.plan import LaunchPlan
-from ...launch.rundir import Canceled, RunRoot
+from ...launch.rundir import CancelRequest, RunRoot
 from ...launch.probe import (PROBE_SCRIPT, TOKEN_FILE, Verdict, checklist, checklist_text, parse_probe_output,
                              ranks_verdict, remove_token, with_persistence)
 from ...launch.results_owner import hand_over_checked, take_back_results
@@ -480,7 +480,7 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
             if run.ended() is not None:
                 return False
             if run.canceled() is None:
-                run.write(run.cancel_file, Canceled(requested_at=datetime.now(timezone.utc)))
+                run.write(run.cancel_file, CancelRequest(requested_at=datetime.now(timezone.utc)))
             _touch(run.control / CANCEL)  # each rank hands its command SIGTERM and lets it end
             if run.verdict() is None:
                 _touch(run.control / STOP)

@@ -44,13 +44,13 @@ from ...credentials import s3_credentials_from_env
 from ...errors import UsageError
 from ...fs.atomic import atomic_write
 from ...fs.locks import destination_lock
-from ...fs.temp import lock_owner, remove_stale_temps, temp_path_for
+from ...fs.temp import lock_tag, remove_stale_temps, temp_path_for
 from ...reporting import Progress, ProgressCallback
 from ...transfer.engine import TransferEngine
 from ...uris import S3Url, is_s3_url, parse_s3_url
 from .extractor import Extractor
 from .formats import read_members
-from .limits import ArchiveLimits, Budget
+from .limits import ArchiveLimits, ExtractionBudget
 from .marker import MARKER_FORMAT, marker_path, read_destination, reason_to_extract, tool_version
 from .sources import Source, local_source, s3_source
 
@@ -110,15 +110,15 @@ def extract_archive(archive: str | S3Url, destination: str | os.PathLike[str], *
     # one place wait for each other, and the sweep below only ever meets abandoned temp names.
     with destination_lock(dest) as lock:
         return _extract_locked(archive, dest, strip_components, engine, progress, limits or ArchiveLimits.from_env(),
-                               lock_owner(lock))
+                               lock_tag(lock))
 
 
 def _extract_locked(archive: str | S3Url, dest: Path, strip_components: int, engine: TransferEngine | None,
-                    progress: ProgressCallback | None, limits: ArchiveLimits, owner: str) -> ExtractResult:
-    """Extract under the destination's lock, whose :func:`~tao_data_io.fs.temp.lock_owner` is ``owner``
+                    progress: ProgressCallback | None, limits: ArchiveLimits, tag: str) -> ExtractResult:
+    """Extract under the destination's lock, whose :func:`~tao_data_io.fs.temp.lock_tag` is ``tag``
     (it names this extraction's temp directories, so only this lock's holders ever sweep them)."""
     marker = marker_path(dest)
-    remove_stale_temps(dest, owner)  # what a killed extraction (or zip spool) left beside dest
+    remove_stale_temps(dest, tag)  # what a killed extraction (or zip spool) left beside dest
     previous = read_destination(dest, marker)
     if isinstance(archive, S3Url):
         assert engine is not None
@@ -133,18 +133,18 @@ def _extract_locked(archive: str | S3Url, dest: Path, strip_components: int, eng
                              marker)
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    work = temp_path_for(dest, owner)
+    work = temp_path_for(dest, tag)
     work.mkdir()
     try:
         entries = _extract_into(source, work, dest, strip_components, progress,
-                                limits.budget(int(source.identity["size"]), source.label), owner)
+                                limits.budget(int(source.identity["size"]), source.label), tag)
         total = sum(entry.get("size", 0) for entry in entries)
         record = {"format": MARKER_FORMAT, "tool": f"tao-data-io {tool_version()}", "source": source.label,
                   "archive": source.identity, "strip_components": strip_components, "files": entries, "bytes": total}
         # "installing" first: a kill between the swap and the final marker is seen as interrupted
         # (re-extract), never mistaken for a finished tree of the same shape.
         atomic_write(marker, json.dumps({**record, "status": "installing"}, indent=1).encode())
-        _install(work, dest, owner)
+        _install(work, dest, tag)
         atomic_write(marker, json.dumps({**record, "status": "complete"}, indent=1).encode())
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
@@ -153,10 +153,10 @@ def _extract_locked(archive: str | S3Url, dest: Path, strip_components: int, eng
 
 
 def _extract_into(source: Source, work: Path, dest: Path, strip_components: int,
-                  progress: ProgressCallback | None, budget: Budget, owner: str) -> list[dict[str, Any]]:
+                  progress: ProgressCallback | None, budget: ExtractionBudget, tag: str) -> list[dict[str, Any]]:
     extractor = Extractor(work, source.label, dest, strip_components, budget, progress)
     with source.open() as raw:
-        read_members(raw, source.label, dest, owner, extractor.add)
+        read_members(raw, source.label, dest, tag, extractor.add)
     entries = extractor.finish()
     if extractor.progress is not None:
         extractor.progress(Progress(extractor.files_written, extractor.bytes_written, extractor.files_written,
@@ -164,7 +164,7 @@ def _extract_into(source: Source, work: Path, dest: Path, strip_components: int,
     return entries
 
 
-def _install(work: Path, dest: Path, owner: str) -> None:
+def _install(work: Path, dest: Path, tag: str) -> None:
     """Put the finished tree ``work`` at ``dest`` without ever exposing a half-written tree.
 
     An absent or empty ``dest`` is replaced by one rename. Otherwise the old tree is renamed
@@ -177,7 +177,7 @@ def _install(work: Path, dest: Path, owner: str) -> None:
     except OSError as exc:
         if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
             raise
-    aside = temp_path_for(dest, owner)
+    aside = temp_path_for(dest, tag)
     os.rename(dest, aside)
     try:
         os.rename(work, dest)

@@ -16,7 +16,7 @@ from ...errors import UnsafePathError, UsageError
 from ...fs.confinement import check_relative, confined_path, is_within
 from ...reporting import Progress, ProgressCallback
 from .formats import CHUNK, DIRECTORY, HARDLINK, SPECIAL, SYMLINK, Member, reading
-from .limits import Budget
+from .limits import ExtractionBudget
 
 #: What a member may be, whatever its mode in the archive: readable by every user — the job reads
 #: it as its own user, who is not the stager when the backend runs as root (the staging root keeps
@@ -32,7 +32,7 @@ class Extractor:
     every file: so no member is ever written through one, whatever the archive's order.
     """
 
-    def __init__(self, root: Path, label: str, dest: Path, strip_components: int, budget: Budget,
+    def __init__(self, root: Path, label: str, dest: Path, strip_components: int, budget: ExtractionBudget,
                  progress: ProgressCallback | None = None) -> None:
         self.root, self.label, self.dest, self.strip = root, label, dest, strip_components
         self.budget = budget

@@ -38,7 +38,7 @@ _UNREADABLE = (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, lzma.
 FILE, DIRECTORY, SYMLINK, HARDLINK, SPECIAL = "file", "directory", "symlink", "hard link", "special"
 
 
-def read_members(raw: IO[bytes], label: str, dest: Path, owner: str, add: Callable[[Member], None]) -> None:
+def read_members(raw: IO[bytes], label: str, dest: Path, tag: str, add: Callable[[Member], None]) -> None:
     """Hand ``add`` every member of the archive ``raw`` (its bytes, read once from the start),
     whatever its format; a zip read from a stream is spooled beside ``dest`` for random access."""
     with reading(label):
@@ -51,7 +51,7 @@ def read_members(raw: IO[bytes], label: str, dest: Path, owner: str, add: Callab
     else:
         stream = io.BufferedReader(_Prefixed(head, raw), CHUNK)
     if kind == "zip":
-        with _random_access(stream, dest, owner) as seekable:
+        with _random_access(stream, dest, tag) as seekable:
             _read_zip(seekable, label, add)
     else:
         with _decompressed(kind, stream) as tar_bytes:
@@ -127,13 +127,13 @@ class _Prefixed(io.RawIOBase):
 
 
 @contextmanager
-def _random_access(stream: io.BufferedIOBase, dest: Path, owner: str) -> Iterator[IO[bytes]]:
+def _random_access(stream: io.BufferedIOBase, dest: Path, tag: str) -> Iterator[IO[bytes]]:
     """A seekable view for zip: the local file itself, or the S3 body copied to a temp file
     beside ``dest`` (same filesystem as the extraction) and removed afterwards."""
     if stream.seekable():
         yield stream  # type: ignore[misc]  # a seekable binary stream, all zipfile needs; typeshed keeps IO[bytes] apart
         return
-    spool = temp_path_for(dest, owner)
+    spool = temp_path_for(dest, tag)
     try:
         with open(spool, "xb") as out:
             shutil.copyfileobj(stream, out, CHUNK)

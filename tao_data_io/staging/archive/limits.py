@@ -43,18 +43,18 @@ class ArchiveLimits:
         return cls(**{**{n: getattr(defaults, n) for n in ("max_bytes", "max_ratio", "ratio_floor", "max_members")},
                       **values})
 
-    def budget(self, archive_size: int, label: str) -> Budget:
+    def budget(self, archive_size: int, label: str) -> ExtractionBudget:
         by_ratio = max(self.max_ratio * archive_size, self.ratio_floor)
         if by_ratio < self.max_bytes:
             limit, why = by_ratio, (f"{self.max_ratio}× its {archive_size:,} bytes ({MAX_RATIO_VARIABLE} raises the "
                                      "ratio)")
         else:
             limit, why = self.max_bytes, f"the limit of {self.max_bytes:,} bytes ({MAX_BYTES_VARIABLE} raises it)"
-        return Budget(label, limit, why, self.max_members)
+        return ExtractionBudget(label, limit, why, self.max_members)
 
 
 @dataclass
-class Budget:
+class ExtractionBudget:
     label: str
     max_bytes: int
     why: str

@@ -43,13 +43,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import TransferError, UsageError, VerificationError
+from ...errors import TransferError, UsageError, IntegrityError
 from ...fs.atomic import atomic_write
 from ...fs.confinement import check_relative, confined_path
 from ...fs.digest import file_digest
 from ...fs.locks import destination_lock
 from ...fs.state import read_state_file, state_dir_for
-from ...fs.temp import lock_owner, remove_stale_temps, temp_path_for
+from ...fs.temp import lock_tag, remove_stale_temps, temp_path_for
 from ...fs.tree import DestinationTree
 from ...reporting import ProgressCallback, ProgressTracker, human_size
 from ...uris import HFModelURI, NGCModelURI, parse_model_uri
@@ -112,8 +112,8 @@ def pull_model(uri: str | HFModelURI | NGCModelURI, destination: str | os.PathLi
     registry = registry_for(parsed, env)
     listing = _checked(registry.listing(), parsed)
     with destination_lock(dest) as lock:
-        owner = lock_owner(lock)
-        remove_stale_temps(dest, owner)
+        tag = lock_tag(lock)
+        remove_stale_temps(dest, tag)
         marker = _read_marker(dest)
         vouched = _vouched_files(marker, parsed, listing.revision)
         missing = [remote for remote in listing.files
@@ -123,7 +123,7 @@ def pull_model(uri: str | HFModelURI | NGCModelURI, destination: str | os.PathLi
             tracker = ProgressTracker(len(missing), sum(f.size for f in missing), progress)
             tracker.start()
             _fetch_and_publish(registry, missing, listing.revision, dest, payload, lambda f: tracker.advance(f.size),
-                               owner)
+                               tag)
         elif marker != payload:
             _write_marker(dest, payload)
     return PullResult(str(parsed), dest, listing.revision, tuple(f.path for f in listing.files),
@@ -168,18 +168,18 @@ def _is_present(dest: Path, remote: RemoteFile, vouched: bool) -> bool:
 
 
 def _fetch_and_publish(registry: Registry, files: Sequence[RemoteFile], revision: str, dest: Path,
-                       payload: dict[str, Any], on_file: Callable[[RemoteFile], None], owner: str) -> None:
+                       payload: dict[str, Any], on_file: Callable[[RemoteFile], None], tag: str) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = temp_path_for(dest, owner)
+    staging = temp_path_for(dest, tag)
     staging.mkdir()
     try:
         registry.fetch(files, revision, staging, on_file)
-        _verify(staging, files, dest)
+        _check_integrity(staging, files, dest)
         try:
             if dest.is_dir():
                 # A marker for an older state must not vouch for files while they are replaced.
                 (state_dir_for(dest) / MARKER_NAME).unlink(missing_ok=True)
-                _publish_into(staging, files, DestinationTree(dest, owner))
+                _publish_into(staging, files, DestinationTree(dest, tag))
                 _write_marker(dest, payload)
             else:
                 os.rename(staging, dest)
@@ -205,7 +205,7 @@ def _publish_into(staging: Path, files: Sequence[RemoteFile], tree: DestinationT
         tree.close()
 
 
-def _verify(staging: Path, files: Sequence[RemoteFile], dest: Path) -> None:
+def _check_integrity(staging: Path, files: Sequence[RemoteFile], dest: Path) -> None:
     problems = []
     for remote in files:
         path = staging / remote.path
@@ -217,7 +217,7 @@ def _verify(staging: Path, files: Sequence[RemoteFile], dest: Path) -> None:
             problems.append(f"{remote.path}: {remote.digest.algorithm} is {got}, "
                             f"the registry lists {remote.digest.value}")
     if problems:
-        raise VerificationError(f"{len(problems)} file(s) failed verification, so nothing was published at {dest} "
+        raise IntegrityError(f"{len(problems)} file(s) failed the integrity check, so nothing was published at {dest} "
                             f"(rerun to retry): " + "; ".join(problems))
 
 
