@@ -11,7 +11,7 @@ against the embedded SeaweedFS server, direct and behind the 20 ms/request laten
   same 8 threads read it ``--epochs`` times from local disk.
 
 It prints each time and the break-even number of epochs: the smallest N for which
-``stage + N × local epoch`` ≤ ``N × s3fs epoch``. docs/benchmarks.md ("Staging against a FUSE mount") and
+``stage + N × local epoch`` ≤ ``N × s3fs epoch``. bench/README.md ("Staging against a FUSE mount") and
 ``tao_data_io.tier.TIER_C_BYTES_PER_SECOND`` quote a run of this script.
 
 Needs ``/dev/fuse`` and ``s3fs`` (``apt-get install -y s3fs``); run as root (``allow_other`` is

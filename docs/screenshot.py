@@ -3,9 +3,9 @@
 Logs tab (the page picks its tab before the run has loaded), so this drives the page over the
 DevTools protocol: load it, click the tab, wait, capture.
 
-    .venv/bin/python docs/screenshot.py http://127.0.0.1:PORT/runs/flow-run/ID docs/demo-flow-run.png \
+    .venv/bin/python docs/screenshot.py http://127.0.0.1:PORT/runs/flow-run/ID docs/images/demo-flow-run.png \
         [--tab Artifacts] [--width 1600] [--height 1500]
-    .venv/bin/python docs/screenshot.py http://127.0.0.1:PORT/artifacts/key/launch-JOB docs/x.png --tab ''
+    .venv/bin/python docs/screenshot.py http://127.0.0.1:PORT/artifacts/key/launch-JOB docs/images/x.png --tab ''
 
 
 Against the demo's server: ``KEEP=1 make demo``, then the URL it prints; ``make demo-stop`` after.

@@ -28,7 +28,7 @@ Tier = Literal["A", "B", "C"]
 DEFAULT_TIER_C_WARN_BYTES = 2 * 1024**3
 #: Throughput of an in-pod fetch, used when the tier C warning converts bytes into idle GPU time
 #: and to size the results sidecar's grace period: the engine staging 2,000 × 16 KiB through
-#: 20 ms/request measured 10.6 MB/s (17.2 direct); bench/mount.py, docs/benchmarks.md. Small
+#: 20 ms/request measured 10.6 MB/s (17.2 direct); bench/mount.py, bench/README.md. Small
 #: files at real latency are the slow case, so this errs towards warning early.
 TIER_C_BYTES_PER_SECOND = 10 * 1024**2
 

@@ -1,7 +1,7 @@
 """The bulk data path: obstore (Rust ``object_store``) in-process, for every upload and for
 downloads under ``LARGE_OBJECT_BYTES``.
 
-Why (measured, ``bench/README.md``): for 2,000 × 16 KiB on 2 cores, obstore moved the files in
+Why (measured, ``bench/CHANGELOG.md``, the bake-off): for 2,000 × 16 KiB on 2 cores, obstore moved the files in
 about half the wall time and half the CPU of s5cmd driven with explicit per-object commands —
 s5cmd sends a HEAD before every GET of a named key — and ~2× faster than s5cmd for uploads,
 with no per-object HEAD, typed errors and ETags on every result. For downloads of

@@ -1,7 +1,7 @@
 """The data path for large objects: explicit per-object commands executed by the ``s5cmd`` binary.
 
 Why s5cmd for large objects: its parallel ranged parts moved 4 × 128 MiB about 2× faster than
-obstore's ranged reader on these machines (``bench/README.md``). For small objects s5cmd is the
+obstore's ranged reader on these machines (``bench/CHANGELOG.md``, the bake-off). For small objects s5cmd is the
 wrong tool when driven key by key — it sends a HEAD before every GET of a named key — so those
 go to :mod:`obstore_executor`. We keep planning in Python — listing, filters, confinement, the
 exact skip-unchanged decision — and hand s5cmd a batch of explicit ``cp --raw SRC DST`` lines
@@ -47,7 +47,7 @@ from .work import DownloadItem, Item, ItemDone, ItemFailed, Landed
 #: Retries inside s5cmd for throttling, 5xx and connection resets (exponential backoff).
 RETRY_COUNT = 10
 #: Parallel ranged parts per object and part size: s5cmd's own defaults (``-c 5 -p 50``)
-#: measured best for 4 × 128 MiB through the engine (``bench/README.md``).
+#: measured best for 4 × 128 MiB through the engine (``bench/CHANGELOG.md``, the bake-off).
 PART_SIZE_MIB = 50
 PART_CONCURRENCY = 5
 #: With keys handed over (EKS Pod Identity, whose agent s5cmd's SDK cannot ask), the most one

@@ -4,7 +4,8 @@ resync, without botocore.
 Why: a command and a scheduled resync are fresh processes, and in a fresh process botocore costs
 ~90 ms to import and ~90 ms to build an S3 client (it parses the S3 service model and its
 endpoint rules from JSON), then ~25 ms to parse each 1,000-key page — while ``s5cmd sync``
-finishes a whole resync of 2,000 files with 20 changed in ~0.2 s (``bench/README.md``). Here the
+finishes a whole resync of 2,000 files with 20 changed in 0.2–0.4 s on the benchmarks' 2-core
+machine (``bench/README.md``, "The command against s5cmd"). Here the
 same listing costs one signed GET per page and a C XML parser. Pages are yielded as they come,
 so a listing of a million keys holds one page, not all of them.
 

@@ -1,7 +1,7 @@
 """The local backend: each job in bubblewrap frames on this host, run by a detached supervisor.
 
 Why it is the embedded default: it needs no cluster, no image registry and no daemon — only
-bubblewrap and user namespaces — yet each job sees what a pod would (see :mod:`.sandbox`), the
+bubblewrap and user namespaces — yet each job sees what a pod would (see :mod:`tao_data_io.launch.sandbox`), the
 verify probe runs inside that frame before the command, and credentials reach the frame the way
 a per-job Secret reaches a pod: by value into its environment, never into argv, a file or a log.
 
@@ -206,7 +206,7 @@ class LocalBackend(RunRoot[RunDir, Launch]):
         return Verdict(ok=False, error=f"no verdict within {timeout:g}s; the job was canceled")
 
     def logs(self, ref: str, tail: int | None = None) -> str:
-        """The command's output as kept (:mod:`.joblog`: within the target's ``log_limit``); each
+        """The command's output as kept (:mod:`tao_data_io.launch.joblog`: within the target's ``log_limit``); each
         line prefixed ``[rank N]`` when there are several ranks (``tail`` lines per rank, as
         ``kubectl logs -l … --tail`` gives per pod, from at most :data:`TAIL_BYTES` each)."""
         run = self._known(ref)
