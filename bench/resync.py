@@ -12,9 +12,9 @@ latency, and a zero-latency server hides serial requests).
 Checks: our resync uploads exactly the 50 (from the job record's uploads entry), ``aws`` prints
 exactly 50 ``upload:`` lines, and both prefixes end with the same number of objects.
 
-awscli is not in the project venv; use the bench venv, which has tao-data-io (editable) too:
+awscli comes with the bench extra (``make bench`` installs it into ``.venv``):
 
-    /tmp/bvenv/bin/python bench/resync.py --reps 3 --latency 0,20
+    .venv/bin/python bench/resync.py --reps 3 --latency 0,20
 """
 
 from __future__ import annotations
