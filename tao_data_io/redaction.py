@@ -273,13 +273,21 @@ def _url_begun(text: str) -> int:
     window = max(0, len(text) - _HELD_URL_CHARS)
     separator = text.rfind("://", window)
     if separator >= 0 and _AUTHORITY_END.search(text, separator + 3) is None:
-        scheme_end = separator
-    else:
-        scheme_end = len(text) - (2 if text.endswith(":/") else 1 if text.endswith(":") else 0)
+        start = _scheme_start(text, separator, window)
+        if start < separator:
+            return start
+        # a bare "://" (no scheme before it) starts no URL, but the end may still begin one
+    scheme_end = len(text) - (2 if text.endswith(":/") else 1 if text.endswith(":") else 0)
+    start = _scheme_start(text, scheme_end, window)
+    return start if start < scheme_end else len(text)
+
+
+def _scheme_start(text: str, scheme_end: int, window: int) -> int:
+    """Where the scheme that ends at ``scheme_end`` starts (``scheme_end``: there is none)."""
     start = scheme_end
     while start > window and text[start - 1] in _SCHEME_CHARS:
         start -= 1
-    return start if start < scheme_end else len(text)
+    return start
 
 
 class StreamRedactor:

@@ -152,3 +152,13 @@ def test_escape_sequences_a_job_prints_reach_the_watcher_escaped(cli_env: dict[s
                         on_log=said.append).state == "COMPLETE"
     shown = "\n".join(said)
     assert shown == ("title \\x1b]0;owned\\x07 clear \\x1b[2J\\x1b[H red \\x1b[31mred\\x1b[0m\tback\\rover")
+
+
+def test_a_url_cut_after_its_scheme_behind_a_bare_separator_is_masked_whole() -> None:
+    """Hypothesis found it: a look that ends at ``http:`` right after a ``://`` with no scheme of
+    its own (``…@://http:``) let the held-back check stop at that bare separator, so the next
+    look's ``//x:y@`` showed the userinfo unmasked."""
+    text = "http://x:y@://http://x:y@"
+    stream = StreamRedactor(Redactor(ENVIRON, secret_names=["WANDB_KEY"]))
+    shown = stream.feed(text[:19]) + stream.feed(text[19:]) + stream.end()
+    assert shown == "http://***USERINFO***@://http://***USERINFO***@"
