@@ -23,13 +23,15 @@ name: the engine chooses how each object moves, and silently ignoring them would
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
-from prefect._internal.compatibility.async_dispatch import async_dispatch
 from prefect.blocks.abstract import ObjectStorageBlock
+from prefect.context import get_run_context
+from prefect.exceptions import MissingContextError
 from prefect.filesystems import WritableFileSystem
 from pydantic import Field, field_validator
 
@@ -48,17 +50,42 @@ F = TypeVar("F", bound=Callable[..., Any])
 SHOWN_FAILURES = 5
 
 
+def _awaited() -> bool:
+    """Whether the caller awaits what it calls, by the rule prefect-aws's methods follow (Prefect's
+    own, read here through its public run context rather than its private dispatcher, which any
+    release may move): inside a flow or task run, whether that flow or task is async; outside
+    one, whether an event loop runs in this thread."""
+    try:
+        run = get_run_context()
+    except MissingContextError:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return True
+    owner = getattr(run, "task", None) or getattr(run, "flow", None)
+    return bool(getattr(owner, "isasync", True))
+
+
 def _twins(body: F) -> tuple[F, Callable[..., Any]]:
     """``body`` as prefect-aws's methods are: direct in a sync context, a coroutine in an async
-    one; and its ``a``-prefixed twin, which runs ``body`` itself in a worker thread (so the twin
-    never dispatches again, and the engine's blocking I/O never holds the event loop)."""
+    one (``_sync=True`` or ``False`` decides instead); and its ``a``-prefixed twin, which runs
+    ``body`` itself in a worker thread (so the twin never dispatches again, and the engine's
+    blocking I/O never holds the event loop)."""
 
     async def twin(self: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(body, self, *args, **kwargs)
 
     twin.__name__ = twin.__qualname__ = f"a{body.__name__}"
     twin.__doc__ = f"``{body.__name__}``, awaitable."
-    return async_dispatch(twin)(body), twin  # type: ignore[return-value]
+
+    @functools.wraps(body)
+    def method(*args: Any, _sync: bool | None = None, **kwargs: Any) -> Any:
+        awaited = not _sync if _sync is not None else _awaited()
+        return twin(*args, **kwargs) if awaited else body(*args, **kwargs)
+
+    method.aio = twin  # type: ignore[attr-defined]  # as Prefect's own dispatched methods carry it
+    return method, twin  # type: ignore[return-value]  # body's signature, plus _sync
 
 
 def _no_extras(method: str, extras: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from .console import printable, shown
 from .redaction import Redactor, StreamRedactor
 from .errors import UsageError
 from .backends import backend_for
-from .launch.backend import Backend, FailureAnalysis, JobDocuments, JobStatus, Submission
+from .launch.backend import Backend, FailureAnalysis, JobDocuments, JobStatus, LogChunk, Submission
 from .launch.plan import LaunchPlan
 from .names import mint_job_id
 from .launch.probe import Verdict
@@ -331,6 +331,24 @@ class Watched:
     training: TrainingStatus | None = None
 
 
+def new_log(backend: Backend, ref: str, cursor: str | None, *, to_the_end: bool) -> Iterator[LogChunk]:
+    """What the job printed since ``cursor``, chunk by chunk: one chunk for a job still running
+    (the next look gets the rest; a chunk is bounded by :data:`~tao_data_io.launch.backend.FOLLOW_BYTES`),
+    every chunk until nothing is new for one that has ended (``to_the_end``). The one loop over
+    :meth:`Backend.follow_logs`: the watch keeps each chunk's cursor in the record, the logs
+    verb's follow only in memory. A chunk that moved no cursor ends it (yielded first if it holds text)."""
+    while True:
+        chunk = backend.follow_logs(ref, cursor)
+        if chunk.cursor == cursor:
+            if chunk.text:
+                yield chunk
+            return
+        yield chunk
+        cursor = chunk.cursor
+        if not (to_the_end and chunk.text):
+            return
+
+
 def watch_training(record: JobRecord, backend: Backend, store: RecordStore, watched: Watched, *,
                    on_log: Say | None = None, on_training: Callable[[TrainingStatus], None] | None = None,
                    to_the_end: bool = False) -> None:
@@ -345,20 +363,13 @@ def watch_training(record: JobRecord, backend: Backend, store: RecordStore, watc
         return
     try:
         if on_log is not None:
-            cursor = record.log_cursor
-            while True:
-                chunk = backend.follow_logs(ref, cursor)
+            for chunk in new_log(backend, ref, record.log_cursor, to_the_end=to_the_end):
                 _say_printed(job_id, watched.printed.feed(chunk.text), on_log)
-                if chunk.cursor == cursor:
-                    break
-                cursor = chunk.cursor
 
-                def moved(current: JobRecord, to: str = cursor) -> JobRecord:
+                def moved(current: JobRecord, to: str = chunk.cursor) -> JobRecord:
                     return current.model_copy(update={"log_cursor": to})
 
                 store.update(job_id, moved)
-                if not (to_the_end and chunk.text):
-                    break
         if on_training is not None:
             status = read_training_status(backend.training_status(ref), mask=watched.printed.redactor)
             if status is not None and status != watched.training:

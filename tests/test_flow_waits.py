@@ -168,4 +168,4 @@ def test_each_launch_tasks_timeout_is_the_backends_wait_and_the_steps_own_allowa
     _lower_launch_timeouts(monkeypatch)
     state = _submit_flow(parse_request(args_request(job_id="job-timed")), Waiting(tmp_path / "results"), tmp_path, {})
     assert state.is_completed(), state.message
-    assert timeouts == {"launch": 30.0 + LOWERED, "verify": None}
+    assert timeouts == {"start": 30.0 + LOWERED, "confirm": None}

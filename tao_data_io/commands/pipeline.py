@@ -142,24 +142,23 @@ def _logs(args: argparse.Namespace, console: Console) -> int:
     import time
 
     from ..redaction import StreamRedactor
+    from ..steps import new_log
 
     printed = StreamRedactor(console.redact)  # a look may end inside a long line: a secret across it is masked whole
     cursor = None
-    while True:  # after the job's end, the looks go on until one finds nothing new
+    while True:  # after the job's end, the last look reads on until nothing is new
         ended = backend.status(ref).state not in ("PENDING", "RUNNING")  # over, or no longer known there
-        chunk = backend.follow_logs(ref, cursor)
-        shown = printed.feed(chunk.text)
-        if shown:
-            console.out(shown.removesuffix("\n"))
-        caught_up = chunk.cursor == cursor or not chunk.text
-        cursor = chunk.cursor
-        if ended and caught_up:
+        for chunk in new_log(backend, ref, cursor, to_the_end=ended):
+            shown = printed.feed(chunk.text)
+            if shown:
+                console.out(shown.removesuffix("\n"))
+            cursor = chunk.cursor
+        if ended:
             rest = printed.end()
             if rest:
                 console.out(rest.removesuffix("\n"))
             return 0
-        if not ended:
-            time.sleep(FOLLOW_SECONDS)
+        time.sleep(FOLLOW_SECONDS)
 
 
 def _cancel(args: argparse.Namespace, console: Console) -> int:
