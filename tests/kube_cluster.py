@@ -20,6 +20,7 @@ from tao_data_io.backends.kubernetes.backend import DEFAULT_IMAGE_PULL_TIMEOUT_S
 from tao_data_io.backends.kubernetes.render import CACHE_LABEL
 from tao_data_io.backends.kubernetes.settings import KubernetesSettings
 from tao_data_io.credentials import S3Credentials
+from tao_data_io.errors import UsageError
 from tao_data_io.launch.backend import DEFAULT_VERIFY_TIMEOUT_S, Submission
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.records import RecordStore
@@ -164,3 +165,13 @@ def creates(kube: KubeStandIn) -> list[str]:
 def kube_key(kind: str, name: str) -> tuple[Any, str, str]:
     """Where the stand-in keeps an object of ours: its resource, our namespace, its name."""
     return RESOURCES[kind], NAMESPACE, name
+
+
+def gate_case(kube: KubeStandIn, tmp_path: Path, request: JobRequest, backend: KubernetesBackend,
+              fragment: str) -> str:
+    with pytest.raises(UsageError) as info:
+        submit(tmp_path, request, backend)
+    message = str(info.value)
+    assert fragment in message and "\n" not in message and "--" not in message, message
+    assert creates(kube) == []
+    return message
