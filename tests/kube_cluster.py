@@ -28,6 +28,7 @@ from tao_data_io.request import JobRequest
 from tao_data_io.transfer.client import make_s3_client
 
 from .contract.harness import launch_through_steps
+from .helpers import req
 from .kube.apiserver import KubeStandIn
 from .kube.objects import RESOURCES
 from .kube_helpers import STAGER
@@ -38,13 +39,17 @@ ENV = {**SECRETS, "S3_BUCKET_NAME": "tao-results"}
 MANAGED = "app.kubernetes.io/managed-by"
 
 
+#: The job the backend's tests start from: tier C (an S3 input, results uploaded to S3), the S3
+#: keys forwarded, one GPU.
+TIER_C_JOB: dict[str, Any] = {"schema_version": "1", "job_id": "job-1", "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0.0",
+                              "mode": "args", "command": ["dino", "train"], "args": ["--epochs", "1"],
+                              "inputs": [{"source": "s3://bkt-1/data/", "target": "/data"}],
+                              "forward_env": list(SECRETS), "compute_shape": {"gpus": 1}}
+
+
 def job_request(**fields: Any) -> JobRequest:
-    """Tier C by default: an S3 input, results uploaded to S3, the S3 keys forwarded, one GPU."""
-    base: dict[str, Any] = {"schema_version": "1", "job_id": "job-1", "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0.0",
-                            "mode": "args", "command": ["dino", "train"], "args": ["--epochs", "1"],
-                            "inputs": [{"source": "s3://bkt-1/data/", "target": "/data"}],
-                            "forward_env": list(SECRETS), "compute_shape": {"gpus": 1}}
-    return JobRequest.model_validate({**base, **fields})
+    """Tier C by default (:data:`TIER_C_JOB`), ``fields`` over it."""
+    return req(TIER_C_JOB, **fields)
 
 
 #: What the jobs' S3 input holds (moto's S3 server over HTTP, which takes any key): tier C sizes
