@@ -13,13 +13,14 @@ interleaved (the order alternates every repetition), medians of ``--reps``.
 2. **Submit.** The demo's request (a folder, an annotation-selective input, an archive, a model
    from the hub stand-in, the config; the stand-in in the local frame): ``submit-tao-job``
    in-process against ``verbs.submit``, each on a fresh job id (so each stages everything).
-3. **Resync.** ``--files`` results of a RUNNING job (1,000 and 10,000) of which ``--changed``
-   change before every run: ``tao-data-io resync`` (a process, as a schedule runs it),
+3. **Resync.** ``--files`` results (1,000 and 10,000) of a RUNNING job in the local frame (the
+   demo's, held before its first epoch) of which ``--changed`` change before every run:
+   ``tao-data-io resync`` (a process, as a schedule runs it),
    ``resync-tao-outputs`` in a fresh process (what a deployment run adds: Prefect's imports and
    the run's API calls) and in-process (heartbeat on and off), and ``steps.resync_job`` in-process
    (the core alone). Target: the flow adds a fixed start-up, not a per-file cost — the same
    difference at both sizes.
-4. **Watch.** A stand-in job of ``--job-seconds`` (an epoch a second, a line of log and of
+4. **Watch.** The demo's job of ``--job-seconds`` (an epoch a second, a line of log and of
    ``status.json`` each) collected by ``verbs.collect`` directly (nothing shown) and by
    ``collect-tao-job`` (its log streamed into the run, the progress and KPI artifacts kept
    current): how long the job itself took (RUNNING to its end in its record), and the HTTP
@@ -41,7 +42,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +62,7 @@ from prefect.settings import (PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY
                               temporary_settings)
 from prefect.testing.utilities import prefect_test_harness  # noqa: E402 - as above
 
-from blocks import ComputeTarget, JobRecords, LocalTarget  # noqa: E402 - after the path and the environment above
+from blocks import JobRecords, LocalTarget  # noqa: E402 - after the path and the environment above
 from deployments.dataset import MODEL_REPO, build  # noqa: E402 - after the path and the environment above
 from deployments.demo import demo_request  # noqa: E402 - after the path and the environment above
 from deployments.model_hub import ModelHub  # noqa: E402 - after the path and the environment above
@@ -68,7 +70,6 @@ from flows.resync import resync_tao_outputs  # noqa: E402 - after the path and t
 from flows.submit import submit_tao_job  # noqa: E402 - after the path and the environment above
 from tao_data_io import steps, verbs  # noqa: E402 - after the path and the environment above
 from tao_data_io.embedded.s3 import EmbeddedS3  # noqa: E402 - after the path and the environment above
-from tao_data_io.launch.backend import Backend  # noqa: E402 - after the path and the environment above
 from tao_data_io.backends.local.backend import LocalBackend  # noqa: E402 - after the path and the environment above
 from tao_data_io.backends.local.settings import LocalSettings  # noqa: E402 - after the path and the environment above
 from tao_data_io.records import RecordStore  # noqa: E402 - after the path and the environment above
@@ -77,21 +78,9 @@ from tao_data_io.transfer.engine import TransferEngine  # noqa: E402 - after the
 from tao_data_io.transfer.options import TransferOptions  # noqa: E402 - after the path and the environment above
 from tao_data_io.uris import parse_s3_url  # noqa: E402 - after the path and the environment above
 from tasks.policy import step  # noqa: E402 - after the path and the environment above
-from tests.fake_backend import FakeBackend  # noqa: E402 - after the path and the environment above
 
 BUCKET = "bench-flows"
 RESYNC_JOB = "bench-resync"
-
-
-class BenchTarget(ComputeTarget):
-    """A target whose jobs' results are where the benchmark wrote them (the tests' FakeBackend)."""
-
-    _block_type_name = "TAO Bench Target"
-    _block_type_slug = "tao-bench-target"
-    results_root: str
-
-    def backend(self) -> Backend:
-        return FakeBackend(self.results_root)
 
 
 @step("no-op", timeout_seconds=60)
@@ -135,13 +124,30 @@ def overhead(reps: int, tasks: int) -> list[str]:
     return rows
 
 
-def submit_comparison(work: Path, reps: int) -> list[str]:
+@contextmanager
+def demo_data(work: Path) -> Iterator[None]:
+    """The demo's dataset in the bucket and its model on a hub stand-in (deployments/demo.py), for
+    the parts that run the demo's job in the local frame."""
     local_tree, model = build(work / "dataset")
     with TransferEngine(s3_credentials()) as engine:
         engine.upload_directory(local_tree, parse_s3_url(f"s3://{BUCKET}/"), TransferOptions())
     hub = ModelHub({MODEL_REPO: model})
     threading.Thread(target=hub.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
     os.environ.update({"HF_ENDPOINT": hub.url, "HF_HOME": str(work / "hf-home")})
+    try:
+        yield
+    finally:
+        hub.shutdown()
+
+
+def demo_job(job_id: str, **environment: str) -> dict[str, object]:
+    """The demo's request (deployments/demo.py), its stand-in's environment overridden."""
+    document = demo_request(job_id, BUCKET)
+    document["environment"] = {**document["environment"], **environment}
+    return document
+
+
+def submit_comparison(work: Path, reps: int) -> list[str]:
     LocalTarget(settings=LocalSettings(run_root=str(work / "flow-local")),
                 staging_root=str(work / "flow-work")).save("bench", overwrite=True)
     JobRecords(location=str(work / "flow-jobs")).save("bench", overwrite=True)
@@ -150,9 +156,7 @@ def submit_comparison(work: Path, reps: int) -> list[str]:
                                      "submit-tao-job flow, heartbeat off": []}
 
     def request(job_id: str) -> dict[str, object]:
-        document = demo_request(job_id, BUCKET)
-        document["environment"] = {**document["environment"], "EPOCHS": "1", "EPOCH_SECONDS": "0"}  # type: ignore[dict-item]
-        return document
+        return demo_job(job_id, EPOCHS="1", EPOCH_SECONDS="0")
 
     def by_pipeline(job_id: str) -> None:
         verbs.submit(parse_request(request(job_id)), backend, store, staging_root=work / "cli-work")
@@ -169,12 +173,9 @@ def submit_comparison(work: Path, reps: int) -> list[str]:
     runs = {"verbs.submit": by_pipeline, "submit-tao-job flow": by_flow,
             "submit-tao-job flow, heartbeat off": by_flow_without_heartbeat}
     by_pipeline("warm-cli"), by_flow("warm-flow")
-    try:
-        for rep in range(reps):
-            for number, name in enumerate(list(runs) if rep % 2 == 0 else list(runs)[::-1]):
-                times[name].append(timed(lambda name=name, number=number: runs[name](f"bench-{rep}-{number}")))
-    finally:
-        hub.shutdown()
+    for rep in range(reps):
+        for number, name in enumerate(list(runs) if rep % 2 == 0 else list(runs)[::-1]):
+            times[name].append(timed(lambda name=name, number=number: runs[name](f"bench-{rep}-{number}")))
     base = statistics.median(times["verbs.submit"])
     rows = ["| composition | wall time | vs the verb run directly |", "|---|---|---|"]
     rows += [f"| {name} | {median(values)} | +{statistics.median(values) - base:.2f}s |"
@@ -183,22 +184,31 @@ def submit_comparison(work: Path, reps: int) -> list[str]:
 
 
 def resync_comparison(work: Path, reps: int, files: int, changed: int, size: int) -> list[str]:
+    """A RUNNING job of the local frame (the demo's, held before its first epoch) whose results
+    directory the benchmark fills with ``files`` files, and rewrites ``changed`` of them before
+    every run."""
     job_id = f"{RESYNC_JOB}-{files}"
-    results_root = work / f"resync-results-{files}"
-    results = results_root / job_id
+    hold = work / f"resync-hold-{files}"
+    hold.mkdir()
+    (hold / ".keep").write_text("")  # verify refuses an empty mount
+    settings = LocalSettings(run_root=str(work / f"resync-local-{files}"))
+    backend, jobs = LocalBackend(settings), RecordStore(work / f"resync-jobs-{files}")
+    request = demo_job(job_id, HOLD_FILE="/hold/go")
+    request["mounts"] = [*request["mounts"], {"source": str(hold), "target": "/hold"}]  # type: ignore[list-item]
+    submitted = verbs.submit(parse_request(request), backend, jobs, staging_root=work / f"resync-work-{files}")
+    results = Path(backend.results_path(submitted.backend_ref) or "")
+    assert jobs.get(job_id).state == "RUNNING" and results.is_dir(), (jobs.get(job_id).state, results)
     for index in range(files):
         path = results / f"ckpt/d{index % 50:02d}/f{index:06d}.bin"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(os.urandom(size))
-    jobs = RecordStore(work / f"resync-jobs-{files}")
-    jobs.open(job_id=job_id, backend="fake", image="tao", network_arch="dino", action="train", results_dir="/results")
-    jobs.mark(job_id, "RUNNING", source="bench", backend_ref=f"fake/{job_id}")
-    BenchTarget(results_root=str(results_root)).save(f"bench-{files}", overwrite=True)
+    LocalTarget(settings=settings, staging_root=str(work / f"resync-work-{files}")).save(f"bench-{files}",
+                                                                                        overwrite=True)
     JobRecords(location=jobs.location).save(f"resync-{files}", overwrite=True)
     env = {**os.environ, "TAO_DATA_IO_RECORDS": jobs.location, "XDG_CACHE_HOME": str(work / "cache"),
            "PREFECT_API_URL": str(PREFECT_API_URL.value())}
     os.environ["XDG_CACHE_HOME"] = env["XDG_CACHE_HOME"]  # one digest cache for every contender, warm
-    flow_args = dict(target=f"tao-bench-target/bench-{files}", records=f"tao-job-records/resync-{files}",
+    flow_args = dict(target=f"tao-local-target/bench-{files}", records=f"tao-job-records/resync-{files}",
                      settle_seconds=0)
 
     def cli() -> None:
@@ -206,7 +216,7 @@ def resync_comparison(work: Path, reps: int, files: int, changed: int, size: int
                         str(results), "--settle-seconds", "0"], env=env, check=True, stdout=subprocess.DEVNULL)
 
     def flow_process() -> None:
-        code = ("import sys; sys.path.insert(0, %r); from bench.flows import BenchTarget; "
+        code = ("import sys; sys.path.insert(0, %r); "
                 "from flows.resync import resync_tao_outputs; resync_tao_outputs(**%r)") % (str(REPO), flow_args)
         subprocess.run([sys.executable, "-c", code], env=env, check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
@@ -219,7 +229,7 @@ def resync_comparison(work: Path, reps: int, files: int, changed: int, size: int
             flow_in_process()
 
     def core() -> None:
-        steps.resync_job(job_id, FakeBackend(results_root), jobs, settle_seconds=0)
+        steps.resync_job(job_id, backend, jobs, settle_seconds=0)
 
     contenders = {"tao-data-io resync (a process)": cli, "resync-tao-outputs flow (a process)": flow_process,
                   "resync-tao-outputs flow (in-process)": flow_in_process,
@@ -228,6 +238,20 @@ def resync_comparison(work: Path, reps: int, files: int, changed: int, size: int
     cli()  # untimed: the first upload of every file, and a warm digest cache
     times: dict[str, list[float]] = {name: [] for name in contenders}
     moved: dict[str, list[int]] = {name: [] for name in contenders}
+    try:
+        measure(reps, files, changed, size, results, jobs, job_id, contenders, times, moved)
+    finally:
+        backend.cancel(submitted.backend_ref)
+    rows = [f"| resync of {files:,} files, {changed} changed | wall time | uploaded per run |", "|---|---|---|"]
+    rows += [f"| {name} | {median(times[name])} | {sorted(set(moved[name]))} |" for name in contenders]
+    return rows
+
+
+def measure(reps: int, files: int, changed: int, size: int, results: Path, jobs: RecordStore, job_id: str,
+            contenders: dict[str, Callable[[], None]], times: dict[str, list[float]],
+            moved: dict[str, list[int]]) -> None:
+    """Each contender in turn (the order alternates every repetition), after ``changed`` files of
+    the results were rewritten: its wall time, and how many files its upload moved."""
     for rep in range(reps):
         for number, name in enumerate(list(contenders) if rep % 2 == 0 else list(contenders)[::-1]):
             for index in range(changed):  # the job rewrote some of its checkpoints
@@ -237,9 +261,6 @@ def resync_comparison(work: Path, reps: int, files: int, changed: int, size: int
             times[name].append(timed(contenders[name]))
             uploads = jobs.get(job_id).uploads
             moved[name].append(int(uploads[-1]["uploaded_files"]) if len(uploads) > before else 0)  # type: ignore[arg-type]
-    rows = [f"| resync of {files:,} files, {changed} changed | wall time | uploaded per run |", "|---|---|---|"]
-    rows += [f"| {name} | {median(times[name])} | {sorted(set(moved[name]))} |" for name in contenders]
-    return rows
 
 
 class _Requests:
@@ -274,25 +295,16 @@ class _Requests:
 
 def watch_comparison(work: Path, reps: int, job_seconds: int) -> list[str]:
     from flows.collect import collect_tao_job
-    from tests.flow_helpers import stand_in_request
 
     LocalTarget(settings=LocalSettings(run_root=str(work / "watch-local")), staging_root=str(work / "watch-work")).save(
         "bench-watch", overwrite=True)
     JobRecords(location=str(work / "watch-jobs")).save("bench-watch", overwrite=True)
-    with TransferEngine(s3_credentials()) as engine:
-        data = work / "watch-data"
-        (data / "data").mkdir(parents=True, exist_ok=True)
-        (data / "data" / "a.txt").write_text("a")
-        (data / "models").mkdir(exist_ok=True)
-        (data / "models" / "model.bin").write_bytes(b"m")
-        engine.upload_directory(data, parse_s3_url(f"s3://{BUCKET}/"), TransferOptions())
     backend = LocalBackend(LocalSettings(run_root=str(work / "watch-local")))
     store = RecordStore(work / "watch-jobs")
     target, records = "tao-local-target/bench-watch", "tao-job-records/bench-watch"
 
     def launched(job_id: str, seconds: int) -> str:
-        request = stand_in_request(BUCKET, job_id)
-        request["environment"] = {**request["environment"], "EPOCHS": str(max(seconds, 1)), "EPOCH_SECONDS": "1"}
+        request = demo_job(job_id, EPOCHS=str(max(seconds, 1)), EPOCH_SECONDS="1")
         verbs.submit(parse_request(request), backend, store, staging_root=work / "watch-work")
         return job_id
 
@@ -365,14 +377,20 @@ def run(work: Path, args: argparse.Namespace) -> None:
         os.environ.update({**server.env(), "S3_BUCKET_NAME": BUCKET})
         if "overhead" in parts:
             print("\n".join(overhead(args.reps, args.tasks)), end="\n\n", flush=True)
-        if "submit" in parts:
-            print("\n".join(submit_comparison(work, args.reps)), end="\n\n", flush=True)
-        if "watch" in parts:
-            print("\n".join(watch_comparison(work, args.reps, args.job_seconds)), end="\n\n", flush=True)
-        if "resync" in parts:
-            for files in (int(count) for count in args.files.split(",")):
-                print("\n".join(resync_comparison(work, args.reps, files, args.changed, args.size)), end="\n\n",
-                      flush=True)
+        if parts & {"submit", "watch", "resync"}:
+            with demo_data(work):
+                run_jobs(work, args, parts)
+
+
+def run_jobs(work: Path, args: argparse.Namespace, parts: set[str]) -> None:
+    if "submit" in parts:
+        print("\n".join(submit_comparison(work, args.reps)), end="\n\n", flush=True)
+    if "watch" in parts:
+        print("\n".join(watch_comparison(work, args.reps, args.job_seconds)), end="\n\n", flush=True)
+    if "resync" in parts:
+        for files in (int(count) for count in args.files.split(",")):
+            print("\n".join(resync_comparison(work, args.reps, files, args.changed, args.size)), end="\n\n",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -223,10 +223,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "slurm_cluster" in item.fixturenames:
             item.add_marker(pytest.mark.slurm)
             continue
-        functions = [item.function, *(defs[-1].func for defs in item._fixtureinfo.name2fixturedefs.values() if defs)]
-        used = _names_used(functions)
+        used = _names_used([item.function, *_fixture_functions(item)])
         item.add_marker(pytest.mark.slurm if used & _SLURM_NAMES else pytest.mark.kube if used & _KUBE_NAMES else
                         pytest.mark.http if used & _HTTP_NAMES else pytest.mark.unit)
+
+
+#: The type of what ``@pytest.fixture`` makes of a function (pytest exports no name for it).
+_FIXTURE = type(pytest.fixture(lambda: None))
+
+
+def _fixture_functions(item: pytest.Function) -> list[Callable[..., object]]:
+    """The functions of the fixtures ``item`` uses, directly or through another fixture
+    (``item.fixturenames``), each where pytest finds it for this test: the test's class, its
+    module (a fixture defined or imported there), then the conftest.py files above it, nearest
+    first. Fixtures of plugins (pytest's own, kmock's, Prefect's) are none of the test package's."""
+    conftests = sorted((plugin for plugin in item.config.pluginmanager.get_plugins()
+                        if isinstance(plugin, types.ModuleType) and Path(plugin.__file__ or "").name == "conftest.py"
+                        and item.path.is_relative_to(Path(plugin.__file__ or "").parent)),
+                       key=lambda module: len(Path(module.__file__ or "").parts), reverse=True)
+    found = []
+    for name in item.fixturenames:
+        for scope in (item.cls, item.module, *conftests):
+            fixture = inspect.getattr_static(scope, name, None) if scope is not None else None
+            if isinstance(fixture, _FIXTURE):
+                found.append(inspect.unwrap(fixture))
+                break
+    return found
 
 
 def _names_used(functions: list[Callable[..., object]]) -> set[str]:

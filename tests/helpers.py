@@ -1,6 +1,6 @@
-"""Small helpers shared by tests: build trees, fingerprint trees, run the CLI as a user would, write
-a request and wait for a job's state through it, wait for something with a deadline, read an
-environment as torchrun does, count the URIs parsed, find a local job's processes."""
+"""Small helpers shared by tests: build trees, fingerprint trees, run the CLI as a user would, build
+a request, write one and wait for a job's state through it, wait for something with a deadline, read
+an environment as torchrun does, count the URIs parsed, find a local job's processes."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import yaml
 
 from tao_data_io.fs.confinement import STATE_DIR_NAME, TEMP_PREFIX
 from tao_data_io.backends.local.process import proc_stat
+from tao_data_io.request import JobRequest
 
 
 T = TypeVar("T")
@@ -88,6 +89,19 @@ HOSTILE_KEYS = ["p/../evil", "p/a/../../evil2", "p//abs", "p/a\\..\\b", "p/\x01c
 def args_request(**extra: Any) -> dict[str, Any]:
     """An args-mode request of the host's ``true``, with ``extra`` fields."""
     return {"schema_version": "1", "image": "local", "command": ["true"], "mode": "args", "args": [], **extra}
+
+
+#: The least a request is: the schema version this project reads and an image.
+REQUEST_BASE: dict[str, Any] = {"schema_version": "1", "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt"}
+
+
+def req(*presets: Mapping[str, Any], **fields: Any) -> JobRequest:
+    """The tests' one request builder: :data:`REQUEST_BASE`, each of ``presets`` over it in turn (a
+    module's usual job, such as tests/kube_helpers.py's ``ARGS_JOB``), then ``fields``, validated."""
+    document: dict[str, Any] = dict(REQUEST_BASE)
+    for layer in (*presets, fields):
+        document.update(layer)
+    return JobRequest.model_validate(document)
 
 
 def write_request(path: Path, request: Mapping[str, Any]) -> Path:

@@ -20,6 +20,7 @@ from tao_data_io.backends.kubernetes.backend import DEFAULT_IMAGE_PULL_TIMEOUT_S
 from tao_data_io.backends.kubernetes.render import CACHE_LABEL
 from tao_data_io.backends.kubernetes.settings import KubernetesSettings
 from tao_data_io.credentials import S3Credentials
+from tao_data_io.errors import UsageError
 from tao_data_io.launch.backend import DEFAULT_VERIFY_TIMEOUT_S, Submission
 from tao_data_io.launch.plan import LaunchPlan
 from tao_data_io.records import RecordStore
@@ -27,6 +28,7 @@ from tao_data_io.request import JobRequest
 from tao_data_io.transfer.client import make_s3_client
 
 from .contract.harness import launch_through_steps
+from .helpers import req
 from .kube.apiserver import KubeStandIn
 from .kube.objects import RESOURCES
 from .kube_helpers import STAGER
@@ -37,13 +39,17 @@ ENV = {**SECRETS, "S3_BUCKET_NAME": "tao-results"}
 MANAGED = "app.kubernetes.io/managed-by"
 
 
+#: The job the backend's tests start from: tier C (an S3 input, results uploaded to S3), the S3
+#: keys forwarded, one GPU.
+TIER_C_JOB: dict[str, Any] = {"schema_version": "1", "job_id": "job-1", "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0.0",
+                              "mode": "args", "command": ["dino", "train"], "args": ["--epochs", "1"],
+                              "inputs": [{"source": "s3://bkt-1/data/", "target": "/data"}],
+                              "forward_env": list(SECRETS), "compute_shape": {"gpus": 1}}
+
+
 def job_request(**fields: Any) -> JobRequest:
-    """Tier C by default: an S3 input, results uploaded to S3, the S3 keys forwarded, one GPU."""
-    base: dict[str, Any] = {"schema_version": "1", "job_id": "job-1", "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0.0",
-                            "mode": "args", "command": ["dino", "train"], "args": ["--epochs", "1"],
-                            "inputs": [{"source": "s3://bkt-1/data/", "target": "/data"}],
-                            "forward_env": list(SECRETS), "compute_shape": {"gpus": 1}}
-    return JobRequest.model_validate({**base, **fields})
+    """Tier C by default (:data:`TIER_C_JOB`), ``fields`` over it."""
+    return req(TIER_C_JOB, **fields)
 
 
 #: What the jobs' S3 input holds (moto's S3 server over HTTP, which takes any key): tier C sizes
@@ -164,3 +170,13 @@ def creates(kube: KubeStandIn) -> list[str]:
 def kube_key(kind: str, name: str) -> tuple[Any, str, str]:
     """Where the stand-in keeps an object of ours: its resource, our namespace, its name."""
     return RESOURCES[kind], NAMESPACE, name
+
+
+def gate_case(kube: KubeStandIn, tmp_path: Path, request: JobRequest, backend: KubernetesBackend,
+              fragment: str) -> str:
+    with pytest.raises(UsageError) as info:
+        submit(tmp_path, request, backend)
+    message = str(info.value)
+    assert fragment in message and "\n" not in message and "--" not in message, message
+    assert creates(kube) == []
+    return message

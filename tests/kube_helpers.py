@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ from tao_data_io.records import JobRecord, OutputRoute
 from tao_data_io.request import JobRequest
 from tao_data_io.staging.stage import plan_stage
 from tao_data_io.tier import TierDecision
+
+from . import helpers
 
 S3_ROUTE = OutputRoute(route="s3", destination="s3://tao-results/results/{id}/", reason="S3_BUCKET_NAME is set")
 STAGER = "registry.example.com/tao-data-io-stager:0.1.0"
@@ -43,8 +46,9 @@ def plan_for(request: JobRequest, tmp_path: Path, tier: str, route: OutputRoute 
     return plan, record
 
 
-def req(**fields: Any) -> JobRequest:
-    base: dict[str, Any] = {"schema_version": "1", "job_id": "job-1", "image": "tao:6", "mode": "args",
+#: The job the renderer's tests start from: args mode, one S3 input, the S3 keys forwarded.
+ARGS_JOB: dict[str, Any] = {"schema_version": "1", "job_id": "job-1", "image": "tao:6", "mode": "args",
                             "command": ["train"], "args": [], "inputs": [{"source": "s3://bkt-1/data/"}],
                             "forward_env": ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]}
-    return JobRequest.model_validate({**base, **fields})
+#: tests/helpers.req over :data:`ARGS_JOB`.
+req = partial(helpers.req, ARGS_JOB)

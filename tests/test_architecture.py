@@ -207,3 +207,19 @@ def test_no_test_module_imports_another() -> None:
                 found += [f"{path.relative_to(ROOT)}: {alias.name}" for alias in node.names
                           if alias.name.rpartition(".")[2].startswith("test_")]
     assert found == []
+
+
+def test_no_benchmark_imports_the_tests() -> None:
+    """A benchmark measures the product (bench/README.md): what it runs is the product's own — the
+    local frame, the demo's request (deployments/demo.py) — never a test's stand-in, which a test
+    may change for its own needs."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            named = ([node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0
+                     else [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in named
+                      if name == "tests" or name.startswith("tests.")]
+    assert found == []

@@ -19,15 +19,16 @@ from tao_data_io.errors import UsageError
 from tao_data_io.request import JobRequest, parse_request
 from tao_data_io.staging.stage import stage
 
+from .helpers import req
+
 OBJECTS = ["tfrecords/train-00000-of-00002", "tfrecords/train-00001-of-00002", "tfrecords/val-00000-of-00001",
            "tfrecords/old/train-99999-of-99999", "shards/a/part-1.tfrecord", "shards/b/part-2.tfrecord",
            "shards/a/deeper/part-3.tfrecord", "bracketed[1]/one.bin", "bracketed1/two.bin"]
 
 
 def request(spec: dict[str, Any]) -> JobRequest:
-    return JobRequest.model_validate({"schema_version": "1", "job_id": "effdet-1", "image": "tao:6", "mode": "config",
-                                      "config_format": "yaml", "command": "efficientdet_tf2 train -e {config_path}",
-                                      "spec": spec})
+    return req(job_id="effdet-1", image="tao:6", mode="config", config_format="yaml",
+               command="efficientdet_tf2 train -e {config_path}", spec=spec)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from . import kube_cluster as cluster
 from .kube.objects import RESOURCES
 from .kube.apiserver import KubeStandIn
 from .kube.kubelet import TRAIN_SCRIPT
-from .kube_cluster import creates, job_request, make_backend, ours, store_in, submit
+from .kube_cluster import creates, gate_case, job_request, make_backend, ours, store_in, submit
 
 #: The stand-in cluster and the input bucket (pytest fixtures of tests/kube_cluster.py).
 kube, input_bucket = cluster.kube, cluster.input_bucket
@@ -207,3 +207,20 @@ def test_a_toleration_the_api_server_would_refuse_is_refused_when_the_target_is_
     KubernetesSettings(tolerations=[{"operator": "Exists"}, {"key": "nvidia.com/gpu", "operator": "Exists",
                                                               "effect": "NoSchedule"},
                                     {"key": "k", "value": "v", "effect": "NoExecute", "tolerationSeconds": 30}])
+
+
+def test_gate_gpu_capacity_refuses_a_job_no_node_can_hold(kube: KubeStandIn, tmp_path: Path) -> None:
+    message = gate_case(kube, tmp_path, job_request(compute_shape={"gpus": 16}), make_backend(),
+                        "compute_shape asks for 1 pod(s) of 16 nvidia.com/gpu each (16 in all) but the nodes the pods "
+                        "may run on can hold 0 such pod(s) (allocatable gpu-0: 8, gpu-1: 8)")
+    assert "lower compute_shape.gpus" in message
+    assert not any("selfsubjectaccessreviews" in r for r in kube.requests())  # the first gate
+
+
+def test_gate_gpu_capacity_is_skipped_for_a_job_without_gpus(kube: KubeStandIn, tmp_path: Path) -> None:
+    for index in range(2):  # no node has a GPU to give
+        kube.server.store({"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"gpu-{index}"},
+                           "status": {"allocatable": {"cpu": "64"}}})
+    assert submit(tmp_path, job_request(compute_shape={"gpus": 0}), make_backend()).verdict.ok
+    preflight = kube.requests()[4:]
+    assert preflight.count("GET /api/v1/nodes") <= 1  # read once, for the kubelets' versions (the sidecar)

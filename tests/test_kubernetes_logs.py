@@ -32,3 +32,13 @@ def test_logs_show_the_stager_when_the_pod_stopped_before_training(kube: KubeSta
     backend.status(submission.backend_ref)
     text = backend.logs(submission.backend_ref)
     assert "RuntimeError" in text, text  # what the stand-in's stager printed as it failed; train never ran
+
+
+def test_logs_show_the_verify_probe_when_it_failed(kube: KubeStandIn, tmp_path: Path) -> None:
+    kube.server.control.scripts["job-1"] = ["verify-failed"]
+    kube.server.control.verify_failures["/data"] = "is empty"
+    backend = make_backend()
+    submission, _ = launch_only(tmp_path, job_request(), backend)
+    assert backend.status(submission.backend_ref).state == "ERROR"
+    logs = backend.logs(submission.backend_ref, tail=50)
+    assert logs.startswith("TAO-VERIFY\tfail\tdir-nonempty\t/data\tis empty\n") and "[rank" not in logs

@@ -2,8 +2,9 @@
 stopped — a Kueue preemption or eviction, the kubelet evicting for local storage, the Job
 controller ending a failed Job's pods — is judged as the Job controller will judge it
 (``pkg/controller/job/job_controller.go``; the rendered ``podFailurePolicy``), never as the
-command's failure, and never retried without bound. Pure reads of ``pods.job_status`` over pod
-and Job objects shaped as the API server returns them."""
+command's failure, and never retried without bound; a sidecar that exits with the pod decides
+nothing. Pure reads of ``pods.job_status`` and ``pods.failure_analysis`` over pod and Job objects
+shaped as the API server returns them."""
 
 from __future__ import annotations
 
@@ -113,3 +114,44 @@ def test_a_one_pod_job_whose_training_was_stopped_is_being_replaced_while_retrie
     stopped = _pod({}, _exited(143), "Failed")
     status = pods.job_status(_one_pod_job(failed=1), [stopped])
     assert status.state == "PENDING" and "replacement is being made" in (status.message or ""), status
+
+
+def _plain_pod(init: dict[str, dict[str, Any]], main: dict[str, Any], phase: str = "Running",
+               **status: Any) -> dict[str, Any]:
+    """A pod with a stager, the results sidecar and the probe before ``train``, as :func:`_pod` without
+    its completion index and node; ``init`` gives their states by name, ``main`` train's."""
+    specs = [{"name": "stager", "image": "s"}, {"name": "results", "image": "s", "restartPolicy": "Always"},
+             {"name": "verify", "image": "t"}]
+    return {"metadata": {"name": "p"},
+            "spec": {"initContainers": specs, "containers": [{"name": "train", "image": "t"}]},
+            "status": {"phase": phase, "conditions": [{"type": "PodScheduled", "status": "True"}], **status,
+                       "initContainerStatuses": [{"name": n, "state": init.get(n, {"terminated": {"exitCode": 0}})}
+                                                 for n in ("stager", "results", "verify")],
+                       "containerStatuses": [{"name": "train", "state": main}]}}
+
+
+FAILED_JOB = {"spec": {"completions": 1}, "status": {"conditions": [{"type": "Failed", "status": "True"}]}}
+
+
+def test_a_sidecar_that_exits_with_the_pod_decides_nothing() -> None:
+    failed = _plain_pod({"results": {"terminated": {"exitCode": 1}}},
+                        {"terminated": {"exitCode": 3, "reason": "Error"}}, phase="Failed")
+    analysis = pods.failure_analysis(FAILED_JOB, [failed])
+    assert analysis is not None and (analysis.err_class, analysis.reason) == ("ERR_PROGRAM", "the command exited 3")
+    running = _plain_pod({"results": {"running": {}}}, {"running": {}})
+    assert pods.where(running).phase == "running"
+
+
+def test_an_evicted_pod_and_a_container_that_cannot_start_are_the_infrastructures() -> None:
+    evicted = _plain_pod({}, {"waiting": {"reason": "ContainerCreating"}}, phase="Failed", reason="Evicted",
+                         message="The node was low on resource: memory.")
+    analysis = pods.failure_analysis(FAILED_JOB, [evicted])
+    assert analysis is not None and analysis.err_class == "ERR_INFRA"
+    assert analysis.reason == "the kubelet evicted the pod: The node was low on resource: memory."
+    assert "the node ran short of a resource" in analysis.suggestion
+    broken = _plain_pod({"verify": {"waiting": {"reason": "CreateContainerConfigError",
+                                                "message": 'secret "job-1-credentials" not found'}}},
+                        {"waiting": {"reason": "PodInitializing"}}, phase="Pending")
+    status = pods.job_status({"spec": {}, "status": {"active": 1}}, [broken])
+    assert (status.state, status.err_class) == ("ERROR", "ERR_INFRA")
+    assert 'cannot start: CreateContainerConfigError: secret "job-1-credentials" not found' in status.message

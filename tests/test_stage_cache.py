@@ -18,6 +18,7 @@ from tao_data_io.staging.stage import plan_stage, stage
 from tao_data_io.transfer.engine import TransferEngine
 from tao_data_io.transfer.shard import Shard
 
+from . import helpers
 from .helpers import count_uri_parses, tree_digest
 
 
@@ -31,12 +32,12 @@ def dataset(s3_client, bucket: str) -> str:  # type: ignore[no-untyped-def]
 
 
 def _request(bucket: str, **extra: Any) -> JobRequest:
-    return JobRequest.model_validate({
+    return helpers.req({
         "schema_version": "1", "job_id": "job-cache-1", "image": "tao:6", "mode": "config", "config_format": "yaml",
         "command": "dino train -e {config_path}",
         "spec": {"dataset": {"images": f"s3://{bucket}/coco/images/"}},
         "inputs": [{"source": f"s3://{bucket}/coco/annotations.json", "kind": "file"},
-                   {"source": f"s3://{bucket}/coco/labels.txt", "kind": "file"}], **extra})
+                   {"source": f"s3://{bucket}/coco/labels.txt", "kind": "file"}]}, **extra)
 
 
 def _data(root: Path) -> dict[str, str]:

@@ -20,6 +20,7 @@ from tao_data_io.staging.stage import stage
 from tao_data_io.staging.stage_map import STAGING_MAP_NAME, read_staging_map
 from tao_data_io.transfer.engine import TransferEngine
 
+from . import helpers
 from .fake_registries import FakeRegistries
 from .helpers import count_uri_parses, run_cli, tar_gz
 
@@ -38,15 +39,13 @@ def populated(s3_client, bucket: str) -> str:  # type: ignore[no-untyped-def]
 
 
 def _request(bucket: str, **extra: Any) -> JobRequest:
-    data: dict[str, Any] = {
+    return helpers.req({
         "schema_version": "1", "job_id": "job-stage-1", "image": "tao:6", "mode": "config", "config_format": "yaml",
         "command": "dino train -e {config_path}",
         "spec": {"dataset": {"images": f"s3://{bucket}/coco/images/", "ann": f"s3://{bucket}/coco/annotations.json",
                              "again": [[f"s3://{bucket}/coco/images/"]]}},
         "inputs": _inputs(bucket),
-    }
-    data.update(extra)
-    return JobRequest.model_validate(data)
+    }, **extra)
 
 
 def _inputs(bucket: str) -> list[dict[str, Any]]:

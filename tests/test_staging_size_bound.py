@@ -15,10 +15,11 @@ from tao_data_io.staging.sizing import BLOCK_BYTES
 from tao_data_io.staging.stage import plan_stage, stage
 from tao_data_io.staging.stage_map import read_staging_map
 
+from .helpers import req
+
 
 def request(bucket: str, inputs: list[dict[str, Any]]) -> JobRequest:
-    return JobRequest.model_validate({"schema_version": "1", "job_id": "job-size", "image": "tao:6", "mode": "args",
-                                      "command": ["dino", "train"], "args": [], "inputs": inputs})
+    return req(job_id="job-size", image="tao:6", mode="args", command=["dino", "train"], args=[], inputs=inputs)
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ class KubernetesHarness(Harness):
     name = "kubernetes"
     cannot = {"restored files": "the stand-in runs no container, so nothing lists the results directory; that "
                                 "rank 0's stager, before training, is told what to restore is pinned in "
-                                "test_kubernetes_online"}
+                                "test_kubernetes_attempts"}
 
     def __init__(self, kube: KubeStandIn, tmp_path: Path, environ: Mapping[str, str]) -> None:
         super().__init__(make_backend(), tmp_path, environ)
