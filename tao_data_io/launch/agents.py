@@ -80,6 +80,17 @@ if [ -n "${TAO_DATA_IO_STAGING_DIR:-}" ]; then
 fi
 """
 
+#: Wait for the frame's command (``$child``) to end, its status then in ``code``: a trapped signal
+#: ends ``wait`` early (POSIX), so it waits again while the command lives — each frame's script
+#: (the training wrapper here, the Docker frame, a SLURM rank) hands a signal on and waits so.
+AWAIT_CHILD = r"""while :; do
+  wait "$child"
+  code=$?
+  kill -0 "$child" 2>/dev/null && continue
+  break
+done
+"""
+
 #: The training container's PID 1: runs the job's command as its child and hands it SIGTERM.
 #: Why: the kubelet signals only PID 1, and a TAO entry point there (Python, with no handler
 #: installed) never sees SIGTERM — the kernel drops signals PID 1 has no handler for — so a cancel,
@@ -97,18 +108,13 @@ TRAIN_WRAPPER = r"""stopped=
 trap 'stopped=1; kill -TERM "$child" 2>/dev/null' TERM INT
 "$@" &
 child=$!
-while :; do
-  wait "$child"
-  code=$?
-  kill -0 "$child" 2>/dev/null && continue
-  [ -n "$stopped" ] && exit 143
-  if [ "$code" = 143 ]; then
-    echo "tao-data-io: the command exited 143 though Kubernetes did not stop it; exiting 1" \
-      "(143 is a stopped command's code here)" >&2
-    exit 1
-  fi
-  exit "$code"
-done
+""" + AWAIT_CHILD + r"""[ -n "$stopped" ] && exit 143
+if [ "$code" = 143 ]; then
+  echo "tao-data-io: the command exited 143 though Kubernetes did not stop it; exiting 1" \
+    "(143 is a stopped command's code here)" >&2
+  exit 1
+fi
+exit "$code"
 """
 
 #: The results sidecar (stager image; a native sidecar: an initContainer with restartPolicy

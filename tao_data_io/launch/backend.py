@@ -9,6 +9,8 @@ ERROR, CANCELED; UNKNOWN when the backend has forgotten the job and the record m
 
 from __future__ import annotations
 
+import json
+import signal
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -62,6 +64,23 @@ class BackendSettings(Strict):
             raise UsageError(describe_validation_error(exc, what, whole=None)) from None
 
 
+class RunRootSettings(BackendSettings):
+    """The settings of a backend that keeps each job's run directory under a run root on this host
+    (:class:`~tao_data_io.launch.rundir.RunRoot`: the local frame, Docker, SLURM): a command line's
+    ``--workdir`` is its run root too, so a job's run state sits beside its staging directory."""
+
+    run_root: str | None
+
+    @classmethod
+    def from_workdir(cls, workdir: Path) -> dict[str, Any]:
+        return {"run_root": str(workdir)}
+
+    def resolved(self, environ: Mapping[str, str] | None = None) -> Self:
+        """These settings with what the environment decides (the run root first) decided once: a
+        later process with another environment must find the same jobs."""
+        raise NotImplementedError
+
+
 class JobStatus(Strict):
     state: BackendState
     message: str = ""
@@ -107,6 +126,21 @@ def error_status(err_class: ErrClass, reason: str, suggestion: str, code: int | 
     return JobStatus(state="ERROR", message=reason, exit_code=code, err_class=err_class), analysis
 
 
+def program_failed(who: str, code: int) -> tuple[JobStatus, FailureAnalysis]:
+    """The ERROR of a command that exited ``code`` on its own: the program's failure, naming the
+    signal a shell's ``128 + N`` says ended it."""
+    return error_status("ERR_PROGRAM", f"{who} failed (exit code {code}{by_signal(code - 128)})",
+                        "read the last lines of the job's log", code)
+
+
+def by_signal(number: int) -> str:
+    """``, signal SIGKILL`` for a signal's number; nothing for a number no signal has."""
+    return f", signal {signal.Signals(number).name}" if number in _SIGNALS else ""
+
+
+_SIGNALS = {int(s) for s in signal.Signals}
+
+
 #: The most of a job's log one look returns (per rank): a job that prints faster than the
 #: flow looks is shown in pieces, never all at once.
 FOLLOW_BYTES = 64 * 1024
@@ -124,6 +158,17 @@ class LogChunk(Strict):
 
     text: str
     cursor: str
+
+
+def cursor_fields(cursor: str | None) -> dict[Any, Any]:
+    """A cursor a backend's :meth:`Backend.follow_logs` gave, read back as the JSON object it
+    wrote; anything else (none yet, a cursor of another backend or release) starts afresh: ``{}``.
+    Each backend checks the fields' values itself: the cursor came back through a record."""
+    try:
+        data = json.loads(cursor) if cursor else {}
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 class Submission(Strict):

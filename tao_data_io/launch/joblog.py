@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..redaction import cut_note
-from .backend import FOLLOW_BYTES, FOLLOW_START_BYTES, LogChunk
+from .backend import FOLLOW_BYTES, FOLLOW_START_BYTES, LogChunk, cursor_fields
 from ..quantities import quantity_bytes
 
 #: How many segments after the head are kept: with the head, the log's limit in four parts.
@@ -386,12 +386,7 @@ def follow(logs: list[JobLog], cursor: str | None, *, ended: bool) -> LogChunk:
 def _cursor(cursor: str | None) -> tuple[dict[str, int], int | None]:
     """A cursor of :func:`follow` read back — each rank's offset, and the rank
     whose line the last look cut — anything else starts afresh."""
-    try:
-        data = json.loads(cursor) if cursor else {}
-    except ValueError:
-        return {}, None
-    if not isinstance(data, dict):
-        return {}, None
+    data = cursor_fields(cursor)
     offsets = {str(k): v for k, v in data.items() if str(k).isdigit() and isinstance(v, int) and v >= 0}
     open_rank = data.get(_OPEN)
     return offsets, open_rank if isinstance(open_rank, int) and str(open_rank) in offsets else None

@@ -9,7 +9,9 @@ whichever backend writes the records in it; what records it holds is each backen
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime, timezone
 import os
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -18,14 +20,16 @@ from pydantic import BaseModel
 
 from ..errors import UsageError
 from ..fs.atomic import atomic_write
+from ..fs.locks import file_lock
 from ..fs.reading import read_job_file
 from ..names import is_job_id
+from ..outputs import restore_results
 from ..schema import Strict
 from ..vocabulary import TERMINAL_STATES
-from .backend import FailureAnalysis, JobStatus
+from .backend import FailureAnalysis, JobStatus, RunRootSettings
 from .plan import LaunchPlan
 from .probe import Verdict
-from .sources import mark_state_root
+from .sources import SourceRules, check_results_mount, check_results_ours, mark_state_root
 from .training import STATUS_FILE, STATUS_TAIL_BYTES
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -83,6 +87,16 @@ class RunFiles(Generic[Record]):
     def canceled(self) -> CancelRequest | None:
         return read_record(self.cancel_file, CancelRequest)
 
+    def over(self) -> bool:
+        """Whether the job's end is recorded here for good, so a cancel has nothing to stop (a
+        backend whose cancel goes through :meth:`RunRoot._canceling` says how it knows)."""
+        raise NotImplementedError
+
+    def ask_cancel(self) -> None:
+        """Record that a cancel was asked, once (its first time kept); the caller holds the lock."""
+        if self.canceled() is None:
+            self.write(self.cancel_file, CancelRequest(requested_at=datetime.now(timezone.utc)))
+
     def put_away(self, attempt: int, state: str, ref: str) -> None:
         """Move attempt ``attempt``'s files into ``attempts/<n>/`` for the next attempt to start
         clean (its results directory, elsewhere, stays: the next attempt continues in it). Only
@@ -107,9 +121,10 @@ def read_record(path: Path, model: type[Model]) -> Model | None:
 
 
 Run = TypeVar("Run", bound="RunFiles[Any]")  # any backend's run directory
+Settings = TypeVar("Settings", bound=RunRootSettings)  # any such backend's settings
 
 
-class RunRoot(Generic[Run, Record]):
+class RunRoot(Generic[Run, Record, Settings]):
     """The calls of a backend that keeps each job's run directory under a run root on this host
     (the local frame, Docker, SLURM's shared filesystem), written once for all of them: a job's
     ref is ``<namespace>/<job id>``, its run directory ``<run root>/<job id>/run``, its results
@@ -120,7 +135,17 @@ class RunRoot(Generic[Run, Record]):
     title: ClassVar[str]
     #: The backend's run directory.
     run_type: ClassVar[type[RunFiles[Any]]]
-    run_root: Path
+    #: The backend's name (:attr:`~tao_data_io.launch.backend.Backend.name`).
+    name: ClassVar[str]
+
+    def __init__(self, settings: Settings) -> None:
+        #: With the run root (and what else the environment decides) decided: what this backend
+        #: runs with and the job record keeps.
+        self.settings = settings.resolved()
+        self.run_root = Path(str(self.settings.run_root))
+
+    def config(self) -> dict[str, Any]:
+        return self.settings.model_dump(mode="json")
 
     def _run_dir(self, ref: str) -> Run:
         namespace, _, job_id = ref.partition("/")
@@ -157,18 +182,70 @@ class RunRoot(Generic[Run, Record]):
         which a backend that ends a job under that lock must not take again."""
         raise NotImplementedError
 
-    def _open_run(self, plan: LaunchPlan, *, mode: int) -> Run:
-        """``plan``'s run directory, made as a submit needs it: ``mode`` on the job's directory and
-        the run directory (0700: the backend's alone; 0711: a job's user passes through, never
-        lists), and every state root marked so no request may mount it."""
-        run = self._run_dir(f"{self.namespace}/{plan.job_id}")
+    def _open_run(self, plan: LaunchPlan, *, mode: int) -> tuple[Run, str]:
+        """``plan``'s run directory, made as a submit needs it, and the job's ref: ``mode`` on the
+        job's directory and the run directory (0700: the backend's alone; 0711: a job's user passes
+        through, never lists), and every state root marked so no request may mount it."""
+        ref = f"{self.namespace}/{plan.job_id}"
+        run = self._run_dir(ref)
         run.path.parent.mkdir(parents=True, exist_ok=True)
         run.create()
         for directory in (run.path.parent, run.path):
             os.chmod(directory, mode)
         for root in (self.run_root, *(Path(root) for root in plan.state_roots)):
             mark_state_root(root)
-        return run
+        return run, ref
+
+    def _source_rules(self, plan: LaunchPlan) -> SourceRules:
+        """What the request's host paths must keep to on this host (:func:`host_source_rules` and
+        the backend's own)."""
+        raise NotImplementedError
+
+    def _checked_rules(self, plan: LaunchPlan) -> SourceRules:
+        """:meth:`_source_rules`, with the results mount checked by them first: before a submit
+        makes anything, and before a preflight says yes."""
+        rules = self._source_rules(plan)
+        check_results_mount(plan, rules)
+        return rules
+
+    @contextmanager
+    def _canceling(self, ref: str) -> Iterator[tuple[Run, Record] | None]:
+        """Under the run directory's lock, with the cancel asked: the run directory and launch
+        record of the job to stop, for what the backend tells its frames before the lock is let
+        go; None when there is nothing to cancel (never launched here, or over)."""
+        run = self._known(ref)
+        launch: Record | None = run.launch() if run is not None else None
+        if run is None or launch is None:
+            yield None
+            return
+        with file_lock(run.lock):
+            if run.over():
+                yield None
+                return
+            run.ask_cancel()
+            yield run, launch
+
+    def _results_host(self, plan: LaunchPlan) -> str:
+        """Where the job's frame writes its results on this host: the route's mount, else beside
+        its run directory."""
+        if plan.route.route == "mount":
+            return plan.route.destination
+        return str(self.run_root / plan.job_id / "results")
+
+    def _ready_results(self, plan: LaunchPlan, results_host: str, job_uid: int | None,
+                       environ: Mapping[str, str] | None) -> str | None:
+        """Make the job's results directory ready before its frame exists (the caller, a submit,
+        holds the lock): a mounted one proved this job's to write (:func:`check_results_ours`, as
+        this process or the job's user), made, and holding what the earlier attempts uploaded.
+        Returns where that was restored from (None: nothing was)."""
+        if plan.route.route == "mount":
+            owners = {os.geteuid(), *([job_uid] if job_uid is not None else [])}
+            check_results_ours(plan, Path(results_host), owners, self.name)
+        Path(results_host).mkdir(parents=True, exist_ok=True)
+        if plan.restore_from is None:
+            return None
+        return restore_results(plan.restore_from, Path(results_host), belongs_to=plan.route.belongs_to,
+                               environ=environ)
 
     def _resubmitted(self, run: Run, plan: LaunchPlan) -> Record | None:
         """The launch record of ``plan`` when it was submitted already (a retried submit, which

@@ -43,30 +43,18 @@ from ...errors import BackendError, UsageError
 from ...fs.atomic import atomic_write
 from ...fs.locks import file_lock
 from ...fs.reading import read_job_file
-from ...launch.backend import (
-    DEFAULT_VERIFY_TIMEOUT_S,
-    FOLLOW_BYTES,
-    FOLLOW_START_BYTES,
-    TAIL_BYTES,
-    FailureAnalysis,
-    JobDocuments,
-    JobStatus,
-    LogChunk,
-    Submission,
-    Waits,
-    error_status,
-    polls,
-)
+from ...launch.backend import (DEFAULT_VERIFY_TIMEOUT_S, FOLLOW_BYTES, FOLLOW_START_BYTES, TAIL_BYTES, FailureAnalysis,
+                               JobDocuments, JobStatus, LogChunk, Submission, Waits, cursor_fields, error_status,
+                               program_failed, polls)
 from ...launch.binding import BoundSource, open_source
 from ...launch.plan import LaunchPlan
-from ...launch.rundir import CancelRequest, RunRoot
+from ...launch.rundir import RunRoot
 from ...launch.probe import (PROBE_SCRIPT, TOKEN_FILE, CheckResult, Verdict, checklist, checklist_text,
                              parse_probe_output, ranks_verdict, remove_token, with_persistence)
 from ...launch.results_owner import hand_over_checked, take_back_results
-from ...launch.sources import (SourceRules, check_binds, check_paths, check_results_mount, check_results_ours,
-                               host_source_rules, plan_binds)
+from ...launch.sources import (SourceRules, check_binds, check_paths, host_source_rules,
+                               plan_binds)
 from ...launch.users import job_ids
-from ...outputs import restore_results
 from ...quantities import cpu_millicores, quantity_bytes
 from ...tier import ClusterFacts
 from . import DECLARATION
@@ -94,20 +82,12 @@ _DOCKER_MIN_MEMORY = 6 * 2**20
 _PROBE_BYTES = 4 * 1024 * 1024
 
 
-class DockerBackend(RunRoot[RunDir, Launch]):
+class DockerBackend(RunRoot[RunDir, Launch, DockerSettings]):
     namespace = NAMESPACE
     title = "Docker"
     run_type = RunDir
     name = DockerSettings.name
     capabilities = DECLARATION.capabilities
-
-    def __init__(self, settings: DockerSettings) -> None:
-        #: With the run root and the daemon decided: what this backend runs with and the record keeps.
-        self.settings = settings.resolved()
-        self.run_root = Path(str(self.settings.run_root))
-
-    def config(self) -> dict[str, Any]:
-        return self.settings.model_dump(mode="json")
 
     @cached_property
     def client(self) -> docker.DockerClient:
@@ -137,8 +117,7 @@ class DockerBackend(RunRoot[RunDir, Launch]):
             self._check_gpu_runtime()
         self._check_limits(plan)
         self._ensure_image(plan.image)
-        rules = self._source_rules(plan)
-        check_results_mount(plan, rules)
+        rules = self._checked_rules(plan)
         check_paths(plan)
         self._check_sources(plan, self._results_host(plan), rules)
 
@@ -224,22 +203,15 @@ class DockerBackend(RunRoot[RunDir, Launch]):
         gpus = rank_gpus(plan, self.settings.gpu_devices)
         if plan.gpus:
             self._check_gpu_runtime()
-        rules = self._source_rules(plan)
-        check_results_mount(plan, rules)
-        ref = f"{NAMESPACE}/{plan.job_id}"
-        run = self._open_run(plan, mode=0o700)
+        rules = self._checked_rules(plan)
+        run, ref = self._open_run(plan, mode=0o700)
         with file_lock(run.lock):
             existing = self._resubmitted(run, plan)
             if existing is not None:
                 started = self._start_ranks(run, existing, credentials)
                 return Submission(backend_ref=ref, started=started, restored=existing.restored)
             results_host = self._results_host(plan)
-            if plan.route.route == "mount":
-                check_results_ours(plan, Path(results_host), {os.geteuid(), uid}, self.name)
-            Path(results_host).mkdir(parents=True, exist_ok=True)
-            restored = (None if plan.restore_from is None else
-                        restore_results(plan.restore_from, Path(results_host), belongs_to=plan.route.belongs_to,
-                                        environ=environ))
+            restored = self._ready_results(plan, results_host, uid, environ)
             sources = self._check_sources(plan, results_host, rules)
             if os.geteuid() == 0:
                 hand_over_checked(sources[plan.results_dir], uid, gid)
@@ -371,11 +343,6 @@ class DockerBackend(RunRoot[RunDir, Launch]):
         frames, and end the job with the daemon's reason kept for its status."""
         _touch(run.control / STOP)
         self._finish_locked(run, launch, known={rank: RankEnd(rank=rank, exit_code=None, error=reason)})
-
-    def _results_host(self, plan: LaunchPlan) -> str:
-        if plan.route.route == "mount":
-            return plan.route.destination
-        return str(self.run_root / plan.job_id / "results")
 
     # ------------------------------------------------------------------ follow
     def verify(self, ref: str, plan: LaunchPlan, *, timeout: float = DEFAULT_VERIFY_TIMEOUT_S) -> Verdict:
@@ -615,16 +582,10 @@ class DockerBackend(RunRoot[RunDir, Launch]):
         """Stop every rank (SIGTERM through Docker's init, SIGKILL after ``cancel_grace_seconds``)
         and record the job CANCELED, keeping its logs; True if something was running. A job that
         has ended keeps its end."""
-        run = self._known(ref)
-        if run is None:
-            return False
-        launch = run.launch()
-        assert launch is not None
-        with file_lock(run.lock):
-            if run.ended() is not None:
+        with self._canceling(ref) as known:
+            if known is None:
                 return False
-            if run.canceled() is None:
-                run.write(run.cancel_file, CancelRequest(requested_at=datetime.now(timezone.utc)))
+            run, launch = known
             if run.verdict() is None:
                 _touch(run.control / STOP)
         containers = [c for c in (self._container(launch.plan, rank) for rank in range(launch.plan.nodes)) if c]
@@ -702,12 +663,7 @@ def _ended(ended: Ended, run: RunDir, launch: Launch) -> tuple[JobStatus, Failur
         said = _saved_tail(run, first.rank)
         return error_status("ERR_INFRA", f"{who}'s frame could not run the command" + (f": {said}" if said else ""),
                       "read the job's log", code)
-    by = f", signal {signal.Signals(code - 128).name}" if code - 128 in _SIGNALS else ""
-    return error_status("ERR_PROGRAM", f"{who} failed (exit code {code}{by})", "read the last lines of the job's log",
-                        code)
-
-
-_SIGNALS = {int(s) for s in signal.Signals}
+    return program_failed(who, code)
 
 
 def _late(rank: RankEnd, plan: LaunchPlan) -> bool:
@@ -802,14 +758,8 @@ def _saved_tail(run: RunDir, rank: int) -> str:
 
 def _positions(cursor: str | None) -> dict[int, Position]:
     """A cursor of :meth:`DockerBackend.follow_logs` read back; anything else starts afresh."""
-    try:
-        data = json.loads(cursor) if cursor else {}
-    except ValueError:
-        return {}
-    if not isinstance(data, dict):
-        return {}
     found: dict[int, Position] = {}
-    for rank, value in data.items():
+    for rank, value in cursor_fields(cursor).items():
         if (str(rank).isdigit() and isinstance(value, list) and len(value) == 2
                 and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)):
             found[int(rank)] = Position(value[0], value[1])

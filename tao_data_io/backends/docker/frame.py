@@ -42,6 +42,7 @@ from pathlib import Path
 
 from ...errors import UsageError
 from ...frame import AGENT_ROOT
+from ...launch.agents import AWAIT_CHILD
 
 AGENT_DIR = f"{AGENT_ROOT}/agent"
 CONTROL_DIR = f"{AGENT_ROOT}/control"
@@ -107,13 +108,7 @@ if [ -n "${TAO_DATA_IO_DEADLINE_SECONDS:-}" ]; then
   ( trap - TERM INT; sleep "$TAO_DATA_IO_DEADLINE_SECONDS"; kill -USR1 $$ ) &
   timer=$!
 fi
-while :; do
-  wait "$child"
-  code=$?
-  kill -0 "$child" 2>/dev/null && continue
-  break
-done
-for helper in $timer $killer; do kill "$helper" 2>/dev/null; done
+""" + AWAIT_CHILD + r"""for helper in $timer $killer; do kill "$helper" 2>/dev/null; done
 [ -n "$stopped" ] && exit 143
 [ -n "$late" ] && exit 124
 case "$code" in

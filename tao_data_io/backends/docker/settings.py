@@ -10,12 +10,12 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar, Self
 
 from pydantic import Field, field_validator
 
 from ...errors import UsageError
-from ...launch.backend import BackendSettings
+from ...launch.backend import RunRootSettings
 from ...launch.users import JobId
 from ...quantities import checked_quantity
 from ...schema import AbsolutePath
@@ -31,15 +31,10 @@ MIN_LOG_LIMIT, MAX_LOG_LIMIT = "1Mi", "4Gi"
 GPU_ID_PATTERN = r"^(?:[0-9]{1,3}|(?:GPU|MIG)-[0-9A-Za-z-]{1,80})$"
 
 
-class DockerSettings(BackendSettings):
+class DockerSettings(RunRootSettings):
     """How the Docker backend runs each job: on which daemon, as whom, with which GPUs and limits."""
 
     name: ClassVar[str] = "docker"
-
-    @classmethod
-    def from_workdir(cls, workdir: Path) -> dict[str, Any]:
-        """A command line's jobs keep their run state beside their staging directories."""
-        return {"run_root": str(workdir)}
 
     docker_host: str | None = Field(
         None, title="Docker daemon",
@@ -107,7 +102,7 @@ class DockerSettings(BackendSettings):
         return checked_quantity(value, "log_limit", least=MIN_LOG_LIMIT, most=MAX_LOG_LIMIT,
                                 example=DEFAULT_LOG_LIMIT)
 
-    def resolved(self, environ: Mapping[str, str] | None = None) -> DockerSettings:
+    def resolved(self, environ: Mapping[str, str] | None = None) -> Self:
         """These settings with ``run_root`` and ``docker_host`` decided (given, else the
         environment, else the default): a later process with another environment must reach the
         same daemon and find the same jobs."""

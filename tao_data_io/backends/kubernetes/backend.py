@@ -31,16 +31,8 @@ from typing import Any
 
 from ...credentials import forwarded_values
 from ...errors import UsageError, is_retryable
-from ...launch.backend import (
-    DEFAULT_VERIFY_TIMEOUT_S,
-    FOLLOW_BYTES,
-    FailureAnalysis,
-    JobDocuments,
-    JobStatus,
-    LogChunk,
-    Submission,
-    Waits,
-)
+from ...launch.backend import (DEFAULT_VERIFY_TIMEOUT_S, FOLLOW_BYTES, FailureAnalysis, JobDocuments, JobStatus,
+                               LogChunk, Submission, Waits)
 from ...launch.plan import LaunchPlan
 from ...launch.probe import Verdict, read_checklist
 from ...launch.training import STATUS_TAIL_BYTES

@@ -10,9 +10,10 @@ record, so a watcher that restarts goes on where the last one stopped.
 
 from __future__ import annotations
 
-import json
 import math
 from datetime import datetime, timezone
+
+from ...launch.backend import cursor_fields
 
 #: Seconds asked for beyond the time since the last line shown (clock skew, a slow look).
 MARGIN_SECONDS = 60
@@ -80,10 +81,4 @@ def since_seconds(last: str | None, now: datetime) -> int | None:
 
 def read_cursor(cursor: str | None) -> dict[str, str]:
     """Pod name → the newest time shown; anything else starts afresh."""
-    try:
-        data = json.loads(cursor) if cursor else {}
-    except ValueError:
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+    return {k: v for k, v in cursor_fields(cursor).items() if isinstance(k, str) and isinstance(v, str)}

@@ -18,37 +18,24 @@ CLI call, a restarted Prefect worker — can follow a job submitted by another.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from ...credentials import forwarded_values
 from ...errors import BackendError, UsageError
 from ...fs.locks import file_lock
 from ...fs.temp import remove_if_exists
-from ...launch.backend import (
-    DEFAULT_VERIFY_TIMEOUT_S,
-    TAIL_BYTES,
-    FailureAnalysis,
-    JobDocuments,
-    JobStatus,
-    LogChunk,
-    Submission,
-    Waits,
-    polls,
-)
+from ...launch.backend import (DEFAULT_VERIFY_TIMEOUT_S, TAIL_BYTES, FailureAnalysis, JobDocuments, JobStatus, LogChunk,
+                               Submission, Waits, polls)
 from ...launch.plan import LaunchPlan
-from ...launch.rundir import CancelRequest, RunRoot
+from ...launch.rundir import RunRoot
 from ...launch.probe import Verdict
-from ...outputs import restore_results
 from ...tier import ClusterFacts
-from ...launch.sources import (SourceRules, check_binds, check_paths, check_results_mount, check_results_ours,
-                               host_source_rules)
+from ...launch.sources import (SourceRules, check_binds, check_paths, host_source_rules)
 from . import DECLARATION
 from .preflight import check_memory_sizes, check_sandbox, host_memory_bytes, needs_nsenter
 from .process import ProcessId
@@ -73,20 +60,12 @@ _PACKAGE_ROOT = str(_PACKAGE_ROOT_PATH)
 _LOG_LINES_IN_ERRORS = 5
 
 
-class LocalBackend(RunRoot[RunDir, Launch]):
+class LocalBackend(RunRoot[RunDir, Launch, LocalSettings]):
     namespace = NAMESPACE
     title = "local"
     run_type = RunDir
     name = LocalSettings.name
     capabilities = DECLARATION.capabilities
-
-    def __init__(self, settings: LocalSettings) -> None:
-        #: With the run root decided: what this backend runs with and the job record keeps.
-        self.settings = settings.resolved()
-        self.run_root = Path(str(self.settings.run_root))
-
-    def config(self) -> dict[str, Any]:
-        return self.settings.model_dump(mode="json")
 
     # ------------------------------------------------------------------ before
     def facts(self) -> ClusterFacts:
@@ -103,8 +82,7 @@ class LocalBackend(RunRoot[RunDir, Launch]):
         check_sandbox(Host(bwrap=find_tool("bwrap", BWRAP_INSTALL), system=host_system_dirs(), run_as=self._run_as()))
         if needs_nsenter(plan):
             find_tool("nsenter", NSENTER_INSTALL)
-        rules = self._source_rules(plan)
-        check_results_mount(plan, rules)
+        rules = self._checked_rules(plan)
         check_paths(plan)
         check_memory_sizes(plan, host_memory_bytes())
         check_binds(plan, frame_binds(plan, self._results_host(plan)), rules)
@@ -121,24 +99,16 @@ class LocalBackend(RunRoot[RunDir, Launch]):
         bwrap = find_tool("bwrap", BWRAP_INSTALL)
         nsenter = find_tool("nsenter", NSENTER_INSTALL) if needs_nsenter(plan) else None
         user = self._run_as()
-        rules = self._source_rules(plan)
-        check_results_mount(plan, rules)
-        ref = f"{NAMESPACE}/{plan.job_id}"
+        rules = self._checked_rules(plan)
         # 0700 whoever made the job's directory (staging, on the command line): the results below are
         # the job's user's and this backend's alone.
-        run = self._open_run(plan, mode=0o700)
+        run, ref = self._open_run(plan, mode=0o700)
         with file_lock(run.lock):
             existing = self._resubmitted(run, plan)
             if existing is not None:
                 return Submission(backend_ref=ref, started=False, restored=existing.restored)
             results_host = self._results_host(plan)
-            if plan.route.route == "mount":
-                owners = {os.geteuid(), *([user.uid] if user is not None else [])}
-                check_results_ours(plan, Path(results_host), owners, self.name)
-            Path(results_host).mkdir(parents=True, exist_ok=True)
-            restored = (None if plan.restore_from is None else
-                        restore_results(plan.restore_from, Path(results_host), belongs_to=plan.route.belongs_to,
-                                        environ=environ))
+            restored = self._ready_results(plan, results_host, user.uid if user is not None else None, environ)
             sources = check_binds(plan, frame_binds(plan, results_host), rules)
             if user is not None:
                 hand_over_checked(sources[plan.results_dir], user.uid, user.gid)
@@ -155,11 +125,6 @@ class LocalBackend(RunRoot[RunDir, Launch]):
 
     def _run_as(self) -> RunAs | None:
         return run_as(self.settings.run_as_user, self.settings.run_as_group)
-
-    def _results_host(self, plan: LaunchPlan) -> str:
-        if plan.route.route == "mount":
-            return plan.route.destination
-        return str(self.run_root / plan.job_id / "results")
 
     def _start_supervisor(self, run: RunDir, credentials: Mapping[str, str]) -> None:
         """Start the supervisor and wait until it has detached and is on record (see
@@ -245,8 +210,7 @@ class LocalBackend(RunRoot[RunDir, Launch]):
             verdict = run.verdict()
             if run.exit() is not None or (verdict is not None and not verdict.ok):
                 return _end(_frame_processes(run))
-            if run.canceled() is None:
-                run.write(run.cancel_file, CancelRequest(requested_at=datetime.now(timezone.utc)))
+            run.ask_cancel()
         supervisor = run.supervisor()
         running = _alive(supervisor) or any(process.alive() for process in _frame_processes(run))
         if supervisor is not None:

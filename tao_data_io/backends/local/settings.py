@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar, Self
 
 from pydantic import Field, field_validator
 
-from ...launch.backend import BackendSettings
+from ...launch.backend import RunRootSettings
 from ...launch.users import JobId
 from ...quantities import checked_quantity
 from ...schema import AbsolutePath
@@ -24,15 +24,10 @@ ROOT_VARIABLE = "TAO_DATA_IO_LOCAL_ROOT"
 DEFAULT_ROOT = "~/.tao-data-io/local"
 
 
-class LocalSettings(BackendSettings):
+class LocalSettings(RunRootSettings):
     """How the local backend runs each job: where on the host, whether with its network, as whom."""
 
     name: ClassVar[str] = "local"
-
-    @classmethod
-    def from_workdir(cls, workdir: Path) -> dict[str, Any]:
-        """A command line's jobs run beside their staging directories, under its ``--workdir``."""
-        return {"run_root": str(workdir)}
 
     run_root: AbsolutePath | None = Field(
         None, title="Run root",
@@ -68,7 +63,7 @@ class LocalSettings(BackendSettings):
         return checked_quantity(value, "log_limit", least=f"{MIN_LOG_LIMIT // 1024}Ki", most=MAX_LOG_LIMIT,
                                 example=DEFAULT_LOG_LIMIT)
 
-    def resolved(self, environ: Mapping[str, str] | None = None) -> LocalSettings:
+    def resolved(self, environ: Mapping[str, str] | None = None) -> Self:
         """These settings with ``run_root`` decided (given, else ``$TAO_DATA_IO_LOCAL_ROOT``, else
         the default) and absolute: bubblewrap binds host paths, the supervisor runs in another
         directory, and a later process with another environment must find the same jobs."""

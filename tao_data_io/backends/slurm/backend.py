@@ -29,7 +29,6 @@ import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from ...credentials import forwarded_values
 from ...errors import BackendError, UsageError
@@ -37,20 +36,19 @@ from ...fs.atomic import atomic_write
 from ...fs.locks import file_lock
 from ...fs.reading import read_job_file
 from ...launch.backend import (DEFAULT_VERIFY_TIMEOUT_S, TAIL_BYTES, FailureAnalysis, JobDocuments, JobStatus,
-                               LogChunk, Submission, Waits, error_status, polls)
+                               LogChunk, Submission, Waits, by_signal, error_status, polls, program_failed)
 from ...launch.joblog import JobLog, follow
 from ...launch.plan import LaunchPlan
-from ...launch.rundir import CancelRequest, RunRoot
+from ...launch.rundir import RunRoot
 from ...launch.probe import (PROBE_SCRIPT, TOKEN_FILE, Verdict, checklist, checklist_text, parse_probe_output,
                              ranks_verdict, remove_token, with_persistence)
 from ...launch.results_owner import hand_over_checked, take_back_results
 from ...launch.sandbox import Host, host_system_dirs
 from ...launch.seccomp import filter_fd
-from ...launch.sources import (Bind, SourceRules, check_binds, check_paths, check_results_mount, check_results_ours,
-                               host_source_rules, plan_binds)
+from ...launch.sources import (Bind, SourceRules, check_binds, check_paths, host_source_rules,
+                               plan_binds)
 from ...launch.tools import BWRAP_INSTALL, find_tool
 from ...launch.users import job_ids
-from ...outputs import restore_results
 from ...tier import ClusterFacts
 from . import DECLARATION
 from .commands import Slurm
@@ -90,7 +88,7 @@ _WAITING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQ
 _STOPPED_CODES = (128 + signal.SIGTERM, 128 + signal.SIGKILL)
 
 
-class SlurmBackend(RunRoot[RunDir, Launch]):
+class SlurmBackend(RunRoot[RunDir, Launch, SlurmSettings]):
     namespace = NAMESPACE
     title = "SLURM"
     run_type = RunDir
@@ -98,13 +96,8 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
     capabilities = DECLARATION.capabilities
 
     def __init__(self, settings: SlurmSettings) -> None:
-        #: With the run root and the cluster's configuration decided: what the record keeps.
-        self.settings = settings.resolved()
-        self.run_root = Path(str(self.settings.run_root))
+        super().__init__(settings)
         self.slurm = Slurm(self.settings.slurm_conf)
-
-    def config(self) -> dict[str, Any]:
-        return self.settings.model_dump(mode="json")
 
     # ------------------------------------------------------------------ before
     def facts(self) -> ClusterFacts:
@@ -119,8 +112,7 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
         self._refuse_network(plan)
         self._ids()
         self._host()
-        rules = self._source_rules(plan)
-        check_results_mount(plan, rules)
+        rules = self._checked_rules(plan)
         check_paths(plan)
         binds = plan_binds(plan, self._results_host(plan))
         self._check_request(plan, binds)
@@ -226,10 +218,8 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
         self._refuse_network(plan)
         uid, gid = self._ids()
         host = self._host()
-        rules = self._source_rules(plan)
-        check_results_mount(plan, rules)
-        ref = f"{NAMESPACE}/{plan.job_id}"
-        run = self._open_run(plan, mode=0o711)  # the job's user passes through, never lists
+        rules = self._checked_rules(plan)
+        run, ref = self._open_run(plan, mode=0o711)  # the job's user passes through, never lists
         with file_lock(run.lock):
             existing = self._resubmitted(run, plan)
             if existing is not None:
@@ -246,12 +236,7 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
             binds = plan_binds(plan, results_host)
             self._check_request(plan, binds)
             self._check_shared(plan, binds)
-            if plan.route.route == "mount":
-                check_results_ours(plan, Path(results_host), {os.geteuid(), uid}, self.name)
-            Path(results_host).mkdir(parents=True, exist_ok=True)
-            restored = (None if plan.restore_from is None else
-                        restore_results(plan.restore_from, Path(results_host), belongs_to=plan.route.belongs_to,
-                                        environ=environ))
+            restored = self._ready_results(plan, results_host, uid, environ)
             sources = check_binds(plan, binds, rules)
             launch = Launch(plan=plan, results_host=results_host, uid=uid, gid=gid, token=secrets.token_hex(16),
                             submitted_at=datetime.now(timezone.utc), restored=restored)
@@ -307,11 +292,6 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
                 atomic_write(run.agent / SECCOMP_FILE, _read_all(fd), mode=0o644)
             finally:
                 os.close(fd)
-
-    def _results_host(self, plan: LaunchPlan) -> str:
-        if plan.route.route == "mount":
-            return plan.route.destination
-        return str(self.run_root / plan.job_id / "results")
 
     # ------------------------------------------------------------------ verify
     def verify(self, ref: str, plan: LaunchPlan, *, timeout: float = DEFAULT_VERIFY_TIMEOUT_S) -> Verdict:
@@ -471,16 +451,10 @@ class SlurmBackend(RunRoot[RunDir, Launch]):
         """Stop the job: its ranks get SIGTERM and ``cancel_grace_seconds`` to end (to save a
         checkpoint), then SLURM ends it; the job is recorded CANCELED with its logs kept. True if
         something was running or waiting; a job that has ended keeps its end."""
-        run = self._known(ref)
-        if run is None:
-            return False
-        launch = run.launch()
-        assert launch is not None
-        with file_lock(run.lock):
-            if run.ended() is not None:
+        with self._canceling(ref) as known:
+            if known is None:
                 return False
-            if run.canceled() is None:
-                run.write(run.cancel_file, CancelRequest(requested_at=datetime.now(timezone.utc)))
+            run, launch = known
             _touch(run.control / CANCEL)  # each rank hands its command SIGTERM and lets it end
             if run.verdict() is None:
                 _touch(run.control / STOP)
@@ -572,12 +546,7 @@ def _ended(ended: Ended, run: RunDir, launch: Launch) -> tuple[JobStatus, Failur
                             "tao-data-io did not cancel it: an administrator's scancel, the node's OOM killer or "
                             "slurmd", "read the node's slurmd log and the kernel log (dmesg); submit again: a next "
                             "attempt restores the results uploaded so far", code)
-    by = f", signal {signal.Signals(code - 128).name}" if code - 128 in _SIGNALS else ""
-    return error_status("ERR_PROGRAM", f"{who} failed (exit code {code}{by})", "read the last lines of the job's log",
-                        code)
-
-
-_SIGNALS = {int(s) for s in signal.Signals}
+    return program_failed(who, code)
 
 
 def _reason(ended: Ended) -> str:
@@ -587,7 +556,7 @@ def _reason(ended: Ended) -> str:
 def _exit_code(said: str) -> tuple[int | None, str]:
     """SLURM's ``code:signal`` as (code, the signal's words)."""
     code, _, number = said.partition(":")
-    by = f", signal {signal.Signals(int(number)).name}" if number.isdigit() and int(number) in _SIGNALS else ""
+    by = by_signal(int(number)) if number.isdigit() else ""
     return (int(code) if code.isdigit() else None), by
 
 

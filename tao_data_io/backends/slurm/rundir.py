@@ -92,3 +92,6 @@ class RunDir(RunFiles[Launch]):
 
     def ended(self) -> Ended | None:
         return read_record(self.ended_file, Ended)
+
+    def over(self) -> bool:
+        return self.ended() is not None

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...frame import AGENT_ROOT
+from ...launch.agents import AWAIT_CHILD
 from ...launch.plan import LaunchPlan
 from ...launch.rendezvous import rendezvous_env
 from ...launch.sandbox import FRAME_LANG, FRAME_PATH, FRAME_TMP, Host, node_frame_argv
@@ -305,13 +306,7 @@ if [ -n "$deadline" ]; then
   ( trap - TERM INT; sleep "$deadline"; kill -USR1 $$ ) &
   timer=$!
 fi
-while :; do
-  wait "$child"
-  code=$?
-  kill -0 "$child" 2>/dev/null && continue
-  break
-done
-for helper in $timer $watcher; do kill "$helper" 2>/dev/null; done
+""" + AWAIT_CHILD + r"""for helper in $timer $watcher; do kill "$helper" 2>/dev/null; done
 if [ -n "$late" ]; then code={late_exit}
 elif [ -n "$stopped" ]; then code=143
 elif [ "$code" = {late_exit} ]; then

@@ -12,11 +12,11 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal, Self
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from ...launch.backend import BackendSettings
+from ...launch.backend import RunRootSettings
 from ...launch.users import JobId
 from ...schema import AbsolutePath
 
@@ -47,16 +47,10 @@ _RUN_ROOT_REFUSED = set(" \t\n%#\"'\\`$,")
 Runtime = Literal["pyxis", "bubblewrap", "none"]
 
 
-class SlurmSettings(BackendSettings):
+class SlurmSettings(RunRootSettings):
     """How the SLURM backend runs each job: on which cluster, on which shared directories, in what."""
 
     name: ClassVar[str] = "slurm"
-
-    @classmethod
-    def from_workdir(cls, workdir: Path) -> dict[str, Any]:
-        """A command line's jobs keep their run state beside their staging directories (which must
-        then be on the shared filesystem too)."""
-        return {"run_root": str(workdir)}
 
     slurm_conf: AbsolutePath | None = Field(
         None, title="slurm.conf",
@@ -156,7 +150,7 @@ class SlurmSettings(BackendSettings):
                              "choose a directory whose path has none of them")
         return value
 
-    def resolved(self, environ: Mapping[str, str] | None = None) -> SlurmSettings:
+    def resolved(self, environ: Mapping[str, str] | None = None) -> Self:
         """These settings with ``run_root`` and ``slurm_conf`` decided (given, else the environment,
         else the default): a later process with another environment must reach the same cluster
         and find the same jobs."""
