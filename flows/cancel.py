@@ -11,7 +11,7 @@ from typing import Any
 from prefect import flow
 
 from flows import common
-from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, Records, S3Credentials, Target, prepare
+from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, REPORTER, Records, S3Credentials, Target, prepare
 from tao_data_io.forms import GuardedText
 from tao_data_io.verbs import cancel
 from tasks.masking import job_run_name, mask_parameters_of_crashed_run, masking_failures
@@ -32,5 +32,5 @@ def cancel_tao_job(job_id: GuardedText, target: Target = DEFAULT_TARGET, records
         reason: why, for the record (empty: "canceled by flow run cancel-<job id>").
     """
     setup = prepare(target, records, s3_credentials)
-    return cancel(job_id, setup.backend, setup.store, source=SOURCE,
+    return cancel(job_id, setup.backend, setup.store, reporter=REPORTER,
                   reason=reason or f"by flow run cancel-{job_id}", run=common.RUN).to_dict()

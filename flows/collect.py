@@ -15,7 +15,7 @@ from typing import Any
 from prefect import flow
 
 from flows import common
-from flows.common import (DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, Records, S3Credentials, Target, cancel_owned_job,
+from flows.common import (DEFAULT_RECORDS, DEFAULT_TARGET, REPORTER, Records, S3Credentials, Target, cancel_owned_job,
                           prepare)
 from tao_data_io.errors import JobOutcome
 from tao_data_io.forms import GuardedText
@@ -56,8 +56,8 @@ def collect_tao_job(job_id: GuardedText, target: Target = DEFAULT_TARGET, record
     # Before any step logs: the job may print the values of what it is given, whatever their names.
     mask_run_logs(setup.credentials.environ(), secret_names=read_record(setup.store, job_id).forward_env)
     collected = collect(job_id, setup.backend, setup.store, poll_seconds=poll_seconds,
-                        max_wait_seconds=max_wait_seconds, environ=setup.credentials, source=SOURCE, owner=this_run(),
-                        run=common.RUN)
+                        max_wait_seconds=max_wait_seconds, environ=setup.credentials, reporter=REPORTER,
+                        owner=this_run(), run=common.RUN)
     if not collected.finished:
         raise JobNotFinished(collected.describe())
     if collected.state == "ERROR":

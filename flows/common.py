@@ -43,7 +43,7 @@ from tasks.runner import prefect_runner
 DEFAULT_TARGET = "tao-local-target/local"
 DEFAULT_RECORDS = "tao-job-records/local"
 #: Who the record's history says made a change.
-SOURCE = "flow"
+REPORTER = "flow"
 #: How the flows run a verb's steps: each as its task. Read at call time (``common.RUN``), so a
 #: test can record the steps a flow runs.
 RUN: Runner = prefect_runner
@@ -176,7 +176,7 @@ def cancel_owned_job(flow: Any, flow_run: FlowRun, state: State) -> None:
     parameters = flow_run.parameters
     setup = prepare(parameters.get("target") or DEFAULT_TARGET, parameters.get("records") or DEFAULT_RECORDS,
                     parameters.get("s3_credentials"))
-    canceled = cancel(job_id, setup.backend, setup.store, source=SOURCE,
+    canceled = cancel(job_id, setup.backend, setup.store, reporter=REPORTER,
                       reason=f"its flow run {flow_run.name} was canceled", owner=owner_of(flow_run), run=direct)
     if canceled.record.state == "CANCELED" and not canceled.already_ended:
         # Prefect's own lines say only that the run's process was ended (a "crash" in a subflow):

@@ -25,7 +25,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows import common
-from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, Records, S3Credentials, Target, prepare
+from flows.common import DEFAULT_RECORDS, DEFAULT_TARGET, REPORTER, Records, S3Credentials, Target, prepare
 from tao_data_io.errors import TaoDataIOError
 from tao_data_io.verbs import Ended, resync
 from tasks.masking import mask_parameters_of_crashed_run, masking_failures, run_mask, started_run_name
@@ -55,7 +55,7 @@ def resync_tao_outputs(target: Target = DEFAULT_TARGET, records: Records = DEFAU
     """
     setup = prepare(target, records, s3_credentials)
     resynced = resync(setup.store, setup.backend, settle_seconds=settle_seconds, environ=setup.credentials,
-                      abandoned=canceled, source=SOURCE, run=common.RUN)
+                      abandoned=canceled, reporter=REPORTER, run=common.RUN)
     get_run_logger().info("%s", resynced.describe())
     for ended in resynced.ended.values():
         tell_the_end(ended)

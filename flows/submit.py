@@ -16,7 +16,7 @@ from prefect import flow, runtime
 from prefect.client.orchestration import get_client
 
 from flows import common
-from flows.common import (DEFAULT_RECORDS, DEFAULT_TARGET, SOURCE, HFCredentials, NGCCredentials,
+from flows.common import (DEFAULT_RECORDS, DEFAULT_TARGET, REPORTER, HFCredentials, NGCCredentials,
                           Records, S3Credentials, Setup, Target, cancel_owned_job, prepare)
 from tao_data_io.errors import UsageError
 from tao_data_io.forms import GuardedText
@@ -50,7 +50,7 @@ def submit_tao_job(request: JobRequest | None = None, request_path: GuardedText 
     setup = prepare(target, records, s3_credentials, hf_credentials, ngc_credentials)
     job = identified_request(request, request_path, setup, "submit")
     return submit(job, setup.backend, setup.store, staging_root=setup.target.staging_root,
-                  environ=setup.credentials, source=SOURCE, owner=this_run(), run=common.RUN).to_dict()
+                  environ=setup.credentials, reporter=REPORTER, owner=this_run(), run=common.RUN).to_dict()
 
 
 def identified_request(request: JobRequest | dict[str, Any] | None, request_path: str | None, setup: Setup,

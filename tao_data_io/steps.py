@@ -98,12 +98,12 @@ def identified(request: JobRequest) -> JobRequest:
 
 
 def fail_before_launch(store: RecordStore, job_id: str, request: JobRequest, error: BaseException, *,
-                       environ: Mapping[str, str] | None = None, source: str = "cli") -> JobRecord:
+                       environ: Mapping[str, str] | None = None, reporter: str = "cli") -> JobRecord:
     """Say in the record why the job's submit failed before it launched (ERROR with the reason,
     credential values masked), unless the record has moved on; the same request submitted again
     reopens it (:meth:`RecordStore.fail_before_launch`)."""
     reason = Redactor(environ, secret_names=request.forward_env)(f"submit failed before launch: {error}")
-    return store.fail_before_launch(job_id, request_digest(request), reason, source=source)
+    return store.fail_before_launch(job_id, request_digest(request), reason, reporter=reporter)
 
 
 def watch(store: RecordStore, job_id: str, owner: str) -> JobRecord:
@@ -128,11 +128,11 @@ def read_record(store: RecordStore, job_id: str) -> JobRecord:
     return store.get(job_id)
 
 
-def open_record(request: JobRequest, backend: Backend, store: RecordStore, *, source: str = "cli") -> JobRecord:
+def open_record(request: JobRequest, backend: Backend, store: RecordStore, *, reporter: str = "cli") -> JobRecord:
     """Open (or re-open) the job's record; the request is pinned to the job id from here on. A
     request the backend cannot honour is refused first, so nothing is written for it."""
     refuse_unsupported(request, backend.name, backend.capabilities)
-    return open_for(request, backend=backend.name, store=store, source=source)
+    return open_for(request, backend=backend.name, store=store, reporter=reporter)
 
 
 def decide_tier(request: JobRequest, backend: Backend, store: RecordStore, job_id: str) -> TierDecision:
@@ -149,7 +149,7 @@ def route_outputs(store: RecordStore, job_id: str, environ: Mapping[str, str] | 
 
 def start(plan: LaunchPlan, backend: Backend, *, environ: Mapping[str, str] | None = None,
           documents: JobDocuments | None = None, store: RecordStore | None = None,
-          source: str = "cli") -> Submission:
+          reporter: str = "cli") -> Submission:
     """Preflight and submit (idempotent: a retry for a job already submitted starts nothing). The
     verify probe runs first inside the frame; :func:`confirm` waits for its verdict. ``documents``
     (the request and record the plan was built from) go to a backend whose pods stage for
@@ -172,7 +172,7 @@ def start(plan: LaunchPlan, backend: Backend, *, environ: Mapping[str, str] | No
         raise
     try:
         which = f"attempt {plan.attempt} " if plan.attempt > 1 else ""
-        store.mark(plan.job_id, "PENDING", source=source, backend_ref=submission.backend_ref,
+        store.mark(plan.job_id, "PENDING", reporter=reporter, backend_ref=submission.backend_ref,
                    message=f"{which}launched as {submission.backend_ref}; "
                            "waiting for the verdict from inside its frame",
                    restored=submission.restored)
@@ -210,17 +210,17 @@ def _release_launch(store: RecordStore, job_id: str) -> None:
 
 
 def confirm(plan: LaunchPlan, backend: Backend, store: RecordStore, submission: Submission, *,
-            source: str = "cli") -> Verdict:
+            reporter: str = "cli") -> Verdict:
     """Wait for the verify verdict from inside the frame and store it in the record either way; a
     passed verdict marks the job RUNNING, a failed one marks it ERROR and raises :class:`VerifyFailed`
     (the command never started). A retry reads the same verdict and writes nothing new."""
     verdict = backend.verify(submission.backend_ref, plan)
     store.update(plan.job_id, lambda record: record.model_copy(update={"verify": verdict.to_dict()}))
     if not verdict.ok:
-        store.mark(plan.job_id, "ERROR", source=source, backend_ref=submission.backend_ref,
+        store.mark(plan.job_id, "ERROR", reporter=reporter, backend_ref=submission.backend_ref,
                    message=f"verify failed: {verdict.describe()}")
         raise VerifyFailed(plan.job_id, verdict)
-    store.mark(plan.job_id, "RUNNING", source=source, backend_ref=submission.backend_ref,
+    store.mark(plan.job_id, "RUNNING", reporter=reporter, backend_ref=submission.backend_ref,
                message=f"{verdict.describe()}; the command started")
     return verdict
 
@@ -256,19 +256,19 @@ def _observed(record: JobRecord, backend: Backend) -> JobStatus:
     return status
 
 
-def record_end(store: RecordStore, job_id: str, status: JobStatus, *, source: str = "cli") -> JobRecord:
+def record_end(store: RecordStore, job_id: str, status: JobStatus, *, reporter: str = "cli") -> JobRecord:
     """Fold a terminal status into the record (marking it, once: terminal states are final);
     anything else changes nothing."""
     record = store.get(job_id)
     if status.terminal and record.state != status.state and record.state not in TERMINAL_STATES:
-        return store.mark(job_id, status.state, source=source, message=status.message)
+        return store.mark(job_id, status.state, reporter=reporter, message=status.message)
     return record
 
 
-def observe_and_record(record: JobRecord, backend: Backend, store: RecordStore, *, source: str = "cli") -> JobStatus:
+def observe_and_record(record: JobRecord, backend: Backend, store: RecordStore, *, reporter: str = "cli") -> JobStatus:
     """The job's status now (:func:`observe`), with a terminal state recorded (:func:`record_end`)."""
     status = _observed(record, backend)
-    record_end(store, record.job_id, status, source=source)
+    record_end(store, record.job_id, status, reporter=reporter)
     return status
 
 
@@ -451,7 +451,7 @@ def running_jobs(store: RecordStore, backend: Backend, *,
     return seen, elsewhere
 
 
-def cancel_job(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli",
+def cancel_job(job_id: str, backend: Backend, store: RecordStore, *, reporter: str = "cli",
                reason: str | None = None, owner: str | None = None) -> JobRecord:
     """Stop the job and everything it started and mark the record CANCELED, saying ``reason`` —
     unless it already ended (terminal states are final: the backend ends only what it left
@@ -472,4 +472,5 @@ def cancel_job(job_id: str, backend: Backend, store: RecordStore, *, source: str
     else:
         stopped = False
     said = f"canceled: {reason}" if reason else "canceled"
-    return store.mark(job_id, "CANCELED", source=source, message=said + ("" if stopped else " (nothing was running)"))
+    return store.mark(job_id, "CANCELED", reporter=reporter,
+                      message=said + ("" if stopped else " (nothing was running)"))

@@ -183,7 +183,7 @@ class Resynced:
 
 
 def submit(request: JobRequest, backend: Backend, store: RecordStore, *, staging_root: str | Path | None = None,
-           environ: Mapping[str, str] | None = None, source: str = "cli", owner: str | None = None,
+           environ: Mapping[str, str] | None = None, reporter: str = "cli", owner: str | None = None,
            run: Runner = direct, say: Say | None = None) -> Submitted:
     """Stage ``request``'s inputs, launch it, verify inside its frame and leave it RUNNING; a
     retry of the same request resumes the same job (and a job already launched is not staged
@@ -193,33 +193,33 @@ def submit(request: JobRequest, backend: Backend, store: RecordStore, *, staging
     :class:`~tao_data_io.steps.VerifyFailed` when the verdict fails."""
     tell = say or (lambda _: None)
     request = identified(request)
-    record = run(open_record, request, backend, store, source=source)
+    record = run(open_record, request, backend, store, reporter=reporter)
     if owner is not None:
         record = run(watch, store, record.job_id, owner)
     if record.backend_ref is not None and record.state == "PENDING" and record.verify is None:
         # Launched, and the submit that launched it stopped before the verdict: wait for it now,
         # from what that submit staged and decided — nothing is staged again under the job.
         return _confirm_launched(request, backend, store, record, staging_root=staging_root, environ=environ,
-                                 source=source, run=run)
+                                 reporter=reporter, run=run)
     launched = already_launched(record)
     if launched is not None:
         tell(launched.describe())
         return launched
     try:
-        return _launch(request, backend, store, record, staging_root=staging_root, environ=environ, source=source,
+        return _launch(request, backend, store, record, staging_root=staging_root, environ=environ, reporter=reporter,
                        run=run, tell=tell)
     except VerifyFailed:
         raise  # recorded ERROR with the verdict already
     except Exception as exc:  # the submit's failure, whatever it is, is what the record must say
         try:
-            run(fail_before_launch, store, record.job_id, request, exc, environ=environ, source=source)
+            run(fail_before_launch, store, record.job_id, request, exc, environ=environ, reporter=reporter)
         except Exception as unsaid:  # noqa: BLE001 - the first failure is the one to raise
             exc.add_note(f"(its record could not say so: {unsaid})")
         raise
 
 
 def _launch(request: JobRequest, backend: Backend, store: RecordStore, record: JobRecord, *,
-            staging_root: str | Path | None, environ: Mapping[str, str] | None, source: str, run: Runner,
+            staging_root: str | Path | None, environ: Mapping[str, str] | None, reporter: str, run: Runner,
             tell: Say) -> Submitted:
     """Submit's steps from the tier to the verdict, for a record opened and not launched yet."""
     decision = run(decide_tier, request, backend, store, record.job_id)
@@ -232,13 +232,13 @@ def _launch(request: JobRequest, backend: Backend, store: RecordStore, record: J
     plan = run(build_plan, request, staging_map, decision, record, record.output_route, environ=environ,
                state_roots=state_roots(store, staging_root, environ))
     submission = run(start, plan, backend, environ=environ, documents=JobDocuments(request, record), store=store,
-                     source=source)
-    verdict = run(confirm, plan, backend, store, submission, source=source)
+                     reporter=reporter)
+    verdict = run(confirm, plan, backend, store, submission, reporter=reporter)
     return Submitted(record.job_id, submission.backend_ref, decision.tier, submission.started, verdict)
 
 
 def _confirm_launched(request: JobRequest, backend: Backend, store: RecordStore, record: JobRecord, *,
-                      staging_root: str | Path | None, environ: Mapping[str, str] | None, source: str,
+                      staging_root: str | Path | None, environ: Mapping[str, str] | None, reporter: str,
                       run: Runner) -> Submitted:
     """Submit's last step for a job launched by an earlier attempt: its plan rebuilt from the
     staging map that attempt published, its tier (decided again: the same answer, written once)
@@ -252,7 +252,7 @@ def _confirm_launched(request: JobRequest, backend: Backend, store: RecordStore,
     plan = run(build_plan, request, staging_map, decision, record, record.output_route, environ=environ,
                state_roots=state_roots(store, staging_root, environ))
     verdict = run(confirm, plan, backend, store, Submission(backend_ref=record.backend_ref, started=False),
-                  source=source)
+                  reporter=reporter)
     return Submitted(record.job_id, record.backend_ref, decision.tier, False, verdict)
 
 
@@ -284,7 +284,7 @@ def stage_inputs(request: JobRequest, backend: Backend, staging_dir: Path, *, ti
 
 def collect(job_id: str, backend: Backend, store: RecordStore, *, wait: bool = True,
             poll_seconds: float = DEFAULT_POLL_SECONDS, max_wait_seconds: float | None = None,
-            environ: Mapping[str, str] | None = None, source: str = "cli", owner: str | None = None,
+            environ: Mapping[str, str] | None = None, reporter: str = "cli", owner: str | None = None,
             run: Runner = direct, say: Say | None = None) -> Collected:
     """Wait for the end (when ``wait``; at most ``max_wait_seconds``) and record it, then upload
     the results to the recorded route with the job's excludes — also after ERROR or CANCELED —
@@ -300,7 +300,7 @@ def collect(job_id: str, backend: Backend, store: RecordStore, *, wait: bool = T
         why = f"{status.message}; " if status.message else ""
         return Collected(job_id, status.state, f"still {status.state}{waited}: {why}it keeps running, collect again "
                                                "later", None)
-    run(record_end, store, job_id, status, source=source)
+    run(record_end, store, job_id, status, reporter=reporter)
     upload = run(upload_job_results, job_id, backend, store, environ=environ, say=say)
     tail = failure = None
     if status.state == "ERROR":
@@ -310,7 +310,7 @@ def collect(job_id: str, backend: Backend, store: RecordStore, *, wait: bool = T
 
 def resync(store: RecordStore, backend: Backend, *, settle_seconds: float | None = None,
            environ: Mapping[str, str] | None = None, abandoned: Callable[[str], bool] | None = None,
-           source: str = "cli", run: Runner = direct, say: Say | None = None) -> Resynced:
+           reporter: str = "cli", run: Runner = direct, say: Say | None = None) -> Resynced:
     """What a schedule runs while jobs train: upload what is new in the results of every RUNNING
     job the backend can see, one after another (each transfer is concurrent inside already). One
     job's failure, after its runner's retries, does not keep the others from their resync: it is
@@ -334,7 +334,8 @@ def resync(store: RecordStore, backend: Backend, *, settle_seconds: float | None
         job_id = record.job_id
         try:
             if _abandoned(record, abandoned, say):
-                run(cancel_job, job_id, backend, store, source=source, reason=f"its owner {record.owner} was canceled")
+                run(cancel_job, job_id, backend, store, reporter=reporter,
+                    reason=f"its owner {record.owner} was canceled")
                 canceled.append(job_id)
                 continue
             status = run(observe, job_id, backend, store)
@@ -343,7 +344,7 @@ def resync(store: RecordStore, backend: Backend, *, settle_seconds: float | None
                                        environ=environ)
             finally:  # after its last resync (a job no longer RUNNING is not resynced), and whether it moved
                 if status.terminal:
-                    run(record_end, store, job_id, status, source=source)
+                    run(record_end, store, job_id, status, reporter=reporter)
                     ended[job_id] = Ended(job_id, status, record.owner)
         except Exception as exc:  # noqa: BLE001 - reported per job; the others still resync
             failed[job_id] = f"{type(exc).__name__}: {exc}"
@@ -363,10 +364,10 @@ def _abandoned(record: JobRecord, abandoned: Callable[[str], bool] | None, say: 
         return False
 
 
-def cancel(job_id: str, backend: Backend, store: RecordStore, *, source: str = "cli", reason: str | None = None,
+def cancel(job_id: str, backend: Backend, store: RecordStore, *, reporter: str = "cli", reason: str | None = None,
            owner: str | None = None, run: Runner = direct) -> Canceled:
     """Stop the job and everything it started; the record says CANCELED (and ``reason``). Of a
     job that already ended, only what it left running is ended, and its record stays as it is.
     ``owner``: cancel only if that owner still watches the job (a cancellation hook's)."""
     was = run(read_record, store, job_id).state
-    return Canceled(was, run(cancel_job, job_id, backend, store, source=source, reason=reason, owner=owner))
+    return Canceled(was, run(cancel_job, job_id, backend, store, reporter=reporter, reason=reason, owner=owner))

@@ -43,21 +43,21 @@ def build_plan(request: JobRequest, staging_map: StagingMap, decision: TierDecis
 @step(timeout_seconds=None, task_run_name="start-{plan.job_id}")
 def start(plan: LaunchPlan, backend: Backend, *, environ: Mapping[str, str] | None = None,
           documents: JobDocuments | None = None, store: RecordStore | None = None,
-          source: str = "cli") -> Submission:
+          reporter: str = "cli") -> Submission:
     """Preflight and submit; credential values for the plan's ``forward_env`` are read here, on
     the worker, and go only to the frame."""
-    submission = steps.start(plan, backend, environ=environ, documents=documents, store=store, source=source)
+    submission = steps.start(plan, backend, environ=environ, documents=documents, store=store, reporter=reporter)
     get_run_logger().info("job %s: %s", plan.job_id, submission.describe())
     return submission
 
 
 @step(timeout_seconds=None, task_run_name="confirm-{plan.job_id}")
 def confirm(plan: LaunchPlan, backend: Backend, store: RecordStore, submission: Submission, *,
-            source: str) -> Verdict:
+            reporter: str) -> Verdict:
     """The verdict from inside the frame, stored in the record and shown with the tier and route;
     a failed one raises (not retried) and the job never starts."""
     try:
-        verdict = steps.confirm(plan, backend, store, submission, source=source)
+        verdict = steps.confirm(plan, backend, store, submission, reporter=reporter)
     except steps.VerifyFailed as failed:
         assert failed.verdict is not None  # raised here, not rebuilt from a stored result
         _publish(plan, store, failed.verdict)

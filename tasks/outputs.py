@@ -111,9 +111,9 @@ def resync_job(job_id: str, backend: Backend, store: RecordStore, *, settle_seco
 
 
 @step(timeout_seconds=QUICK, task_run_name="cancel-job-{job_id}")
-def cancel_job(job_id: str, backend: Backend, store: RecordStore, *, source: str,
+def cancel_job(job_id: str, backend: Backend, store: RecordStore, *, reporter: str,
                reason: str | None = None, owner: str | None = None) -> JobRecord:
     """Stop the job and everything it started; the record says CANCELED (unless it had ended)."""
-    record = steps.cancel_job(job_id, backend, store, source=source, reason=reason, owner=owner)
+    record = steps.cancel_job(job_id, backend, store, reporter=reporter, reason=reason, owner=owner)
     get_run_logger().info("job %s: %s", job_id, record.state + (f" ({record.message})" if record.message else ""))
     return record

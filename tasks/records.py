@@ -23,9 +23,9 @@ from tasks.reports import request_report
 
 
 @step(timeout_seconds=QUICK, task_run_name="open-record-{request.job_id}")
-def open_record(request: JobRequest, backend: Backend, store: RecordStore, *, source: str) -> JobRecord:
+def open_record(request: JobRequest, backend: Backend, store: RecordStore, *, reporter: str) -> JobRecord:
     """Open (or re-open) the job's record; the request's job id is set, so a retry opens the same one."""
-    record = steps.open_record(request, backend, store, source=source)
+    record = steps.open_record(request, backend, store, reporter=reporter)
     get_run_logger().info("job %s: record in %s (%s)", record.job_id, store.location, record.state)
     create_markdown_artifact(run_mask()(request_report(request)), key=f"request-{record.job_id}",
                              description=f"the request job {record.job_id} runs")
@@ -34,9 +34,9 @@ def open_record(request: JobRequest, backend: Backend, store: RecordStore, *, so
 
 @step(timeout_seconds=QUICK, task_run_name="fail-before-launch-{job_id}")
 def fail_before_launch(store: RecordStore, job_id: str, request: JobRequest, error: BaseException, *,
-                       environ: Mapping[str, str] | None = None, source: str) -> JobRecord:
+                       environ: Mapping[str, str] | None = None, reporter: str) -> JobRecord:
     """Say in the record why the submit failed before the job launched (ERROR, the reason masked)."""
-    record = steps.fail_before_launch(store, job_id, request, error, environ=environ, source=source)
+    record = steps.fail_before_launch(store, job_id, request, error, environ=environ, reporter=reporter)
     get_run_logger().info("job %s: %s", job_id, record.state + (f" ({record.message})" if record.message else ""))
     return record
 
@@ -78,6 +78,6 @@ def route_outputs(store: RecordStore, job_id: str, environ: Mapping[str, str] | 
 
 
 @step(timeout_seconds=QUICK, task_run_name="record-end-{job_id}")
-def record_end(store: RecordStore, job_id: str, status: JobStatus, *, source: str) -> JobRecord:
+def record_end(store: RecordStore, job_id: str, status: JobStatus, *, reporter: str) -> JobRecord:
     """Mark the record with the job's terminal state (final: a retry writes nothing)."""
-    return steps.record_end(store, job_id, status, source=source)
+    return steps.record_end(store, job_id, status, reporter=reporter)

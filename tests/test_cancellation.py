@@ -50,7 +50,7 @@ def test_the_cancellation_hook_cancels_the_job_the_run_owns(env: dict[str, str],
 
     cancel_owned_job(submit_tao_job, run, Cancelling())
     record = store.get("owned")
-    assert record.state == "CANCELED" and record.history[-1].source == "flow"
+    assert record.state == "CANCELED" and record.history[-1].reporter == "flow"
     assert record.message == f"canceled: its flow run {run.name} was canceled"
     cancel_owned_job(submit_tao_job, run, Cancelling())  # twice: nothing more happens
     assert store.get("owned").history == record.history

@@ -62,7 +62,7 @@ def test_the_resync_records_the_end_of_a_job_nothing_collects_and_says_what_to_d
                                      "err_class": None if outcome == "COMPLETE" else "ERR_PROGRAM"}}
     assert result["outcomes"][job]["status"] == "uploaded"  # what it wrote, up one last time
     record = store.get(job)
-    assert record.state == outcome and record.history[-1].source == "flow"
+    assert record.state == outcome and record.history[-1].reporter == "flow"
 
     [line] = logged(state, f"job {job} ended {outcome}")
     assert line.level == (20 if outcome == "COMPLETE" else WARNING)

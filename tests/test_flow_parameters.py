@@ -26,8 +26,8 @@ def _running_record(root: Path, job_id: str) -> RecordStore:
     target, or another worker, leaves it)."""
     store = RecordStore(root)
     store.open(backend="local", image="local", network_arch="true", action="run", results_dir="/results",
-               job_id=job_id, source="flow")
-    store.mark(job_id, "RUNNING", source="flow", backend_ref=f"local/{job_id}")
+               job_id=job_id, reporter="flow")
+    store.mark(job_id, "RUNNING", reporter="flow", backend_ref=f"local/{job_id}")
     return store
 
 

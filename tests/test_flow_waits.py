@@ -73,7 +73,7 @@ def _submit_flow(request: JobRequest, backend: Backend, tmp_path: Path, environ:
     @flow(name="submit-over-the-stand-in")
     def submitting() -> dict[str, Any]:
         return verbs.submit(request, backend, store_in(tmp_path), staging_root=tmp_path / "work", environ=environ,
-                            source="flow", run=prefect_runner).to_dict()
+                            reporter="flow", run=prefect_runner).to_dict()
 
     return submitting(return_state=True)
 

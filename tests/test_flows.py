@@ -68,7 +68,7 @@ def test_submit_stages_each_input_in_its_own_task_run_and_collect_uploads(env: d
     assert [row["kind"] for row in json.loads(str(table.data))] == ["folder", "file", "config"]
     assert "**Storage tier B**" in str(by_key(found, "launch-job-ok").data)
     record = RecordStore(tmp_path / "jobs").get("job-ok")
-    assert (record.state, record.storage_tier, record.history[-1].source) == ("RUNNING", "B", "flow")
+    assert (record.state, record.storage_tier, record.history[-1].reporter) == ("RUNNING", "B", "flow")
 
     state = collect_tao_job("job-ok", target=target, records=records, poll_seconds=0.05, return_state=True)
     assert state.is_completed(), state.message
@@ -280,7 +280,7 @@ def test_no_link_to_a_task_survives_that_prefect_cannot_verify(prefect_harness: 
     @flow
     def reads() -> None:
         request = parse_request(args_request(job_id="linked"))
-        record = prefect_runner(steps.open_record, request, FakeBackend(str(tmp_path / "r")), store, source="test")
+        record = prefect_runner(steps.open_record, request, FakeBackend(str(tmp_path / "r")), store, reporter="test")
         links = FlowRunContext.get().run_results
         unverified.append(sum(1 for entry in links.values() if entry[2] is None))
         assert links[id(record)][2]() is record  # the whole result: linked, and checked
@@ -334,8 +334,8 @@ def test_the_cli_pipeline_and_the_flows_end_with_equivalent_records(env: dict[st
 
     from_cli, from_flows = cli_store.get("same-cli"), RecordStore(flow / "jobs").get("same-flow")
     assert from_cli.state == from_flows.state == "COMPLETE"
-    assert {entry.source for entry in from_cli.history} == {"cli"}
-    assert {entry.source for entry in from_flows.history} == {"flow"}
+    assert {entry.reporter for entry in from_cli.history} == {"cli"}
+    assert {entry.reporter for entry in from_flows.history} == {"flow"}
     assert normalized(from_cli, cli) == normalized(from_flows, flow)
 
 

@@ -20,6 +20,8 @@ RETIRED: dict[str, tuple[str, tuple[str, ...]]] = {
     r"\bVerificationError\b": ("IntegrityError (a checksum; the verify probe gives a verdict)", ()),
     r"\b(lock_owner|temp_owner|UNOWNED)\b": ("lock_tag, temp_tag, UNLOCKED (the watcher is the owner)", ()),
     r"\bcurrent_status\b": ("observe_and_record", ()),
+    r'\bsource: str = "cli"|\bSOURCE\b|"--source"|\bsource=REPORTER\b|\.mark\(.*\bsource=': (
+        "reporter (who reported a change; a source is an input's URI)", ()),
     r"^def look\b|\bsteps\.look\b": ("observe (a look is one poll inside a wait)", ()),
     r"\bstaging_map\.workdir\b|\bplan\.staging_root\b": ("staging_dir (one job's directory)", ()),
     r"\bclass _?Budget\b": ("WaitBudget, ExtractionBudget, _ResultsBudget", ()),

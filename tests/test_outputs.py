@@ -303,8 +303,8 @@ def test_files_with_reserved_names_are_reported_as_skipped(store: RecordStore, e
 def test_upload_after_a_failed_job_is_recorded_and_reruns_are_incremental(store: RecordStore, env: dict[str, str],
                                                                           bucket: str, s3_client: Any,
                                                                           results: Path) -> None:
-    store.mark(JOB_ID, "RUNNING", source="agent")
-    store.mark(JOB_ID, "ERROR", source="agent", message="OOMKilled")
+    store.mark(JOB_ID, "RUNNING", reporter="agent")
+    store.mark(JOB_ID, "ERROR", reporter="agent", message="OOMKilled")
     write_tree(results, {".tao/status.json": b"{}"})
     first = upload(results, env)
     assert first.returncode == 0, first.stderr
@@ -357,7 +357,7 @@ def test_no_credential_value_in_the_record_or_the_output(s3_server: EmbeddedS3, 
 def test_resync_leaves_a_file_being_written_and_uploads_it_whole_later(store: RecordStore, env: dict[str, str],
                                                                        bucket: str, s3_client: Any,
                                                                        results: Path) -> None:
-    store.mark(JOB_ID, "RUNNING", source="agent")
+    store.mark(JOB_ID, "RUNNING", reporter="agent")
     time.sleep(1.2)  # RESULTS are now older than the 1 s settle window
     growing = results / "logs" / "growing.log"
     started, stop = threading.Event(), threading.Event()
@@ -420,7 +420,7 @@ def test_a_second_resync_leaves_while_another_holds_the_lock(store: RecordStore,
 
 def test_resync_does_nothing_once_the_job_is_terminal_and_the_final_upload_succeeded(
         store: RecordStore, env: dict[str, str], bucket: str, s3_client: Any, results: Path) -> None:
-    store.mark(JOB_ID, "COMPLETE", source="agent")
+    store.mark(JOB_ID, "COMPLETE", reporter="agent")
     final = upload(results, env)
     assert final.returncode == 0, final.stderr
     assert store.get(JOB_ID).uploads[-1]["final"] is True
@@ -598,7 +598,7 @@ def test_a_finished_jobs_resync_begins_nothing_early_but_its_final_upload_does(
     """A resync of an ended job usually finds its final upload recorded: a listing would be waste."""
     from tao_data_io.upload_head_start import head_start
 
-    routed.mark(JOB_ID, state, source="agent")
+    routed.mark(JOB_ID, state, reporter="agent")
     with head_start(tmp_path / "jobs", JOB_ID, results, resync=resync, environ=env) as begun:
         assert (begun is not None) is begins
 

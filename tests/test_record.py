@@ -93,9 +93,9 @@ def test_open_mark_show_list_through_the_cli(place: Place) -> None:
     assert opened.stdout == job_id + "\n" and re.fullmatch(r"tao-\d{8}-[0-9a-f]{10}", job_id)
 
     running = run_cli("record", "mark", job_id, "--state", "RUNNING", "--backend-ref", f"tao-jobs/{job_id}",
-                      "--source", "agent", "--message", "pod started", env=env)
+                      "--reporter", "agent", "--message", "pod started", env=env)
     assert running.returncode == 0, running.stderr
-    done = run_cli("record", "mark", job_id, "--state", "COMPLETE", "--source", "flow", env=env)
+    done = run_cli("record", "mark", job_id, "--state", "COMPLETE", "--reporter", "flow", env=env)
     assert done.returncode == 0, done.stderr
 
     shown = run_cli("record", "show", job_id, env=env)
@@ -171,7 +171,7 @@ def test_a_record_opened_in_one_process_is_read_in_another_with_only_the_variabl
     env = {**s3_env, "TAO_DATA_IO_RECORDS": s3_prefix}  # what every pod of a flow gets
     opened = run_cli("record", "open", *OPEN_ARGS, "--job-id", "tao-pods", env=env)
     assert opened.returncode == 0, opened.stderr
-    marked = run_cli("record", "mark", "tao-pods", "--state", "RUNNING", "--source", "agent", env=env)
+    marked = run_cli("record", "mark", "tao-pods", "--state", "RUNNING", "--reporter", "agent", env=env)
     assert marked.returncode == 0, marked.stderr
     shown = run_cli("record", "show", "tao-pods", "--json", env=env)
     assert shown.returncode == 0, shown.stderr
@@ -184,20 +184,20 @@ def test_a_record_opened_in_one_process_is_read_in_another_with_only_the_variabl
 def test_terminal_state_is_final_and_the_same_terminal_state_is_a_no_op(place: Place) -> None:
     store = place.store()
     job_id = store.open(**JOB).job_id
-    store.mark(job_id, "RUNNING", source="agent")
-    store.mark(job_id, "ERROR", source="agent", message="OOMKilled")
+    store.mark(job_id, "RUNNING", reporter="agent")
+    store.mark(job_id, "ERROR", reporter="agent", message="OOMKilled")
     before = stored_bytes(store, job_id)
 
     refused = run_cli("record", "mark", job_id, "--state", "RUNNING", "--root", place.root, env=place.env)
     assert refused.returncode == 2 and refused.stderr.startswith("error:")
     assert "already ERROR" in refused.stderr and "final" in refused.stderr
-    again = run_cli("record", "mark", job_id, "--state", "ERROR", "--source", "flow", "--root", place.root,
+    again = run_cli("record", "mark", job_id, "--state", "ERROR", "--reporter", "flow", "--root", place.root,
                     env=place.env)
     assert again.returncode == 0, again.stderr
 
     assert stored_bytes(store, job_id) == before
     with pytest.raises(UsageError, match="already ERROR"):
-        store.mark(job_id, "COMPLETE", source="flow")
+        store.mark(job_id, "COMPLETE", reporter="flow")
     assert [step.state for step in store.get(job_id).history] == ["PENDING", "RUNNING", "ERROR"]
 
 
@@ -205,7 +205,7 @@ def test_missing_job_names_the_id_and_where_it_looked(tmp_path: Path, s3_env: di
     for root in (tmp_path, tmp_path / "not-yet"):
         looked = f"no job record 'tao-nope': looked for {root / 'tao-nope.json'}"
         with pytest.raises(UsageError, match=re.escape(looked)):
-            RecordStore(root).mark("tao-nope", "RUNNING", source="cli")
+            RecordStore(root).mark("tao-nope", "RUNNING", reporter="cli")
     assert not (tmp_path / "not-yet").exists()
     with pytest.raises(UsageError, match=re.escape(f"looked for {s3_prefix}p/records/tao-nope.json (records are "
                                                    f"read from root '{s3_prefix}p/'")):
@@ -214,14 +214,14 @@ def test_missing_job_names_the_id_and_where_it_looked(tmp_path: Path, s3_env: di
 
 def test_history_is_in_report_order_and_repeated_reports_do_not_flood_it(place: Place) -> None:
     store = place.store()
-    job_id = store.open(**JOB, source="flow").job_id
-    store.mark(job_id, "RUNNING", source="agent", backend_ref="tao/job-1")
-    store.mark(job_id, "RUNNING", source="agent")  # a heartbeat: nothing new
-    store.mark(job_id, "RUNNING", source="agent", message="epoch 3/10")
-    store.mark(job_id, "CANCELED", source="cli", message="stopped by user")
-    store.mark(job_id, "CANCELED", source="flow")
+    job_id = store.open(**JOB, reporter="flow").job_id
+    store.mark(job_id, "RUNNING", reporter="agent", backend_ref="tao/job-1")
+    store.mark(job_id, "RUNNING", reporter="agent")  # a heartbeat: nothing new
+    store.mark(job_id, "RUNNING", reporter="agent", message="epoch 3/10")
+    store.mark(job_id, "CANCELED", reporter="cli", message="stopped by user")
+    store.mark(job_id, "CANCELED", reporter="flow")
     record = store.get(job_id)
-    assert [(s.state, s.source, s.message) for s in record.history] == [
+    assert [(s.state, s.reporter, s.message) for s in record.history] == [
         ("PENDING", "flow", "opened"), ("RUNNING", "agent", None), ("RUNNING", "agent", "epoch 3/10"),
         ("CANCELED", "cli", "stopped by user")]
     assert [s.at for s in record.history] == sorted(s.at for s in record.history)
@@ -229,15 +229,15 @@ def test_history_is_in_report_order_and_repeated_reports_do_not_flood_it(place: 
     assert record.backend_ref == "tao/job-1"
 
     store.open(**JOB, job_id="other")
-    store.mark("other", "RUNNING", source="agent", backend_ref="tao/other")
+    store.mark("other", "RUNNING", reporter="agent", backend_ref="tao/other")
     with pytest.raises(UsageError, match="already runs as 'tao/other'; refusing backend_ref 'tao/other-2'"):
-        store.mark("other", "RUNNING", source="agent", backend_ref="tao/other-2")
+        store.mark("other", "RUNNING", reporter="agent", backend_ref="tao/other-2")
 
 
 def test_open_is_idempotent_for_the_same_job_and_refuses_a_different_one(place: Place) -> None:
     store = place.store()
     first = store.open(**JOB, job_id="tao-retry")
-    store.mark("tao-retry", "RUNNING", source="agent")
+    store.mark("tao-retry", "RUNNING", reporter="agent")
     retried = store.open(**JOB, job_id="tao-retry")
     assert retried.state == "RUNNING" and retried.created_at == first.created_at and len(retried.history) == 2
     with pytest.raises(UsageError, match=r"job_id 'tao-retry' already names a different job \(image is"):
@@ -252,7 +252,7 @@ def test_one_id_opened_by_many_writers_at_once_is_one_job(place: Place) -> None:
 
     def open_same(store: RecordStore) -> JobRecord:
         start.wait()
-        return store.open(**JOB, job_id="tao-twice", source="flow")
+        return store.open(**JOB, job_id="tao-twice", reporter="flow")
 
     with ThreadPoolExecutor(writers) as pool:
         opened = list(pool.map(open_same, stores))
@@ -307,7 +307,7 @@ def test_the_tier_is_decided_once_after_open(place: Place) -> None:
     assert store.get("tao-tier") == decided
 
     store.open(**JOB, job_id="tao-done")
-    store.mark("tao-done", "COMPLETE", source="agent")
+    store.mark("tao-done", "COMPLETE", reporter="agent")
     with pytest.raises(UsageError, match="already COMPLETE, a final state; refusing to set its storage tier to 'A'"):
         store.set_tier("tao-done", "A", None)
 
@@ -330,7 +330,7 @@ def test_a_credential_value_is_refused_while_its_name_is_fine(place: Place, monk
             store.update(job_id, change)
         assert secret not in str(caught.value)
     with pytest.raises(UsageError, match="'message' holds"):
-        store.mark(job_id, "ERROR", source="agent", message=secret)
+        store.mark(job_id, "ERROR", reporter="agent", message=secret)
     assert stored_bytes(store, job_id) == before
 
     result = run_cli("record", "open", *OPEN_ARGS[:-1], f"/results/{secret}", "--root", place.root,
@@ -353,7 +353,7 @@ def test_list_skips_and_reports_damaged_records_and_ignores_what_is_not_a_record
     assert [r.job_id for r in store.list_records(on_damaged=lambda where, why: damaged.append((where, why)))] == [good]
     assert [where for where, _ in damaged] == [store.storage.where("tao-broken")]
     with pytest.raises(DamagedRecordError, match="tao-broken.json is not a valid job record"):
-        store.mark("tao-broken", "RUNNING", source="agent")  # reported, never overwritten
+        store.mark("tao-broken", "RUNNING", reporter="agent")  # reported, never overwritten
 
 
 def test_a_record_larger_than_any_record_is_refused_without_reading_it_whole(place: Place) -> None:
@@ -430,7 +430,7 @@ _MARKER = textwrap.dedent("""
     while not (signals / "go").exists():
         time.sleep(0.001)
     for n in range(5):
-        store.mark("tao-shared", "RUNNING", source=f"worker-{worker}", message=f"{worker}/{n}")
+        store.mark("tao-shared", "RUNNING", reporter=f"worker-{worker}", message=f"{worker}/{n}")
 """)
 
 
@@ -450,7 +450,7 @@ def test_concurrent_marks_from_ten_processes_are_all_kept(place: Place, tmp_path
     history = store.get("tao-shared").history
     assert [step.state for step in history] == ["PENDING"] + ["RUNNING"] * 50
     for worker in workers:  # every report kept, each process's in its own order
-        assert [step.message for step in history if step.source == f"worker-{worker}"] == [
+        assert [step.message for step in history if step.reporter == f"worker-{worker}"] == [
             f"{worker}/{n}" for n in range(5)]
 
 
@@ -547,9 +547,9 @@ def test_listing_by_state_reads_only_the_records_filed_under_it(s3_env: dict[str
     store = s3_store(s3_prefix)
     ids = [store.open(**JOB, job_id=f"tao-{n}").job_id for n in range(8)]
     for job_id in ids[:5]:
-        store.mark(job_id, "RUNNING", source="agent")
+        store.mark(job_id, "RUNNING", reporter="agent")
     for job_id in ids[2:5]:
-        store.mark(job_id, "COMPLETE", source="agent")
+        store.mark(job_id, "COMPLETE", reporter="agent")
     assert markers(store) == {"COMPLETE": ids[2:5], "PENDING": ids[5:], "RUNNING": ids[:2]}
 
     gets: list[str] = []
@@ -568,8 +568,8 @@ def test_the_state_index_heals_after_a_crash(s3_env: dict[str, str], s3_prefix: 
     assert isinstance(storage, S3Storage)
     for job_id in ("tao-a", "tao-b", "tao-c"):
         store.open(**JOB, job_id=job_id)
-    store.mark("tao-b", "COMPLETE", source="agent")
-    store.mark("tao-c", "RUNNING", source="agent")
+    store.mark("tao-b", "COMPLETE", reporter="agent")
+    store.mark("tao-c", "RUNNING", reporter="agent")
 
     def put_marker(state: str, job_id: str) -> None:
         storage.client.put_object(Bucket=storage.bucket, Key=f"{storage.url.key}by-state/{state}/{job_id}", Body=b"")
@@ -657,11 +657,11 @@ def test_open_for_a_request_is_idempotent_on_its_job_id(tmp_path: Path) -> None:
                 "spec": {"train": {"num_epochs": 3}},
                 "outputs": {"results_dir": "/results/dino", "upload_excludes": ["*.tmp", "checkpoints/*.ckpt"]}}
     request = JobRequest.model_validate(document)
-    record = open_for(request, backend="k8s", source="flow", store=store)
+    record = open_for(request, backend="k8s", reporter="flow", store=store)
     assert (record.job_id, record.image, record.network_arch, record.action, record.results_dir) == (
         "tao-req", request.image, "dino", "train", "/results/dino")
     assert record.upload_excludes == ["*.tmp", "checkpoints/*.ckpt"] and record.storage_tier is None
-    assert record.backend == "k8s" and record.history[0].source == "flow"
+    assert record.backend == "k8s" and record.history[0].reporter == "flow"
     assert open_for(request, backend="k8s", store=store) == record  # a retried submit: the same job
     # Nothing launched yet (a submit that failed staging): the changed request takes the job over,
     # keeping the history, dropping what was decided for the old one.
@@ -690,7 +690,7 @@ def test_a_record_from_a_newer_version_reads_and_keeps_its_new_fields(
     document = {**store.get(job_id).model_dump(mode="json"), "added_later": {"by": "a newer tao-data-io"}}
     put_raw(store, f"{job_id}.json", json.dumps(document).encode())
     assert store.get(job_id).state == "PENDING"
-    store.mark(job_id, "RUNNING", source="agent")
+    store.mark(job_id, "RUNNING", reporter="agent")
     kept = json.loads(store.get(job_id).encode())
     assert kept["state"] == "RUNNING" and kept["added_later"] == {"by": "a newer tao-data-io"}
     # A newer field is data like any other: a credential value there is still refused.
@@ -710,9 +710,25 @@ def test_a_record_that_calls_its_backend_platform_still_reads(place: Place) -> N
     put_raw(store, f"{job_id}.json", json.dumps(document).encode())
     assert store.get(job_id).backend == JOB["backend"]
     assert store.open(**JOB, job_id=job_id).job_id == job_id  # the same job: nothing refused, nothing new
-    store.mark(job_id, "RUNNING", source="agent")
+    store.mark(job_id, "RUNNING", reporter="agent")
     written = json.loads(stored_bytes(store, job_id))
     assert written["backend"] == JOB["backend"] and "platform" not in written
+
+
+def test_a_history_that_calls_its_reporter_source_still_reads(place: Place) -> None:
+    """A history written before the word was settled says who reported each change as ``source``
+    (the word for an input's URI): it reads, and is written back with the one word."""
+    store = place.store()
+    job_id = store.open(**JOB, reporter="flow").job_id
+    document = store.get(job_id).model_dump(mode="json")
+    for step in document["history"]:
+        step["source"] = step.pop("reporter")
+    put_raw(store, f"{job_id}.json", json.dumps(document).encode())
+    assert [step.reporter for step in store.get(job_id).history] == ["flow"]
+    store.mark(job_id, "RUNNING", reporter="agent")
+    written = json.loads(stored_bytes(store, job_id))
+    assert [step["reporter"] for step in written["history"]] == ["flow", "agent"]
+    assert not any("source" in step for step in written["history"])
 
 
 def test_a_pods_copy_of_a_record_keeps_what_its_uploads_are_held_to(tmp_path: Path) -> None:
@@ -735,4 +751,4 @@ def test_a_record_keeps_each_backends_own_ref(tmp_path: Path, ref: str) -> None:
     NAMESPACE/NAME): the backend parses it, not the record."""
     store = RecordStore(tmp_path)
     store.open(**JOB, job_id="tao-1")
-    assert store.mark("tao-1", "RUNNING", source="agent", backend_ref=ref).backend_ref == ref
+    assert store.mark("tao-1", "RUNNING", reporter="agent", backend_ref=ref).backend_ref == ref

@@ -35,14 +35,14 @@ def register(verbs: Any) -> None:
     open_.add_argument("--upload-exclude", action="append", default=[], metavar="PATTERN",
                        help="the request's declared upload_excludes (repeatable); every upload applies them")
     open_.add_argument("--job-id", metavar="ID", help="use this id instead of minting one (a DNS label, at most 52)")
-    open_.add_argument("--source", default="cli", help="who reports it (default: cli)")
+    open_.add_argument("--reporter", default="cli", help="who reports it (default: cli)")
     add_root_option(open_)
     open_.set_defaults(run=_open)
 
     import_ = add_verb(actions, "import", help="adopt a record document (a job's ConfigMap copy) into this store; "
                                                "idempotent, refuses a different job under the same id")
     import_.add_argument("path", metavar="FILE", type=Path)
-    import_.add_argument("--source", default="pod", help="who reports it (default: pod)")
+    import_.add_argument("--reporter", default="pod", help="who reports it (default: pod)")
     add_root_option(import_)
     import_.set_defaults(run=_import)
 
@@ -52,7 +52,7 @@ def register(verbs: Any) -> None:
     mark.add_argument("--backend-ref", metavar="REF",
                       help="the backend's own reference to the job (a Kubernetes Job's NAMESPACE/NAME, local/<job id>)")
     mark.add_argument("--message")
-    mark.add_argument("--source", default="cli", help="who reports it: cli, agent, flow… (default: cli)")
+    mark.add_argument("--reporter", default="cli", help="who reports it: cli, agent, flow… (default: cli)")
     add_root_option(mark)
     mark.set_defaults(run=_mark)
 
@@ -102,7 +102,7 @@ def _open(args: argparse.Namespace, console: Console) -> int:
     record = _store(args).open(
         backend=args.backend, image=args.image, network_arch=args.network_arch, action=args.action,
         storage_tier=args.storage_tier, storage_reason=args.storage_reason, results_dir=args.results_dir,
-        job_id=args.job_id, source=args.source, upload_excludes=args.upload_exclude)
+        job_id=args.job_id, reporter=args.reporter, upload_excludes=args.upload_exclude)
     console.out(record.job_id)
     return 0
 
@@ -126,7 +126,7 @@ def _import(args: argparse.Namespace, console: Console) -> int:
     store = _store(args)
     store.open(backend=given.backend, image=given.image, network_arch=given.network_arch, action=given.action,
                storage_tier=given.storage_tier, storage_reason=given.storage_reason, results_dir=given.results_dir,
-               job_id=given.job_id, source=args.source, upload_excludes=given.upload_excludes,
+               job_id=given.job_id, reporter=args.reporter, upload_excludes=given.upload_excludes,
                forward_env=given.forward_env, request_digest=given.request_digest, results_limit=given.results_limit)
     if given.output_route is not None:
         record_route(store, given.job_id, given.output_route)
@@ -135,7 +135,7 @@ def _import(args: argparse.Namespace, console: Console) -> int:
 
 
 def _mark(args: argparse.Namespace, console: Console) -> int:
-    record = _store(args).mark(args.job_id, args.state, source=args.source,
+    record = _store(args).mark(args.job_id, args.state, reporter=args.reporter,
                                          backend_ref=args.backend_ref, message=args.message)
     console.out(f"{record.job_id} {record.state}")
     return 0
@@ -165,7 +165,7 @@ def _show(args: argparse.Namespace, console: Console) -> int:
     console.out("history:")
     for step in record.history:
         said = f"  {step.message}" if step.message else ""
-        console.out(f"  {_time(step.at)}  {step.state:<8}  {step.source}{said}")
+        console.out(f"  {_time(step.at)}  {step.state:<8}  {step.reporter}{said}")
     return 0
 
 

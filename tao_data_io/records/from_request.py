@@ -54,7 +54,7 @@ def network_and_action(command: str | Sequence[str]) -> tuple[str, str]:
     return first, "run"
 
 
-def open_for(request: JobRequest, *, backend: str, source: str = "cli",
+def open_for(request: JobRequest, *, backend: str, reporter: str = "cli",
              store: RecordStore | None = None) -> JobRecord:
     """Open — or re-open, idempotently — the record of ``request`` in ``store`` (default: the
     store the environment names).
@@ -69,7 +69,7 @@ def open_for(request: JobRequest, *, backend: str, source: str = "cli",
         backend=backend, image=request.image, network_arch=network_arch, action=action,
         results_dir=request.outputs.results_dir, upload_excludes=request.outputs.upload_excludes,
         results_limit=request.outputs.results_limit, forward_env=request.forward_env, job_id=request.job_id,
-        source=source, request_digest=request_digest(request))
+        reporter=reporter, request_digest=request_digest(request))
 
 
 def request_digest(request: JobRequest) -> str:

@@ -88,8 +88,9 @@ class Transition(_Stored):
 
     at: UtcDatetime
     state: State
-    #: Who reported it: ``cli``, ``agent``, ``flow``…
-    source: NonEmpty
+    #: Who reported it: ``cli``, ``agent``, ``flow``… A history written before the word was settled
+    #: calls it ``source`` (the word for an input's URI); it still reads.
+    reporter: NonEmpty = Field(validation_alias=AliasChoices("reporter", "source"))
     message: str | None = None
 
 

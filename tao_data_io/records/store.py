@@ -92,7 +92,7 @@ class RecordStore:
 
     def open(self, *, backend: str, image: str, network_arch: str, action: str, results_dir: str,
              storage_tier: str | None = None, storage_reason: str | None = None, job_id: str | None = None,
-             source: str = "cli", upload_excludes: Sequence[str] = (), forward_env: Sequence[str] = (),
+             reporter: str = "cli", upload_excludes: Sequence[str] = (), forward_env: Sequence[str] = (),
              request_digest: str | None = None, results_limit: str | None = None) -> JobRecord:
         """Create a PENDING record and return it; ``job_id`` is minted when not given.
 
@@ -111,18 +111,18 @@ class RecordStore:
             upload_excludes=list(upload_excludes), forward_env=list(forward_env), request_digest=request_digest,
             results_limit=results_limit, state="PENDING",
             created_at=stamp, updated_at=stamp,
-            history=[dict(at=stamp, state="PENDING", source=source, message="opened")]))
+            history=[dict(at=stamp, state="PENDING", reporter=reporter, message="opened")]))
         existing = self._create(record)
         if existing is None:
             return record
         if existing.identity() != record.identity():
             if not (_unlaunched(existing) and existing.request_digest and record.request_digest):
                 raise self._different(existing, record)
-            existing = self._modify(job_id, lambda current: self._replaced(current, record, source))
+            existing = self._modify(job_id, lambda current: self._replaced(current, record, reporter))
         elif _failed_before_launch(existing):
-            existing = self._modify(job_id, lambda current: _reopened(current, source))
+            existing = self._modify(job_id, lambda current: _reopened(current, reporter))
         elif _ran_and_ended(existing):
-            existing = self._modify(job_id, lambda current: _relaunched(current, source))
+            existing = self._modify(job_id, lambda current: _relaunched(current, reporter))
         if storage_tier is not None:
             return self.set_tier(job_id, storage_tier, storage_reason)
         return existing
@@ -135,7 +135,7 @@ class RecordStore:
         return UsageError(f"job_id {record.job_id!r} already names a different job ({'; '.join(different)}) in "
                           f"{self.location}{launched}: pick another job id, or omit it to mint one")
 
-    def _replaced(self, current: JobRecord, record: JobRecord, source: str) -> dict[str, Any] | None:
+    def _replaced(self, current: JobRecord, record: JobRecord, reporter: str) -> dict[str, Any] | None:
         """``current`` opened for ``record``'s request instead: a submit that failed before launch
         (an input missing, a gate refusing) left a PENDING record, and the request fixed under the
         same job id runs it. Everything decided for the old request goes; the history stays."""
@@ -150,11 +150,11 @@ class RecordStore:
                     results_limit=record.results_limit, storage_tier=None,
                     storage_reason=None, output_route=None, verify=None, backend_config=None, updated_at=stamp,
                     state="PENDING", message="opened again for a changed request; the earlier one never launched")
-        data["history"].append(dict(at=stamp, state="PENDING", source=source, message=data["message"]))
+        data["history"].append(dict(at=stamp, state="PENDING", reporter=reporter, message=data["message"]))
         return data
 
     def fail_before_launch(self, job_id: str, request_digest: str | None, reason: str, *,
-                           source: str) -> JobRecord:
+                           reporter: str) -> JobRecord:
         """Mark ERROR, with ``reason``, a job whose submit failed before the backend was asked to
         launch it — so its record does not read as a job about to start; ``open`` of the same or a
         fixed request reopens it. Once a launch began (``backend_config`` pinned) the record stays
@@ -171,12 +171,12 @@ class RecordStore:
             stamp = now()
             data = record.model_dump()
             data.update(state=state, message=reason, updated_at=stamp)
-            data["history"].append(dict(at=stamp, state=state, source=source, message=reason))
+            data["history"].append(dict(at=stamp, state=state, reporter=reporter, message=reason))
             return data
 
         return self._modify(job_id, change)
 
-    def mark(self, job_id: str, state: str, *, source: str, backend_ref: str | None = None,
+    def mark(self, job_id: str, state: str, *, reporter: str, backend_ref: str | None = None,
              message: str | None = None, restored: str | None = None) -> JobRecord:
         """Record a state report and return the record.
 
@@ -207,7 +207,7 @@ class RecordStore:
             stamp = now()
             data = record.model_dump()
             data.update(state=state, message=message, backend_ref=backend_ref or record.backend_ref, updated_at=stamp)
-            data["history"].append(dict(at=stamp, state=state, source=source, message=message))
+            data["history"].append(dict(at=stamp, state=state, reporter=reporter, message=message))
             attempts = data["attempts"]
             if backend_ref and not record.backend_ref:
                 attempts.append(dict(number=len(attempts) + 1, started_at=stamp, backend_ref=backend_ref,
@@ -427,7 +427,7 @@ def _ran_and_ended(record: JobRecord) -> bool:
     return record.state in ("ERROR", "CANCELED") and record.backend_ref is not None and verified
 
 
-def _relaunched(current: JobRecord, source: str) -> dict[str, Any] | None:
+def _relaunched(current: JobRecord, reporter: str) -> dict[str, Any] | None:
     """``current``, which ran and ended, opened for its next attempt: PENDING, not launched, with
     its attempts, uploads and history kept (what earlier attempts uploaded is restored before
     the next command starts); the tier and the route are decided again, as for a new job."""
@@ -444,11 +444,11 @@ def _relaunched(current: JobRecord, source: str) -> dict[str, Any] | None:
                                  ended_at=current.updated_at, state=current.state)]
     data.update(state="PENDING", message=message, backend_ref=None, verify=None, backend_config=None,
                 log_cursor=None, storage_tier=None, storage_reason=None, output_route=None, updated_at=stamp)
-    data["history"].append(dict(at=stamp, state="PENDING", source=source, message=message))
+    data["history"].append(dict(at=stamp, state="PENDING", reporter=reporter, message=message))
     return data
 
 
-def _reopened(current: JobRecord, source: str) -> dict[str, Any] | None:
+def _reopened(current: JobRecord, reporter: str) -> dict[str, Any] | None:
     """``current``, which failed before launch, opened again by the same request: PENDING, with
     what was decided before the failure decided again (the tier and the route may change with
     the cluster or the environment); where a launch began is kept, so it resumes there."""
@@ -459,5 +459,5 @@ def _reopened(current: JobRecord, source: str) -> dict[str, Any] | None:
     data = current.model_dump()
     data.update(state="PENDING", message=message, storage_tier=None, storage_reason=None, output_route=None,
                 updated_at=stamp)
-    data["history"].append(dict(at=stamp, state="PENDING", source=source, message=message))
+    data["history"].append(dict(at=stamp, state="PENDING", reporter=reporter, message=message))
     return data
