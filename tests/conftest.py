@@ -269,6 +269,7 @@ def _names_used(functions: list[Callable[..., object]]) -> set[str]:
             names.update(current.co_names)
             codes += [const for const in current.co_consts if isinstance(const, types.CodeType)]
         module_globals = getattr(fn, "__globals__", {})
-        pending += [value for name in names if isinstance(value := module_globals.get(name), types.FunctionType)
+        pending += [inspect.unwrap(value) for name in names  # a @contextmanager helper: its generator's code
+                    if isinstance(value := module_globals.get(name), types.FunctionType)
                     and value.__module__.split(".")[0] == __name__.split(".")[0]]
     return names

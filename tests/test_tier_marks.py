@@ -7,7 +7,8 @@ session's own hook; no specimen runs, so no fixture of theirs is set up."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -59,6 +60,16 @@ def _uses_an_override_of_a_conftest_fixture(s3_env: dict[str, str]) -> None:
     pass
 
 
+@contextmanager
+def _a_stand_in_for_a_while() -> Iterator[type]:
+    yield KubeStandIn
+
+
+def _uses_a_context_manager_helper() -> None:
+    with _a_stand_in_for_a_while():
+        pass
+
+
 @pytest.mark.parametrize(("specimen", "tier"), [
     (_uses_nothing, "unit"),
     (_uses_a_fixture_of_this_module, "kube"),
@@ -66,6 +77,7 @@ def _uses_an_override_of_a_conftest_fixture(s3_env: dict[str, str]) -> None:
     (_uses_an_imported_fixture, "http"),  # input_bucket → conftest.py's moto_credentials: ThreadedMotoServer
     (_uses_a_conftest_fixture, "http"),  # s3_credentials → s3_server, whose code starts EmbeddedS3
     (_uses_an_override_of_a_conftest_fixture, "unit"),
+    (_uses_a_context_manager_helper, "kube"),  # read through @contextmanager's wrapper, as seeded_cluster is
 ], ids=lambda value: value.__name__.strip("_") if callable(value) else value)
 def test_a_test_is_marked_by_what_it_and_its_fixtures_use(request: pytest.FixtureRequest,
                                                           specimen: Callable[..., None], tier: str) -> None:
