@@ -27,7 +27,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -114,7 +114,7 @@ def run_demo(stack: Stack, clock: Clock) -> bool:
               "the default credential blocks (names only)")
     stack.start_worker(env, POOL, CHECKOUT)
     clock.say("worker started (it polls every second)")
-    if prefect(clock, env, "deploy", "--all", "--no-prompt").returncode != 0:
+    if prefect(clock, env, "deploy", "--all", "--no-prompt", summary=_deployed).returncode != 0:
         return False
     from deployments.schemas import close_parameter_schemas
 
@@ -191,13 +191,23 @@ def prepare_prefect(bucket: str) -> None:
                            staging_root=str(DEMO / "work")), overwrite=True)
 
 
-def prefect(clock: Clock, env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """Run a ``prefect`` command as a user types it, in the checkout, and show what it says."""
+def prefect(clock: Clock, env: Mapping[str, str], *args: str,
+            summary: Callable[[str], str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a ``prefect`` command as a user types it, in the checkout, and show what it says — or,
+    when it succeeded and ``summary`` is given, only that of it (``prefect deploy --all`` draws a
+    dozen lines of boxes per deployment)."""
     clock.say("$ prefect " + " ".join(args))
     done = subprocess.run([sys.executable, "-m", "prefect", *args], env=dict(env), cwd=CHECKOUT,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    print(textwrap.indent((done.stdout + done.stderr).strip(), "    "), flush=True)
+    said = (done.stdout + done.stderr).strip()
+    print(textwrap.indent(summary(said) if summary is not None and done.returncode == 0 else said, "    "), flush=True)
     return done
+
+
+def _deployed(said: str) -> str:
+    """What ``prefect deploy --all`` made, one line: the deployments it names as created or updated."""
+    names = re.findall(r"Deployment '([^']+)' successfully (?:created|updated)", said)
+    return f"deployed: {', '.join(names)}" if names else said
 
 
 def run_deployment(clock: Clock, env: Mapping[str, str], deployment: str, *parameters: str) -> bool:
@@ -286,7 +296,7 @@ def _clipped(text: str, width: int = 96) -> str:
 
 def record_summary(record: JobRecord, where: str) -> str:
     lines = [f"  record: {where}", "  history (each state, who said it, and why):"]
-    lines += [f"      {entry.state:<9} {entry.source:<5} {_clipped(entry.message or '')}" for entry in record.history]
+    lines += [f"      {entry.state:<9} {entry.reporter:<5} {_clipped(entry.message or '')}" for entry in record.history]
     lines.append(f"  tier {record.storage_tier}: {record.storage_reason}")
     if record.verify is not None:
         checks = record.verify.get("checks") or []
