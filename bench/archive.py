@@ -31,6 +31,7 @@ from typing import Any
 from tao_data_io.staging.archive import extract_archive
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.transfer.client import make_s3_client
+from tao_data_io.transfer.engine import TransferEngine
 from tao_data_io.transfer.s5cmd_executor import s5cmd_binary
 
 BUCKET = "bench-archive"
@@ -47,15 +48,16 @@ def make_archive(path: Path, size_mb: int) -> None:
             tar.addfile(info, io.BytesIO(data))
 
 
-def counting_client(server: EmbeddedS3) -> tuple[Any, Counter[str]]:
-    client = make_s3_client(server.credentials)
+def counting_engine(server: EmbeddedS3) -> tuple[TransferEngine, Counter[str]]:
+    """An engine whose S3 requests (the archive's GETs and HEADs go through its client) are counted."""
+    engine = TransferEngine(server.credentials)
     counts: Counter[str] = Counter()
 
     def before_send(request: Any, **_: Any) -> None:
         counts[request.method] += 1
 
-    client.meta.events.register("before-send.s3", before_send)
-    return client, counts
+    engine.client.meta.events.register("before-send.s3", before_send)
+    return engine, counts
 
 
 def main() -> None:
@@ -81,8 +83,8 @@ def main() -> None:
                     dest = work / f"out-{rep}-{len(times[name])}-{name[:3]}"
                     started = time.perf_counter()
                     if name.startswith("tao"):
-                        client, counts = counting_client(server)
-                        extract_archive(uri, dest, client=client)
+                        engine, counts = counting_engine(server)
+                        extract_archive(uri, dest, engine=engine)
                         first_counts = counts
                     else:
                         subprocess.run([s5cmd_binary(), "--endpoint-url", server.endpoint_url, "cp", uri,
@@ -94,9 +96,9 @@ def main() -> None:
                     shutil.rmtree(dest, ignore_errors=True) if rep < args.reps - 1 else None
             # The rerun on the last tao-data-io destination.
             last = sorted(work.glob("out-*-tao"))[-1]
-            client, rerun_counts = counting_client(server)
+            engine, rerun_counts = counting_engine(server)
             started = time.perf_counter()
-            result = extract_archive(uri, last, client=client)
+            result = extract_archive(uri, last, engine=engine)
             rerun = time.perf_counter() - started
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -83,7 +83,7 @@ BUCKET = "bench-flows"
 RESYNC_JOB = "bench-resync"
 
 
-@step("no-op", timeout_seconds=60)
+@step(timeout_seconds=60)
 def no_op(index: int) -> int:
     return index
 
