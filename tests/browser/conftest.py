@@ -14,7 +14,10 @@ import pytest
 from tao_data_io.embedded.s3 import EmbeddedS3
 
 from .stack import PrefectStack, start_stack
-from .ui import CHROMIUM, UI_TIMEOUT_MS, missing, shot
+from .ui import CHROMIUM, UI_TIMEOUT_MS, PageLog, missing, shot
+
+#: The page's log of the test that ran it, for the failure's report.
+_PAGE_LOG = pytest.StashKey[tuple[Any, PageLog, Path]]()
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +55,16 @@ def chromium() -> Iterator[Any]:
 
 
 @pytest.fixture
-def page(chromium: Any, prefect_stack: PrefectStack, tmp_path: Path) -> Iterator[Any]:
+def page(chromium: Any, prefect_stack: PrefectStack, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
     """A page of its own (no state shared between tests); its last view is saved as
-    ``tmp_path/shots/last.png`` for a failure's post-mortem."""
+    ``tmp_path/shots/last.png`` for a failure's post-mortem, and a failing test's report says what
+    the page showed (:func:`pytest_runtest_makereport`)."""
     context = chromium.new_context(viewport={"width": 1400, "height": 1400})
     context.set_default_timeout(UI_TIMEOUT_MS)
     opened = context.new_page()
+    log = PageLog()
+    log.attach(opened)
+    request.node.stash[_PAGE_LOG] = (opened, log, tmp_path / "shots")
     try:
         yield opened
     finally:
@@ -65,3 +72,21 @@ def page(chromium: Any, prefect_stack: PrefectStack, tmp_path: Path) -> Iterator
             shot(opened, tmp_path / "shots", "last")
         finally:
             context.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A browser test that failed says what its page showed when it failed: the URL, a screenshot
+    (in the test's temporary directory, never the checkout), the toasts, the API's error answers
+    and the page's last API calls."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.when != "call" or not report.failed or _PAGE_LOG not in item.stash:
+        return
+    opened, log, shots = item.stash[_PAGE_LOG]
+    shots.mkdir(parents=True, exist_ok=True)
+    said = log.report(opened, shots / "failed.png")
+    stack = item.funcargs.get("prefect_stack") if isinstance(item, pytest.Function) else None
+    if isinstance(stack, PrefectStack):  # why the server answered as it did (its 503s included)
+        said += f"\nthe server's log: {stack.home / 'prefect-server.log'}; the worker's: {stack.home / 'worker.log'}"
+    report.sections.append(("what the page showed", said))

@@ -83,7 +83,8 @@ def start_stack(home: Path, s3: EmbeddedS3, bucket: str) -> PrefectStack:
     port = free_port()
     env = worker_environment(s3.credentials, bucket, "http://127.0.0.1:9", port)  # no hub: nothing asks for one
     env.update({"PREFECT_HOME": str(home / "prefect"), "HF_HOME": str(home / "hf-home")})
-    api = stack.start_prefect_server(without_credentials(env), port)
+    # The server's log says why it answered 503 (a retryable error: SQLite's busy database).
+    api = stack.start_prefect_server({**without_credentials(env), "PREFECT_SERVER_LOG_RETRYABLE_ERRORS": "true"}, port)
     started = PrefectStack(home=home, api=api, bucket=bucket, env=env, stack=stack)
     _prepare(started)
     stack.start_worker(env, POOL, CHECKOUT)

@@ -49,6 +49,13 @@ def _deployment(stack: PrefectStack, name: str) -> Any:
         return client.read_deployment_by_name(name)
 
 
+def _run_tao_job(stack: PrefectStack, request: dict[str, Any]) -> UUID:
+    """A flow run of ``run-tao-job/local-run`` for ``request``, created through the API."""
+    deployment = _deployment(stack, "run-tao-job/local-run")
+    with stack.client() as client:
+        return UUID(str(client.create_flow_run_from_deployment(deployment.id, parameters={"request": request}).id))
+
+
 def _flow_run(stack: PrefectStack, flow_run_id: UUID) -> Any:
     with stack.client() as client:
         return client.read_flow_run(flow_run_id)
@@ -66,7 +73,8 @@ def _runs_of(stack: PrefectStack, deployment_id: UUID) -> int:
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
     with stack.client() as client:
-        return int(client.count_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))))
+        return int(client.count_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))))
 
 
 def _record(store: RecordStore, job_id: str) -> JobRecord | None:
@@ -92,11 +100,12 @@ def test_custom_run_typed_into_the_form_completes_on_the_picked_blocks(page: Any
     pick_block(page, "target", "LocalTarget", PICKED_TARGET.split("/")[1])
     pick_block(page, "records", "JobRecords", PICKED_RECORDS.split("/")[1])
     shot(page, tmp_path / "shots", "filled")
-    submit(page)
+    answer = submit(page, lambda: _runs_of(prefect_stack, deployment.id))
+    assert answer.ok, f"the server answered {answer.status} to the form's Submit: {answer.text()[:2000]}"
+    flow_run_id = UUID(answer.json()["id"])
     toast(page, "scheduled to start now")
     page.get_by_role("link", name="View run").or_(page.get_by_role("button", name="View run")).first.click()
-    page.wait_for_url(re.compile(r"/runs/flow-run/[0-9a-f-]{36}"))
-    flow_run_id = UUID(re.search(r"/flow-run/([0-9a-f-]{36})", page.url)[1])  # type: ignore[index]
+    page.wait_for_url(re.compile(rf"/runs/flow-run/{flow_run_id}"))
 
     assert _final_state(prefect_stack, flow_run_id) == "Completed"
     shot(page, tmp_path / "shots", "run")
@@ -127,8 +136,9 @@ def test_a_pasted_access_key_is_refused_and_no_run_is_created(page: Any, prefect
     given.get_by_role("button", name="Add item").click()
     given.locator("textarea").nth(1).focus()
     page.keyboard.insert_text(f"--aws-key={ACCESS_KEY}")  # what a paste does: one input event, the whole text
-    submit(page)
+    answer = submit(page, lambda: _runs_of(prefect_stack, deployment.id))
 
+    assert answer.status == 409, f"the server answered {answer.status}: {answer.text()[:2000]}"
     said = toast(page, "Error creating flow run")
     shot(page, tmp_path / "shots", "refused")
     assert "request.args[1]" in said
@@ -141,11 +151,9 @@ def test_a_pasted_access_key_is_refused_and_no_run_is_created(page: Any, prefect
 
 def test_canceling_a_running_run_tao_job_from_its_page_cancels_the_job(page: Any, prefect_stack: PrefectStack,
                                                                         tmp_path: Path) -> None:
-    deployment = _deployment(prefect_stack, "run-tao-job/local-run")
     job_id = f"browser-cancel-{os.getpid()}"
-    with prefect_stack.client() as client:
-        flow_run_id = client.create_flow_run_from_deployment(deployment.id, parameters={"request": {
-            "job_id": job_id, "image": "local", "command": ["sh", "-c", "sleep 900"], "mode": "args", "args": []}}).id
+    flow_run_id = _run_tao_job(prefect_stack, {
+        "job_id": job_id, "image": "local", "command": ["sh", "-c", "sleep 900"], "mode": "args", "args": []})
     store = RecordStore(prefect_stack.default_records, environ=prefect_stack.env)
     wait_for(f"job {job_id} RUNNING", lambda: (r := _record(store, job_id)) is not None and r.state == "RUNNING",
              RUN_DEADLINE_S)
@@ -173,14 +181,12 @@ def test_canceling_a_running_run_tao_job_from_its_page_cancels_the_job(page: Any
 
 def test_the_collect_runs_page_shows_the_training_log_and_its_progress(page: Any, prefect_stack: PrefectStack,
                                                                        tmp_path: Path) -> None:
-    deployment = _deployment(prefect_stack, "run-tao-job/local-run")
     job_id = f"browser-train-{os.getpid()}"
-    with prefect_stack.client() as client:
-        flow_run_id = client.create_flow_run_from_deployment(deployment.id, parameters={"request": {
-            "job_id": job_id, "image": "local", "mode": "config", "config_format": "yaml",
-            "command": "sh /stand-in/train.sh -e {config_path}", "spec": {"train": {"num_epochs": 2}},
-            "mounts": [{"source": str(STAND_IN), "target": "/stand-in"}],
-            "environment": {"EPOCHS": "2", "EPOCH_SECONDS": "1"}}}).id
+    flow_run_id = _run_tao_job(prefect_stack, {
+        "job_id": job_id, "image": "local", "mode": "config", "config_format": "yaml",
+        "command": "sh /stand-in/train.sh -e {config_path}", "spec": {"train": {"num_epochs": 2}},
+        "mounts": [{"source": str(STAND_IN), "target": "/stand-in"}],
+        "environment": {"EPOCHS": "2", "EPOCH_SECONDS": "1"}})
     assert _final_state(prefect_stack, flow_run_id) == "Completed"
     with prefect_stack.client() as client:
         collect = client.read_flow_runs(flow_run_filter=FlowRunFilter(

@@ -9,6 +9,9 @@ per type.
 from __future__ import annotations
 
 import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
 from typing import Any
 
@@ -73,10 +76,47 @@ def pick_block(page: Any, parameter: str, block_type_tab: str, name: str) -> Non
     picker.filter(has_text=name).wait_for()
 
 
-def submit(page: Any) -> None:
-    """Submit the run form once nothing of it is open (an open list swallows the next click)."""
+def submit(page: Any, runs: Callable[[], int]) -> Any:
+    """Submit the run form once nothing of it is open (an open list swallows the next click), and
+    return the server's answer to the flow run it asked for (the form's POST to the deployment's
+    ``create_flow_run``; the click is done only once that POST was made).
+
+    A 503 is Prefect's "try again": the server's SQLite was busy (``database is locked`` when the
+    create's read transaction turns into a write after another writer, such as the worker's poll
+    every second, committed), the transaction was rolled back and nothing was created. Prefect's
+    own client resends such a request; the UI only toasts "Unknown error while creating flow run."
+    and keeps the form as it was, so a user clicks Submit again, and so does this — at most
+    :data:`SUBMIT_TRIES` times, and each time only once ``runs()`` (the deployment's flow runs,
+    counted through the API) says that no flow run was created.
+    """
     page.get_by_role("listbox").wait_for(state="detached")
-    page.get_by_role("button", name="Submit", exact=True).click()
+    button = page.get_by_role("button", name="Submit", exact=True)
+    before = runs()
+    for _ in range(SUBMIT_TRIES - 1):
+        answer = _click_and_answer(page, button)
+        if answer.status != SERVER_BUSY:
+            return answer
+        if runs() != before:
+            raise AssertionError(f"the server answered {SERVER_BUSY} to the form's Submit, yet a flow run was created")
+    return _click_and_answer(page, button)
+
+
+#: What Prefect's server answers a request it may be sent again (``is_client_retryable_exception``).
+SERVER_BUSY = 503
+#: How many times :func:`submit` clicks while the server answers :data:`SERVER_BUSY` (each answer
+#: comes within a second; with the demo's worker polling every second, 4 of 7 first Submits were
+#: answered 503 on two idle cores, 1 of 6 with the worker polling every 10 s).
+SUBMIT_TRIES = 10
+
+
+def _click_and_answer(page: Any, button: Any) -> Any:
+    with page.expect_response(_creates_flow_run) as answered:
+        button.click()
+    return answered.value
+
+
+def _creates_flow_run(response: Any) -> bool:
+    return bool(response.request.method == "POST" and response.url.endswith("/create_flow_run"))
 
 
 def toast(page: Any, text: str) -> str:
@@ -89,3 +129,84 @@ def toast(page: Any, text: str) -> str:
 def shot(page: Any, where: Path, name: str) -> None:
     where.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(where / f"{name}.png"), full_page=True)
+
+
+#: Each notification the page shows, kept in ``window.__toasts`` as it appears (a toast is gone
+#: within seconds; a failure's report still says what it said).
+TOAST_RECORDER = """
+window.__toasts = [];
+new MutationObserver(() => {
+  for (const toast of document.querySelectorAll('[data-sonner-toast]')) {
+    if (toast.dataset.recorded) continue;
+    const text = (toast.innerText || '').trim();
+    if (!text) continue;
+    toast.dataset.recorded = '1';
+    window.__toasts.push(new Date().toISOString().slice(11, 23) + ' ' + text.replace(/\\s+/g, ' '));
+  }
+}).observe(document, {childList: true, subtree: true, characterData: true});
+"""
+
+
+@dataclass
+class PageLog:
+    """What a page did, for a failure's report: its calls to Prefect's API (method, path, status,
+    when), its console errors and uncaught exceptions; the toasts are the page's own
+    (:data:`TOAST_RECORDER`)."""
+
+    started: float = dataclass_field(default_factory=time.monotonic)
+    lines: list[str] = dataclass_field(default_factory=list)
+    failed: list[Any] = dataclass_field(default_factory=list)
+
+    def attach(self, page: Any) -> None:
+        page.add_init_script(TOAST_RECORDER)
+        page.on("request", lambda request: self._say(f"-> {request.method} {_api_path(request.url)}")
+                if _is_api(request.url) else None)
+        page.on("response", self._response)
+        page.on("requestfailed", lambda request: self._say(
+            f"!! {request.method} {_api_path(request.url)} failed: {request.failure}"))
+        page.on("console", lambda message: self._say(f"console.{message.type}: {message.text}")
+                if message.type in ("error", "warning") else None)
+        page.on("pageerror", lambda error: self._say(f"page error: {error}"))
+
+    def _response(self, response: Any) -> None:
+        if not _is_api(response.url):
+            return
+        self._say(f"<- {response.status} {response.request.method} {_api_path(response.url)}")
+        if response.status >= 400:
+            self.failed.append(response)
+
+    def _say(self, line: str) -> None:
+        self.lines.append(f"{time.monotonic() - self.started:7.2f}s {line}")
+
+    def report(self, page: Any, screenshot: Path) -> str:
+        """The page's URL, its screenshot (saved now, at ``screenshot``), the toasts it showed, what
+        the API answered with an error, and its last calls to the API."""
+        from playwright.sync_api import Error as PlaywrightError
+
+        said = [f"url: {page.url}"]
+        try:
+            page.screenshot(path=str(screenshot), full_page=True)
+            said.append(f"screenshot: {screenshot}")
+        except PlaywrightError as exc:  # a closed or crashed page still reports the rest
+            said.append(f"screenshot: none ({exc})")
+        try:
+            toasts = page.evaluate("window.__toasts || []")
+        except PlaywrightError as exc:
+            toasts = [f"(unreadable: {exc})"]
+        said += ["toasts:", *(f"  {text}" for text in toasts or ["(none)"])]
+        for response in self.failed[-5:]:
+            try:
+                body = response.text()[:1500]
+            except PlaywrightError as exc:
+                body = f"(unreadable: {exc})"
+            said.append(f"{response.status} {response.request.method} {_api_path(response.url)}: {body}")
+        said += ["the page's last API calls and errors:", *(f"  {line}" for line in self.lines[-40:])]
+        return "\n".join(said)
+
+
+def _is_api(url: str) -> bool:
+    return "/api/" in url
+
+
+def _api_path(url: str) -> str:
+    return url.split("/api", 1)[-1]
