@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: test demo demo-stop bench clean bubblewrap docker slurm
+.PHONY: test demo demo-stop bench clean bubblewrap docker slurm chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || { apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
@@ -29,6 +29,11 @@ slurm:
 	@command -v slurmctld >/dev/null || test -x /usr/sbin/slurmctld || { apt-get update -qq && apt-get install -y -qq slurm-wlm munge; }
 	@command -v munged >/dev/null || test -x /usr/sbin/munged || { apt-get update -qq && apt-get install -y -qq munge; }
 
+# The browser suite (tests/browser/) drives Prefect's UI in Debian's chromium through Playwright
+# (Playwright's own browser download is never used).
+chromium:
+	@test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium; }
+
 # uv (installed by pip from PyPI) resolves the Prefect stack in seconds; pip's resolver spends
 # minutes backtracking through boto3 releases for prefect-aws's aiobotocore pin. pip stays the
 # fallback.
@@ -46,7 +51,7 @@ $(VENV)/.test-torch: $(VENV)/.installed-test
 
 # The gates first (tests/test_gates.py proves each fails on a planted error): ruff (pyflakes and
 # pycodestyle's checks, [tool.ruff]) over every Python tree, mypy (strict, [tool.mypy]) over the core.
-test: $(VENV)/.installed-test $(VENV)/.test-torch bubblewrap docker slurm
+test: $(VENV)/.installed-test $(VENV)/.test-torch bubblewrap docker slurm chromium
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest

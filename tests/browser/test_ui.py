@@ -1,0 +1,208 @@
+"""Prefect's own UI, in headless Chromium, against the demo's stack (Prefect's server, the
+project's blocks and deployments, a process worker running jobs in the local frame): what a user
+does with clicks and typing, checked through Prefect's API and the job's record.
+
+1. A custom run of ``submit-tao-job/local``, the request typed field by field into its JobRequest
+   form and the target and records blocks picked, runs to Completed on the picked blocks.
+2. A credential pasted into a request field is refused by the server when the run is created: the
+   UI says so, no flow run exists, and the key is nowhere in the server's database.
+3. Canceling a running ``run-tao-job`` from its page cancels the flow run and the job (CANCELED in
+   its record, its processes gone).
+4. The collect run of a training job (the stand-in) shows the job's log lines and its training
+   progress and KPI table among its artifacts.
+
+Waits are bounded deadlines (a busy machine is slow), never timing assertions.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import types
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterParentFlowRunId
+
+from tao_data_io.errors import UsageError
+from tao_data_io.records import JobRecord, RecordStore
+
+from ..helpers import STAND_IN, job_processes, wait_for
+from .stack import PICKED_RECORDS, PICKED_TARGET, PrefectStack
+from .ui import field, fill_request, missing, open_custom_run, pick_block, shot, submit, toast
+
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(missing() is not None, reason=str(missing())),
+              # The first test also waits for the stack to come up (about a minute on two busy cores).
+              pytest.mark.timeout(600)]
+
+#: How long a flow run may take to reach a state (the worker polls every second; a flow run
+#: process imports Prefect and the project first).
+RUN_DEADLINE_S = 240.0
+#: A well-known credential's shape (made up): an AWS access key id.
+ACCESS_KEY = "AKIA" + "Q2XM7TZ4W5R6N3PL"
+
+
+def _deployment(stack: PrefectStack, name: str) -> Any:
+    with stack.client() as client:
+        return client.read_deployment_by_name(name)
+
+
+def _run_tao_job(stack: PrefectStack, request: dict[str, Any]) -> UUID:
+    """A flow run of ``run-tao-job/local-run`` for ``request``, created through the API."""
+    deployment = _deployment(stack, "run-tao-job/local-run")
+    with stack.client() as client:
+        return UUID(str(client.create_flow_run_from_deployment(deployment.id, parameters={"request": request}).id))
+
+
+def _flow_run(stack: PrefectStack, flow_run_id: UUID) -> Any:
+    with stack.client() as client:
+        return client.read_flow_run(flow_run_id)
+
+
+def _final_state(stack: PrefectStack, flow_run_id: UUID) -> str:
+    def ended() -> str | None:
+        run = _flow_run(stack, flow_run_id)
+        return run.state.name if run.state is not None and run.state.is_final() else None
+
+    return wait_for(f"flow run {flow_run_id} to end", ended, RUN_DEADLINE_S)
+
+
+def _runs_of(stack: PrefectStack, deployment_id: UUID) -> int:
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with stack.client() as client:
+        return int(client.count_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))))
+
+
+def _record(store: RecordStore, job_id: str) -> JobRecord | None:
+    try:
+        return store.get(job_id)
+    except UsageError:
+        return None
+
+
+def _block_id(stack: PrefectStack, slug_name: str) -> str:
+    block_type, name = slug_name.split("/")
+    with stack.client() as client:
+        return str(client.read_block_document_by_name(name, block_type).id)
+
+
+def test_custom_run_typed_into_the_form_completes_on_the_picked_blocks(page: Any, prefect_stack: PrefectStack,
+                                                                        tmp_path: Path) -> None:
+    deployment = _deployment(prefect_stack, "submit-tao-job/local")
+    job_id = f"browser-form-{os.getpid()}"
+    open_custom_run(page, prefect_stack.ui, deployment.id)
+    fill_request(page, job_id=job_id, image="local", command="sh", mode="args",
+                 args=["-c", "echo typed into the browser form"])
+    pick_block(page, "target", "LocalTarget", PICKED_TARGET.split("/")[1])
+    pick_block(page, "records", "JobRecords", PICKED_RECORDS.split("/")[1])
+    shot(page, tmp_path / "shots", "filled")
+    answer = submit(page, lambda: _runs_of(prefect_stack, deployment.id))
+    assert answer.ok, f"the server answered {answer.status} to the form's Submit: {answer.text()[:2000]}"
+    flow_run_id = UUID(answer.json()["id"])
+    toast(page, "scheduled to start now")
+    page.get_by_role("link", name="View run").or_(page.get_by_role("button", name="View run")).first.click()
+    page.wait_for_url(re.compile(rf"/runs/flow-run/{flow_run_id}"))
+
+    assert _final_state(prefect_stack, flow_run_id) == "Completed"
+    shot(page, tmp_path / "shots", "run")
+    run = _flow_run(prefect_stack, flow_run_id)
+    assert run.deployment_id == deployment.id and run.name == f"submit-{job_id}"
+    # What was typed is what the server stored, and the pickers stored references to the blocks.
+    request = run.parameters["request"]
+    assert {key: request[key] for key in ("job_id", "image", "command", "mode", "args")} == {
+        "job_id": job_id, "image": "local", "command": "sh", "mode": "args",
+        "args": ["-c", "echo typed into the browser form"]}
+    assert run.parameters["target"] == {"$ref": {"block_document_id": _block_id(prefect_stack, PICKED_TARGET)}}
+    assert run.parameters["records"] == {"$ref": {"block_document_id": _block_id(prefect_stack, PICKED_RECORDS)}}
+    # The job was recorded where the picked records block says and ran in the picked target's run root.
+    record = _record(RecordStore(prefect_stack.picked_records, environ=prefect_stack.env), job_id)
+    assert record is not None and record.state == "RUNNING", record
+    assert _record(RecordStore(prefect_stack.default_records, environ=prefect_stack.env), job_id) is None
+    log = prefect_stack.home / "picked-local" / job_id / "run" / "rank-0.log"
+    wait_for(f"the job's output in {log}", lambda: log.exists() and "typed into the browser form" in log.read_text())
+
+
+def test_a_pasted_access_key_is_refused_and_no_run_is_created(page: Any, prefect_stack: PrefectStack,
+                                                              tmp_path: Path) -> None:
+    deployment = _deployment(prefect_stack, "submit-tao-job/local")
+    before = _runs_of(prefect_stack, deployment.id)
+    open_custom_run(page, prefect_stack.ui, deployment.id)
+    fill_request(page, image="local", command="sh", mode="args", args=["-c"])
+    given = field(page, "Args (Optional)")
+    given.get_by_role("button", name="Add item").click()
+    given.locator("textarea").nth(1).focus()
+    page.keyboard.insert_text(f"--aws-key={ACCESS_KEY}")  # what a paste does: one input event, the whole text
+    answer = submit(page, lambda: _runs_of(prefect_stack, deployment.id))
+
+    assert answer.status == 409, f"the server answered {answer.status}: {answer.text()[:2000]}"
+    said = toast(page, "Error creating flow run")
+    shot(page, tmp_path / "shots", "refused")
+    assert "request.args[1]" in said
+    assert _runs_of(prefect_stack, deployment.id) == before
+    assert page.get_by_text("scheduled to start now").count() == 0
+    # Nothing the server keeps holds the key: its database (and write-ahead log) and its log.
+    kept = [*(prefect_stack.home / "prefect").glob("prefect.db*"), prefect_stack.home / "prefect-server.log"]
+    assert kept and not [path for path in kept if ACCESS_KEY.encode() in path.read_bytes()]
+
+
+def test_canceling_a_running_run_tao_job_from_its_page_cancels_the_job(page: Any, prefect_stack: PrefectStack,
+                                                                        tmp_path: Path) -> None:
+    job_id = f"browser-cancel-{os.getpid()}"
+    flow_run_id = _run_tao_job(prefect_stack, {
+        "job_id": job_id, "image": "local", "command": ["sh", "-c", "sleep 900"], "mode": "args", "args": []})
+    store = RecordStore(prefect_stack.default_records, environ=prefect_stack.env)
+    wait_for(f"job {job_id} RUNNING", lambda: (r := _record(store, job_id)) is not None and r.state == "RUNNING",
+             RUN_DEADLINE_S)
+    local = types.SimpleNamespace(run_root=prefect_stack.home / "local")
+    assert job_processes(local, job_id), "the job's command is not running"
+
+    page.goto(f"{prefect_stack.ui}/runs/flow-run/{flow_run_id}")
+    page.get_by_text(f"run-{job_id}").first.wait_for()
+    page.get_by_role("button", name="Open menu").click()
+    page.get_by_role("menuitem", name="Cancel", exact=True).click()
+    dialog = page.get_by_role("alertdialog").or_(page.get_by_role("dialog")).first
+    dialog.get_by_text("Are you sure you want to cancel").wait_for()
+    shot(page, tmp_path / "shots", "cancel-dialog")
+    dialog.get_by_role("button", name="Cancel Flow Run").click()
+
+    assert _final_state(prefect_stack, flow_run_id) == "Cancelled"
+    record = wait_for(f"job {job_id} CANCELED", lambda: (r := _record(store, job_id)) is not None
+                      and r.state == "CANCELED" and r, RUN_DEADLINE_S)
+    assert record.state == "CANCELED", record
+    wait_for(f"job {job_id}'s processes to end", lambda: not job_processes(local, job_id))
+    page.reload()
+    page.get_by_text("Cancelled").first.wait_for()
+    shot(page, tmp_path / "shots", "cancelled")
+
+
+def test_the_collect_runs_page_shows_the_training_log_and_its_progress(page: Any, prefect_stack: PrefectStack,
+                                                                       tmp_path: Path) -> None:
+    job_id = f"browser-train-{os.getpid()}"
+    flow_run_id = _run_tao_job(prefect_stack, {
+        "job_id": job_id, "image": "local", "mode": "config", "config_format": "yaml",
+        "command": "sh /stand-in/train.sh -e {config_path}", "spec": {"train": {"num_epochs": 2}},
+        "mounts": [{"source": str(STAND_IN), "target": "/stand-in"}],
+        "environment": {"EPOCHS": "2", "EPOCH_SECONDS": "1"}})
+    assert _final_state(prefect_stack, flow_run_id) == "Completed"
+    with prefect_stack.client() as client:
+        collect = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]), name=FlowRunFilterName(
+                any_=[f"collect-{job_id}"])))
+    assert len(collect) == 1
+
+    page.goto(f"{prefect_stack.ui}/runs/flow-run/{collect[0].id}")
+    page.get_by_text(f"collect-{job_id}").first.wait_for()
+    page.get_by_role("tab", name="Logs", exact=True).click()
+    # The job's own lines (the stand-in's), handed on by the collect's watch.
+    page.get_by_text("epoch 2/2 done").first.wait_for()
+    page.get_by_text("train.sh[rank 0]: done").first.wait_for()
+    shot(page, tmp_path / "shots", "logs")
+    page.get_by_role("tab", name="Artifacts", exact=True).click()
+    # The training's progress (from TAO's status.json) and its KPI table, keyed by the job.
+    page.get_by_text(f"training of job {job_id}").first.wait_for()
+    page.get_by_text(f"training-{job_id}").first.wait_for()
+    shot(page, tmp_path / "shots", "artifacts")
