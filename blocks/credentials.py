@@ -43,16 +43,58 @@ if TYPE_CHECKING:
 
 def _env_name(value: str) -> str:
     """A variable's name — refused when it is a credential's value pasted into the field (a key's
-    or token's shape: ``AKIA…``, ``ghp_…``), which saving would store in Prefect in clear."""
-    if credential_shape_fields(value):
+    or token's shape: ``AKIA…``, ``ghp_…``; or a long run of mixed letters and digits, as an AWS
+    secret key with no ``/`` or ``+`` is), which saving would store in Prefect in clear."""
+    if credential_shape_fields(value) or _looks_random(value):
         raise ValueError("this field holds a credential's value (a key's or token's shape), not a variable name: give "
                          "the NAME of the variable on the worker that holds it, such as AWS_ACCESS_KEY_ID")
     return check_credential_name(value, what="variable name")
 
 
+#: From this length, a name with no ``_`` that mixes lower and upper case letters and digits is
+#: taken for a pasted key (an AWS secret key is 40 such characters, 3 times in 10 with no ``/`` or
+#: ``+``); variable names are words joined by ``_``.
+_RANDOM_FROM = 32
+
+
+def _looks_random(value: str) -> bool:
+    return (len(value) >= _RANDOM_FROM and value.isalnum() and value.isascii() and not value.isupper()
+            and not value.islower() and any(c.isdigit() for c in value))
+
+
+#: The fields of the credential blocks that hold a variable's NAME (:data:`EnvName`), by field
+#: name: what :func:`refused_name_fields` checks in a block document that Prefect's server is
+#: asked to save.
+ENV_NAME_FIELDS: frozenset[str] = frozenset()  # filled below, from the blocks' own fields
+
+
+def refused_name_fields(data: Any) -> list[str]:
+    """Why a block document's ``data`` (as the UI or the API sends it to Prefect's server) cannot
+    be stored: one line per field of :data:`ENV_NAME_FIELDS` whose value is not a variable's name
+    — the field and the fix, never the value. Prefect's server does not check a block document
+    against its block's schema, and its v2 UI's form checks the values against nothing (it sends
+    them as the schema), so :mod:`deployments.server` asks this before the server stores one."""
+    if not isinstance(data, Mapping):
+        return []
+    refused = []
+    for name in sorted(ENV_NAME_FIELDS & {key for key in data if isinstance(key, str)}):
+        value = data[name]
+        if value is None:
+            continue
+        try:
+            if not isinstance(value, str):
+                raise ValueError("not a string")
+            _env_name(value)
+        except (ValueError, UsageError):
+            refused.append(f"{name} must be the NAME of the variable on the worker that holds the credential "
+                           "(letters, digits and '_', such as AWS_SECRET_ACCESS_KEY), never the credential's value "
+                           "(nor a variable that steers programs, such as PATH)")
+    return refused
+
+
 #: A field that holds the name of an environment variable (never a value). Its schema says so
-#: too: the block's form checks each field by the schema on the server before it saves, so a key
-#: pasted here — of any shape — is refused there, never stored in Prefect.
+#: too, for a form that checks it; Prefect's server does not, and its v2 UI checks nothing, so the
+#: demo's server refuses a value that is not a name before storing it (:func:`refused_name_fields`).
 EnvName = Annotated[str, AfterValidator(_env_name), WithJsonSchema({"type": "string", "pattern": ENV_NAME_PATTERN})]
 #: Said once, in each credential block's description, rather than in every field's help.
 _NAMES_ONLY = ("Every field is the NAME of an environment variable on the worker, read when a task runs; no value "
@@ -254,3 +296,7 @@ class CredentialSet(Mapping[str, str]):
     @classmethod
     def of(cls, blocks: Iterable[_EnvCredentials | None]) -> CredentialSet:
         return cls(tuple(block for block in blocks if block is not None))
+
+
+ENV_NAME_FIELDS = frozenset(name for block in (S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials)
+                            for name in block.model_fields if name.endswith("_env"))  # each an EnvName

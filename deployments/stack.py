@@ -25,6 +25,8 @@ from pathlib import Path
 #: Stop order: what talks to another service goes first.
 STOP_ORDER = ("worker", "prefect-server", "model-hub", "s3")
 STOP_GRACE_S = 15.0
+#: Where ``deployments`` is found (the server is started as ``python -m deployments.server``).
+_CHECKOUT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -90,9 +92,12 @@ class Stack:
         return process
 
     def start_prefect_server(self, env: Mapping[str, str], port: int) -> str:
-        """Prefect's API and UI on 127.0.0.1:``port``; returns the API URL once healthy."""
-        process = self.start("prefect-server", [sys.executable, "-m", "prefect", "server", "start", "--host",
-                                                "127.0.0.1", "--port", str(port)], env, marker="prefect")
+        """Prefect's API and UI on 127.0.0.1:``port``; returns the API URL once healthy. Prefect's
+        own server, started by :mod:`deployments.server` so that it refuses a credential pasted
+        into a credential block's field (Prefect stores what it is given)."""
+        process = self.start("prefect-server", [sys.executable, "-m", "deployments.server", "start", "--host",
+                                                "127.0.0.1", "--port", str(port)], env, marker="deployments.server",
+                             cwd=_CHECKOUT)
         api = f"http://127.0.0.1:{port}/api"
         wait_until("Prefect's server", lambda: answers(f"{api}/health"), 120, process, self.home / "prefect-server.log")
         return api

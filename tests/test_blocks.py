@@ -108,6 +108,68 @@ def test_a_credential_pasted_into_a_name_field_is_refused_before_prefect_could_s
     jsonschema.validate({"access_key_id_env": "TEAM_S3_ID"}, S3EnvCredentials.model_json_schema())
 
 
+#: A made-up AWS secret key with no ``/`` or ``+`` (3 real ones in 10): a valid variable name by
+#: its characters alone.
+_SLASHLESS_SECRET = "Hx7qP2vL9mKc4Rt8Wn3Zb6" + "Yd1Fg5Js0Ua7Ve4Xo2Lq"
+
+
+def test_a_slashless_secret_key_pasted_into_a_name_field_is_refused_and_long_names_are_kept() -> None:
+    with pytest.raises(ValidationError, match="holds a credential's value .* not a variable name"):
+        S3EnvCredentials(secret_access_key_env=_SLASHLESS_SECRET)
+    for name in ("MY_TEAM_S3_SECRET_ACCESS_KEY_FOR_THE_TRAINING_CLUSTER", "MyCompanyS3SecretKey2024",
+                 "AWSSECRETACCESSKEYFORTHETRAININGCLUSTER2", "awssecretaccesskeyforthetrainingcluster2"):
+        assert S3EnvCredentials(secret_access_key_env=name).secret_access_key_env == name
+
+
+def test_prefects_server_as_the_demo_starts_it_refuses_a_block_save_with_a_pasted_key() -> None:
+    """deployments.server's check, before Prefect's server stores a block document (Prefect checks
+    none against its schema, and its v2 UI's form checks nothing): a creation or an update whose
+    name field holds a key is answered 422 naming the field, never the value, and never reaches
+    Prefect; any other request, and a save of names, reaches it with its body as it came."""
+    import asyncio
+    import json
+
+    from deployments.server import RefusePastedCredentials
+
+    reached: list[tuple[str, bytes]] = []
+
+    async def prefect(scope: dict, receive: object, send: object) -> None:
+        message = await receive()  # type: ignore[operator]
+        reached.append((scope["path"], message["body"]))
+
+    def call(method: str, path: str, body: dict) -> list[dict]:
+        sent: list[dict] = []
+        raw = json.dumps(body).encode()
+        chunks = [{"type": "http.request", "body": raw[:10], "more_body": True},
+                  {"type": "http.request", "body": raw[10:], "more_body": False}]
+
+        async def receive() -> dict:
+            return chunks.pop(0)
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        asyncio.run(RefusePastedCredentials(prefect)({"type": "http", "method": method, "path": path}, receive, send))
+        return sent
+
+    block_id = "8405dafe-822e-4c8d-8227-3b5087253a3b"
+    for method, path in (("POST", "/api/block_documents/"), ("PATCH", f"/api/block_documents/{block_id}")):
+        answer = call(method, path, {"name": "pasted", "data": {"secret_access_key_env": "Hx7qP2vL9/mKc4Rt8+Wn3Zb6",
+                                                               "access_key_id_env": "AWS_ACCESS_KEY_ID"}})
+        assert answer[0]["status"] == 422
+        detail = json.loads(answer[1]["body"])["detail"]
+        assert "secret_access_key_env must be the NAME" in detail and "access_key_id_env" not in detail
+        assert "Hx7q" not in detail
+    assert reached == []
+    named = {"name": "ok", "data": {"secret_access_key_env": "TEAM_SECRET"}}
+    for method, path in (("POST", "/api/block_documents/"), ("PATCH", f"/api/block_documents/{block_id}"),
+                         ("POST", "/api/block_documents/filter"), ("POST", "/api/flow_runs/")):
+        call(method, path, named if "filter" not in path else {"data": {"key_env": "AKIA" + "Q2XM7TZ4W5R6N3PL"}})
+    assert [path for path, _ in reached] == ["/api/block_documents/", f"/api/block_documents/{block_id}",
+                                            "/api/block_documents/filter", "/api/flow_runs/"]
+    assert json.loads(reached[0][1]) == named
+
+
 def test_the_credential_blocks_give_clients_from_the_workers_variables(s3_env: dict[str, str]) -> None:
     """Prefect's CredentialsBlock interface: ``get_client``. S3 gives a boto3 client (as
     prefect-aws's ``AwsCredentials.get_client("s3")``); the registries give the core's client of

@@ -10,6 +10,13 @@ does with clicks and typing, checked through Prefect's API and the job's record.
    its record, its processes gone).
 4. The collect run of a training job (the stand-in) shows the job's log lines and its training
    progress and KPI table among its artifacts.
+5. Retrying a failed ``run-tao-job`` from its page (the training failed after writing and
+   uploading a checkpoint) runs the same job again: a second attempt whose results directory was
+   restored from the first's upload, and the training resumes from that checkpoint to Completed.
+6. A credential pasted into a credential block's field (which holds a variable's NAME) in the
+   block's form is refused when it is saved: the server's answer names the fields (the UI only
+   toasts that the block was not created), no block exists, and the values are nowhere in the
+   server's database (block documents, events) or its log.
 
 Waits are bounded deadlines (a busy machine is slow), never timing assertions.
 """
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import types
 from pathlib import Path
 from typing import Any
@@ -27,11 +35,13 @@ import pytest
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterParentFlowRunId
 
 from tao_data_io.errors import UsageError
+from tao_data_io.names import job_id_for_run
 from tao_data_io.records import JobRecord, RecordStore
 
 from ..helpers import STAND_IN, job_processes, wait_for
 from .stack import PICKED_RECORDS, PICKED_TARGET, PrefectStack
-from .ui import field, fill_request, missing, open_custom_run, pick_block, shot, submit, toast
+from .ui import (field, fill_request, from_run_menu, missing, open_block_form, open_custom_run, paste, pick_block,
+                 save_block, shot, submit, toast)
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(missing() is not None, reason=str(missing())),
               # The first test also waits for the stack to come up (about a minute on two busy cores).
@@ -42,6 +52,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.skipif(missing() is not None, rea
 RUN_DEADLINE_S = 240.0
 #: A well-known credential's shape (made up): an AWS access key id.
 ACCESS_KEY = "AKIA" + "Q2XM7TZ4W5R6N3PL"
+#: A secret without a recognisable prefix (made up): an AWS secret access key, 40 base64 characters.
+SECRET_KEY = "Hx7qP2vL9/mKc4Rt8+Wn3" + "Zb6Yd1Fg5Js0Ua7Ve4X"
 
 
 def _deployment(stack: PrefectStack, name: str) -> Any:
@@ -82,6 +94,15 @@ def _record(store: RecordStore, job_id: str) -> JobRecord | None:
         return store.get(job_id)
     except UsageError:
         return None
+
+
+def _kept_by_the_server(stack: PrefectStack, *values: str) -> list[str]:
+    """The files of the server's (its SQLite database, write-ahead log included, and its log)
+    that hold any of ``values``."""
+    kept = [*(stack.home / "prefect").glob("prefect.db*"), stack.home / "prefect-server.log"]
+    assert kept
+    return [f"{path.name} holds {value[:4]}…" for path in kept for value in values
+            if value.encode() in path.read_bytes()]
 
 
 def _block_id(stack: PrefectStack, slug_name: str) -> str:
@@ -145,8 +166,7 @@ def test_a_pasted_access_key_is_refused_and_no_run_is_created(page: Any, prefect
     assert _runs_of(prefect_stack, deployment.id) == before
     assert page.get_by_text("scheduled to start now").count() == 0
     # Nothing the server keeps holds the key: its database (and write-ahead log) and its log.
-    kept = [*(prefect_stack.home / "prefect").glob("prefect.db*"), prefect_stack.home / "prefect-server.log"]
-    assert kept and not [path for path in kept if ACCESS_KEY.encode() in path.read_bytes()]
+    assert _kept_by_the_server(prefect_stack, ACCESS_KEY) == []
 
 
 def test_canceling_a_running_run_tao_job_from_its_page_cancels_the_job(page: Any, prefect_stack: PrefectStack,
@@ -160,12 +180,8 @@ def test_canceling_a_running_run_tao_job_from_its_page_cancels_the_job(page: Any
     local = types.SimpleNamespace(run_root=prefect_stack.home / "local")
     assert job_processes(local, job_id), "the job's command is not running"
 
-    page.goto(f"{prefect_stack.ui}/runs/flow-run/{flow_run_id}")
-    page.get_by_text(f"run-{job_id}").first.wait_for()
-    page.get_by_role("button", name="Open menu").click()
-    page.get_by_role("menuitem", name="Cancel", exact=True).click()
-    dialog = page.get_by_role("alertdialog").or_(page.get_by_role("dialog")).first
-    dialog.get_by_text("Are you sure you want to cancel").wait_for()
+    dialog = from_run_menu(page, f"{prefect_stack.ui}/runs/flow-run/{flow_run_id}", f"run-{job_id}", "Cancel",
+                           "Are you sure you want to cancel")
     shot(page, tmp_path / "shots", "cancel-dialog")
     dialog.get_by_role("button", name="Cancel Flow Run").click()
 
@@ -206,3 +222,84 @@ def test_the_collect_runs_page_shows_the_training_log_and_its_progress(page: Any
     page.get_by_text(f"training of job {job_id}").first.wait_for()
     page.get_by_text(f"training-{job_id}").first.wait_for()
     shot(page, tmp_path / "shots", "artifacts")
+
+
+def test_retrying_a_failed_run_tao_job_from_its_page_resumes_the_training_from_its_checkpoint(
+        page: Any, prefect_stack: PrefectStack, tmp_path: Path) -> None:
+    flow_run_id = _run_tao_job(prefect_stack, {  # no job id: the run's own, the same on every retry
+        "image": "local", "mode": "config", "config_format": "yaml",
+        "command": "sh /stand-in/train.sh -e {config_path}", "spec": {"train": {"num_epochs": 2}},
+        "mounts": [{"source": str(STAND_IN), "target": "/stand-in"}], "outputs": {"results_dir": "/results"},
+        # Fails after epoch 1's checkpoint; a run that finds it resumes at epoch 2, never failing again.
+        "environment": {"EPOCHS": "2", "EPOCH_SECONDS": "0", "FAIL_AFTER_EPOCH": "1"}})
+    assert _final_state(prefect_stack, flow_run_id) == "Failed"
+    job_id = job_id_for_run(str(flow_run_id))
+    store = RecordStore(prefect_stack.default_records, environ=prefect_stack.env)
+    record = _record(store, job_id)
+    assert record is not None and [(a.number, a.state) for a in record.attempts] == [(1, "ERROR")], record
+    # The next attempt starts with an empty results directory, as on another worker or a new pod:
+    # what it resumes from can only be what the first attempt uploaded.
+    results = prefect_stack.home / "local" / job_id / "results"
+    assert (results / "checkpoint_epoch_1.pth").exists()
+    shutil.rmtree(results)
+    runs_before = _flow_run(prefect_stack, flow_run_id).run_count
+
+    dialog = from_run_menu(page, f"{prefect_stack.ui}/runs/flow-run/{flow_run_id}", f"run-{job_id}", "Retry",
+                           "Retry the flow run")
+    shot(page, tmp_path / "shots", "retry-dialog")
+    dialog.get_by_role("button", name="Retry", exact=True).click()
+    said = toast(page, "retry")  # the UI toasts what the server said: scheduled, or why it refused
+    assert "scheduled for retry" in said, said
+
+    def ended_again() -> str | None:
+        run = _flow_run(prefect_stack, flow_run_id)
+        return run.state.name if run.run_count > runs_before and run.state.is_final() else None
+
+    assert wait_for(f"flow run {flow_run_id} to run again and end", ended_again, RUN_DEADLINE_S) == "Completed"
+    record = _record(store, job_id)
+    assert record is not None and record.state == "COMPLETE", record
+    assert [(a.number, a.state) for a in record.attempts] == [(1, "ERROR"), (2, "COMPLETE")], record
+    assert record.attempts[0].restored is None
+    restored = str(record.attempts[1].restored)
+    assert re.match(r"[1-9][0-9]* file\(s\)", restored), restored  # the checkpoint, status.json, train.log
+    log = (prefect_stack.home / "local" / job_id / "run" / "rank-0.log").read_text()  # the second attempt's
+    assert "resumed from checkpoint_epoch_1.pth" in log and "epoch 2/2 done" in log and "epoch 1/2 done" not in log
+    page.reload()
+    page.get_by_text("Completed").first.wait_for()
+    shot(page, tmp_path / "shots", "retried")
+
+
+def test_a_secret_pasted_into_a_credential_blocks_field_is_refused_and_never_stored(
+        page: Any, prefect_stack: PrefectStack, tmp_path: Path) -> None:
+    name = f"pasted-{os.getpid()}"
+
+    def saved() -> bool:
+        from prefect.exceptions import ObjectNotFound
+
+        with prefect_stack.client() as client:
+            try:
+                client.read_block_document_by_name(name, "tao-s3-credentials")
+            except ObjectNotFound:
+                return False
+        return True
+
+    open_block_form(page, prefect_stack.ui, "tao-s3-credentials")
+    page.get_by_label("Name", exact=True).fill(name)
+    paste(page, field(page, "Access key id (Optional)").locator("input, textarea").first, ACCESS_KEY)
+    paste(page, field(page, "Secret access key (Optional)").locator("input, textarea").first, SECRET_KEY)
+    shot(page, tmp_path / "shots", "pasted")
+    answer = save_block(page, saved)
+
+    assert answer.status == 422, f"the server answered {answer.status}: {answer.text()[:2000]}"
+    detail = answer.text()
+    assert "access_key_id_env" in detail and "secret_access_key_env" in detail, detail
+    assert ACCESS_KEY not in detail and SECRET_KEY not in detail, detail  # the refusal does not repeat it
+    # The v2 UI toasts its own words for any refusal of a block (the server's reason, above, goes
+    # to the browser's console only) and keeps the form as it was.
+    toast(page, "Unknown error while creating block")
+    shot(page, tmp_path / "shots", "refused")
+    assert page.url.endswith("/blocks/catalog/tao-s3-credentials/create"), page.url
+    assert not saved()
+    assert page.get_by_text("Block created successfully").count() == 0
+    # Nothing the server keeps holds either value: block documents, events, its log.
+    assert _kept_by_the_server(prefect_stack, ACCESS_KEY, SECRET_KEY) == []

@@ -109,14 +109,62 @@ SERVER_BUSY = 503
 SUBMIT_TRIES = 10
 
 
-def _click_and_answer(page: Any, button: Any) -> Any:
-    with page.expect_response(_creates_flow_run) as answered:
+def _click_and_answer(page: Any, button: Any, answers: Callable[[Any], bool] | None = None) -> Any:
+    with page.expect_response(answers or _creates_flow_run) as answered:
         button.click()
     return answered.value
 
 
+def save_block(page: Any, saved: Callable[[], bool]) -> Any:
+    """Click the block form's Save and return the server's answer to the block document it asked
+    for (the form's POST to ``/block_documents/``); clicked again, as :func:`submit` does, while
+    the server answers :data:`SERVER_BUSY` and ``saved()`` (through the API) says nothing was
+    saved."""
+    button = page.get_by_role("button", name="Save", exact=True)
+    for _ in range(SUBMIT_TRIES - 1):
+        answer = _click_and_answer(page, button, _creates_block_document)
+        if answer.status != SERVER_BUSY:
+            return answer
+        if saved():
+            raise AssertionError(f"the server answered {SERVER_BUSY} to the block form's Save, yet the block was saved")
+    return _click_and_answer(page, button, _creates_block_document)
+
+
+def _creates_block_document(response: Any) -> bool:
+    return bool(response.request.method == "POST" and response.url.rstrip("/").endswith("/api/block_documents"))
+
+
+def open_block_form(page: Any, ui: str, block_type_slug: str) -> None:
+    """Blocks → + (the catalog) → the block type's Create."""
+    page.goto(f"{ui}/blocks")
+    page.locator("a[href$='/blocks/catalog']").first.click()  # the "+" beside the page's title
+    page.wait_for_url("**/blocks/catalog")
+    page.locator(f"a[href$='/blocks/catalog/{block_type_slug}/create']").click()
+    page.wait_for_url(f"**/blocks/catalog/{block_type_slug}/create")
+    page.get_by_role("button", name="Save", exact=True).wait_for()
+
+
+def paste(page: Any, box: Any, text: str) -> None:
+    """What a paste does in ``box``: what it held cleared, then one input event with the whole text."""
+    box.fill("")
+    box.focus()
+    page.keyboard.insert_text(text)
+
+
 def _creates_flow_run(response: Any) -> bool:
     return bool(response.request.method == "POST" and response.url.endswith("/create_flow_run"))
+
+
+def from_run_menu(page: Any, url: str, run_name: str, item: str, asks: str) -> Any:
+    """The flow run's page at ``url`` (once it shows ``run_name``), its menu's ``item``, and the
+    dialog that asks ``asks`` to confirm it (returned, unanswered)."""
+    page.goto(url)
+    page.get_by_text(run_name).first.wait_for()
+    page.get_by_role("button", name="Open menu").click()
+    page.get_by_role("menuitem", name=item, exact=True).click()
+    dialog = page.get_by_role("alertdialog").or_(page.get_by_role("dialog")).first
+    dialog.get_by_text(asks).wait_for()
+    return dialog
 
 
 def toast(page: Any, text: str) -> str:
