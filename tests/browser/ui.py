@@ -24,7 +24,7 @@ UI_TIMEOUT_MS = 60_000
 def missing() -> str | None:
     """Why the browser suite cannot run here, or None."""
     try:
-        import playwright.sync_api  # noqa: F401
+        import playwright.sync_api  # noqa: F401 - only whether it imports
     except ImportError:
         return "playwright is not installed (pip install -e '.[test]')"
     if shutil.which(CHROMIUM) is None:
