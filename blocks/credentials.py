@@ -62,12 +62,6 @@ def _looks_random(value: str) -> bool:
             and not value.islower() and any(c.isdigit() for c in value))
 
 
-#: The fields of the credential blocks that hold a variable's NAME (:data:`EnvName`), by field
-#: name: what :func:`refused_name_fields` checks in a block document that Prefect's server is
-#: asked to save.
-ENV_NAME_FIELDS: frozenset[str] = frozenset()  # filled below, from the blocks' own fields
-
-
 def refused_name_fields(data: Any) -> list[str]:
     """Why a block document's ``data`` (as the UI or the API sends it to Prefect's server) cannot
     be stored: one line per field of :data:`ENV_NAME_FIELDS` whose value is not a variable's name
@@ -298,5 +292,8 @@ class CredentialSet(Mapping[str, str]):
         return cls(tuple(block for block in blocks if block is not None))
 
 
+#: The fields of the credential blocks that hold a variable's NAME (:data:`EnvName`), by field
+#: name, read from the blocks themselves: what :func:`refused_name_fields` checks in a block
+#: document that Prefect's server is asked to save.
 ENV_NAME_FIELDS = frozenset(name for block in (S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials)
-                            for name in block.model_fields if name.endswith("_env"))  # each an EnvName
+                            for name in block.model_fields if name.endswith("_env"))

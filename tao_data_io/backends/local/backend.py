@@ -35,7 +35,7 @@ from ...launch.plan import LaunchPlan
 from ...launch.rundir import RunRoot
 from ...launch.probe import Verdict
 from ...tier import ClusterFacts
-from ...launch.sources import (SourceRules, check_binds, check_paths, host_source_rules)
+from ...launch.sources import SourceRules, check_binds, check_paths, host_source_rules
 from . import DECLARATION
 from .preflight import check_memory_sizes, check_sandbox, host_memory_bytes, needs_nsenter
 from .process import ProcessId
