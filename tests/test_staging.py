@@ -269,6 +269,17 @@ def test_an_empty_s3_folder_is_an_error_unless_allowed(s3_credentials: S3Credent
     assert [(s.kind, s.files) for s in staged.sources if s.kind != "config"] == [("folder", 0)]
 
 
+def test_an_allowed_empty_folder_is_staged_as_an_empty_directory_the_job_can_mount(
+        s3_credentials: S3Credentials, populated: str, tmp_path: Path) -> None:
+    """``allow_empty: true`` on a prefix that holds nothing: the job still mounts its target, so
+    staging leaves an empty directory there (the launch refused the job, "not on this host")."""
+    empty = {"source": f"s3://{populated}/nothing-here/", "target": "/data/empty", "allow_empty": True}
+    staged = stage(_request(populated, spec={}, inputs=[empty]), tmp_path / "w", engine=TransferEngine(s3_credentials))
+    (folder,) = [source for source in staged.sources if source.kind == "folder"]
+    assert folder.local_path is not None and Path(folder.local_path).is_dir()
+    assert list(Path(folder.local_path).iterdir()) == []
+
+
 def test_a_staging_map_that_calls_its_directory_workdir_still_reads(tmp_path: Path) -> None:
     """A map published before its directory was called ``staging_dir`` (``workdir``) is what a
     job staged then finds on resume: it reads, and is written back under the settled name."""

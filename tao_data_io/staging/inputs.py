@@ -101,6 +101,8 @@ def _stage_s3(planned: PlannedInput, url: S3Url, kind: Kind, local: Path, engine
             excluded = f" ({summary.excluded_files} excluded by its excludes)" if summary.excluded_files else ""
             raise UsageError(f"{planned.field}: {planned.source!r} holds no object{excluded}; check the prefix, or "
                              "declare the input with allow_empty: true if an empty folder is expected")
+        if files == 0 and summary.ok:  # allowed empty: the job mounts its target all the same
+            local.mkdir(parents=True, exist_ok=True)
         return staged(summary, files)
     if kind == "glob":
         base, pattern = url.glob_split()
