@@ -101,9 +101,8 @@ class TaoS3Bucket(ObjectStorageBlock, WritableFileSystem):
     _block_type_slug = "tao-s3-bucket"
     _logo_url = LOGO_URL
     _documentation_url = DOCUMENTATION_URL
-    _description = ("An S3 bucket (or a folder of one) for your own flows, with prefect-aws S3Bucket's methods on "
-                    "tao-data-io's engine: confined, atomic, skip-unchanged and fast. Its credentials are names of "
-                    "the worker's variables.")
+    _description = ("An S3 bucket or folder for your own flows: prefect-aws S3Bucket's methods on tao-data-io's "
+                    "engine. Its credentials are variable names.")
     _code_example = code_example("TaoS3Bucket", "tao_s3_bucket",
                                  'tao_s3_bucket.download_folder_to_path("datasets/coco", "coco")\n'
                                  'tao_s3_bucket.upload_from_folder("results", "runs/run-1")')

@@ -91,8 +91,7 @@ def refused_name_fields(data: Any) -> list[str]:
 #: demo's server refuses a value that is not a name before storing it (:func:`refused_name_fields`).
 EnvName = Annotated[str, AfterValidator(_env_name), WithJsonSchema({"type": "string", "pattern": ENV_NAME_PATTERN})]
 #: Said once, in each credential block's description, rather than in every field's help.
-_NAMES_ONLY = ("Every field is the NAME of an environment variable on the worker, read when a task runs; no value "
-               "is stored in Prefect.")
+_NAMES_ONLY = "Each field NAMES a worker's environment variable; no value is stored in Prefect."
 
 
 def _name(default: str | None, title: str, holds: str) -> Any:
@@ -122,8 +121,7 @@ class _EnvCredentials(CredentialsBlock, ABC):
 class S3EnvCredentials(_EnvCredentials):
     _block_type_name = "TAO S3 Credentials"
     _block_type_slug = "tao-s3-credentials"
-    _description = (f"Where a worker finds its S3 credentials. {_NAMES_ONLY} The defaults are the AWS names; "
-                    "change a field only where the worker calls a variable otherwise.")
+    _description = f"Where a worker finds its S3 credentials. {_NAMES_ONLY}"
     _code_example = code_example("S3EnvCredentials", "s3_env_credentials",
                                  'client = s3_env_credentials.get_client("s3")  '
                                  "# boto3, from the worker's variables")
@@ -221,7 +219,7 @@ class _RegistryCredentials(_EnvCredentials, ABC):
 class HuggingFaceEnvCredentials(_RegistryCredentials):
     _block_type_name = "TAO Hugging Face Credentials"
     _block_type_slug = "tao-hugging-face-credentials"
-    _description = f"Where a worker finds its Hugging Face token, for hf:// models. {_NAMES_ONLY}"
+    _description = f"Where a worker finds its Hugging Face token (hf://). {_NAMES_ONLY}"
     _code_example = code_example("HuggingFaceEnvCredentials", "hugging_face_env_credentials",
                                  'hub = hugging_face_env_credentials.get_client("hf://ORG/MODEL")\n'
                                  "print(hub.listing().revision)")
@@ -236,7 +234,7 @@ class HuggingFaceEnvCredentials(_RegistryCredentials):
 class NGCEnvCredentials(_RegistryCredentials):
     _block_type_name = "TAO NGC Credentials"
     _block_type_slug = "tao-ngc-credentials"
-    _description = f"Where a worker finds its NGC API key, for ngc:// models. {_NAMES_ONLY}"
+    _description = f"Where a worker finds its NGC API key (ngc://). {_NAMES_ONLY}"
     _code_example = code_example("NGCEnvCredentials", "ngc_env_credentials",
                                  'ngc = ngc_env_credentials.get_client("ngc://ORG/TEAM/MODEL:VERSION")\n'
                                  "print(ngc.listing().revision)")

@@ -30,7 +30,7 @@ class JobRecords(Block):
     _logo_url = LOGO_URL
     _documentation_url = DOCUMENTATION_URL
     _description = ("Where job records live: a directory (one machine), or an s3:// prefix or a TAO S3 Bucket "
-                    "block shared by every worker and pod of a deployment.")
+                    "block every worker and pod shares.")
     _code_example = code_example("JobRecords", "job_records",
                                  "store = job_records.store()  # the core's RecordStore\n"
                                  'print([record.job_id for record in store.list_records(state="RUNNING")])')

@@ -35,6 +35,7 @@ from uuid import UUID
 
 import yaml
 
+from blocks.presentation import LOGO_PATH, LOGO_URL_VARIABLE
 from deployments.dataset import MODEL_REPO, PREFIX, build
 from deployments.stack import Service, Stack, free_port
 from tao_data_io.credentials import S3Credentials, s3_credentials_from_env
@@ -107,7 +108,7 @@ def run_demo(stack: Stack, clock: Clock) -> bool:
     # What a shell needs to talk to this server (KEEP=1): without it, `prefect deployment ls`
     # silently starts a server of its own on the same SQLite file and lists nothing.
     (DEMO / "prefect.env").write_text("".join(f"export {name}={env[name]}\n" for name in PREFECT_SHELL))
-    prepare_prefect(bucket)
+    prepare_prefect(bucket, env)
     clock.say(f"work pool {POOL!r}; block types registered; blocks saved: tao-local-target/local, "
               f"tao-docker-target/docker, tao-slurm-target/slurm, tao-job-records/local "
               f"(s3://{bucket}/{RECORDS_PREFIX}), "
@@ -118,7 +119,12 @@ def run_demo(stack: Stack, clock: Clock) -> bool:
         return False
     from deployments.schemas import close_parameter_schemas
 
-    clock.say(f"parameter schemas (python -m deployments.schemas): {'; '.join(close_parameter_schemas())}")
+    said = close_parameter_schemas()
+    clock.say(f"{len(said)} deployments' parameters settled (python -m deployments.schemas): schemas closed, "
+              "block defaults picked by id, so the run form opens on each block's picker")
+    for line in said:
+        if "not saved" in line or "does not enforce" in line:
+            clock.say(f"  {line}")
 
     job_id = f"demo-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     request = DEMO / "request.yaml"
@@ -167,19 +173,18 @@ def worker_environment(credentials: S3Credentials, bucket: str, hub: str, port: 
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
         "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "5",
         "PREFECT_CLI_PROMPT": "false",
+        # Served by the demo's Prefect server (deployments.server), so the UI shows it offline.
+        LOGO_URL_VARIABLE: f"http://127.0.0.1:{port}{LOGO_PATH}",
     })
     return env
 
 
-def prepare_prefect(bucket: str) -> None:
-    """The work pool and the blocks, through the API (what ``prefect work-pool create`` and
-    ``python -m deployments.blocks`` do)."""
+def prepare_prefect(bucket: str, env: Mapping[str, str]) -> None:
+    """The work pool, through the API (what ``prefect work-pool create`` does), and the blocks."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
     from prefect.workers.process import ProcessWorker
-
-    from deployments.blocks import Defaults, save_defaults
 
     with get_client(sync_client=True) as client:
         try:
@@ -187,8 +192,20 @@ def prepare_prefect(bucket: str) -> None:
                                                    base_job_template=ProcessWorker.get_default_base_job_template()))
         except ObjectAlreadyExists:
             pass
-    save_defaults(Defaults(records=f"s3://{bucket}/{RECORDS_PREFIX}", run_root=str(DEMO / "local"),
-                           staging_root=str(DEMO / "work")), overwrite=True)
+    save_blocks(env, records=f"s3://{bucket}/{RECORDS_PREFIX}", run_root=DEMO / "local", staging_root=DEMO / "work")
+
+
+def save_blocks(env: Mapping[str, str], *, records: str, run_root: Path, staging_root: Path) -> None:
+    """Register the block types and save the deployments' blocks, replacing those of an earlier
+    run: ``python -m deployments.blocks``, as a user runs it, in a process of its own so that the
+    block types are registered with the logo URL ``env`` names (read where the blocks are
+    imported)."""
+    argv = [sys.executable, "-m", "deployments.blocks", "--records", records, "--run-root", str(run_root),
+            "--staging-root", str(staging_root), "--overwrite"]
+    done = subprocess.run(argv, env=without_credentials(env), cwd=CHECKOUT, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"python -m deployments.blocks failed:\n{(done.stdout + done.stderr)[-3000:]}")
 
 
 def prefect(clock: Clock, env: Mapping[str, str], *args: str,

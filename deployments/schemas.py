@@ -1,5 +1,6 @@
-"""Close the parameter schemas of this project's deployments on the Prefect server: no parameter
-the flow does not take, and a block reference only by its id or ``TYPE/NAME``.
+"""Settle the parameters of this project's deployments on the Prefect server, after each deploy:
+close their schemas (no parameter the flow does not take, a block reference only by its id or
+``TYPE/NAME``), and point each block parameter's default at its saved block by id.
 
     .venv/bin/prefect deploy --all
     .venv/bin/python -m deployments.schemas      # after every `prefect deploy`, which writes them open again
@@ -7,7 +8,11 @@ the flow does not take, and a block reference only by its id or ``TYPE/NAME``.
 Why a step of its own: ``prefect deploy`` writes the schema Prefect builds from each flow's
 signature, whose model has no room for a closed top level (:mod:`flows.parameters` says what
 stays open and what it lets the server store); the server keeps the schema it is given, and takes
-a closed one through its API. Deployments of other flows are left alone.
+a closed one through its API. The defaults, because Prefect's run form draws a block parameter as
+the block's picker only when its value is a reference by id — what the picker itself sends — and
+a deployment file can name a block only as ``TYPE/NAME``, whose id each server gives its own: the
+form opened on a text box, and choosing the picker there lost the default. Deployments of other
+flows are left alone.
 """
 
 from __future__ import annotations
@@ -15,11 +20,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Collection, Sequence
+from typing import Any
 from uuid import UUID
 
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import DeploymentUpdate
+from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, FlowFilter, FlowFilterName
+from prefect.client.schemas.responses import DeploymentResponse
+from prefect.exceptions import ObjectNotFound
 
 from flows.cancel import cancel_tao_job
 from flows.collect import collect_tao_job
@@ -34,7 +43,8 @@ FLOW_NAMES = tuple(flow.name for flow in (submit_tao_job, collect_tao_job, run_t
 
 def close_parameter_schemas(deployment_ids: Collection[UUID] = ()) -> list[str]:
     """Close the parameter schema of every deployment of this project's flows (only those of
-    ``deployment_ids``, when given); returns one line per deployment."""
+    ``deployment_ids``, when given) and pick its block parameters' saved blocks; returns one line
+    per deployment."""
     only = DeploymentFilter(id=DeploymentFilterId(any_=list(deployment_ids))) if deployment_ids else None
     said = []
     with get_client(sync_client=True) as client:
@@ -42,15 +52,54 @@ def close_parameter_schemas(deployment_ids: Collection[UUID] = ()) -> list[str]:
                                                   deployment_filter=only):
             shown = f"{client.read_flow(deployment.flow_id).name}/{deployment.name}"
             schema = closed(deployment.parameter_openapi_schema or {})
+            parameters, picked = _picked(client, deployment)
             if schema == deployment.parameter_openapi_schema:
                 said.append(f"{shown}: closed already")
             else:
                 client.update_deployment(deployment.id, DeploymentUpdate(parameter_openapi_schema=schema))
                 said.append(f"{shown}: closed")
+            if parameters != deployment.parameters:
+                client.update_deployment(deployment.id, DeploymentUpdate(parameters=parameters))
+            said[-1] += "".join(f"; {line}" for line in picked)
             if not deployment.enforce_parameter_schema:
                 said[-1] += (" — but it does not enforce its schema: the server checks nothing (deploy it again "
                              "without --no-enforce-parameter-schema)")
     return said
+
+
+def _picked(client: SyncPrefectClient, deployment: DeploymentResponse) -> tuple[dict[str, Any], list[str]]:
+    """The deployment's parameters with each block parameter's ``TYPE/NAME`` (its own, or else the
+    flow's default) replaced by a reference to that saved block by id, and a line for what was
+    picked or could not be."""
+    schema = deployment.parameter_openapi_schema or {}
+    parameters = dict(deployment.parameters)
+    said = []
+    for parameter, slugs in _block_types(schema).items():
+        value = parameters.get(parameter, schema["properties"][parameter].get("default"))
+        if not isinstance(value, str) or value.partition("/")[0] not in slugs:
+            continue
+        block_type, _, block = value.partition("/")
+        try:
+            saved = client.read_block_document_by_name(block, block_type)
+        except ObjectNotFound:
+            said.append(f"{parameter}: {value} is not saved (left as text; save it and run this again)")
+            continue
+        parameters[parameter] = {"$ref": {"block_document_id": str(saved.id)}}
+        said.append(f"{parameter} picked: {value}")
+    return parameters, said
+
+
+def _block_types(schema: dict[str, Any]) -> dict[str, set[str]]:
+    """Each parameter of ``schema`` that may be a block, with the slugs of the block types it takes."""
+    definitions = schema.get("definitions", {})
+    found = {}
+    for parameter, prop in schema.get("properties", {}).items():
+        refs = [prop.get("$ref"), *(branch.get("$ref") for branch in prop.get("anyOf", []))]
+        slugs = {definitions.get(ref.rsplit("/", 1)[-1], {}).get("block_type_slug") for ref in refs if ref}
+        slugs.discard(None)
+        if slugs:
+            found[parameter] = slugs
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:

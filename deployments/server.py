@@ -1,5 +1,8 @@
 """Prefect's server as the demo starts it (``python -m deployments.server start --host … --port
-…``: the arguments of ``prefect server start``), with one check Prefect does not make: a block
+…``: the arguments of ``prefect server start``), serving the blocks' logo at
+:data:`blocks.presentation.LOGO_PATH` (so a UI without the internet shows it, once
+``$TAO_DATA_IO_LOGO_URL`` names it where the blocks are registered), and with one check Prefect
+does not make: a block
 document that the UI or the API asks it to save (``POST /api/block_documents/``, ``PATCH
 /api/block_documents/<id>``) is refused, 422, when a field of a credential block that must hold a
 variable's NAME holds anything else — a pasted key (:func:`blocks.credentials.refused_name_fields`).
@@ -69,6 +72,26 @@ class RefusePastedCredentials:
         await self.app(scope, replay, send)
 
 
+class ServeLogo:
+    """ASGI middleware: answers ``GET``/``HEAD`` of :data:`LOGO_PATH` with the blocks' logo; any
+    other request goes to the app untouched."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from blocks.presentation import LOGO_FILE, LOGO_PATH
+
+        if scope["type"] != "http" or scope["path"] != LOGO_PATH or scope["method"] not in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        logo = LOGO_FILE.read_bytes()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"image/png"), (b"content-length", str(len(logo)).encode()),
+                                (b"cache-control", b"max-age=3600")]})
+        await send({"type": "http.response.body", "body": logo if scope["method"] == "GET" else b""})
+
+
 def _refused(body: bytes) -> list[str]:
     from blocks.credentials import refused_name_fields
 
@@ -84,6 +107,7 @@ def _with_the_check(create_app: Callable[..., Any]) -> Callable[..., Any]:
         app = create_app(*args, **kwargs)
         if not getattr(app.state, "refuses_pasted_credentials", False):  # an app is cached and made again
             app.add_middleware(RefusePastedCredentials)
+            app.add_middleware(ServeLogo)
             app.state.refuses_pasted_credentials = True
         return app
 

@@ -41,7 +41,7 @@ def submit_tao_job(request: JobRequest | None = None, request_path: GuardedText 
         request: the job request itself (the form), or empty to read request_path.
         request_path: a job request file on the worker (YAML or JSON, relative to the project
             directory), when the request is not given itself.
-        target: the compute target block (or tao-local-target/NAME, tao-kubernetes-target/NAME).
+        target: the compute target block (or BLOCK-TYPE/NAME: tao-local-target/NAME, tao-docker-target/NAME…).
         records: the job records block (or tao-job-records/NAME).
         s3_credentials: an S3 credentials block (or tao-s3-credentials/NAME); empty: the AWS names.
         hf_credentials: a Hugging Face credentials block; empty: HF_TOKEN.

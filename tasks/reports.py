@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import yaml
 
 from tao_data_io.launch.backend import FailureAnalysis, JobStatus
-from tao_data_io.launch.probe import Verdict
+from tao_data_io.launch.probe import RESULTS_SUBJECT, CheckResult, Verdict
 from tao_data_io.outputs import UploadOutcome, final_upload
 from tao_data_io.records import JobRecord
 from tao_data_io.reporting import human_size
@@ -93,12 +93,23 @@ def launch_report(record: JobRecord, verdict: Verdict) -> str:
                       f"time left) and the KPIs epoch by epoch in the artifact `{training_key(record.job_id)}`"]
     said = verdict.describe()
     lines += ["", f"## {said[0].upper()}{said[1:]}", ""]
-    if verdict.checks:
-        lines.append(table(["result", "path", "check", "detail", "input"],
-                           [["pass" if check.ok else "**FAIL**", f"`{_short(check.path)}`", check.kind, check.detail,
-                             _short(check.subject)]
-                            for check in verdict.failures + [c for c in verdict.checks if c.ok]]))
+    lines += [_check_item(check) for check in verdict.failures + [c for c in verdict.checks if c.ok]]
     return "\n".join(lines) + "\n"
+
+
+def _check_item(check: CheckResult) -> str:
+    """One check as a list item, which wraps in the artifact's column (a table of five columns ran
+    past it, its last column hidden under the page's side panel); the input it proves, if any."""
+    source = "" if check.subject in ("", check.path, RESULTS_SUBJECT) else f" (input {_code(_short(check.subject))})"
+    return (f"- {'pass' if check.ok else '**FAIL**'} {_code(_short(check.path))} {check.kind}: "
+            f"{check.detail.replace(chr(10), ' ')}{source}")
+
+
+def _code(text: str) -> str:
+    """``text`` as inline code on one line, however many backticks it holds (CommonMark: a run of
+    backticks longer than any inside delimits it)."""
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    return f"{fence} {text.replace(chr(10), ' ')} {fence}" if "`" in text else f"`{text.replace(chr(10), ' ')}`"
 
 
 def upload_report(record: JobRecord, outcome: UploadOutcome) -> str:

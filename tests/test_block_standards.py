@@ -47,6 +47,17 @@ class TestEveryBlockMeetsPrefectsStandard(BlockStandardTestSuite):
         return request.param
 
 
+#: The longest description Prefect's v2 UI shows whole on a block's catalog card (six lines) in a
+#: 1,024-pixel-wide window, as measured there; the browser suite checks the cards themselves.
+CARD_CHARACTERS = 140
+
+
+@pytest.mark.parametrize("block", EVERY_BLOCK, ids=lambda block: block.__name__)
+def test_a_blocks_description_fits_its_catalog_card(block: type) -> None:
+    description = block.get_description()
+    assert len(description) <= CARD_CHARACTERS, f"{len(description)} characters: {description}"
+
+
 def test_the_logo_test_runs_here_rather_than_being_skipped() -> None:
     assert standard_suite.HAS_PIL, "pillow (a test extra) is what the suite's logo check needs"
 

@@ -28,6 +28,7 @@ from prefect.settings import PREFECT_API_URL
 from pydantic import Field
 
 from blocks import JobRecords, LocalTarget, S3EnvCredentials
+from deployments.schemas import close_parameter_schemas
 from flows.common import load_block
 from flows.run import run_tao_job
 from flows.submit import submit_tao_job
@@ -276,8 +277,6 @@ def test_the_deploy_step_closes_this_projects_deployments_only_and_again_changes
     open is closed; another flow's deployment on the same server is left as it was."""
     from prefect import flow
 
-    from deployments.schemas import close_parameter_schemas
-
     @flow(name=f"foreign-{name()}")
     def foreign(note: str = "") -> None:
         del note
@@ -289,9 +288,33 @@ def test_the_deploy_step_closes_this_projects_deployments_only_and_again_changes
     with get_client(sync_client=True) as client:
         assert client.read_deployment(theirs).parameter_openapi_schema.get("additionalProperties") is None
         shown = f"submit-tao-job/{client.read_deployment(ours).name}"
-    assert f"{shown}: closed" in said
+    assert any(line.startswith(f"{shown}: closed;") or line == f"{shown}: closed" for line in said)
     assert "aws_key" in _refused(ours, request=args_request(), aws_key="x")
-    assert f"{shown}: closed already" in close_parameter_schemas([ours])
+    assert close_parameter_schemas([ours])[0].startswith(f"{shown}: closed already")
+
+
+def test_the_deploy_step_points_block_parameters_at_saved_blocks_so_the_form_opens_on_the_picker(
+        prefect_harness: None, tmp_path: Path) -> None:
+    """Prefect's run form draws a block parameter as the block's picker only when its value is a
+    reference by id (``{"$ref": {"block_document_id": …}}``, what the picker sends); the
+    ``TYPE/NAME`` text a deployment file can hold opens the text tab instead, and choosing the
+    picker then lost the default. After the step the defaults are references to the same saved
+    blocks, a block that is not saved is left as text and said, and the flow loads what it names."""
+    target, records = local_target(tmp_path), records_block(tmp_path / "records")
+    unsaved = f"tao-s3-credentials/unsaved-{name()}"
+    ours = submit_tao_job.to_deployment(name=f"texts-{name()}", parameters={
+        "target": target, "records": records, "s3_credentials": unsaved}).apply()
+    said = " ".join(close_parameter_schemas([ours]))
+    with get_client(sync_client=True) as client:
+        parameters = client.read_deployment(ours).parameters
+        ids = {text: str(client.read_block_document_by_name(text.split("/")[1], text.split("/")[0]).id)
+               for text in (target, records)}
+    assert parameters["target"] == {"$ref": {"block_document_id": ids[target]}}
+    assert parameters["records"] == {"$ref": {"block_document_id": ids[records]}}
+    assert parameters["s3_credentials"] == unsaved and f"s3_credentials: {unsaved} is not saved" in said
+    picked = load_block(parameters["target"], LocalTarget, "target")
+    assert picked.staging_root == Block.load(target).staging_root
+    assert "picked" not in " ".join(close_parameter_schemas([ours]))  # again: nothing left to pick
 
 
 @pytest.mark.parametrize("reference", [

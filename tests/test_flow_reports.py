@@ -56,8 +56,16 @@ def test_the_launch_report_has_the_tier_the_route_and_each_path_failures_first()
     text = launch_report(RECORD, verdict)
     assert "NOT STARTED: verify failed" in text and "**Storage tier B**: the local frame stages" in text
     assert "**Output route `s3`** → `s3://bkt1/results/job-1/`" in text
-    failing, passing = text.index("**FAIL**"), text.index("| pass |")
-    assert failing < passing and "`/odd\\|path`" in text
+    failing, passing = text.index("- **FAIL** `/odd|path` file: does not exist (input `s3://bkt1/odd`)"), text.index(
+        "- pass `/data` dir-nonempty: readable, not empty (input `s3://bkt1/data/`)")
+    assert failing < passing
+
+
+def test_a_launch_report_item_keeps_a_path_with_backticks_and_newlines_on_one_line_of_code() -> None:
+    verdict = Verdict(ok=False, checks=[CheckResult(kind="file", path="/in/`odd``\nname", ok=False, detail="no\nsuch",
+                                                    subject="/in/`odd``\nname")])
+    (item,) = [line for line in launch_report(RECORD, verdict).splitlines() if line.startswith("- ")]
+    assert item == "- **FAIL** ``` /in/`odd`` name ``` file: no such"
 
 
 def test_the_upload_report_names_every_exclusion_rule() -> None:

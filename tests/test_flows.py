@@ -101,7 +101,7 @@ def test_a_verify_failure_fails_the_flow_before_the_command_starts(env: dict[str
     assert state.is_failed() and "verify failed inside the frame" in str(state.message)
     assert task_runs(state, "confirm-job-unverified")["confirm-job-unverified"].run_count == 1  # not retried
     report = str(by_key(artifacts(state), "launch-job-unverified").data)
-    assert "NOT STARTED: verify failed" in report and "| **FAIL** | `/data` |" in report
+    assert "NOT STARTED: verify failed" in report and "- **FAIL** `/data` " in report
     record = RecordStore(tmp_path / "jobs").get("job-unverified")
     assert record.state == "ERROR" and record.verify is not None and record.verify["ok"] is False
     assert not (tmp_path / "fake-results" / "job-unverified").exists()  # the command never ran

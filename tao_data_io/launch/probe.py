@@ -129,10 +129,14 @@ exit "$failed"
 """
 
 
+#: The subject of the checks of the results directory.
+RESULTS_SUBJECT = "results"
+
+
 class Check(Strict):
     kind: CheckKind
     path: str
-    #: What the check is about, for people: the input URI or "results".
+    #: What the check is about, for people: the input URI or :data:`RESULTS_SUBJECT`.
     subject: str
     argument: str = ""
 
@@ -218,7 +222,7 @@ def checklist(plan: LaunchPlan, token: str | None = None, located: Mapping[str, 
         path = (located or {}).get(mount.target)
         checks.append(Check(kind=kind, path=path or mount.target, subject=mount.input,
                             argument=(within or "") if path else ""))
-    checks.append(Check(kind="results-writable", path=plan.results_dir, subject="results", argument=token))
+    checks.append(Check(kind="results-writable", path=plan.results_dir, subject=RESULTS_SUBJECT, argument=token))
     return checks, token
 
 
@@ -236,7 +240,7 @@ def read_checklist(text: str, plan: LaunchPlan, located: Mapping[str, str] | Non
     for line in text.splitlines():
         kind, path, argument = (line.split("\t") + ["", ""])[:3]
         if kind:
-            subject = "results" if path == plan.results_dir else subjects.get(path, path)
+            subject = RESULTS_SUBJECT if path == plan.results_dir else subjects.get(path, path)
             checks.append(Check(kind=kind, path=path, subject=subject, argument=argument))
     return checks
 
@@ -286,7 +290,7 @@ def ranks_verdict(verdicts: list[Verdict]) -> Verdict:
 
 def with_persistence(verdict: Verdict, results_dir: str, seen_outside: bool, detail: str) -> Verdict:
     """Add the persistence check the backend made from outside the frame."""
-    check = CheckResult(kind="persistent", path=results_dir, ok=seen_outside, detail=detail, subject="results")
+    check = CheckResult(kind="persistent", path=results_dir, ok=seen_outside, detail=detail, subject=RESULTS_SUBJECT)
     return Verdict(ok=verdict.ok and seen_outside, checks=[*verdict.checks, check], error=verdict.error)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deployments.demo import CHECKOUT, POOL, RECORDS_PREFIX, without_credentials, worker_environment
+from deployments.demo import CHECKOUT, POOL, RECORDS_PREFIX, save_blocks, without_credentials, worker_environment
 from deployments.stack import Stack, free_port
 from tao_data_io.embedded.s3 import EmbeddedS3
 
@@ -102,20 +102,19 @@ def start_stack(home: Path, s3: EmbeddedS3, bucket: str) -> PrefectStack:
 
 def _prepare(started: PrefectStack) -> None:
     """The work pool and the blocks, as the demo's ``prepare_prefect`` (whose paths are the demo's
-    own ``.demo/``), plus the blocks the pickers choose."""
+    own ``.demo/``), plus the blocks the pickers choose — saved first, so that the demo's block
+    registration, last, leaves every block type with the logo the stack's server serves."""
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.workers.process import ProcessWorker
 
     from blocks import JobRecords, LocalTarget
-    from deployments.blocks import Defaults, save_defaults
     from tao_data_io.backends.local.settings import LocalSettings
 
     home = started.home
     with started.client() as client:
         client.create_work_pool(WorkPoolCreate(name=POOL, type="process",
                                                base_job_template=ProcessWorker.get_default_base_job_template()))
-        save_defaults(Defaults(records=started.default_records, run_root=str(home / "local"),
-                               staging_root=str(home / "work")), overwrite=True)
         LocalTarget(settings=LocalSettings(run_root=str(home / "picked-local")),
                     staging_root=str(home / "picked-work")).save(PICKED_TARGET.split("/")[1], overwrite=True)
         JobRecords(location=started.picked_records).save(PICKED_RECORDS.split("/")[1], overwrite=True)
+    save_blocks(started.env, records=started.default_records, run_root=home / "local", staging_root=home / "work")

@@ -2,14 +2,17 @@
 project's blocks and deployments, a process worker running jobs in the local frame): what a user
 does with clicks and typing, checked through Prefect's API and the job's record.
 
-1. A custom run of ``submit-tao-job/local``, the request typed field by field into its JobRequest
+1. The run form opens each block parameter on its picker, with the deployment's block chosen and
+   the block type's logo shown (served by the stack's own server: there is no internet).
+   A custom run of ``submit-tao-job/local``, the request typed field by field into its JobRequest
    form and the target and records blocks picked, runs to Completed on the picked blocks.
+   The block catalog shows each of the project's blocks with its logo and its whole description.
 2. A credential pasted into a request field is refused by the server when the run is created: the
    UI says so, no flow run exists, and the key is nowhere in the server's database.
 3. Canceling a running ``run-tao-job`` from its page cancels the flow run and the job (CANCELED in
    its record, its processes gone).
 4. The collect run of a training job (the stand-in) shows the job's log lines and its training
-   progress and KPI table among its artifacts.
+   progress and KPI table among its artifacts; its launch report fits the artifact page's column.
 5. Retrying a failed ``run-tao-job`` from its page (the training failed after writing and
    uploading a checkpoint) runs the same job again: a second attempt whose results directory was
    restored from the first's upload, and the training resumes from that checkpoint to Completed.
@@ -32,7 +35,8 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterParentFlowRunId
+from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterName,
+                                            FlowRunFilterParentFlowRunId)
 
 from tao_data_io.errors import UsageError
 from tao_data_io.names import job_id_for_run
@@ -40,8 +44,8 @@ from tao_data_io.records import JobRecord, RecordStore
 
 from ..helpers import STAND_IN, job_processes, wait_for
 from .stack import PICKED_RECORDS, PICKED_TARGET, PrefectStack
-from .ui import (field, fill_request, from_run_menu, missing, open_block_form, open_custom_run, paste, pick_block,
-                 save_block, shot, submit, toast)
+from .ui import (UI_TIMEOUT_MS, field, fill_request, from_run_menu, missing, open_block_form, open_custom_run, paste,
+                 pick_block, save_block, shot, submit, toast)
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(missing() is not None, reason=str(missing())),
               # The first test also waits for the stack to come up (about a minute on two busy cores).
@@ -147,6 +151,53 @@ def test_custom_run_typed_into_the_form_completes_on_the_picked_blocks(page: Any
     wait_for(f"the job's output in {log}", lambda: log.exists() and "typed into the browser form" in log.read_text())
 
 
+def test_the_run_form_opens_each_block_parameter_on_its_picker_with_the_deployments_block(
+        page: Any, prefect_stack: PrefectStack, tmp_path: Path) -> None:
+    """The deployment file names its blocks as ``TYPE/NAME`` (the text tab); after the deploy step
+    each is a reference by id, so the form opens on the block type's tab with that block chosen."""
+    deployment = _deployment(prefect_stack, "submit-tao-job/local")
+    open_custom_run(page, prefect_stack.ui, deployment.id)
+    for parameter, tab in (("target", "LocalTarget"), ("records", "JobRecords"), ("s3_credentials", "S3EnvCredentials"),
+                           ("hf_credentials", "HuggingFaceEnvCredentials"), ("ngc_credentials", "NGCEnvCredentials")):
+        chosen = field(page, f"{parameter} (Optional)")
+        assert chosen.get_by_role("tab", name=tab, exact=True).get_attribute("aria-selected") == "true", parameter
+        block = deployment.parameters[parameter]  # the reference the deploy step wrote
+        with prefect_stack.client() as client:
+            saved = client.read_block_document(block["$ref"]["block_document_id"])
+        chosen.get_by_role("button", name="Select a block").filter(has_text=saved.name).wait_for()
+    # Each picker shows the block type's logo, which the stack's own server serves (no internet here).
+    logos = page.locator("img[alt^='TAO ']")
+    assert logos.count() == 5 and all(src.startswith(prefect_stack.server + "/") for src in
+                                      logos.evaluate_all("images => images.map(image => image.src)"))
+    page.wait_for_function("() => [...document.querySelectorAll(\"img[alt^='TAO ']\")].every("
+                           "image => image.complete && image.naturalWidth > 0)", timeout=UI_TIMEOUT_MS)
+    shot(page, tmp_path / "shots", "opened")
+
+
+def test_the_block_catalog_shows_every_tao_block_whole_with_its_logo(page: Any, prefect_stack: PrefectStack,
+                                                                       tmp_path: Path) -> None:
+    """Blocks → + (the catalog), in a 1,024-pixel-wide window: each TAO card's description is
+    shown whole (the card cuts a longer one at six lines), and its logo is loaded."""
+    from blocks import TARGETS, HuggingFaceEnvCredentials, JobRecords, NGCEnvCredentials, S3EnvCredentials, TaoS3Bucket
+
+    page.set_viewport_size({"width": 1024, "height": 800})
+    page.goto(f"{prefect_stack.ui}/blocks/catalog")
+    for block in (S3EnvCredentials, HuggingFaceEnvCredentials, NGCEnvCredentials, JobRecords, TaoS3Bucket,
+                  *TARGETS.values()):
+        title = block.get_block_type_name()
+        card = page.locator("div[data-slot='card']").filter(has=page.get_by_role("heading", name=title, exact=True))
+        card.scroll_into_view_if_needed()
+        card.get_by_text(block.get_description(), exact=True).wait_for()  # its markdown, rendered
+        text = card.locator("div.prose")  # six lines high; a longer text scrolls inside it
+        cut = text.evaluate("box => box.scrollHeight > box.clientHeight + 1")
+        assert not cut, f"{title}'s card cuts its description"
+        logo = card.locator("img")
+        assert logo.evaluate("image => image.src").startswith(prefect_stack.server + "/")
+        page.wait_for_function("image => image.complete && image.naturalWidth > 0", arg=logo.element_handle(),
+                               timeout=UI_TIMEOUT_MS)
+    shot(page, tmp_path / "shots", "catalog")
+
+
 def test_a_pasted_access_key_is_refused_and_no_run_is_created(page: Any, prefect_stack: PrefectStack,
                                                               tmp_path: Path) -> None:
     deployment = _deployment(prefect_stack, "submit-tao-job/local")
@@ -222,6 +273,16 @@ def test_the_collect_runs_page_shows_the_training_log_and_its_progress(page: Any
     page.get_by_text(f"training of job {job_id}").first.wait_for()
     page.get_by_text(f"training-{job_id}").first.wait_for()
     shot(page, tmp_path / "shots", "artifacts")
+    # The launch report (a check per path, with the config's and the mount's long paths) fits the
+    # artifact page's column: nothing of it runs under the page's side panel.
+    with prefect_stack.client() as client:
+        (launch,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"launch-{job_id}"])))
+    page.goto(f"{prefect_stack.ui}/artifacts/artifact/{launch.id}")
+    report = page.locator("div.prose").filter(has=page.get_by_role("heading", name=re.compile("^Verified inside")))
+    report.get_by_text("/stand-in").first.wait_for()
+    assert report.evaluate("box => box.scrollWidth <= box.clientWidth"), "the launch report is wider than its column"
+    shot(page, tmp_path / "shots", "launch-report")
 
 
 def test_retrying_a_failed_run_tao_job_from_its_page_resumes_the_training_from_its_checkpoint(

@@ -16,6 +16,6 @@ DECLARATION = Declaration(
     # ranks share rank 0's network on this one host.
     capabilities=Capabilities(stages_on_host=True, multi_node=True),
     summary="Run each job as containers of its image on this host's Docker daemon (a GPU workstation): inputs "
-            "staged on this host and bound read-only, verified inside the job's own container, GPUs by id.",
+            "bound read-only, GPUs by id.",
     settings_summary="The daemon's socket, the run root, whom jobs run as, the GPUs they may use, and container "
                      "limits; no credential.")

@@ -17,8 +17,7 @@ DECLARATION = Declaration(
     install="tao-data-io[kubernetes]", title="Kubernetes",
     # Pods mount named claims (tier B) and, from 1.29 (native sidecars), fetch and upload themselves (tier C).
     capabilities=Capabilities(fetches_in_frame=True, binds_claims=True, multi_node=True, replaces_disrupted=True),
-    summary="Run each job as a Kubernetes Job. The cluster is found at run time: in-cluster configuration inside a "
-            "pod, else the kubeconfig context named here (or the current one). Nothing about access is stored in "
-            "Prefect.",
+    summary="Run each job as a Kubernetes Job, on the in-cluster configuration or a kubeconfig context. Nothing "
+            "about access is stored in Prefect.",
     settings_summary="The namespace, the kubeconfig context's NAME, the claim, Secret NAMES, images, TTL and "
                      "scheduling of each job's objects; names only, never the kubeconfig or a Secret's contents.")

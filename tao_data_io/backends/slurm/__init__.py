@@ -14,8 +14,7 @@ DECLARATION = Declaration(
     # Inputs are staged by this host onto the shared filesystem (tier B) or pre-positioned there
     # (tier A); a job never fetches or uploads inside its allocation. Ranks are one task per node.
     capabilities=Capabilities(stages_on_host=True, multi_node=True),
-    summary="Run each job as a batch job of a SLURM cluster from this login node: inputs on the shared filesystem, "
-            "verified on every node before the command, ranks one task per node (pyxis containers or a bubblewrap "
-            "frame), results uploaded from this host.",
+    summary="Run each job as a SLURM batch job from this login node: inputs on the shared filesystem, one task "
+            "per node, results uploaded from here.",
     settings_summary="The cluster's slurm.conf, the shared run root and directories, the container runtime, whom "
                      "jobs run as and the scheduler options; no credential.")
