@@ -62,15 +62,15 @@ def _looks_random(value: str) -> bool:
             and not value.islower() and any(c.isdigit() for c in value))
 
 
-def refused_name_fields(data: Any) -> list[str]:
+def refused_name_fields(data: Any) -> dict[str, str]:
     """Why a block document's ``data`` (as the UI or the API sends it to Prefect's server) cannot
-    be stored: one line per field of :data:`ENV_NAME_FIELDS` whose value is not a variable's name
-    — the field and the fix, never the value. Prefect's server does not check a block document
+    be stored: each field of :data:`ENV_NAME_FIELDS` whose value is not a variable's name, with
+    what it must be — the fix, never the value. Prefect's server does not check a block document
     against its block's schema, and its v2 UI's form checks the values against nothing (it sends
     them as the schema), so :mod:`deployments.server` asks this before the server stores one."""
     if not isinstance(data, Mapping):
-        return []
-    refused = []
+        return {}
+    refused = {}
     for name in sorted(ENV_NAME_FIELDS & {key for key in data if isinstance(key, str)}):
         value = data[name]
         if value is None:
@@ -80,9 +80,9 @@ def refused_name_fields(data: Any) -> list[str]:
                 raise ValueError("not a string")
             _env_name(value)
         except (ValueError, UsageError):
-            refused.append(f"{name} must be the NAME of the variable on the worker that holds the credential "
-                           "(letters, digits and '_', such as AWS_SECRET_ACCESS_KEY), never the credential's value "
-                           "(nor a variable that steers programs, such as PATH)")
+            refused[name] = ("must be the NAME of the variable on the worker that holds the credential (letters, "
+                             "digits and '_', such as AWS_SECRET_ACCESS_KEY), never the credential's value (nor a "
+                             "variable that steers programs, such as PATH)")
     return refused
 
 

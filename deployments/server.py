@@ -2,15 +2,18 @@
 …``: the arguments of ``prefect server start``), serving the blocks' logo at
 :data:`blocks.presentation.LOGO_PATH` (so a UI without the internet shows it, once
 ``$TAO_DATA_IO_LOGO_URL`` names it where the blocks are registered), and with one check Prefect
-does not make: a block
-document that the UI or the API asks it to save (``POST /api/block_documents/``, ``PATCH
-/api/block_documents/<id>``) is refused, 422, when a field of a credential block that must hold a
-variable's NAME holds anything else — a pasted key (:func:`blocks.credentials.refused_name_fields`).
+does not make: a block document that the UI or the API asks it to save (``POST
+/api/block_documents/``, ``PATCH /api/block_documents/<id>``) is refused, 422, when a field of a
+credential block that must hold a variable's NAME holds anything else — a pasted key
+(:func:`blocks.credentials.refused_name_fields`); and the form's own check before it saves (``POST
+/api/ui/schemas/validate``) is answered with that field's error, so the form shows it beside the
+field.
 
 Why here: Prefect's server stores a block document's data without checking it against its
 block's schema, and the v2 UI's block form "validates" the values against themselves (it sends
-them as the schema), so a key pasted into a credential block's field was saved, shown on the
-block's page, and kept in the ``block-document.created`` event's payload. Refused before Prefect
+them as the schema: nothing to answer but "valid"), so a key pasted into a credential block's
+field was saved, shown on the block's page, and kept in the ``block-document.created`` event's
+payload. Refused before Prefect
 sees the request, it is in neither; the refusal names the field, never the value.
 """
 
@@ -31,19 +34,25 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: A save of a block document: its creation, or an update of one.
 _SAVES = {"POST": re.compile(r"(?:.*)/api/block_documents/?"),
           "PATCH": re.compile(r"(?:.*)/api/block_documents/[0-9A-Fa-f-]{36}/?")}
+#: The run and block forms' check of their values, before they save.
+_VALIDATE = re.compile(r"(?:.*)/api/ui/schemas/validate/?")
 
 
 class RefusePastedCredentials:
     """ASGI middleware: reads the body of a block document's save, and answers 422 without
-    calling the app when :func:`refused_name_fields` refuses its ``data``; any other request, and
-    an accepted save (its body handed on as it came), goes to the app untouched."""
+    calling the app when :func:`refused_name_fields` refuses its ``data``; the same for a form's
+    validation of its ``values``, answered as Prefect answers it (``build_error_obj``: 200, each
+    refused field's error, not valid). Any other request, and an accepted one (its body handed on
+    as it came), goes to the app untouched."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        saves = _SAVES.get(scope.get("method", "")) if scope["type"] == "http" else None
-        if saves is None or not saves.fullmatch(scope["path"]):
+        method = scope.get("method", "") if scope["type"] == "http" else ""
+        saves = _SAVES.get(method)
+        validates = method == "POST" and _VALIDATE.fullmatch(scope["path"]) is not None
+        if not validates and (saves is None or not saves.fullmatch(scope["path"])):
             await self.app(scope, receive, send)
             return
         body = b""
@@ -52,13 +61,14 @@ class RefusePastedCredentials:
             body += message.get("body", b"")
             if message["type"] != "http.request" or not message.get("more_body", False):
                 break
-        refused = _refused(body)
+        refused = _refused(body, "values" if validates else "data")
+        if refused and validates:
+            await _answer(send, 200, {"errors": [{"property": name, "errors": [why]} for name, why in refused.items()],
+                                      "valid": False})
+            return
         if refused:
-            answer = json.dumps({"detail": "the block was not saved: " + "; ".join(refused)}).encode()
-            await send({"type": "http.response.start", "status": 422,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(answer)).encode())]})
-            await send({"type": "http.response.body", "body": answer})
+            await _answer(send, 422, {"detail": "the block was not saved: " + "; ".join(
+                f"{name} {why}" for name, why in refused.items())})
             return
         handed = False
 
@@ -92,14 +102,22 @@ class ServeLogo:
         await send({"type": "http.response.body", "body": logo if scope["method"] == "GET" else b""})
 
 
-def _refused(body: bytes) -> list[str]:
+async def _answer(send: Send, status: int, content: dict[str, Any]) -> None:
+    answer = json.dumps(content).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]})
+    await send({"type": "http.response.body", "body": answer})
+
+
+def _refused(body: bytes, key: str) -> dict[str, str]:
+    """What :func:`refused_name_fields` refuses in the body's ``key``."""
     from blocks.credentials import refused_name_fields
 
     try:
         sent = json.loads(body)
     except ValueError:
-        return []  # Prefect's own answer (422) says what is wrong with it
-    return refused_name_fields(sent.get("data")) if isinstance(sent, dict) else []
+        return {}  # Prefect's own answer (422) says what is wrong with it
+    return refused_name_fields(sent.get(key)) if isinstance(sent, dict) else {}
 
 
 def _with_the_check(create_app: Callable[..., Any]) -> Callable[..., Any]:

@@ -125,7 +125,8 @@ def test_prefects_server_as_the_demo_starts_it_refuses_a_block_save_with_a_paste
     """deployments.server's check, before Prefect's server stores a block document (Prefect checks
     none against its schema, and its v2 UI's form checks nothing): a creation or an update whose
     name field holds a key is answered 422 naming the field, never the value, and never reaches
-    Prefect; any other request, and a save of names, reaches it with its body as it came."""
+    Prefect; the form's validation call is answered with the field's error; any other request,
+    and a save of names, reaches it with its body as it came."""
     import asyncio
     import json
 
@@ -168,6 +169,16 @@ def test_prefects_server_as_the_demo_starts_it_refuses_a_block_save_with_a_paste
     assert [path for path, _ in reached] == ["/api/block_documents/", f"/api/block_documents/{block_id}",
                                             "/api/block_documents/filter", "/api/flow_runs/"]
     assert json.loads(reached[0][1]) == named
+    # The form's own check, before it saves (the v2 UI sends the values as the schema too): the
+    # field is said invalid there, in the answer Prefect gives (``build_error_obj``).
+    pasted = {"secret_access_key_env": "Hx7qP2vL9/mKc4Rt8+Wn3Zb6", "access_key_id_env": "AWS_ACCESS_KEY_ID"}
+    answer = call("POST", "/api/ui/schemas/validate", {"schema": pasted, "values": pasted})
+    assert answer[0]["status"] == 200 and len(reached) == 4
+    said = json.loads(answer[1]["body"])
+    assert said["valid"] is False and [error["property"] for error in said["errors"]] == ["secret_access_key_env"]
+    assert said["errors"][0]["errors"][0].startswith("must be the NAME") and "Hx7q" not in answer[1]["body"].decode()
+    call("POST", "/api/ui/schemas/validate", {"schema": {}, "values": {"secret_access_key_env": "TEAM_SECRET"}})
+    assert [path for path, _ in reached][4:] == ["/api/ui/schemas/validate"]
 
 
 def test_the_credential_blocks_give_clients_from_the_workers_variables(s3_env: dict[str, str]) -> None:

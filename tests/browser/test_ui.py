@@ -17,9 +17,9 @@ does with clicks and typing, checked through Prefect's API and the job's record.
    uploading a checkpoint) runs the same job again: a second attempt whose results directory was
    restored from the first's upload, and the training resumes from that checkpoint to Completed.
 6. A credential pasted into a credential block's field (which holds a variable's NAME) in the
-   block's form is refused when it is saved: the server's answer names the fields (the UI only
-   toasts that the block was not created), no block exists, and the values are nowhere in the
-   server's database (block documents, events) or its log.
+   block's form is refused when it is saved: the form says why beside each field, the server's
+   answer names the fields, no block exists, and the values are nowhere in the server's database
+   (block documents, events) or its log.
 
 Waits are bounded deadlines (a busy machine is slow), never timing assertions.
 """
@@ -355,8 +355,10 @@ def test_a_secret_pasted_into_a_credential_blocks_field_is_refused_and_never_sto
     detail = answer.text()
     assert "access_key_id_env" in detail and "secret_access_key_env" in detail, detail
     assert ACCESS_KEY not in detail and SECRET_KEY not in detail, detail  # the refusal does not repeat it
-    # The v2 UI toasts its own words for any refusal of a block (the server's reason, above, goes
-    # to the browser's console only) and keeps the form as it was.
+    # The form's own check (answered by the demo's server, as Prefect answers it) shows why beside
+    # each field; the save the v2 UI sends all the same is refused, and it toasts its own words.
+    for label in ("Access key id (Optional)", "Secret access key (Optional)"):
+        field(page, label).get_by_text("must be the NAME of the variable on the worker").wait_for()
     toast(page, "Unknown error while creating block")
     shot(page, tmp_path / "shots", "refused")
     assert page.url.endswith("/blocks/catalog/tao-s3-credentials/create"), page.url
