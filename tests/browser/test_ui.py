@@ -19,7 +19,8 @@ does with clicks and typing, checked through Prefect's API and the job's record.
 6. A credential pasted into a credential block's field (which holds a variable's NAME) in the
    block's form is refused when it is saved: the form says why beside each field, the server's
    answer names the fields, no block exists, and the values are nowhere in the server's database
-   (block documents, events) or its log.
+   (block documents, events) or its log. So is one pasted while editing a saved credential block,
+   which keeps its names.
 
 Waits are bounded deadlines (a busy machine is slow), never timing assertions.
 """
@@ -366,3 +367,27 @@ def test_a_secret_pasted_into_a_credential_blocks_field_is_refused_and_never_sto
     assert page.get_by_text("Block created successfully").count() == 0
     # Nothing the server keeps holds either value: block documents, events, its log.
     assert _kept_by_the_server(prefect_stack, ACCESS_KEY, SECRET_KEY) == []
+
+
+def test_a_secret_pasted_while_editing_a_credential_block_is_refused_and_the_block_is_unchanged(
+        page: Any, prefect_stack: PrefectStack, tmp_path: Path) -> None:
+    """A saved block's Edit form: the form's check shows why beside the field, the form sends no
+    save (its ``PATCH``, which the server refuses all the same: ``tests/test_blocks.py``), and the
+    saved block keeps its names."""
+    with prefect_stack.client() as client:
+        before = client.read_block_document_by_name("default", "tao-s3-credentials")
+    page.goto(f"{prefect_stack.ui}/blocks/block/{before.id}/edit")
+    box = field(page, "Secret access key (Optional)").locator("input, textarea").first
+    box.wait_for()
+    paste(page, box, SECRET_KEY)
+    saves: list[str] = []
+    page.on("request", lambda request: saves.append(request.url) if request.method == "PATCH" else None)
+    page.get_by_role("button", name="Save", exact=True).click()
+    field(page, "Secret access key (Optional)").get_by_text("must be the NAME of the variable on the worker").wait_for()
+    shot(page, tmp_path / "shots", "edit-refused")
+    # The edit form heeds its check: it sends no save (the server would refuse it: 422, as above).
+    assert saves == [] and page.url.endswith("/edit"), (saves, page.url)
+    with prefect_stack.client() as client:
+        after = client.read_block_document_by_name("default", "tao-s3-credentials")
+    assert after.data == before.data and after.data["secret_access_key_env"] == "AWS_SECRET_ACCESS_KEY"
+    assert _kept_by_the_server(prefect_stack, SECRET_KEY) == []
