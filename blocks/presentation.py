@@ -7,7 +7,7 @@ URL of at most 2,083 characters for a logo (no ``data:`` URL; its client refuses
 type with any other), so the logo is the raw URL of :data:`LOGO_FILE` in the repository — which a
 browser without the internet cannot load. For such a UI, ``$TAO_DATA_IO_LOGO_URL`` names a URL
 its browsers reach, read when the blocks are imported and registered: Prefect's server started
-by :mod:`deployments.server` (the demo's) serves :data:`LOGO_FILE` at :data:`LOGO_PATH`, and any
+by :mod:`deployments.server` (the demo's) serves :data:`LOGO_FILE` at its ``LOGO_PATH``, and any
 web server of the site can serve the file.
 """
 
@@ -19,18 +19,14 @@ from importlib.metadata import metadata
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from tao_data_io.vocabulary import LOGO_URL_VARIABLE
+
 #: The logo the ``Logo`` URL serves, kept in this tree (what the standard test suite checks).
 LOGO_FILE = Path(__file__).with_name("logo.png")
 
 
 def _project_urls() -> dict[str, str]:
     return dict(entry.split(", ", 1) for entry in metadata("tao-data-io").get_all("Project-URL") or ())
-
-
-#: Where the logo is, for a UI whose browsers cannot load the project's ``Logo`` URL.
-LOGO_URL_VARIABLE = "TAO_DATA_IO_LOGO_URL"
-#: Where :mod:`deployments.server` serves :data:`LOGO_FILE`.
-LOGO_PATH = "/tao-data-io/logo.png"
 
 
 def _logo_url() -> str:

@@ -35,8 +35,8 @@ from uuid import UUID
 
 import yaml
 
-from blocks.presentation import LOGO_PATH, LOGO_URL_VARIABLE
 from deployments.dataset import MODEL_REPO, PREFIX, build
+from deployments.server import LOGO_PATH
 from deployments.stack import Service, Stack, free_port
 from tao_data_io.credentials import S3Credentials, s3_credentials_from_env
 from tao_data_io.redaction import is_secret_name
@@ -48,7 +48,7 @@ from tao_data_io.staging.layout import plan_inputs
 from tao_data_io.transfer.engine import TransferEngine
 from tao_data_io.transfer.options import TransferOptions
 from tao_data_io.uris import parse_s3_url
-from tao_data_io.vocabulary import ALWAYS_EXCLUDED
+from tao_data_io.vocabulary import ALWAYS_EXCLUDED, LOGO_URL_VARIABLE
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 DEMO = CHECKOUT / ".demo"

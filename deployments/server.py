@@ -1,6 +1,6 @@
 """Prefect's server as the demo starts it (``python -m deployments.server start --host … --port
 …``: the arguments of ``prefect server start``), serving the blocks' logo at
-:data:`blocks.presentation.LOGO_PATH` (so a UI without the internet shows it, once
+:data:`LOGO_PATH` (so a UI without the internet shows it, once
 ``$TAO_DATA_IO_LOGO_URL`` names it where the blocks are registered), and with one check Prefect
 does not make: a block document that the UI or the API asks it to save (``POST
 /api/block_documents/``, ``PATCH /api/block_documents/<id>``) is refused, 422, when a field of a
@@ -34,6 +34,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: A save of a block document: its creation, or an update of one.
 _SAVES = {"POST": re.compile(r"(?:.*)/api/block_documents/?"),
           "PATCH": re.compile(r"(?:.*)/api/block_documents/[0-9A-Fa-f-]{36}/?")}
+#: Where the blocks' logo is served (``$TAO_DATA_IO_LOGO_URL`` names it where they are registered).
+LOGO_PATH = "/tao-data-io/logo.png"
 #: The run and block forms' check of their values, before they save.
 _VALIDATE = re.compile(r"(?:.*)/api/ui/schemas/validate/?")
 
@@ -90,7 +92,7 @@ class ServeLogo:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from blocks.presentation import LOGO_FILE, LOGO_PATH
+        from blocks.presentation import LOGO_FILE
 
         if scope["type"] != "http" or scope["path"] != LOGO_PATH or scope["method"] not in ("GET", "HEAD"):
             await self.app(scope, receive, send)

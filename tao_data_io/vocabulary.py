@@ -44,6 +44,12 @@ ANNOTATION_FORMATS = ("parquet", "jsonl", "json", "csv")
 #: What ``selective-download`` does about a referenced object that does not exist.
 MISSING_MODES = ("error", "skip")
 
+# ----------------------------------------------------------------- the Prefect layer
+#: Where the blocks' logo is, for a UI whose browsers cannot load the project's own ``Logo`` URL
+#: (``blocks/presentation.py``). Here, below Prefect, so the demo names it before importing Prefect
+#: (whose settings are read from the environment when it is first imported).
+LOGO_URL_VARIABLE = "TAO_DATA_IO_LOGO_URL"
+
 # ----------------------------------------------------------------- jobs on a backend
 #: Where the CLI keeps per-job working directories (staging root, the local frame's run and
 #: results directories) unless told otherwise.

@@ -136,3 +136,17 @@ def test_flow_runs_on_the_kubernetes_pool_keep_their_results_in_the_bucket_block
     assert f"saved {slug_name}" in capsys.readouterr().out
     saved = TaoS3Bucket.load(slug_name.split("/")[1])
     assert (saved.bucket_name, saved.bucket_folder) == ("team-bucket", "prefect-results/")
+
+
+def test_the_demo_imports_prefect_only_once_it_has_given_prefect_its_server() -> None:
+    """Prefect reads its settings from the environment when it is first imported; the demo sets
+    ``PREFECT_API_URL`` only once its server's port is known. Imported earlier (through the blocks,
+    for the logo's variable), the demo's own calls went to a temporary server of their own: its
+    work pool was created there, not on the demo's server."""
+    import subprocess
+    import sys
+
+    imported = subprocess.run([sys.executable, "-c", "import sys, deployments.demo; "
+                               "print(sorted(n for n in ('prefect', 'blocks') if n in sys.modules))"],
+                              cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    assert imported.stdout.strip() == "[]", imported.stdout
