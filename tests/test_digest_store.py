@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tao_data_io.transfer.digests import COMMIT_EVERY, DigestStore
-from tao_data_io.transfer.local_walk import LocalFile
+from tao_data_io.transfer.local_walk import LocalFile, local_file
 
 
 def local(index: int, *, size: int = 1024) -> LocalFile:
@@ -53,7 +53,7 @@ _KILLED = textwrap.dedent("""
     import os, sys
     from pathlib import Path
     from tao_data_io.transfer.digests import DigestStore
-    from tao_data_io.transfer.local_walk import LocalFile
+    from tao_data_io.transfer.local_walk import LocalFile, local_file
 
     store = DigestStore(Path(sys.argv[1]))
     for index in range(int(sys.argv[2])):
@@ -110,6 +110,24 @@ def test_an_entry_describes_a_file_only_while_its_stat_is_unchanged(tmp_path: Pa
         assert store.same_stat(local(3, size=1025)) is None
         store.forget(local(3).relative)
         assert store.same_stat(local(3)) is None
+    finally:
+        store.close()
+
+
+def test_a_downloaded_file_is_recorded_from_its_stat_as_record_would(tmp_path: Path) -> None:
+    """record_written (a download's: the stat, no LocalFile) leaves the entry record does."""
+    written = tmp_path / "a.bin"
+    written.write_bytes(b"x" * 10)
+    st = os.stat(written)
+    store = DigestStore(tmp_path / "digests.sqlite3")
+    try:
+        store.record_written("a.bin", st, "e" * 32)
+        store.save()
+        entry = store.same_stat(local_file("a.bin", written, st))
+        assert entry is not None and entry.etag == "e" * 32 and entry.md5 is None and entry.multipart == {}
+        reference = store.record(local_file("a.bin", written, st), etag="e" * 32)
+        assert (entry.identity, entry.etag, entry.md5, entry.multipart) == (
+            reference.identity, reference.etag, reference.md5, reference.multipart)
     finally:
         store.close()
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from pathlib import Path
 
+import obstore
 import pytest
 
 from tao_data_io.credentials import S3Credentials
@@ -120,6 +122,53 @@ def test_downloads_take_the_objects_last_modified(engine: TransferEngine, s3_cli
     head = s3_client.head_object(Bucket=bucket, Key="p/x.txt")
     engine.sync(f"s3://{bucket}/p/", str(tmp_path / "d"))
     assert (tmp_path / "d" / "x.txt").stat().st_mtime_ns == s3_time_ns(head["LastModified"])
+
+
+def test_a_small_object_read_in_one_ranged_get_is_published_only_when_its_md5_is_the_listed_etag(
+        engine: TransferEngine, s3_client, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-request read of a small object (:data:`PROVEN_BYTES`) keeps bytes only if their MD5
+    is the listed ETag. Bytes that are not (here: what a store whose ETags are not MD5s would
+    look like) are never published: the object is read again with the GET bound to the ETag, and
+    that bucket is read that way from then on."""
+    files = {f"f{i}.bin": os.urandom(100 + i) for i in range(40)}  # more than the engine moves at once
+    for name, data in files.items():
+        s3_client.put_object(Bucket=bucket, Key=f"p/{name}", Body=data)
+    ranged: list[str] = []
+    real = obstore.get_range_async
+
+    async def other_bytes(store: object, key: str, *, start: int, end: int) -> bytes:
+        ranged.append(key)
+        return bytes(reversed(bytes(await real(store, key, start=start, end=end))))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(obstore, "get_range_async", other_bytes)
+    dest = tmp_path / "d"
+    summary = engine.sync(f"s3://{bucket}/p/", str(dest))
+    assert summary.ok and summary.transferred_files == len(files)
+    assert tree_digest(dest) == {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    assert 1 <= len(ranged) < len(files)  # once the bucket's ETags proved no MD5s, no more ranged reads
+    assert engine.sync(f"s3://{bucket}/p/", str(dest)).unchanged_files == len(files)
+
+
+def test_a_small_object_overwritten_with_as_many_bytes_after_the_listing_is_read_as_its_new_version(
+        engine: TransferEngine, s3_client, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranged read of the listed size finds other bytes of that size: their MD5 is not the
+    listed ETag, so they are not published as that version; the bound GET is refused (412) and the
+    object is read again whole — the new version, recorded with its own ETag."""
+    old, new = b"o" * 500, b"n" * 500
+    s3_client.put_object(Bucket=bucket, Key="p/x.bin", Body=old)
+    real = obstore.get_range_async
+
+    async def overwritten_first(store: object, key: str, *, start: int, end: int) -> object:
+        s3_client.put_object(Bucket=bucket, Key="p/x.bin", Body=new)
+        return await real(store, key, start=start, end=end)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(obstore, "get_range_async", overwritten_first)
+    dest = tmp_path / "d"
+    summary = engine.sync(f"s3://{bucket}/p/", str(dest))
+    assert summary.ok and summary.transferred == ["x.bin"]
+    assert (dest / "x.bin").read_bytes() == new
+    monkeypatch.undo()
+    assert engine.sync(f"s3://{bucket}/p/", str(dest)).unchanged_files == 1
 
 
 def test_upload_records_the_servers_etag(engine: TransferEngine, s3_client, bucket: str, tmp_path: Path) -> None:

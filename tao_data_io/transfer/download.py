@@ -265,5 +265,5 @@ class Downloads(ControlPlane):
             st = landed.temp.publish(landed.modified_ns or s3_time_ns(item.modified))
         except OSError as exc:
             return ItemFailed(f"could not move the downloaded file into place: {exc.strerror or exc}")
-        store.record(local_file(item.relative, item.final, st), etag=landed.etag or item.etag or None)
+        store.record_written(item.relative, st, landed.etag or item.etag or None)
         return None

@@ -20,7 +20,10 @@ argv or the process environment.
 **One version.** A file is published only if it is provably one version of its object. Here a
 download is one GET, bound to the planned ETag with ``If-Match`` (object_store also refuses to
 resume a broken body from another version), so an object overwritten since the listing is a 412,
-reported ``changed``. The ``large`` executor reads ranged parts in separate requests; for those
+reported ``changed``. A small object whose listed ETag is an MD5 is read instead in one ranged GET
+of its listed size, kept only if its bytes' MD5 is that ETag (the same proof, in one call into
+obstore instead of two; anything else is read again with the bound GET, which settles it). The
+``large`` executor reads ranged parts in separate requests; for those
 the object's ETag is checked once the last part is in (:meth:`ObstoreExecutor._same_version`),
 before the engine may publish.
 """
@@ -28,6 +31,7 @@ before the engine may publish.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -43,6 +47,7 @@ from ..credentials import S3Credentials
 from ..errors import UnsafePathError
 from ..fs.reading import open_scanned, read_bounded
 from .activity import beating
+from .digests import is_md5_etag
 from .feed import Feed
 from .work import DownloadItem, Item, ItemDone, ItemFailed, Landed, UploadItem
 
@@ -55,6 +60,11 @@ if TYPE_CHECKING:
 #: Objects at least this large go to the ``large`` executor (parallel ranged parts).
 LARGE_OBJECT_BYTES = 32 * 1024 * 1024
 _CHUNK = 4 * 1024 * 1024
+#: Objects up to this size with an MD5 ETag are read in one ranged GET whose bytes are proven by
+#: their MD5 (:meth:`ObstoreExecutor._write_proven`): one call into obstore instead of two (a GET,
+#: then its body). Above it, hashing the bytes on the loop costs more than the second call saves
+#: (MD5 runs at ~600 MB/s: 64 KiB is ~100 µs).
+PROVEN_BYTES = 64 * 1024
 #: Multipart part size for medium uploads; S3 refuses parts under 5 MiB (except the last).
 _UPLOAD_PART = 8 * 1024 * 1024
 #: Retries inside object_store for 5xx, throttling and connection resets, exponential backoff.
@@ -120,6 +130,9 @@ class ObstoreExecutor:
         self.concurrency = concurrency
         self.large = large
         self._stores: dict[str, S3Store] = {}
+        #: Buckets whose ETags turned out not to be the MD5 of the bytes (SSE-KMS, a store of
+        #: its own kind): their objects are read with the bound GET only.
+        self._opaque_etags: set[str] = set()
         self._loop: _LoopThread | None = None
         self._lock = threading.Lock()
 
@@ -228,6 +241,49 @@ class ObstoreExecutor:
                 return
 
     async def _download(self, item: DownloadItem) -> Landed:
+        unproven = False
+        if (0 < item.size <= PROVEN_BYTES and item.modified is not None and is_md5_etag(item.etag)
+                and item.bucket not in self._opaque_etags):
+            try:
+                data = await obstore.get_range_async(self._store(item.bucket), item.key, start=0, end=item.size)
+            except FileNotFoundError as exc:  # how obstore reports a 404
+                raise _Refused(ItemFailed(f"no such object (404): {_first_line(exc)}", missing=True)) from exc
+            except Exception:  # noqa: BLE001 - the bound GET below reads it again and reports what it finds
+                pass
+            else:
+                if len(data) == item.size and hashlib.md5(data, usedforsecurity=False).hexdigest() == item.etag.lower():
+                    return self._write_proven(item, data)
+                unproven = True
+        landed = await self._download_bound(item)
+        if unproven and landed.etag == item.etag:
+            self._opaque_etags.add(item.bucket)  # the listed version, yet its ETag is not its bytes' MD5
+        return landed
+
+    @staticmethod
+    def _write_proven(item: DownloadItem, data: Any) -> Landed:
+        """Write a small object read whole in one ranged GET of its listed size (``get_range_async``:
+        the bytes in one call into obstore, where ``get_async`` then its body are two — ~100 µs of
+        CPU an object, issue 45), whose MD5 is the listed ETag: the bytes are then the listed
+        version, whole — what the bound GET's ``If-Match`` proves. That call reports no metadata,
+        so the file's mtime is the listing's LastModified.
+
+        When the MD5 is not the ETag (the object changed, or the store's ETags are not MD5s) or
+        the ranged GET fails other than with a 404, :meth:`_download` reads the object again with
+        the bound GET, which settles it as before: ``changed`` (412), a failure, or the listed
+        version — then that bucket's ETags are not MD5s, and its objects are read that way from
+        then on."""
+        temp, fd = item.tree.create_temp(item.relative)
+        try:
+            written = _write_all(fd, data)
+        except BaseException:
+            temp.discard()
+            raise
+        finally:
+            os.close(fd)
+        return Landed(etag=item.etag, size=item.size, written=written, temp=temp)
+
+    async def _download_bound(self, item: DownloadItem) -> Landed:
+        """One GET bound to the planned ETag (``If-Match``), its body written as it arrives."""
         options: GetOptions | None = {"if_match": f'"{item.etag}"'} if item.etag else None
         try:
             result = await obstore.get_async(self._store(item.bucket), item.key, options=options)
