@@ -124,6 +124,19 @@ def tidy(cluster: harness.SlurmCluster, backends: Sequence[SlurmBackend]) -> Non
 def job_processes(slurm_id: str) -> list[int]:
     """The processes in SLURM job ``slurm_id``'s cgroups on any node (``proctrack/cgroup``:
     ``/slurm_<node>/uid_<uid>/job_<id>``)."""
+    for _ in range(_WALKS - 1):
+        try:
+            return _in_cgroups(slurm_id)
+        except FileNotFoundError:  # a cgroup went while the tree was walked: walk it again
+            continue
+    return _in_cgroups(slurm_id)
+
+
+#: How many times :func:`job_processes` walks the cgroup tree while the job's cgroups are being removed.
+_WALKS = 10
+
+
+def _in_cgroups(slurm_id: str) -> list[int]:
     found: list[int] = []
     for procs in Path("/sys/fs/cgroup/freezer").glob(f"slurm_*/uid_*/job_{slurm_id}/**/cgroup.procs"):
         try:
