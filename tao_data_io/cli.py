@@ -16,8 +16,8 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from .commands import MODULES, VERBS, module
 from .commands.examples import Example, examples_text, verb_examples
@@ -42,12 +42,36 @@ _EXAMPLES: list[Example] = [
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad command line raises UsageError (exit 2, ``error:`` line) instead of
-    printing usage and exiting from deep inside the parser."""
+    printing usage and exiting from deep inside the parser; and a part of a verb's parser can be
+    built once the verb is used (:func:`~tao_data_io.commands.target.when_used`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deferred: list[Callable[[], None]] = []
+
+    def defer(self, build: Callable[[], None]) -> None:
+        self._deferred.append(build)
+
+    def _complete(self) -> None:
+        if self._deferred:
+            while self._deferred:
+                self._deferred.pop(0)()
+            _attach_flag_names(self)  # its new flags too
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        self._complete()
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
+    def format_usage(self) -> str:
+        self._complete()
+        return super().format_usage()
+
     def format_help(self) -> str:
+        self._complete()
         return super().format_help() + verb_examples(self.prog)
 
 

@@ -56,6 +56,22 @@ def test_parsing_any_verb_imports_nothing_heavy() -> None:
         assert not {name for name in loaded if any(name == m or name.startswith(m + ".") for m in HEAVY_OURS)}
 
 
+def test_the_top_level_help_and_a_mistyped_verb_load_no_backend_and_no_pydantic() -> None:
+    """Both build every verb's parser to list the verbs; the flags made from the backends'
+    settings models (their registry and pydantic: ~200 ms of imports) wait until a verb is used,
+    and the list still names every verb."""
+    code = ("import json, sys\nfrom tao_data_io import cli\n"
+            "try:\n    cli.build_parser(sys.argv[1:]).parse_args(sys.argv[1:])\nexcept BaseException:\n    pass\n"
+            "print(json.dumps(sorted(sys.modules)), file=sys.stderr)\n")
+    for argv in (["--help"], ["sumbit", "--request", "r.yaml"]):
+        result = subprocess.run([sys.executable, "-c", code, *argv], env={"PATH": os.environ["PATH"]},
+                                capture_output=True, text=True, timeout=120)
+        loaded = set(json.loads(result.stderr.strip().splitlines()[-1]))
+        assert not roots(loaded) & HEAVY and "tao_data_io.backends" not in loaded, argv
+    listed = build_parser(["--help"]).format_help()
+    assert all(verb in listed for verb in VERBS)
+
+
 def test_the_verb_map_names_the_module_that_registers_each_verb() -> None:
     registered: dict[str, str] = {}
     for name in MODULES:

@@ -2,8 +2,11 @@
 ``run(args, console) -> exit code``. Raising :class:`~tao_data_io.errors.UsageError` exits 2.
 
 Why a map of verbs: a command line names one verb, and its parser needs that verb's module
-alone. Importing all ten and registering their parsers is ~45–75 ms in a fresh process, of
-which the one a resync needs is ~30: the rest was paid by every run. The whole set is built
+alone. Registering all ten cost a resync 94 ms (``bench/README.md``, the start-up paths), most
+of it the backends' flags, made from their settings models; those now wait until their verb is
+used (:func:`~tao_data_io.commands.target.when_used`), and the map saves a resync's parse ~10 ms
+(80 against 90 ms, medians of 15 fresh processes) — under the bar a start-up path must clear,
+so it is due to be measured again and, failing it, removed. The whole set is built
 only when the line names no verb we know (``--help``, a typo: the error lists every verb).
 ``tests/test_cli_start.py`` checks this map against what each module registers.
 """

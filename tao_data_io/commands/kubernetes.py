@@ -10,15 +10,13 @@ from typing import TYPE_CHECKING, Any
 from ..errors import UsageError
 from .examples import add_verb
 from .record import add_root_option
-from .target import add_settings_flags, target_settings
+from .target import add_settings_flags, target_settings, when_used
 
 if TYPE_CHECKING:
     from ..console import Console
 
 
 def register(verbs: Any) -> None:
-    from ..backends import declaration_of
-
     render = add_verb(verbs, "render-job", help="print every manifest the job needs as multi-document YAML "
                                                 "(stage Job, Secret reference, ConfigMap, Service, Job)")
     render.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON)")
@@ -26,8 +24,14 @@ def register(verbs: Any) -> None:
                         help="the staging map (`stage`, or `stage --plan-only` for tiers B and C)")
     render.add_argument("--job-id", required=True, metavar="ID", help="the job's record (open it first)")
     add_root_option(render)
-    add_settings_flags(render, [declaration_of("kubernetes")], heading="the {name} backend's settings")
+    when_used(render, lambda: _add_kubernetes_flags(render))
     render.set_defaults(run=_render)
+
+
+def _add_kubernetes_flags(render: argparse.ArgumentParser) -> None:
+    from ..backends import declaration_of
+
+    add_settings_flags(render, [declaration_of("kubernetes")], heading="the {name} backend's settings")
 
 
 def _render(args: argparse.Namespace, console: Console) -> int:

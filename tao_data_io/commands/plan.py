@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from .examples import add_verb
-from .target import DEFAULT_BACKEND
+from .target import DEFAULT_BACKEND, when_used
 
 if TYPE_CHECKING:
     from ..console import Console
@@ -17,17 +17,21 @@ if TYPE_CHECKING:
 
 
 def register(verbs: Any) -> None:
-    from ..backends import declarations
-
     plan = add_verb(verbs, "plan", help="print the storage tier decision and what the job would run and mount")
     plan.add_argument("--request", required=True, metavar="R", help="job request (YAML or JSON)")
     plan.add_argument("--facts", type=Path, metavar="F.json",
                       help="what the backend offers (ClusterFacts as JSON: volumes, air_gapped, capabilities…); "
                            "default: what the backend can do at most, no claim")
+    plan.add_argument("--json", action="store_true", help="print the decision and the plan as JSON")
+    when_used(plan, lambda: _add_backend(plan))
+    plan.set_defaults(run=_plan)
+
+
+def _add_backend(plan: argparse.ArgumentParser) -> None:
+    from ..backends import declarations
+
     plan.add_argument("--backend", choices=tuple(declarations()), default=DEFAULT_BACKEND,
                       help=f"the backend whose facts decide (default: {DEFAULT_BACKEND})")
-    plan.add_argument("--json", action="store_true", help="print the decision and the plan as JSON")
-    plan.set_defaults(run=_plan)
 
 
 def _plan(args: argparse.Namespace, console: Console) -> int:

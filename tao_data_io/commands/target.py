@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -29,14 +29,34 @@ if TYPE_CHECKING:
 DEFAULT_BACKEND = "local"
 
 
-def add_target_options(sub: argparse.ArgumentParser, *, default: str | None = DEFAULT_BACKEND) -> None:
-    """``--backend``, ``--target`` and a flag per setting of every backend, on ``sub``."""
-    from ..backends import declarations
+def when_used(sub: argparse.ArgumentParser, build: Callable[[], None]) -> None:
+    """Run ``build`` (which adds flags to ``sub``) once ``sub`` is used — its arguments parsed or
+    its help shown — when ``sub`` can wait (the CLI's parsers: ``defer``), else now.
 
-    known = declarations()
-    sub.add_argument("--backend", choices=tuple(known), default=default,
-                     help=f"where the job runs (default: {default})" if default else "where the job runs")
-    add_settings_flags(sub, known.values(), heading="{name} settings (with --backend {name})")
+    Why: a backend's flags are made from the backends' settings models, and the registry with
+    those models is ~200 ms of imports. The top-level ``--help`` (and a mistyped verb) builds
+    every verb's parser to list the verbs, none of whose flags it shows; it took 0.23–0.29 s
+    where it had taken 0.06 (``bench/README.md``, the command's start)."""
+    later = getattr(sub, "defer", None)
+    if later is None:
+        build()
+    else:
+        later(build)
+
+
+def add_target_options(sub: argparse.ArgumentParser, *, default: str | None = DEFAULT_BACKEND) -> None:
+    """``--backend``, ``--target`` and a flag per setting of every backend, on ``sub`` (once used:
+    :func:`when_used`)."""
+
+    def build() -> None:
+        from ..backends import declarations
+
+        known = declarations()
+        sub.add_argument("--backend", choices=tuple(known), default=default,
+                         help=f"where the job runs (default: {default})" if default else "where the job runs")
+        add_settings_flags(sub, known.values(), heading="{name} settings (with --backend {name})")
+
+    when_used(sub, build)
 
 
 def add_settings_flags(sub: argparse.ArgumentParser, declarations: Iterable[Declaration], *,
