@@ -4,8 +4,8 @@
 
 Why a module of its own: the request validates them, but the paths that only size things — an
 upload holding a job to its results limit, the local frame sizing its tmpfs, a renderer — need
-the arithmetic, not the request model; importing that model for it is ~13 ms of pydantic class
-building (its import's self time) in every scheduled resync.
+the arithmetic, not the request model; importing that model for it cost every scheduled resync
+16–23 ms (``bench/README.md``, the start-up paths).
 """
 
 from __future__ import annotations
