@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from .commands import MODULES, VERBS, module
+from .commands import MODULES, module
 from .commands.examples import Example, examples_text, verb_examples
 from .commands.target import SETTING
 from .console import Console
@@ -75,32 +75,22 @@ class _Parser(argparse.ArgumentParser):
         return super().format_help() + verb_examples(self.prog)
 
 
-def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The parser of the command line ``argv``: only its verb's module registered when it names
-    one (see :data:`~tao_data_io.commands.VERBS`), every verb otherwise and when ``argv`` is None."""
-    verb = _named_verb(argv)
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser, every verb's. What costs — a verb's flags made from the
+    backends' settings models — waits until that verb is used
+    (:func:`~tao_data_io.commands.target.when_used`); the rest of all ten is ~10 ms, under what a
+    map of verbs to modules, registering only the verb named, would have to save (issue 45's
+    rule: 30 ms or 5 % on a benchmark case; ``bench/README.md``, the start-up paths)."""
     parser = _Parser(prog="tao-data-io", description="Get data to and from the compute container of TAO jobs.",
                      epilog=examples_text(_EXAMPLES) + "\nEach verb's --help has its flags and more examples.",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
                         help="progress bar on stderr (auto: when stderr is a terminal)")
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
-    for name in MODULES if verb is None else (VERBS[verb],):
+    for name in MODULES:
         module(name).register(verbs)
     _attach_flag_names(parser)
     return parser
-
-
-def _named_verb(argv: Sequence[str] | None) -> str | None:
-    """The verb ``argv`` names in first position, after the top-level options (``--progress``
-    and its value, spelled as argparse accepts: ``--progress=never``, ``--prog never``), or None
-    when it names none first: a help, a typo or a bare option wants every verb's parser."""
-    if argv is None:
-        return None
-    index = 0
-    while index < len(argv) and len(argv[index]) > 2 and "--progress".startswith(argv[index].partition("=")[0]):
-        index += 1 if "=" in argv[index] else 2
-    return argv[index] if index < len(argv) and argv[index] in VERBS else None
 
 
 def _attach_flag_names(parser: argparse.ArgumentParser) -> None:
@@ -135,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         arguments = sys.argv[1:] if argv is None else list(argv)
         _refuse_empty_arguments(arguments)
-        args = build_parser(arguments).parse_args(arguments)
+        args = build_parser().parse_args(arguments)
         flags = args.flag_names
         console.progress_mode = args.progress
         return int(args.run(args, console))
