@@ -58,8 +58,9 @@ class _Parser(argparse.ArgumentParser):
                 self._deferred.pop(0)()
             _attach_flag_names(self)  # its new flags too
 
-    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
-                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+    def parse_known_args(  # type: ignore[override]  # typeshed's overloads by namespace; this forwards either
+            self, args: Sequence[str] | None = None,
+            namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
         self._complete()
         return super().parse_known_args(args, namespace)
 
