@@ -23,9 +23,8 @@ from collections.abc import Collection, Sequence
 from typing import Any
 from uuid import UUID
 
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.actions import DeploymentUpdate
-from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, FlowFilter, FlowFilterName
 from prefect.client.schemas.responses import DeploymentResponse
 from prefect.exceptions import ObjectNotFound
@@ -53,14 +52,12 @@ def close_parameter_schemas(deployment_ids: Collection[UUID] = ()) -> list[str]:
             shown = f"{client.read_flow(deployment.flow_id).name}/{deployment.name}"
             schema = closed(deployment.parameter_openapi_schema or {})
             parameters, picked = _picked(client, deployment)
-            if schema == deployment.parameter_openapi_schema:
-                said.append(f"{shown}: closed already")
-            else:
-                client.update_deployment(deployment.id, DeploymentUpdate(parameter_openapi_schema=schema))
-                said.append(f"{shown}: closed")
-            if parameters != deployment.parameters:
-                client.update_deployment(deployment.id, DeploymentUpdate(parameters=parameters))
-            said[-1] += "".join(f"; {line}" for line in picked)
+            closing = schema != deployment.parameter_openapi_schema
+            changed = {**({"parameter_openapi_schema": schema} if closing else {}),
+                       **({"parameters": parameters} if parameters != deployment.parameters else {})}
+            if changed:  # one update for both
+                client.update_deployment(deployment.id, DeploymentUpdate(**changed))
+            said.append(f"{shown}: {'closed' if closing else 'closed already'}" + "".join(f"; {x}" for x in picked))
             if not deployment.enforce_parameter_schema:
                 said[-1] += (" — but it does not enforce its schema: the server checks nothing (deploy it again "
                              "without --no-enforce-parameter-schema)")

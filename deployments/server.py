@@ -13,8 +13,8 @@ Why here: Prefect's server stores a block document's data without checking it ag
 block's schema, and the v2 UI's block form "validates" the values against themselves (it sends
 them as the schema: nothing to answer but "valid"), so a key pasted into a credential block's
 field was saved, shown on the block's page, and kept in the ``block-document.created`` event's
-payload. Refused before Prefect
-sees the request, it is in neither; the refusal names the field, never the value.
+payload. Refused before Prefect sees the request, it is in neither; the refusal names the field,
+never the value.
 """
 
 from __future__ import annotations
@@ -92,11 +92,11 @@ class ServeLogo:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from blocks.presentation import LOGO_FILE
-
         if scope["type"] != "http" or scope["path"] != LOGO_PATH or scope["method"] not in ("GET", "HEAD"):
             await self.app(scope, receive, send)
             return
+        from blocks.presentation import LOGO_FILE  # the blocks, in this process only once the logo is asked for
+
         logo = LOGO_FILE.read_bytes()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"image/png"), (b"content-length", str(len(logo)).encode()),

@@ -168,11 +168,18 @@ def test_the_run_form_opens_each_block_parameter_on_its_picker_with_the_deployme
         chosen.get_by_role("button", name="Select a block").filter(has_text=saved.name).wait_for()
     # Each picker shows the block type's logo, which the stack's own server serves (no internet here).
     logos = page.locator("img[alt^='TAO ']")
-    assert logos.count() == 5 and all(src.startswith(prefect_stack.server + "/") for src in
-                                      logos.evaluate_all("images => images.map(image => image.src)"))
-    page.wait_for_function("() => [...document.querySelectorAll(\"img[alt^='TAO ']\")].every("
-                           "image => image.complete && image.naturalWidth > 0)", timeout=UI_TIMEOUT_MS)
+    assert logos.count() == 5
+    _served_and_loaded(page, prefect_stack, logos)
     shot(page, tmp_path / "shots", "opened")
+
+
+def _served_and_loaded(page: Any, stack: PrefectStack, images: Any) -> None:
+    """Each of ``images`` comes from the stack's own server (there is no internet here) and has
+    loaded (a broken image has no natural width)."""
+    for image in images.all():
+        assert image.evaluate("image => image.src").startswith(stack.server + "/")
+        page.wait_for_function("image => image.complete && image.naturalWidth > 0", arg=image.element_handle(),
+                               timeout=UI_TIMEOUT_MS)
 
 
 def test_the_block_catalog_shows_every_tao_block_whole_with_its_logo(page: Any, prefect_stack: PrefectStack,
@@ -192,10 +199,7 @@ def test_the_block_catalog_shows_every_tao_block_whole_with_its_logo(page: Any, 
         text = card.locator("div.prose")  # six lines high; a longer text scrolls inside it
         cut = text.evaluate("box => box.scrollHeight > box.clientHeight + 1")
         assert not cut, f"{title}'s card cuts its description"
-        logo = card.locator("img")
-        assert logo.evaluate("image => image.src").startswith(prefect_stack.server + "/")
-        page.wait_for_function("image => image.complete && image.naturalWidth > 0", arg=logo.element_handle(),
-                               timeout=UI_TIMEOUT_MS)
+        _served_and_loaded(page, prefect_stack, card.locator("img"))
     shot(page, tmp_path / "shots", "catalog")
 
 
