@@ -27,6 +27,7 @@ from bench.latency_proxy import LatencyProxy
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.options import TransferOptions
 from tao_data_io.transfer.s5cmd_executor import PART_SIZE_MIB as S5CMD_PART_SIZE_MIB
 from tao_data_io.transfer.work import Executor
 from tao_data_io.transfer.client import make_s3_client
@@ -175,6 +176,36 @@ def test_file_changed_while_uploading_is_a_failure_not_a_success(s3_credentials:
     assert s3_client.get_object(Bucket=bucket, Key="r/train.log")["Body"].read() == b"epoch 1\nepoch 2\n"
 
 
+@pytest.mark.parametrize("tree", ["the user's", "a job's"])
+def test_a_file_grown_right_after_its_check_is_reported_changed_and_a_jobs_is_read_to_its_checked_size(
+        tree: str, s3_credentials: S3Credentials, s3_client: Any, bucket: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Grown between the check of its descriptor (a regular file, its inode, its size) and the
+    read: never called uploaded, and the rerun takes it as it is. From a job's results the read
+    stops at the checked size, so a job that makes a checked file 64 MiB (or a terabyte, sparse)
+    gets 8 bytes read; a small file of the user's own is read by obstore through its descriptor."""
+    from tao_data_io.transfer import obstore_executor
+
+    source = tmp_path / "results"
+    write_tree(source, {"train.log": b"epoch 1\n"})
+    checked = obstore_executor.open_scanned
+
+    def check_then_grow(*args: Any, **kwargs: Any) -> int:
+        fd = checked(*args, **kwargs)
+        os.truncate(source / "train.log", 64 * 1024 * 1024)
+        return fd
+
+    monkeypatch.setattr(obstore_executor, "open_scanned", check_then_grow)
+    options = TransferOptions(untrusted_source="results_dir" if tree == "a job's" else None)
+    summary = TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/r/", options)
+    assert [f.name for f in summary.failed] == ["r/train.log"] and "changed while uploading" in summary.failed[0].reason
+    if tree == "a job's":
+        assert s3_client.get_object(Bucket=bucket, Key="r/train.log")["Body"].read() == b"epoch 1\n"
+    monkeypatch.undo()
+    assert TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/r/", options).ok
+    assert s3_client.head_object(Bucket=bucket, Key="r/train.log")["ContentLength"] == 64 * 1024 * 1024
+
+
 def test_file_swapped_for_a_symlink_after_the_scan_is_not_followed(s3_credentials: S3Credentials, s3_client,
                                                                     bucket: str, tmp_path: Path) -> None:
     source = tmp_path / "results"
@@ -311,7 +342,6 @@ def test_a_results_tree_nested_deeper_than_the_scan_goes_is_uploaded_but_its_dep
 
 def test_symlink_to_an_excluded_file_is_excluded_too(s3_credentials: S3Credentials, bucket: str,
                                                      tmp_path: Path) -> None:
-    from tao_data_io.transfer.options import TransferOptions
     from tao_data_io.transfer.filters import PathFilter
 
     source = tmp_path / "results"

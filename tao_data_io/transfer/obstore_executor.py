@@ -38,6 +38,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import obstore
@@ -66,6 +67,8 @@ _CHUNK = 4 * 1024 * 1024
 #: then its body). Above it, hashing the bytes on the loop costs more than the second call saves
 #: (MD5 runs at ~600 MB/s: 64 KiB is ~100 µs).
 PROVEN_BYTES = 64 * 1024
+#: Whether a descriptor can be reopened by its ``/proc/self/fd`` link (Linux with procfs mounted).
+_FD_LINKS = os.path.isdir("/proc/self/fd")
 #: Multipart part size for medium uploads; S3 refuses parts under 5 MiB (except the last).
 _UPLOAD_PART = 8 * 1024 * 1024
 #: Retries inside object_store for 5xx, throttling and connection resets, exponential backoff.
@@ -331,14 +334,28 @@ class ObstoreExecutor:
 
     async def _upload(self, item: UploadItem) -> Landed:
         """The scanned file, bound by its descriptor (open_scanned: never blocks on a FIFO swapped
-        in under its name) and read to its scanned size only, so a file still growing ends."""
+        in under its name).
+
+        A file of up to :data:`_UPLOAD_PART` from the user's own tree is handed to obstore by its
+        descriptor's ``/proc/self/fd`` link, which opens that very file (not whatever its name
+        holds now) and reads it in Rust: bytes handed over from Python are a buffer that obstore
+        releases on one of its own threads, taking the GIL there once more — ~50 µs of CPU a
+        file (13 % of a small upload's, issue 45). Any other file is read here to its scanned
+        size and no further: a job that grows a file of its results once scanned (to a terabyte,
+        sparse) gets its scanned bytes read, never the rest."""
         fd = open_scanned(item.source, identity=item.identity, size=item.size)
+        store = self._store(item.bucket)
         try:
-            chunks = beating(read_bounded(fd, item.size), item.activity)  # each chunk read (and sent) is progress
-            if item.size <= _UPLOAD_PART:  # one PUT
-                result = await obstore.put_async(self._store(item.bucket), item.key, b"".join(chunks))
-            else:  # multipart, streamed from the file so memory stays bounded
-                result = await obstore.put_async(self._store(item.bucket), item.key, chunks, chunk_size=_UPLOAD_PART)
+            if item.size <= _UPLOAD_PART and not item.untrusted and _FD_LINKS:
+                if item.activity is not None:
+                    item.activity.beat()  # the file is read and sent in one step
+                result = await obstore.put_async(store, item.key, Path(f"/proc/self/fd/{fd}"), chunk_size=_UPLOAD_PART)
+            else:
+                chunks = beating(read_bounded(fd, item.size), item.activity)  # each chunk read (and sent) is progress
+                if item.size <= _UPLOAD_PART:  # one PUT
+                    result = await obstore.put_async(store, item.key, b"".join(chunks), chunk_size=_UPLOAD_PART)
+                else:  # multipart, streamed from the file so memory stays bounded
+                    result = await obstore.put_async(store, item.key, chunks, chunk_size=_UPLOAD_PART)
         finally:
             os.close(fd)
         return Landed(etag=str(result.get("e_tag") or "").strip('"') or None)

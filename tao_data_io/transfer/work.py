@@ -47,6 +47,9 @@ class UploadItem:
     key: str
     #: Told of each chunk the executor reads and sends (the upload lock's renewal depends on it).
     activity: Activity | None = None
+    #: The file is in a tree a job controls (its results): it is read to its scanned size and no
+    #: further, whatever the job does to it once scanned (grow it to a terabyte, sparse).
+    untrusted: bool = False
 
     @property
     def source(self) -> Path:
