@@ -206,6 +206,23 @@ def test_a_file_grown_right_after_its_check_is_reported_changed_and_a_jobs_is_re
     assert s3_client.head_object(Bucket=bucket, Key="r/train.log")["ContentLength"] == 64 * 1024 * 1024
 
 
+def test_an_upload_where_descriptors_cannot_be_opened_by_their_link_reads_each_file_itself(
+        s3_credentials: S3Credentials, s3_client: Any, bucket: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No procfs of this process's own (a sandbox without /proc, another PID namespace's): the
+    small files obstore would open by their descriptor's link are read here instead, all of them."""
+    from tao_data_io.transfer import obstore_executor
+
+    monkeypatch.setattr(obstore_executor, "FD_LINKS", str(tmp_path / "no-proc"))
+    source = tmp_path / "data"
+    files = {f"d/{i}.txt": f"file {i}\n".encode() for i in range(20)}
+    write_tree(source, files)
+    summary = TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/p/")
+    assert summary.ok and summary.transferred_files == 20
+    assert all(s3_client.get_object(Bucket=bucket, Key=f"p/{name}")["Body"].read() == body
+               for name, body in files.items())
+
+
 def test_file_swapped_for_a_symlink_after_the_scan_is_not_followed(s3_credentials: S3Credentials, s3_client,
                                                                     bucket: str, tmp_path: Path) -> None:
     source = tmp_path / "results"

@@ -67,8 +67,8 @@ _CHUNK = 4 * 1024 * 1024
 #: then its body). Above it, hashing the bytes on the loop costs more than the second call saves
 #: (MD5 runs at ~600 MB/s: 64 KiB is ~100 µs).
 PROVEN_BYTES = 64 * 1024
-#: Whether a descriptor can be reopened by its ``/proc/self/fd`` link (Linux with procfs mounted).
-_FD_LINKS = os.path.isdir("/proc/self/fd")
+#: Where a descriptor of this process can be opened again by its number (Linux's procfs).
+FD_LINKS = "/proc/self/fd"
 #: Multipart part size for medium uploads; S3 refuses parts under 5 MiB (except the last).
 _UPLOAD_PART = 8 * 1024 * 1024
 #: Retries inside object_store for 5xx, throttling and connection resets, exponential backoff.
@@ -134,6 +134,9 @@ class ObstoreExecutor:
         #: Buckets whose ETags turned out not to be the MD5 of the bytes (SSE-KMS, a store of
         #: its own kind): their objects are read with the bound GET only.
         self._opaque_etags: set[str] = set()
+        #: Whether obstore can open a file by its descriptor's link (:data:`FD_LINKS`); cleared
+        #: the first time it cannot (no procfs, or one of another PID namespace).
+        self._fd_links = True
         self._loop: _LoopThread | None = None
         self._lock = threading.Lock()
 
@@ -344,12 +347,18 @@ class ObstoreExecutor:
         size and no further: a job that grows a file of its results once scanned (to a terabyte,
         sparse) gets its scanned bytes read, never the rest."""
         fd = open_scanned(item.source, identity=item.identity, size=item.size)
-        store = self._store(item.bucket)
         try:
-            if item.size <= _UPLOAD_PART and not item.untrusted and _FD_LINKS:
+            store = self._store(item.bucket)
+            linked = None
+            if item.size <= _UPLOAD_PART and not item.untrusted and self._fd_links:
+                try:  # obstore opens the file here, as it takes its arguments, before any request
+                    linked = obstore.put_async(store, item.key, Path(FD_LINKS, str(fd)), chunk_size=_UPLOAD_PART)
+                except OSError:
+                    self._fd_links = False  # read here from now on
+            if linked is not None:
                 if item.activity is not None:
                     item.activity.beat()  # the file is read and sent in one step
-                result = await obstore.put_async(store, item.key, Path(f"/proc/self/fd/{fd}"), chunk_size=_UPLOAD_PART)
+                result = await linked
             else:
                 chunks = beating(read_bounded(fd, item.size), item.activity)  # each chunk read (and sent) is progress
                 if item.size <= _UPLOAD_PART:  # one PUT
