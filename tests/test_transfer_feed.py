@@ -198,3 +198,62 @@ def test_a_sync_with_nothing_to_move_builds_no_data_path(
         again = engine.sync(f"s3://{objects}/data/", str(dest))
         assert (again.transferred_files, again.unchanged_files) == (0, OBJECTS)
         assert "executor" not in engine.__dict__, "a run with nothing to move built the executor and its loop thread"
+
+
+# ----------------------------------------------------------------------------- objects handed to s5cmd
+@pytest.fixture()
+def handed_to_s5cmd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every object goes to the s5cmd child (as objects of 32 MiB and more do), each checked once
+    it lands: the same ends must hold for those."""
+    from tao_data_io.transfer import obstore_executor
+
+    monkeypatch.setattr(obstore_executor, "LARGE_OBJECT_BYTES", 1)
+
+
+def test_a_callback_that_exits_while_s5cmd_objects_are_checked_ends_the_run(
+        handed_to_s5cmd: None, s3_credentials: S3Credentials, objects: str, tmp_path: Path) -> None:
+    def exits(progress: Any) -> None:
+        if progress.files_done:
+            raise SystemExit(3)
+
+    engine = TransferEngine(s3_credentials)
+    outcome: list[BaseException | None] = []
+
+    def sync() -> None:
+        try:
+            engine.sync(f"s3://{objects}/data/", str(tmp_path / "d"), TransferOptions(progress=exits))
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - whatever ends it
+            outcome.append(exc)
+
+    runner = threading.Thread(target=sync, daemon=True)
+    runner.start()
+    runner.join(timeout=60)
+    hung = runner.is_alive()
+    if not hung:
+        engine.close()
+    assert not hung, "the run still waits 60 s after its callback exited"
+    assert isinstance(outcome[0], SystemExit) and temp_leftovers(tmp_path / "d") == []
+
+
+def test_a_callback_that_raises_while_s5cmd_objects_move_leaves_no_temp_file_and_reports_nothing_late(
+        handed_to_s5cmd: None, s3_credentials: S3Credentials, objects: str, tmp_path: Path) -> None:
+    failed: list[bool] = []
+    late: list[int] = []
+    returned = threading.Event()
+
+    def fails_once(progress: Any) -> None:
+        if returned.is_set():
+            late.append(progress.files_done)
+        if progress.files_done and not failed:
+            failed.append(True)
+            raise RuntimeError("the progress sink hiccupped")
+
+    dest = tmp_path / "d"
+    with TransferEngine(s3_credentials) as engine:
+        with pytest.raises(RuntimeError, match="hiccupped"):
+            engine.sync(f"s3://{objects}/data/", str(dest), TransferOptions(progress=fails_once))
+        returned.set()
+        time.sleep(1)
+        assert (late, temp_leftovers(dest)) == ([], [])
+        assert engine.sync(f"s3://{objects}/data/", str(dest)).ok  # the same engine goes on

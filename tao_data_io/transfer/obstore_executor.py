@@ -35,7 +35,9 @@ import hashlib
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, wait
+from collections import deque
+from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -169,17 +171,6 @@ class ObstoreExecutor:
         caller plans the next batch while this one moves. Objects delegated to ``large`` go to it
         on the caller's thread once the rest of their batch is handed over (both move at once)."""
         loop = self._loop_thread()
-        confirming: list[Future[None]] = []
-
-        def confirm(item: Item, failed: ItemFailed | None, landed: Landed | None) -> None:
-            """Check a delegated download's version on the loop, while s5cmd goes on with the rest:
-            one HEAD after another here cost a round trip per object (+20 ms each at 20 ms
-            latency). A callback that raised there ends the run here, so the child is killed."""
-            for done in confirming:
-                if done.done() and done.exception() is not None:
-                    done.result()
-            confirming.append(asyncio.run_coroutine_threadsafe(self._confirmed(item, failed, landed, on_done),
-                                                               loop.loop))
 
         def handed() -> Iterator[list[Item]]:
             for batch in batches:
@@ -189,15 +180,12 @@ class ObstoreExecutor:
                     (large if self._delegated(item) else small).append(item)
                 yield small
                 if large and self.large is not None:
-                    self.large.run([large], confirm)
+                    with _Checks(self, loop.loop, on_done) as checks:
+                        self.large.run([large], checks.landed)
+                        checks.finish()
 
         feed: Feed[Item] = Feed(loop.loop)
-        try:
-            feed.run(handed(), [self._worker(feed, on_done) for _ in range(self.concurrency)])
-        finally:
-            wait(confirming)  # every delegated item is reported before the run ends, however it ends
-        for done in confirming:
-            done.result()
+        feed.run(handed(), [self._worker(feed, on_done) for _ in range(self.concurrency)])
 
     def _delegated(self, item: Item) -> bool:
         """Only with a planned ETag (the version to check against) and a spool on the destination's
@@ -212,10 +200,6 @@ class ObstoreExecutor:
             if self._loop is None:
                 self._loop = _LoopThread()
             return self._loop
-
-    async def _confirmed(self, item: Item, failed: ItemFailed | None, landed: Landed | None,
-                         on_done: ItemDone) -> None:
-        on_done(item, *await self._same_version(item, failed, landed))
 
     async def _same_version(self, item: Item, failed: ItemFailed | None,
                             landed: Landed | None) -> tuple[ItemFailed | None, Landed | None]:
@@ -368,6 +352,60 @@ class ObstoreExecutor:
         finally:
             os.close(fd)
         return Landed(etag=str(result.get("e_tag") or "").strip('"') or None)
+
+
+class _Checks:
+    """The version checks of objects s5cmd delivered (:meth:`ObstoreExecutor._same_version`), each
+    a HEAD started on the executor's loop as its object lands, so s5cmd goes on meanwhile: one
+    after another they cost a round trip each (+20 ms an object at 20 ms latency, issue 45).
+
+    Each item is reported on a thread of the s5cmd run, as it would be without the check — the
+    one reading s5cmd's output, as later objects land and once the child is done — so a callback
+    that raises ends that run there, and its child is killed. Whatever ends the run, no check is
+    left behind: those still pending are cancelled and their files discarded before it ends."""
+
+    def __init__(self, executor: ObstoreExecutor, loop: asyncio.AbstractEventLoop, on_done: ItemDone) -> None:
+        self._executor, self._loop, self._on_done = executor, loop, on_done
+        self._pending: deque[tuple[Item, Landed, Future[tuple[ItemFailed | None, Landed | None]]]] = deque()
+        self._lock = threading.Lock()
+
+    def landed(self, item: Item, failed: ItemFailed | None, landed: Landed | None) -> None:
+        """s5cmd's report of one item: a failure is reported at once; a file is checked, and the
+        checks already answered are reported, in the order their objects landed."""
+        if failed is not None or landed is None or not isinstance(item, DownloadItem):
+            self._on_done(item, failed, landed)
+            return
+        check = asyncio.run_coroutine_threadsafe(self._executor._same_version(item, None, landed), self._loop)
+        with self._lock:
+            self._pending.append((item, landed, check))
+        self._report(wait=False)
+
+    def finish(self) -> None:
+        """Report every check still pending, waiting for each (the child is done)."""
+        self._report(wait=True)
+
+    def _report(self, *, wait: bool) -> None:
+        while True:
+            with self._lock:
+                if not self._pending or not (wait or self._pending[0][2].done()):
+                    return
+                item, _, check = self._pending[0]
+            outcome = check.result()  # an interrupt while waiting leaves it pending: __exit__ discards it
+            with self._lock:
+                self._pending.popleft()
+            self._on_done(item, *outcome)
+
+    def __enter__(self) -> _Checks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            pending, self._pending = list(self._pending), deque()
+        for _, landed, check in pending:
+            check.cancel()
+            futures_wait([check])
+            if landed.temp is not None:
+                landed.temp.discard()
 
 
 class _Refused(Exception):
