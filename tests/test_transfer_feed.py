@@ -22,6 +22,7 @@ from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.transfer import options as engine_module
 from tao_data_io.transfer.engine import TransferEngine
 from tao_data_io.transfer.options import TransferOptions
+from tao_data_io.transfer import obstore_executor
 from tao_data_io.transfer.obstore_executor import ObstoreExecutor
 from tao_data_io.transfer.work import Item, ItemDone
 
@@ -68,6 +69,14 @@ def _interrupted(mover: ObstoreExecutor, bucket: str, dest: Path) -> Iterator[No
         yield
 
 
+@pytest.fixture(params=["obstore", "s5cmd"])
+def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which executor moves the objects: obstore's workers on the loop, or the s5cmd child (as
+    objects of 32 MiB and more go), each object checked once it lands. The same ends must hold."""
+    if request.param == "s5cmd":
+        monkeypatch.setattr(obstore_executor, "LARGE_OBJECT_BYTES", 1)
+
+
 def test_an_interrupt_while_the_last_batch_moves_stops_it_before_the_run_returns(
         s3_credentials: S3Credentials, objects: str, tmp_path: Path) -> None:
     """Ctrl-C once every batch is handed over (the whole of any run under one listing page) is
@@ -109,8 +118,10 @@ def test_an_interrupt_while_the_last_batch_moves_stops_it_before_the_run_returns
     assert temp_leftovers(dest) == []
 
 
+@pytest.mark.usefixtures("route")
 def test_a_callback_that_raises_leaves_no_worker_moving_after_the_run_raised(
-        s3_credentials: S3Credentials, objects: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        s3_credentials: S3Credentials, objects: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A progress sink that fails once: the run ends with its error — and with it every worker,
     not only the one whose callback raised. The others must not go on publishing files into a
     destination whose lock is released, nor wait on the loop forever for a batch that never comes."""
@@ -160,58 +171,12 @@ def test_an_interrupt_while_the_next_batch_is_planned_cancels_what_is_in_flight(
     assert len(tree_digest(dest)) <= 100 and temp_leftovers(dest) == []
 
 
+@pytest.mark.usefixtures("route")
 def test_a_callback_that_exits_ends_the_run_instead_of_hanging_it(
         s3_credentials: S3Credentials, objects: str, tmp_path: Path) -> None:
     """A callback that calls sys.exit (or raises KeyboardInterrupt) on the executor's loop thread
-    stops that loop: the run must still end (with that exit, or an error), never wait forever."""
-    def exits(progress: Any) -> None:
-        if progress.files_done:
-            raise SystemExit(3)
-
-    engine = TransferEngine(s3_credentials)
-    outcome: list[BaseException | None] = []
-
-    def sync() -> None:
-        try:
-            engine.sync(f"s3://{objects}/data/", str(tmp_path / "d"), TransferOptions(progress=exits))
-            outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 - whatever ends it
-            outcome.append(exc)
-
-    runner = threading.Thread(target=sync, daemon=True)
-    runner.start()
-    runner.join(timeout=60)
-    hung = runner.is_alive()
-    if not hung:
-        engine.close()
-    assert not hung, "the run still waits 60 s after its callback exited on the loop thread"
-
-
-def test_a_sync_with_nothing_to_move_builds_no_data_path(
-        s3_credentials: S3Credentials, objects: str, tmp_path: Path) -> None:
-    """The engine's promise (its module docstring): a sync that finds nothing to move never needs
-    obstore or s5cmd — no executor, no event-loop thread."""
-    dest = tmp_path / "d"
-    with TransferEngine(s3_credentials) as engine:
-        assert engine.sync(f"s3://{objects}/data/", str(dest)).transferred_files == OBJECTS
-    with TransferEngine(s3_credentials) as engine:
-        again = engine.sync(f"s3://{objects}/data/", str(dest))
-        assert (again.transferred_files, again.unchanged_files) == (0, OBJECTS)
-        assert "executor" not in engine.__dict__, "a run with nothing to move built the executor and its loop thread"
-
-
-# ----------------------------------------------------------------------------- objects handed to s5cmd
-@pytest.fixture()
-def handed_to_s5cmd(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every object goes to the s5cmd child (as objects of 32 MiB and more do), each checked once
-    it lands: the same ends must hold for those."""
-    from tao_data_io.transfer import obstore_executor
-
-    monkeypatch.setattr(obstore_executor, "LARGE_OBJECT_BYTES", 1)
-
-
-def test_a_callback_that_exits_while_s5cmd_objects_are_checked_ends_the_run(
-        handed_to_s5cmd: None, s3_credentials: S3Credentials, objects: str, tmp_path: Path) -> None:
+    stops that loop: the run must still end (with that exit, or an error), never wait forever —
+    and so must one told of an object s5cmd delivered, whose check ran on that loop once."""
     def exits(progress: Any) -> None:
         if progress.files_done:
             raise SystemExit(3)
@@ -236,24 +201,14 @@ def test_a_callback_that_exits_while_s5cmd_objects_are_checked_ends_the_run(
     assert isinstance(outcome[0], SystemExit) and temp_leftovers(tmp_path / "d") == []
 
 
-def test_a_callback_that_raises_while_s5cmd_objects_move_leaves_no_temp_file_and_reports_nothing_late(
-        handed_to_s5cmd: None, s3_credentials: S3Credentials, objects: str, tmp_path: Path) -> None:
-    failed: list[bool] = []
-    late: list[int] = []
-    returned = threading.Event()
-
-    def fails_once(progress: Any) -> None:
-        if returned.is_set():
-            late.append(progress.files_done)
-        if progress.files_done and not failed:
-            failed.append(True)
-            raise RuntimeError("the progress sink hiccupped")
-
+def test_a_sync_with_nothing_to_move_builds_no_data_path(
+        s3_credentials: S3Credentials, objects: str, tmp_path: Path) -> None:
+    """The engine's promise (its module docstring): a sync that finds nothing to move never needs
+    obstore or s5cmd — no executor, no event-loop thread."""
     dest = tmp_path / "d"
     with TransferEngine(s3_credentials) as engine:
-        with pytest.raises(RuntimeError, match="hiccupped"):
-            engine.sync(f"s3://{objects}/data/", str(dest), TransferOptions(progress=fails_once))
-        returned.set()
-        time.sleep(1)
-        assert (late, temp_leftovers(dest)) == ([], [])
-        assert engine.sync(f"s3://{objects}/data/", str(dest)).ok  # the same engine goes on
+        assert engine.sync(f"s3://{objects}/data/", str(dest)).transferred_files == OBJECTS
+    with TransferEngine(s3_credentials) as engine:
+        again = engine.sync(f"s3://{objects}/data/", str(dest))
+        assert (again.transferred_files, again.unchanged_files) == (0, OBJECTS)
+        assert "executor" not in engine.__dict__, "a run with nothing to move built the executor and its loop thread"
