@@ -4,7 +4,10 @@ own small files.
 **Why.** A job can swap a file for a FIFO, a symlink or another file between the scan and the
 read, or keep writing it while it is read. Each read here checks the descriptor, not the name, and
 never reads past the scanned size, so a read of a job's file always ends and is of the file that
-was scanned. Digests (:mod:`.digest`) and uploads read through it.
+was scanned. Digests (:mod:`.digest`) and uploads read through it — but for a small file of the
+user's own tree, which the upload opens here and obstore then reads whole by its descriptor's
+link (:meth:`~tao_data_io.transfer.obstore_executor.ObstoreExecutor._upload`): a change meanwhile
+is caught after the upload, which reports the file changed and leaves it for the next run.
 """
 
 from __future__ import annotations

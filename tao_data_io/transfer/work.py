@@ -45,7 +45,8 @@ class UploadItem:
     scanned: LocalFile
     bucket: str
     key: str
-    #: Told of each chunk the executor reads and sends (the upload lock's renewal depends on it).
+    #: Told of each chunk the executor reads and sends, or of the file when obstore reads it whole
+    #: (the upload lock's renewal depends on it).
     activity: Activity | None = None
     #: The file is in a tree a job controls (its results): it is read to its scanned size and no
     #: further, whatever the job does to it once scanned (grow it to a terabyte, sparse).
