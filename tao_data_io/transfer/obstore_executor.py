@@ -201,14 +201,12 @@ class ObstoreExecutor:
                 self._loop = _LoopThread()
             return self._loop
 
-    async def _same_version(self, item: Item, failed: ItemFailed | None,
-                            landed: Landed | None) -> tuple[ItemFailed | None, Landed | None]:
+    async def _same_version(self, item: DownloadItem, landed: Landed) -> tuple[ItemFailed | None, Landed | None]:
         """Prove a delegated download is one version: its parts were separate GETs, and an object
         overwritten between two of them yields a file of both versions, of the right size. So the
         object's ETag must still be the planned one once the last part is in (one HEAD); if not,
         the file is discarded and the item reported ``changed`` (the engine reads it again)."""
-        if failed is not None or landed is None or not isinstance(item, DownloadItem):
-            return failed, landed
+        failed: ItemFailed
         try:
             meta = await obstore.head_async(self._store(item.bucket), item.key)
         except Exception as exc:  # noqa: BLE001 - reported per object like any failure
@@ -375,7 +373,7 @@ class _Checks:
         if failed is not None or landed is None or not isinstance(item, DownloadItem):
             self._on_done(item, failed, landed)
             return
-        check = asyncio.run_coroutine_threadsafe(self._executor._same_version(item, None, landed), self._loop)
+        check = asyncio.run_coroutine_threadsafe(self._executor._same_version(item, landed), self._loop)
         with self._lock:
             self._pending.append((item, landed, check))
         self._report(wait=False)

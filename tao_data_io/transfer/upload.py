@@ -266,7 +266,8 @@ class Uploads(ControlPlane):
                 summary.unchanged_files += 1
                 summary.unchanged_bytes += local.size
                 continue
-            batch.append(UploadItem(local, bucket, key, options.activity, options.untrusted_source is not None))
+            batch.append(UploadItem(local, bucket, key, options.activity,
+                                    untrusted=options.untrusted_source is not None))
         tracker.plan(len(batch), sum(item.size for item in batch))
         return batch
 
