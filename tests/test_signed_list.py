@@ -82,6 +82,25 @@ def test_same_listing_as_boto3_for_hostile_keys_across_pages(moto_credentials: S
     assert_listed_as_boto3_lists(moto_credentials, "signed-list", "p/", page_size=3)
 
 
+def test_a_grouped_listing_names_what_boto3_names_across_pages(moto_credentials: S3Credentials) -> None:
+    client = make_s3_client(moto_credentials)
+    client.create_bucket(Bucket="signed-list-grouped")
+    keys = ["p/../evil", "p//abs", "p/\x01ctl/x", "p/sp ace/x", "p/pct%20x/y", "p/plus+x/z", "p/ü/w", "p/q?x&y=z",
+            "p/a-b", "p/a/c", "p/a/d/e", "p/dir/", "p/top", "other/not-listed"]
+    for key in keys:
+        client.put_object(Bucket="signed-list-grouped", Key=key, Body=b"x")
+    handover = Handover()
+    ours = list(list_pages(moto_credentials, "signed-list-grouped", "p/", environ={}, fallback=handover, page_size=3,
+                           delimiter="/"))
+    assert handover.tokens == [], "the fast path should have answered"
+    theirs = list(client.get_paginator("list_objects_v2").paginate(Bucket="signed-list-grouped", Prefix="p/",
+                                                                   Delimiter="/", PaginationConfig={"PageSize": 3}))
+    assert [[common["Prefix"] for common in page.get("CommonPrefixes", ())] for page in ours] == [
+        [common["Prefix"] for common in page.get("CommonPrefixes", ())] for page in theirs]
+    assert [[item["Key"] for item in page["Contents"]] for page in ours] == [
+        [item["Key"] for item in page.get("Contents", ())] for page in theirs]
+
+
 def test_same_listing_as_boto3_on_seaweedfs(s3_credentials: S3Credentials, s3_client, bucket: str,  # type: ignore[no-untyped-def]
                                             tmp_path: Path) -> None:
     write_tree(tmp_path / "src", {f"d{i % 3}/f {i}+ü.bin": bytes([i]) * i for i in range(7)})

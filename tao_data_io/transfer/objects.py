@@ -6,16 +6,13 @@ that — whether an object or a prefix exists, how large it is, its bytes into a
 the listing's sizes — and every one of those is a single request (or a listing) that neither
 plans nor publishes. :class:`ControlPlane` is the part of
 :class:`~tao_data_io.transfer.engine.TransferEngine` that makes them, with the boto3 client they
-share; the download and upload halves (:mod:`.download`, :mod:`.upload`) build on it. What a key
-may be (:func:`unsendable_name`) lives here too: the index skips what no listing can hold.
+share; the download and upload halves (:mod:`.download`, :mod:`.upload`) build on it. The index
+an upload plans against is :mod:`.remote_index`'s, filled through :meth:`ControlPlane.pages`.
 """
 
 from __future__ import annotations
 
-import sqlite3
-import threading
-from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -25,9 +22,8 @@ from .activity import Activity, beating
 from ..errors import TaoDataIOError, TransferError, UsageError
 from .client import explained, get_or_none, head_or_none, make_s3_client
 from .digests import multipart_count
-from .listing import RemoteObject, clean_etag, remote_objects
-from ..fs.confinement import has_control_character
-from .options import chunks
+from .listing import clean_etag
+from .remote_index import RemoteIndex
 from .signed_list import list_pages
 from ..uris import S3Url
 
@@ -42,90 +38,6 @@ if TYPE_CHECKING:
 
 #: How much of an object :meth:`ControlPlane.read_into` holds at once.
 READ_CHUNK = 1 << 20
-
-
-#: The longest key S3 stores (UTF-8 bytes).
-MAX_KEY_BYTES = 1024
-
-
-def unsendable_name(key: str) -> str | None:
-    """Why a local file cannot become the S3 key ``key`` — a control character (object_store's
-    paths refuse them, and they break listings and most tools), a name that is not UTF-8, more
-    than S3's 1024 bytes — or None. Such a file is skipped once, with the fix, rather than failed
-    on every rerun."""
-    if has_control_character(key):
-        problem = "holds a control character, which an S3 key here cannot carry"
-    else:
-        try:
-            size = len(key.encode("utf-8"))
-        except UnicodeEncodeError:
-            return "its name is not UTF-8, which an S3 key must be; not uploaded — rename it to upload it"
-        if size <= MAX_KEY_BYTES:
-            return None
-        problem = f"makes a key of {size} bytes, more than the {MAX_KEY_BYTES} S3 stores"
-    return f"its name {problem}; not uploaded — rename it to upload it"
-
-
-#: Rows of the listing index inserted by one statement: 5 columns, 995 variables, within the 999
-#: a statement may bind in SQLite before 3.32 (Ubuntu 20.04 has 3.31, RHEL 8 3.26).
-_ROWS_A_STATEMENT = 199
-
-
-class RemoteIndex:
-    """The objects listed under ``prefix`` by key, in a private temporary SQLite file (SQLite's
-    empty name: deleted when closed), so memory holds its page cache, not the listing. Not merged
-    with the walk in key order: S3 lists in UTF-8 binary order, but S3-compatible stores need not
-    (SeaweedFS lists a prefix directory by directory), and a merge that met a key out of order
-    would upload it again. Filled from the moment it is made, by one thread of its own that
-    fetches the pages too (a read-ahead thread would add a hand-off a page and overlap nothing:
-    inserting a page takes ~1 ms): while the first chunk is walked, or
-    (:meth:`ControlPlane.list_into_index`) while a command still loads what it needs to decide
-    the upload."""
-
-    def __init__(self, prefix: S3Url, objects: Iterable[RemoteObject]) -> None:
-        self.prefix = prefix
-        self._db = sqlite3.connect("", check_same_thread=False)
-        self._db.execute("CREATE TABLE remote (key TEXT PRIMARY KEY, relative TEXT, size INTEGER, etag TEXT, "
-                         "modified TEXT) WITHOUT ROWID")
-        self._stop = threading.Event()
-        self._filled = ThreadPoolExecutor(max_workers=1)
-        self._filling = self._filled.submit(self._fill, objects)
-
-    def _fill(self, objects: Iterable[RemoteObject]) -> None:
-        # One statement of many rows, not executemany: sqlite3 releases the GIL around every
-        # step, and a thread taking it back from a busy one waits up to the switch interval
-        # (5 ms). 2,000 rows inserted beside a CPU-bound thread took 0.03-0.9 s that way, run to
-        # run, and 40-60 ms so; a 2,000-key listing beside one, ~2 s before and 0.2-0.26 s after.
-        for chunk in chunks(objects, _ROWS_A_STATEMENT):
-            if self._stop.is_set():  # the upload ended (failed, interrupted): list no further
-                return
-            self._db.execute("INSERT OR REPLACE INTO remote VALUES " + ",".join(("(?, ?, ?, ?, ?)",) * len(chunk)),
-                             [value for obj in chunk
-                              for value in (obj.key, obj.relative, obj.size, obj.etag, obj.last_modified)])
-        self._db.commit()
-
-    def total_bytes(self) -> int:
-        """What every listed object takes (once the listing is in: its errors are raised here)."""
-        self._filling.result()
-        return int(self._db.execute("SELECT COALESCE(SUM(size), 0) FROM remote").fetchone()[0])
-
-    def among(self, keys: Sequence[str]) -> dict[str, RemoteObject]:
-        """The listed objects among ``keys`` (once the listing is in: its errors are raised here); a
-        name that is not UTF-8 is no key S3 can list (such a file is skipped, never sent)."""
-        self._filling.result()
-        keys = [key for key in keys if unsendable_name(key) is None]
-        found: dict[str, RemoteObject] = {}
-        for start in range(0, len(keys), 500):
-            part = keys[start:start + 500]
-            rows = self._db.execute(f"SELECT key, relative, size, etag, modified FROM remote WHERE key IN "
-                                    f"({','.join('?' * len(part))})", part)
-            found.update((row[0], RemoteObject(*row)) for row in rows)
-        return found
-
-    def close(self) -> None:
-        self._stop.set()
-        self._filled.shutdown(wait=True)
-        self._db.close()
 
 
 class ControlPlane:
@@ -153,18 +65,21 @@ class ControlPlane:
         """Re-raise configuration failures (bucket, keys, endpoint) as errors naming the fix."""
         return explained(bucket, self.credentials.endpoint_url)
 
-    def pages(self, prefix: S3Url) -> Iterator[dict[str, Any]]:
-        """The ListObjectsV2 pages of ``prefix`` (in folder form) as they come: one signed GET per
-        page when that is plain (see :mod:`signed_list`), else — and from any page that fails —
-        through boto3, whose errors name the fix."""
+    def pages(self, prefix: S3Url, delimiter: str | None = None) -> Iterator[dict[str, Any]]:
+        """The ListObjectsV2 pages of ``prefix`` (in folder form) as they come — grouped at
+        ``delimiter`` when one is given — one signed GET per page when that is plain (see
+        :mod:`signed_list`), else, and from any page that fails, through boto3, whose errors name
+        the fix."""
         prefix = prefix.as_prefix()
+        grouped = {} if delimiter is None else {"Delimiter": delimiter}
 
         def through_boto3(token: str | None) -> Iterator[dict[str, Any]]:
             while True:
                 try:
                     with self._control_plane(prefix.bucket):
                         page = self.client.list_objects_v2(Bucket=prefix.bucket, Prefix=prefix.key,
-                                                           **({"ContinuationToken": token} if token else {}))
+                                                           **({"ContinuationToken": token} if token else {}),
+                                                           **grouped)
                 except TaoDataIOError:
                     raise
                 except Exception as exc:  # botocore's, after its own retries: the first page's are raised as they are
@@ -177,13 +92,14 @@ class ControlPlane:
                     return
                 token = page["NextContinuationToken"]
 
-        return list_pages(self.credentials, prefix.bucket, prefix.key, fallback=through_boto3)
+        return list_pages(self.credentials, prefix.bucket, prefix.key, fallback=through_boto3, delimiter=delimiter)
 
     def list_into_index(self, prefix: S3Url, activity: Activity | None = None) -> RemoteIndex:
         """The listing of ``prefix`` (in folder form) filling a :class:`RemoteIndex` from now on,
         each page a beat of ``activity``: its round trips run while the caller does other work."""
         prefix = prefix.as_prefix()
-        return RemoteIndex(prefix, remote_objects(beating(self.pages(prefix), activity), prefix.key))
+        return RemoteIndex(prefix, lambda key, delimiter: beating(self.pages(S3Url(prefix.bucket, key), delimiter),
+                                                                  activity))
 
     def list_sizes(self, prefix: S3Url) -> Iterator[tuple[str, int]]:
         """(key, size) of every object under ``prefix`` (in folder form), as the pages come

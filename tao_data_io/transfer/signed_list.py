@@ -57,10 +57,12 @@ Fallback = Callable[[str | None], Iterator[Page]]
 
 
 def list_pages(credentials: S3Credentials, bucket: str, prefix: str, *, fallback: Fallback, page_size: int = 1000,
-               environ: Mapping[str, str] | None = None) -> Iterator[Page]:
-    """The ListObjectsV2 pages of ``prefix`` in ``bucket`` as they come, one in memory at a time.
-    Where this request cannot be made, and from the first page that fails, ``fallback`` lists the
-    rest — from that page's continuation token, so no page is read twice or missed."""
+               delimiter: str | None = None, environ: Mapping[str, str] | None = None) -> Iterator[Page]:
+    """The ListObjectsV2 pages of ``prefix`` in ``bucket`` as they come, one in memory at a time
+    (with ``delimiter``, each page's ``CommonPrefixes`` too). Where this request cannot be made,
+    and from the first page that fails, ``fallback`` lists the rest — from that page's
+    continuation token, so no page is read twice or missed; it must list with the same
+    ``delimiter``."""
     env = os.environ if environ is None else environ
     target = _target(credentials, bucket, env)
     if target is None:
@@ -68,7 +70,7 @@ def list_pages(credentials: S3Credentials, bucket: str, prefix: str, *, fallback
         return
     token: list[str | None] = [None]  # where the pages read so far end
     try:
-        yield from _fetch(credentials, bucket, prefix, page_size, target, env, token)
+        yield from _fetch(credentials, bucket, prefix, delimiter, page_size, target, env, token)
     except _NotPlain as exc:
         log.debug("signed listing stopped (%s); listing the rest through boto3", exc)
         yield from fallback(token[0])
@@ -78,8 +80,8 @@ class _NotPlain(Exception):
     """A page this request could not read as plainly as botocore would: boto3 lists from there."""
 
 
-def _fetch(credentials: S3Credentials, bucket: str, prefix: str, page_size: int, target: tuple[str, str, str],
-           environ: Mapping[str, str], token: list[str | None]) -> Iterator[Page]:
+def _fetch(credentials: S3Credentials, bucket: str, prefix: str, delimiter: str | None, page_size: int,
+           target: tuple[str, str, str], environ: Mapping[str, str], token: list[str | None]) -> Iterator[Page]:
     """The pages over one kept-alive connection; :class:`_NotPlain` on any answer but a 200 that
     parses whole, with ``token[0]`` the continuation token of the page that was not read."""
     scheme, host, path = target
@@ -97,6 +99,8 @@ def _fetch(credentials: S3Credentials, bucket: str, prefix: str, page_size: int,
             query = {"list-type": "2", "prefix": prefix, "encoding-type": "url", "max-keys": str(page_size)}
             if token[0] is not None:
                 query["continuation-token"] = token[0]
+            if delimiter is not None:
+                query["delimiter"] = delimiter
             canonical_query = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
             try:
                 headers = sign(credentials, "GET", host, path, canonical_query, time.time())
@@ -183,7 +187,8 @@ def _quote(text: str) -> str:
 
 def _parse(body: bytes) -> tuple[Page, str | None]:
     """One ListObjectsV2 result: the page in botocore's shape, and the next continuation token
-    (None on the last page). Keys are decoded exactly when the server says it encoded them."""
+    (None on the last page). Keys and common prefixes are decoded exactly when the server says it
+    encoded them."""
     root = ElementTree.fromstring(body)
     if root.tag != f"{_NS}ListBucketResult":
         raise ValueError(f"not a ListBucketResult: {root.tag}")
@@ -195,8 +200,14 @@ def _parse(body: bytes) -> tuple[Page, str | None]:
             raise ValueError("a Contents entry without Key or Size")
         contents.append({"Key": unquote_plus(key) if encoded else key, "Size": int(size),
                          "ETag": item.findtext(f"{_NS}ETag"), "LastModified": item.findtext(f"{_NS}LastModified")})
+    common = []
+    for item in root.iterfind(f"{_NS}CommonPrefixes"):
+        name = item.findtext(f"{_NS}Prefix")
+        if name is None:
+            raise ValueError("a CommonPrefixes entry without Prefix")
+        common.append({"Prefix": unquote_plus(name) if encoded else name})
     truncated = root.findtext(f"{_NS}IsTruncated") == "true"
     token = root.findtext(f"{_NS}NextContinuationToken") if truncated else None
     if truncated and not token:
         raise ValueError("a truncated page without a continuation token")
-    return {"Contents": contents}, token
+    return {"Contents": contents, **({"CommonPrefixes": common} if common else {})}, token

@@ -3,7 +3,7 @@
 Why a module of its own: an upload walks a tree it does not own (a job may still be writing it,
 its source may be untrusted, a symlink may point out of it), admits what may be sent, keeps the
 prefix within a results budget, and plans against a listing of the prefix held in a temporary
-index (:class:`~tao_data_io.transfer.objects.RemoteIndex`) rather than against local files; it
+index (:class:`~tao_data_io.transfer.remote_index.RemoteIndex`) rather than against local files; it
 publishes nothing locally, but refuses a file that changed while it was read. None of that is a
 download's concern. :class:`Uploads` is the part of
 :class:`~tao_data_io.transfer.engine.TransferEngine` that does it; what it plans runs through the
@@ -26,7 +26,9 @@ from .work import Item, ItemFailed, Landed, UploadItem
 from .listing import RemoteObject, clean_etag
 from .local_walk import LocalFile, LocalWalk, local_file, walk_local
 from ..fs.confinement import open_directory_nofollow
-from .objects import ControlPlane, RemoteIndex, unsendable_name
+from .keys import unsendable_name
+from .objects import ControlPlane
+from .remote_index import RemoteIndex
 from .options import TransferOptions, beat_of, plan_chunks
 from .strategy import ContentStrategy
 from ..reporting import ProgressTracker, human_size
