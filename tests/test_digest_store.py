@@ -20,7 +20,7 @@ from tao_data_io.transfer.local_walk import LocalFile, local_file
 
 
 def local(index: int, *, size: int = 1024) -> LocalFile:
-    return LocalFile(f"n{index // 1280:05d}/img_{index:08d}.JPEG", Path(f"/data/{index}"), size,
+    return LocalFile(f"n{index // 1280:05d}/img_{index:08d}.JPEG", Path("/data"), str(index), size,
                      1_700_000_000_000_000_000 + index, 1_700_000_000_000_000_000 + index, 10_000 + index)
 
 
@@ -57,7 +57,7 @@ _KILLED = textwrap.dedent("""
 
     store = DigestStore(Path(sys.argv[1]))
     for index in range(int(sys.argv[2])):
-        store.record(LocalFile(f"f{index}", Path(f"/f{index}"), 1, index, index, index), etag="e" * 32)
+        store.record(LocalFile(f"f{index}", Path("/"), f"f{index}", 1, index, index, index), etag="e" * 32)
     os._exit(9)  # killed: no commit, no close
 """)
 
@@ -70,7 +70,7 @@ def test_a_run_killed_mid_way_loses_only_the_entries_since_its_last_commit(tmp_p
     assert len(kept) == 3 * COMMIT_EVERY  # every commit held; the 17 after it were in flight
     store = DigestStore(path)
     try:
-        assert store.same_stat(LocalFile("f0", Path("/f0"), 1, 0, 0, 0)) is not None
+        assert store.same_stat(LocalFile("f0", Path("/"), "f0", 1, 0, 0, 0)) is not None
     finally:
         store.close()
 
@@ -133,7 +133,7 @@ def test_a_downloaded_file_is_recorded_from_its_stat_as_record_would(tmp_path: P
 
 
 #: A file the killed run above records first; its row is what another user's store vouches for.
-VOUCHED = LocalFile("f0", Path("/f0"), 1, 0, 0, 0)
+VOUCHED = LocalFile("f0", Path("/"), "f0", 1, 0, 0, 0)
 
 
 @pytest.mark.parametrize("foreign", ["store", "wal", "link", "legacy"])

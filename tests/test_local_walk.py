@@ -97,8 +97,8 @@ def test_device_and_inode_numbers_past_sqlites_signed_range_come_back_whole(tmp_
     can pass 2**63, where a SQLite integer ends."""
     dev, ino = 2**64 - 1, 2**63 + 5
     with LocalWalk() as walk:
-        walk.hold_linked(LocalFile("a.bin", tmp_path / "a.bin", 10, 1000, 2000, ino, dev, None, 2))
-        walk.hold_linked(LocalFile("b.bin", tmp_path / "b.bin", 10, 1000, 2000, ino, dev, None, 2))
+        walk.hold_linked(LocalFile("a.bin", tmp_path, "a.bin", 10, 1000, 2000, ino, dev, None, 2))
+        walk.hold_linked(LocalFile("b.bin", tmp_path, "b.bin", 10, 1000, 2000, ino, dev, None, 2))
         target: Any = os.stat_result((0o100644, ino, dev, 2, 0, 0, 10, 1, 2, 3, 1.0, 2.0, 3.0, 1000, 1000, 2000))
         walk.hold_link("alias.bin", target, "a.bin")
         decided = list(walk.decided(tmp_path))

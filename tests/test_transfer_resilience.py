@@ -116,7 +116,7 @@ def test_results_that_grow_while_they_are_counted_never_pass_the_budget(
 
 
 def local(index: int) -> LocalFile:
-    return LocalFile(f"f{index}", Path(f"/f{index}"), 1, index, index, index)
+    return LocalFile(f"f{index}", Path("/"), f"f{index}", 1, index, index, index)
 
 
 def test_a_digest_cache_another_writer_holds_only_costs_a_rehash(tmp_path: Path,
