@@ -95,7 +95,7 @@ def run_sqlite(path: Path, phase: str, entries: int, changed: int) -> None:
     def local(index: int) -> LocalFile:
         name, value = entry(index)
         size, mtime, ctime, ino = value["identity"]  # type: ignore[misc]
-        return LocalFile(name, Path(name), size, mtime, ctime, ino)
+        return LocalFile(name, Path(), name, size, mtime, ctime, ino)
 
     store = DigestStore(path)
     try:

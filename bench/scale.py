@@ -27,6 +27,9 @@ directory):
   --no-follow-symlinks`` (which skips them too). Every symlink waits for the whole tree to be
   seen before it can be decided: what that holds is this case's peak RSS.
 
+The three resync cases (``resync``, ``changed``, ``upload-resync``) first run every contender
+once, untimed, so that each timed run is a resync whatever ran before it.
+
 The bucket is seeded once and kept (``--data``, the server's directory, reused by later runs with
 the same ``--objects`` and ``--size``)::
 
@@ -35,7 +38,10 @@ the same ``--objects`` and ``--size``)::
     .venv/bin/python bench/scale.py --objects 100000 --before /tmp/before   # a checkout to compare with
 
 ``--before DIR`` adds the command run from another checkout (``git archive COMMIT | tar -x -C DIR``)
-as a contender, for a before/after table from one run.
+as a contender, for a before/after table from one run (its upload cases read the tree its
+download case wrote). ``--latency MS`` puts ``bench/latency_proxy.py`` between every contender and
+the server, MS added to each request: here the server shares the client's two cores and answers a
+listing page in a few milliseconds, where S3 takes tens.
 
 A run's earlier download is set aside before the next (renamed under ``work/removed``), and what
 was set aside is removed when the run ends: removing it right before the next download (as an
@@ -66,6 +72,8 @@ from tao_data_io.transfer.s5cmd_executor import s5cmd_binary
 
 PER_DIRECTORY = 1280
 CASES = ("download", "resync", "changed", "upload", "upload-resync", "shard", "links")
+#: The cases that time a run over what a run before transferred: each contender runs once untimed first.
+RESYNCS = ("resync", "changed", "upload-resync")
 #: The ``links`` case: one label file (uploaded) for this many symlinks (skipped).
 LINKS_PER_FILE = 10
 
@@ -188,6 +196,10 @@ class Bench:
         for case in cases:
             in_case = [name for name in contenders if case != "shard" or name in self.checkouts]
             results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in in_case}
+            if case in RESYNCS:  # untimed: the state a resync starts from
+                for name in in_case:
+                    argv, cwd = self.command(name, case)
+                    timed(argv, self.env(name), cwd, self.work)
             for rep in range(reps):
                 if case == "changed":
                     self.rewrite(rep)

@@ -70,7 +70,8 @@ class Store:
         for start in range(0, len(entries), self.page_size):
             page = entries[start:start + self.page_size]
             yield {"Contents": [{"Key": key, "Size": len(key), "ETag": '"e"'} for kind, key in page if kind == "key"],
-                   "CommonPrefixes": [{"Prefix": key} for kind, key in page if kind == "common"]}
+                   "CommonPrefixes": [{"Prefix": key} for kind, key in page if kind == "common"],
+                   "IsTruncated": start + self.page_size < len(entries)}
 
 
 class IgnoresDelimiter(Store):
@@ -119,11 +120,20 @@ def listed(store: Store, keys: list[str] = KEYS) -> list[str]:
 
 
 def test_folders_are_listed_apart_each_flat() -> None:
-    assert listed(Store(KEYS)) == ["p/ /", "p// None", "p/a/ None", "p/b/ None", "p/c/ None"]
+    assert listed(Store(KEYS)) == ["p/ /", "p/ None", "p// None", "p/a/ None", "p/b/ None", "p/c/ None"]
+
+
+def test_a_prefix_of_one_page_is_listed_in_one_request() -> None:
+    assert listed(Store(KEYS, page_size=1000)) == ["p/ None"]
+
+
+def test_many_small_folders_are_listed_flat() -> None:
+    keys = [f"p/epoch_{number:04d}/{name}" for number in range(1500) for name in ("model.pth", "events")]
+    assert listed(Store(keys, page_size=1000), keys) == ["p/ None"]
 
 
 def test_a_store_that_ignores_the_delimiter_gives_the_same_index() -> None:
-    assert listed(IgnoresDelimiter(KEYS)) == ["p/ /"]
+    assert listed(IgnoresDelimiter(KEYS)) == ["p/ /", "p/ None"]
 
 
 def test_a_level_naming_a_folder_that_is_not_a_first_folder_is_listed_flat() -> None:
@@ -137,7 +147,8 @@ def test_a_level_naming_more_folders_than_it_may_split_is_listed_flat(monkeypatc
 
 def test_a_chain_of_lone_folders_is_followed_to_the_level_with_several() -> None:
     keys = ["p/run/", "p/run/out/x/1", "p/run/out/y/2", "p/run/log", "p/note"]
-    assert listed(Store(keys), keys) == ["p/ /", "p/run/ /", "p/run/out/ /", "p/run/out/x/ None", "p/run/out/y/ None"]
+    assert listed(Store(keys), keys) == ["p/ /", "p/ None", "p/run/ /", "p/run/out/ /", "p/run/out/x/ None",
+                                         "p/run/out/y/ None"]
 
 
 def test_a_chunk_waits_only_for_the_folders_its_keys_lie_in() -> None:
@@ -172,15 +183,22 @@ def test_a_folders_listing_error_is_raised_for_its_keys_and_by_the_total() -> No
         index.close()
 
 
-def test_closing_the_index_stops_a_listing_that_would_not_end() -> None:
+@pytest.mark.parametrize("markers", [False, True], ids=["objects", "folder markers"])
+def test_closing_the_index_stops_a_listing_that_would_not_end(markers: bool) -> None:
+    """Each listing stops at its next page, whatever the page holds: markers are no objects."""
+    listing = threading.Event()
+
     def endless(prefix: str, delimiter: str | None) -> Iterator[Mapping[str, Any]]:
         if delimiter:
-            yield {"CommonPrefixes": [{"Prefix": "p/a/"}, {"Prefix": "p/b/"}]}
+            yield {"CommonPrefixes": [{"Prefix": "p/a/"}, {"Prefix": "p/b/"}], "IsTruncated": False}
             return
         for number in range(10 ** 9):
-            yield {"Contents": [{"Key": f"{prefix}{number}", "Size": 1, "ETag": '"e"'}]}
+            listing.set()
+            yield {"Contents": [{"Key": f"{prefix}{number}{'/' if markers else ''}", "Size": 1, "ETag": '"e"'}],
+                   "IsTruncated": True}
 
     index = RemoteIndex(S3Url("b", "p/"), endless)
+    assert listing.wait(HANG_S)
     closing = threading.Thread(target=index.close)
     closing.start()
     closing.join(HANG_S)

@@ -148,7 +148,7 @@ def test_settings_botocore_would_honour_send_the_listing_to_boto3(environ: dict[
 def test_a_proxy_bypassed_for_the_endpoint_does_not_matter(s3_server: EmbeddedS3, bucket: str) -> None:
     environ = {"HTTP_PROXY": "http://proxy.invalid:3128", "NO_PROXY": "127.0.0.1,localhost"}
     assert list(list_pages(s3_server.credentials, bucket, "p/", environ=environ, fallback=Handover())) == [
-        {"Contents": []}]
+        {"Contents": [], "IsTruncated": False}]
 
 
 def test_an_unreadable_ca_bundle_is_left_to_boto3_to_report(tmp_path: Path) -> None:

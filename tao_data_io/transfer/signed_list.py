@@ -48,7 +48,8 @@ _TIMEOUT_S = 60
 
 log = logging.getLogger(__name__)
 
-#: One page as botocore returns it: ``Contents`` items with Key, Size, ETag and raw LastModified.
+#: One page as botocore returns it: ``Contents`` items with Key, Size, ETag and raw LastModified,
+#: ``CommonPrefixes`` when there are any, and ``IsTruncated``.
 Page = dict[str, Any]
 
 
@@ -210,4 +211,4 @@ def _parse(body: bytes) -> tuple[Page, str | None]:
     token = root.findtext(f"{_NS}NextContinuationToken") if truncated else None
     if truncated and not token:
         raise ValueError("a truncated page without a continuation token")
-    return {"Contents": contents, **({"CommonPrefixes": common} if common else {})}, token
+    return {"Contents": contents, **({"CommonPrefixes": common} if common else {}), "IsTruncated": truncated}, token
