@@ -106,7 +106,7 @@ class RemoteIndex:
         self._fill([first])
         if first.get("IsTruncated") and not self._stop.is_set():
             keys = [item["Key"] for item in first.get("Contents", ())]
-            # A key's folder at a level below the prefix's is as many or more: decided here, no request made.
+            # The page's keys lie in as many folders or more at any level further down: judged here, unasked.
             split = self._split(keys) if 0 < len(folders_of(keys, self.prefix.key)) <= LISTINGS else None
             if split is not None:
                 close = getattr(pages, "close", None)  # a generator: its connection goes now, not at collection
