@@ -30,6 +30,7 @@ import sqlite3
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from ..fs.confinement import STATE_DIR_NAME
@@ -41,7 +42,7 @@ from .summary import Skipped
 class LocalFile:
     relative: str
     #: The regular file itself is ``root / name`` (:attr:`path`): for a symlink inside the tree,
-    #: its resolved target. Joined only when asked for: a resync of unchanged files never opens
+    #: its resolved target. Joined when first asked for: a resync of unchanged files never opens
     #: one, and a walk that joined each file's path spent ~20 ms on 10,000 of them.
     root: Path
     name: str
@@ -54,9 +55,14 @@ class LocalFile:
     target_relative: str | None = None
     nlink: int = 1
 
-    @property
+    @cached_property
     def path(self) -> Path:
         return self.root / self.name
+
+    def now(self, st: os.stat_result) -> LocalFile:
+        """This file as ``st`` finds it now: the same names, the stat's numbers."""
+        return LocalFile(self.relative, self.root, self.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
+                         st.st_dev, self.target_relative, st.st_nlink)
 
     @property
     def identity(self) -> tuple[int, int]:

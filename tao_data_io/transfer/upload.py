@@ -285,7 +285,7 @@ class Uploads(ControlPlane):
         except FileNotFoundError:
             store.forget(before.relative)
             return ItemFailed("removed while uploading; the object may hold a partial read — the next run looks again")
-        after = local_file(before.relative, before.path, st)
+        after = before.now(st)
         if (after.size, after.mtime_ns, after.ctime_ns, after.ino) != (before.size, before.mtime_ns, before.ctime_ns,
                                                                      before.ino):
             store.forget(before.relative)
