@@ -59,10 +59,16 @@ class LocalFile:
     def path(self) -> Path:
         return self.root / self.name
 
+    @classmethod
+    def of(cls, relative: str, root: Path, name: str, st: os.stat_result,
+           target_relative: str | None = None) -> LocalFile:
+        """The file ``root / name``, known in the tree as ``relative``, as ``st`` found it."""
+        return cls(relative, root, name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
+                   target_relative, st.st_nlink)
+
     def now(self, st: os.stat_result) -> LocalFile:
         """This file as ``st`` finds it now: the same names, the stat's numbers."""
-        return LocalFile(self.relative, self.root, self.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
-                         st.st_dev, self.target_relative, st.st_nlink)
+        return LocalFile.of(self.relative, self.root, self.name, st, self.target_relative)
 
     @property
     def identity(self) -> tuple[int, int]:
@@ -72,8 +78,7 @@ class LocalFile:
 
 
 def local_file(relative: str, path: Path, st: os.stat_result, target_relative: str | None = None) -> LocalFile:
-    return LocalFile(relative, path.parent, path.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
-                     target_relative, st.st_nlink)
+    return LocalFile.of(relative, path.parent, path.name, st, target_relative)
 
 
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -185,8 +190,7 @@ def walk_local(root_fd: int, root: Path, walk: LocalWalk, *,
                     os.close(child)
                     walk.skip(Skipped(relative, f"directory cannot be read ({exc.strerror}); left out"))
             elif stat.S_ISREG(st.st_mode):
-                local = LocalFile(relative, root, relative, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
-                                  st.st_dev, None, st.st_nlink)
+                local = LocalFile.of(relative, root, relative, st)
                 if st.st_nlink > 1:
                     walk.hold_linked(local)
                 else:

@@ -163,7 +163,7 @@ class RemoteIndex:
         if keys is None:
             needed: Iterable[str] = self._folders
         else:
-            needed = sorted({folder for key in keys if (folder := folder_of(key, self._level)) in self._folders})
+            needed = sorted(folders_of(keys, self._level) & self._folders.keys())
         for folder in needed:
             self._folders[folder].result()
 

@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from ..errors import UsageError
-from .digests import DigestStore
+from .digests import DigestStore, stat_identity
 from .work import Item, ItemFailed, Landed, UploadItem
 from .listing import RemoteObject, clean_etag
 from .local_walk import LocalFile, LocalWalk, local_file, walk_local
@@ -286,8 +286,7 @@ class Uploads(ControlPlane):
             store.forget(before.relative)
             return ItemFailed("removed while uploading; the object may hold a partial read — the next run looks again")
         after = before.now(st)
-        if (after.size, after.mtime_ns, after.ctime_ns, after.ino) != (before.size, before.mtime_ns, before.ctime_ns,
-                                                                     before.ino):
+        if stat_identity(after) != stat_identity(before):
             store.forget(before.relative)
             return ItemFailed("changed while uploading; the next run uploads it again")
         if landed is not None and landed.etag:
