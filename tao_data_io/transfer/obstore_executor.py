@@ -51,6 +51,7 @@ from ..credentials import S3Credentials
 from ..errors import UnsafePathError
 from ..fs.reading import open_scanned, read_bounded
 from .activity import beating
+from .budget import Budget
 from .digests import is_md5_etag
 from .feed import Feed
 from .work import DownloadItem, Item, ItemDone, ItemFailed, Landed, UploadItem
@@ -73,6 +74,17 @@ PROVEN_BYTES = 64 * 1024
 FD_LINKS = "/proc/self/fd"
 #: Multipart part size for medium uploads; S3 refuses parts under 5 MiB (except the last).
 _UPLOAD_PART = 8 * 1024 * 1024
+#: Parts of one multipart upload in flight at once: as many as s5cmd's 50 MiB parts put in
+#: flight for a 128 MiB file. More (object_store's default is 12) made 4 × 128 MiB slower here,
+#: not faster: the server holds every part in flight (``bench/README.md``, large objects).
+PART_CONCURRENCY = 3
+#: What one multipart upload holds: its parts in flight, the part being filled, a chunk read.
+_MULTIPART_HELD = (PART_CONCURRENCY + 1) * _UPLOAD_PART + _CHUNK
+#: Multipart uploads moving at once when nothing else is held.
+MULTIPART_UPLOADS = 4
+#: The bytes the workers may hold at once (:mod:`.budget`): four multipart uploads, or many
+#: small files — never a whole tree of large ones.
+MEMORY_BUDGET = MULTIPART_UPLOADS * _MULTIPART_HELD
 #: Retries inside object_store for 5xx, throttling and connection resets, exponential backoff.
 _RETRY: RetryConfig = {
     "max_retries": 10,
@@ -139,6 +151,7 @@ class ObstoreExecutor:
         #: Whether obstore can open a file by its descriptor's link (:data:`FD_LINKS`); cleared
         #: the first time it cannot (no procfs, or one of another PID namespace).
         self._fd_links = True
+        self._budget = Budget(MEMORY_BUDGET)
         self._loop: _LoopThread | None = None
         self._lock = threading.Lock()
 
@@ -226,8 +239,10 @@ class ObstoreExecutor:
         """One of ``concurrency`` workers taking items from ``feed`` until it ends: memory stays
         O(concurrency) coroutines, not O(items) — 20,000 pending coroutines would cost more than
         the transfers themselves."""
+        budget = self._budget
         while (item := await feed.take()) is not None:
             landed: Landed | None = None
+            held = await budget.reserve(_held(item))
             try:
                 landed = await (self._download(item) if isinstance(item, DownloadItem) else self._upload(item))
                 error = None
@@ -240,6 +255,8 @@ class ObstoreExecutor:
                 error = ItemFailed(f"{where}: {exc.strerror or type(exc).__name__}")
             except Exception as exc:  # noqa: BLE001 - every failure is reported per object
                 error = ItemFailed(f"{type(exc).__name__}: {_first_line(exc)}")
+            finally:
+                budget.release(held)
             try:
                 on_done(item, error, landed)
             except BaseException as exc:  # noqa: BLE001 - the caller's: it ends the run, raised on the caller's thread
@@ -346,7 +363,8 @@ class ObstoreExecutor:
                 if item.size <= _UPLOAD_PART:  # one PUT
                     result = await obstore.put_async(store, item.key, b"".join(chunks), chunk_size=_UPLOAD_PART)
                 else:  # multipart, streamed from the file so memory stays bounded
-                    result = await obstore.put_async(store, item.key, chunks, chunk_size=_UPLOAD_PART)
+                    result = await obstore.put_async(store, item.key, chunks, chunk_size=_UPLOAD_PART,
+                                                     max_concurrency=PART_CONCURRENCY)
         finally:
             os.close(fd)
         return Landed(etag=str(result.get("e_tag") or "").strip('"') or None)
@@ -425,3 +443,12 @@ def _write_all(fd: int, data: Any) -> int:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _held(item: Item) -> int:
+    """The bytes a worker holds while it moves ``item`` (its reservation in the budget): a file up
+    to a part is read whole for one PUT, a larger one is a multipart upload; a download holds its
+    body whole up to a chunk, and a chunk at a time beyond."""
+    if isinstance(item, DownloadItem):
+        return min(item.size, _CHUNK)
+    return item.size if item.size <= _UPLOAD_PART else _MULTIPART_HELD
