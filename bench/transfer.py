@@ -11,14 +11,17 @@ order rotates every repetition), medians of ``--reps`` (≥ 3):
 * ``tao-s3-bucket`` — the same two methods of the ``TaoS3Bucket`` block (``blocks/bucket.py``),
   which reads its credentials from the ``AWS_*`` variables, set here from the server's.
 
-Cases: 2,000 × 16 KiB download and upload; 4 × 128 MiB download; a resync of 2,000 files of
-which 20 changed remotely. Each runs without and with a loopback proxy adding 20 ms per request
+Cases: 2,000 × 16 KiB download and upload; 4 × 128 MiB download and upload; a resync of 2,000
+files of which 20 changed remotely. Each runs without and with a loopback proxy adding 20 ms per request
 (real S3 has latency; a zero-latency server hides serial code). The proxy is a separate process
-so it does not compete for the GIL with in-process contenders.
+so it does not compete for the GIL with in-process contenders. Each cell gives the wall time, its
+ratio to s5cmd's and the CPU seconds (user + system) the contender spent: this process's for the
+in-process contenders, its children's for the commands and for an s5cmd child the engine starts.
 
 The table adds ``prefect-aws ÷ tao-s3-bucket`` (how many times faster the block is) when both run.
 Also: peak RSS of each in-process contender downloading 20,000 small files in a process of its
-own (``--rss``).
+own (``--rss``). ``--before DIR`` adds the command run from another checkout (``git archive
+COMMIT | tar -x -C DIR``) as the contender ``before``, for a before/after table from one run.
 
     make bench                      # everything, default sizes
     .venv/bin/python bench/transfer.py --reps 3 --cases small-download,resync --latency 0,20
@@ -75,9 +78,11 @@ def ours(target: Target, src: str, dst: str) -> None:
         raise RuntimeError(summary.failed[:3])
 
 
-def ours_cli(target: Target, src: str, dst: str) -> None:
-    subprocess.run([sys.executable, "-m", "tao_data_io.cli", "sync", src, dst], env=target.env(), check=True,
-                   stdout=subprocess.DEVNULL)
+def ours_cli(target: Target, src: str, dst: str, *, checkout: Path | None = None) -> None:
+    """The command; from ``checkout`` (another tree, ``--before``) when given."""
+    env = target.env() if checkout is None else {**target.env(), "PYTHONPATH": str(checkout)}
+    subprocess.run([sys.executable, "-m", "tao_data_io.cli", "sync", src, dst], env=env, check=True,
+                   stdout=subprocess.DEVNULL, cwd=checkout)
 
 
 def s5cmd(target: Target, src: str, dst: str, *, resync: bool = False) -> None:
@@ -149,10 +154,17 @@ def mutate_remote(credentials: S3Credentials, prefix: str, count: int, size: int
 
 
 # --------------------------------------------------------------------------- runner
-def timed(fn: Callable[[], None]) -> float:
-    started = time.perf_counter()
+def cpu_seconds() -> float:
+    """User + system CPU of this process and of the children it has waited for."""
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def timed(fn: Callable[[], None]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one call."""
+    cpu, started = cpu_seconds(), time.perf_counter()
     fn()
-    return time.perf_counter() - started
+    return time.perf_counter() - started, cpu_seconds() - cpu
 
 
 def start_proxy(server: EmbeddedS3, delay_ms: int) -> tuple[subprocess.Popen[bytes], Target]:
@@ -163,7 +175,7 @@ def start_proxy(server: EmbeddedS3, delay_ms: int) -> tuple[subprocess.Popen[byt
 
 
 def run_case(case: str, target: Target, server: EmbeddedS3, work: Path, contenders: list[str], reps: int,
-             results: dict[tuple[str, str, str], list[float]], checks: dict[str, str]) -> None:
+             results: dict[tuple[str, str, str], list[tuple[float, float]]], checks: dict[str, str]) -> None:
     small_size = 16 * KIB
     for rep in range(reps):
         order = contenders[rep % len(contenders):] + contenders[:rep % len(contenders)]
@@ -175,9 +187,10 @@ def run_case(case: str, target: Target, server: EmbeddedS3, work: Path, contende
                     seconds = timed(lambda: fn(target, f"s3://{BUCKET}/small/", str(scratch / "out")))
                 elif case == "large-download":
                     seconds = timed(lambda: fn(target, f"s3://{BUCKET}/large/", str(scratch / "out")))
-                elif case == "small-upload":
+                elif case in ("small-upload", "large-upload"):
                     prefix = f"up/{case}-{name.replace(' ', '_')}-{rep}-{target.label[:3].strip()}"
-                    seconds = timed(lambda: fn(target, str(work / "small-src"), f"s3://{BUCKET}/{prefix}/"))
+                    source = work / case.replace("upload", "src")
+                    seconds = timed(lambda: fn(target, str(source), f"s3://{BUCKET}/{prefix}/"))
                 else:  # resync: a synced copy, then 20 remote objects change
                     prefix = f"rs/{name.replace(' ', '_')}-{rep}"
                     put_tree(server.credentials, work / "small-src", prefix)
@@ -197,7 +210,7 @@ def run_case(case: str, target: Target, server: EmbeddedS3, work: Path, contende
                         resync_fn = functools.partial(s5cmd, resync=True) if name == "s5cmd" else fn
                         seconds = timed(lambda: resync_fn(target, f"s3://{BUCKET}/{prefix}/", str(dest)))
                 results.setdefault((case, target.label, name), []).append(seconds)
-                print(f"  {case:15} {target.label:18} {name:16} {seconds:7.2f}s", flush=True)
+                print(f"  {case:15} {target.label:18} {name:16} {seconds[0]:7.2f}s {seconds[1]:6.2f} CPU s", flush=True)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
 
@@ -225,15 +238,18 @@ def measure_rss(server: EmbeddedS3, work: Path, count: int, names: list[str]) ->
     return f"peak RSS (VmHWM) downloading {count:,} × 1 KiB, each in its own process: " + ", ".join(peaks)
 
 
-def report(results: dict[tuple[str, str, str], list[float]], contenders: list[str]) -> str:
+def report(results: dict[tuple[str, str, str], list[tuple[float, float]]], contenders: list[str]) -> str:
     versus = all(name in contenders for name in VERSUS)
     lines = ["| case | latency | " + " | ".join(contenders) + " |" + f" {' ÷ '.join(VERSUS)} |" * versus,
              "|---|---|" + "---|" * (len(contenders) + versus)]
     for case, label in dict.fromkeys((c, t) for c, t, _ in results):
-        med = {name: statistics.median(times) for name in contenders if (times := results.get((case, label, name)))}
+        runs = {name: times for name in contenders if (times := results.get((case, label, name)))}
+        med = {name: statistics.median(wall for wall, _ in times) for name, times in runs.items()}
+        cpu = {name: statistics.median(used for _, used in times) for name, times in runs.items()}
         nan = float("nan")
         base = med.get("s5cmd", nan)
-        cells = [f"{med[name]:.2f}s ({med[name] / base:.2f}×)" if name in med else "–" for name in contenders]
+        cells = [f"{med[name]:.2f}s ({med[name] / base:.2f}×), {cpu[name]:.2f} CPU s" if name in med else "–"
+                 for name in contenders]
         if versus:
             cells.append(f"{med.get(VERSUS[0], nan) / med.get(VERSUS[1], nan):.1f}×")
         lines.append(f"| {case} | {label} | " + " | ".join(cells) + " |")
@@ -243,26 +259,29 @@ def report(results: dict[tuple[str, str, str], list[float]], contenders: list[st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--cases", default="small-download,small-upload,large-download,resync")
+    parser.add_argument("--cases", default="small-download,small-upload,large-download,large-upload,resync")
     parser.add_argument("--latency", default="0,20", help="comma-separated ms per request (0 = direct)")
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--rss", type=int, default=20000, help="files for the RSS measurement (0 to skip)")
     parser.add_argument("--json", type=Path, help="also write raw timings here")
+    parser.add_argument("--before", type=Path, help="another checkout's command as a contender")
     args = parser.parse_args()
     contenders = [c for c in args.contenders.split(",") if c]
+    if args.before is not None:
+        CONTENDERS["before"] = functools.partial(ours_cli, checkout=args.before.resolve())
+        contenders.append("before")
     cases = [c for c in args.cases.split(",") if c]
     work = Path(tempfile.mkdtemp(prefix="tao-bench-"))
-    results: dict[tuple[str, str, str], list[float]] = {}
+    results: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     checks: dict[str, str] = {}
     try:
         with EmbeddedS3(work / "s3") as server:
             server.create_bucket(BUCKET)
             make_files(work / "small-src", 2000, 16 * KIB)
             put_tree(server.credentials, work / "small-src", "small")
-            if "large-download" in cases:
+            if "large-download" in cases or "large-upload" in cases:
                 make_files(work / "large-src", 4, 128 * MIB)
                 put_tree(server.credentials, work / "large-src", "large")
-                shutil.rmtree(work / "large-src")
             for delay in (int(x) for x in args.latency.split(",")):
                 proxy = None
                 if delay:
@@ -279,14 +298,12 @@ def main() -> None:
             rss = measure_rss(server, work, args.rss, [c for c in contenders if c in IN_PROCESS]) if args.rss else ""
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\nmedians of {args.reps}; ratio = wall time / s5cmd's (lower is better)\n")
+    print(f"\nmedians of {args.reps}; ratio = wall time / s5cmd's (lower is better); CPU = user + system\n")
     print(report(results, contenders))
     for name, value in checks.items():
         print(f"\n{name}: {value}")
     if rss:
         print("\n" + rss)
-    cpu = resource.getrusage(resource.RUSAGE_SELF).ru_utime
-    print(f"\nCPU of this process (in-process contenders): {cpu:.1f}s user")
     if args.json:
         args.json.write_text(json.dumps({" / ".join(k): v for k, v in results.items()}, indent=2))
 
