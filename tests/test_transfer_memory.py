@@ -1,8 +1,9 @@
 """What a transfer holds in memory is bounded by the executor's budget, not by the size of what
-it moves: a results tree of many large files uploads in the memory of a few of them.
+it moves: a tree of many large files moves in the memory of a few of them, whichever path each
+file takes — a multipart upload, one PUT of a file read whole, a download streamed to disk.
 
 Measured as a user would meet it: the peak resident memory (``VmHWM``) of a process of its own
-that uploads the tree to the embedded S3 server, against its resident memory before the
+that runs the transfer against the embedded S3 server, against its resident memory before the
 transfer started."""
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tao_data_io.embedded.s3 import EmbeddedS3
+from tao_data_io.transfer.engine import TransferEngine
 from tao_data_io.transfer.obstore_executor import MEMORY_BUDGET
 
 MIB = 1024 * 1024
-#: Twelve files of 40 MiB (five parts each): 480 MiB, several times the budget.
-FILES, FILE_MIB = 12, 40
 #: What the process may grow by beyond the budget: the runtime's own buffers and allocator slack.
 SLACK = 96 * MIB
 
-_UPLOAD = textwrap.dedent("""
+_SYNC = textwrap.dedent("""
     import re, sys
     from tao_data_io.credentials import s3_credentials_from_env
     from tao_data_io.transfer.engine import TransferEngine
@@ -38,17 +40,37 @@ _UPLOAD = textwrap.dedent("""
 """)
 
 
-def test_an_upload_of_many_large_files_holds_no_more_than_the_memory_budget(
-        s3_server: EmbeddedS3, s3_prefix: str, tmp_path: Path) -> None:
-    source = tmp_path / "results"
-    source.mkdir()
-    for index in range(FILES):  # sparse: nothing to write here, yet every byte is read and sent
-        with open(source / f"shard-{index:02d}.bin", "wb") as file:
-            file.truncate(FILE_MIB * MIB)
-    child = subprocess.run([sys.executable, "-c", _UPLOAD, str(source), s3_prefix],
-                           env={**os.environ, **s3_server.env()}, capture_output=True, text=True, check=False)
+def _tree(root: Path, files: int, size: int) -> Path:
+    """``files`` sparse files of ``size`` bytes: nothing to write here, yet every byte is read and sent."""
+    root.mkdir()
+    for index in range(files):
+        with open(root / f"shard-{index:02d}.bin", "wb") as file:
+            file.truncate(size)
+    return root
+
+
+def _grown(server: EmbeddedS3, source: str, destination: str, files: int) -> int:
+    child = subprocess.run([sys.executable, "-c", _SYNC, source, destination],
+                           env={**os.environ, **server.env()}, capture_output=True, text=True, check=False)
     assert child.returncode == 0, child.stderr
     ok, transferred, grown = child.stdout.split()
-    assert (ok, int(transferred)) == ("True", FILES)
-    assert int(grown) <= MEMORY_BUDGET + SLACK, (
-        f"the upload grew by {int(grown) / MIB:.0f} MiB, over the budget of {MEMORY_BUDGET / MIB:.0f} MiB")
+    assert (ok, int(transferred)) == ("True", files)
+    return int(grown)
+
+
+@pytest.mark.parametrize(("files", "size"), [(12, 40 * MIB), (40, 8 * MIB)], ids=["multipart", "one-put"])
+def test_an_upload_of_many_large_files_holds_no_more_than_the_memory_budget(
+        s3_server: EmbeddedS3, s3_prefix: str, tmp_path: Path, files: int, size: int) -> None:
+    grown = _grown(s3_server, str(_tree(tmp_path / "results", files, size)), s3_prefix, files)
+    assert grown <= MEMORY_BUDGET + SLACK, (
+        f"the upload grew by {grown / MIB:.0f} MiB, over the budget of {MEMORY_BUDGET / MIB:.0f} MiB")
+
+
+def test_a_download_of_many_streamed_objects_holds_no_more_than_the_memory_budget(
+        s3_server: EmbeddedS3, s3_prefix: str, tmp_path: Path) -> None:
+    files = 30  # of 24 MiB: read as a stream (objects of 32 MiB and more go to an s5cmd child)
+    with TransferEngine(s3_server.credentials) as engine:
+        assert engine.sync(str(_tree(tmp_path / "source", files, 24 * MIB)), s3_prefix).ok
+    grown = _grown(s3_server, s3_prefix, str(tmp_path / "copy"), files)
+    assert grown <= MEMORY_BUDGET + SLACK, (
+        f"the download grew by {grown / MIB:.0f} MiB, over the budget of {MEMORY_BUDGET / MIB:.0f} MiB")

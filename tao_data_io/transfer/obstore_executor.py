@@ -64,7 +64,13 @@ if TYPE_CHECKING:
 
 #: Objects at least this large go to the ``large`` executor (parallel ranged parts).
 LARGE_OBJECT_BYTES = 32 * 1024 * 1024
+#: A body up to this size is read whole, in one buffer, and written in one call.
 _CHUNK = 4 * 1024 * 1024
+#: A larger body is streamed to its file in chunks of this size. obstore gathers each chunk from
+#: smaller buffers and copies them into one, so a stream holds ~4 chunks at its peak (measured:
+#: ~16 MiB a download in flight with 4 MiB chunks, ~4 MiB with 1 MiB; issue 45's review).
+_STREAM_CHUNK = 1024 * 1024
+_STREAM_HELD = 4 * _STREAM_CHUNK
 #: Objects up to this size with an MD5 ETag are read in one ranged GET whose bytes are proven by
 #: their MD5 (:meth:`ObstoreExecutor._write_proven`): one call into obstore instead of two (a GET,
 #: then its body). Above it, hashing the bytes on the loop costs more than the second call saves
@@ -74,11 +80,13 @@ PROVEN_BYTES = 64 * 1024
 FD_LINKS = "/proc/self/fd"
 #: Multipart part size for medium uploads; S3 refuses parts under 5 MiB (except the last).
 _UPLOAD_PART = 8 * 1024 * 1024
+#: Files up to this size are handed to obstore by their descriptor's link (:meth:`ObstoreExecutor._upload`).
+_LINKED_BYTES = 1024 * 1024
 #: Parts of one multipart upload in flight at once: as many as s5cmd's 50 MiB parts put in
 #: flight for a 128 MiB file. More (object_store's default is 12) made 4 × 128 MiB slower here,
 #: not faster: the server holds every part in flight (``bench/README.md``, large objects).
 PART_CONCURRENCY = 3
-#: What one multipart upload holds: its parts in flight, the part being filled, a chunk read.
+#: What one multipart upload holds at most: its parts in flight, the part being filled, a chunk read.
 _MULTIPART_HELD = (PART_CONCURRENCY + 1) * _UPLOAD_PART + _CHUNK
 #: Multipart uploads moving at once when nothing else is held.
 MULTIPART_UPLOADS = 4
@@ -321,8 +329,9 @@ class ObstoreExecutor:
             if 0 <= item.size <= _CHUNK:  # small: one buffer, one write (the common case)
                 written += _write_all(fd, await result.bytes_async())
             else:
-                async for chunk in result.stream(min_chunk_size=_CHUNK):
+                async for chunk in result.stream(min_chunk_size=_STREAM_CHUNK):
                     written += _write_all(fd, chunk)
+                    del chunk  # not held while the next is gathered
         except BaseException:
             temp.discard()
             raise
@@ -338,18 +347,20 @@ class ObstoreExecutor:
         """The scanned file, bound by its descriptor (open_scanned: never blocks on a FIFO swapped
         in under its name).
 
-        A file of up to :data:`_UPLOAD_PART` from the user's own tree is handed to obstore by its
+        A file of up to :data:`_LINKED_BYTES` from the user's own tree is handed to obstore by its
         descriptor's ``/proc/self/fd`` link, which opens that very file (not whatever its name
         holds now) and reads it in Rust: bytes handed over from Python are a buffer that obstore
         releases on one of its own threads, taking the GIL there once more — ~50 µs of CPU a
-        file (13 % of a small upload's, issue 45). Any other file is read here to its scanned
+        file (13 % of a small upload's, issue 45). Not a larger one: obstore's own read holds a
+        file about three times over, where reading it here holds it at most twice (chunks, then
+        joined), and 50 µs is nothing beside sending a MiB. Any other file is read here to its scanned
         size and no further: a job that grows a file of its results once scanned (to a terabyte,
         sparse) gets its scanned bytes read, never the rest."""
         fd = open_scanned(item.source, identity=item.identity, size=item.size)
         try:
             store = self._store(item.bucket)
             linked = None
-            if item.size <= _UPLOAD_PART and not item.untrusted and self._fd_links:
+            if item.size <= _LINKED_BYTES and not item.untrusted and self._fd_links:
                 try:  # obstore opens the file here, as it takes its arguments, before any request
                     linked = obstore.put_async(store, item.key, Path(FD_LINKS, str(fd)), chunk_size=_UPLOAD_PART)
                 except OSError:
@@ -446,9 +457,14 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _held(item: Item) -> int:
-    """The bytes a worker holds while it moves ``item`` (its reservation in the budget): a file up
-    to a part is read whole for one PUT, a larger one is a multipart upload; a download holds its
-    body whole up to a chunk, and a chunk at a time beyond."""
+    """The bytes a worker holds while it moves ``item``, as measured (its reservation in the
+    budget): a body up to a chunk is read whole, a larger one streamed; a file handed to obstore
+    by its link is held about three times over, one read here for one PUT at most twice (chunks,
+    then joined); a larger file is a multipart upload, holding no more parts than it has."""
     if isinstance(item, DownloadItem):
-        return min(item.size, _CHUNK)
-    return item.size if item.size <= _UPLOAD_PART else _MULTIPART_HELD
+        return item.size if item.size <= _CHUNK else _STREAM_HELD
+    if item.size <= _LINKED_BYTES:
+        return 3 * item.size
+    if item.size <= _UPLOAD_PART:
+        return 2 * item.size
+    return min(item.size, (PART_CONCURRENCY + 1) * _UPLOAD_PART) + _CHUNK
