@@ -11,8 +11,8 @@ order rotates every repetition), medians of ``--reps`` (≥ 3):
 * ``tao-s3-bucket`` — the same two methods of the ``TaoS3Bucket`` block (``blocks/bucket.py``),
   which reads its credentials from the ``AWS_*`` variables, set here from the server's.
 
-Cases: 2,000 × 16 KiB download and upload; 4 × 128 MiB download and upload; a resync of 2,000
-files of which 20 changed remotely. Each runs without and with a loopback proxy adding 20 ms per request
+Cases: 2,000 × 16 KiB, 40 × 24 MiB and 4 × 128 MiB, each downloaded and uploaded; a resync of
+2,000 files of which 20 changed remotely. Each runs without and with a loopback proxy adding 20 ms per request
 (real S3 has latency; a zero-latency server hides serial code). The proxy is a separate process
 so it does not compete for the GIL with in-process contenders. Each cell gives the wall time, its
 ratio to s5cmd's and the CPU seconds (user + system) the contender spent: this process's for the
@@ -185,9 +185,10 @@ def run_case(case: str, target: Target, server: EmbeddedS3, work: Path, contende
             try:
                 if case == "small-download":
                     seconds = timed(lambda: fn(target, f"s3://{BUCKET}/small/", str(scratch / "out")))
-                elif case == "large-download":
-                    seconds = timed(lambda: fn(target, f"s3://{BUCKET}/large/", str(scratch / "out")))
-                elif case in ("small-upload", "large-upload"):
+                elif case in ("medium-download", "large-download"):
+                    prefix = case.split("-")[0]
+                    seconds = timed(lambda: fn(target, f"s3://{BUCKET}/{prefix}/", str(scratch / "out")))
+                elif case in ("small-upload", "medium-upload", "large-upload"):
                     prefix = f"up/{case}-{name.replace(' ', '_')}-{rep}-{target.label[:3].strip()}"
                     source = work / case.replace("upload", "src")
                     seconds = timed(lambda: fn(target, str(source), f"s3://{BUCKET}/{prefix}/"))
@@ -259,7 +260,8 @@ def report(results: dict[tuple[str, str, str], list[tuple[float, float]]], conte
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--cases", default="small-download,small-upload,large-download,large-upload,resync")
+    parser.add_argument("--cases", default="small-download,small-upload,medium-download,medium-upload,"
+                                           "large-download,large-upload,resync")
     parser.add_argument("--latency", default="0,20", help="comma-separated ms per request (0 = direct)")
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--rss", type=int, default=20000, help="files for the RSS measurement (0 to skip)")
@@ -279,9 +281,10 @@ def main() -> None:
             server.create_bucket(BUCKET)
             make_files(work / "small-src", 2000, 16 * KIB)
             put_tree(server.credentials, work / "small-src", "small")
-            if "large-download" in cases or "large-upload" in cases:
-                make_files(work / "large-src", 4, 128 * MIB)
-                put_tree(server.credentials, work / "large-src", "large")
+            for size, (count, each) in {"medium": (40, 24 * MIB), "large": (4, 128 * MIB)}.items():
+                if f"{size}-download" in cases or f"{size}-upload" in cases:
+                    make_files(work / f"{size}-src", count, each)
+                    put_tree(server.credentials, work / f"{size}-src", size)
             for delay in (int(x) for x in args.latency.split(",")):
                 proxy = None
                 if delay:

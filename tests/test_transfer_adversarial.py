@@ -113,7 +113,7 @@ def test_sigkill_mid_download_then_rerun_is_byte_identical(s3_server: EmbeddedS3
     source = tmp_path / "src"
     write_tree(source, {f"shard-{i:03d}.bin": os.urandom(256 * 1024) for i in range(300)})
     write_tree(source, {f"big-{i}.bin": os.urandom(24 * 1024 * 1024) for i in range(2)})
-    write_tree(source, {"huge.bin": os.urandom(40 * 1024 * 1024)})  # ≥ 32 MiB: the s5cmd path
+    write_tree(source, {"huge.bin": os.urandom(40 * 1024 * 1024)})  # ≥ 8 MiB: the s5cmd path
     assert TransferEngine(s3_credentials).sync(str(source), f"s3://{bucket}/ds/").ok
     dest = tmp_path / "dest"
 
@@ -380,7 +380,7 @@ def test_a_directory_swapped_for_a_symlink_during_a_sync_never_redirects_a_write
     """The plan is made while ``sub`` is a real directory; while the bytes move, another process
     keeps replacing it with a symlink to a directory outside. Whatever lands, lands inside."""
     objects = {f"p/sub/f{i:04d}.bin": os.urandom(512) for i in range(600)}
-    objects["p/sub/big.bin"] = os.urandom(33 * 1024 * 1024)  # ≥ 32 MiB: the s5cmd path too
+    objects["p/sub/big.bin"] = os.urandom(33 * 1024 * 1024)  # ≥ 8 MiB: the s5cmd path too
     _put_many(s3_client, bucket, objects)
     outside, dest = tmp_path / "outside", tmp_path / "dest"
     outside.mkdir()

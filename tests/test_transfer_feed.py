@@ -72,7 +72,7 @@ def _interrupted(mover: ObstoreExecutor, bucket: str, dest: Path) -> Iterator[No
 @pytest.fixture(params=["obstore", "s5cmd"])
 def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Which executor moves the objects: obstore's workers on the loop, or the s5cmd child (as
-    objects of 32 MiB and more go), each object checked once it lands. The same ends must hold."""
+    objects of 8 MiB and more go), each object checked once it lands. The same ends must hold."""
     if request.param == "s5cmd":
         monkeypatch.setattr(obstore_executor, "LARGE_OBJECT_BYTES", 1)
 

@@ -55,7 +55,7 @@ class TransferEngine(Downloads, Uploads):
 
     @cached_property
     def executor(self) -> Executor:
-        """obstore in-process, handing objects of 32 MiB and more to s5cmd (``bench/README.md``)."""
+        """obstore in-process, handing objects of 8 MiB and more to s5cmd (``bench/README.md``)."""
         from .obstore_executor import ObstoreExecutor
         from .s5cmd_executor import S5cmdExecutor
 

@@ -62,15 +62,19 @@ if TYPE_CHECKING:
 
     from .s5cmd_executor import S5cmdExecutor
 
-#: Objects at least this large go to the ``large`` executor (parallel ranged parts).
-LARGE_OBJECT_BYTES = 32 * 1024 * 1024
-#: A body up to this size is read whole, in one buffer, and written in one call.
+#: Objects at least this large go to the ``large`` executor (parallel ranged parts). At 8 MiB
+#: and 24 MiB objects an s5cmd child moved them faster than obstore's stream, direct and at
+#: +20 ms (40 × 24 MiB: 1.15 against 2.74 s direct, 1.76 against 2.55 s at +20 ms); at 2 MiB,
+#: where it adds a HEAD or two an object, it did not (1.40 against 1.02 s at +20 ms). Measured
+#: for issue 45 (``bench/README.md``).
+LARGE_OBJECT_BYTES = 8 * 1024 * 1024
+#: A body up to this size is read whole, in one buffer, and written in one call; a larger one is
+#: streamed to its file in chunks of this size (1 MiB chunks cost 1.7× the CPU, issue 45).
 _CHUNK = 4 * 1024 * 1024
-#: A larger body is streamed to its file in chunks of this size. obstore gathers each chunk from
-#: smaller buffers and copies them into one, so a stream holds ~4 chunks at its peak (measured:
-#: ~16 MiB a download in flight with 4 MiB chunks, ~4 MiB with 1 MiB; issue 45's review).
-_STREAM_CHUNK = 1024 * 1024
-_STREAM_HELD = 4 * _STREAM_CHUNK
+#: What a streamed body holds at its peak, and never more than twice its size: obstore gathers
+#: each chunk from smaller buffers and copies them into one (measured: ~16 MiB a 24 MiB download
+#: in flight, ~8 MiB a 6 MiB one; issue 45's review).
+_STREAM_HELD = 4 * _CHUNK
 #: Objects up to this size with an MD5 ETag are read in one ranged GET whose bytes are proven by
 #: their MD5 (:meth:`ObstoreExecutor._write_proven`): one call into obstore instead of two (a GET,
 #: then its body). Above it, hashing the bytes on the loop costs more than the second call saves
@@ -329,7 +333,7 @@ class ObstoreExecutor:
             if 0 <= item.size <= _CHUNK:  # small: one buffer, one write (the common case)
                 written += _write_all(fd, await result.bytes_async())
             else:
-                async for chunk in result.stream(min_chunk_size=_STREAM_CHUNK):
+                async for chunk in result.stream(min_chunk_size=_CHUNK):
                     written += _write_all(fd, chunk)
                     del chunk  # not held while the next is gathered
         except BaseException:
@@ -462,7 +466,7 @@ def _held(item: Item) -> int:
     by its link is held about three times over, one read here for one PUT at most twice (chunks,
     then joined); a larger file is a multipart upload, holding no more parts than it has."""
     if isinstance(item, DownloadItem):
-        return item.size if item.size <= _CHUNK else _STREAM_HELD
+        return item.size if item.size <= _CHUNK else min(2 * item.size, _STREAM_HELD)
     if item.size <= _LINKED_BYTES:
         return 3 * item.size
     if item.size <= _UPLOAD_PART:
