@@ -471,4 +471,4 @@ def _held(item: Item) -> int:
         return 3 * item.size
     if item.size <= _UPLOAD_PART:
         return 2 * item.size
-    return min(item.size, (PART_CONCURRENCY + 1) * _UPLOAD_PART) + _CHUNK
+    return min(item.size + _CHUNK, _MULTIPART_HELD)
