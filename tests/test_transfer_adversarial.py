@@ -27,6 +27,7 @@ from bench.latency_proxy import LatencyProxy
 from tao_data_io.credentials import S3Credentials
 from tao_data_io.embedded.s3 import EmbeddedS3
 from tao_data_io.transfer.engine import TransferEngine
+from tao_data_io.transfer.obstore_executor import LARGE_OBJECT_BYTES
 from tao_data_io.transfer.options import TransferOptions
 from tao_data_io.transfer.s5cmd_executor import PART_SIZE_MIB as S5CMD_PART_SIZE_MIB
 from tao_data_io.transfer.work import Executor
@@ -459,6 +460,40 @@ def test_an_object_overwritten_between_ranged_parts_is_never_published_mixed(
     assert published in (old, new, None)
     assert summary.ok and published == new
     assert temp_leftovers(tmp_path / "d") == []
+
+
+def test_an_object_overwritten_and_set_back_while_the_child_reads_it_is_read_again_not_published(
+        s3_server: EmbeddedS3, s3_client: Any, bucket: str, tmp_path: Path) -> None:
+    """The s5cmd child's GET is not bound to the listed ETag, so the check after it must tell the
+    listed version from the same bytes written again: an object overwritten (B) as the child reads
+    it and set back (A again: the same ETag) before the check is read again, not published as A
+    with B's bytes — which the digest record would then keep for good."""
+    size = LARGE_OBJECT_BYTES + 1024 * 1024  # the child's path, in one GET
+    listed, overwrite = os.urandom(size), os.urandom(size)
+    s3_client.put_object(Bucket=bucket, Key="p/model.bin", Body=listed)
+    time.sleep(1.1)  # S3's LastModified counts whole seconds: the writes below fall in a later one
+    steps: list[str] = []
+
+    def overwrite_then_set_back(head: bytes) -> None:
+        if f"/{bucket}/p/model.bin".encode() not in head:
+            return
+        if head.startswith(b"GET") and not steps:
+            s3_client.put_object(Bucket=bucket, Key="p/model.bin", Body=overwrite)
+            steps.append("overwritten")
+        elif head.startswith(b"HEAD") and steps == ["overwritten"]:
+            s3_client.put_object(Bucket=bucket, Key="p/model.bin", Body=listed)
+            steps.append("set back")
+
+    dest = tmp_path / "d"
+    with LatencyProxy("127.0.0.1", s3_server.port, 0, on_request=overwrite_then_set_back) as proxy:
+        credentials = replace(s3_server.credentials, endpoint_url=f"http://127.0.0.1:{proxy.port}")
+        with TransferEngine(credentials) as engine:
+            summary = engine.sync(f"s3://{bucket}/p/", str(dest))
+    assert steps == ["overwritten", "set back"], "the test must change the object under the child"
+    assert summary.ok and (dest / "model.bin").read_bytes() == listed
+    with TransferEngine(s3_server.credentials) as engine:
+        rerun = engine.sync(f"s3://{bucket}/p/", str(dest))
+    assert (rerun.transferred_files, (dest / "model.bin").read_bytes() == listed) == (0, True)
 
 
 def test_an_object_that_keeps_changing_fails_naming_the_limit(s3_server: EmbeddedS3, s3_client: Any, bucket: str,

@@ -53,6 +53,7 @@ from ..fs.reading import open_scanned, read_bounded
 from .activity import beating
 from .budget import Budget
 from .digests import is_md5_etag
+from .listing import s3_time_ns
 from .feed import Feed
 from .work import DownloadItem, Item, ItemDone, ItemFailed, Landed, UploadItem
 
@@ -213,12 +214,12 @@ class ObstoreExecutor:
         feed.run(handed(), [self._worker(feed, on_done) for _ in range(self.concurrency)])
 
     def _delegated(self, item: Item) -> bool:
-        """Only with a planned ETag (the version to check against) and a spool on the destination's
-        filesystem (where the child writes); otherwise one streamed GET here. And only what one
-        s5cmd child may carry (handed keys expire: its largest_object)."""
+        """Only with a planned ETag and LastModified (the version to check against) and a spool on
+        the destination's filesystem (where the child writes); otherwise one streamed GET here.
+        And only what one s5cmd child may carry (handed keys expire: its largest_object)."""
         return (self.large is not None and isinstance(item, DownloadItem) and item.size >= LARGE_OBJECT_BYTES
                 and (self.large.largest_object is None or item.size <= self.large.largest_object)
-                and bool(item.etag) and item.tree.spool_fits())
+                and bool(item.etag) and item.modified is not None and item.tree.spool_fits())
 
     def _loop_thread(self) -> _LoopThread:
         with self._lock:
@@ -227,10 +228,16 @@ class ObstoreExecutor:
             return self._loop
 
     async def _same_version(self, item: DownloadItem, landed: Landed) -> tuple[ItemFailed | None, Landed | None]:
-        """Prove a delegated download is one version: its parts were separate GETs, and an object
-        overwritten between two of them yields a file of both versions, of the right size. So the
-        object's ETag must still be the planned one once the last part is in (one HEAD); if not,
-        the file is discarded and the item reported ``changed`` (the engine reads it again)."""
+        """Prove a delegated download is one version: its parts were separate GETs, none bound to
+        the planned ETag, and an object overwritten between two of them yields a file of both
+        versions, of the right size. So the object must still be the planned version once the
+        last part is in (one HEAD): the same ETag *and* the same LastModified, to the second S3
+        counts — an object overwritten as the child read it and then written back with its old
+        bytes has its old ETag but not its old time, and the child may have read the bytes in
+        between. If not, the file is discarded and the item reported ``changed`` (the engine reads
+        it again, bound). Written back within the listed version's own second, it passes here;
+        the digest record of an object that new is "racy", so the next run checks the file's
+        bytes against the ETag (:mod:`.digests`)."""
         failed: ItemFailed
         try:
             meta = await obstore.head_async(self._store(item.bucket), item.key)
@@ -239,10 +246,12 @@ class ObstoreExecutor:
                                changed=isinstance(exc, FileNotFoundError))  # deleted meanwhile
         else:
             current = str(meta.get("e_tag") or "").strip('"')
-            if current == item.etag:
+            listed, now = _second(s3_time_ns(item.modified)), _second(s3_time_ns(meta.get("last_modified")))
+            if current == item.etag and listed == now:
                 return None, replace(landed, etag=current)
-            failed = ItemFailed(f"the object changed while it was downloaded (ETag {item.etag} → {current}); "
-                               "those bytes were discarded", changed=True)
+            failed = ItemFailed(f"the object changed while it was downloaded (ETag {item.etag} → {current}, "
+                               f"LastModified {item.modified} → {meta.get('last_modified')}); those bytes were "
+                               "discarded", changed=True)
         if landed.temp is not None:
             landed.temp.discard()
         return failed, None
@@ -330,7 +339,8 @@ class ObstoreExecutor:
         temp, fd = item.tree.create_temp(item.relative)
         written = 0
         try:
-            if 0 <= item.size <= _CHUNK:  # small: one buffer, one write (the common case)
+            body = result.meta.get("size")  # the object read, not the one listed: it may have changed
+            if body is not None and 0 <= body <= _CHUNK:  # small: one buffer, one write (the common case)
                 written += _write_all(fd, await result.bytes_async())
             else:
                 async for chunk in result.stream(min_chunk_size=_CHUNK):
@@ -460,13 +470,20 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _second(ns: int | None) -> int | None:
+    """A time to the whole second: what a HEAD's ``Last-Modified`` holds of a listing's ``LastModified``."""
+    return None if ns is None else ns // 1_000_000_000
+
+
 def _held(item: Item) -> int:
     """The bytes a worker holds while it moves ``item``, as measured (its reservation in the
     budget): a body up to a chunk is read whole, a larger one streamed; a file handed to obstore
     by its link is held about three times over, one read here for one PUT at most twice (chunks,
     then joined); a larger file is a multipart upload, holding no more parts than it has."""
     if isinstance(item, DownloadItem):
-        return item.size if item.size <= _CHUNK else min(2 * item.size, _STREAM_HELD)
+        if 0 <= item.size <= _CHUNK:
+            return item.size
+        return _STREAM_HELD if item.size < 0 else min(2 * item.size, _STREAM_HELD)  # < 0: not known
     if item.size <= _LINKED_BYTES:
         return 3 * item.size
     if item.size <= _UPLOAD_PART:
