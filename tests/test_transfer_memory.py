@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.latency_proxy import LatencyProxy
 from tao_data_io.embedded.s3 import EmbeddedS3
+from tao_data_io.transfer.client import make_s3_client
 from tao_data_io.transfer.engine import TransferEngine
 from tao_data_io.transfer.obstore_executor import MEMORY_BUDGET
 
@@ -56,9 +58,10 @@ def _tree(root: Path, files: int, size: int) -> Path:
     return root
 
 
-def _grown(server: EmbeddedS3, source: str, destination: str, files: int, *names: str) -> int:
+def _grown(server: EmbeddedS3, source: str, destination: str, files: int, *names: str, endpoint: str = "") -> int:
+    env = {**os.environ, **server.env(), **({"AWS_ENDPOINT_URL": endpoint} if endpoint else {})}
     child = subprocess.run([sys.executable, "-c", _SYNC, source, destination, *names],
-                           env={**os.environ, **server.env()}, capture_output=True, text=True, check=False)
+                           env=env, capture_output=True, text=True, check=False)
     assert child.returncode == 0, child.stderr
     ok, transferred, grown = child.stdout.split()
     assert (ok, int(transferred)) == ("True", files)
@@ -84,3 +87,24 @@ def test_a_download_of_many_streamed_objects_holds_no_more_than_the_memory_budge
     grown = _grown(s3_server, s3_prefix, str(tmp_path / "copy"), files, *names)
     assert grown <= MEMORY_BUDGET + SLACK, (
         f"the download grew by {grown / MIB:.0f} MiB, over the budget of {MEMORY_BUDGET / MIB:.0f} MiB")
+
+
+def test_an_object_grown_since_it_was_listed_is_streamed_not_read_whole(
+        s3_server: EmbeddedS3, s3_prefix: str, tmp_path: Path) -> None:
+    """Listed small, it would be read in one buffer; replaced by a large one before its GET, the
+    read is refused (bound to the listed ETag) and done again unbound — and what decides one
+    buffer or a stream is the object read, not the size listed."""
+    bucket, _, prefix = s3_prefix.removeprefix("s3://").partition("/")
+    client = make_s3_client(s3_server.credentials)
+    client.put_object(Bucket=bucket, Key=prefix + "weights.bin", Body=b"w" * MIB)
+    replaced: list[bool] = []
+
+    def replace_before_the_read(head: bytes) -> None:
+        if head.startswith(b"GET") and f"/{bucket}/{prefix}weights.bin".encode() in head and not replaced:
+            client.put_object(Bucket=bucket, Key=prefix + "weights.bin", Body=bytes(160 * MIB))
+            replaced.append(True)
+
+    with LatencyProxy("127.0.0.1", s3_server.port, 0, on_request=replace_before_the_read) as proxy:
+        grown = _grown(s3_server, s3_prefix, str(tmp_path / "copy"), 1, endpoint=f"http://127.0.0.1:{proxy.port}")
+    assert replaced and (tmp_path / "copy" / "weights.bin").stat().st_size == 160 * MIB
+    assert grown <= 64 * MIB, f"the download grew by {grown / MIB:.0f} MiB for an object streamed in chunks"
