@@ -51,7 +51,7 @@ from ..credentials import S3Credentials
 from ..errors import UnsafePathError
 from ..fs.reading import open_scanned, read_bounded
 from .activity import beating
-from .budget import Budget
+from .memory_budget import MemoryBudget
 from .digests import is_md5_etag
 from .listing import s3_time_ns
 from .feed import Feed
@@ -95,7 +95,7 @@ PART_CONCURRENCY = 3
 _MULTIPART_HELD = (PART_CONCURRENCY + 1) * _UPLOAD_PART + _CHUNK
 #: Multipart uploads moving at once when nothing else is held.
 MULTIPART_UPLOADS = 4
-#: The bytes the workers may hold at once (:mod:`.budget`): four multipart uploads, or many
+#: The bytes the workers may hold at once (:mod:`.memory_budget`): four multipart uploads, or many
 #: small files — never a whole tree of large ones.
 MEMORY_BUDGET = MULTIPART_UPLOADS * _MULTIPART_HELD
 #: Retries inside object_store for 5xx, throttling and connection resets, exponential backoff.
@@ -164,7 +164,7 @@ class ObstoreExecutor:
         #: Whether obstore can open a file by its descriptor's link (:data:`FD_LINKS`); cleared
         #: the first time it cannot (no procfs, or one of another PID namespace).
         self._fd_links = True
-        self._budget = Budget(MEMORY_BUDGET)
+        self._budget = MemoryBudget(MEMORY_BUDGET)
         self._loop: _LoopThread | None = None
         self._lock = threading.Lock()
 

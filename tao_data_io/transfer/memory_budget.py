@@ -19,7 +19,7 @@ import asyncio
 from collections import deque
 
 
-class Budget:
+class MemoryBudget:
     def __init__(self, total: int) -> None:
         self.total = total
         self.free = total

@@ -1,4 +1,4 @@
-"""The executor's memory budget (:mod:`tao_data_io.transfer.budget`): what fits is taken at once,
+"""The executor's memory budget (:mod:`tao_data_io.transfer.memory_budget`): what fits is taken at once,
 what does not waits its turn in order, and a worker cancelled while it waits (an interrupt, a
 failed run) neither keeps bytes nor holds up those behind it."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tao_data_io.transfer.budget import Budget
+from tao_data_io.transfer.memory_budget import MemoryBudget
 
 
 async def _settle() -> None:
@@ -16,7 +16,7 @@ async def _settle() -> None:
 
 def test_what_fits_is_taken_without_waiting_and_given_back() -> None:
     async def run() -> None:
-        budget = Budget(100)
+        budget = MemoryBudget(100)
         assert await budget.reserve(60) == 60 and await budget.reserve(40) == 40
         assert budget.free == 0
         budget.release(60)
@@ -28,7 +28,7 @@ def test_what_fits_is_taken_without_waiting_and_given_back() -> None:
 
 def test_a_reservation_larger_than_the_budget_takes_the_whole_budget_once_all_is_free() -> None:
     async def run() -> None:
-        budget = Budget(100)
+        budget = MemoryBudget(100)
         small = await budget.reserve(10)
         whole = asyncio.ensure_future(budget.reserve(500))
         await _settle()
@@ -41,7 +41,7 @@ def test_a_reservation_larger_than_the_budget_takes_the_whole_budget_once_all_is
 
 def test_waiters_are_granted_in_the_order_they_asked_so_a_large_one_is_not_passed_by_small_ones() -> None:
     async def run() -> None:
-        budget = Budget(100)
+        budget = MemoryBudget(100)
         held = await budget.reserve(90)
         order: list[str] = []
 
@@ -64,7 +64,7 @@ def test_waiters_are_granted_in_the_order_they_asked_so_a_large_one_is_not_passe
 
 def test_a_worker_cancelled_while_it_waits_keeps_nothing_and_holds_no_one_up() -> None:
     async def run() -> None:
-        budget = Budget(100)
+        budget = MemoryBudget(100)
         held = await budget.reserve(80)
         first = asyncio.ensure_future(budget.reserve(50))  # first in line, cannot fit
         await _settle()
@@ -83,7 +83,7 @@ def test_a_worker_cancelled_while_it_waits_keeps_nothing_and_holds_no_one_up() -
 
 def test_a_worker_cancelled_as_it_is_granted_gives_the_bytes_back() -> None:
     async def run() -> None:
-        budget = Budget(100)
+        budget = MemoryBudget(100)
         held = await budget.reserve(100)
         waiting = asyncio.ensure_future(budget.reserve(30))
         await _settle()
