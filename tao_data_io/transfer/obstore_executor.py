@@ -51,10 +51,10 @@ from ..credentials import S3Credentials
 from ..errors import UnsafePathError
 from ..fs.reading import open_scanned, read_bounded
 from .activity import beating
-from .memory_budget import MemoryBudget
 from .digests import is_md5_etag
-from .listing import s3_time_ns
 from .feed import Feed
+from .listing import s3_time_ns
+from .memory_budget import MemoryBudget
 from .work import DownloadItem, Item, ItemDone, ItemFailed, Landed, UploadItem
 
 if TYPE_CHECKING:
@@ -352,10 +352,8 @@ class ObstoreExecutor:
         finally:
             os.close(fd)
         meta = result.meta
-        modified = meta.get("last_modified")
         return Landed(etag=str(meta.get("e_tag") or "").strip('"') or None, size=meta.get("size"),
-                      modified_ns=int(modified.timestamp() * 1e9) if modified is not None else None, written=written,
-                      temp=temp)
+                      modified_ns=s3_time_ns(meta.get("last_modified")), written=written, temp=temp)
 
     async def _upload(self, item: UploadItem) -> Landed:
         """The scanned file, bound by its descriptor (open_scanned: never blocks on a FIFO swapped
